@@ -1,0 +1,1 @@
+"""Stored performance baselines per GPU (importable as ``pytest_attnkit.baselines``)."""

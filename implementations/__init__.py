@@ -1,0 +1,1 @@
+"""The bundled implementations (importable as ``pytest_attnkit.implementations``), one per module."""

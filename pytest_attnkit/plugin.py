@@ -1,0 +1,106 @@
+"""The pytest plugin (``pytest11`` entry point): hooks and fixtures only.
+
+State and logic live in :class:`pytest_attnkit.session.AttnkitSession`, kept in
+``config.stash``. Without ``--attnkit`` the plugin does nothing but add its options, so it can
+stay installed in every project. This module imports nothing heavy: no torch, CuPy or Triton.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_attnkit import options
+from pytest_attnkit.session import SESSION_KEY, AttnkitSession
+
+SUITES_PACKAGE = "pytest_attnkit.suites"
+
+
+def _suite_files() -> dict[Path, str]:
+    """The bundled suite modules: their files and their importable names."""
+    package = importlib.import_module(SUITES_PACKAGE)
+    directory = Path(package.__file__).resolve().parent
+    return {directory / f"test_{name}.py": f"{SUITES_PACKAGE}.test_{name}" for name in options.SUITES}
+
+
+class SuiteModule(pytest.Module):
+    """A bundled suite, imported by its package name rather than by file path, so no generic
+    module name (``suites``, ``test_correctness``) lands on ``sys.path`` or in ``sys.modules``."""
+
+    def _getobj(self) -> Any:
+        return importlib.import_module(_suite_files()[self.path.resolve()])
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    options.add_options(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "attnkit_cases(family): parametrize attnkit_case with that family's case set")
+    for suite in options.SUITES:
+        config.addinivalue_line("markers", f"attnkit_{suite}: a test of the attnkit {suite} suite")
+    if not config.getoption("attnkit"):
+        return
+    settings = options.resolve(config)
+    session = AttnkitSession(settings)
+    config.stash[SESSION_KEY] = session
+    try:
+        session.start()
+    except BaseException:
+        session.close()
+        raise
+    if not config.option.file_or_dir:
+        # `pytest --attnkit` with no paths runs the bundled suites, not the project's own tests.
+        suite_files = _suite_files()
+        config.args[:] = [str(path) for path, module in suite_files.items()
+                          if module.rsplit("_", 1)[-1] in settings.suite]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    session = config.stash.get(SESSION_KEY, None)
+    if session is not None:
+        session.close()
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    # The bundled suites only make sense with --attnkit; a plain `pytest` never collects them.
+    if SESSION_KEY not in config.stash and collection_path.resolve() in _suite_files():
+        return True
+    return None
+
+
+def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector) -> pytest.Module | None:
+    if module_path.resolve() in _suite_files():
+        return SuiteModule.from_parent(parent, path=module_path)
+    return None
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    session = metafunc.config.stash.get(SESSION_KEY, None)
+    if session is None:
+        return
+    if "attnkit_impl" in metafunc.fixturenames:
+        metafunc.parametrize("attnkit_impl", session.impl_names, ids=session.impl_names)
+    if "attnkit_case" in metafunc.fixturenames:
+        marker = metafunc.definition.get_closest_marker("attnkit_cases")
+        if marker is None:
+            raise pytest.UsageError(f"{metafunc.definition.nodeid} uses attnkit_case without @pytest.mark.attnkit_cases(family)")
+        cases = session.cases(marker.args[0])
+        metafunc.parametrize("attnkit_case", cases, ids=[case.id for case in cases])
+
+
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    session = config.stash.get(SESSION_KEY, None)
+    return session.header_lines() if session is not None else None
+
+
+@pytest.fixture(scope="session")
+def attnkit(request: pytest.FixtureRequest) -> AttnkitSession:
+    """The attnkit session: implementations, workers, and the checks the suites assert."""
+    session = request.config.stash.get(SESSION_KEY, None)
+    if session is None:
+        pytest.skip("attnkit suites run with --attnkit")
+    return session

@@ -1,0 +1,179 @@
+"""The attnkit session: discovery, workers, and the verdicts the suites assert.
+
+One :class:`AttnkitSession` lives in ``config.stash`` for a run with ``--attnkit``. It probes the
+environment in a worker (the pytest process itself never imports torch or touches CUDA), picks the
+device and the case set, starts one worker per selected implementation, and turns each worker
+reply into a pytest outcome: pass, skip with the implementation's reasons, or fail with what went
+wrong in words.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_attnkit import cases as case_sets
+from pytest_attnkit.contract import Case, ImplInfo
+from pytest_attnkit.options import Settings
+from pytest_attnkit.registry import EntryPointRef, discover, select
+from pytest_attnkit.supervisor import InProcessWorker, WorkerFailure, WorkerProcess
+
+SESSION_KEY = pytest.StashKey["AttnkitSession"]()
+
+
+class AttnkitSession:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.log_dir = Path(tempfile.mkdtemp(prefix="attnkit-workers-"))
+        self.environment: dict[str, Any] = {}
+        self.device = "cpu"
+        self.profile = "smoke"
+        self.refs: list[EntryPointRef] = []
+        self.impls: dict[str, ImplInfo] = {}
+        self.workers: dict[str, Any] = {}
+        self._reported_broken: set[str] = set()
+
+    # -- start-up ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Discover and select implementations, probe the device, describe each implementation."""
+        try:
+            self.refs = select(discover(), self.settings.impl)
+        except LookupError as error:
+            raise pytest.UsageError(f"attnkit: {error} ({self.settings.sources['impl']})") from None
+        self._probe_environment()
+        self.profile = self.settings.profile if self.settings.profile != "auto" else (
+            "smoke" if self.device == "cpu" else "default")
+        with ThreadPoolExecutor(max_workers=max(1, len(self.refs))) as pool:
+            infos = list(pool.map(self._describe, self.refs))
+        self.impls = {info.name: info for info in infos}
+
+    def _worker_env(self) -> dict[str, str]:
+        # On the CPU, Triton kernels run in Triton's interpreter; the variable must be set before
+        # triton is imported, which is why each worker gets it from the start.
+        return {"TRITON_INTERPRET": "1"} if self.device == "cpu" else {}
+
+    def _make_worker(self, label: str, init: dict[str, Any]) -> Any:
+        if self.settings.inprocess:
+            return InProcessWorker(label, init, env=self._worker_env())
+        return WorkerProcess(label, init, self.log_dir, env=self._worker_env())
+
+    def _probe_environment(self) -> None:
+        requested = self.settings.device
+        probe = self._make_worker("environment", {"device": requested})
+        try:
+            self.environment = probe.request({"op": "environment"}, self.settings.timeout)
+        except WorkerFailure as failure:
+            raise pytest.UsageError(f"attnkit: could not probe the environment: {failure}") from None
+        finally:
+            probe.close()
+        if requested == "auto":
+            self.device = "cuda" if self.environment.get("cuda_available") else "cpu"
+        else:
+            self.device = requested
+        if self.device == "cuda" and not self.environment.get("cuda_available"):
+            raise pytest.UsageError(
+                f"attnkit: device cuda was asked for ({self.settings.sources['device']}) but torch sees no CUDA device "
+                f"(torch {self.environment.get('torch')})"
+            )
+
+    def _describe(self, ref: EntryPointRef) -> ImplInfo:
+        info = ImplInfo(name=ref.name, entry_point=ref.value, distribution=ref.distribution)
+        if ref.problem:
+            info.load_error = ref.problem
+            return info
+        worker = self._make_worker(ref.name, {"device": self.device, "name": ref.name, "value": ref.value})
+        self.workers[ref.name] = worker
+        try:
+            described = worker.request({"op": "describe"}, self.settings.timeout)
+        except WorkerFailure as failure:
+            info.load_error = str(failure)
+            return info
+        info.load_error = described.get("load_error")
+        info.unavailable = described.get("unavailable")
+        info.capabilities = described.get("capabilities", {})
+        return info
+
+    def close(self) -> None:
+        for worker in self.workers.values():
+            worker.close()
+        self.workers.clear()
+        shutil.rmtree(self.log_dir, ignore_errors=True)
+
+    # -- what the suites ask for ------------------------------------------------------------
+    @property
+    def impl_names(self) -> list[str]:
+        return [ref.name for ref in self.refs]
+
+    def cases(self, family: str) -> list[Case]:
+        if family == "correctness":
+            return case_sets.correctness_cases(self.profile)
+        raise ValueError(f"unknown case family {family!r}")
+
+    def _usable_worker(self, name: str) -> Any:
+        info = self.impls[name]
+        if info.load_error:
+            if name in self._reported_broken:
+                pytest.fail(f"{name} could not be loaded (the first of its tests shows why)", pytrace=False)
+            self._reported_broken.add(name)
+            pytest.fail(f"{name} could not be loaded from entry point {info.entry_point}:\n{info.load_error}", pytrace=False)
+        if info.unavailable:
+            pytest.skip(f"{name} is unavailable: {info.unavailable}")
+        return self.workers[name]
+
+    def check_correctness(self, name: str, case: Case, *, backward: bool) -> dict[str, Any]:
+        """Run the correctness check in the implementation's worker; pass, skip or fail the test."""
+        worker = self._usable_worker(name)
+        message = {"op": "correctness", "case": case.to_dict(), "backward": backward,
+                   "base_seed": self.settings.seed, "trials": self.settings.trials}
+        try:
+            report = worker.request(message, self.settings.timeout)
+        except WorkerFailure as failure:
+            pytest.fail(f"{name} on {case.id}: {failure}", pytrace=False)
+        status = report["status"]
+        if status == "passed":
+            return report
+        if status == "unsupported":
+            pytest.skip(f"{name} does not support {case.id}{' backward' if backward else ''}: {report['message']}")
+        if status == "unavailable":
+            pytest.skip(f"{name} is unavailable: {report['message']}")
+        rerun = (f"seed {report.get('seed')} (trial {int(report.get('trial') or 0) + 1} of {report.get('trials')}); "
+                 f"rerun with --attnkit-seed={self.settings.seed} -k '{name} and {case.id}'")
+        if status == "error":
+            pytest.fail(f"{name} raised on {case.id}, {rerun}:\n{report['message']}", pytrace=False)
+        pytest.fail(f"{name} is wrong on {case.id}, {rerun}:\n{report['message']}", pytrace=False)
+
+    # -- reporting --------------------------------------------------------------------------
+    def header_lines(self) -> list[str]:
+        env = self.environment
+        device = env.get("device_name", "?")
+        if self.device == "cuda":
+            device = f"cuda: {device} (compute capability {env.get('compute_capability')}, CUDA {env.get('cuda_runtime')})"
+        else:
+            reason = "no CUDA device" if not env.get("cuda_available") else "chosen"
+            device = f"cpu: {device} ({reason}; Triton kernels run in its interpreter)"
+        versions = ", ".join(f"{lib} {env.get(lib) or 'not installed'}" for lib in ("torch", "triton", "cupy", "numpy"))
+        lines = [
+            f"attnkit: device {device}",
+            f"attnkit: {versions}; python {env.get('python')}",
+            f"attnkit: profile {self.profile}, suites {', '.join(self.settings.suite)}, seed {self.settings.seed}, "
+            f"{'in-process' if self.settings.inprocess else 'one worker per implementation'}",
+        ]
+        if not self.impls:
+            lines.append("attnkit: no implementations selected")
+        for info in self.impls.values():
+            origin = f"{info.entry_point}" + (f" from {info.distribution}" if info.distribution else "")
+            if info.load_error:
+                first_line = info.load_error.strip().splitlines()[-1] if info.load_error.strip() else "?"
+                state = f"BROKEN: {first_line}"
+            elif info.unavailable:
+                state = f"unavailable: {info.unavailable}"
+            else:
+                caps = info.capabilities
+                state = f"available ({caps.get('memory_class')} memory, {'fwd+bwd' if caps.get('backward') else 'fwd only'})"
+            lines.append(f"attnkit:   {info.name:<16} {state}  [{origin}]")
+        return lines

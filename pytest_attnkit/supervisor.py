@@ -1,0 +1,184 @@
+"""The pytest side of a worker: start it, send requests with a deadline, survive its death.
+
+A :class:`WorkerProcess` owns one worker. When the worker dies (segfault, abort, an illegal
+memory access that kills the process) or misses the deadline set by the parent, the request
+raises :class:`WorkerFailure` with what happened in words (the exit signal, the deadline, and
+the tail of the worker's log) and the next request starts a fresh worker. An
+:class:`InProcessWorker` runs the same handler inside the pytest process for debugging with pdb.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+LOG_TAIL_CHARS = 4000
+
+
+class WorkerFailure(Exception):
+    """The worker died, missed its deadline, or failed to start; the message says which."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def describe_exit(returncode: int | None) -> str:
+    if returncode is None:
+        return "is still running"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"was killed by {name}"
+    return f"exited with code {returncode}"
+
+
+class WorkerProcess:
+    """A worker interpreter for one implementation (or for the environment probe)."""
+
+    def __init__(self, label: str, init: dict[str, Any], log_dir: Path, *, env: dict[str, str] | None = None,
+                 startup_timeout: float = 180.0) -> None:
+        self.label = label
+        self.init = init
+        self.log_dir = log_dir
+        self.env = env or {}
+        self.startup_timeout = startup_timeout
+        self.process: subprocess.Popen[bytes] | None = None
+        self.connection: Any = None
+        self.log_path: Path | None = None
+        self.starts = 0
+
+    # -- life cycle -------------------------------------------------------------------------
+    def _start(self) -> None:
+        from multiprocessing.connection import Connection
+
+        self.starts += 1
+        self.log_path = self.log_dir / f"{self.label}.{self.starts}.log"
+        parent_socket, child_socket = socket.socketpair()
+        env = dict(os.environ)
+        env.update(PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", **self.env)
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "pytest_attnkit.worker", "--fd", str(child_socket.fileno())],
+                pass_fds=(child_socket.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # so a deadline kill reaches the worker's own children too
+            )
+        child_socket.close()
+        self.connection = Connection(parent_socket.detach())
+        self._exchange({"op": "init", "sys_path": list(sys.path), **self.init}, self.startup_timeout, "starting")
+
+    def close(self) -> None:
+        """Ask the worker to exit, and make sure it did."""
+        if self.process is None:
+            return
+        try:
+            if self.process.poll() is None:
+                self.connection.send({"op": "shutdown"})
+                if self.connection.poll(10):
+                    self.connection.recv()
+                self.process.wait(timeout=10)
+        except (OSError, EOFError, subprocess.TimeoutExpired):
+            pass
+        finally:
+            self._kill()
+
+    def _kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                self.process.kill()
+            self.process.wait()
+        if self.connection is not None:
+            self.connection.close()
+        self.process = None
+        self.connection = None
+
+    def log_tail(self) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        text = self.log_path.read_bytes()[-LOG_TAIL_CHARS:].decode("utf-8", errors="replace").strip()
+        return text
+
+    # -- requests ---------------------------------------------------------------------------
+    def request(self, message: dict[str, Any], timeout: float) -> Any:
+        """Send ``message`` and return the worker's result, or raise :class:`WorkerFailure`."""
+        if self.process is None or self.process.poll() is not None:
+            self._kill()
+            self._start()
+        return self._exchange(message, timeout, f"running {message['op']!r}")
+
+    def _exchange(self, message: dict[str, Any], timeout: float, doing: str) -> Any:
+        assert self.process is not None
+        started = time.monotonic()
+        try:
+            self.connection.send(message)
+            ready = self.connection.poll(timeout)
+            reply = self.connection.recv() if ready else None
+        except (EOFError, OSError):
+            reply = None
+            ready = True
+        if reply is None:
+            self._fail(doing, timed_out=not ready, timeout=timeout, elapsed=time.monotonic() - started)
+        if not reply["ok"]:
+            raise WorkerFailure("error", f"the worker for {self.label} raised while {doing}:\n{reply['error']}")
+        return reply["result"]
+
+    def _fail(self, doing: str, *, timed_out: bool, timeout: float, elapsed: float) -> None:
+        assert self.process is not None
+        pid = self.process.pid
+        if timed_out:
+            # Ask faulthandler where the worker is stuck before killing it.
+            try:
+                os.kill(pid, signal.SIGUSR1)
+                time.sleep(0.5)
+            except (ProcessLookupError, AttributeError):
+                pass
+            self._kill()
+            kind = "timeout"
+            what = f"the worker for {self.label} (pid {pid}) passed its deadline of {timeout:g} s while {doing} and was killed"
+        else:
+            try:
+                returncode = self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                returncode = None
+            self._kill()
+            kind = "crashed"
+            what = f"the worker for {self.label} (pid {pid}) died while {doing}: it {describe_exit(returncode)} after {elapsed:.1f} s"
+        tail = self.log_tail()
+        detail = f"\n--- last lines of its log ({self.log_path}) ---\n{tail}" if tail else " (its log is empty)"
+        raise WorkerFailure(kind, what + "; a fresh worker takes over for the next test" + detail)
+
+
+class InProcessWorker:
+    """The same handler, in the pytest process: no isolation, no deadline; for debugging."""
+
+    def __init__(self, label: str, init: dict[str, Any], env: dict[str, str] | None = None) -> None:
+        from pytest_attnkit.worker import Handler
+
+        self.label = label
+        for key, value in (env or {}).items():
+            os.environ.setdefault(key, value)
+        self.handler = Handler()
+        self.handler.handle({"op": "init", "sys_path": [], **init})
+
+    def request(self, message: dict[str, Any], timeout: float) -> Any:
+        return self.handler.handle(message)
+
+    def close(self) -> None:
+        pass
+
+    def log_tail(self) -> str:
+        return ""

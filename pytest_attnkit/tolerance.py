@@ -1,0 +1,143 @@
+"""The correctness rule: how far from the float64 oracle an implementation may be.
+
+Following FlashAttention's tests, an implementation's worst error against the oracle may be at
+most ``factor`` times the worst error of the plain same-precision implementation (2 for the
+output, 3 for gradients), plus an absolute floor: twice the rounding error of the oracle's own
+values in the tested dtype (see :func:`rounding_floor`). The floor keeps a
+plain error of exactly zero from failing a correct kernel. NaN and Inf never pass.
+
+A failure says where and by how much: the worst index, the values there, the error, the allowed
+error and the share of elements outside the allowed error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+FORWARD_FACTOR = 2.0
+GRADIENT_FACTOR = 3.0
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The outcome of comparing one tensor (``out``, ``dq``, ...) with the oracle."""
+
+    name: str
+    passed: bool
+    max_error: float
+    allowed: float
+    plain_error: float
+    floor: float
+    factor: float
+    worst_index: tuple[int, ...]
+    worst_actual: float
+    worst_expected: float
+    outside_fraction: float
+    nonfinite: int
+    first_nonfinite_index: tuple[int, ...] | None
+
+    def describe(self) -> str:
+        """One readable paragraph on what went wrong (or right)."""
+        if self.nonfinite:
+            return (
+                f"{self.name}: {self.nonfinite} NaN/Inf values (first at index {list(self.first_nonfinite_index or ())}); "
+                "NaN and Inf never pass"
+            )
+        verdict = "within" if self.passed else "exceeds"
+        return (
+            f"{self.name}: max error {self.max_error:.3e} {verdict} allowed {self.allowed:.3e} "
+            f"(= {self.factor:g} x plain same-precision error {self.plain_error:.3e} + floor {self.floor:.3e}); "
+            f"worst at index {list(self.worst_index)}: got {self.worst_actual:.6g}, expected {self.worst_expected:.6g}; "
+            f"{self.outside_fraction:.2%} of elements outside"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "Comparison":
+        values = dict(values)
+        values["worst_index"] = tuple(values["worst_index"])
+        if values.get("first_nonfinite_index") is not None:
+            values["first_nonfinite_index"] = tuple(values["first_nonfinite_index"])
+        return cls(**values)
+
+
+def rounding_floor(oracle: "torch.Tensor", dtype: "torch.dtype") -> float:
+    """Twice the largest rounding error of ``x + 0.3`` held in ``dtype``, over the oracle's values.
+
+    FlashAttention writes this ``(x + 0.3 - 0.3 - x)`` in the low precision; evaluating the
+    rounding error in float64 keeps its meaning where ``x`` is exactly zero (a gradient that
+    vanishes, as dq does with one key), which torch's CPU half arithmetic would round away.
+    """
+    import torch
+
+    if not oracle.numel():
+        return 0.0
+    shifted = oracle.detach().to(torch.float64) + 0.3
+    step = (shifted.to(dtype).to(torch.float64) - shifted).abs().max().item()
+    return 2.0 * float(step)
+
+
+def compare(
+    name: str,
+    actual: "torch.Tensor",
+    oracle: "torch.Tensor",
+    plain: "torch.Tensor",
+    *,
+    dtype: "torch.dtype",
+    factor: float,
+) -> Comparison:
+    """Apply the rule to ``actual`` (any dtype) against the float64 ``oracle`` and ``plain``."""
+    import torch
+
+    actual64 = actual.detach().to(device=oracle.device, dtype=torch.float64)
+    plain64 = plain.detach().to(device=oracle.device, dtype=torch.float64)
+    floor = rounding_floor(oracle, dtype)
+    plain_error = float((plain64 - oracle).abs().max().item()) if oracle.numel() else 0.0
+    allowed = factor * plain_error + floor
+
+    finite = torch.isfinite(actual64)
+    nonfinite = int((~finite).sum().item())
+    first_nonfinite = None
+    if nonfinite:
+        flat = int((~finite).flatten().nonzero()[0].item())
+        first_nonfinite = tuple(int(i) for i in _unravel(flat, actual64.shape))
+
+    error = (actual64 - oracle).abs().nan_to_num(nan=float("inf"))
+    if error.numel():
+        flat_worst = int(error.flatten().argmax().item())
+        worst_index = tuple(int(i) for i in _unravel(flat_worst, error.shape))
+        max_error = float(error.flatten()[flat_worst].item())
+        outside = float((error > allowed).double().mean().item())
+        worst_actual = float(actual64.flatten()[flat_worst].item())
+        worst_expected = float(oracle.flatten()[flat_worst].item())
+    else:
+        worst_index, max_error, outside, worst_actual, worst_expected = (), 0.0, 0.0, 0.0, 0.0
+    return Comparison(
+        name=name,
+        passed=nonfinite == 0 and max_error <= allowed,
+        max_error=max_error,
+        allowed=allowed,
+        plain_error=plain_error,
+        floor=floor,
+        factor=factor,
+        worst_index=worst_index,
+        worst_actual=worst_actual,
+        worst_expected=worst_expected,
+        outside_fraction=outside,
+        nonfinite=nonfinite,
+        first_nonfinite_index=first_nonfinite,
+    )
+
+
+def _unravel(flat_index: int, shape: "torch.Size") -> list[int]:
+    index = []
+    for size in reversed(shape):
+        index.append(flat_index % size)
+        flat_index //= size
+    return list(reversed(index))

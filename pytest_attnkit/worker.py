@@ -1,0 +1,173 @@
+"""The worker process: where implementations are imported and kernels run.
+
+The pytest process never touches CUDA. It starts one worker per implementation as a fresh
+interpreter (``python -m pytest_attnkit.worker``, never a fork), talks to it over a socket with
+pickled messages, and enforces deadlines (see :mod:`pytest_attnkit.supervisor`). The worker's
+stdout and stderr go to a log file whose tail the parent shows when the worker dies; with
+faulthandler on, a segfault leaves a Python traceback there, and SIGUSR1 (sent before a deadline
+kill) dumps where every thread was.
+
+Messages are dicts with an ``op``: ``init`` (sys.path, device and which implementation to load),
+``describe``, ``environment``, ``correctness`` and ``shutdown``. Replies are
+``{"ok": True, "result": ...}`` or ``{"ok": False, "error": traceback}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import importlib.metadata
+import os
+import platform
+import signal
+import sys
+import traceback
+from typing import Any
+
+from pytest_attnkit.contract import AttentionImpl, Case
+
+
+def _distribution_version(*names: str) -> str | None:
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def describe_environment(device: str) -> dict[str, Any]:
+    """Versions and the device ("cpu", "cuda" or "auto": the GPU when there is one), as the header
+    and the baselines record them."""
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": _distribution_version("torch"),
+        "triton": _distribution_version("triton"),
+        "cupy": _distribution_version("cupy-cuda13x", "cupy-cuda12x", "cupy-cuda11x", "cupy"),
+        "numpy": _distribution_version("numpy"),
+        "cuda_available": False,
+        "device": device,
+        "device_name": platform.processor() or platform.machine(),
+    }
+    try:
+        import torch
+    except ImportError as error:
+        info["torch_error"] = str(error)
+        return info
+    info["torch"] = torch.__version__
+    if torch.cuda.is_available():
+        info["cuda_available"] = True
+        info["cuda_runtime"] = torch.version.cuda
+        info["cuda_device_count"] = torch.cuda.device_count()
+        if device in ("cuda", "auto"):
+            properties = torch.cuda.get_device_properties(torch.cuda.current_device())
+            info["device_name"] = properties.name
+            info["compute_capability"] = f"{properties.major}.{properties.minor}"
+            info["device_memory_bytes"] = properties.total_memory
+            info["multiprocessors"] = properties.multi_processor_count
+    return info
+
+
+class Handler:
+    """Serves one implementation (or none, for the environment probe) inside a worker."""
+
+    def __init__(self) -> None:
+        self.device = "cpu"
+        self.impl: AttentionImpl | None = None
+        self.load_error: str | None = None
+
+    def handle(self, message: dict[str, Any]) -> Any:
+        op = message["op"]
+        handler = getattr(self, f"op_{op}", None)
+        if handler is None:
+            raise ValueError(f"unknown worker op {op!r}")
+        return handler(message)
+
+    def op_init(self, message: dict[str, Any]) -> dict[str, Any]:
+        for entry in reversed(message.get("sys_path", [])):
+            if entry not in sys.path:
+                sys.path.insert(0, entry)
+        self.device = message["device"]
+        if message.get("name"):
+            from pytest_attnkit.registry import load_implementation
+
+            try:
+                self.impl = load_implementation(message["name"], message["value"])
+            except BaseException:  # an import that fails in any way breaks only this implementation
+                self.load_error = traceback.format_exc()
+        return {"pid": os.getpid()}
+
+    def op_environment(self, message: dict[str, Any]) -> dict[str, Any]:
+        return describe_environment(self.device)
+
+    def op_describe(self, message: dict[str, Any]) -> dict[str, Any]:
+        if self.load_error is not None or self.impl is None:
+            return {"load_error": self.load_error or "no implementation loaded"}
+        try:
+            unavailable = self.impl.unavailable_reason(self.device)
+        except Exception:
+            unavailable = "its availability check raised:\n" + traceback.format_exc()
+        return {"unavailable": unavailable, "capabilities": self.impl.capabilities(), "type": type(self.impl).__qualname__}
+
+    def _refusal(self, case: Case, backward: bool) -> dict[str, Any] | None:
+        """A reply that ends the request before running anything, or None to go on."""
+        if self.load_error is not None or self.impl is None:
+            return {"status": "broken", "message": self.load_error or "no implementation loaded"}
+        unavailable = self.impl.unavailable_reason(self.device)
+        if unavailable:
+            return {"status": "unavailable", "message": unavailable}
+        reasons = self.impl.not_supported_reasons(case, self.device, backward=backward)
+        if reasons:
+            return {"status": "unsupported", "message": "; ".join(reasons)}
+        return None
+
+    def op_correctness(self, message: dict[str, Any]) -> dict[str, Any]:
+        from pytest_attnkit.correctness import run_correctness
+
+        case = Case.from_dict(message["case"])
+        backward = bool(message["backward"])
+        refusal = self._refusal(case, backward)
+        if refusal is not None:
+            return refusal
+        assert self.impl is not None
+        return run_correctness(
+            self.impl, case, device=self.device, base_seed=message["base_seed"],
+            trials=message["trials"], backward=backward,
+        )
+
+
+def serve(fd: int) -> None:
+    from multiprocessing.connection import Connection
+
+    faulthandler.enable()
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    connection = Connection(fd)
+    handler = Handler()
+    while True:
+        try:
+            message = connection.recv()
+        except EOFError:
+            return  # the pytest process went away
+        if message.get("op") == "shutdown":
+            connection.send({"ok": True, "result": None})
+            return
+        try:
+            reply = {"ok": True, "result": handler.handle(message)}
+        except BaseException:
+            reply = {"ok": False, "error": traceback.format_exc()}
+        sys.stdout.flush()
+        sys.stderr.flush()
+        connection.send(reply)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="pytest-attnkit worker (started by the plugin, not by hand)")
+    parser.add_argument("--fd", type=int, required=True, help="socket file descriptor to the pytest process")
+    args = parser.parse_args(argv)
+    serve(args.fd)
+
+
+if __name__ == "__main__":
+    main()

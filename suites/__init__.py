@@ -1,0 +1,1 @@
+"""The bundled suites, collected by ``pytest --attnkit`` (importable as ``pytest_attnkit.suites``)."""

@@ -1,0 +1,21 @@
+"""Correctness suite: every implementation against the float64 oracle, forward and backward.
+
+The rule (pytest_attnkit/tolerance.py): the worst error may be at most 2x (3x for gradients) the
+error of a plain same-precision implementation, plus a rounding floor. Each check runs in the
+implementation's worker; see pytest_attnkit/correctness.py for the order of operations that
+keeps unwritten outputs and modified inputs from passing.
+"""
+
+import pytest
+
+pytestmark = pytest.mark.attnkit_correctness
+
+
+@pytest.mark.attnkit_cases("correctness")
+def test_forward(attnkit, attnkit_impl, attnkit_case):
+    attnkit.check_correctness(attnkit_impl, attnkit_case, backward=False)
+
+
+@pytest.mark.attnkit_cases("correctness")
+def test_backward(attnkit, attnkit_impl, attnkit_case):
+    attnkit.check_correctness(attnkit_impl, attnkit_case, backward=True)
