@@ -40,6 +40,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "attnkit_cases(family): parametrize attnkit_case with that family's case set")
+    config.addinivalue_line("markers", "attnkit_backward: the test runs the implementation's backward pass")
     for suite in options.SUITES:
         config.addinivalue_line("markers", f"attnkit_{suite}: a test of the attnkit {suite} suite")
     if not config.getoption("attnkit"):
@@ -73,8 +74,12 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 
 def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector) -> pytest.Module | None:
-    if module_path.resolve() in _suite_files():
-        return SuiteModule.from_parent(parent, path=module_path)
+    suite_files = _suite_files()
+    module = suite_files.get(module_path.resolve())
+    if module is not None:
+        # A stable node id wherever the package is installed: pytest_attnkit/suites/test_x.py.
+        nodeid = module.replace(".", "/") + ".py"
+        return SuiteModule.from_parent(parent, path=module_path, nodeid=nodeid)
     return None
 
 
@@ -90,6 +95,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             raise pytest.UsageError(f"{metafunc.definition.nodeid} uses attnkit_case without @pytest.mark.attnkit_cases(family)")
         cases = session.cases(marker.args[0])
         metafunc.parametrize("attnkit_case", cases, ids=[case.id for case in cases])
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    session = config.stash.get(SESSION_KEY, None)
+    if session is not None:
+        session.mark_refusals(items)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:

@@ -114,6 +114,34 @@ class AttnkitSession:
             return case_sets.correctness_cases(self.profile)
         raise ValueError(f"unknown case family {family!r}")
 
+    def mark_refusals(self, items: list[pytest.Item]) -> None:
+        """Mark the items an implementation refuses (unavailable, or an unsupported case) as
+        skipped, with its reasons in words. One question per implementation, at collection."""
+        by_impl: dict[str, list[pytest.Item]] = {}
+        for item in items:
+            params = getattr(getattr(item, "callspec", None), "params", {})
+            if "attnkit_impl" in params and "attnkit_case" in params:
+                by_impl.setdefault(params["attnkit_impl"], []).append(item)
+        for name, impl_items in by_impl.items():
+            info = self.impls[name]
+            if info.load_error:
+                continue  # its tests fail with the load error
+            if info.unavailable:
+                for item in impl_items:
+                    item.add_marker(pytest.mark.skip(reason=f"{name} is unavailable: {info.unavailable}"))
+                continue
+            queries = [{"case": item.callspec.params["attnkit_case"].to_dict(),
+                        "backward": item.get_closest_marker("attnkit_backward") is not None} for item in impl_items]
+            try:
+                refusals = self.workers[name].request({"op": "support", "queries": queries}, self.settings.timeout)
+            except WorkerFailure:
+                continue  # each test will meet the failure itself, with the details
+            for item, query, refusal in zip(impl_items, queries, refusals):
+                if refusal:
+                    what = item.callspec.params["attnkit_case"].id
+                    suffix = " backward" if query["backward"] else ""
+                    item.add_marker(pytest.mark.skip(reason=f"{name} does not support {what}{suffix}: {refusal}"))
+
     def _usable_worker(self, name: str) -> Any:
         info = self.impls[name]
         if info.load_error:
@@ -121,8 +149,6 @@ class AttnkitSession:
                 pytest.fail(f"{name} could not be loaded (the first of its tests shows why)", pytrace=False)
             self._reported_broken.add(name)
             pytest.fail(f"{name} could not be loaded from entry point {info.entry_point}:\n{info.load_error}", pytrace=False)
-        if info.unavailable:
-            pytest.skip(f"{name} is unavailable: {info.unavailable}")
         return self.workers[name]
 
     def check_correctness(self, name: str, case: Case, *, backward: bool) -> dict[str, Any]:

@@ -9,6 +9,7 @@ the tail of the worker's log) and the next request starts a fresh worker. An
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -85,9 +86,9 @@ class WorkerProcess:
             return
         try:
             if self.process.poll() is None:
-                self.connection.send({"op": "shutdown"})
+                self.connection.send_bytes(json.dumps({"op": "shutdown"}).encode())
                 if self.connection.poll(10):
-                    self.connection.recv()
+                    self.connection.recv_bytes()
                 self.process.wait(timeout=10)
         except (OSError, EOFError, subprocess.TimeoutExpired):
             pass
@@ -124,9 +125,9 @@ class WorkerProcess:
         assert self.process is not None
         started = time.monotonic()
         try:
-            self.connection.send(message)
+            self.connection.send_bytes(json.dumps(message).encode())
             ready = self.connection.poll(timeout)
-            reply = self.connection.recv() if ready else None
+            reply = json.loads(self.connection.recv_bytes()) if ready else None
         except (EOFError, OSError):
             reply = None
             ready = True

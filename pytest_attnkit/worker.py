@@ -2,13 +2,14 @@
 
 The pytest process never touches CUDA. It starts one worker per implementation as a fresh
 interpreter (``python -m pytest_attnkit.worker``, never a fork), talks to it over a socket with
-pickled messages, and enforces deadlines (see :mod:`pytest_attnkit.supervisor`). The worker's
+JSON messages, and enforces deadlines (see :mod:`pytest_attnkit.supervisor`). The worker's
 stdout and stderr go to a log file whose tail the parent shows when the worker dies; with
 faulthandler on, a segfault leaves a Python traceback there, and SIGUSR1 (sent before a deadline
 kill) dumps where every thread was.
 
-Messages are dicts with an ``op``: ``init`` (sys.path, device and which implementation to load),
-``describe``, ``environment``, ``correctness`` and ``shutdown``. Replies are
+Messages travel as JSON, both ways: a reply can never carry an object whose unpickling would
+import torch into the pytest process. Messages are dicts with an ``op``: ``init`` (sys.path, device and which implementation to load),
+``describe``, ``environment``, ``support``, ``correctness`` and ``shutdown``. Replies are
 ``{"ok": True, "result": ...}`` or ``{"ok": False, "error": traceback}``.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import importlib.metadata
+import json
 import os
 import platform
 import signal
@@ -55,7 +57,7 @@ def describe_environment(device: str) -> dict[str, Any]:
     except ImportError as error:
         info["torch_error"] = str(error)
         return info
-    info["torch"] = torch.__version__
+    info["torch"] = str(torch.__version__)
     if torch.cuda.is_available():
         info["cuda_available"] = True
         info["cuda_runtime"] = torch.version.cuda
@@ -122,6 +124,14 @@ class Handler:
             return {"status": "unsupported", "message": "; ".join(reasons)}
         return None
 
+    def op_support(self, message: dict[str, Any]) -> list[str | None]:
+        """For each ``{"case", "backward"}`` query: why it is refused, or None when supported."""
+        refusals = []
+        for query in message["queries"]:
+            refusal = self._refusal(Case.from_dict(query["case"]), bool(query["backward"]))
+            refusals.append(None if refusal is None or refusal["status"] == "broken" else refusal["message"])
+        return refusals
+
     def op_correctness(self, message: dict[str, Any]) -> dict[str, Any]:
         from pytest_attnkit.correctness import run_correctness
 
@@ -147,11 +157,11 @@ def serve(fd: int) -> None:
     handler = Handler()
     while True:
         try:
-            message = connection.recv()
+            message = json.loads(connection.recv_bytes())
         except EOFError:
             return  # the pytest process went away
         if message.get("op") == "shutdown":
-            connection.send({"ok": True, "result": None})
+            connection.send_bytes(json.dumps({"ok": True, "result": None}).encode())
             return
         try:
             reply = {"ok": True, "result": handler.handle(message)}
@@ -159,7 +169,11 @@ def serve(fd: int) -> None:
             reply = {"ok": False, "error": traceback.format_exc()}
         sys.stdout.flush()
         sys.stderr.flush()
-        connection.send(reply)
+        try:
+            payload = json.dumps(reply)
+        except (TypeError, ValueError) as error:
+            payload = json.dumps({"ok": False, "error": f"the worker's reply is not plain data: {error}"})
+        connection.send_bytes(payload.encode())
 
 
 def main(argv: list[str] | None = None) -> None:

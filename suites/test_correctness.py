@@ -17,5 +17,6 @@ def test_forward(attnkit, attnkit_impl, attnkit_case):
 
 
 @pytest.mark.attnkit_cases("correctness")
+@pytest.mark.attnkit_backward
 def test_backward(attnkit, attnkit_impl, attnkit_case):
     attnkit.check_correctness(attnkit_impl, attnkit_case, backward=True)

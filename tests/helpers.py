@@ -1,0 +1,28 @@
+"""Running an inner ``pytest --attnkit`` and reading each test's outcome."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+
+@dataclass
+class Outcome:
+    outcome: str  # passed, failed, skipped
+    text: str
+
+
+def run_attnkit(pytester: pytest.Pytester, *args: str) -> tuple[dict[str, Outcome], pytest.HookRecorder]:
+    """Run ``pytest --attnkit *args`` in-process; outcomes keyed ``test_forward[impl-case]``."""
+    recorder = pytester.inline_run("--attnkit", "-p", "no:cacheprovider", *args)
+    outcomes: dict[str, Outcome] = {}
+    for report in recorder.getreports("pytest_runtest_logreport"):
+        if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+            name = report.nodeid.rsplit("::", 1)[-1]
+            if report.skipped and isinstance(report.longrepr, tuple):
+                text = report.longrepr[2]
+            else:
+                text = str(report.longrepr or "")
+            outcomes[name] = Outcome(report.outcome, text)
+    return outcomes, recorder

@@ -1,0 +1,93 @@
+"""Discovery by entry point, broken entry points, selection, skip reasons and the header."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import fake
+from helpers import run_attnkit
+
+SMALL = "b1-h2-q17-k17-d32-fp16-causal"
+D64 = "b2-h4:2-q113-k113-d64-fp16-causal"
+
+
+def test_third_party_distribution_is_discovered_with_both_forms(pytester: pytest.Pytester, fake_dist) -> None:
+    fake_dist({"plain_function": fake("good"), "capability_class": fake("HeadDim64Only"), "an_instance": fake("INSTANCE")})
+    result = pytester.runpytest("--attnkit", "--attnkit-impl", "plain_function,capability_class,an_instance",
+                                "-k", f"{SMALL} or {D64}", "-rs")
+    result.stdout.fnmatch_lines([
+        "attnkit: device cpu: *",
+        "attnkit:   an_instance      available (linear memory, fwd only)  [fake_kernels:INSTANCE from fake-kernels]",
+        "attnkit:   capability_class available (linear memory, fwd only)  [fake_kernels:HeadDim64Only from fake-kernels]",
+        "attnkit:   plain_function   available (linear memory, fwd+bwd)  [fake_kernels:good from fake-kernels]",
+    ])
+    result.stdout.fnmatch_lines([
+        "SKIPPED * capability_class does not support b1-h2-q17-k17-d32-fp16-causal: head_dim=32 (supported: 64)",
+        "SKIPPED * capability_class does not support b2-h4:2-q113-k113-d64-fp16-causal backward: backward is not supported",
+    ], consecutive=False)
+    result.assert_outcomes(passed=4 + 1 + 1, skipped=3 + 3)
+
+
+def test_unavailable_implementation_is_skipped_with_its_reason(pytester: pytest.Pytester, fake_dist) -> None:
+    fake_dist({"frob": fake("NeedsFrobnicator")})
+    result = pytester.runpytest("--attnkit", "--attnkit-impl", "frob", "-k", SMALL, "-rs")
+    result.stdout.fnmatch_lines([
+        "attnkit:   frob             unavailable: needs a frobnicator (none found)  *",
+        "SKIPPED * frob is unavailable: needs a frobnicator (none found)",
+    ])
+    result.assert_outcomes(skipped=2)
+
+
+def test_broken_entry_points_fail_alone(pytester: pytest.Pytester, fake_dist) -> None:
+    fake_dist(
+        {
+            "good": fake("good"),
+            "missing_module": "no_such_module:attn",
+            "missing_attr": fake("no_such_function"),
+            "not_an_impl": fake("NotAnImpl"),
+            "import_fails": "needs_libfoo:attn",
+        },
+        extra_modules={"needs_libfoo": "raise ImportError('libfoo.so.1: cannot open shared object file')\n"},
+    )
+    names = "good,missing_module,missing_attr,not_an_impl,import_fails"
+    outcomes, recorder = run_attnkit(pytester, "--attnkit-impl", names, "-k", SMALL)
+    assert outcomes[f"test_forward[good-{SMALL}]"].outcome == "passed"
+    assert outcomes[f"test_backward[good-{SMALL}]"].outcome == "passed"
+    expected = {
+        "missing_module": "No module named 'no_such_module'",
+        "missing_attr": "no_such_function",
+        "not_an_impl": "names the class NotAnImpl, which does not derive from pytest_attnkit.AttentionImpl",
+        "import_fails": "libfoo.so.1: cannot open shared object file",
+    }
+    for name, words in expected.items():
+        first = outcomes[f"test_forward[{name}-{SMALL}]"]
+        assert first.outcome == "failed" and "could not be loaded from entry point" in first.text and words in first.text
+        later = outcomes[f"test_backward[{name}-{SMALL}]"]
+        assert later.outcome == "failed" and "the first of its tests shows why" in later.text
+    result = pytester.runpytest("--attnkit", "--attnkit-impl", names, "--collect-only")
+    result.stdout.fnmatch_lines(["attnkit:   import_fails     BROKEN: ImportError: libfoo.so.1: cannot open shared object file  *"])
+
+
+def test_selection_by_glob_and_by_k(pytester: pytest.Pytester, fake_dist) -> None:
+    fake_dist({"good": fake("good"), "good_too": fake("good"), "other": fake("good")})
+    result = pytester.runpytest("--attnkit", "--attnkit-impl", "good*", "--collect-only", "-q")
+    collected = [line for line in result.stdout.lines if "::test_" in line]
+    assert collected and all("[good-" in line or "[good_too-" in line for line in collected)
+    result = pytester.runpytest("--attnkit", "--attnkit-impl", "good,other", "-k", "other", "--collect-only", "-q")
+    collected = [line for line in result.stdout.lines if "::test_" in line]
+    assert collected and all("[other-" in line for line in collected)
+
+
+def test_unknown_implementation_is_a_usage_error_listing_known_names(pytester: pytest.Pytester, fake_dist) -> None:
+    fake_dist({"good": fake("good")})
+    result = pytester.runpytest("--attnkit", "--attnkit-impl", "good,nope*")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: attnkit: no implementation matches 'nope*' (known: *good*) (command line --attnkit-impl)"])
+
+
+def test_bundled_suites_skip_without_the_flag(pytester: pytest.Pytester) -> None:
+    import pytest_attnkit.suites.test_correctness as suite
+
+    result = pytester.runpytest(suite.__file__, "-rs")
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines(["SKIPPED * attnkit suites run with --attnkit"])
