@@ -10,6 +10,7 @@ sweeps the grid. Each set is a plain list, so a reader sees exactly what runs.
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 from pytest_attnkit.contract import Case
 
@@ -92,3 +93,24 @@ def correctness_cases(profile: str) -> list[Case]:
     except KeyError:
         raise ValueError(f"unknown profile {profile!r} (known: {', '.join(PROFILES)})") from None
     return _unique(builder())
+
+
+@dataclass(frozen=True)
+class MemorySweep:
+    """Fixed batch, heads, head dim and dtype; the sequence length doubles along the sweep."""
+
+    seqlens: tuple[int, ...]
+    batch: int = 1
+    heads: int = 16
+    head_dim: int = 128
+    dtype: str = "float16"
+
+
+def memory_sweep(profile: str) -> MemorySweep:
+    """The memory suite's sweep: 1k to 32k tokens on a GPU (``full`` goes to 64k)."""
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r} (known: {', '.join(PROFILES)})")
+    if profile == "smoke":
+        return MemorySweep(seqlens=(256, 512, 1024, 2048))
+    top = 65536 if profile == "full" else 32768
+    return MemorySweep(seqlens=tuple(2**p for p in range(10, top.bit_length())))

@@ -159,6 +159,11 @@ class AttentionImpl:
             reasons.append("backward is not supported")
         return reasons
 
+    def expected_extra_bytes(self, case: Case, *, backward: bool = False) -> int | None:
+        """Optional analytic model: the extra device memory (beyond inputs and returned tensors)
+        one call should need. When given, the memory suite checks the measurement against it."""
+        return None
+
     def capabilities(self) -> dict[str, Any]:
         """The declared capabilities as plain data, for reports and the pytest process."""
         head_dims = self.head_dims

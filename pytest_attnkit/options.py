@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import pytest
 
-SUITES: tuple[str, ...] = ("correctness",)
+SUITES: tuple[str, ...] = ("correctness", "memory")
 PROFILE_CHOICES: tuple[str, ...] = ("auto", "smoke", "default", "full")
 DEVICE_CHOICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 

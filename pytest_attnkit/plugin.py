@@ -108,6 +108,17 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     return session.header_lines() if session is not None else None
 
 
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    session = config.stash.get(SESSION_KEY, None)
+    if session is None:
+        return
+    lines = session.summary_lines()
+    if lines:
+        terminalreporter.section("attnkit memory scaling (peak extra device memory per call)")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
 @pytest.fixture(scope="session")
 def attnkit(request: pytest.FixtureRequest) -> AttnkitSession:
     """The attnkit session: implementations, workers, and the checks the suites assert."""

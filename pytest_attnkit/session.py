@@ -24,6 +24,8 @@ from pytest_attnkit.registry import EntryPointRef, discover, select
 from pytest_attnkit.supervisor import InProcessWorker, WorkerFailure, WorkerProcess
 
 SESSION_KEY = pytest.StashKey["AttnkitSession"]()
+NO_MEMORY_METER_ON_CPU = ("the memory suite measures the CUDA caching allocator's peaks; this run is on the CPU, "
+                          "where torch keeps no peak statistics, so nothing is measured")
 
 
 class AttnkitSession:
@@ -37,6 +39,7 @@ class AttnkitSession:
         self.impls: dict[str, ImplInfo] = {}
         self.workers: dict[str, Any] = {}
         self._reported_broken: set[str] = set()
+        self.memory_tables: list[list[str]] = []
 
     # -- start-up ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -119,6 +122,9 @@ class AttnkitSession:
         skipped, with its reasons in words. One question per implementation, at collection."""
         by_impl: dict[str, list[pytest.Item]] = {}
         for item in items:
+            if self.device != "cuda" and item.get_closest_marker("attnkit_memory") is not None:
+                item.add_marker(pytest.mark.skip(reason=NO_MEMORY_METER_ON_CPU))
+                continue
             params = getattr(getattr(item, "callspec", None), "params", {})
             if "attnkit_impl" in params and "attnkit_case" in params:
                 by_impl.setdefault(params["attnkit_impl"], []).append(item)
@@ -172,6 +178,49 @@ class AttnkitSession:
         if status == "error":
             pytest.fail(f"{name} raised on {case.id}, {rerun}:\n{report['message']}", pytrace=False)
         pytest.fail(f"{name} is wrong on {case.id}, {rerun}:\n{report['message']}", pytrace=False)
+
+    def check_memory(self, name: str, *, backward: bool) -> None:
+        """Sweep the sequence length in the implementation's worker, fit the exponent of its extra
+        memory, and fail when it contradicts the declared class or the implementation's own model."""
+        from pytest_attnkit.memory import MemoryPoint, fit_exponent, format_table, memory_case, memory_problems
+
+        direction = "forward+backward" if backward else "forward"
+        if self.device != "cuda":
+            pytest.skip(NO_MEMORY_METER_ON_CPU)
+        worker = self._usable_worker(name)
+        sweep = case_sets.memory_sweep(self.profile)
+        points: list[MemoryPoint] = []
+        for seqlen in sweep.seqlens:
+            case = memory_case(seqlen, batch=sweep.batch, heads=sweep.heads, head_dim=sweep.head_dim, dtype=sweep.dtype)
+            message = {"op": "memory", "case": case.to_dict(), "backward": backward, "seed": self.settings.seed}
+            try:
+                reply = worker.request(message, self.settings.timeout)
+            except WorkerFailure as failure:
+                points.append(MemoryPoint(seqlen, "error", message=str(failure).splitlines()[0]))
+                break
+            if reply["status"] in ("unsupported", "unavailable"):
+                pytest.skip(f"{name} does not support the memory sweep ({direction}) at {case.id}: {reply['message']}")
+            if reply["status"] != "measured":
+                pytest.fail(f"{name}: {reply['message']}", pytrace=False)
+            points.append(MemoryPoint.from_dict(reply["point"]))
+            if points[-1].status == "oom":
+                break
+        measured = [point for point in points if point.status == "measured"]
+        slope = fit_exponent([p.seqlen for p in measured], [p.extra_bytes for p in measured])
+        table = format_table(name, direction, points, slope)
+        largest = max((p.seqlen for p in measured), default=None)
+        table.append(f"  largest N that fit: {largest}" if points[-1].status == "measured"
+                     else f"  largest N that fit: {largest} (the sweep stopped at N={points[-1].seqlen}: {points[-1].status})")
+        self.memory_tables.append(table)
+        problems = memory_problems(self.impls[name].capabilities.get("memory_class"), points)
+        if problems:
+            pytest.fail(f"{name} memory ({direction}):\n" + "\n".join(problems) + "\n" + "\n".join(table), pytrace=False)
+
+    def summary_lines(self) -> list[str]:
+        lines = []
+        for table in self.memory_tables:
+            lines.extend(table)
+        return lines
 
     # -- reporting --------------------------------------------------------------------------
     def header_lines(self) -> list[str]:

@@ -9,7 +9,7 @@ kill) dumps where every thread was.
 
 Messages travel as JSON, both ways: a reply can never carry an object whose unpickling would
 import torch into the pytest process. Messages are dicts with an ``op``: ``init`` (sys.path, device and which implementation to load),
-``describe``, ``environment``, ``support``, ``correctness`` and ``shutdown``. Replies are
+``describe``, ``environment``, ``support``, ``correctness``, ``memory`` and ``shutdown``. Replies are
 ``{"ok": True, "result": ...}`` or ``{"ok": False, "error": traceback}``.
 """
 
@@ -145,6 +145,20 @@ class Handler:
             self.impl, case, device=self.device, base_seed=message["base_seed"],
             trials=message["trials"], backward=backward,
         )
+
+
+    def op_memory(self, message: dict[str, Any]) -> dict[str, Any]:
+        from pytest_attnkit.memory import measure_point, release_device_memory
+
+        case = Case.from_dict(message["case"])
+        backward = bool(message["backward"])
+        refusal = self._refusal(case, backward)
+        if refusal is not None:
+            return refusal
+        assert self.impl is not None
+        point = measure_point(self.impl, case, backward=backward, seed=message["seed"])
+        release_device_memory()
+        return {"status": "measured", "point": point.to_dict()}
 
 
 def serve(fd: int) -> None:
