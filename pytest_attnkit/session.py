@@ -117,36 +117,54 @@ class AttnkitSession:
             return case_sets.correctness_cases(self.profile)
         raise ValueError(f"unknown case family {family!r}")
 
+    def _item_question(self, item: pytest.Item) -> tuple[str, Case, bool] | None:
+        """(implementation, case, backward) that an attnkit item runs, or None for other items."""
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if "attnkit_impl" not in params:
+            return None
+        backward = item.get_closest_marker("attnkit_backward") is not None
+        if "attnkit_case" in params:
+            return params["attnkit_impl"], params["attnkit_case"], backward
+        if item.get_closest_marker("attnkit_memory") is not None:
+            from pytest_attnkit.memory import memory_case
+
+            sweep = case_sets.memory_sweep(self.profile)
+            case = memory_case(sweep.seqlens[0], batch=sweep.batch, heads=sweep.heads,
+                               head_dim=sweep.head_dim, dtype=sweep.dtype)
+            return params["attnkit_impl"], case, backward
+        return None
+
     def mark_refusals(self, items: list[pytest.Item]) -> None:
         """Mark the items an implementation refuses (unavailable, or an unsupported case) as
-        skipped, with its reasons in words. One question per implementation, at collection."""
-        by_impl: dict[str, list[pytest.Item]] = {}
+        skipped, with its reasons in words. One question per implementation, at collection.
+
+        The reason leaves the case out (the test id has it), so pytest's summary groups the
+        skips that share a reason."""
+        questions: dict[str, list[tuple[pytest.Item, Case, bool]]] = {}
         for item in items:
             if self.device != "cuda" and item.get_closest_marker("attnkit_memory") is not None:
                 item.add_marker(pytest.mark.skip(reason=NO_MEMORY_METER_ON_CPU))
                 continue
-            params = getattr(getattr(item, "callspec", None), "params", {})
-            if "attnkit_impl" in params and "attnkit_case" in params:
-                by_impl.setdefault(params["attnkit_impl"], []).append(item)
-        for name, impl_items in by_impl.items():
+            question = self._item_question(item)
+            if question is not None:
+                name, case, backward = question
+                questions.setdefault(name, []).append((item, case, backward))
+        for name, asked in questions.items():
             info = self.impls[name]
             if info.load_error:
                 continue  # its tests fail with the load error
             if info.unavailable:
-                for item in impl_items:
+                for item, _, _ in asked:
                     item.add_marker(pytest.mark.skip(reason=f"{name} is unavailable: {info.unavailable}"))
                 continue
-            queries = [{"case": item.callspec.params["attnkit_case"].to_dict(),
-                        "backward": item.get_closest_marker("attnkit_backward") is not None} for item in impl_items]
+            queries = [{"case": case.to_dict(), "backward": backward} for _, case, backward in asked]
             try:
                 refusals = self.workers[name].request({"op": "support", "queries": queries}, self.settings.timeout)
             except WorkerFailure:
                 continue  # each test will meet the failure itself, with the details
-            for item, query, refusal in zip(impl_items, queries, refusals):
+            for (item, _, _), refusal in zip(asked, refusals):
                 if refusal:
-                    what = item.callspec.params["attnkit_case"].id
-                    suffix = " backward" if query["backward"] else ""
-                    item.add_marker(pytest.mark.skip(reason=f"{name} does not support {what}{suffix}: {refusal}"))
+                    item.add_marker(pytest.mark.skip(reason=f"{name} does not support it: {refusal}"))
 
     def _usable_worker(self, name: str) -> Any:
         info = self.impls[name]
@@ -170,7 +188,7 @@ class AttnkitSession:
         if status == "passed":
             return report
         if status == "unsupported":
-            pytest.skip(f"{name} does not support {case.id}{' backward' if backward else ''}: {report['message']}")
+            pytest.skip(f"{name} does not support it: {report['message']}")
         if status == "unavailable":
             pytest.skip(f"{name} is unavailable: {report['message']}")
         rerun = (f"seed {report.get('seed')} (trial {int(report.get('trial') or 0) + 1} of {report.get('trials')}); "

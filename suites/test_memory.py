@@ -16,5 +16,6 @@ def test_memory_forward(attnkit, attnkit_impl):
     attnkit.check_memory(attnkit_impl, backward=False)
 
 
+@pytest.mark.attnkit_backward
 def test_memory_backward(attnkit, attnkit_impl):
     attnkit.check_memory(attnkit_impl, backward=True)

@@ -72,7 +72,7 @@ def test_gradient_rules(pytester: pytest.Pytester, fake_dist) -> None:
 
 def test_good_implementation_passes_the_whole_smoke_set(pytester: pytest.Pytester, fake_dist) -> None:
     fake_dist({"good": fake("good")})
-    outcomes, recorder = run_attnkit(pytester, "--attnkit-impl", "good")
+    outcomes, recorder = run_attnkit(pytester, "--attnkit-impl", "good", "--attnkit-suite", "correctness")
     assert outcomes and all(outcome.outcome == "passed" for outcome in outcomes.values()), {
         name: outcome.text for name, outcome in outcomes.items() if outcome.outcome != "passed"}
     assert recorder.ret == 0
