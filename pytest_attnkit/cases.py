@@ -114,3 +114,30 @@ def memory_sweep(profile: str) -> MemorySweep:
         return MemorySweep(seqlens=(256, 512, 1024, 2048))
     top = 65536 if profile == "full" else 32768
     return MemorySweep(seqlens=tuple(2**p for p in range(10, top.bit_length())))
+
+
+def speed_cases(profile: str) -> list[tuple[str, Case]]:
+    """(mode, case) pairs for the speed suite.
+
+    On a GPU: FlashAttention's shapes (batch x seqlen = 16k tokens, heads x head_dim = 2048) at
+    head dims 128 and 64, causal and not, forward and backward; decode (one query against a KV
+    cache of 4k to 128k tokens); and the design notes' memory-bound case, a short KV with a large
+    head dim. On the CPU (smoke), a few small shapes whose numbers are CPU numbers.
+    """
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r} (known: {', '.join(PROFILES)})")
+    if profile == "smoke":
+        small = [Case(1, 2, 2, 256, 256, 64, "float32", causal=causal) for causal in (False, True)]
+        return [(mode, case) for mode in ("forward", "backward") for case in small]
+    seqlens = (1024, 4096, 16384) if profile == "default" else (512, 1024, 2048, 4096, 8192, 16384)
+    dense = []
+    for head_dim, lengths in ((128, seqlens), (64, seqlens[1:])):
+        heads = 2048 // head_dim
+        for seqlen in lengths:
+            for causal in (False, True):
+                dense.append(Case(16384 // seqlen, heads, heads, seqlen, seqlen, head_dim, "bfloat16", causal=causal))
+    decode_lengths = (4096, 32768, 131072) if profile == "default" else (4096, 16384, 32768, 65536, 131072)
+    decode = [Case(4, 32, 8, 1, n, 128, "bfloat16") for n in decode_lengths]
+    decode.append(Case(64, 32, 32, 1, 256, 256, "bfloat16"))  # short KV, large head dim: memory bound
+    pairs = [(mode, case) for mode in ("forward", "backward") for case in dense]
+    return pairs + [("forward", case) for case in decode]

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import pytest
 
-SUITES: tuple[str, ...] = ("correctness", "memory")
+SUITES: tuple[str, ...] = ("correctness", "memory", "speed")
 PROFILE_CHOICES: tuple[str, ...] = ("auto", "smoke", "default", "full")
 DEVICE_CHOICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 
@@ -44,6 +44,17 @@ def _suites(text: str) -> list[str]:
     if unknown:
         raise ValueError(f"unknown suite {', '.join(map(repr, unknown))} (known: {', '.join(SUITES)}, or all)")
     return names
+
+
+def _percent(text: str) -> float:
+    stripped = text.strip()
+    try:
+        value = float(stripped[:-1]) / 100 if stripped.endswith("%") else float(stripped)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a percentage such as 5% or 0.05") from None
+    if not 0 < value < 10:
+        raise ValueError(f"{text!r} must be a positive share such as 5% or 0.05")
+    return value
 
 
 def _bounded(kind: type, minimum: float) -> Callable[[str], Any]:
@@ -91,6 +102,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("trials", "N", _bounded(int, 1), 2, "trials per correctness case, each on fresh inputs (default: 2)"),
     Setting("timeout", "SECONDS", _bounded(float, 0.001), 300.0,
             "deadline for one test in its worker; past it the worker is killed and replaced (default: 300)"),
+    Setting("baseline_dir", "DIR", str, "baselines",
+            "folder of per-GPU baseline files, relative to the rootdir (default: baselines)"),
+    Setting("threshold", "PERCENT", _percent, 0.05,
+            "slowdown past which a statistically clear change is a regression, e.g. 5%% or 0.05 (default: 5 percent)"),
+    Setting("reference", "NAME", str, "torch_sdpa",
+            "implementation whose in-run speed tells a slower machine from a slower kernel (default: torch_sdpa)"),
+    Setting("budget_ms", "MS", _bounded(float, 1.0), 400.0,
+            "timing budget per speed case and implementation, in milliseconds (default: 400)"),
 )
 
 
@@ -116,6 +135,13 @@ def add_options(parser: pytest.Parser) -> None:
         parser.addini(setting.ini, help=setting.help, default=None)
     group.addoption("--attnkit-inprocess", action="store_true", default=False,
                     help="run implementations inside the pytest process (no isolation or deadline; for pdb)")
+    group.addoption("--attnkit-save-baseline", action="store_true", default=False,
+                    help="write this run's speed measurements into the baseline file for this GPU (atomically)")
+    group.addoption("--attnkit-require-baseline", action="store_true", default=False,
+                    help="fail speed tests that have no baseline for this GPU instead of gating nothing")
+    parser.addini("attnkit_thresholds", type="linelist", default=[],
+                  help="per implementation or case thresholds, one 'PATTERN = PERCENT' a line; PATTERN is a glob "
+                       "over 'implementation::mode::case', e.g. 'triton_flash::backward::* = 8%'")
 
 
 @dataclass(frozen=True)
@@ -127,8 +153,25 @@ class Settings:
     seed: int
     trials: int
     timeout: float
+    baseline_dir: str
+    threshold: float
+    reference: str
+    budget_ms: float
     inprocess: bool
+    save_baseline: bool
+    require_baseline: bool
+    threshold_overrides: list[tuple[str, float]]
     sources: dict[str, str]
+
+    def threshold_for(self, key: str) -> float:
+        """The threshold for ``implementation::mode::case``: the last matching override, or the default."""
+        import fnmatch
+
+        value = self.threshold
+        for pattern, override in self.threshold_overrides:
+            if fnmatch.fnmatchcase(key, pattern):
+                value = override
+        return value
 
 
 def resolve(config: pytest.Config) -> Settings:
@@ -151,4 +194,16 @@ def resolve(config: pytest.Config) -> Settings:
                 break
         else:
             values[setting.dest], sources[setting.dest] = setting.default, "default"
-    return Settings(inprocess=bool(config.getoption("attnkit_inprocess")), sources=sources, **values)
+    overrides = []
+    for line in config.getini("attnkit_thresholds"):
+        pattern, separator, percent = line.rpartition("=")
+        try:
+            if not separator or not pattern.strip():
+                raise ValueError(f"{line!r} is not 'PATTERN = PERCENT'")
+            overrides.append((pattern.strip(), _percent(percent)))
+        except ValueError as error:
+            raise pytest.UsageError(f"attnkit: bad line in ini option attnkit_thresholds: {error}") from None
+    return Settings(inprocess=bool(config.getoption("attnkit_inprocess")),
+                    save_baseline=bool(config.getoption("attnkit_save_baseline")),
+                    require_baseline=bool(config.getoption("attnkit_require_baseline")),
+                    threshold_overrides=overrides, sources=sources, **values)

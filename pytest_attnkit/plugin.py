@@ -17,6 +17,7 @@ from pytest_attnkit import options
 from pytest_attnkit.session import SESSION_KEY, AttnkitSession
 
 SUITES_PACKAGE = "pytest_attnkit.suites"
+FINISH_KEY = pytest.StashKey[list]()
 
 
 def _suite_files() -> dict[Path, str]:
@@ -46,7 +47,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if not config.getoption("attnkit"):
         return
     settings = options.resolve(config)
-    session = AttnkitSession(settings)
+    session = AttnkitSession(settings, rootdir=config.rootpath)
     config.stash[SESSION_KEY] = session
     try:
         session.start()
@@ -101,6 +102,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     session = config.stash.get(SESSION_KEY, None)
     if session is not None:
         session.mark_refusals(items)
+        # The reference's speed tests run first: the gate divides every other implementation's
+        # timings by how much slower the machine runs the reference (see speedrun.machine_factor).
+        reference = session.settings.reference
+
+        def speed_reference_first(item: pytest.Item) -> int:
+            params = getattr(getattr(item, "callspec", None), "params", {})
+            is_speed = item.get_closest_marker("attnkit_speed") is not None
+            return 0 if not is_speed or params.get("attnkit_impl") == reference else 1
+
+        items.sort(key=speed_reference_first)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
@@ -108,15 +119,26 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     return session.header_lines() if session is not None else None
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    attnkit = session.config.stash.get(SESSION_KEY, None)
+    if attnkit is not None:
+        session.config.stash[FINISH_KEY] = attnkit.finish(exitstatus)
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     session = config.stash.get(SESSION_KEY, None)
     if session is None:
         return
-    lines = session.summary_lines()
-    if lines:
-        terminalreporter.section("attnkit memory scaling (peak extra device memory per call)")
-        for line in lines:
-            terminalreporter.write_line(line)
+    sections = (
+        ("attnkit memory scaling (peak extra device memory per call)", session.memory_summary_lines()),
+        ("attnkit speed", session.speed.summary_lines() if session.speed is not None else []),
+        ("attnkit baselines", config.stash.get(FINISH_KEY, [])),
+    )
+    for title, lines in sections:
+        if lines:
+            terminalreporter.section(title)
+            for line in lines:
+                terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")

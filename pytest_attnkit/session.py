@@ -29,8 +29,10 @@ NO_MEMORY_METER_ON_CPU = ("the memory suite measures the CUDA caching allocator'
 
 
 class AttnkitSession:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, rootdir: Path | None = None) -> None:
         self.settings = settings
+        self.rootdir = rootdir or Path.cwd()
+        self.speed: Any = None
         self.log_dir = Path(tempfile.mkdtemp(prefix="attnkit-workers-"))
         self.environment: dict[str, Any] = {}
         self.device = "cpu"
@@ -54,6 +56,10 @@ class AttnkitSession:
         with ThreadPoolExecutor(max_workers=max(1, len(self.refs))) as pool:
             infos = list(pool.map(self._describe, self.refs))
         self.impls = {info.name: info for info in infos}
+        if "speed" in self.settings.suite:
+            from pytest_attnkit.speedrun import SpeedRun
+
+            self.speed = SpeedRun(self, self.rootdir)
 
     def _worker_env(self) -> dict[str, str]:
         # On the CPU, Triton kernels run in Triton's interpreter; the variable must be set before
@@ -115,6 +121,9 @@ class AttnkitSession:
     def cases(self, family: str) -> list[Case]:
         if family == "correctness":
             return case_sets.correctness_cases(self.profile)
+        if family in ("speed-forward", "speed-backward"):
+            mode = family.split("-", 1)[1]
+            return [case for case_mode, case in case_sets.speed_cases(self.profile) if case_mode == mode]
         raise ValueError(f"unknown case family {family!r}")
 
     def _item_question(self, item: pytest.Item) -> tuple[str, Case, bool] | None:
@@ -234,7 +243,20 @@ class AttnkitSession:
         if problems:
             pytest.fail(f"{name} memory ({direction}):\n" + "\n".join(problems) + "\n" + "\n".join(table), pytrace=False)
 
-    def summary_lines(self) -> list[str]:
+    def check_speed(self, name: str, case: Case, *, backward: bool, request: pytest.FixtureRequest) -> None:
+        """Time the case in the implementation's worker and gate it against this GPU's baseline."""
+        self.speed.check(name, "backward" if backward else "forward", case, request)
+
+    def finish(self, exitstatus: int) -> list[str]:
+        """End-of-run work; returns lines for the terminal summary."""
+        if self.speed is None or not self.settings.save_baseline:
+            return []
+        if exitstatus == pytest.ExitCode.INTERRUPTED:
+            return [f"baseline NOT saved: the run was interrupted ({self.speed.path} is unchanged)"]
+        path = self.speed.save()
+        return [f"baseline saved: {path}"] if path else ["baseline not saved: no speed measurements in this run"]
+
+    def memory_summary_lines(self) -> list[str]:
         lines = []
         for table in self.memory_tables:
             lines.extend(table)

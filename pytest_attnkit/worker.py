@@ -9,7 +9,7 @@ kill) dumps where every thread was.
 
 Messages travel as JSON, both ways: a reply can never carry an object whose unpickling would
 import torch into the pytest process. Messages are dicts with an ``op``: ``init`` (sys.path, device and which implementation to load),
-``describe``, ``environment``, ``support``, ``correctness``, ``memory`` and ``shutdown``. Replies are
+``describe``, ``environment``, ``support``, ``correctness``, ``memory``, ``speed``, ``ceilings`` and ``shutdown``. Replies are
 ``{"ok": True, "result": ...}`` or ``{"ok": False, "error": traceback}``.
 """
 
@@ -159,6 +159,27 @@ class Handler:
         point = measure_point(self.impl, case, backward=backward, seed=message["seed"])
         release_device_memory()
         return {"status": "measured", "point": point.to_dict()}
+
+
+    def op_speed(self, message: dict[str, Any]) -> dict[str, Any]:
+        from pytest_attnkit.speed import gpu_state, measure_speed
+
+        case = Case.from_dict(message["case"])
+        mode = message["mode"]
+        refusal = self._refusal(case, mode == "backward")
+        if refusal is not None:
+            return refusal
+        assert self.impl is not None
+        measurement = measure_speed(self.impl, case, mode, device=self.device, seed=message["seed"],
+                                    budget_ms=message["budget_ms"])
+        if self.device == "cuda":
+            measurement["gpu_state"] = gpu_state()
+        return {"status": "measured", "measurement": measurement}
+
+    def op_ceilings(self, message: dict[str, Any]) -> dict[str, Any]:
+        from pytest_attnkit.speed import gpu_state, measure_ceilings
+
+        return {"ceilings": measure_ceilings(self.device), "gpu_state": gpu_state() if self.device == "cuda" else {}}
 
 
 def serve(fd: int) -> None:

@@ -1,0 +1,93 @@
+"""The gate: did an implementation get slower than its baseline, beyond noise?
+
+A case is a regression only when both hold: the slowdown is statistically clear (a one-sided
+Mann-Whitney U test on the repeated samples, p below ``alpha``) and practically large (the ratio
+of medians above ``1 + threshold``). Before deciding, the samples are divided by the machine
+factor: how much slower the in-run reference implementation (torch_sdpa) got on the same case
+against its own baseline, so a slower machine is not mistaken for a slower kernel. Fewer than
+``MIN_SAMPLES`` samples on either side is its own verdict, "insufficient", shown and never failed.
+This mirrors asv and Google Benchmark's compare.py.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any
+
+MIN_SAMPLES = 9
+DEFAULT_ALPHA = 0.01
+DEFAULT_THRESHOLD = 0.05
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: str  # "regression", "improvement", "unchanged", "insufficient"
+    ratio: float  # median now / median baseline, after the machine factor
+    raw_ratio: float
+    machine_factor: float
+    p_slower: float
+    p_faster: float
+    threshold: float
+    baseline_median_ms: float
+    now_median_ms: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def mann_whitney_p(slower: list[float], faster: list[float]) -> float:
+    """One-sided p-value that ``slower`` tends to be larger than ``faster`` (normal approximation
+    with tie and continuity corrections; adequate from about eight samples a side)."""
+    n1, n2 = len(slower), len(faster)
+    pooled = sorted([(value, 0) for value in slower] + [(value, 1) for value in faster])
+    ranks = [0.0] * len(pooled)
+    tie_term = 0.0
+    i = 0
+    while i < len(pooled):
+        j = i
+        while j + 1 < len(pooled) and pooled[j + 1][0] == pooled[i][0]:
+            j += 1
+        for index in range(i, j + 1):
+            ranks[index] = (i + j) / 2 + 1
+        ties = j - i + 1
+        tie_term += ties**3 - ties
+        i = j + 1
+    rank_sum = sum(rank for rank, (_, group) in zip(ranks, pooled) if group == 0)
+    u = rank_sum - n1 * (n1 + 1) / 2
+    mean = n1 * n2 / 2
+    variance = n1 * n2 / 12 * ((n1 + n2 + 1) - tie_term / ((n1 + n2) * (n1 + n2 - 1)))
+    if variance <= 0:
+        return 0.5
+    z = (u - mean - 0.5) / math.sqrt(variance)
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def decide(baseline_ms: list[float], now_ms: list[float], *, threshold: float = DEFAULT_THRESHOLD,
+           alpha: float = DEFAULT_ALPHA, machine_factor: float = 1.0) -> Decision:
+    """Compare ``now_ms`` with ``baseline_ms`` (timings of the same case); see the module docstring."""
+    baseline_median = statistics.median(baseline_ms) if baseline_ms else float("nan")
+    now_median = statistics.median(now_ms) if now_ms else float("nan")
+    raw_ratio = now_median / baseline_median if baseline_ms and now_ms else float("nan")
+    adjusted = [value / machine_factor for value in now_ms]
+    ratio = raw_ratio / machine_factor
+    if len(baseline_ms) < MIN_SAMPLES or len(now_ms) < MIN_SAMPLES:
+        return Decision("insufficient", ratio, raw_ratio, machine_factor, float("nan"), float("nan"), threshold,
+                        baseline_median, now_median)
+    p_slower = mann_whitney_p(adjusted, baseline_ms)
+    p_faster = mann_whitney_p(baseline_ms, adjusted)
+    if p_slower < alpha and ratio > 1 + threshold:
+        verdict = "regression"
+    elif p_faster < alpha and ratio < 1 / (1 + threshold):
+        verdict = "improvement"
+    else:
+        verdict = "unchanged"
+    return Decision(verdict, ratio, raw_ratio, machine_factor, p_slower, p_faster, threshold, baseline_median, now_median)
+
+
+def machine_factor(reference_baseline_ms: list[float] | None, reference_now_ms: list[float] | None) -> float:
+    """How much slower the machine runs the reference now than when its baseline was saved."""
+    if not reference_baseline_ms or not reference_now_ms:
+        return 1.0
+    return statistics.median(reference_now_ms) / statistics.median(reference_baseline_ms)

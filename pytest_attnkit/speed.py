@@ -1,0 +1,111 @@
+"""Speed: what one speed measurement counts (FLOPs and bytes) and how the worker takes it.
+
+FLOPs follow FlashAttention's convention: ``4 * B * Hq * Nq * Nk * D`` for the forward, halved
+for causal attention when ``Nq == Nk`` (with ``Nq != Nk`` the visible query-key pairs are counted
+exactly, since decode with a causal mask sees every key), and 2.5 times the forward for the
+backward. Bytes are the fewest an implementation must move: each input read once and each output
+written once; for decode that is essentially the KV cache, and GB/s against the measured copy
+bandwidth is its figure of merit.
+
+The machine's ceilings are measured in the same run (:func:`measure_ceilings`): a large bf16
+matmul for TFLOP/s and a large device-to-device copy for GB/s, counting bytes read and written.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pytest_attnkit.contract import AttentionImpl, Case
+
+MODES: tuple[str, ...] = ("forward", "backward")
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+
+
+def visible_pairs(case: Case) -> int:
+    """Query-key pairs that attention computes per (batch, head)."""
+    if not case.causal:
+        return case.seqlen_q * case.seqlen_k
+    if case.seqlen_q == case.seqlen_k:
+        return case.seqlen_q * case.seqlen_k // 2  # FlashAttention's convention
+    offset = case.seqlen_k - case.seqlen_q
+    return sum(min(case.seqlen_k, max(0, i + offset + 1)) for i in range(case.seqlen_q))
+
+
+def flop_count(case: Case, mode: str) -> int:
+    forward = 4 * case.batch * case.heads_q * case.head_dim * visible_pairs(case)
+    return int(forward * 2.5) if mode == "backward" else forward
+
+
+def byte_count(case: Case, mode: str) -> int:
+    """The fewest bytes through device memory: inputs read once, outputs written once."""
+    element = DTYPE_BYTES[case.dtype]
+    q_or_o = case.batch * case.heads_q * case.seqlen_q * case.head_dim * element
+    k_or_v = case.batch * case.heads_kv * case.seqlen_k * case.head_dim * element
+    if mode == "backward":  # read q, k, v, o, dO; write dq, dk, dv
+        return 3 * q_or_o + 2 * k_or_v + q_or_o + 2 * k_or_v
+    return 2 * q_or_o + 2 * k_or_v
+
+
+def measure_speed(impl: AttentionImpl, case: Case, mode: str, *, device: str, seed: int,
+                  budget_ms: float) -> dict[str, Any]:
+    """Time one case in one mode; inputs are made once, outside the timed region."""
+    import torch
+
+    from pytest_attnkit.inputs import make_inputs
+    from pytest_attnkit.timer import time_call
+
+    inputs = make_inputs(case, device, seed)
+    backward = mode == "backward"
+    q, k, v = (t.detach().requires_grad_(backward) for t in (inputs.q, inputs.k, inputs.v))
+    if backward:
+        out = impl(q, k, v, causal=case.causal, scale=None)
+
+        def call() -> Any:
+            return torch.autograd.grad(out, (q, k, v), inputs.dout, retain_graph=True)
+    else:
+        def call() -> Any:
+            with torch.no_grad():
+                return impl(q, k, v, causal=case.causal, scale=None)
+
+    timing = time_call(call, device, budget_ms=budget_ms)
+    return {"timing": timing.to_dict(), "flops": flop_count(case, mode), "bytes": byte_count(case, mode)}
+
+
+def measure_ceilings(device: str) -> dict[str, Any]:
+    """This machine's matmul TFLOP/s and copy GB/s, measured now with the same timer."""
+    import torch
+
+    from pytest_attnkit.timer import time_call
+
+    if device != "cuda":
+        return {}
+    size = 8192
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16, generator=generator)
+    b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16, generator=generator)
+    matmul = time_call(lambda: torch.matmul(a, b), device, budget_ms=300)
+    del a, b
+    source = torch.empty(2**30 // 4, device="cuda", dtype=torch.float32).normal_(generator=generator)
+    target = torch.empty_like(source)
+    copy = time_call(lambda: target.copy_(source), device, budget_ms=300)
+    ceilings = {
+        "matmul_bf16_tflops": 2 * size**3 / (matmul.median_ms * 1e-3) / 1e12,
+        "copy_gbps": 2 * source.numel() * 4 / (copy.median_ms * 1e-3) / 1e9,
+    }
+    del source, target
+    torch.cuda.empty_cache()
+    return ceilings
+
+
+def gpu_state() -> dict[str, Any]:
+    """Clocks and temperature where NVML gives them (through torch's wrappers)."""
+    import torch
+
+    state: dict[str, Any] = {}
+    for key, read in (("sm_clock_mhz", "clock_rate"), ("temperature_c", "temperature"), ("power_w", "power_draw")):
+        try:
+            value = getattr(torch.cuda, read)()
+        except Exception:  # no NVML, or this torch lacks the wrapper
+            continue
+        state[key] = value / 1000 if key == "power_w" else value
+    return state

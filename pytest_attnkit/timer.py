@@ -1,0 +1,86 @@
+"""The timer: GPU-correct timing of one call, as kernel engineers trust it.
+
+On CUDA every sample is one call bracketed by CUDA events on the current stream, with the L2
+cache flushed before it (a 256 MiB buffer zeroed, as ``triton.testing.do_bench`` does), after a
+warm-up that keeps compilation and autotuning out of the numbers. The number of samples adapts to
+the call's length within a time budget, never fewer than ``min_samples``, so the gate has enough
+repetitions for its statistics. On the CPU the samples come from ``time.perf_counter`` and are
+CPU numbers.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+L2_FLUSH_BYTES = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class Timing:
+    samples_ms: list[float]
+    warmup_ms: float  # the first (compiling) call plus the rest of the warm-up
+    timer: str  # "cuda-events" or "perf-counter"
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.samples_ms)
+
+    @property
+    def iqr_ms(self) -> float:
+        if len(self.samples_ms) < 4:
+            return 0.0
+        quartiles = statistics.quantiles(self.samples_ms, n=4)
+        return quartiles[2] - quartiles[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "median_ms": self.median_ms, "iqr_ms": self.iqr_ms}
+
+
+def _sample_count(estimate_ms: float, budget_ms: float, min_samples: int, max_samples: int) -> int:
+    return max(min_samples, min(max_samples, int(budget_ms / max(estimate_ms, 1e-3))))
+
+
+def time_call(fn: Callable[[], Any], device: str, *, budget_ms: float = 400.0, min_samples: int = 15,
+              max_samples: int = 100, warmup: int = 3) -> Timing:
+    """Time ``fn`` (which runs the implementation once) on ``device``; see the module docstring."""
+    import torch
+
+    started = time.perf_counter()
+    for _ in range(warmup):
+        fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    warmup_ms = (time.perf_counter() - started) * 1e3
+    if device != "cuda":
+        estimate = _time_cpu(fn, 1)[0]
+        return Timing(_time_cpu(fn, _sample_count(estimate, budget_ms, min_samples, max_samples)), warmup_ms, "perf-counter")
+    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    estimate = min(_time_cuda(fn, 3, flush))
+    samples = _time_cuda(fn, _sample_count(estimate, budget_ms, min_samples, max_samples), flush)
+    return Timing(samples, warmup_ms, "cuda-events")
+
+
+def _time_cuda(fn: Callable[[], Any], count: int, flush: Any) -> list[float]:
+    import torch
+
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+    for start, end in zip(starts, ends):
+        flush.zero_()  # evict the inputs from L2 so every call reads them from memory
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) for start, end in zip(starts, ends)]
+
+
+def _time_cpu(fn: Callable[[], Any], count: int) -> list[float]:
+    samples = []
+    for _ in range(count):
+        started = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - started) * 1e3)
+    return samples
