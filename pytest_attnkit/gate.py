@@ -6,7 +6,8 @@ of medians above ``1 + threshold``). Before deciding, the samples are divided by
 factor: how much slower the in-run reference implementation (torch_sdpa) got on the same case
 against its own baseline, so a slower machine is not mistaken for a slower kernel. Fewer than
 ``MIN_SAMPLES`` samples on either side is its own verdict, "insufficient", shown and never failed.
-This mirrors asv and Google Benchmark's compare.py.
+This mirrors asv and Google Benchmark's compare.py. The speed suite adds confirmation rounds on
+top (pytest_attnkit/speedrun.py): a suspected regression is re-measured and must recur.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ class Decision:
     threshold: float
     baseline_median_ms: float
     now_median_ms: float
+    #: Independent measurement rounds behind the verdict, and how many of them flagged a regression.
+    rounds: int = 1
+    rounds_flagged: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
