@@ -20,7 +20,7 @@ run() {  # label extra
   echo "=== $label (ATTNKIT_EXTRA_WORK=$extra) exit $status" >>"$log"
   echo "$text" | sed -n '/^gate against/,/^===/p' | grep -v '^===' >>"$log"
   echo "$text" | tail -n 1 >>"$log"
-  local regressions; regressions=$(echo "$text" | grep -c 'slowable_flash .* REGRESSION$' || true)
+  local regressions; regressions=$(echo "$text" | grep -c 'slowable_flash .* REGRESSION' || true)
   printf '%-14s extra=%-5s exit=%s slowable_flash cases flagged: %s of 4\n' "$label" "$extra" "$status" "$regressions" | tee -a "$out/gate-proof.summary.txt"
 }
 start=$(date +%s)
