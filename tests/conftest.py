@@ -26,6 +26,13 @@ def good(q, k, v, *, causal=False, scale=None):
     return out.to(q.dtype)
 
 
+def repeated(q, k, v, *, causal=False, scale=None):
+    """Correct, and as slow as ATTNKIT_TEST_REPEAT times the work: real extra work for the gate."""
+    for _ in range(int(os.environ.get("ATTNKIT_TEST_REPEAT", "1"))):
+        out = good(q, k, v, causal=causal, scale=scale)
+    return out
+
+
 def wrong_scale(q, k, v, *, causal=False, scale=None):
     return good(q * 1.05, k, v, causal=causal, scale=scale)
 
