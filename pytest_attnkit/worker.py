@@ -124,6 +124,11 @@ class Handler:
             return {"status": "unsupported", "message": "; ".join(reasons)}
         return None
 
+    def _accept(self, message: dict[str, Any], backward: bool) -> tuple[Case, dict[str, Any] | None]:
+        """The request's case, and the refusal that ends the request (None to go on)."""
+        case = Case.from_dict(message["case"])
+        return case, self._refusal(case, backward)
+
     def op_support(self, message: dict[str, Any]) -> list[str | None]:
         """For each ``{"case", "backward"}`` query: why it is refused, or None when supported."""
         refusals = []
@@ -135,9 +140,8 @@ class Handler:
     def op_correctness(self, message: dict[str, Any]) -> dict[str, Any]:
         from pytest_attnkit.correctness import run_correctness
 
-        case = Case.from_dict(message["case"])
         backward = bool(message["backward"])
-        refusal = self._refusal(case, backward)
+        case, refusal = self._accept(message, backward)
         if refusal is not None:
             return refusal
         assert self.impl is not None
@@ -146,13 +150,11 @@ class Handler:
             trials=message["trials"], backward=backward,
         )
 
-
     def op_memory(self, message: dict[str, Any]) -> dict[str, Any]:
         from pytest_attnkit.memory import measure_point, release_device_memory
 
-        case = Case.from_dict(message["case"])
         backward = bool(message["backward"])
-        refusal = self._refusal(case, backward)
+        case, refusal = self._accept(message, backward)
         if refusal is not None:
             return refusal
         assert self.impl is not None
@@ -160,13 +162,11 @@ class Handler:
         release_device_memory()
         return {"status": "measured", "point": point.to_dict()}
 
-
     def op_speed(self, message: dict[str, Any]) -> dict[str, Any]:
         from pytest_attnkit.speed import gpu_state, measure_speed
 
-        case = Case.from_dict(message["case"])
         mode = message["mode"]
-        refusal = self._refusal(case, mode == "backward")
+        case, refusal = self._accept(message, mode == "backward")
         if refusal is not None:
             return refusal
         assert self.impl is not None
