@@ -28,6 +28,11 @@ if TYPE_CHECKING:
 
 
 CONFIRMATION_ROUNDS = 2
+#: A call is suspected of escaping the timed stream when the host waits for the device this many
+#: times longer than the events measured, plus this slack for launch overhead.
+ESCAPE_FACTOR = 3.0
+ESCAPE_SLACK_MS = 0.2
+SUSPICIOUS_SPEEDUP = 10.0
 
 
 class _ReplayClock:
@@ -142,7 +147,24 @@ class SpeedRun:
                 request.node.user_properties.append((f"attnkit_{prop}", round(measurement[prop], 4)))
         request.node.user_properties.append(("attnkit_median_ms", measurement["timing"]["median_ms"]))
         self._feed_benchmark(request, measurement)
+        self._suspect(name, mode, case, measurement)
         self._gate(name, mode, case, key, measurement)
+
+    def _suspect(self, name: str, mode: str, case: Case, measurement: dict[str, Any]) -> None:
+        """Fail timings that cannot be trusted: work the events did not see, or a speedup too good."""
+        timing = measurement["timing"]
+        wall = timing.get("host_wall_ms")
+        if wall is not None and wall > ESCAPE_FACTOR * timing["median_ms"] + ESCAPE_SLACK_MS:
+            pytest.fail(f"{name} on {case.id} ({mode}): its work escapes the timed stream: CUDA events on the "
+                        f"current stream saw {timing['median_ms']:.4f} ms per call, but the host waited "
+                        f"{wall:.4f} ms for the device (a kernel launched on another stream, not joined back?)",
+                        pytrace=False)
+        ratio = measurement.get("ratio_to_reference")
+        if name != self.settings.reference and ratio is not None and ratio * SUSPICIOUS_SPEEDUP < 1:
+            pytest.fail(f"{name} on {case.id} ({mode}) is suspiciously fast: {1 / ratio:.0f}x faster than "
+                        f"{self.settings.reference} on the same inputs (KernelBench flags speedups beyond "
+                        f"{SUSPICIOUS_SPEEDUP:g}x: cached results, skipped work, timing on another stream)",
+                        pytrace=False)
 
     def _feed_benchmark(self, request: pytest.FixtureRequest, measurement: dict[str, Any]) -> None:
         try:

@@ -133,6 +133,14 @@ class WorkerProcess:
             ready = True
         if reply is None:
             self._fail(doing, timed_out=not ready, timeout=timeout, elapsed=time.monotonic() - started)
+        if reply.get("restart"):
+            # The worker lost its CUDA context and is exiting; wait for it, so the next request
+            # starts a fresh one instead of writing into a closing socket.
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+            self._kill()
         if not reply["ok"]:
             raise WorkerFailure("error", f"the worker for {self.label} raised while {doing}:\n{reply['error']}")
         return reply["result"]

@@ -23,6 +23,9 @@ class Timing:
     samples_ms: list[float]
     warmup_ms: float  # the first (compiling) call plus the rest of the warm-up
     timer: str  # "cuda-events" or "perf-counter"
+    #: On CUDA: the median host time of a call bracketed by device-wide synchronizations. Work that
+    #: escapes the timed stream shows here and not in the events.
+    host_wall_ms: float | None = None
 
     @property
     def median_ms(self) -> float:
@@ -60,7 +63,7 @@ def time_call(fn: Callable[[], Any], device: str, *, budget_ms: float = 400.0, m
     flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
     estimate = min(_time_cuda(fn, 3, flush))
     samples = _time_cuda(fn, _sample_count(estimate, budget_ms, min_samples, max_samples), flush)
-    return Timing(samples, warmup_ms, "cuda-events")
+    return Timing(samples, warmup_ms, "cuda-events", host_wall_ms=statistics.median(_time_synchronized(fn, 5)))
 
 
 def _time_cuda(fn: Callable[[], Any], count: int, flush: Any) -> list[float]:
@@ -75,6 +78,19 @@ def _time_cuda(fn: Callable[[], Any], count: int, flush: Any) -> list[float]:
         end.record()
     torch.cuda.synchronize()
     return [start.elapsed_time(end) for start, end in zip(starts, ends)]
+
+
+def _time_synchronized(fn: Callable[[], Any], count: int) -> list[float]:
+    import torch
+
+    samples = []
+    for _ in range(count):
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        samples.append((time.perf_counter() - started) * 1e3)
+    return samples
 
 
 def _time_cpu(fn: Callable[[], Any], count: int) -> list[float]:

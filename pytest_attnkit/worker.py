@@ -71,6 +71,10 @@ def describe_environment(device: str) -> dict[str, Any]:
     return info
 
 
+CONTEXT_LOST = ("the worker's CUDA context is unusable after this error (a sticky error such as an illegal "
+                "memory access); a fresh worker takes over for the next test")
+
+
 class Handler:
     """Serves one implementation (or none, for the environment probe) inside a worker."""
 
@@ -78,13 +82,36 @@ class Handler:
         self.device = "cpu"
         self.impl: AttentionImpl | None = None
         self.load_error: str | None = None
+        self.context_lost = False
 
     def handle(self, message: dict[str, Any]) -> Any:
         op = message["op"]
         handler = getattr(self, f"op_{op}", None)
         if handler is None:
             raise ValueError(f"unknown worker op {op!r}")
-        return handler(message)
+        try:
+            result = handler(message)
+        except BaseException:
+            self._check_cuda_context()
+            raise
+        if isinstance(result, dict) and result.get("status") == "error":
+            self._check_cuda_context()
+            if self.context_lost:
+                result["message"] += f"\n{CONTEXT_LOST}"
+        return result
+
+    def _check_cuda_context(self) -> None:
+        """After a failure on CUDA, find out whether the context survived. A sticky error (an
+        illegal memory access) poisons it for every later call in this process, so the worker
+        then exits after replying and the next request starts a fresh one."""
+        if self.device != "cuda" or "torch" not in sys.modules:
+            return
+        import torch
+
+        try:
+            torch.cuda.synchronize()
+        except Exception:
+            self.context_lost = True
 
     def op_init(self, message: dict[str, Any]) -> dict[str, Any]:
         for entry in reversed(message.get("sys_path", [])):
@@ -201,7 +228,9 @@ def serve(fd: int) -> None:
         try:
             reply = {"ok": True, "result": handler.handle(message)}
         except BaseException:
-            reply = {"ok": False, "error": traceback.format_exc()}
+            error = traceback.format_exc()
+            reply = {"ok": False, "error": error + (f"\n{CONTEXT_LOST}" if handler.context_lost else "")}
+        reply["restart"] = handler.context_lost
         sys.stdout.flush()
         sys.stderr.flush()
         try:
@@ -209,6 +238,8 @@ def serve(fd: int) -> None:
         except (TypeError, ValueError) as error:
             payload = json.dumps({"ok": False, "error": f"the worker's reply is not plain data: {error}"})
         connection.send_bytes(payload.encode())
+        if handler.context_lost:
+            return  # the next request starts a fresh worker with a clean CUDA context
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -10,7 +10,7 @@ export PYTHONPATH="$here/site${PYTHONPATH:+:$PYTHONPATH}"
 bl=$(mktemp -d)
 cases='test_speed_forward and not causal and (q1024-k1024-d128 or q4096-k4096-d128 or q16384-k16384-d128 or q4096-k4096-d64)'
 args=(--attnkit --attnkit-suite speed --attnkit-impl torch_sdpa,slowable_flash -k "$cases"
-      --attnkit-baseline-dir "$bl" -p no:cacheprovider --benchmark-disable -q)
+      "--attnkit-baseline-dir=$bl" -p no:cacheprovider --benchmark-disable -q)
 log="$out/gate-proof.log"
 { echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | sed 's/^/device: /'
   echo "command: pytest ${args[*]}"; } | tee "$log"
