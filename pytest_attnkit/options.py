@@ -108,6 +108,8 @@ SETTINGS: tuple[Setting, ...] = (
             "slowdown past which a statistically clear change is a regression, e.g. 5%% or 0.05 (default: 5 percent)"),
     Setting("reference", "NAME", str, "torch_sdpa",
             "implementation whose in-run speed tells a slower machine from a slower kernel (default: torch_sdpa)"),
+    Setting("report", "DIR", str, "",
+            "write attnkit-report.json, attnkit-report.md and PNG plots into DIR (default: no report files)"),
     Setting("budget_ms", "MS", _bounded(float, 1.0), 400.0,
             "timing budget per speed case and implementation, in milliseconds (default: 400)"),
 )
@@ -154,6 +156,7 @@ class Settings:
     trials: int
     timeout: float
     baseline_dir: str
+    report: str
     threshold: float
     reference: str
     budget_ms: float

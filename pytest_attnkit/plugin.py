@@ -47,6 +47,13 @@ def pytest_configure(config: pytest.Config) -> None:
     if not config.getoption("attnkit"):
         return
     settings = options.resolve(config)
+    if settings.report:
+        from pytest_attnkit.report import check_writable
+
+        try:
+            check_writable(config.rootpath / settings.report)
+        except OSError as error:
+            raise pytest.UsageError(f"attnkit: the report directory cannot be written ({settings.sources['report']}): {error}") from None
     session = AttnkitSession(settings, rootdir=config.rootpath)
     config.stash[SESSION_KEY] = session
     try:
@@ -119,6 +126,15 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     return session.header_lines() if session is not None else None
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    session = item.config.stash.get(SESSION_KEY, None)
+    if session is not None and (report.when == "call" or (report.when == "setup" and not report.passed)):
+        session.record(item, report)
+    return report
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     attnkit = session.config.stash.get(SESSION_KEY, None)
     if attnkit is not None:
@@ -129,10 +145,13 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     session = config.stash.get(SESSION_KEY, None)
     if session is None:
         return
+    from pytest_attnkit.report import build, headline_lines
+
     sections = (
+        ("attnkit summary: one row per implementation", headline_lines(build(session, interrupted=False))),
         ("attnkit memory scaling (peak extra device memory per call)", session.memory_summary_lines()),
         ("attnkit speed", session.speed.summary_lines() if session.speed is not None else []),
-        ("attnkit baselines", config.stash.get(FINISH_KEY, [])),
+        ("attnkit baselines and reports", config.stash.get(FINISH_KEY, [])),
     )
     for title, lines in sections:
         if lines:

@@ -42,6 +42,9 @@ class AttnkitSession:
         self.workers: dict[str, Any] = {}
         self._reported_broken: set[str] = set()
         self.memory_tables: list[list[str]] = []
+        self.memory_results: list[dict[str, Any]] = []
+        #: Per test: implementation, suite, outcome and the failure or skip text, for the reports.
+        self.outcomes: list[dict[str, Any]] = []
 
     # -- start-up ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -239,6 +242,11 @@ class AttnkitSession:
         table.append(f"  largest N that fit: {largest}" if points[-1].status == "measured"
                      else f"  largest N that fit: {largest} (the sweep stopped at N={points[-1].seqlen}: {points[-1].status})")
         self.memory_tables.append(table)
+        self.memory_results.append({
+            "impl": name, "direction": direction, "declared": self.impls[name].capabilities.get("memory_class"),
+            "slope": slope, "largest_n": largest, "points": [point.to_dict() for point in points],
+            "sweep": {"batch": sweep.batch, "heads": sweep.heads, "head_dim": sweep.head_dim, "dtype": sweep.dtype},
+        })
         problems = memory_problems(self.impls[name].capabilities.get("memory_class"), points)
         if problems:
             pytest.fail(f"{name} memory ({direction}):\n" + "\n".join(problems) + "\n" + "\n".join(table), pytrace=False)
@@ -248,13 +256,35 @@ class AttnkitSession:
         self.speed.check(name, "backward" if backward else "forward", case, request)
 
     def finish(self, exitstatus: int) -> list[str]:
-        """End-of-run work; returns lines for the terminal summary."""
-        if self.speed is None or not self.settings.save_baseline:
-            return []
-        if exitstatus == pytest.ExitCode.INTERRUPTED:
-            return [f"baseline NOT saved: the run was interrupted ({self.speed.path} is unchanged)"]
-        path = self.speed.save()
-        return [f"baseline saved: {path}"] if path else ["baseline not saved: no speed measurements in this run"]
+        """End-of-run work (baselines, report files); returns lines for the terminal summary.
+
+        An interrupted run (Ctrl-C, a CI timeout's SIGINT) saves no baseline, so the stored one
+        stays whole, but still writes the report of what it gathered."""
+        lines = []
+        interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
+        if self.speed is not None and self.settings.save_baseline:
+            if interrupted:
+                lines.append(f"baseline NOT saved: the run was interrupted ({self.speed.path} is unchanged)")
+            else:
+                path = self.speed.save()
+                lines.append(f"baseline saved: {path}" if path else "baseline not saved: no speed measurements in this run")
+        if self.settings.report:
+            from pytest_attnkit import report
+
+            lines.extend(report.write(self, self.rootdir / self.settings.report, interrupted=interrupted))
+        return lines
+
+    def record(self, item: pytest.Item, report: pytest.TestReport) -> None:
+        """Keep the outcome of an attnkit test for the headline table and the report files."""
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if "attnkit_impl" not in params:
+            return
+        suite = next((name for name in ("correctness", "memory", "speed") if item.get_closest_marker(f"attnkit_{name}")), "?")
+        case = params.get("attnkit_case")
+        text = report.longrepr[2] if report.skipped and isinstance(report.longrepr, tuple) else str(report.longrepr or "")
+        self.outcomes.append({"test": item.nodeid, "impl": params["attnkit_impl"], "suite": suite,
+                              "case": case.id if case is not None else None, "function": item.originalname,
+                              "outcome": report.outcome, "message": text[:4000]})
 
     def memory_summary_lines(self) -> list[str]:
         lines = []

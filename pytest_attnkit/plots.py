@@ -1,0 +1,138 @@
+"""The report's plots, drawn with matplotlib (imported only when a report is written).
+
+Each figure is meant for a reader who never saw the tool: titled with what it shows, axes with
+units, the machine's measured ceilings drawn in, one colour per implementation throughout.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+_COLOURS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+
+
+def _colour(names: list[str], name: str) -> str:
+    return _COLOURS[sorted(names).index(name) % len(_COLOURS)]
+
+
+def _parse(case_id: str) -> dict[str, Any]:
+    parts = case_id.split("-")
+    fields: dict[str, Any] = {"causal": "causal" in parts, "dtype": parts[5]}
+    for part in parts:
+        if part[0] in "qkd" and part[1:].isdigit():
+            fields[part[0]] = int(part[1:])
+    return fields
+
+
+def draw_speed(document: dict[str, Any], mode: str, path: Path) -> bool:
+    series: dict[tuple[int, bool], dict[str, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
+    for m in document["speed"]["measurements"]:
+        fields = _parse(m["case"])
+        if m["mode"] != mode or fields["q"] != fields["k"] or fields["q"] < 2:
+            continue  # decode and mismatched lengths are not on a sequence-length axis
+        series[(fields["d"], fields["causal"])][m["impl"]].append((fields["q"], m["tflops"]))
+    if not series:
+        return False
+    names = sorted({m["impl"] for m in document["speed"]["measurements"]})
+    panels = sorted(series)
+    figure, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.2), squeeze=False, sharey=True)
+    ceiling = document["speed"]["ceilings"].get("matmul_bf16_tflops")
+    for axis, panel in zip(axes[0], panels):
+        for name, points in sorted(series[panel].items()):
+            points.sort()
+            axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name, color=_colour(names, name))
+        if ceiling:
+            axis.axhline(ceiling, color="grey", linestyle="--", linewidth=1, label=f"bf16 matmul, measured ({ceiling:.0f})")
+        axis.set_xscale("log", base=2)
+        axis.set_title(f"head dim {panel[0]}, {'causal' if panel[1] else 'not causal'}")
+        axis.set_xlabel("sequence length (tokens; batch x length = 16k)")
+        axis.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel("TFLOP/s (FlashAttention's FLOP count)")
+    axes[0][-1].legend(fontsize=8, loc="best")
+    figure.suptitle(f"{mode} speed on {document['environment'].get('device_name')} (higher is better)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return True
+
+
+def draw_memory(document: dict[str, Any], path: Path) -> bool:
+    if not document["memory"]:
+        return False
+    names = sorted({sweep["impl"] for sweep in document["memory"]})
+    figure, axis = plt.subplots(figsize=(7.5, 5))
+    for sweep in document["memory"]:
+        points = [(p["seqlen"], p["extra_bytes"]) for p in sweep["points"] if p["status"] == "measured" and p["extra_bytes"] > 0]
+        if not points:
+            continue
+        slope = "flat" if sweep["slope"] is None else f"N^{sweep['slope']:.2f}"
+        style = "-" if sweep["direction"] == "forward" else "--"
+        axis.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", color=_colour(names, sweep["impl"]),
+                  label=f"{sweep['impl']} {sweep['direction']}: {slope} (declared {sweep['declared']})")
+        stopped = [p for p in sweep["points"] if p["status"] == "oom"]
+        if stopped:
+            axis.annotate(f"out of memory at N={stopped[0]['seqlen']}", (points[-1][0], points[-1][1]),
+                          textcoords="offset points", xytext=(-120, 8), fontsize=8)
+    axis.set_xscale("log", base=2)
+    axis.set_yscale("log", base=2)
+    axis.set_xlabel("sequence length N (tokens)")
+    axis.set_ylabel("peak extra device memory per call (bytes)")
+    sweep = document["memory"][0]["sweep"]
+    axis.set_title(f"Memory growth (B={sweep['batch']}, H={sweep['heads']}, D={sweep['head_dim']}, {sweep['dtype']}): "
+                   "slope 2 = quadratic, 1 = linear", fontsize=10)
+    axis.grid(True, which="both", alpha=0.3)
+    axis.legend(fontsize=7, loc="upper left")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return True
+
+
+def draw_roofline(document: dict[str, Any], path: Path) -> bool:
+    ceilings = document["speed"]["ceilings"]
+    measurements = [m for m in document["speed"]["measurements"] if m["bytes"] > 0 and m["tflops"] > 0]
+    if not ceilings or not measurements:
+        return False
+    names = sorted({m["impl"] for m in measurements})
+    peak, bandwidth = ceilings["matmul_bf16_tflops"], ceilings["copy_gbps"] / 1e3  # TB/s
+    intensities = [m["flops"] / m["bytes"] for m in measurements]
+    low, high = min(intensities) / 2, max(intensities) * 2
+    xs = [low * (high / low) ** (i / 200) for i in range(201)]
+    figure, axis = plt.subplots(figsize=(7.5, 5))
+    axis.plot(xs, [min(peak, bandwidth * x) for x in xs], color="black", linewidth=1.5,
+              label=f"roof: {peak:.0f} TFLOP/s matmul, {ceilings['copy_gbps']:.0f} GB/s copy (measured)")
+    for m, intensity in zip(measurements, intensities):
+        axis.scatter(intensity, m["tflops"], color=_colour(names, m["impl"]), marker="o" if m["mode"] == "forward" else "^", s=22)
+    for name in names:
+        axis.scatter([], [], color=_colour(names, name), label=name)
+    axis.scatter([], [], color="grey", marker="o", label="forward")
+    axis.scatter([], [], color="grey", marker="^", label="backward")
+    axis.set_xscale("log")
+    axis.set_yscale("log")
+    axis.set_xlabel("arithmetic intensity (FLOP per byte of minimal traffic)")
+    axis.set_ylabel("TFLOP/s")
+    axis.set_title("Roofline: decode sits on the bandwidth slope, long prefill under the compute roof", fontsize=10)
+    axis.grid(True, which="both", alpha=0.3)
+    axis.legend(fontsize=7, loc="lower right")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return True
+
+
+def draw_all(document: dict[str, Any], directory: Path) -> list[str]:
+    written = []
+    for name, draw in (("speed-forward.png", lambda p: draw_speed(document, "forward", p)),
+                       ("speed-backward.png", lambda p: draw_speed(document, "backward", p)),
+                       ("memory.png", lambda p: draw_memory(document, p)),
+                       ("roofline.png", lambda p: draw_roofline(document, p))):
+        if draw(directory / name):
+            written.append(name)
+    return written

@@ -1,0 +1,76 @@
+"""Report files, the step summary, an unwritable report directory, and an interrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+from conftest import fake
+
+SPEED = ("--attnkit", "--attnkit-impl", "repeated", "--attnkit-device", "cpu", "--benchmark-disable",
+         "--attnkit-baseline-dir=bl", "-k", "q17-k17 or (speed_forward and not causal)")
+
+
+def test_report_files_and_step_summary(pytester: pytest.Pytester, fake_dist, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_dist({"repeated": fake("repeated")})
+    summary = pytester.path / "step-summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    result = pytester.runpytest(*SPEED, "--attnkit-report=out")
+    result.assert_outcomes(passed=3)  # two correctness tests and one speed test
+    result.stdout.fnmatch_lines([
+        "*attnkit summary: one row per implementation*",
+        "implementation  correctness * gate*",
+        "repeated        pass (2 passed, 0 failed, 0 skipped) *no baseline*",
+        "report: *attnkit-report.json, *attnkit-report.md, 1 plots",
+    ])
+    document = json.loads((pytester.path / "out" / "attnkit-report.json").read_text())
+    assert (document["schema"], document["schema_version"], document["interrupted"]) == ("pytest-attnkit/report", 1, False)
+    assert {test["outcome"] for test in document["tests"]} == {"passed"}
+    [measurement] = document["speed"]["measurements"]
+    assert measurement["impl"] == "repeated" and measurement["timing"]["timer"] == "perf-counter"
+    assert (pytester.path / "out" / "speed-forward.png").stat().st_size > 10_000
+    markdown = (pytester.path / "out" / "attnkit-report.md").read_text()
+    assert "| repeated | pass (2 passed, 0 failed, 0 skipped) |" in markdown
+    assert summary.read_text().startswith("# pytest-attnkit report")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
+def test_unwritable_report_directory_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    locked = pytester.mkdir("locked")
+    locked.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    result = pytester.runpytest("--attnkit", "--attnkit-report=locked/report")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: attnkit: the report directory cannot be written (command line --attnkit-report): *"])
+
+
+def test_report_path_that_is_a_file_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makefile(".txt", occupied="a file, not a folder")
+    result = pytester.runpytest("--attnkit", "--attnkit-report=occupied.txt")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: attnkit: the report directory cannot be written (command line --attnkit-report): *"])
+
+
+def test_interruption_keeps_the_baseline_and_writes_the_report(
+    pytester: pytest.Pytester, fake_dist, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = fake_dist({"repeated": fake("repeated")})
+    pytester.runpytest(*SPEED, "--attnkit-save-baseline").assert_outcomes(passed=3)
+    [baseline_file] = (pytester.path / "bl").iterdir()
+    before = baseline_file.read_bytes()
+    # A plugin, not a conftest: conftest runtest hooks only reach items below their folder.
+    pytester.makepyfile(interrupter="""
+        def pytest_runtest_call(item):
+            if "speed" in item.name:
+                raise KeyboardInterrupt  # as Ctrl-C or a CI timeout would
+    """)
+    # Its own process: a KeyboardInterrupt in an in-process run would stop this test run too.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(root), str(pytester.path), os.environ.get("PYTHONPATH")])))
+    result = pytester.runpytest_subprocess(*SPEED, "-p", "interrupter", "--attnkit-save-baseline", "--attnkit-report=out")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(["baseline NOT saved: the run was interrupted (* is unchanged)", "report: *attnkit-report.json*"])
+    assert baseline_file.read_bytes() == before
+    document = json.loads((pytester.path / "out" / "attnkit-report.json").read_text())
+    assert document["interrupted"] is True and [t["outcome"] for t in document["tests"]] == ["passed", "passed"]
