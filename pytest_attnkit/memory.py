@@ -87,7 +87,7 @@ def memory_problems(declared: str | None, points: list[MemoryPoint]) -> list[str
         problems.append(f"only {len(measured)} lengths could be measured; at least 3 are needed to fit an exponent")
     else:
         slope = fit_exponent([p.seqlen for p in measured], [p.extra_bytes for p in measured])
-        if classify(slope) != declared:
+        if declared is not None and classify(slope) != declared:
             problems.append(f"declares {declared} memory but its extra memory grows as N^{slope:.2f} ({classify(slope)})")
     for point in measured:
         if point.unmetered_bytes:

@@ -319,6 +319,6 @@ class AttnkitSession:
                 state = f"unavailable: {info.unavailable}"
             else:
                 caps = info.capabilities
-                state = f"available ({caps.get('memory_class')} memory, {'fwd+bwd' if caps.get('backward') else 'fwd only'})"
+                state = f"available ({caps.get('memory_class') or 'undeclared'} memory, {'fwd+bwd' if caps.get('backward') else 'fwd only'})"
             lines.append(f"attnkit:   {info.name:<16} {state}  [{origin}]")
         return lines

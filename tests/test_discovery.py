@@ -21,7 +21,7 @@ def test_third_party_distribution_is_discovered_with_both_forms(pytester: pytest
         "attnkit: device cpu: *",
         "attnkit:   an_instance      available (linear memory, fwd only)  [fake_kernels:INSTANCE from fake-kernels]",
         "attnkit:   capability_class available (linear memory, fwd only)  [fake_kernels:HeadDim64Only from fake-kernels]",
-        "attnkit:   plain_function   available (linear memory, fwd+bwd)  [fake_kernels:good from fake-kernels]",
+        "attnkit:   plain_function   available (undeclared memory, fwd+bwd)  [fake_kernels:good from fake-kernels]",
     ])
     result.stdout.fnmatch_lines([
         "SKIPPED [[]1[]] *: capability_class does not support it: head_dim=32 (supported: 64)",

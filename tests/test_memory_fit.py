@@ -86,3 +86,7 @@ def test_measurement_must_match_the_model_within_ten_percent() -> None:
 def test_too_few_points_after_an_early_oom_fails() -> None:
     points = [MemoryPoint(1024, "measured", extra_bytes=10), MemoryPoint(2048, "oom", message="out of memory")]
     assert memory_problems("linear", points) == ["only 1 lengths could be measured; at least 3 are needed to fit an exponent"]
+
+
+def test_undeclared_class_is_reported_not_failed() -> None:
+    assert memory_problems(None, _points(lambda n: 4 * 16 * n * n)) == []
