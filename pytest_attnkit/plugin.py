@@ -7,6 +7,7 @@ stay installed in every project. This module imports nothing heavy: no torch, Cu
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,12 @@ class SuiteModule(pytest.Module):
         return importlib.import_module(_suite_files()[self.path.resolve()])
 
 
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    from pytest_attnkit import hookspecs
+
+    pluginmanager.add_hookspecs(hookspecs)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     options.add_options(parser)
 
@@ -54,7 +61,11 @@ def pytest_configure(config: pytest.Config) -> None:
             check_writable(config.rootpath / settings.report)
         except OSError as error:
             raise pytest.UsageError(f"attnkit: the report directory cannot be written ({settings.sources['report']}): {error}") from None
-    session = AttnkitSession(settings, rootdir=config.rootpath)
+    reference = config.hook.pytest_attnkit_reference(config=config)
+    if reference:
+        settings = dataclasses.replace(settings, reference=reference,
+                                       sources={**settings.sources, "reference": "hook pytest_attnkit_reference"})
+    session = AttnkitSession(settings, rootdir=config.rootpath, config=config)
     config.stash[SESSION_KEY] = session
     try:
         session.start()

@@ -29,8 +29,9 @@ NO_MEMORY_METER_ON_CPU = ("the memory suite measures the CUDA caching allocator'
 
 
 class AttnkitSession:
-    def __init__(self, settings: Settings, rootdir: Path | None = None) -> None:
+    def __init__(self, settings: Settings, rootdir: Path | None = None, config: pytest.Config | None = None) -> None:
         self.settings = settings
+        self.config = config
         self.rootdir = rootdir or Path.cwd()
         self.speed: Any = None
         self.log_dir = Path(tempfile.mkdtemp(prefix="attnkit-workers-"))
@@ -123,11 +124,26 @@ class AttnkitSession:
 
     def cases(self, family: str) -> list[Case]:
         if family == "correctness":
-            return case_sets.correctness_cases(self.profile)
-        if family in ("speed-forward", "speed-backward"):
+            cases = case_sets.correctness_cases(self.profile)
+        elif family in ("speed-forward", "speed-backward"):
             mode = family.split("-", 1)[1]
-            return [case for case_mode, case in case_sets.speed_cases(self.profile) if case_mode == mode]
-        raise ValueError(f"unknown case family {family!r}")
+            cases = [case for case_mode, case in case_sets.speed_cases(self.profile) if case_mode == mode]
+        else:
+            raise ValueError(f"unknown case family {family!r}")
+        if self.config is not None:
+            self.config.hook.pytest_attnkit_modify_cases(config=self.config, family=family, cases=cases)
+        return cases
+
+    def threshold(self, impl: str, mode: str, case_id: str) -> float:
+        """The gate's threshold: a conftest hook first, then the settings (ini overrides, option)."""
+        from pytest_attnkit.baselines import entry_key
+
+        default = self.settings.threshold_for(entry_key(impl, mode, case_id))
+        if self.config is None:
+            return default
+        chosen = self.config.hook.pytest_attnkit_threshold(config=self.config, impl=impl, mode=mode,
+                                                           case_id=case_id, default=default)
+        return default if chosen is None else float(chosen)
 
     def _item_question(self, item: pytest.Item) -> tuple[str, Case, bool] | None:
         """(implementation, case, backward) that an attnkit item runs, or None for other items."""

@@ -186,7 +186,7 @@ class SpeedRun:
             return
         stored = self.baseline[key]
         factor = 1.0 if name == self.settings.reference else self.machine_factor()
-        threshold = self.settings.threshold_for(key)
+        threshold = self.session.threshold(name, mode, case.id)
         decision = decide(stored["samples_ms"], measurement["timing"]["samples_ms"], threshold=threshold,
                           machine_factor=factor)
         if decision.verdict == "regression":
