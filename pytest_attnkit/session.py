@@ -9,6 +9,7 @@ wrong in words.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -68,7 +69,41 @@ class AttnkitSession:
     def _worker_env(self) -> dict[str, str]:
         # On the CPU, Triton kernels run in Triton's interpreter; the variable must be set before
         # triton is imported, which is why each worker gets it from the start.
-        return {"TRITON_INTERPRET": "1"} if self.device == "cpu" else {}
+        if self.device == "cpu":
+            return {"TRITON_INTERPRET": "1"}
+        gpu = self.pinned_gpu()
+        return {"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}
+
+    # -- pytest-xdist -----------------------------------------------------------------------
+    def xdist_worker(self) -> tuple[int, int] | None:
+        """(this xdist worker's index, how many there are), or None outside xdist workers."""
+        workerinput = getattr(self.config, "workerinput", None)
+        if not workerinput:
+            return None
+        index = int(str(workerinput.get("workerid", "gw0")).lstrip("gw") or 0)
+        return index, int(workerinput.get("workercount", 1))
+
+    def pinned_gpu(self) -> str | None:
+        """The GPU this xdist worker's implementations run on: one per worker, round robin, so
+        several GPUs share the correctness work. None outside xdist or with one visible GPU."""
+        xdist = self.xdist_worker()
+        count = int(self.environment.get("cuda_device_count") or 0)
+        if xdist is None or count <= 1:
+            return None
+        visible = [part for part in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if part.strip()]
+        ordinals = visible if visible else [str(index) for index in range(count)]
+        return ordinals[xdist[0] % len(ordinals)]
+
+    def parallel_timing_problem(self) -> str | None:
+        """Why speed cannot be timed here, or None: xdist workers sharing a GPU measure contention."""
+        xdist = self.xdist_worker()
+        if xdist is None:
+            return None
+        gpus = max(1, int(self.environment.get("cuda_device_count") or 1)) if self.device == "cuda" else 1
+        if xdist[1] > gpus:
+            return (f"the speed suite does not time in parallel: {xdist[1]} xdist workers share {gpus} device(s), so each "
+                    "would measure the others' load; run it without -n, or with -n at most the number of GPUs")
+        return None
 
     def _make_worker(self, label: str, init: dict[str, Any]) -> Any:
         if self.settings.inprocess:
@@ -172,6 +207,10 @@ class AttnkitSession:
         for item in items:
             if self.device != "cuda" and item.get_closest_marker("attnkit_memory") is not None:
                 item.add_marker(pytest.mark.skip(reason=NO_MEMORY_METER_ON_CPU))
+                continue
+            parallel = self.parallel_timing_problem()
+            if parallel and item.get_closest_marker("attnkit_speed"):
+                item.add_marker(pytest.mark.skip(reason=parallel))
                 continue
             question = self._item_question(item)
             if question is not None:
