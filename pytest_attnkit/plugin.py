@@ -8,6 +8,7 @@ stay installed in every project. This module imports nothing heavy: no torch, Cu
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,10 @@ SUITES_PACKAGE = "pytest_attnkit.suites"
 FINISH_KEY = pytest.StashKey[list]()
 
 
+@functools.lru_cache(maxsize=1)
 def _suite_files() -> dict[Path, str]:
-    """The bundled suite modules: their files and their importable names."""
+    """The bundled suite modules: their files and their importable names (asked for every
+    collected path, so computed once)."""
     package = importlib.import_module(SUITES_PACKAGE)
     directory = Path(package.__file__).resolve().parent
     return {directory / f"test_{name}.py": f"{SUITES_PACKAGE}.test_{name}" for name in options.SUITES}
