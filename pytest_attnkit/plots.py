@@ -51,6 +51,7 @@ def draw_speed(document: dict[str, Any], mode: str, path: Path) -> bool:
         if ceiling:
             axis.axhline(ceiling, color="grey", linestyle="--", linewidth=1, label=f"bf16 matmul, measured ({ceiling:.0f})")
         axis.set_xscale("log", base=2)
+        axis.set_ylim(bottom=0)  # a bar of zero keeps the gaps between implementations honest
         axis.set_title(f"head dim {panel[0]}, {'causal' if panel[1] else 'not causal'}")
         axis.set_xlabel("sequence length (tokens; batch x length = 16k)")
         axis.grid(True, alpha=0.3)
@@ -120,7 +121,7 @@ def draw_roofline(document: dict[str, Any], path: Path) -> bool:
     axis.set_ylabel("TFLOP/s")
     axis.set_title("Roofline: decode sits on the bandwidth slope, long prefill under the compute roof", fontsize=10)
     axis.grid(True, which="both", alpha=0.3)
-    axis.legend(fontsize=7, loc="lower right")
+    axis.legend(fontsize=7, loc="upper left")  # the empty corner: above the bandwidth slope
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

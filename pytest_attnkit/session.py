@@ -242,8 +242,10 @@ class AttnkitSession:
             pytest.fail(f"{name} could not be loaded from entry point {info.entry_point}:\n{info.load_error}", pytrace=False)
         return self.workers[name]
 
-    def check_correctness(self, name: str, case: Case, *, backward: bool) -> dict[str, Any]:
-        """Run the correctness check in the implementation's worker; pass, skip or fail the test."""
+    def check_correctness(self, name: str, case: Case, *, backward: bool,
+                          request: pytest.FixtureRequest | None = None) -> dict[str, Any]:
+        """Run the correctness check in the implementation's worker; pass, skip or fail the test.
+        With ``request``, the errors and the seed become the test's junit properties."""
         worker = self._usable_worker(name)
         message = {"op": "correctness", "case": case.to_dict(), "backward": backward,
                    "base_seed": self.settings.seed, "trials": self.settings.trials}
@@ -252,6 +254,12 @@ class AttnkitSession:
         except WorkerFailure as failure:
             pytest.fail(f"{name} on {case.id}: {failure}", pytrace=False)
         status = report["status"]
+        if request is not None:
+            for comparison in report.get("comparisons", []):
+                request.node.user_properties.append((f"attnkit_{comparison['name']}_max_error", comparison["max_error"]))
+                request.node.user_properties.append((f"attnkit_{comparison['name']}_allowed", comparison["allowed"]))
+            if report.get("seed") is not None:
+                request.node.user_properties.append(("attnkit_seed", report["seed"]))
         if status == "passed":
             return report
         if status == "unsupported":
@@ -264,7 +272,7 @@ class AttnkitSession:
             pytest.fail(f"{name} raised on {case.id}, {rerun}:\n{report['message']}", pytrace=False)
         pytest.fail(f"{name} is wrong on {case.id}, {rerun}:\n{report['message']}", pytrace=False)
 
-    def check_memory(self, name: str, *, backward: bool) -> None:
+    def check_memory(self, name: str, *, backward: bool, request: pytest.FixtureRequest | None = None) -> None:
         """Sweep the sequence length in the implementation's worker, fit the exponent of its extra
         memory, and fail when it contradicts the declared class or the implementation's own model."""
         from pytest_attnkit.memory import MemoryPoint, fit_exponent, format_table, memory_case, memory_problems
@@ -302,6 +310,9 @@ class AttnkitSession:
             "slope": slope, "largest_n": largest, "points": [point.to_dict() for point in points],
             "sweep": {"batch": sweep.batch, "heads": sweep.heads, "head_dim": sweep.head_dim, "dtype": sweep.dtype},
         })
+        if request is not None:
+            request.node.user_properties.append(("attnkit_memory_exponent", slope))
+            request.node.user_properties.append(("attnkit_largest_n", largest))
         problems = memory_problems(self.impls[name].capabilities.get("memory_class"), points)
         if problems:
             pytest.fail(f"{name} memory ({direction}):\n" + "\n".join(problems) + "\n" + "\n".join(table), pytrace=False)

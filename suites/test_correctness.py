@@ -12,11 +12,11 @@ pytestmark = pytest.mark.attnkit_correctness
 
 
 @pytest.mark.attnkit_cases("correctness")
-def test_forward(attnkit, attnkit_impl, attnkit_case):
-    attnkit.check_correctness(attnkit_impl, attnkit_case, backward=False)
+def test_forward(attnkit, attnkit_impl, attnkit_case, request):
+    attnkit.check_correctness(attnkit_impl, attnkit_case, backward=False, request=request)
 
 
 @pytest.mark.attnkit_cases("correctness")
 @pytest.mark.attnkit_backward
-def test_backward(attnkit, attnkit_impl, attnkit_case):
-    attnkit.check_correctness(attnkit_impl, attnkit_case, backward=True)
+def test_backward(attnkit, attnkit_impl, attnkit_case, request):
+    attnkit.check_correctness(attnkit_impl, attnkit_case, backward=True, request=request)

@@ -12,10 +12,10 @@ import pytest
 pytestmark = pytest.mark.attnkit_memory
 
 
-def test_memory_forward(attnkit, attnkit_impl):
-    attnkit.check_memory(attnkit_impl, backward=False)
+def test_memory_forward(attnkit, attnkit_impl, request):
+    attnkit.check_memory(attnkit_impl, backward=False, request=request)
 
 
 @pytest.mark.attnkit_backward
-def test_memory_backward(attnkit, attnkit_impl):
-    attnkit.check_memory(attnkit_impl, backward=True)
+def test_memory_backward(attnkit, attnkit_impl, request):
+    attnkit.check_memory(attnkit_impl, backward=True, request=request)

@@ -74,3 +74,12 @@ def test_interruption_keeps_the_baseline_and_writes_the_report(
     assert baseline_file.read_bytes() == before
     document = json.loads((pytester.path / "out" / "attnkit-report.json").read_text())
     assert document["interrupted"] is True and [t["outcome"] for t in document["tests"]] == ["passed", "passed"]
+
+
+def test_junit_properties_carry_the_figures(pytester: pytest.Pytester, fake_dist) -> None:
+    fake_dist({"repeated": fake("repeated")})
+    pytester.runpytest(*SPEED, "--junitxml=junit.xml").assert_outcomes(passed=3)
+    xml = (pytester.path / "junit.xml").read_text()
+    for name in ("attnkit_out_max_error", "attnkit_out_allowed", "attnkit_dq_max_error", "attnkit_seed",
+                 "attnkit_median_ms", "attnkit_tflops", "attnkit_gbps"):
+        assert f'name="{name}"' in xml, name
