@@ -133,6 +133,7 @@ class WorkerProcess:
             ready = True
         if reply is None:
             self._fail(doing, timed_out=not ready, timeout=timeout, elapsed=time.monotonic() - started)
+        pid = self.process.pid
         if reply.get("restart"):
             # The worker lost its CUDA context and is exiting; wait for it, so the next request
             # starts a fresh one instead of writing into a closing socket.
@@ -142,7 +143,7 @@ class WorkerProcess:
                 pass
             self._kill()
         if not reply["ok"]:
-            raise WorkerFailure("error", f"the worker for {self.label} raised while {doing}:\n{reply['error']}")
+            raise WorkerFailure("error", f"the worker for {self.label} (pid {pid}) raised while {doing}:\n{reply['error']}")
         return reply["result"]
 
     def _fail(self, doing: str, *, timed_out: bool, timeout: float, elapsed: float) -> None:
