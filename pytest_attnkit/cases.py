@@ -105,6 +105,10 @@ class MemorySweep:
     head_dim: int = 128
     dtype: str = "float16"
 
+    def case(self, seqlen: int) -> Case:
+        """The sweep's problem at one length (self-attention: seqlen_q == seqlen_k)."""
+        return Case(self.batch, self.heads, self.heads, seqlen, seqlen, self.head_dim, self.dtype)
+
 
 def memory_sweep(profile: str) -> MemorySweep:
     """The memory suite's sweep: 1k to 32k tokens on a GPU (``full`` goes to 64k)."""

@@ -185,10 +185,6 @@ def release_device_memory() -> None:
     torch.cuda.empty_cache()
 
 
-def memory_case(seqlen: int, *, batch: int, heads: int, head_dim: int, dtype: str) -> Case:
-    return Case(batch, heads, heads, seqlen, seqlen, head_dim, dtype)
-
-
 def measure_point(impl: AttentionImpl, case: Case, *, backward: bool, seed: int) -> MemoryPoint:
     """Peak extra memory of one call (CUDA only). Out-of-memory is a result, not a crash."""
     import torch

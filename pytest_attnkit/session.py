@@ -189,12 +189,8 @@ class AttnkitSession:
         if "attnkit_case" in params:
             return params["attnkit_impl"], params["attnkit_case"], backward
         if item.get_closest_marker("attnkit_memory") is not None:
-            from pytest_attnkit.memory import memory_case
-
             sweep = case_sets.memory_sweep(self.profile)
-            case = memory_case(sweep.seqlens[0], batch=sweep.batch, heads=sweep.heads,
-                               head_dim=sweep.head_dim, dtype=sweep.dtype)
-            return params["attnkit_impl"], case, backward
+            return params["attnkit_impl"], sweep.case(sweep.seqlens[0]), backward
         return None
 
     def mark_refusals(self, items: list[pytest.Item]) -> None:
@@ -204,11 +200,11 @@ class AttnkitSession:
         The reason leaves the case out (the test id has it), so pytest's summary groups the
         skips that share a reason."""
         questions: dict[str, list[tuple[pytest.Item, Case, bool]]] = {}
+        parallel = self.parallel_timing_problem()
         for item in items:
             if self.device != "cuda" and item.get_closest_marker("attnkit_memory") is not None:
                 item.add_marker(pytest.mark.skip(reason=NO_MEMORY_METER_ON_CPU))
                 continue
-            parallel = self.parallel_timing_problem()
             if parallel and item.get_closest_marker("attnkit_speed"):
                 item.add_marker(pytest.mark.skip(reason=parallel))
                 continue
@@ -275,7 +271,7 @@ class AttnkitSession:
     def check_memory(self, name: str, *, backward: bool, request: pytest.FixtureRequest | None = None) -> None:
         """Sweep the sequence length in the implementation's worker, fit the exponent of its extra
         memory, and fail when it contradicts the declared class or the implementation's own model."""
-        from pytest_attnkit.memory import MemoryPoint, fit_exponent, format_table, memory_case, memory_problems
+        from pytest_attnkit.memory import MemoryPoint, fit_exponent, format_table, memory_problems
 
         direction = "forward+backward" if backward else "forward"
         if self.device != "cuda":
@@ -284,7 +280,7 @@ class AttnkitSession:
         sweep = case_sets.memory_sweep(self.profile)
         points: list[MemoryPoint] = []
         for seqlen in sweep.seqlens:
-            case = memory_case(seqlen, batch=sweep.batch, heads=sweep.heads, head_dim=sweep.head_dim, dtype=sweep.dtype)
+            case = sweep.case(seqlen)
             message = {"op": "memory", "case": case.to_dict(), "backward": backward, "seed": self.settings.seed}
             try:
                 reply = worker.request(message, self.settings.timeout)
