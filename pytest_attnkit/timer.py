@@ -26,6 +26,8 @@ class Timing:
     #: On CUDA: the median host time of a call bracketed by device-wide synchronizations. Work that
     #: escapes the timed stream shows here and not in the events.
     host_wall_ms: float | None = None
+    #: The first call alone: compilation and autotuning show here (on CUDA, synchronized).
+    first_call_ms: float | None = None
 
     @property
     def median_ms(self) -> float:
@@ -47,23 +49,45 @@ def _sample_count(estimate_ms: float, budget_ms: float, min_samples: int, max_sa
 
 
 def time_call(fn: Callable[[], Any], device: str, *, budget_ms: float = 400.0, min_samples: int = 15,
-              max_samples: int = 100, warmup: int = 3) -> Timing:
-    """Time ``fn`` (which runs the implementation once) on ``device``; see the module docstring."""
+              max_samples: int = 100, warmup: int = 3, long_call_ms: float = 100.0,
+              long_min_samples: int = 10) -> Timing:
+    """Time ``fn`` (which runs the implementation once) on ``device``; see the module docstring.
+
+    Calls longer than ``long_call_ms`` (a materializing kernel at 16k tokens takes seconds) get
+    one warm-up call instead of ``warmup``, ``long_min_samples`` samples instead of
+    ``min_samples`` (still more than the gate's minimum) and two host-wall checks instead of five:
+    repeating them adds minutes to a run and nothing to what it knows.
+    """
     import torch
 
+    def synchronize() -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
+
     started = time.perf_counter()
-    for _ in range(warmup):
+    fn()  # the first call: compilation, autotuning, allocations
+    synchronize()
+    first_call_ms = (time.perf_counter() - started) * 1e3
+    last_ms = None  # the latest warm call's host time
+    for _ in range(warmup - 1):
+        call_started = time.perf_counter()
         fn()
-    if device == "cuda":
-        torch.cuda.synchronize()
+        synchronize()
+        last_ms = (time.perf_counter() - call_started) * 1e3
+        if last_ms > long_call_ms:
+            break
     warmup_ms = (time.perf_counter() - started) * 1e3
+    long_call = last_ms is not None and last_ms > long_call_ms
+    floor = long_min_samples if long_call else min_samples
     if device != "cuda":
-        estimate = _time_cpu(fn, 1)[0]
-        return Timing(_time_cpu(fn, _sample_count(estimate, budget_ms, min_samples, max_samples)), warmup_ms, "perf-counter")
+        estimate = last_ms if long_call else _time_cpu(fn, 1)[0]
+        return Timing(_time_cpu(fn, _sample_count(estimate, budget_ms, floor, max_samples)), warmup_ms, "perf-counter",
+                      first_call_ms=first_call_ms)
     flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
-    estimate = min(_time_cuda(fn, 3, flush))
-    samples = _time_cuda(fn, _sample_count(estimate, budget_ms, min_samples, max_samples), flush)
-    return Timing(samples, warmup_ms, "cuda-events", host_wall_ms=statistics.median(_time_synchronized(fn, 5)))
+    estimate = last_ms if long_call else min(_time_cuda(fn, 3, flush))
+    samples = _time_cuda(fn, _sample_count(estimate, budget_ms, floor, max_samples), flush)
+    wall = _time_synchronized(fn, 2 if long_call else 5)
+    return Timing(samples, warmup_ms, "cuda-events", host_wall_ms=statistics.median(wall), first_call_ms=first_call_ms)
 
 
 def _time_cuda(fn: Callable[[], Any], count: int, flush: Any) -> list[float]:
