@@ -1,8 +1,10 @@
 """Stored performance baselines: one JSON file per GPU, schema-versioned, written atomically.
 
 A file ``<baseline dir>/<gpu-slug>.json`` holds, per implementation, mode and case, the samples
-(milliseconds), their median and spread, the versions, the date and the ratio to the reference
-implementation measured in the same run. Files for other GPUs are never read for this one: a run
+(milliseconds) of the latest saved run, their median and spread, the versions, the date and the
+ratio to the reference implementation measured in the same run, and the history: the medians of
+the last ``HISTORY_LIMIT`` saved runs that measured the same implementation (the gate pools them,
+see :mod:`pytest_attnkit.gate`). Files for other GPUs are never read for this one: a run
 on a GPU with no file says so and gates nothing, unless a baseline is required. Saving writes a
 temporary file beside the target, flushes it to disk and renames it over the target, so a crash
 mid-write leaves the old file whole. JSON only, never pickle.
@@ -18,7 +20,10 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA = "pytest-attnkit/baseline"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: Version 1 files (no history) are read as a history of one run; they are written back as version 2.
+READABLE_VERSIONS = (1, 2)
+HISTORY_LIMIT = 8
 
 
 class BaselineError(Exception):
@@ -49,9 +54,9 @@ def load(path: Path, device_name: str) -> dict[str, Any] | None:
         raise BaselineError(f"baseline file {path} cannot be read: {error}") from None
     if not isinstance(document, dict) or document.get("schema") != SCHEMA:
         raise BaselineError(f"baseline file {path} is not a pytest-attnkit baseline (no schema {SCHEMA!r})")
-    if document.get("schema_version") != SCHEMA_VERSION:
+    if document.get("schema_version") not in READABLE_VERSIONS:
         raise BaselineError(f"baseline file {path} has schema version {document.get('schema_version')!r}; "
-                            f"this pytest-attnkit reads version {SCHEMA_VERSION}")
+                            f"this pytest-attnkit reads versions {', '.join(map(str, READABLE_VERSIONS))}")
     stored_device = document.get("device", {}).get("name")
     if stored_device != device_name:
         raise BaselineError(f"baseline file {path} was measured on {stored_device!r}, not on {device_name!r}")
@@ -59,6 +64,14 @@ def load(path: Path, device_name: str) -> dict[str, Any] | None:
     if not isinstance(entries, dict):
         raise BaselineError(f"baseline file {path} has no entries table")
     return entries
+
+
+def history(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """The saved runs behind ``entry``, oldest first; a version-1 entry is its one run."""
+    runs = entry.get("history")
+    if isinstance(runs, list) and runs:
+        return runs
+    return [{"date": entry.get("date"), "median_ms": entry["median_ms"], "samples": entry.get("samples")}]
 
 
 def save(path: Path, device: dict[str, Any], entries: dict[str, Any]) -> None:

@@ -8,6 +8,14 @@ against its own baseline, so a slower machine is not mistaken for a slower kerne
 ``MIN_SAMPLES`` samples on either side is its own verdict, "insufficient", shown and never failed.
 This mirrors asv and Google Benchmark's compare.py. The speed suite adds confirmation rounds on
 top (pytest_attnkit/speedrun.py): a suspected regression is re-measured and must recur.
+
+Runs differ more than samples within a run: on the GPU test machine a few cases moved by 5-7%
+between sessions and machines of the same model, which no within-run statistic can see. So a
+baseline keeps the medians of its last saved runs (:func:`pool`): the gate compares against their
+median (the latest run's samples, moved there) and raises the practical threshold of a case to
+``NOISE_MULTIPLIER`` times the largest distance of a saved run from that center
+(:func:`noise_threshold`). A case whose runs agree keeps the configured threshold; a case that is
+noisy between runs says so in the gate table, with the threshold it really gets.
 """
 
 from __future__ import annotations
@@ -20,6 +28,35 @@ from typing import Any
 MIN_SAMPLES = 9
 DEFAULT_ALPHA = 0.01
 DEFAULT_THRESHOLD = 0.05
+NOISE_MULTIPLIER = 2.5
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A baseline's saved runs, pooled: what a case's timing was, and how much runs disagreed."""
+
+    center_ms: float  # the median of the saved runs' medians
+    spread: float | None  # the largest |run median / center - 1|; None with a single run
+    runs: int
+    samples_ms: list[float]  # the latest run's samples, scaled so that their median is the center
+
+
+def pool(run_medians_ms: list[float], latest_samples_ms: list[float]) -> Pool:
+    """Pool saved runs (their medians, oldest first) with the latest run's samples."""
+    if not run_medians_ms:
+        raise ValueError("a baseline needs at least one saved run")
+    center = statistics.median(run_medians_ms)
+    spread = max(abs(m / center - 1) for m in run_medians_ms) if len(run_medians_ms) > 1 else None
+    latest = statistics.median(latest_samples_ms) if latest_samples_ms else center
+    samples = [value * center / latest for value in latest_samples_ms]
+    return Pool(center, spread, len(run_medians_ms), samples)
+
+
+def noise_threshold(threshold: float, baseline: Pool) -> float:
+    """The practical threshold a case gets: the configured one, or more where saved runs disagreed."""
+    if baseline.spread is None:
+        return threshold
+    return max(threshold, NOISE_MULTIPLIER * baseline.spread)
 
 
 @dataclass(frozen=True)
@@ -36,6 +73,8 @@ class Decision:
     #: Independent measurement rounds behind the verdict, and how many of them flagged a regression.
     rounds: int = 1
     rounds_flagged: int = 0
+    #: Saved runs pooled into the baseline (see :func:`pool`).
+    baseline_runs: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

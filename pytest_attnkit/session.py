@@ -329,7 +329,13 @@ class AttnkitSession:
                 lines.append(f"baseline NOT saved: the run was interrupted ({self.speed.path} is unchanged)")
             else:
                 path = self.speed.save()
-                lines.append(f"baseline saved: {path}" if path else "baseline not saved: no speed measurements in this run")
+                if path is None:
+                    lines.append("baseline not saved: no speed measurements in this run")
+                else:
+                    counts = self.speed.save_counts
+                    lines.append(f"baseline saved: {path} ({counts['pooled']} entries pooled with their earlier runs, "
+                                 f"{counts['restarted']} started afresh because this run found them changed, "
+                                 f"{counts['new']} new)")
         if self.settings.report:
             from pytest_attnkit import report
 

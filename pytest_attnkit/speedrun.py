@@ -11,6 +11,8 @@ test with the numbers that decided it; the terminal summary shows every figure a
 from __future__ import annotations
 
 import datetime
+import math
+import platform
 import statistics
 from dataclasses import replace
 from pathlib import Path
@@ -20,7 +22,7 @@ import pytest
 
 from pytest_attnkit import baselines
 from pytest_attnkit.contract import Case
-from pytest_attnkit.gate import Decision, decide, machine_factor
+from pytest_attnkit.gate import Decision, Pool, decide, machine_factor, noise_threshold, pool
 from pytest_attnkit.supervisor import WorkerFailure
 
 if TYPE_CHECKING:
@@ -70,6 +72,7 @@ class SpeedRun:
         self.notes: dict[str, str] = {}
         self.ceilings: dict[str, Any] | None = None
         self.gpu_state: dict[str, Any] = {}
+        self.save_counts: dict[str, int] = {}
         self.directory = (rootdir / self.settings.baseline_dir).resolve()
         self.device_name = str(session.environment.get("device_name", "unknown"))
         self.path = baselines.baseline_path(self.directory, self.device_name)
@@ -184,13 +187,14 @@ class SpeedRun:
                 pytest.fail(f"{name} on {case.id} ({mode}): {where} ({self.path}) and a baseline is required "
                             "(--attnkit-require-baseline)", pytrace=False)
             return
-        stored = self.baseline[key]
+        baseline = self.pooled(key)
         factor = 1.0 if name == self.settings.reference else self.machine_factor()
-        threshold = self.session.threshold(name, mode, case.id)
-        decision = decide(stored["samples_ms"], measurement["timing"]["samples_ms"], threshold=threshold,
+        threshold = noise_threshold(self.session.threshold(name, mode, case.id), baseline)
+        decision = decide(baseline.samples_ms, measurement["timing"]["samples_ms"], threshold=threshold,
                           machine_factor=factor)
         if decision.verdict == "regression":
-            decision = self._confirm(name, mode, case, stored["samples_ms"], decision, threshold, factor)
+            decision = self._confirm(name, mode, case, baseline.samples_ms, decision, threshold, factor)
+        decision = replace(decision, baseline_runs=baseline.runs)
         self.decisions[key] = decision
         if decision.verdict == "regression":
             pytest.fail(f"{name} regressed on {case.id} ({mode}): {format_decision(decision)}", pytrace=False)
@@ -214,6 +218,12 @@ class SpeedRun:
         verdict = "regression" if len(flagged) * 2 > len(decisions) else "unchanged"
         return replace(chosen, verdict=verdict, rounds=len(decisions), rounds_flagged=len(flagged))
 
+    def pooled(self, key: str) -> Pool:
+        """The stored entry's saved runs, pooled (:func:`pytest_attnkit.gate.pool`)."""
+        assert self.baseline is not None
+        stored = self.baseline[key]
+        return pool([run["median_ms"] for run in baselines.history(stored)], stored["samples_ms"])
+
     def machine_factor(self) -> float:
         """How much slower this machine runs the reference than when the baselines were saved:
         the median over every case of the reference's now/baseline ratio. One number for the run,
@@ -222,29 +232,47 @@ class SpeedRun:
         ratios = []
         for key, measurement in self.results.items():
             if measurement["impl"] == self.settings.reference and self.baseline and key in self.baseline:
-                ratios.append(machine_factor(self.baseline[key]["samples_ms"], measurement["timing"]["samples_ms"]))
+                ratios.append(machine_factor(self.pooled(key).samples_ms, measurement["timing"]["samples_ms"]))
         return statistics.median(ratios) if ratios else 1.0
 
     # -- saving and reporting ----------------------------------------------------------------
     def save(self) -> Path | None:
+        """Write this run into the baseline file. Each entry keeps the runs saved before it (its
+        history, pooled by the gate) unless this run's gate found it changed far beyond noise
+        (:func:`changed_beyond_noise`): then the earlier runs describe another implementation, and
+        its history starts again from this run."""
         if not self.results:
             return None
         date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         env = self.session.environment
         versions = {lib: env.get(lib) for lib in ("torch", "triton", "cupy", "python")}
         entries = {}
+        counts = {"pooled": 0, "restarted": 0, "new": 0}
         for key, measurement in self.results.items():
             timing = measurement["timing"]
+            run = {"date": date, "median_ms": timing["median_ms"], "samples": len(timing["samples_ms"]),
+                   "host": platform.node()}
+            old = (self.baseline or {}).get(key)
+            decision = self.decisions.get(key)
+            if old is None:
+                history, outcome = [run], "new"
+            elif decision is not None and changed_beyond_noise(decision):
+                history, outcome = [run], "restarted"
+            else:
+                history, outcome = (baselines.history(old) + [run])[-baselines.HISTORY_LIMIT:], "pooled"
+            counts[outcome] += 1
             entries[key] = {
                 "impl": measurement["impl"], "mode": measurement["mode"], "case": measurement["case"],
                 "median_ms": timing["median_ms"], "iqr_ms": timing["iqr_ms"], "samples": len(timing["samples_ms"]),
                 "samples_ms": timing["samples_ms"], "timer": timing["timer"], "tflops": measurement["tflops"],
                 "gbps": measurement["gbps"], "ratio_to_reference": measurement.get("ratio_to_reference"),
                 "versions": versions, "date": date, "gpu_state": measurement.get("gpu_state", {}),
+                "history": history,
             }
         device = {"name": self.device_name, "compute_capability": env.get("compute_capability"),
                   "ceilings": self.ceilings or {}}
         baselines.save(self.path, device, entries)
+        self.save_counts = counts
         return self.path
 
     def summary_lines(self) -> list[str]:
@@ -269,23 +297,46 @@ class SpeedRun:
                          f"{timing['median_ms']:>10.4f} {timing['iqr_ms']:>8.4f} {measurement['tflops']:>8.2f} {share_mm:>5} "
                          f"{measurement['gbps']:>7.1f} {share_copy:>6} {vs_ref:>6}")
         lines.append("(x ref: speed relative to the reference implementation in this run; above 1 is faster)")
+        first_calls: dict[str, float] = {}
+        for measurement in self.results.values():
+            first = measurement["timing"].get("first_call_ms")
+            if first is not None:
+                first_calls[measurement["impl"]] = first_calls.get(measurement["impl"], 0.0) + first / 1e3
+        if first_calls:
+            lines.append("first calls, summed per implementation (compilation and autotuning show here, outside "
+                         "the timings): " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in sorted(first_calls.items())))
         lines.append("")
         if self.baseline is None:
             lines.append(f"gate: no baseline for this device ({self.device_name}: {self.path} does not exist); nothing gated")
         elif self.decisions:
-            lines.append(f"gate against {self.path} (Mann-Whitney U, alpha 0.01, plus the practical threshold); "
+            lines.append(f"gate against {self.path} (Mann-Whitney U, alpha 0.01, plus the practical threshold, "
+                         "raised where saved runs disagreed); "
                          f"machine factor {self.machine_factor():.3f} from {self.settings.reference} "
                          "(the reference itself is gated without it):")
-            lines.append(f"{'implementation':<14} {'mode':<8} {'case':<36} {'baseline ms':>11} {'now ms':>9} {'change':>8} "
+            lines.append(f"{'implementation':<14} {'mode':<8} {'case':<36} {'baseline ms':>11} {'runs':>4} {'now ms':>9} {'change':>8} "
                          f"{'machine':>8} {'thresh':>7}  verdict")
             for key, decision in sorted(self.decisions.items()):
                 impl, mode, case_id = key.split("::")
-                lines.append(f"{impl:<14} {mode:<8} {case_id:<36} {decision.baseline_median_ms:>11.4f} {decision.now_median_ms:>9.4f} "
+                lines.append(f"{impl:<14} {mode:<8} {case_id:<36} {decision.baseline_median_ms:>11.4f} {decision.baseline_runs:>4} "
+                             f"{decision.now_median_ms:>9.4f} "
                              f"{100 * (decision.ratio - 1):>+7.1f}% {decision.machine_factor:>8.3f} {100 * decision.threshold:>6.1f}%  "
                              f"{decision.verdict.upper() if decision.verdict == 'regression' else decision.verdict}"
                              + (f" ({decision.rounds_flagged}/{decision.rounds} rounds)" if decision.rounds > 1 else ""))
         lines.extend(self.notes.values())
         return lines
+
+
+#: A saved run restarts an entry's history when it moved this many thresholds (in log space) from
+#: the pooled baseline. One threshold is not enough: on the H200 the reference's forward at 4k
+#: moved -5%, +11% and -9% in three sessions; restarting on each of those would keep its history
+#: at one run, and the pool would never form. A rewritten kernel (decode: 4x) clears it easily.
+RESTART_FACTOR = 3.0
+
+
+def changed_beyond_noise(decision: Decision) -> bool:
+    if decision.verdict not in ("regression", "improvement") or not decision.ratio > 0:
+        return False
+    return abs(math.log(decision.ratio)) > RESTART_FACTOR * math.log1p(decision.threshold)
 
 
 def format_decision(decision: Decision) -> str:

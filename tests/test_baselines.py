@@ -51,7 +51,7 @@ def test_crash_mid_write_leaves_the_old_file_whole(tmp_path: Path, monkeypatch: 
         ('{"schema": "pytest-attnkit/baseline", "schema_vers', "cannot be read"),
         ('{"something": "else"}', "is not a pytest-attnkit baseline"),
         ('{"schema": "pytest-attnkit/baseline", "schema_version": 99, "device": {"name": "NVIDIA H200"}, "entries": {}}',
-         "has schema version 99; this pytest-attnkit reads version 1"),
+         "has schema version 99; this pytest-attnkit reads versions 1, 2"),
         ('{"schema": "pytest-attnkit/baseline", "schema_version": 1, "device": {"name": "NVIDIA H100"}, "entries": {}}',
          "was measured on 'NVIDIA H100', not on 'NVIDIA H200'"),
     ],

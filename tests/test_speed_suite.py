@@ -18,20 +18,67 @@ def test_save_then_gate_a_real_slowdown(pytester: pytest.Pytester, fake_dist, mo
     monkeypatch.setenv("ATTNKIT_TEST_REPEAT", "1")
     saved = pytester.runpytest(*ARGS, "--attnkit-save-baseline")
     saved.assert_outcomes(passed=1)
-    saved.stdout.fnmatch_lines(["gate: no baseline for this device *; nothing gated", "baseline saved: *bl*.json"])
+    saved.stdout.fnmatch_lines(["gate: no baseline for this device *; nothing gated", "baseline saved: *bl*.json (0 entries pooled *, 0 started afresh *, 1 new)"])
     [baseline_file] = (pytester.path / "bl").iterdir()
     document = json.loads(baseline_file.read_text())
     [entry] = document["entries"].values()
-    assert document["schema_version"] == 1 and entry["samples"] >= 15 and entry["timer"] == "perf-counter"
+    assert document["schema_version"] == 2 and entry["samples"] >= 15 and entry["timer"] == "perf-counter"
+    assert [run["median_ms"] for run in entry["history"]] == [entry["median_ms"]]
 
     monkeypatch.setenv("ATTNKIT_TEST_REPEAT", "6")  # six times the work
     slower = pytester.runpytest(*ARGS)
     assert slower.ret == pytest.ExitCode.TESTS_FAILED
     slower.stdout.fnmatch_lines([
         "*repeated regressed on b1-h2-q256-k256-d64-fp32 (forward): median * ms -> * ms, +*% *flagged in 3 of 3 independent rounds)",
-        "implementation mode     case * baseline ms    now ms   change  machine  thresh  verdict",
-        "repeated       forward  b1-h2-q256-k256-d64-fp32 * REGRESSION (3/3 rounds)",
+        "implementation mode     case * baseline ms runs    now ms   change  machine  thresh  verdict",
+        "repeated       forward  b1-h2-q256-k256-d64-fp32 *    1 * REGRESSION (3/3 rounds)",
     ])
+
+
+# CPU timings between runs move far more than a GPU's: these tests are about what is saved, so they
+# give the gate a wide threshold (a sixty-fourfold speedup still restarts a history under it).
+WIDE = ("--attnkit-threshold", "100%")
+
+
+def test_saved_runs_pool_until_a_run_finds_the_implementation_changed(
+        pytester: pytest.Pytester, fake_dist, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_dist({"repeated": fake("repeated")})
+    monkeypatch.setenv("ATTNKIT_TEST_REPEAT", "64")
+    for _ in range(2):
+        pytester.runpytest(*ARGS, *WIDE, "--attnkit-save-baseline").assert_outcomes(passed=1)
+    clean = pytester.runpytest(*ARGS, *WIDE, "--attnkit-save-baseline")
+    clean.assert_outcomes(passed=1)
+    clean.stdout.fnmatch_lines(["repeated       forward  b1-h2-q256-k256-d64-fp32 *    2 * unchanged",
+                                "baseline saved: *bl*.json (1 entries pooled with their earlier runs, 0 started afresh*, 0 new)"])
+    [baseline_file] = (pytester.path / "bl").iterdir()
+    [entry] = json.loads(baseline_file.read_text())["entries"].values()
+    assert len(entry["history"]) == 3 and entry["history"][-1]["median_ms"] == entry["median_ms"]
+
+    # 64 times less work: far beyond noise; saving it drops the runs of the slower implementation.
+    monkeypatch.setenv("ATTNKIT_TEST_REPEAT", "1")
+    faster = pytester.runpytest(*ARGS, *WIDE, "--attnkit-save-baseline")
+    faster.assert_outcomes(passed=1)
+    faster.stdout.fnmatch_lines(["repeated * improvement", "baseline saved: * (0 entries pooled *, 1 started afresh *"])
+    [entry] = json.loads(baseline_file.read_text())["entries"].values()
+    assert len(entry["history"]) == 1
+
+
+def test_a_version_1_baseline_is_read_as_one_run(pytester: pytest.Pytester, fake_dist,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_dist({"repeated": fake("repeated")})
+    monkeypatch.setenv("ATTNKIT_TEST_REPEAT", "1")
+    pytester.runpytest(*ARGS, *WIDE, "--attnkit-save-baseline").assert_outcomes(passed=1)
+    [baseline_file] = (pytester.path / "bl").iterdir()
+    document = json.loads(baseline_file.read_text())
+    document["schema_version"] = 1
+    for entry in document["entries"].values():
+        del entry["history"]
+    baseline_file.write_text(json.dumps(document))
+    result = pytester.runpytest(*ARGS, *WIDE, "--attnkit-save-baseline")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["repeated       forward  b1-h2-q256-k256-d64-fp32 *    1 * unchanged"])
+    [entry] = json.loads(baseline_file.read_text())["entries"].values()
+    assert len(entry["history"]) == 2
 
 
 def test_a_required_baseline_that_is_missing_fails(pytester: pytest.Pytester, fake_dist) -> None:
@@ -45,3 +92,19 @@ def test_cpu_numbers_are_labelled(pytester: pytest.Pytester, fake_dist) -> None:
     fake_dist({"repeated": fake("repeated")})
     result = pytester.runpytest(*ARGS)
     result.stdout.fnmatch_lines(["CPU numbers: perf_counter around each call on this machine's CPU; not GPU figures"])
+
+
+def test_a_history_restarts_only_far_beyond_noise() -> None:
+    from pytest_attnkit.gate import Decision
+    from pytest_attnkit.speedrun import changed_beyond_noise
+
+    def decision(verdict: str, ratio: float) -> Decision:
+        return Decision(verdict, ratio, ratio, 1.0, 0.0, 0.0, 0.05, 1.0, ratio)
+
+    # Seen on the H200 between sessions for the reference: pooled, not restarted.
+    assert not changed_beyond_noise(decision("regression", 1.11))
+    assert not changed_beyond_noise(decision("improvement", 0.913))
+    # A rewritten kernel: restarted.
+    assert changed_beyond_noise(decision("improvement", 0.25))
+    assert changed_beyond_noise(decision("regression", 1.5))
+    assert not changed_beyond_noise(decision("unchanged", 0.5))
