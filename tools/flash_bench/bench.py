@@ -1,0 +1,254 @@
+"""triton_flash against torch SDPA's backends, forced one at a time, on one GPU, in one run.
+
+Issue 5's benchmark. Every figure uses the speed suite's own conventions: the timer
+(`pytest_attnkit.timer.time_call`: CUDA events, L2 flushed before each call, median), FLOPs and
+bytes (`pytest_attnkit.speed`), and the ceilings measured in the same run. Shapes follow
+FlashAttention's papers (batch x seqlen = 16k tokens, heads x head_dim = 2048), plus short and odd
+lengths, and decode (one query against a KV cache, GQA 32/8, small batch).
+
+Usage (on the GPU machine): python3 tools/flash_bench/bench.py --out DIR [--quick]
+Writes DIR/bench.json (every measurement, the tuner's records, the environment) and DIR/bench.md
+(the tables, with each target and whether it was met), and prints the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from pytest_attnkit.contract import Case
+from pytest_attnkit.implementations import triton_flash
+from pytest_attnkit.implementations.torch_sdpa import sdpa_attention
+from pytest_attnkit.speed import byte_count, flop_count, gpu_state, measure_ceilings
+from pytest_attnkit.timer import time_call
+
+BACKENDS = {"FLASH": SDPBackend.FLASH_ATTENTION, "CUDNN": SDPBackend.CUDNN_ATTENTION,
+            "EFFICIENT": SDPBackend.EFFICIENT_ATTENTION}
+IMPLS = ("triton_flash", *(f"sdpa_{name}" for name in BACKENDS))
+
+
+@dataclass(frozen=True)
+class Row:
+    group: str  # dense, short, odd, decode
+    mode: str
+    case: Case
+
+    @property
+    def label(self) -> str:
+        c = self.case
+        shape = f"b{c.batch} h{c.heads_q}/{c.heads_kv} q{c.seqlen_q} k{c.seqlen_k} d{c.head_dim}"
+        return f"{shape}{' causal' if c.causal else ''} {c.dtype}"
+
+
+def plan(quick: bool) -> list[Row]:
+    rows: list[Row] = []
+    dtypes = ("bfloat16",) if quick else ("bfloat16", "float16")
+
+    def fa_case(n: int, d: int, causal: bool, dtype: str) -> Case:
+        return Case(max(1, 16384 // n), 2048 // d, 2048 // d, n, n, d, dtype, causal=causal)
+
+    for dtype in dtypes:
+        for d in (128, 64):
+            for n in ((4096, 16384) if quick else (4096, 8192, 16384)):
+                for causal in (False, True):
+                    rows += [Row("dense", mode, fa_case(n, d, causal, dtype)) for mode in ("forward", "backward")]
+    for d in (128, 64):
+        for n in (512, 1024):
+            for causal in (False, True):
+                rows += [Row("short", mode, fa_case(n, d, causal, "bfloat16")) for mode in ("forward", "backward")]
+    for n in (1000, 3001):
+        for causal in (False, True):
+            rows += [Row("odd", mode, fa_case(n, 128, causal, "bfloat16")) for mode in ("forward", "backward")]
+    for dtype in dtypes:
+        for batch in (1, 4):
+            for n in (4096, 16384, 32768, 131072):
+                rows.append(Row("decode", "forward", Case(batch, 32, 8, 1, n, 128, dtype)))
+    return rows
+
+
+def make_inputs(case: Case, seed: int) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    dtype = getattr(torch, case.dtype)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device="cuda", dtype=dtype, generator=gen)
+
+    q = randn(case.batch, case.heads_q, case.seqlen_q, case.head_dim)
+    k = randn(case.batch, case.heads_kv, case.seqlen_k, case.head_dim)
+    v = randn(case.batch, case.heads_kv, case.seqlen_k, case.head_dim)
+    return q, k, v, randn(*q.shape)
+
+
+def attention_fn(impl: str) -> Callable[..., torch.Tensor]:
+    if impl == "triton_flash":
+        return triton_flash.flash_attention
+    backend = BACKENDS[impl.removeprefix("sdpa_")]
+
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool) -> torch.Tensor:
+        with sdpa_kernel([backend]):
+            return sdpa_attention(q, k, v, causal=causal)
+
+    return run
+
+
+def measure(impl: str, row: Row, inputs: tuple[torch.Tensor, ...], budget_ms: float) -> dict[str, Any]:
+    fn = attention_fn(impl)
+    q, k, v, dout = inputs
+    case = row.case
+    backward = row.mode == "backward"
+    q, k, v = (t.detach().requires_grad_(backward) for t in (q, k, v))
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    if backward:
+        out = fn(q, k, v, causal=case.causal)
+
+        def call() -> Any:
+            return torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+    else:
+        def call() -> Any:
+            with torch.no_grad():
+                return fn(q, k, v, causal=case.causal)
+    result = call()  # the first call: compilation and tuning, where the implementation has them
+    torch.cuda.synchronize()
+    first_call_s = time.perf_counter() - started
+    timing = time_call(call, "cuda", budget_ms=budget_ms, min_samples=10, max_samples=60, warmup=2)
+    ms = timing.median_ms
+    entry = {"impl": impl, "group": row.group, "mode": row.mode, "case": row.label, "ms": ms,
+             "iqr_ms": timing.iqr_ms, "samples": len(timing.samples_ms), "first_call_s": first_call_s,
+             "tflops": flop_count(case, row.mode) / (ms * 1e-3) / 1e12,
+             "gbps": byte_count(case, row.mode) / (ms * 1e-3) / 1e9}
+    entry["output"] = result if not backward else None
+    return entry
+
+
+def fmt(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+def verdicts(row: Row, figures: dict[str, dict[str, Any]], copy_gbps: float) -> tuple[str, str]:
+    """(target, met) for triton_flash on this row, from issue 5."""
+    ours = figures.get("triton_flash")
+    if ours is None:
+        return "-", "no result"
+    flash = figures.get("sdpa_FLASH", {}).get("tflops")
+    if row.group == "decode":
+        sdpa_best = max((f["gbps"] for name, f in figures.items() if name != "triton_flash"), default=0.0)
+        share = ours["gbps"] / copy_gbps
+        ok = share >= 0.70 and ours["gbps"] >= sdpa_best
+        return ">= 70% copy BW and >= best SDPA", f"{'yes' if ok else 'no'} ({share:.0%} of copy, {ours['gbps'] / max(sdpa_best, 1e-9):.2f}x best SDPA)"
+    if flash is None:
+        return "-", "no SDPA-FLASH figure"
+    factor = {("dense", "forward"): 1.3, ("dense", "backward"): 1.0}.get((row.group, row.mode), 0.9)
+    ratio = ours["tflops"] / flash
+    return f">= {factor}x FLASH", f"{'yes' if ratio >= factor else 'no'} ({ratio:.2f}x)"
+
+
+def tables(results: list[dict[str, Any]], rows: list[Row], ceilings: dict[str, float]) -> str:
+    copy_gbps = ceilings.get("copy_gbps", float("nan"))
+    by_row: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+    for entry in results:
+        by_row.setdefault((entry["mode"], entry["case"]), {})[entry["impl"]] = entry
+    lines = []
+    for group, unit in (("dense", "TFLOP/s"), ("short", "TFLOP/s"), ("odd", "TFLOP/s"), ("decode", "GB/s")):
+        picked = [row for row in rows if row.group == group]
+        if not picked:
+            continue
+        key = "gbps" if unit == "GB/s" else "tflops"
+        lines += [f"\n### {group} ({unit})\n", "| mode | case | " + " | ".join(IMPLS) + " | triton_flash first call (s) | target | met |",
+                  "|---|---|" + "---|" * (len(IMPLS) + 3)]
+        for row in picked:
+            figures = {name: entry for name, entry in by_row.get((row.mode, row.label), {}).items() if "error" not in entry}
+            cells = []
+            for impl in IMPLS:
+                entry = by_row.get((row.mode, row.label), {}).get(impl)
+                cells.append("n/a" if entry is None or "error" in entry else fmt(entry[key]))
+            target, met = verdicts(row, figures, copy_gbps)
+            first = figures.get("triton_flash", {}).get("first_call_s")
+            lines.append(f"| {row.mode} | {row.label} | " + " | ".join(cells) + f" | {fmt(first, 2)} | {target} | {met} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--quick", action="store_true", help="bf16 only and fewer lengths")
+    parser.add_argument("--budget-ms", type=float, default=120.0, help="timing budget per measurement")
+    parser.add_argument("--groups", default="dense,short,odd,decode",
+                        help="comma-separated row groups to run (dense, short, odd, decode)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("this benchmark needs a CUDA GPU", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    env = {"device": torch.cuda.get_device_name(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+           "torch": torch.__version__, "triton": triton_flash.triton.__version__, "cuda": torch.version.cuda,
+           "command": " ".join(sys.argv), "gpu_state_before": gpu_state()}
+    try:
+        env["nvidia_smi"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm",
+                                            "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        pass
+    ceilings = measure_ceilings("cuda")
+    print(f"{env['device']}  torch {env['torch']}  triton {env['triton']}  ceilings: "
+          f"matmul {ceilings['matmul_bf16_tflops']:.0f} TFLOP/s, copy {ceilings['copy_gbps']:.0f} GB/s", flush=True)
+    groups = set(args.groups.split(","))
+    rows = [row for row in plan(args.quick) if row.group in groups]
+    results: list[dict[str, Any]] = []
+    for index, row in enumerate(rows):
+        inputs = make_inputs(row.case, seed=index)
+        reference = None
+        for impl in IMPLS:
+            try:
+                entry = measure(impl, row, inputs, args.budget_ms)
+            except Exception as error:  # a backend that refuses this shape: recorded, not fatal
+                entry = {"impl": impl, "group": row.group, "mode": row.mode, "case": row.label,
+                         "error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
+            output = entry.pop("output", None)
+            if output is not None and impl != "triton_flash" and reference is None:
+                reference = output
+            if impl == "triton_flash" and output is not None:
+                entry["_out"] = output
+            results.append(entry)
+        ours = next(e for e in results[-len(IMPLS):] if e["impl"] == "triton_flash")
+        out = ours.pop("_out", None)
+        if out is not None and reference is not None:
+            ours["max_abs_diff_vs_sdpa"] = (out.float() - reference.float()).abs().max().item()
+        shown = {e["impl"]: (fmt(e.get("gbps" if row.group == "decode" else "tflops")) if "error" not in e else "n/a")
+                 for e in results[-len(IMPLS):]}
+        print(f"[{index + 1}/{len(rows)}] {row.mode:8s} {row.label:45s} {shown}", flush=True)
+        del inputs, reference, out
+        torch.cuda.empty_cache()
+    env["gpu_state_after"] = gpu_state()
+    env["wall_s"] = time.perf_counter() - started
+    tuning = {"seconds": triton_flash.TUNER.seconds(), "records": triton_flash.TUNER.records}
+    markdown = (f"# triton_flash vs SDPA backends\n\n{env['device']} ({env.get('nvidia_smi', '')}), {env['date']}, "
+                f"torch {env['torch']}, triton {env['triton']}.\nCommand: `{env['command']}`.\n"
+                f"Ceilings measured in this run: bf16 matmul {ceilings['matmul_bf16_tflops']:.0f} TFLOP/s, "
+                f"copy {ceilings['copy_gbps']:.0f} GB/s (read + write).\n"
+                f"triton_flash tuning: {len(tuning['records'])} problem classes tuned, {tuning['seconds']:.1f} s "
+                f"(compilation included); the first call of each row is in the 'first call' column.\n"
+                + tables(results, rows, ceilings) + "\n")
+    (args.out / "bench.json").write_text(json.dumps({"env": env, "ceilings": ceilings, "results": results,
+                                                     "tuning": tuning}, indent=1, default=str))
+    (args.out / "bench.md").write_text(markdown)
+    print(markdown)
+    errors = [e for e in results if "error" in e and e["impl"] == "triton_flash"]
+    for entry in errors:
+        print(f"triton_flash failed: {entry['mode']} {entry['case']}: {entry['error']}", file=sys.stderr)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
