@@ -133,6 +133,30 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stri
 
 
 @_kernel
+def _attn_fwd_rows(q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                   offs_m, offs_d, lo, full, hi, N_K, diag, qk_scale,
+                   ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                   BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    # One tile of query rows against keys [lo, hi): [lo, full) unmasked, [full, hi) masked.
+    # Returns the normalized output, which rows saw a key (l > 0), and m + log2(l) for those rows;
+    # the caller chooses what a row that saw no key saves.
+    m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([ROWS], dtype=tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base,
+                                    stride_kn, stride_kd, stride_vn, stride_vd,
+                                    offs_m, offs_d, lo, full, N_K, diag, qk_scale,
+                                    HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, False, DOT_PRECISION)
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base,
+                                    stride_kn, stride_kd, stride_vn, stride_vd,
+                                    offs_m, offs_d, full, hi, N_K, diag, qk_scale,
+                                    HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, True, DOT_PRECISION)
+    seen = l_i > 0.0
+    l_safe = tl.where(seen, l_i, 1.0)
+    return acc / l_safe[:, None], seen, m_i + tl.log2(l_safe)
+
+
+@_kernel
 def _attn_fwd(Q, K, V, O, LSE,
               stride_qb, stride_qh, stride_qm, stride_qd,
               stride_kb, stride_kh, stride_kn, stride_kd,
@@ -169,24 +193,12 @@ def _attn_fwd(Q, K, V, O, LSE,
         full = N_K
     full = full // BLOCK_N * BLOCK_N  # the ragged last key block goes to the masked loop
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base,
-                                    stride_kn, stride_kd, stride_vn, stride_vd,
-                                    offs_m, offs_d, 0, full, N_K, diag, qk_scale,
-                                    HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, False, DOT_PRECISION)
-    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base,
-                                    stride_kn, stride_kd, stride_vn, stride_vd,
-                                    offs_m, offs_d, full, hi, N_K, diag, qk_scale,
-                                    HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, True, DOT_PRECISION)
-
+    out, seen, lse = _attn_fwd_rows(q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                                    offs_m, offs_d, 0, full, hi, N_K, diag, qk_scale,
+                                    BLOCK_M, HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, DOT_PRECISION)
     # l == 0 exactly when a row saw no key: it outputs 0 and saves lse = +inf, so that the
     # backward's recomputed p = exp2(s - lse) is 0 for it.
-    seen = l_i > 0.0
-    l_safe = tl.where(seen, l_i, 1.0)
-    out = acc / l_safe[:, None]
-    lse = tl.where(seen, m_i + tl.log2(l_safe), float("inf"))
+    lse = tl.where(seen, lse, float("inf"))
 
     _store_tile(o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
                 out.to(O.dtype.element_ty), offs_m, N_Q, offs_d, HEAD_DIM, HEAD_DIM != BLOCK_D)
@@ -234,31 +246,20 @@ def _attn_fwd_split(Q, K, V, O, LSE, O_PART, LSE_PART,
         full_end = hi
     full = lo + (full_end - lo) // BLOCK_N * BLOCK_N
 
-    m_i = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
-    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base,
-                                    stride_kn, stride_kd, stride_vn, stride_vd,
-                                    pos, offs_d, lo, full, N_K, diag, qk_scale,
-                                    HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, False, DOT_PRECISION)
-    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base,
-                                    stride_kn, stride_kd, stride_vn, stride_vd,
-                                    pos, offs_d, full, hi, N_K, diag, qk_scale,
-                                    HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, True, DOT_PRECISION)
-    seen = l_i > 0.0
-    l_safe = tl.where(seen, l_i, 1.0)
-    out = acc / l_safe[:, None]
+    out, seen, lse = _attn_fwd_rows(q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                                    pos, offs_d, lo, full, hi, N_K, diag, qk_scale,
+                                    BLOCK_R, HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, DOT_PRECISION)
     row_id = (off_b * H_Q + head) * N_Q + pos
     if DIRECT:
         tl.store(O + off_b * stride_ob + head[:, None] * stride_oh + pos[:, None] * stride_om
                  + offs_d[None, :] * stride_od, out.to(O.dtype.element_ty),
                  mask=row_ok[:, None] & col_ok[None, :])
-        tl.store(LSE + row_id, tl.where(seen, m_i + tl.log2(l_safe), float("inf")), mask=row_ok)
+        tl.store(LSE + row_id, tl.where(seen, lse, float("inf")), mask=row_ok)
     else:
         # A slice that saw no key for a row weighs nothing in the merge: lse = -inf there.
         part = row_id * num_splits + split
         tl.store(O_PART + part[:, None] * BLOCK_D + offs_d[None, :], out, mask=row_ok[:, None])
-        tl.store(LSE_PART + part, tl.where(seen, m_i + tl.log2(l_safe), float("-inf")), mask=row_ok)
+        tl.store(LSE_PART + part, tl.where(seen, lse, float("-inf")), mask=row_ok)
 
 
 @_kernel
@@ -652,17 +653,10 @@ class Tuner:
         return chosen
 
     def _time(self, call: Callable[[], Any]) -> float:
+        from pytest_attnkit.timer import event_samples, l2_flush_buffer
+
         call()  # compiles, and catches a configuration that does not fit before timing it
-        flush = torch.empty(64 * 2**20, dtype=torch.int32, device="cuda")  # 256 MiB: beyond L2
-        samples = []
-        for _ in range(self.reps):
-            flush.zero_()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            call()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end))
+        samples = event_samples(call, self.reps, l2_flush_buffer())
         return sorted(samples)[len(samples) // 2]
 
     def seconds(self) -> float:
