@@ -83,14 +83,22 @@ def time_call(fn: Callable[[], Any], device: str, *, budget_ms: float = 400.0, m
         estimate = last_ms if long_call else _time_cpu(fn, 1)[0]
         return Timing(_time_cpu(fn, _sample_count(estimate, budget_ms, floor, max_samples)), warmup_ms, "perf-counter",
                       first_call_ms=first_call_ms)
-    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
-    estimate = last_ms if long_call else min(_time_cuda(fn, 3, flush))
-    samples = _time_cuda(fn, _sample_count(estimate, budget_ms, floor, max_samples), flush)
+    flush = l2_flush_buffer()
+    estimate = last_ms if long_call else min(event_samples(fn, 3, flush))
+    samples = event_samples(fn, _sample_count(estimate, budget_ms, floor, max_samples), flush)
     wall = _time_synchronized(fn, 2 if long_call else 5)
     return Timing(samples, warmup_ms, "cuda-events", host_wall_ms=statistics.median(wall), first_call_ms=first_call_ms)
 
 
-def _time_cuda(fn: Callable[[], Any], count: int, flush: Any) -> list[float]:
+def l2_flush_buffer() -> Any:
+    """The buffer whose zeroing evicts the inputs from L2 before each timed call."""
+    import torch
+
+    return torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+
+
+def event_samples(fn: Callable[[], Any], count: int, flush: Any) -> list[float]:
+    """``count`` CUDA-event timings of ``fn`` in milliseconds, ``flush`` zeroed before each one."""
     import torch
 
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]

@@ -33,7 +33,7 @@ from bench import BACKENDS, attention_fn, make_inputs  # noqa: E402
 
 from pytest_attnkit.contract import Case  # noqa: E402
 from pytest_attnkit.speed import byte_count  # noqa: E402
-from pytest_attnkit.timer import L2_FLUSH_BYTES, time_call  # noqa: E402
+from pytest_attnkit.timer import event_samples, l2_flush_buffer, time_call  # noqa: E402
 
 IMPLS = ("triton_flash", *(f"sdpa_{name}" for name in BACKENDS if name != "EFFICIENT"))
 
@@ -48,17 +48,7 @@ def graph_ms(call: Callable[[], Any], reps: int = 30) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         call()
-    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
-    samples = []
-    for _ in range(reps):
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end))
-    return statistics.median(samples)
+    return statistics.median(event_samples(graph.replay, reps, l2_flush_buffer()))
 
 
 def host_us(call: Callable[[], Any], count: int = 300) -> float:
