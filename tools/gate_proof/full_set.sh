@@ -8,7 +8,7 @@ set -uo pipefail
 out=${1:?usage: full_set.sh OUT BASELINE_DIR SAVES CLEAN}
 bl=${2:?baseline dir}; saves=${3:?saves}; clean=${4:?clean runs}
 mkdir -p "$out" "$bl"
-python3 -m pip install --quiet --no-build-isolation --no-deps -e . >"$out/install.log" 2>&1 || { cat "$out/install.log"; exit 1; }
+bash "$(dirname "$0")/../install_offline.sh" "$out" || exit 1
 args=(--attnkit --attnkit-suite speed "--attnkit-baseline-dir=$bl" -p no:cacheprovider --benchmark-disable -q)
 log="$out/full-set.log"; summary="$out/full-set.summary.txt"
 { echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"; nvidia-smi --query-gpu=name,driver_version,serial --format=csv,noheader | sed 's/^/device: /'

@@ -5,7 +5,7 @@ set -uo pipefail
 out=${1:?usage: tools/gate_proof/run.sh OUTPUT_DIR}
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out"
-python3 -m pip install --quiet --no-build-isolation --no-deps -e . >"$out/install.log" 2>&1 || { cat "$out/install.log"; exit 1; }
+bash "$(dirname "$0")/../install_offline.sh" "$out" || exit 1
 export PYTHONPATH="$here/site${PYTHONPATH:+:$PYTHONPATH}"
 bl=$(mktemp -d)
 cases='test_speed_forward and not causal and (q1024-k1024-d128 or q4096-k4096-d128 or q16384-k16384-d128 or q4096-k4096-d64)'
