@@ -35,7 +35,8 @@ def test_reference_and_threshold_hooks(pytester: pytest.Pytester, fake_dist, mon
             if impl == "repeated":
                 return 100.0  # this kernel may get 100x slower before it counts
     """)
-    args = (*SPEED, "--attnkit-impl", "repeated,good")
+    # "good" gets a 100% threshold: CPU timings of one process and the next differ by 20% or more.
+    args = (*SPEED, "--attnkit-impl", "repeated,good", "--attnkit-threshold", "100%")
     monkeypatch.setenv("ATTNKIT_TEST_REPEAT", "1")
     pytester.runpytest(*args, "--attnkit-save-baseline").assert_outcomes(passed=2)
     monkeypatch.setenv("ATTNKIT_TEST_REPEAT", "6")
