@@ -6,6 +6,14 @@ warm-up that keeps compilation and autotuning out of the numbers. The number of 
 the call's length within a time budget, never fewer than ``min_samples``, so the gate has enough
 repetitions for its statistics. On the CPU the samples come from ``time.perf_counter`` and are
 CPU numbers.
+
+Before the flush the stream is held busy (a GPU spin, ``torch.cuda._sleep``) for longer than the
+host takes to issue the call, as NVBench's blocking kernel does; the call then starts right after
+the flush, as it would without the hold, but with all of it already queued. Without it a
+short call's events also time the host: the start event fires as soon as the flush ends, and the
+GPU then waits for Python and the launch path to deliver the kernels. On an H200 that made a 0.03
+ms decode call read 0.06 to 0.15 ms, depending on the host. The host's part is measured on its own
+(``Timing.launch_ms``) and reported beside the GPU time, not mixed into it.
 """
 
 from __future__ import annotations
@@ -16,6 +24,12 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 L2_FLUSH_BYTES = 256 * 2**20
+#: The hold before each timed call: HOLD_FACTOR times the host's time to issue one call, plus
+#: HOLD_SLACK_MS for the flush, the events and the hold's own launch, at most HOLD_LIMIT_MS (a call
+#: whose host part is longer than that is host-bound, and its events say so).
+HOLD_FACTOR = 2.0
+HOLD_SLACK_MS = 0.05
+HOLD_LIMIT_MS = 20.0
 
 
 @dataclass(frozen=True)
@@ -23,11 +37,19 @@ class Timing:
     samples_ms: list[float]
     warmup_ms: float  # the first (compiling) call plus the rest of the warm-up
     timer: str  # "cuda-events" or "perf-counter"
-    #: On CUDA: the median host time of a call bracketed by device-wide synchronizations. Work that
-    #: escapes the timed stream shows here and not in the events.
+    #: On CUDA: the median host time of a call bracketed by device-wide synchronizations.
     host_wall_ms: float | None = None
     #: The first call alone: compilation and autotuning show here (on CUDA, synchronized).
     first_call_ms: float | None = None
+    #: On CUDA: the median host time to issue one call (Python, argument checks, the launch path),
+    #: from the call to its return with the GPU idle. Not part of ``samples_ms``.
+    launch_ms: float | None = None
+    #: On CUDA: how long the stream was held before each timed call (0: no hold).
+    hold_ms: float | None = None
+    #: On CUDA: the median time the host waited for the whole device after issuing a call. It is
+    #: at most the call's GPU time plus the synchronization's latency, unless work escapes the
+    #: timed stream: that work shows here and not in the events.
+    wait_ms: float | None = None
 
     @property
     def median_ms(self) -> float:
@@ -50,13 +72,14 @@ def _sample_count(estimate_ms: float, budget_ms: float, min_samples: int, max_sa
 
 def time_call(fn: Callable[[], Any], device: str, *, budget_ms: float = 400.0, min_samples: int = 15,
               max_samples: int = 100, warmup: int = 3, long_call_ms: float = 100.0,
-              long_min_samples: int = 10) -> Timing:
+              long_min_samples: int = 10, hold_stream: bool = True) -> Timing:
     """Time ``fn`` (which runs the implementation once) on ``device``; see the module docstring.
 
     Calls longer than ``long_call_ms`` (a materializing kernel at 16k tokens takes seconds) get
     one warm-up call instead of ``warmup``, ``long_min_samples`` samples instead of
     ``min_samples`` (still more than the gate's minimum) and two host-wall checks instead of five:
-    repeating them adds minutes to a run and nothing to what it knows.
+    repeating them adds minutes to a run and nothing to what it knows. ``hold_stream=False``
+    leaves out the hold (see the module docstring), to show what it changes.
     """
     import torch
 
@@ -83,11 +106,21 @@ def time_call(fn: Callable[[], Any], device: str, *, budget_ms: float = 400.0, m
         estimate = last_ms if long_call else _time_cpu(fn, 1)[0]
         return Timing(_time_cpu(fn, _sample_count(estimate, budget_ms, floor, max_samples)), warmup_ms, "perf-counter",
                       first_call_ms=first_call_ms)
+    launch, wall = _time_synchronized(fn, 2 if long_call else 5)
+    launch_ms = statistics.median(launch)
+    hold = hold_ms(launch_ms) if hold_stream else 0.0
     flush = l2_flush_buffer()
-    estimate = last_ms if long_call else min(event_samples(fn, 3, flush))
-    samples = event_samples(fn, _sample_count(estimate, budget_ms, floor, max_samples), flush)
-    wall = _time_synchronized(fn, 2 if long_call else 5)
-    return Timing(samples, warmup_ms, "cuda-events", host_wall_ms=statistics.median(wall), first_call_ms=first_call_ms)
+    estimate = last_ms if long_call else min(event_samples(fn, 3, flush, hold))
+    samples = event_samples(fn, _sample_count(estimate, budget_ms, floor, max_samples), flush, hold)
+    return Timing(samples, warmup_ms, "cuda-events", host_wall_ms=statistics.median(wall), first_call_ms=first_call_ms,
+                  launch_ms=launch_ms, hold_ms=hold, wait_ms=statistics.median(w - l for w, l in zip(wall, launch)))
+
+
+def hold_ms(launch_ms: float) -> float:
+    """How long to hold the stream before a call whose host part takes ``launch_ms``."""
+    if not launch_ms >= 0:
+        raise ValueError(f"a launch time must be a non-negative number of milliseconds, not {launch_ms!r}")
+    return min(HOLD_LIMIT_MS, HOLD_FACTOR * launch_ms + HOLD_SLACK_MS)
 
 
 def l2_flush_buffer() -> Any:
@@ -97,13 +130,17 @@ def l2_flush_buffer() -> Any:
     return torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
 
 
-def event_samples(fn: Callable[[], Any], count: int, flush: Any) -> list[float]:
-    """``count`` CUDA-event timings of ``fn`` in milliseconds, ``flush`` zeroed before each one."""
+def event_samples(fn: Callable[[], Any], count: int, flush: Any, hold: float = 0.0) -> list[float]:
+    """``count`` CUDA-event timings of ``fn`` in milliseconds, ``flush`` zeroed before each one and
+    the stream then held busy for ``hold`` milliseconds (see the module docstring)."""
     import torch
 
+    cycles = round(hold * spin_cycles_per_ms()) if hold > 0 else 0
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
     for start, end in zip(starts, ends):
+        if cycles:
+            torch.cuda._sleep(cycles)  # the GPU spins while the host issues the flush and the call behind it
         flush.zero_()  # evict the inputs from L2 so every call reads them from memory
         start.record()
         fn()
@@ -112,17 +149,43 @@ def event_samples(fn: Callable[[], Any], count: int, flush: Any) -> list[float]:
     return [start.elapsed_time(end) for start, end in zip(starts, ends)]
 
 
-def _time_synchronized(fn: Callable[[], Any], count: int) -> list[float]:
+_spin_rate: dict[int, float] = {}
+
+
+def spin_cycles_per_ms() -> float:
+    """GPU clock cycles ``torch.cuda._sleep`` spins per millisecond on this device, measured once."""
     import torch
 
-    samples = []
+    device = torch.cuda.current_device()
+    if device not in _spin_rate:
+        cycles = 1_000_000
+        torch.cuda._sleep(cycles)  # loads the spin kernel
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(3):
+            start.record()
+            torch.cuda._sleep(cycles)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        _spin_rate[device] = cycles / statistics.median(times)
+    return _spin_rate[device]
+
+
+def _time_synchronized(fn: Callable[[], Any], count: int) -> tuple[list[float], list[float]]:
+    """Host milliseconds per call, from an idle GPU: to issue the call, and until the whole device
+    finished it."""
+    import torch
+
+    launch, wall = [], []
     for _ in range(count):
         torch.cuda.synchronize()
         started = time.perf_counter()
         fn()
+        launch.append((time.perf_counter() - started) * 1e3)
         torch.cuda.synchronize()
-        samples.append((time.perf_counter() - started) * 1e3)
-    return samples
+        wall.append((time.perf_counter() - started) * 1e3)
+    return launch, wall
 
 
 def _time_cpu(fn: Callable[[], Any], count: int) -> list[float]:

@@ -1,0 +1,49 @@
+"""The timer's CPU path and the arithmetic of its GPU hold (the hold itself runs on the GPU machine)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from pytest_attnkit import timer
+
+
+def test_hold_covers_the_host_part_and_is_bounded() -> None:
+    assert timer.hold_ms(0.0) == timer.HOLD_SLACK_MS
+    assert timer.hold_ms(0.1) == pytest.approx(timer.HOLD_FACTOR * 0.1 + timer.HOLD_SLACK_MS)
+    assert timer.hold_ms(0.1) > 0.1  # longer than the host takes to issue the call
+    assert timer.hold_ms(1e6) == timer.HOLD_LIMIT_MS
+
+
+@pytest.mark.parametrize("bad", [-0.1, float("nan")])
+def test_hold_rejects_a_launch_time_that_is_not_one(bad: float) -> None:
+    with pytest.raises(ValueError, match="launch time"):
+        timer.hold_ms(bad)
+
+
+def test_cpu_samples_time_the_call() -> None:
+    calls = []
+
+    def call() -> None:
+        calls.append(None)
+        time.sleep(0.002)
+
+    timing = timer.time_call(call, "cpu", budget_ms=60, min_samples=9, max_samples=100)
+    assert timing.timer == "perf-counter" and timing.launch_ms is None and timing.hold_ms is None
+    assert 9 <= len(timing.samples_ms) <= 40
+    assert all(sample >= 2.0 for sample in timing.samples_ms)
+    assert len(calls) == 3 + 1 + len(timing.samples_ms)  # warm-up, the estimate, the samples
+
+
+def test_long_calls_get_one_warmup_and_fewer_samples() -> None:
+    calls = []
+
+    def call() -> None:
+        calls.append(None)
+        time.sleep(0.03)
+
+    timing = timer.time_call(call, "cpu", budget_ms=10, min_samples=15, long_call_ms=20, long_min_samples=9)
+    assert len(timing.samples_ms) == 9
+    assert len(calls) == 2 + 9  # the first call, one warm call found it long, then the samples
+    assert timing.first_call_ms is not None and timing.first_call_ms >= 30
