@@ -14,6 +14,8 @@ from typing import Any, Callable
 
 import pytest
 
+from pytest_attnkit.gate import DEFAULT_THRESHOLD
+
 SUITES: tuple[str, ...] = ("correctness", "memory", "speed")
 PROFILE_CHOICES: tuple[str, ...] = ("auto", "smoke", "default", "full")
 DEVICE_CHOICES: tuple[str, ...] = ("auto", "cpu", "cuda")
@@ -104,8 +106,9 @@ SETTINGS: tuple[Setting, ...] = (
             "deadline for one test in its worker; past it the worker is killed and replaced (default: 300)"),
     Setting("baseline_dir", "DIR", str, "baselines",
             "folder of per-GPU baseline files, relative to the rootdir (default: baselines)"),
-    Setting("threshold", "PERCENT", _percent, 0.05,
-            "slowdown past which a statistically clear change is a regression, e.g. 5%% or 0.05 (default: 5 percent)"),
+    Setting("threshold", "PERCENT", _percent, DEFAULT_THRESHOLD,
+            "slowdown past which a statistically clear change is a regression, e.g. 5%% or 0.05 "
+            f"(default: {round(DEFAULT_THRESHOLD * 100)} percent)"),
     Setting("reference", "NAME", str, "torch_sdpa",
             "implementation whose in-run speed tells a slower machine from a slower kernel (default: torch_sdpa)"),
     Setting("report", "DIR", str, "",
