@@ -9,6 +9,11 @@ against its own baseline, so a slower machine is not mistaken for a slower kerne
 This mirrors asv and Google Benchmark's compare.py. The speed suite adds confirmation rounds on
 top (pytest_attnkit/speedrun.py): a suspected regression is re-measured and must recur.
 
+The p-value is exact (the permutation distribution of the rank sum, ties included) when one side
+has fewer than ``EXACT_BELOW`` samples, as scipy's ``mannwhitneyu`` chooses, and from the normal
+approximation otherwise. The exact test is what lets a call of seconds (a materializing kernel at
+16k tokens) be gated on six samples a side: six against six, fully separated, is p = 1/924.
+
 Runs differ more than samples within a run: on the GPU test machine a few cases moved by 5-7%
 between sessions and machines of the same model, which no within-run statistic can see. So a
 baseline keeps the medians of its last saved runs (:func:`pool`): the gate compares against their
@@ -25,7 +30,12 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
 
-MIN_SAMPLES = 9
+#: The fewest samples a side the gate decides on. With the exact test, six against six can reach
+#: p = 0.0011 (alpha is 0.01); five against five could reach only 0.004, with no room for one
+#: sample out of order.
+MIN_SAMPLES = 6
+#: Below this many samples on either side the p-value is exact (scipy's rule for its "auto" method).
+EXACT_BELOW = 8
 DEFAULT_ALPHA = 0.01
 #: On the H200, with the stream held and the inputs rotated, single cases still moved up to 7% from
 #: one process to the next (triton_flash's 16k forward: +6.0% and +6.9% against three saved runs
@@ -85,30 +95,69 @@ class Decision:
 
 
 def mann_whitney_p(slower: list[float], faster: list[float]) -> float:
-    """One-sided p-value that ``slower`` tends to be larger than ``faster`` (normal approximation
-    with tie and continuity corrections; adequate from about eight samples a side)."""
+    """One-sided p-value that ``slower`` tends to be larger than ``faster``: exact when either side
+    has fewer than ``EXACT_BELOW`` samples, else the normal approximation with tie and continuity
+    corrections (adequate from about eight samples a side)."""
     n1, n2 = len(slower), len(faster)
-    pooled = sorted([(value, 0) for value in slower] + [(value, 1) for value in faster])
-    ranks = [0.0] * len(pooled)
-    tie_term = 0.0
-    i = 0
-    while i < len(pooled):
-        j = i
-        while j + 1 < len(pooled) and pooled[j + 1][0] == pooled[i][0]:
-            j += 1
-        for index in range(i, j + 1):
-            ranks[index] = (i + j) / 2 + 1
-        ties = j - i + 1
-        tie_term += ties**3 - ties
-        i = j + 1
-    rank_sum = sum(rank for rank, (_, group) in zip(ranks, pooled) if group == 0)
-    u = rank_sum - n1 * (n1 + 1) / 2
+    if n1 == 0 or n2 == 0:
+        raise ValueError("the Mann-Whitney test needs samples on both sides")
+    ranks = _midranks(list(slower) + list(faster))
+    if min(n1, n2) < EXACT_BELOW:
+        return _exact_p(ranks, n1)
+    tie_term = sum(count**3 - count for count in _tie_counts(list(slower) + list(faster)))
+    u = sum(ranks[:n1]) - n1 * (n1 + 1) / 2
     mean = n1 * n2 / 2
     variance = n1 * n2 / 12 * ((n1 + n2 + 1) - tie_term / ((n1 + n2) * (n1 + n2 - 1)))
     if variance <= 0:
         return 0.5
     z = (u - mean - 0.5) / math.sqrt(variance)
     return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def _midranks(values: list[float]) -> list[float]:
+    """The rank of each value among ``values`` (1-based), tied values sharing their mean rank."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for position in range(i, j + 1):
+            ranks[order[position]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def _tie_counts(values: list[float]) -> list[int]:
+    counts: dict[float, int] = {}
+    for value in values:
+        counts[value] = counts.get(value, 0) + 1
+    return list(counts.values())
+
+
+def _exact_p(ranks: list[float], n1: int) -> float:
+    """P(the rank sum of ``n1`` positions drawn at random >= that of the first ``n1``): the
+    permutation distribution, counted over every way to choose the smaller side's positions.
+    Midranks are halves, so twice each rank is an integer and the sums index a table."""
+    import numpy as np
+
+    doubled = [round(2 * rank) for rank in ranks]
+    size = min(n1, len(ranks) - n1)
+    if size == n1:
+        chosen, upper = sum(doubled[:n1]), True  # P(sum >= observed)
+    else:  # count the other side: its sum is the total less this side's, so the tail flips
+        chosen, upper = sum(doubled[n1:]), False  # P(other sum <= observed other sum)
+    top = sum(sorted(doubled)[-size:])
+    # ways[k, s]: how many ways to choose k of the ranks seen so far with doubled sum s (as floats:
+    # the counts reach C(N, k), and only their ratio to the total matters)
+    ways = np.zeros((size + 1, top + 1))
+    ways[0, 0] = 1.0
+    for seen, rank in enumerate(doubled, start=1):
+        for k in range(min(seen, size), 0, -1):
+            ways[k, rank:] += ways[k - 1, :top + 1 - rank]
+    tail = ways[size, chosen:].sum() if upper else ways[size, :chosen + 1].sum()
+    return float(tail / math.comb(len(ranks), size))
 
 
 def decide(baseline_ms: list[float], now_ms: list[float], *, threshold: float = DEFAULT_THRESHOLD,
