@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from pytest_attnkit import timer
+from pytest_attnkit import gate, timer
 
 
 def test_hold_covers_the_host_part_and_is_bounded() -> None:
@@ -43,7 +43,7 @@ def test_long_calls_get_one_warmup_and_fewer_samples() -> None:
         calls.append(None)
         time.sleep(0.03)
 
-    timing = timer.time_call(call, "cpu", budget_ms=10, min_samples=15, long_call_ms=20, long_min_samples=9)
-    assert len(timing.samples_ms) == 9
-    assert len(calls) == 2 + 9  # the first call, one warm call found it long, then the samples
+    timing = timer.time_call(call, "cpu", budget_ms=10, min_samples=15, long_call_ms=20)
+    assert len(timing.samples_ms) == gate.MIN_SAMPLES  # the default floor for long calls is the gate's minimum
+    assert len(calls) == 2 + gate.MIN_SAMPLES  # the first call, one warm call found it long, then the samples
     assert timing.first_call_ms is not None and timing.first_call_ms >= 30
