@@ -7,7 +7,7 @@ out=${1:?usage: tools/gpu_main_job.sh OUTPUT_DIR LABEL [pytest args...]}
 label=${2:?usage: tools/gpu_main_job.sh OUTPUT_DIR LABEL [pytest args...]}
 shift 2
 mkdir -p "$out"
-bash "$(dirname "$0")/install_offline.sh" "$out" || exit 1
+bash "$(dirname "$0")/install_offline.sh" || exit 1
 command=(pytest --attnkit -p no:cacheprovider -rs --durations=15 "--junitxml=$out/$label.xml" "$@")
 summary="$out/$label.summary.txt"
 {

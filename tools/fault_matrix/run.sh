@@ -6,7 +6,7 @@ set -uo pipefail
 out=${1:?usage: tools/fault_matrix/run.sh OUTPUT_DIR}
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out"
-bash "$(dirname "$0")/../install_offline.sh" "$out" || exit 1
+bash "$(dirname "$0")/../install_offline.sh" || exit 1
 export PYTHONPATH="$here/site${PYTHONPATH:+:$PYTHONPATH}"
 select='(test_forward and b2-h4-q113-k113-d64-fp16 and not causal) or (test_speed_forward and b4-h16-q4096-k4096-d128-bf16 and not causal)'
 { echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | sed 's/^/device: /'; } >"$out/fault-matrix.log"
