@@ -7,6 +7,8 @@
 # BASELINE_DIR is used in place (copy the committed baselines there first to start from them);
 # OUT gets full-set.summary.txt (a line per run), full-set.log (every gate table and the slowest
 # tests) and the baseline file after every run, so a call cut short keeps what it saved.
+# With DEADLINE_S set, a run is started only if the longest run so far still fits before that many
+# seconds from the script's start (a device call has a hard limit; a run killed halfway says nothing).
 set -uo pipefail
 out=${1:?usage: full_set.sh OUT BASELINE_DIR LABEL...}
 bl=${2:?usage: full_set.sh OUT BASELINE_DIR LABEL...}
@@ -17,7 +19,12 @@ args=(--attnkit --attnkit-suite speed "--attnkit-baseline-dir=$bl" -p no:cachepr
 log="$out/full-set.log"; summary="$out/full-set.summary.txt"
 { echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"; nvidia-smi --query-gpu=name,driver_version,serial --format=csv,noheader | sed 's/^/device: /'
   echo "host: $(hostname)"; echo "command: pytest ${args[*]} [--attnkit-save-baseline]"; } | tee -a "$summary" >>"$log"
+began=$(date +%s); longest=0
 for label in "$@"; do
+  if [ -n "${DEADLINE_S:-}" ] && [ $(( $(date +%s) - began + longest )) -gt "$DEADLINE_S" ]; then
+    echo "not started: $label and the rest (the longest run, ${longest} s, would end after ${DEADLINE_S} s)" | tee -a "$summary"
+    break
+  fi
   extra=(); [[ $label == save* ]] && extra=(--attnkit-save-baseline)
   start=$(date +%s)
   text=$(PYTHONUNBUFFERED=1 pytest "${args[@]}" "${extra[@]}" 2>&1); status=$?
@@ -31,5 +38,6 @@ for label in "$@"; do
     "$(echo "$gate" | grep -cE ' (unchanged|improvement|REGRESSION|insufficient)( \(|$)' || true)" \
     "$(echo "$text" | grep -E '^baseline saved' | sed 's/.*json //')" | tee -a "$summary"
   cp "$bl"/*.json "$out/" 2>/dev/null
+  took=$(( $(date +%s) - start )); [ "$took" -gt "$longest" ] && longest=$took
 done
 exit 0
