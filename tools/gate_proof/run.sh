@@ -3,11 +3,14 @@
 # README advises), then 5 clean runs, 10 runs 10% slower and 10 runs 25% slower, counting the
 # regressions the gate reports. The slower runs use slowable_flash (tools/gate_proof/site): real
 # extra work, calibrated on the GPU to that share of the kernel's time (calibration.jsonl shows it).
-# Usage: tools/gate_proof/run.sh OUT
+# Usage: tools/gate_proof/run.sh OUT [GROUP...], a GROUP being NAME:EXTRA:RUNS (default: clean:0:5
+# slower10:0.10:10 slower25:0.25:10). With DEADLINE_S set, a run starts only while the longest run
+# so far still ends within that many seconds of the start.
 # OUT gets gate-proof.summary.txt (a line per run and the totals), gate-proof.log (every gate
 # table and the saves' output) and calibration.jsonl.
 set -uo pipefail
-out=${1:?usage: tools/gate_proof/run.sh OUTPUT_DIR}
+out=${1:?usage: tools/gate_proof/run.sh OUTPUT_DIR [GROUP...]}
+shift
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out"
 bash "$here/../install_offline.sh" || exit 1
@@ -35,16 +38,25 @@ run() {  # label extra [pytest args]
     "$label" "$extra" "$status" "$cases_flagged" "$(echo "$table" | grep -c . || true)" "$change" | tee -a "$summary"
   last_flagged=$cases_flagged
 }
-start=$(date +%s)
-for i in 1 2; do run "save-$i" 0 --attnkit-save-baseline; done
-for group in "clean 0 5" "slower10 0.10 10" "slower25 0.25 10"; do
-  read -r name extra count <<<"$group"
-  runs=0; flagged=0
+start=$(date +%s); longest=0
+timed_run() {  # like run, unless it could not end before DEADLINE_S; returns 1 then
+  local began
+  if [ -n "${DEADLINE_S:-}" ] && [ $(( $(date +%s) - start + longest )) -gt "$DEADLINE_S" ]; then
+    echo "not started: $1 and the rest (the longest run, ${longest} s, would end after ${DEADLINE_S} s)" | tee -a "$summary"
+    return 1
+  fi
+  began=$(date +%s); run "$@"; [ $(( $(date +%s) - began )) -gt "$longest" ] && longest=$(( $(date +%s) - began )); return 0
+}
+groups=("$@"); [ ${#groups[@]} -gt 0 ] || groups=(clean:0:5 slower10:0.10:10 slower25:0.25:10)
+for i in 1 2; do timed_run "save-$i" 0 --attnkit-save-baseline || exit 1; done
+for group in "${groups[@]}"; do
+  IFS=: read -r name extra count <<<"$group"
+  runs=0; flagged=0; done_runs=0
   for i in $(seq 1 "$count"); do
-    run "$name-$i" "$extra"
-    flagged=$((flagged + last_flagged)); [ "$last_flagged" -gt 0 ] && runs=$((runs + 1))
+    timed_run "$name-$i" "$extra" || break
+    done_runs=$((done_runs + 1)); flagged=$((flagged + last_flagged)); [ "$last_flagged" -gt 0 ] && runs=$((runs + 1))
   done
-  echo "total $name: runs reporting a regression $runs of $count; cases flagged $flagged of $((4 * count))" | tee -a "$summary"
+  echo "total $name: runs reporting a regression $runs of $done_runs; cases flagged $flagged of $((4 * done_runs))" | tee -a "$summary"
 done
 echo "calibrated extra work (rows recomputed, and the slowdown they measured in calibration):" | tee -a "$summary"
 touch "$out/calibration.jsonl"  # none on the CPU, where the extra rows are not calibrated
