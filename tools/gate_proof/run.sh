@@ -8,7 +8,9 @@
 # slower10:0.10:10 slower25:0.25:10). With DEADLINE_S set, a run starts only while the longest run
 # so far still ends within that many seconds of the start.
 # OUT gets gate-proof.summary.txt (a line per run and the totals), gate-proof.log (every gate
-# table and the saves' output) and calibration.jsonl.
+# table and the saves' output), calibration.jsonl and the baseline file. To split a proof over
+# device calls (each has a time limit), set BASELINE_DIR: the saves run only when it holds no
+# baseline yet, so a later call can bring the first call's file and run the other groups.
 set -uo pipefail
 out=${1:?usage: tools/gate_proof/run.sh OUTPUT_DIR [GROUP...]}
 shift
@@ -17,7 +19,8 @@ mkdir -p "$out"
 bash "$here/../install_offline.sh" || exit 1
 export PYTHONPATH="$here/site${PYTHONPATH:+:$PYTHONPATH}"
 export ATTNKIT_EXTRA_WORK_LOG="$out/calibration.jsonl"
-bl=$(mktemp -d)
+bl=${BASELINE_DIR:-$(mktemp -d)}
+mkdir -p "$bl"
 cases='test_speed_forward and not causal and (q1024-k1024-d128 or q4096-k4096-d128 or q16384-k16384-d128 or q4096-k4096-d64)'
 args=(--attnkit --attnkit-suite speed --attnkit-impl torch_sdpa,slowable_flash -k "$cases"
       "--attnkit-baseline-dir=$bl" -p no:cacheprovider --benchmark-disable -q)
@@ -49,7 +52,11 @@ timed_run() {  # like run, unless it could not end before DEADLINE_S; returns 1 
   began=$(date +%s); run "$@"; [ $(( $(date +%s) - began )) -gt "$longest" ] && longest=$(( $(date +%s) - began )); return 0
 }
 groups=("$@"); [ ${#groups[@]} -gt 0 ] || groups=(clean:0:5 slower10:0.10:10 slower25:0.25:10)
-for i in 1 2; do timed_run "save-$i" 0 --attnkit-save-baseline || exit 1; done
+if ls "$bl"/*.json >/dev/null 2>&1; then
+  echo "baselines: saved by an earlier call, $(ls "$bl"/*.json)" | tee -a "$summary"
+else
+  for i in 1 2; do timed_run "save-$i" 0 --attnkit-save-baseline || exit 1; done
+fi
 for group in "${groups[@]}"; do
   IFS=: read -r name extra count <<<"$group"
   runs=0; flagged=0; done_runs=0
@@ -65,7 +72,10 @@ python3 - "$out/calibration.jsonl" <<'EOF' | tee -a "$summary"
 import json, sys
 for line in open(sys.argv[1], encoding="utf-8"):
     e = json.loads(line)
+    attempts = ", ".join(f"{a['rows']}x{a['keys']} {100 * a['measured_slowdown']:+.1f}%" for a in e["attempts"])
     print(f"  extra {e['extra']:.2f} q{e['q']} k{e['k']}: {e['rows']} of {e['of_rows']} rows against {e['keys']} of "
-          f"{e['of_keys']} keys, kernel {e['kernel_ms']:.4f} ms, measured {100 * e['measured_slowdown']:+.1f}%")
+          f"{e['of_keys']} keys, kernel {e['kernel_ms']:.4f} ms, measured {100 * e['measured_slowdown']:+.1f}% "
+          f"(attempts, rows x keys: {attempts})")
 EOF
+cp "$bl"/*.json "$out/" 2>/dev/null
 echo "wall time: $(( $(date +%s) - start )) s" | tee -a "$summary"

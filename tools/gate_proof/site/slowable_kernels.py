@@ -11,8 +11,10 @@ and one wave of a 16k-token forward is 6.4% of the call, so "10%" came out as +6
 move every block's work together, in steps of 16 keys (0.1% of a 16k-token row), so the time
 follows them closely. The extra launch also has a fixed part (reading its query rows, writing its
 output): rows are halved until that part is at most a quarter of the target, then a bisection over
-keys sets the rest. A last measurement alternates the plain kernel and the slowed one and logs the
-slowdown it found.
+keys sets the rest, each step timed against the plain kernel right before and after it. The choice
+is then timed again with the suite's budget, alternating the plain kernel and the slowed one, and
+corrected along the line through the ends of the search until it measures within one point of
+the target (at most twice); the log keeps every attempt.
 
 ``ATTNKIT_EXTRA_WORK_LOG=FILE`` appends one JSON line per calibration (the shape, rows and keys
 chosen, the kernel's time and the slowdown measured with them) and is read back first: a shape
@@ -27,9 +29,12 @@ import statistics
 
 from pytest_attnkit.implementations.triton_flash import flash_attention
 
-_work: dict[tuple, tuple[int, int]] = {}
-SAMPLES = 15
+_work: dict[str, tuple[int, int]] = {}
+BUDGET_MS = 150  # per timing in the search; the suite's 400 to verify the choice
+VERIFY_BUDGET_MS = 400
 VERIFY_ROUNDS = 3
+CORRECTIONS = 2
+TOLERANCE = 0.01
 ROW_STEP = 128
 KEY_STEP = 16  # Triton specializes integer arguments on divisibility by 16: no new compilation
 
@@ -72,59 +77,73 @@ def _logged(key):
 
 
 def _calibrate(q, k, v, causal, scale, extra, key):
-    import time
+    import itertools
 
     import torch
 
-    from pytest_attnkit.timer import event_samples, hold_ms, l2_flush_buffer
+    from pytest_attnkit.speed import INPUT_SETS
+    from pytest_attnkit.timer import time_call
 
-    flush = l2_flush_buffer()
     n_q, n_k = q.shape[-2], k.shape[-2]
+    # Timed as the suite times (pytest_attnkit/speed.py): its timer, with its warm-up, its stream
+    # hold and its L2 flush, over the same number of copies of the inputs.
+    copies = [(q, k, v)] + [(q.clone(), k.clone(), v.clone()) for _ in range(INPUT_SETS - 1)]
 
-    def call_with(rows, keys):
+    def median_ms(rows, keys, budget_ms=BUDGET_MS):
+        rotation = itertools.cycle(copies)
+
         def call():
-            flash_attention(q, k, v, causal=causal, scale=scale)
-            if rows:
-                flash_attention(q[..., :rows, :], k[..., :keys, :], v[..., :keys, :], causal=False, scale=scale)
-        return call
-
-    def samples(rows, keys, count=SAMPLES):
-        call = call_with(rows, keys)
-        with torch.no_grad():
-            call()  # compiles the kernel for these tiles, outside the samples
-            # The suite holds the stream while the host issues the call (pytest_attnkit/timer.py),
-            # so its events see GPU work alone; so must this. Timed without the hold, a second
-            # launch adds the host's launch time: a first version chose 1 to 16 rows for "10%",
-            # which the suite then measured at +3% to +13%.
-            launches = []
-            for _ in range(5):
-                torch.cuda.synchronize()
-                started = time.perf_counter()
-                call()
-                launches.append((time.perf_counter() - started) * 1e3)
-            torch.cuda.synchronize()
-            return event_samples(call, count, flush, hold_ms(statistics.median(launches)))
-
-    base = statistics.median(samples(0, 0))
+            q_, k_, v_ = next(rotation)
+            with torch.no_grad():
+                flash_attention(q_, k_, v_, causal=causal, scale=scale)
+                if rows:
+                    flash_attention(q_[..., :rows, :], k_[..., :keys, :], v_[..., :keys, :], causal=False, scale=scale)
+        return time_call(call, "cuda", budget_ms=budget_ms).median_ms
 
     def slowdown(rows, keys):
-        return statistics.median(samples(rows, keys)) / base - 1
+        """Against the plain kernel timed right before and right after, so that a drift of the
+        GPU (its clocks warm up over the first seconds) does not pass for extra work: a first
+        version timed the plain kernel once, first, and its "10%" measured +4% to +15% later."""
+        before = median_ms(0, 0)
+        slowed = median_ms(rows, keys)
+        return slowed / ((before + median_ms(0, 0)) / 2) - 1
 
+    def verified(rows, keys):
+        """The slowdown over alternated rounds, timed with the suite's full budget."""
+        plain, slowed = [], []
+        for _ in range(VERIFY_ROUNDS):
+            plain.append(median_ms(0, 0, VERIFY_BUDGET_MS))
+            slowed.append(median_ms(rows, keys, VERIFY_BUDGET_MS))
+        return statistics.median(slowed) / statistics.median(plain) - 1, statistics.median(plain)
+
+    median_ms(0, 0)  # warms the GPU and compiles the kernel
     rows = n_q
     while rows > ROW_STEP and slowdown(rows, KEY_STEP) > extra / 4:
         rows = max(ROW_STEP, rows // 2 // ROW_STEP * ROW_STEP)
-    if slowdown(rows, n_k) >= extra:
-        keys = _closest(lambda keys: slowdown(rows, keys), KEY_STEP, n_k, KEY_STEP, extra)
+    if slowdown(rows, n_k) >= extra:  # keys set the extra work; rows stay
+        counts = lambda keys: (rows, keys)  # noqa: E731
+        low, high = KEY_STEP, n_k
     else:  # too few rows left for every key to reach the target: add rows back, against every key
-        keys = n_k
-        rows = _closest(lambda rows: slowdown(rows, n_k), rows, n_q, KEY_STEP, extra)
-    plain, slowed = [], []
-    for _ in range(VERIFY_ROUNDS):  # alternated, so a drift of the machine shows on both sides
-        plain += samples(0, 0)
-        slowed += samples(rows, keys)
+        counts = lambda rows: (rows, n_k)  # noqa: E731
+        low, high = rows, n_q
+    count = _closest(lambda c: slowdown(*counts(c)), low, high, KEY_STEP, extra)
+    # The bisection's steps are short timings; check the choice with long ones and correct it
+    # along the line through the ends (the extra time grows about linearly with the count).
+    slope = (slowdown(*counts(high)) - slowdown(*counts(low))) / max(high - low, 1)
+    attempts = []
+    for _ in range(1 + CORRECTIONS):
+        measured, kernel_ms = verified(*counts(count))
+        attempts.append({"count": count, "measured_slowdown": measured, "kernel_ms": kernel_ms})
+        if abs(measured - extra) <= TOLERANCE or slope <= 0:
+            break
+        step = round((extra - measured) / slope / KEY_STEP) * KEY_STEP or (KEY_STEP if extra > measured else -KEY_STEP)
+        count = min(high, max(low, count + step))
+    best = min(attempts, key=lambda attempt: abs(attempt["measured_slowdown"] - extra))
+    rows, keys = counts(best["count"])
     entry = {**key, "device": torch.cuda.get_device_name(), "rows": rows, "of_rows": n_q, "keys": keys,
-             "of_keys": n_k, "kernel_ms": statistics.median(plain),
-             "measured_slowdown": statistics.median(slowed) / statistics.median(plain) - 1}
+             "of_keys": n_k, "kernel_ms": best["kernel_ms"], "measured_slowdown": best["measured_slowdown"],
+             "attempts": [{**dict(zip(("rows", "keys"), counts(a["count"]))), "measured_slowdown": a["measured_slowdown"]}
+                          for a in attempts]}
     log = os.environ.get("ATTNKIT_EXTRA_WORK_LOG")
     if log:
         with open(log, "a", encoding="utf-8") as stream:
