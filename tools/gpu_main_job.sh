@@ -13,7 +13,7 @@ summary="$out/$label.summary.txt"
 {
   echo "command: ${command[*]}"
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader | sed 's/^/device: /'
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,serial --format=csv,noheader | sed 's/^/device: /'
 } >"$summary"
 start=$(date +%s)
 PYTHONUNBUFFERED=1 "${command[@]}" 2>&1 | tee "$out/$label.log"
