@@ -40,7 +40,9 @@ DEFAULT_ALPHA = 0.01
 #: On the H200, with the stream held and the inputs rotated, single cases still moved up to 7% from
 #: one process to the next (triton_flash's 16k forward: +6.0% and +6.9% against three saved runs
 #: that had all landed low), with the reference unmoved. A 5% threshold failed clean runs on that;
-#: 8% stays above it and under the 11-16% that 10% more work measures (tools/gate_proof/run.sh).
+#: 8% stays above it (no clean whole-set run has flagged anything at 8%: results/2026-11-22-h200-*)
+#: and below the 9-14% that 10% more work measured, flagged in every case of every run
+#: (results/2026-11-22-h200-gate-proof-keys).
 DEFAULT_THRESHOLD = 0.08
 NOISE_MULTIPLIER = 2.5
 
