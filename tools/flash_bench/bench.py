@@ -1,14 +1,16 @@
 """triton_flash against torch SDPA's backends, forced one at a time, on one GPU, in one run.
 
 Issue 5's benchmark. Every figure uses the speed suite's own conventions: the timer
-(`pytest_attnkit.timer.time_call`: CUDA events, L2 flushed before each call, median), FLOPs and
-bytes (`pytest_attnkit.speed`), and the ceilings measured in the same run. Shapes follow
+(`pytest_attnkit.worker.timer.time_call`: CUDA events, L2 flushed before each call, median), FLOPs
+and bytes (`pytest_attnkit.counts`), and the ceilings measured in the same run. Shapes follow
 FlashAttention's papers (batch x seqlen = 16k tokens, heads x head_dim = 2048), plus short and odd
 lengths, and decode (one query against a KV cache, GQA 32/8, small batch).
 
-Usage (on the GPU machine): python3 tools/flash_bench/bench.py --out DIR [--quick]
+Usage (on the GPU machine): python3 tools/flash_bench/bench.py --out DIR [--quick] [--tune]
 Writes DIR/bench.json (every measurement, the tuner's records, the environment) and DIR/bench.md
-(the tables, with each target and whether it was met), and prints the tables.
+(the tables, with each target and whether it was met), and prints the tables. triton_flash runs its
+fixed default tiles; --tune installs the timing tuner (tuner.py beside this file) first, so each
+kind of problem times its tile candidates on first use.
 """
 
 from __future__ import annotations
@@ -25,13 +27,18 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pytest_attnkit.contract import Case
-from pytest_attnkit.implementations import triton_flash
+from pytest_attnkit.counts import byte_count, flop_count
 from pytest_attnkit.implementations.torch_sdpa import sdpa_attention
-from pytest_attnkit.speed import byte_count, flop_count, gpu_state, measure_ceilings
-from pytest_attnkit.timer import time_call
+from pytest_attnkit.implementations.triton_flash import flash_attention
+from pytest_attnkit.worker.speed import gpu_state, measure_ceilings
+from pytest_attnkit.worker.timer import time_call
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tuner  # noqa: E402
 
 BACKENDS = {"FLASH": SDPBackend.FLASH_ATTENTION, "CUDNN": SDPBackend.CUDNN_ATTENTION,
             "EFFICIENT": SDPBackend.EFFICIENT_ATTENTION}
@@ -92,7 +99,7 @@ def make_inputs(case: Case, seed: int) -> tuple[torch.Tensor, ...]:
 
 def attention_fn(impl: str) -> Callable[..., torch.Tensor]:
     if impl == "triton_flash":
-        return triton_flash.flash_attention
+        return flash_attention
     backend = BACKENDS[impl.removeprefix("sdpa_")]
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool) -> torch.Tensor:
@@ -186,14 +193,17 @@ def main() -> int:
     parser.add_argument("--budget-ms", type=float, default=120.0, help="timing budget per measurement")
     parser.add_argument("--groups", default="dense,short,odd,decode",
                         help="comma-separated row groups to run (dense, short, odd, decode)")
+    parser.add_argument("--tune", action="store_true",
+                        help="time triton_flash's tile candidates on first use instead of its fixed defaults")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("this benchmark needs a CUDA GPU", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
+    tile_tuner = tuner.install() if args.tune else None
     started = time.perf_counter()
     env = {"device": torch.cuda.get_device_name(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-           "torch": torch.__version__, "triton": triton_flash.triton.__version__, "cuda": torch.version.cuda,
+           "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
            "command": " ".join(sys.argv), "gpu_state_before": gpu_state()}
     try:
         env["nvidia_smi"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm",
@@ -232,13 +242,16 @@ def main() -> int:
         torch.cuda.empty_cache()
     env["gpu_state_after"] = gpu_state()
     env["wall_s"] = time.perf_counter() - started
-    tuning = {"seconds": triton_flash.TUNER.seconds(), "records": triton_flash.TUNER.records}
+    tuning = {"tuned": args.tune, "seconds": tile_tuner.seconds() if tile_tuner else 0.0,
+              "records": tile_tuner.records if tile_tuner else []}
     markdown = (f"# triton_flash vs SDPA backends\n\n{env['device']} ({env.get('nvidia_smi', '')}), {env['date']}, "
                 f"torch {env['torch']}, triton {env['triton']}.\nCommand: `{env['command']}`.\n"
                 f"Ceilings measured in this run: bf16 matmul {ceilings['matmul_bf16_tflops']:.0f} TFLOP/s, "
                 f"copy {ceilings['copy_gbps']:.0f} GB/s (read + write).\n"
-                f"triton_flash tuning: {len(tuning['records'])} problem classes tuned, {tuning['seconds']:.1f} s "
-                f"(compilation included); the first call of each row is in the 'first call' column.\n"
+                + (f"triton_flash tuning (--tune): {len(tuning['records'])} problem classes tuned, "
+                   f"{tuning['seconds']:.1f} s (compilation included)" if args.tune else
+                   "triton_flash tiles: the fixed defaults (no --tune)")
+                + "; the first call of each row is in the 'first call' column.\n"
                 + tables(results, rows, ceilings) + "\n")
     (args.out / "bench.json").write_text(json.dumps({"env": env, "ceilings": ceilings, "results": results,
                                                      "tuning": tuning}, indent=1, default=str))

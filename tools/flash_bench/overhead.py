@@ -4,7 +4,7 @@ For decode shapes a call moves a few MB and the GPU finishes in microseconds, so
 speed suite reports (CUDA events around one call, L2 flushed before it) also holds any wait for the
 host to enqueue the work. This separates the two for triton_flash and SDPA's backends:
 
-- events_ms: the suite's own figure (`pytest_attnkit.timer.time_call`);
+- events_ms: the suite's own figure (`pytest_attnkit.worker.timer.time_call`);
 - graph_ms: the same call captured once in a CUDA graph and replayed (GPU work only: no Python,
   no launch path), L2 flushed before each replay;
 - host_us: host time per call when 300 calls are enqueued back to back (the launch path's cost);
@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import BACKENDS, attention_fn, make_inputs  # noqa: E402
 
 from pytest_attnkit.contract import Case  # noqa: E402
-from pytest_attnkit.speed import byte_count  # noqa: E402
-from pytest_attnkit.timer import event_samples, l2_flush_buffer, time_call  # noqa: E402
+from pytest_attnkit.counts import byte_count  # noqa: E402
+from pytest_attnkit.worker.timer import event_samples, l2_flush_buffer, time_call  # noqa: E402
 
 IMPLS = ("triton_flash", *(f"sdpa_{name}" for name in BACKENDS if name != "EFFICIENT"))
 

@@ -1,0 +1,55 @@
+"""The pytest-attnkit implementation: what the kernel claims, and why it declines the rest."""
+
+from __future__ import annotations
+
+import torch
+
+from pytest_attnkit.contract import AttentionImpl, Case
+
+from .autograd import flash_attention
+from .kernels import TRITON_IMPORT_ERROR
+from .launch import MAX_HEAD_DIM, MIN_HEAD_DIM, interpreting
+
+
+class TritonFlash(AttentionImpl):
+    """Triton FlashAttention (forward and backward) on CUDA, or on the CPU via Triton's interpreter."""
+
+    devices = ("cuda", "cpu")
+    dtypes = ("float16", "bfloat16", "float32")
+    head_dims = range(MIN_HEAD_DIM, MAX_HEAD_DIM + 1)
+    supports_causal = True
+    supports_gqa = True
+    supports_seqlen_mismatch = True
+    supports_backward = True
+    memory_class = "linear"
+
+    def unavailable_reason(self, device: str) -> str | None:
+        reason = super().unavailable_reason(device)
+        if reason is not None:
+            return reason
+        if TRITON_IMPORT_ERROR is not None:
+            if isinstance(TRITON_IMPORT_ERROR, ModuleNotFoundError) and TRITON_IMPORT_ERROR.name == "triton":
+                return "triton is not installed (pip install triton)"
+            return f"triton failed to import: {TRITON_IMPORT_ERROR}"
+        if device == "cpu" and not interpreting():
+            return ("the CPU needs Triton's interpreter (TRITON_INTERPRET=1, set before triton is "
+                    "imported), which attnkit's workers set; it is not set in this process")
+        if device == "cuda" and not torch.cuda.is_available():
+            return "no CUDA device"
+        return None
+
+    def not_supported_reasons(self, case: Case, device: str, *, backward: bool = False) -> list[str]:
+        reasons = super().not_supported_reasons(case, device, backward=backward)
+        if backward and case.dtype == "float32" and case.head_dim > 128:
+            # Not claimed until the fp32 backward is fixed: at head_dim > 128 its dq/dk error can
+            # exceed the 3x rule, while the same math in torch does not (NOTES.md).
+            reasons.append("float32 backward at head_dim > 128 is not claimed: its gradient error "
+                           "exceeds the 3x rule on some inputs")
+        if device == "cpu" and case.dtype == "bfloat16":
+            reasons.append("bfloat16 under Triton's CPU interpreter gives wrong results (a Triton "
+                           "interpreter limitation); bf16 is tested on the GPU")
+        return reasons
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                scale: float | None = None) -> torch.Tensor:
+        return flash_attention(q, k, v, causal=causal, scale=scale)
