@@ -1,6 +1,6 @@
 """The oracle: attention computed in float64, and the plain same-precision implementation.
 
-The correctness rule (see :mod:`pytest_attnkit.tolerance`) needs two references. The *oracle*
+The correctness rule (see :mod:`pytest_attnkit.worker.tolerance`) needs two references. The *oracle*
 is plain attention on inputs upcast to float64. The *plain* reference is the same math in the
 inputs' own precision, written the obvious way (as FlashAttention's tests do with
 ``attention_ref(upcast=False)``): its error against the oracle measures how much rounding an

@@ -1,7 +1,8 @@
 """The pytest plugin (``pytest11`` entry point): hooks and fixtures only.
 
-State and logic live in :class:`pytest_attnkit.session.AttnkitSession`, kept in
-``config.stash``. Without ``--attnkit`` the plugin does nothing but add its options, so it can
+State and logic live in :class:`pytest_attnkit.controller.session.AttnkitSession`, kept in
+``config.stash``; like everything under ``pytest_attnkit/controller/``, this module runs in the
+pytest process. Without ``--attnkit`` the plugin does nothing but add its options, so it can
 stay installed in every project. This module imports nothing heavy: no torch, CuPy or Triton.
 """
 
@@ -10,16 +11,21 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import signal
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pytest_attnkit import options
-from pytest_attnkit.session import SESSION_KEY, AttnkitSession
+from pytest_attnkit.controller import options
+from pytest_attnkit.controller.report import check_writable
+from pytest_attnkit.controller.session import SESSION_KEY, AttnkitSession
+from pytest_attnkit.controller.table import summary_sections, wrap
 
 SUITES_PACKAGE = "pytest_attnkit.suites"
 FINISH_KEY = pytest.StashKey[list]()
+SIGTERM_KEY = pytest.StashKey[Any]()
 
 
 @functools.lru_cache(maxsize=1)
@@ -49,6 +55,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     options.add_options(parser)
 
 
+def _interrupt_on_sigterm(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"attnkit: received {signal.Signals(signum).name}")
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "attnkit_cases(family): parametrize attnkit_case with that family's case set")
     config.addinivalue_line("markers", "attnkit_backward: the test runs the implementation's backward pass")
@@ -58,17 +69,23 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     settings = options.resolve(config)
     if settings.report:
-        from pytest_attnkit.report import check_writable
-
         try:
-            check_writable(config.rootpath / settings.report)
+            check_writable(settings.path("report"))
         except OSError as error:
             raise pytest.UsageError(f"attnkit: the report directory cannot be written ({settings.sources['report']}): {error}") from None
     reference = config.hook.pytest_attnkit_reference(config=config)
     if reference:
         settings = dataclasses.replace(settings, reference=reference,
                                        sources={**settings.sources, "reference": "hook pytest_attnkit_reference"})
-    session = AttnkitSession(settings, rootdir=config.rootpath, config=config)
+    if hasattr(config.option, "benchmark_quiet") and config.getoption("benchmark_columns", None) is None:
+        # pytest-benchmark's own table repeats the attnkit speed table; asking for its columns
+        # (--benchmark-columns=...) brings it back.
+        config.option.benchmark_quiet = True
+    if threading.current_thread() is threading.main_thread():
+        # A CI timeout sends SIGTERM: end the run as Ctrl-C does, so the report is written, the
+        # baseline stays whole and every worker is stopped.
+        config.stash[SIGTERM_KEY] = signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
+    session = AttnkitSession(settings, config)
     config.stash[SESSION_KEY] = session
     try:
         session.start()
@@ -86,6 +103,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     session = config.stash.get(SESSION_KEY, None)
     if session is not None:
         session.close()
+    previous = config.stash.get(SIGTERM_KEY, None)
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
@@ -119,6 +139,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("attnkit_case", cases, ids=[case.id for case in cases])
 
 
+@pytest.hookimpl(trylast=True)  # after -k and -m have deselected what they deselect
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     session = config.stash.get(SESSION_KEY, None)
     if session is not None:
@@ -133,6 +154,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             return 0 if not is_speed or params.get("attnkit_impl") == reference else 1
 
         items.sort(key=speed_reference_first)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    attnkit = session.config.stash.get(SESSION_KEY, None)
+    if attnkit is not None:
+        attnkit.count_collected(session.items)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
@@ -157,18 +184,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     session = config.stash.get(SESSION_KEY, None)
-    if session is None:
+    if session is None or session.document is None:
         return
-    from pytest_attnkit.report import build, headline_lines
-
-    sections = (
-        ("attnkit summary: one row per implementation", headline_lines(build(session, interrupted=False))),
-        ("attnkit memory scaling (peak extra device memory per call)", session.memory_summary_lines()),
-        ("attnkit speed", session.speed.summary_lines() if session.speed is not None else []),
-        ("attnkit baselines and reports", config.stash.get(FINISH_KEY, [])),
-    )
+    sections = summary_sections(session.document, verbose=config.getoption("verbose") > 0)
+    sections.append(("attnkit baselines and reports",
+                     [part for line in config.stash.get(FINISH_KEY, []) for part in wrap(line, "  ")]))
     for title, lines in sections:
-        if lines:
+        if any(lines):
             terminalreporter.section(title)
             for line in lines:
                 terminalreporter.write_line(line)

@@ -2,9 +2,11 @@
 measured ceilings and the reference implementation, and gate against this GPU's baseline.
 
 Timing: CUDA events around each call with L2 flushed, warm-up, enough samples for a stable median
-(pytest_attnkit/timer.py). FLOPs and bytes: pytest_attnkit/speed.py. The gate: a one-sided
-Mann-Whitney U test plus a practical threshold, after dividing out how much slower the machine runs
-the reference (pytest_attnkit/gate.py). Baselines: one JSON file per GPU (pytest_attnkit/baselines.py).
+(pytest_attnkit/worker/timer.py). FLOPs and bytes: pytest_attnkit/counts.py. The check:
+pytest_attnkit/controller/speed.py. The gate: a one-sided Mann-Whitney U test plus a practical
+threshold, after dividing out how much slower the machine runs the reference
+(pytest_attnkit/controller/gate.py). Baselines: one JSON file per GPU
+(pytest_attnkit/controller/baselines.py).
 """
 
 import pytest
@@ -12,12 +14,22 @@ import pytest
 pytestmark = pytest.mark.attnkit_speed
 
 
+def _check(attnkit, impl, case, mode, request):
+    if attnkit.speed is None:
+        pytest.skip("the speed suite is not selected (--attnkit-suite)")
+    try:
+        benchmark = request.getfixturevalue("benchmark")
+    except pytest.FixtureLookupError:
+        benchmark = None  # pytest-benchmark is not installed
+    attnkit.speed.check(impl, mode, case, properties=request.node.user_properties, benchmark=benchmark)
+
+
 @pytest.mark.attnkit_cases("speed-forward")
 def test_speed_forward(attnkit, attnkit_impl, attnkit_case, request):
-    attnkit.check_speed(attnkit_impl, attnkit_case, backward=False, request=request)
+    _check(attnkit, attnkit_impl, attnkit_case, "forward", request)
 
 
 @pytest.mark.attnkit_cases("speed-backward")
 @pytest.mark.attnkit_backward
 def test_speed_backward(attnkit, attnkit_impl, attnkit_case, request):
-    attnkit.check_speed(attnkit_impl, attnkit_case, backward=True, request=request)
+    _check(attnkit, attnkit_impl, attnkit_case, "backward", request)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_attnkit import baselines
+from pytest_attnkit.controller import baselines
 
 DEVICE = {"name": "NVIDIA H200", "compute_capability": "9.0"}
 ENTRY = {"median_ms": 1.0, "samples_ms": [1.0] * 10}

@@ -14,7 +14,7 @@ import statistics
 
 import pytest
 
-from pytest_attnkit.gate import EXACT_BELOW, MIN_SAMPLES, NOISE_MULTIPLIER, _midranks, decide, machine_factor, mann_whitney_p, noise_threshold, pool
+from pytest_attnkit.controller.gate import EXACT_BELOW, MIN_SAMPLES, NOISE_MULTIPLIER, _midranks, decide, machine_factor, mann_whitney_p, noise_threshold, pool
 
 TRUE_MS = 1.25
 

@@ -14,7 +14,8 @@ HEAVY = ("torch", "triton", "cupy")
 
 
 def test_importing_the_plugin_imports_nothing_heavy() -> None:
-    code = ("import sys, pytest_attnkit, pytest_attnkit.plugin, pytest_attnkit.session; "
+    code = ("import sys, pytest_attnkit, pytest_attnkit.plugin, pytest_attnkit.controller.session, "
+            "pytest_attnkit.records, pytest_attnkit.registry; "
             f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
     output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert output.strip() == "[]"

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_attnkit.memory import MemoryPoint, classify, fit_exponent, format_table, memory_problems
+from pytest_attnkit.controller.memory import classify, fit_exponent, memory_problems
+from pytest_attnkit.controller.table import memory_table
+from pytest_attnkit.records import MemoryPoint
 
 SEQLENS = [1024, 2048, 4096, 8192, 16384, 32768]
 
@@ -45,7 +47,7 @@ def test_table_shows_bytes_per_token_the_model_and_an_oom() -> None:
         MemoryPoint(2048, "measured", extra_bytes=256 * 2**20, expected_bytes=256 * 2**20, unmetered_bytes=2**30),
         MemoryPoint(4096, "oom", message="CUDA out of memory. Tried to allocate 1.00 GiB"),
     ]
-    lines = format_table("naive", "forward", points, 2.0)
+    lines = memory_table("naive", "forward", [point.to_dict() for point in points], 2.0, classify(2.0))
     assert lines[0] == "naive (forward): fitted exponent 2.00 -> quadratic"
     assert "65536.0" in lines[2] and "64.0 MiB" in lines[2]
     assert "unmetered 1.0 GiB" in lines[3]

@@ -36,7 +36,7 @@ def test_bad_ini_value_names_the_option(pytester: pytest.Pytester) -> None:
 
 
 def test_command_line_wins_over_environment_over_ini(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_attnkit.options import resolve
+    from pytest_attnkit.controller.options import resolve
 
     pytester.makeini("[pytest]\nattnkit_seed = 1\nattnkit_trials = 3\nattnkit_profile = full\n")
     monkeypatch.setenv("ATTNKIT_SEED", "2")

@@ -21,19 +21,20 @@ def test_report_files_and_step_summary(pytester: pytest.Pytester, fake_dist, mon
     result = pytester.runpytest(*SPEED, "--attnkit-report=out")
     result.assert_outcomes(passed=3)  # two correctness tests and one speed test
     result.stdout.fnmatch_lines([
-        "*attnkit summary: one row per implementation*",
-        "implementation  correctness * gate*",
-        "repeated        pass (2 passed, 0 failed, 0 skipped) *no baseline*",
-        "report: *attnkit-report.json, *attnkit-report.md, 1 plots",
+        "*attnkit summary: each implementation*",
+        "repeated         correctness  pass: 2 of 2 cases run (2 passed, 0 failed), 0 skipped",
+        "                 gate         NOT GATED: no baseline file for this device",
+        "report: *out/",
+        "  (attnkit-report.json, attnkit-report.md, 1 plots)",
     ])
     document = json.loads((pytester.path / "out" / "attnkit-report.json").read_text())
-    assert (document["schema"], document["schema_version"], document["interrupted"]) == ("pytest-attnkit/report", 1, False)
+    assert (document["schema"], document["schema_version"], document["interrupted"]) == ("pytest-attnkit/report", 2, False)
     assert {test["outcome"] for test in document["tests"]} == {"passed"}
     [measurement] = document["speed"]["measurements"]
     assert measurement["impl"] == "repeated" and measurement["timing"]["timer"] == "perf-counter"
     assert (pytester.path / "out" / "speed-forward.png").stat().st_size > 10_000
     markdown = (pytester.path / "out" / "attnkit-report.md").read_text()
-    assert "| repeated | pass (2 passed, 0 failed, 0 skipped) |" in markdown
+    assert "| repeated | pass: 2 of 2 cases run (2 passed, 0 failed), 0 skipped |" in markdown
     assert summary.read_text().startswith("# pytest-attnkit report")
 
 
@@ -70,7 +71,7 @@ def test_interruption_keeps_the_baseline_and_writes_the_report(
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(root), str(pytester.path), os.environ.get("PYTHONPATH")])))
     result = pytester.runpytest_subprocess(*SPEED, "-p", "interrupter", "--attnkit-save-baseline", "--attnkit-report=out")
     assert result.ret == pytest.ExitCode.INTERRUPTED
-    result.stdout.fnmatch_lines(["baseline NOT saved: the run was interrupted (* is unchanged)", "report: *attnkit-report.json*"])
+    result.stdout.fnmatch_lines(["baseline NOT saved: the run was interrupted*", "*bl*", "*unchanged)", "report: *"])
     assert baseline_file.read_bytes() == before
     document = json.loads((pytester.path / "out" / "attnkit-report.json").read_text())
     assert document["interrupted"] is True and [t["outcome"] for t in document["tests"]] == ["passed", "passed"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pytest_attnkit.contract import Case
-from pytest_attnkit.speed import byte_count, flop_count, visible_pairs
+from pytest_attnkit.counts import byte_count, flop_count, visible_pairs
 
 
 def test_forward_flops_and_causal_halving() -> None:
@@ -28,7 +28,7 @@ def test_decode_bytes_are_the_kv_cache() -> None:
 
 
 def test_timed_calls_rotate_over_input_copies_within_a_memory_cap() -> None:
-    from pytest_attnkit.speed import INPUT_SETS, INPUT_SETS_BYTES, input_set_count
+    from pytest_attnkit.worker.speed import INPUT_SETS, INPUT_SETS_BYTES, input_set_count
 
     small = Case(4, 16, 16, 4096, 4096, 128, "bfloat16")
     assert input_set_count(small, "backward", "cuda") == INPUT_SETS

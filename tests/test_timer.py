@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from pytest_attnkit import gate, timer
+from pytest_attnkit.controller import gate
+from pytest_attnkit.worker import timer
 
 
 def test_hold_covers_the_host_part_and_is_bounded() -> None:

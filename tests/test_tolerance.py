@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pytest_attnkit.tolerance import FORWARD_FACTOR, compare, rounding_floor  # noqa: E402
+from pytest_attnkit.worker.tolerance import FORWARD_FACTOR, compare, rounding_floor  # noqa: E402
 
 
 def _oracle(shape=(2, 3, 5, 8), seed=0):

@@ -45,3 +45,28 @@ def test_inprocess_mode_runs_in_the_pytest_process(pytester: pytest.Pytester, fa
     outcomes, recorder = run_attnkit(pytester, "--attnkit-impl", "good", "--attnkit-inprocess", "-k", SMALL)
     assert [o.outcome for o in outcomes.values()] == ["passed", "passed"]
     assert recorder.ret == 0
+
+
+def test_an_implementation_that_breaks_in_a_fresh_worker_says_it_could_not_be_loaded(
+        pytester: pytest.Pytester, fake_dist, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Imports once, crashes its worker, and then fails to import in the fresh worker that takes over:
+    # the worker's "broken" reply must read as a load failure, not as a wrong result with no seed.
+    marker = pytester.path / "imported-once"
+    monkeypatch.setenv("ATTNKIT_TEST_MARKER", str(marker))
+    fake_dist({"flaky": "flaky_import:attn"}, extra_modules={"flaky_import": """
+        import ctypes, os, pathlib
+        marker = pathlib.Path(os.environ["ATTNKIT_TEST_MARKER"])
+        if marker.exists():
+            raise ImportError("the second import fails")
+        marker.write_text("")
+
+        def attn(q, k, v, *, causal=False, scale=None):
+            ctypes.string_at(0)
+    """})
+    outcomes, _ = run_attnkit(pytester, "--attnkit-impl", "flaky", "-k", CASES)
+    first, second = (outcomes[f"test_forward[flaky-{case}]"] for case in (SMALL, GQA))
+    assert first.outcome == "failed" and "killed by SIGSEGV" in first.text
+    assert second.outcome == "failed"
+    assert "flaky could not be loaded from entry point flaky_import:attn" in second.text
+    assert "ImportError: the second import fails" in second.text
+    assert "seed None" not in second.text

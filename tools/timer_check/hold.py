@@ -2,7 +2,7 @@
 
 For the speed suite's short cases (decode, the short-KV case, and the 1k and 4k forward and
 backward), each child process times every implementation three times with the suite's own
-measurement (`pytest_attnkit.speed.measure_speed`): without the hold on one set of inputs (the
+measurement (`pytest_attnkit.worker.speed.measure_speed`): without the hold on one set of inputs (the
 timer before both changes), with the hold on one set, and with the hold rotating over the input
 copies the suite uses now. It also replays the forward call in a CUDA graph where it can be
 captured (GPU work only, no host in it: `tools/flash_bench/overhead.py`). The report gives, per
@@ -44,9 +44,9 @@ def child() -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "flash_bench"))
     from overhead import graph_ms
 
-    from pytest_attnkit.inputs import make_inputs
+    from pytest_attnkit.worker.inputs import make_inputs
     from pytest_attnkit.registry import discover, load_implementation
-    from pytest_attnkit.speed import measure_speed
+    from pytest_attnkit.worker.speed import measure_speed
 
     refs = {ref.name: ref for ref in discover()}
     for name in IMPLS:

@@ -81,8 +81,8 @@ def _calibrate(q, k, v, causal, scale, extra, key):
 
     import torch
 
-    from pytest_attnkit.speed import INPUT_SETS
-    from pytest_attnkit.timer import time_call
+    from pytest_attnkit.worker.speed import INPUT_SETS
+    from pytest_attnkit.worker.timer import time_call
 
     n_q, n_k = q.shape[-2], k.shape[-2]
     # Timed as the suite times (pytest_attnkit/speed.py): its timer, with its warm-up, its stream

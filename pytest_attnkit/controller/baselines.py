@@ -4,7 +4,7 @@ A file ``<baseline dir>/<gpu-slug>.json`` holds, per implementation, mode and ca
 (milliseconds) of the latest saved run, their median and spread, the versions, the date and the
 ratio to the reference implementation measured in the same run, and the history: the medians of
 the last ``HISTORY_LIMIT`` saved runs that measured the same implementation (the gate pools them,
-see :mod:`pytest_attnkit.gate`). Files for other GPUs are never read for this one: a run
+see :mod:`pytest_attnkit.controller.gate`). Files for other GPUs are never read for this one: a run
 on a GPU with no file says so and gates nothing, unless a baseline is required. Saving writes a
 temporary file beside the target, flushes it to disk and renames it over the target, so a crash
 mid-write leaves the old file whole. JSON only, never pickle.
@@ -12,12 +12,16 @@ mid-write leaves the old file whole. JSON only, never pickle.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from pytest_attnkit.controller.gate import Decision, Pool, changed_beyond_noise, pool
+from pytest_attnkit.records import EntryKey, SpeedMeasurement
 
 SCHEMA = "pytest-attnkit/baseline"
 SCHEMA_VERSION = 2
@@ -36,8 +40,9 @@ def device_slug(device_name: str) -> str:
     return slug or "unknown-device"
 
 
-def entry_key(impl: str, mode: str, case_id: str) -> str:
-    return f"{impl}::{mode}::{case_id}"
+def key_string(key: EntryKey) -> str:
+    """How a measurement's key is written in a baseline file (and matched by ``attnkit_thresholds``)."""
+    return "::".join(key)
 
 
 def baseline_path(directory: Path, device_name: str) -> Path:
@@ -45,7 +50,7 @@ def baseline_path(directory: Path, device_name: str) -> Path:
 
 
 def load(path: Path, device_name: str) -> dict[str, Any] | None:
-    """The entries stored for this device, or None when there is no file for it."""
+    """The entries stored for this device (keyed as written), or None when there is no file for it."""
     if not path.exists():
         return None
     try:
@@ -87,7 +92,10 @@ def save(path: Path, device: dict[str, Any], entries: dict[str, Any]) -> None:
                 "entries": dict(sorted(existing.items()))}
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    umask = os.umask(0)
+    os.umask(umask)
     try:
+        os.chmod(temporary, 0o666 & ~umask)  # mkstemp's 0600 would outlive the rename
         with os.fdopen(handle, "w", encoding="utf-8") as stream:
             json.dump(document, stream, indent=1)
             stream.write("\n")
@@ -97,3 +105,59 @@ def save(path: Path, device: dict[str, Any], entries: dict[str, Any]) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+class BaselineStore:
+    """This GPU's baseline file: read once at the start, pooled per entry, written at the end."""
+
+    def __init__(self, directory: Path, device_name: str) -> None:
+        self.device_name = device_name
+        self.path = baseline_path(directory, device_name)
+        stored = load(self.path, device_name)
+        self.found = stored is not None
+        self.entries: dict[EntryKey, dict[str, Any]] = {}
+        for name, entry in (stored or {}).items():
+            self.entries[EntryKey(entry.get("impl"), entry.get("mode"), entry.get("case"))
+                         if {"impl", "mode", "case"} <= set(entry) else EntryKey(*name.split("::", 2))] = entry
+
+    def pooled(self, key: EntryKey) -> Pool | None:
+        """The entry's saved runs, pooled (:func:`pytest_attnkit.controller.gate.pool`); None without one."""
+        entry = self.entries.get(key)
+        if entry is None:
+            return None
+        return pool([run["median_ms"] for run in history(entry)], entry["samples_ms"])
+
+    def save(self, measured: list[tuple[SpeedMeasurement, Decision | None, float | None]],
+             environment: dict[str, Any], ceilings: dict[str, Any], host: str) -> dict[str, int]:
+        """Write this run into the file: (measurement, the gate's decision, ratio to the reference)
+        per entry. Each entry keeps the runs saved before it (its history, pooled by the gate) unless
+        this run's gate found it changed far beyond noise: then the earlier runs describe another
+        implementation, and its history starts again from this run. Returns how many entries were
+        pooled, restarted and new."""
+        date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        versions = {lib: environment.get(lib) for lib in ("torch", "triton", "cupy", "python")}
+        entries = {}
+        counts = {"pooled": 0, "restarted": 0, "new": 0}
+        for measurement, decision, ratio in measured:
+            timing = measurement.timing
+            run = {"date": date, "median_ms": timing.median_ms, "samples": len(timing.samples_ms), "host": host}
+            old = self.entries.get(measurement.key)
+            if old is None:
+                runs, outcome = [run], "new"
+            elif decision is not None and changed_beyond_noise(decision):
+                runs, outcome = [run], "restarted"
+            else:
+                runs, outcome = (history(old) + [run])[-HISTORY_LIMIT:], "pooled"
+            counts[outcome] += 1
+            entries[key_string(measurement.key)] = {
+                "impl": measurement.impl, "mode": measurement.mode, "case": measurement.case.id,
+                "median_ms": timing.median_ms, "iqr_ms": timing.iqr_ms, "samples": len(timing.samples_ms),
+                "samples_ms": list(timing.samples_ms), "timer": timing.timer, "tflops": measurement.tflops,
+                "gbps": measurement.gbps, "ratio_to_reference": ratio, "versions": versions, "date": date,
+                "gpu_state": measurement.gpu_state, "history": runs,
+            }
+        device = {"name": self.device_name, "compute_capability": environment.get("compute_capability"),
+                  "ceilings": ceilings}
+        save(self.path, device, entries)
+        return counts
+

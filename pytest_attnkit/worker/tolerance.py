@@ -12,59 +12,15 @@ error and the share of elements outside the allowed error.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from pytest_attnkit.records import Comparison
 
 if TYPE_CHECKING:
     import torch
 
 FORWARD_FACTOR = 2.0
 GRADIENT_FACTOR = 3.0
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """The outcome of comparing one tensor (``out``, ``dq``, ...) with the oracle."""
-
-    name: str
-    passed: bool
-    max_error: float
-    allowed: float
-    plain_error: float
-    floor: float
-    factor: float
-    worst_index: tuple[int, ...]
-    worst_actual: float
-    worst_expected: float
-    outside_fraction: float
-    nonfinite: int
-    first_nonfinite_index: tuple[int, ...] | None
-
-    def describe(self) -> str:
-        """One readable paragraph on what went wrong (or right)."""
-        if self.nonfinite:
-            return (
-                f"{self.name}: {self.nonfinite} NaN/Inf values (first at index {list(self.first_nonfinite_index or ())}); "
-                "NaN and Inf never pass"
-            )
-        verdict = "within" if self.passed else "exceeds"
-        return (
-            f"{self.name}: max error {self.max_error:.3e} {verdict} allowed {self.allowed:.3e} "
-            f"(= {self.factor:g} x plain same-precision error {self.plain_error:.3e} + floor {self.floor:.3e}); "
-            f"worst at index {list(self.worst_index)}: got {self.worst_actual:.6g}, expected {self.worst_expected:.6g}; "
-            f"{self.outside_fraction:.2%} of elements outside"
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "Comparison":
-        values = dict(values)
-        values["worst_index"] = tuple(values["worst_index"])
-        if values.get("first_nonfinite_index") is not None:
-            values["first_nonfinite_index"] = tuple(values["first_nonfinite_index"])
-        return cls(**values)
 
 
 def rounding_floor(oracle: "torch.Tensor", dtype: "torch.dtype") -> float:

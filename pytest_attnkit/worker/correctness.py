@@ -3,12 +3,12 @@
 For each trial: draw fresh seeded inputs, snapshot them, poison the allocator, run the
 implementation (and its backward), check the contract (a tensor of the right shape, dtype and
 device; inputs untouched), and only then compute the float64 oracle and the plain
-same-precision reference, and apply the rule of :mod:`pytest_attnkit.tolerance` to the output
+same-precision reference, and apply the rule of :mod:`pytest_attnkit.worker.tolerance` to the output
 and the gradients. Running the implementation before any reference means no freed reference
 buffer can hold the right answer when the implementation allocates its output.
 
-Returns plain data (the worker sends it to the pytest process): a status, the deciding seed,
-and every comparison.
+Returns a :class:`~pytest_attnkit.records.Reply` whose data is a
+:class:`~pytest_attnkit.records.CorrectnessResult`: the deciding seed and trial, and every comparison.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ import traceback
 from typing import Any
 
 from pytest_attnkit.contract import AttentionImpl, Case
-from pytest_attnkit.inputs import make_inputs, poison_free_memory, trial_seed
 from pytest_attnkit.oracle import forward_and_grads
-from pytest_attnkit.tolerance import FORWARD_FACTOR, GRADIENT_FACTOR, compare
+from pytest_attnkit.records import CorrectnessResult, Reply, Status
+from pytest_attnkit.worker.inputs import make_inputs, poison_free_memory, trial_seed
+from pytest_attnkit.worker.tolerance import FORWARD_FACTOR, GRADIENT_FACTOR, compare
 
 
 class ContractViolation(Exception):
@@ -87,36 +88,33 @@ def run_correctness(
     base_seed: int,
     trials: int,
     backward: bool,
-) -> dict[str, Any]:
+) -> Reply:
     """Check ``impl`` on ``case``; see the module docstring. Never raises for the implementation's faults."""
     import torch
 
     dtype = getattr(torch, case.dtype)
-    report: dict[str, Any] = {"status": "passed", "trials": trials, "comparisons": [], "seed": None, "trial": None}
+    result = CorrectnessResult(trials)
     for trial in range(trials):
         seed = trial_seed(base_seed, case, trial)
-        report.update(seed=seed, trial=trial)
+        result = CorrectnessResult(trials, seed, trial, result.comparisons)
         inputs = make_inputs(case, device, seed)
         try:
             actual = _run_implementation(impl, case, inputs, device, backward)
         except ContractViolation as violation:
-            report.update(status="failed", message=str(violation))
-            return report
+            return Reply(Status.WRONG, str(violation), result.to_dict())
         except Exception:  # the implementation's own exception: report it whole
-            report.update(status="error", message=traceback.format_exc())
-            return report
+            return Reply(Status.RAISED, traceback.format_exc(), result.to_dict())
         dout = inputs.dout if backward else None
         oracle = forward_and_grads(inputs.q, inputs.k, inputs.v, dout, causal=case.causal, float64=True)
         plain = forward_and_grads(inputs.q, inputs.k, inputs.v, dout, causal=case.causal, float64=False)
-        comparisons = [
+        comparisons = tuple(
             compare(name, actual[name], oracle[name], plain[name], dtype=dtype,
                     factor=FORWARD_FACTOR if name == "out" else GRADIENT_FACTOR)
             for name in (("out", "dq", "dk", "dv") if backward else ("out",))
-        ]
-        report["comparisons"] = [comparison.to_dict() for comparison in comparisons]
+        )
+        result = CorrectnessResult(trials, seed, trial, comparisons)
         failed = [comparison for comparison in comparisons if not comparison.passed]
         if failed:
-            report.update(status="failed", message="\n".join(comparison.describe() for comparison in failed))
-            return report
+            return Reply(Status.WRONG, "\n".join(comparison.describe() for comparison in failed), result.to_dict())
         del actual, oracle, plain, inputs
-    return report
+    return Reply(Status.OK, "", result.to_dict())

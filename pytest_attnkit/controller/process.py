@@ -1,4 +1,5 @@
-"""The pytest side of a worker: start it, send requests with a deadline, survive its death.
+"""One worker process, seen from the pytest process: start it, send requests with a deadline,
+survive its death.
 
 A :class:`WorkerProcess` owns one worker. When the worker dies (segfault, abort, an illegal
 memory access that kills the process) or misses the deadline set by the parent, the request
@@ -176,7 +177,7 @@ class InProcessWorker:
     """The same handler, in the pytest process: no isolation, no deadline; for debugging."""
 
     def __init__(self, label: str, init: dict[str, Any], env: dict[str, str] | None = None) -> None:
-        from pytest_attnkit.worker import Handler
+        from pytest_attnkit.worker.server import Handler
 
         self.label = label
         for key, value in (env or {}).items():

@@ -3,18 +3,28 @@
 Every setting resolves in one place, in this order: the command line, then the environment
 (``ATTNKIT_...``), then the ini file (``attnkit_...``), then the default. A bad value is a usage
 error that names where it came from (pytest exits with code 4).
+
+Relative folders (baselines, reports) are resolved against the folder of the config file when
+they come from it or by default, and against the current folder when they come from the command
+line or the environment; never against pytest's rootdir. pytest picks its rootdir before it knows
+this plugin's options, so a folder given as a separate value (``--attnkit-report /tmp/r``) can
+become the rootdir, and a gate that looked for ``<rootdir>/baselines`` would then find nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 
-from pytest_attnkit.gate import DEFAULT_THRESHOLD
+from pytest_attnkit.controller.baselines import key_string
+from pytest_attnkit.controller.gate import DEFAULT_THRESHOLD
+from pytest_attnkit.records import EntryKey
 
 SUITES: tuple[str, ...] = ("correctness", "memory", "speed")
 PROFILE_CHOICES: tuple[str, ...] = ("auto", "smoke", "default", "full")
@@ -49,14 +59,20 @@ def _suites(text: str) -> list[str]:
 
 
 def _percent(text: str) -> float:
-    stripped = text.strip()
+    """A threshold in percent, as a share: "8%" and "8" are both 0.08. A bare number below 1
+    ("0.08") is refused: it could be a share or a percentage, and a gate must not guess."""
+    stripped = str(text).strip()
+    number = stripped[:-1].strip() if stripped.endswith("%") else stripped
     try:
-        value = float(stripped[:-1]) / 100 if stripped.endswith("%") else float(stripped)
+        value = float(number)
     except ValueError:
-        raise ValueError(f"{text!r} is not a percentage such as 5% or 0.05") from None
-    if not 0 < value < 10:
-        raise ValueError(f"{text!r} must be a positive share such as 5% or 0.05")
-    return value
+        raise ValueError(f"{text!r} is not a percentage such as 8% or 8") from None
+    if not 0 < value <= 1000:
+        raise ValueError(f"{text!r} must be a percentage above 0 and at most 1000, such as 8%")
+    if not stripped.endswith("%") and value < 1:
+        raise ValueError(f"{text!r} is ambiguous: write {value * 100:g}% for a share of {value:g}, or {value:g}% "
+                         "for that many percent")
+    return value / 100
 
 
 def _bounded(kind: type, minimum: float) -> Callable[[str], Any]:
@@ -105,10 +121,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("timeout", "SECONDS", _bounded(float, 0.001), 300.0,
             "deadline for one test in its worker; past it the worker is killed and replaced (default: 300)"),
     Setting("baseline_dir", "DIR", str, "baselines",
-            "folder of per-GPU baseline files, relative to the rootdir (default: baselines)"),
+            "folder of per-GPU baseline files; relative to the config file's folder when set there or by default, "
+            "else to the current folder (default: baselines)"),
     Setting("threshold", "PERCENT", _percent, DEFAULT_THRESHOLD,
-            "slowdown past which a statistically clear change is a regression, e.g. 5%% or 0.05 "
-            f"(default: {round(DEFAULT_THRESHOLD * 100)} percent)"),
+            "slowdown past which a statistically clear change is a regression, in percent: 8%% or 8 "
+            f"(default: {round(DEFAULT_THRESHOLD * 100)}%%; a doubling on the CPU)"),
     Setting("reference", "NAME", str, "torch_sdpa",
             "implementation whose in-run speed tells a slower machine from a slower kernel (default: torch_sdpa)"),
     Setting("report", "DIR", str, "",
@@ -168,16 +185,28 @@ class Settings:
     require_baseline: bool
     threshold_overrides: list[tuple[str, float]]
     sources: dict[str, str]
+    #: The folders that relative paths from the config file, and from the command line or the
+    #: environment, are resolved against (see the module docstring).
+    config_dir: Path = field(default_factory=Path.cwd)
+    invocation_dir: Path = field(default_factory=Path.cwd)
 
-    def threshold_for(self, key: str) -> float:
-        """The threshold for ``implementation::mode::case``: the last matching override, or the default."""
-        import fnmatch
-
+    def threshold_for(self, key: EntryKey) -> float:
+        """The threshold for a measurement: the last matching ``attnkit_thresholds`` line, or the default."""
         value = self.threshold
         for pattern, override in self.threshold_overrides:
-            if fnmatch.fnmatchcase(key, pattern):
+            if fnmatch.fnmatchcase(key_string(key), pattern):
                 value = override
         return value
+
+    def path(self, name: str) -> Path:
+        """The folder setting ``name`` ("baseline_dir", "report") as an absolute path."""
+        source = self.sources.get(name, "default")
+        anchor = self.invocation_dir if source.startswith(("command line", "environment")) else self.config_dir
+        return (anchor / getattr(self, name)).resolve()
+
+    @property
+    def threshold_is_default(self) -> bool:
+        return self.sources.get("threshold") == "default" and not self.threshold_overrides
 
 
 def resolve(config: pytest.Config) -> Settings:
@@ -209,7 +238,24 @@ def resolve(config: pytest.Config) -> Settings:
             overrides.append((pattern.strip(), _percent(percent)))
         except ValueError as error:
             raise pytest.UsageError(f"attnkit: bad line in ini option attnkit_thresholds: {error}") from None
+    invocation_dir = Path(config.invocation_params.dir)
     return Settings(inprocess=bool(config.getoption("attnkit_inprocess")),
                     save_baseline=bool(config.getoption("attnkit_save_baseline")),
                     require_baseline=bool(config.getoption("attnkit_require_baseline")),
-                    threshold_overrides=overrides, sources=sources, **values)
+                    threshold_overrides=overrides, sources=sources,
+                    config_dir=config.inipath.parent if config.inipath else invocation_dir,
+                    invocation_dir=invocation_dir, **values)
+
+
+def moved_rootdir(config: pytest.Config, settings: Settings) -> str | None:
+    """Say so when pytest took the value of one of these options for its rootdir.
+
+    pytest chooses its rootdir and config file before it knows this plugin's options, so
+    ``--attnkit-report /tmp/r`` (with a space) reads to it as a path to test: /tmp/r becomes
+    the rootdir, and the project's config file is not read. The ``=`` form avoids it."""
+    for name in ("report", "baseline_dir"):
+        if settings.sources.get(name, "").startswith("command line") and settings.path(name) == Path(config.rootpath).resolve():
+            flag = f"--attnkit-{name.replace('_', '-')}"
+            return (f"pytest took {config.rootpath} (the value of {flag}) as its rootdir and read no config file "
+                    f"from your project; write {flag}={getattr(settings, name)}")
+    return None

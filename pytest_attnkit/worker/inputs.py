@@ -57,7 +57,7 @@ def poison_free_memory(device: str, sizes_in_bytes: list[int]) -> None:
 
     On CUDA, torch's caching allocator hands a freed block of the right size to the next request
     (best fit), so an output the implementation leaves partly unwritten shows NaN. Together with
-    the ordering in :mod:`pytest_attnkit.correctness` (the implementation runs on fresh inputs
+    the ordering in :mod:`pytest_attnkit.worker.correctness` (the implementation runs on fresh inputs
     before any reference is computed), stale right answers cannot pass.
     """
     import torch

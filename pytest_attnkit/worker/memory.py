@@ -1,4 +1,4 @@
-"""Memory scaling: peak extra device memory per call, measured at the allocator, and its fit.
+"""The memory meter, as the worker runs it: peak extra device memory of one call.
 
 For one sequence length the worker builds the inputs, empties torch's caching allocator, resets
 its peak statistics and runs one forward (or forward plus backward). The *extra* memory is the
@@ -8,121 +8,22 @@ scratch allocations and CuPy's are routed through torch's allocator so the meter
 background thread samples the driver's free memory during the call; growth that the driver saw
 and torch's allocator did not is reported as unmetered, never silently measured as zero.
 
-Over a sweep of lengths, ``fit_exponent`` fits ``log(extra) = a + b log(N)`` by least squares,
-and ``classify`` turns ``b`` into a class: at most linear (``b <= 1.3``), quadratic
-(``1.7 <= b <= 2.3``), or neither. The pure functions here are tested on the CPU with synthetic
-measurements; :func:`measure_point` needs a CUDA device.
+The fit over a sweep of lengths and the verdict are the pytest process's
+(:mod:`pytest_attnkit.controller.memory`). :func:`measure_point` needs a CUDA device.
 """
 
 from __future__ import annotations
 
-import math
 import threading
-from dataclasses import asdict, dataclass
 from typing import Any
 
 from pytest_attnkit.contract import AttentionImpl, Case
+from pytest_attnkit.records import MemoryPoint
 
-LINEAR_MAX_SLOPE = 1.3
-QUADRATIC_SLOPE = (1.7, 2.3)
 #: Driver-seen growth beyond torch's reserved memory that counts as unmetered: above this many
 #: bytes and this share of what torch saw (the CUDA context and cuBLAS workspaces move a little).
 UNMETERED_MIN_BYTES = 64 * 2**20
 UNMETERED_MIN_SHARE = 0.10
-
-
-@dataclass(frozen=True)
-class MemoryPoint:
-    seqlen: int
-    status: str  # "measured", "oom", "error"
-    extra_bytes: int = 0
-    peak_bytes: int = 0
-    retained_bytes: int = 0
-    unmetered_bytes: int = 0
-    expected_bytes: int | None = None
-    message: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "MemoryPoint":
-        return cls(**values)
-
-
-def fit_exponent(seqlens: list[int], extra_bytes: list[int]) -> float | None:
-    """Least-squares slope of log(extra bytes) against log(N), over points with extra > 0.
-
-    None when fewer than three points needed extra memory at all (constant, not a power law).
-    """
-    points = [(math.log(n), math.log(b)) for n, b in zip(seqlens, extra_bytes) if b > 0]
-    if len(points) < 3:
-        return None
-    mean_x = sum(x for x, _ in points) / len(points)
-    mean_y = sum(y for _, y in points) / len(points)
-    spread = sum((x - mean_x) ** 2 for x, _ in points)
-    if spread == 0:
-        return None
-    return sum((x - mean_x) * (y - mean_y) for x, y in points) / spread
-
-
-def classify(slope: float | None) -> str:
-    """'linear' (at most linear, including no extra memory), 'quadratic', or 'neither'."""
-    if slope is None or slope <= LINEAR_MAX_SLOPE:
-        return "linear"
-    if QUADRATIC_SLOPE[0] <= slope <= QUADRATIC_SLOPE[1]:
-        return "quadratic"
-    return "neither"
-
-
-def memory_problems(declared: str | None, points: list[MemoryPoint]) -> list[str]:
-    """Every way the sweep contradicts the implementation's claims; empty when it holds.
-
-    The fitted class must match the declared one; no allocation may escape the meter; and where
-    the implementation gives an analytic model, each measurement is within 10% of it.
-    """
-    measured = [point for point in points if point.status == "measured"]
-    problems = []
-    if len(measured) < 3:
-        problems.append(f"only {len(measured)} lengths could be measured; at least 3 are needed to fit an exponent")
-    else:
-        slope = fit_exponent([p.seqlen for p in measured], [p.extra_bytes for p in measured])
-        if declared is not None and classify(slope) != declared:
-            problems.append(f"declares {declared} memory but its extra memory grows as N^{slope:.2f} ({classify(slope)})")
-    for point in measured:
-        if point.unmetered_bytes:
-            problems.append(f"at N={point.seqlen} it allocated {point.unmetered_bytes} bytes that torch's allocator "
-                            "did not see (a path the meter cannot measure)")
-        if point.expected_bytes:
-            ratio = point.extra_bytes / point.expected_bytes
-            if abs(ratio - 1) > 0.10:
-                problems.append(f"at N={point.seqlen} it used {point.extra_bytes} bytes, {ratio:.2f}x its own model "
-                                f"({point.expected_bytes} bytes; 10% allowed)")
-    return problems
-
-
-def format_bytes(count: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(count) < 1024 or unit == "TiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    raise AssertionError("unreachable")
-
-
-def format_table(name: str, direction: str, points: list[MemoryPoint], slope: float | None) -> list[str]:
-    """A table a person reads: N, peak extra bytes, bytes per token, and the fitted exponent."""
-    lines = [f"{name} ({direction}): fitted exponent {'none (no extra memory)' if slope is None else f'{slope:.2f}'}"
-             f" -> {classify(slope)}",
-             f"  {'N':>7}  {'extra (peak)':>14}  {'bytes/token':>12}  {'model':>12}  note"]
-    for point in points:
-        if point.status != "measured":
-            lines.append(f"  {point.seqlen:>7}  {'-':>14}  {'-':>12}  {'-':>12}  {point.status}: {point.message}")
-            continue
-        model = format_bytes(point.expected_bytes) if point.expected_bytes is not None else "-"
-        note = f"unmetered {format_bytes(point.unmetered_bytes)}" if point.unmetered_bytes else ""
-        lines.append(f"  {point.seqlen:>7}  {format_bytes(point.extra_bytes):>14}  "
-                     f"{point.extra_bytes / point.seqlen:>12.1f}  {model:>12}  {note}")
-    return lines
 
 
 class _DriverSampler:
@@ -189,7 +90,7 @@ def measure_point(impl: AttentionImpl, case: Case, *, backward: bool, seed: int)
     """Peak extra memory of one call (CUDA only). Out-of-memory is a result, not a crash."""
     import torch
 
-    from pytest_attnkit.inputs import make_inputs
+    from pytest_attnkit.worker.inputs import make_inputs
 
     route_allocations_through_torch()
     torch.cuda.synchronize()

@@ -11,8 +11,8 @@ Before the flush the stream is held busy (a GPU spin, ``torch.cuda._sleep``) for
 host takes to issue the call, as NVBench's blocking kernel does; the call then starts right after
 the flush, as it would without the hold, but with all of it already queued. Without it a
 short call's events also time the host: the start event fires as soon as the flush ends, and the
-GPU then waits for Python and the launch path to deliver the kernels. On an H200 that made a 0.03
-ms decode call read 0.06 to 0.15 ms, depending on the host. The host's part is measured on its own
+GPU then waits for Python and the launch path to deliver the kernels (a 0.03 ms decode call read
+two to five times that; docs/NOTES.md). The host's part is measured on its own
 (``Timing.launch_ms``) and reported beside the GPU time, not mixed into it.
 """
 
@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass
 from typing import Any, Callable
+
+from pytest_attnkit.records import Timing
 
 L2_FLUSH_BYTES = 256 * 2**20
 #: The hold before each timed call: HOLD_FACTOR times the host's time to issue one call, plus
@@ -30,40 +31,6 @@ L2_FLUSH_BYTES = 256 * 2**20
 HOLD_FACTOR = 2.0
 HOLD_SLACK_MS = 0.05
 HOLD_LIMIT_MS = 20.0
-
-
-@dataclass(frozen=True)
-class Timing:
-    samples_ms: list[float]
-    warmup_ms: float  # the first (compiling) call plus the rest of the warm-up
-    timer: str  # "cuda-events" or "perf-counter"
-    #: On CUDA: the median host time of a call bracketed by device-wide synchronizations.
-    host_wall_ms: float | None = None
-    #: The first call alone: compilation and autotuning show here (on CUDA, synchronized).
-    first_call_ms: float | None = None
-    #: On CUDA: the median host time to issue one call (Python, argument checks, the launch path),
-    #: from the call to its return with the GPU idle. Not part of ``samples_ms``.
-    launch_ms: float | None = None
-    #: On CUDA: how long the stream was held before each timed call (0: no hold).
-    hold_ms: float | None = None
-    #: On CUDA: the median time the host waited for the whole device after issuing a call. It is
-    #: at most the call's GPU time plus the synchronization's latency, unless work escapes the
-    #: timed stream: that work shows here and not in the events.
-    wait_ms: float | None = None
-
-    @property
-    def median_ms(self) -> float:
-        return statistics.median(self.samples_ms)
-
-    @property
-    def iqr_ms(self) -> float:
-        if len(self.samples_ms) < 4:
-            return 0.0
-        quartiles = statistics.quantiles(self.samples_ms, n=4)
-        return quartiles[2] - quartiles[0]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "median_ms": self.median_ms, "iqr_ms": self.iqr_ms}
 
 
 def _sample_count(estimate_ms: float, budget_ms: float, min_samples: int, max_samples: int) -> int:
@@ -78,9 +45,8 @@ def time_call(fn: Callable[[], Any], device: str, *, budget_ms: float = 400.0, m
     Calls longer than ``long_call_ms`` (a materializing kernel at 16k tokens takes seconds) get
     one warm-up call instead of ``warmup``, ``long_min_samples`` samples instead of
     ``min_samples`` (the gate's minimum: its exact test decides on six a side) and one host-wall
-    check instead of five. On the H200 such calls repeated within 0.2% from run to run, and the
-    naive baseline's long cases took 192 s of a 220 s speed run while each got the full count
-    (results/2026-11-22-h200-speed). ``hold_stream=False`` leaves out the hold (see the module
+    check instead of five: such calls repeat closely, and the full count made the naive kernel's
+    long cases most of a speed run. ``hold_stream=False`` leaves out the hold (see the module
     docstring), to show what it changes.
     """
     import torch
@@ -106,15 +72,15 @@ def time_call(fn: Callable[[], Any], device: str, *, budget_ms: float = 400.0, m
     floor = long_min_samples if long_call else min_samples
     if device != "cuda":
         estimate = last_ms if long_call else _time_cpu(fn, 1)[0]
-        return Timing(_time_cpu(fn, _sample_count(estimate, budget_ms, floor, max_samples)), warmup_ms, "perf-counter",
-                      first_call_ms=first_call_ms)
+        samples = _time_cpu(fn, _sample_count(estimate, budget_ms, floor, max_samples))
+        return Timing(tuple(samples), warmup_ms, "perf-counter", first_call_ms=first_call_ms)
     launch, wall = _time_synchronized(fn, 1 if long_call else 5)
     launch_ms = statistics.median(launch)
     hold = hold_ms(launch_ms) if hold_stream else 0.0
     flush = l2_flush_buffer()
     estimate = last_ms if long_call else min(event_samples(fn, 3, flush, hold))
     samples = event_samples(fn, _sample_count(estimate, budget_ms, floor, max_samples), flush, hold)
-    return Timing(samples, warmup_ms, "cuda-events", host_wall_ms=statistics.median(wall), first_call_ms=first_call_ms,
+    return Timing(tuple(samples), warmup_ms, "cuda-events", host_wall_ms=statistics.median(wall), first_call_ms=first_call_ms,
                   launch_ms=launch_ms, hold_ms=hold, wait_ms=statistics.median(w - l for w, l in zip(wall, launch)))
 
 

@@ -1,11 +1,8 @@
-"""Speed: what one speed measurement counts (FLOPs and bytes) and how the worker takes it.
+"""Speed, as the worker takes it: one case timed in one mode, and the machine's ceilings.
 
-FLOPs follow FlashAttention's convention: ``4 * B * Hq * Nq * Nk * D`` for the forward, halved
-for causal attention when ``Nq == Nk`` (with ``Nq != Nk`` the visible query-key pairs are counted
-exactly, since decode with a causal mask sees every key), and 2.5 times the forward for the
-backward. Bytes are the fewest an implementation must move: each input read once and each output
-written once; for decode that is essentially the KV cache, and GB/s against the measured copy
-bandwidth is its figure of merit.
+The inputs are made outside the timed region, and successive calls rotate over copies of them
+(:func:`input_set_count`); the timer is :mod:`pytest_attnkit.worker.timer`. What a case counts
+(FLOPs, bytes) is :mod:`pytest_attnkit.counts`, shared with the pytest process.
 
 The machine's ceilings are measured in the same run (:func:`measure_ceilings`): a large bf16
 matmul for TFLOP/s and a large device-to-device copy for GB/s, counting bytes read and written.
@@ -18,41 +15,12 @@ import itertools
 from typing import Any
 
 from pytest_attnkit.contract import AttentionImpl, Case
-
-MODES: tuple[str, ...] = ("forward", "backward")
-DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
-
-
-def visible_pairs(case: Case) -> int:
-    """Query-key pairs that attention computes per (batch, head)."""
-    if not case.causal:
-        return case.seqlen_q * case.seqlen_k
-    if case.seqlen_q == case.seqlen_k:
-        return case.seqlen_q * case.seqlen_k // 2  # FlashAttention's convention
-    offset = case.seqlen_k - case.seqlen_q
-    return sum(min(case.seqlen_k, max(0, i + offset + 1)) for i in range(case.seqlen_q))
-
-
-def flop_count(case: Case, mode: str) -> int:
-    forward = 4 * case.batch * case.heads_q * case.head_dim * visible_pairs(case)
-    return int(forward * 2.5) if mode == "backward" else forward
-
-
-def byte_count(case: Case, mode: str) -> int:
-    """The fewest bytes through device memory: inputs read once, outputs written once."""
-    element = DTYPE_BYTES[case.dtype]
-    q_or_o = case.batch * case.heads_q * case.seqlen_q * case.head_dim * element
-    k_or_v = case.batch * case.heads_kv * case.seqlen_k * case.head_dim * element
-    if mode == "backward":  # read q, k, v, o, dO; write dq, dk, dv
-        return 3 * q_or_o + 2 * k_or_v + q_or_o + 2 * k_or_v
-    return 2 * q_or_o + 2 * k_or_v
-
+from pytest_attnkit.counts import byte_count
 
 #: On the GPU the timed calls rotate over up to this many copies of the inputs (the same values at
-#: different addresses), using at most ``INPUT_SETS_BYTES`` for them. On an H200 the reference's
-#: forward at 4k took 0.82 to 0.90 ms depending on where its inputs were allocated, in the same
-#: process; a run that timed one placement carried that placement's luck into its median, and the
-#: gate saw it as a change between runs. Rotating makes every run's median one over placements.
+#: different addresses), using at most ``INPUT_SETS_BYTES`` for them: a call's time can depend on
+#: where its inputs happen to be allocated, and a median over placements does not carry one
+#: placement's luck from run to run (docs/NOTES.md: the timer).
 INPUT_SETS = 4
 INPUT_SETS_BYTES = 6 * 2**30
 
@@ -70,8 +38,8 @@ def measure_speed(impl: AttentionImpl, case: Case, mode: str, *, device: str, se
     take the next of ``input_sets`` copies (default: :func:`input_set_count`)."""
     import torch
 
-    from pytest_attnkit.inputs import make_inputs
-    from pytest_attnkit.timer import time_call
+    from pytest_attnkit.worker.inputs import make_inputs
+    from pytest_attnkit.worker.timer import time_call
 
     backward = mode == "backward"
     calls = []
@@ -89,8 +57,7 @@ def measure_speed(impl: AttentionImpl, case: Case, mode: str, *, device: str, se
         return next(rotation)()
 
     timing = time_call(call, device, budget_ms=budget_ms, hold_stream=hold_stream)
-    return {"timing": timing.to_dict(), "flops": flop_count(case, mode), "bytes": byte_count(case, mode),
-            "input_sets": len(calls)}
+    return {"timing": timing.to_dict(), "input_sets": len(calls)}
 
 
 def _forward(impl: AttentionImpl, q: Any, k: Any, v: Any, causal: bool) -> Any:
@@ -104,7 +71,7 @@ def measure_ceilings(device: str) -> dict[str, Any]:
     """This machine's matmul TFLOP/s and copy GB/s, measured now with the same timer."""
     import torch
 
-    from pytest_attnkit.timer import time_call
+    from pytest_attnkit.worker.timer import time_call
 
     if device != "cuda":
         return {}

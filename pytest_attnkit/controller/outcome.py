@@ -1,0 +1,60 @@
+"""From a worker's reply to a pytest outcome: one function, one wording, for every suite.
+
+Every suite's check sends its request through the pool and hands the reply to
+:meth:`Outcomes.settle`: ``OK`` returns, a refusal skips with the implementation's reasons in
+words, everything else fails with what went wrong. A traceback is shown once per implementation
+and error; the tests that meet the same error again get a one-line reference to the first.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_attnkit.records import Reply, Status
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "?"
+
+
+class Outcomes:
+    def __init__(self) -> None:
+        #: (implementation, error's last line) -> where it was first shown in full.
+        self._shown: dict[tuple[str, str], str] = {}
+        self._broken_shown: set[str] = set()
+
+    def _once(self, impl: str, where: str, text: str) -> str | None:
+        """None the first time this implementation shows this error; else where it was shown."""
+        key = (impl, _last_line(text))
+        first = self._shown.setdefault(key, where)
+        return None if first == where else first
+
+    def settle(self, reply: Reply, *, impl: str, where: str, rerun: str = "", origin: str = "") -> None:
+        """Return for an ``OK`` reply; otherwise skip or fail the running test.
+
+        ``where`` names what was run ("b1-h2-q17-k17-d32-fp16-causal", "the memory sweep
+        (forward)"); ``rerun`` is appended where a failure can be reproduced; ``origin`` is the
+        implementation's entry point, for an implementation that could not be loaded."""
+        status, message = reply.status, reply.message
+        if status is Status.OK:
+            return
+        if status is Status.UNSUPPORTED:
+            pytest.skip(f"{impl} does not support it: {message}")
+        if status is Status.UNAVAILABLE:
+            pytest.skip(f"{impl} is unavailable: {message}")
+        if status is Status.BROKEN:
+            if impl not in self._broken_shown:
+                self._broken_shown.add(impl)
+                pytest.fail(f"{impl} could not be loaded from entry point {origin}:\n{message}", pytrace=False)
+            pytest.fail(f"{impl} could not be loaded (the first of its tests shows why)", pytrace=False)
+        if status is Status.WRONG:
+            pytest.fail(f"{impl} is wrong on {where}{rerun}:\n{message}", pytrace=False)
+        if status is Status.RAISED:
+            first = self._once(impl, where, message)
+            if first is None:
+                pytest.fail(f"{impl} raised on {where}{rerun}:\n{message}", pytrace=False)
+            pytest.fail(f"{impl} raised on {where}{rerun}: {_last_line(message)} "
+                        f"(the traceback is shown once, on {first})", pytrace=False)
+        # CRASHED, TIMEOUT: the worker's own account, with the tail of its log.
+        pytest.fail(f"{impl} on {where}: {message}", pytrace=False)

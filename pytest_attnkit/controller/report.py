@@ -1,0 +1,107 @@
+"""The report document: everything a run found, built once when the session finishes.
+
+:func:`build` gathers the run's records into one JSON-able document (schema
+``pytest-attnkit/report``, version 2): the environment, the implementations, every test's
+outcome, the memory sweeps with their fits, and the speed measurements with their figures and the
+gate's decisions, each with structured fields (implementation, mode, the case's shape), never a
+string to parse back. Every view renders from it: the terminal summary and the Markdown
+(:mod:`pytest_attnkit.controller.table`) and the plots (:mod:`pytest_attnkit.controller.plots`).
+:func:`write` puts the files of ``--attnkit-report DIR`` on disk; with ``GITHUB_STEP_SUMMARY`` set,
+the Markdown is appended to it (cut well under GitHub's 1 MiB).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from pytest_attnkit.controller.memory import MemorySweepResult
+from pytest_attnkit.controller.pool import ImplInfo
+from pytest_attnkit.controller.speed import SpeedCheck
+from pytest_attnkit.controller.table import NO_BREAK, markdown
+
+SCHEMA = "pytest-attnkit/report"
+SCHEMA_VERSION = 2
+STEP_SUMMARY_LIMIT = 512 * 1024
+#: What the report says when matplotlib is missing; the README's install line.
+PLOTS_NEED = "pip install matplotlib (the README's install line includes it)"
+
+
+def build(*, environment: dict[str, Any], device: str, profile: str, impls: list[ImplInfo],
+          outcomes: list[dict[str, Any]], memory: list[MemorySweepResult], speed: SpeedCheck | None,
+          interrupted: bool, baseline: dict[str, Any]) -> dict[str, Any]:
+    """The whole run as one document; ``baseline`` says which file gated the run, if any."""
+    measurements, gate = [], []
+    ceilings = speed.ceilings if speed else {}
+    for result in (speed.results.values() if speed else ()):
+        entry = result.measurement.to_dict()
+        entry["ratio_to_reference"] = result.ratio_to_reference
+        if ceilings:
+            entry["share_of_matmul"] = result.measurement.tflops / ceilings["matmul_bf16_tflops"]
+            entry["share_of_copy"] = result.measurement.gbps / ceilings["copy_gbps"]
+        measurements.append(entry)
+        if result.decision is not None:
+            gate.append({"impl": result.measurement.impl, "mode": result.measurement.mode,
+                         "case": result.measurement.case.id, **asdict(result.decision)})
+    return {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "interrupted": interrupted,
+        "environment": environment,
+        "device": device,
+        "profile": profile,
+        "implementations": {info.name: {"entry_point": info.entry_point, "status": info.status,
+                                        "reason": info.load_error or info.unavailable,
+                                        "capabilities": info.capabilities} for info in impls},
+        "tests": outcomes,
+        "memory": [sweep.to_dict() for sweep in memory],
+        "speed": {
+            "ceilings": ceilings,
+            "gpu_state": speed.gpu_state if speed else {},
+            "measurements": measurements,
+            "gate": gate,
+            "machine_factor": speed.machine_factor() if speed and gate else None,
+            "reference": speed.settings.reference if speed else None,
+            "notes": list(speed.notes.values()) if speed else [],
+            **baseline,
+        },
+    }
+
+
+def check_writable(directory: Path) -> None:
+    """Raise OSError now, at start-up, if the report cannot be written there later."""
+    directory.mkdir(parents=True, exist_ok=True)
+    probe = directory / ".attnkit-write-test"
+    probe.write_text("")
+    probe.unlink()
+
+
+def write(document: dict[str, Any], directory: Path) -> list[str]:
+    """Write the report files; returns lines saying what was written."""
+    directory.mkdir(parents=True, exist_ok=True)
+    lines = []
+    try:
+        from pytest_attnkit.controller import plots
+    except ImportError as error:
+        written: list[str] = []
+        document["plots_skipped"] = f"matplotlib is not installed ({error}); {PLOTS_NEED}"
+        lines.append(f"report: plots skipped, {document['plots_skipped']}")
+    else:
+        written = plots.draw_all(document, directory)
+    document["plots"] = written
+    json_path = directory / "attnkit-report.json"
+    json_path.write_text(json.dumps(document, indent=1, default=str) + "\n", encoding="utf-8")
+    text = markdown(document)
+    (directory / "attnkit-report.md").write_text(text, encoding="utf-8")
+    lines.insert(0, f"report:{NO_BREAK}{directory}{os.sep} (attnkit-report.json, attnkit-report.md"
+                    + (f", {len(written)} plots)" if written else ")"))
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if step_summary:
+        cut = text if len(text.encode()) <= STEP_SUMMARY_LIMIT else text.encode()[:STEP_SUMMARY_LIMIT].decode(errors="ignore") + "\n\n(cut: see the report artifact)\n"
+        with open(step_summary, "a", encoding="utf-8") as stream:
+            stream.write(cut + "\n")
+        lines.append(f"report: appended to GITHUB_STEP_SUMMARY ({step_summary})")
+    return lines

@@ -1,0 +1,269 @@
+"""The attnkit session: it wires the parts of a run together and holds no suite logic.
+
+One :class:`AttnkitSession` lives in ``config.stash`` for a run with ``--attnkit``. It probes the
+environment in a worker (the pytest process itself never imports torch or touches CUDA), picks the
+device and the case set, starts the worker pool (:mod:`pytest_attnkit.controller.pool`), and
+builds one check per selected suite (:mod:`~pytest_attnkit.controller.correctness`,
+:mod:`~pytest_attnkit.controller.memory`, :mod:`~pytest_attnkit.controller.speed`), which the
+suites call. At the end it builds the report document once (:mod:`pytest_attnkit.controller.report`),
+from which the terminal summary and the report files are rendered.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections import defaultdict
+from typing import Any
+
+import pytest
+
+from pytest_attnkit import cases as case_sets
+from pytest_attnkit.contract import Case
+from pytest_attnkit.controller import report, xdist
+from pytest_attnkit.controller.baselines import BaselineError, BaselineStore
+from pytest_attnkit.controller.correctness import CorrectnessCheck
+from pytest_attnkit.controller.memory import NO_MEMORY_METER_ON_CPU, MemoryCheck
+from pytest_attnkit.controller.options import SUITES, Settings, moved_rootdir
+from pytest_attnkit.controller.outcome import Outcomes
+from pytest_attnkit.controller.pool import WorkerPool
+from pytest_attnkit.controller.process import WorkerFailure
+from pytest_attnkit.controller.speed import CPU_THRESHOLD, SpeedCheck, SpeedSettings
+from pytest_attnkit.controller.table import NO_BREAK, header_lines
+from pytest_attnkit.records import EntryKey
+
+SESSION_KEY = pytest.StashKey["AttnkitSession"]()
+
+
+class AttnkitSession:
+    def __init__(self, settings: Settings, config: pytest.Config) -> None:
+        self.settings = settings
+        self.config = config
+        self.environment: dict[str, Any] = {}
+        self.device = "cpu"
+        self.profile = "smoke"
+        self.pool = WorkerPool(device="cpu", timeout=settings.timeout, inprocess=settings.inprocess)
+        self.outcomes = Outcomes()
+        self.correctness: CorrectnessCheck | None = None
+        self.memory: MemoryCheck | None = None
+        self.speed: SpeedCheck | None = None
+        #: Per test: implementation, suite, outcome and the failure or skip text, for the report.
+        self.test_outcomes: list[dict[str, Any]] = []
+        #: implementation -> suite -> how many of its tests were collected.
+        self.collected: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        self.document: dict[str, Any] | None = None
+        self.rootdir_warning = moved_rootdir(config, settings)
+
+    # -- start-up ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Discover and select implementations, probe the device, start the pool, build the checks."""
+        from pytest_attnkit.registry import discover, select
+
+        try:
+            refs = select(discover(), self.settings.impl)
+        except LookupError as error:
+            raise pytest.UsageError(f"attnkit: {error} ({self.settings.sources['impl']})") from None
+        self._probe_environment()
+        self.profile = self.settings.profile if self.settings.profile != "auto" else (
+            "smoke" if self.device == "cpu" else "default")
+        self.pool.device = self.device
+        self.pool.env = self._worker_env()
+        self.pool.start(refs)
+        settings = self.settings
+        self.correctness = CorrectnessCheck(self.pool, self.outcomes, settings.seed, settings.trials)
+        self.memory = MemoryCheck(self.pool, self.outcomes, case_sets.memory_sweep(self.profile), self.device,
+                                  settings.seed)
+        if "speed" in settings.suite:
+            device_name = str(self.environment.get("device_name", "unknown"))
+            try:
+                store = BaselineStore(settings.path("baseline_dir"), device_name)
+            except BaselineError as error:
+                raise pytest.UsageError(f"attnkit: {error}") from None
+            self.speed = SpeedCheck(self.pool, self.outcomes,
+                                    SpeedSettings(settings.reference, settings.seed, settings.budget_ms,
+                                                  settings.require_baseline),
+                                    store, self.threshold, self.device)
+
+    def _cuda_device_count(self) -> int:
+        return int(self.environment.get("cuda_device_count") or 0)
+
+    def _worker_env(self) -> dict[str, str]:
+        # On the CPU, Triton kernels run in Triton's interpreter; the variable must be set before
+        # triton is imported, which is why each worker gets it from the start.
+        if self.device == "cpu":
+            return {"TRITON_INTERPRET": "1"}
+        gpu = xdist.pinned_gpu(self.config, self._cuda_device_count())
+        return {"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}
+
+    def _probe_environment(self) -> None:
+        requested = self.settings.device
+        probe = WorkerPool(device=requested, timeout=self.settings.timeout, env={"TRITON_INTERPRET": "1"},
+                           inprocess=self.settings.inprocess)
+        try:
+            self.environment = probe.run_once("environment", {"op": "environment"})
+        except WorkerFailure as failure:
+            raise pytest.UsageError(f"attnkit: could not probe the environment: {failure}") from None
+        finally:
+            probe.close()
+        self.device = ("cuda" if self.environment.get("cuda_available") else "cpu") if requested == "auto" else requested
+        if self.device == "cuda" and not self.environment.get("cuda_available"):
+            raise pytest.UsageError(
+                f"attnkit: device cuda was asked for ({self.settings.sources['device']}) but torch sees no CUDA device "
+                f"(torch {self.environment.get('torch')})"
+            )
+
+    def close(self) -> None:
+        self.pool.close()
+
+    # -- what the suites ask for ------------------------------------------------------------
+    @property
+    def impl_names(self) -> list[str]:
+        return self.pool.names
+
+    def cases(self, family: str) -> list[Case]:
+        if family == "correctness":
+            cases = case_sets.correctness_cases(self.profile)
+        elif family in ("speed-forward", "speed-backward"):
+            mode = family.split("-", 1)[1]
+            cases = [case for case_mode, case in case_sets.speed_cases(self.profile) if case_mode == mode]
+        else:
+            raise ValueError(f"unknown case family {family!r}")
+        self.config.hook.pytest_attnkit_modify_cases(config=self.config, family=family, cases=cases)
+        return cases
+
+    def threshold(self, key: EntryKey) -> float:
+        """The gate's threshold: a conftest hook first, then the settings (ini overrides, option).
+        On the CPU, where timings move by tens of percent, the default is a doubling."""
+        default = self.settings.threshold_for(key)
+        if self.device != "cuda" and self.settings.threshold_is_default:
+            default = CPU_THRESHOLD
+        chosen = self.config.hook.pytest_attnkit_threshold(config=self.config, impl=key.impl, mode=key.mode,
+                                                           case_id=key.case_id, default=default)
+        if chosen is None:
+            return default
+        if not 0 < float(chosen) < float("inf"):
+            raise pytest.UsageError(f"attnkit: hook pytest_attnkit_threshold returned {chosen!r} for {key.impl} "
+                                    f"{key.mode} {key.case_id}: it returns a share, such as 0.08 for 8%")
+        return float(chosen)
+
+    @staticmethod
+    def _params(item: pytest.Item) -> dict[str, Any]:
+        return getattr(getattr(item, "callspec", None), "params", {})
+
+    @staticmethod
+    def suite_of(item: pytest.Item) -> str | None:
+        return next((name for name in SUITES if item.get_closest_marker(f"attnkit_{name}")), None)
+
+    def _item_question(self, item: pytest.Item) -> tuple[str, Case, bool] | None:
+        """(implementation, case, backward) that an attnkit item runs, or None for other items."""
+        params = self._params(item)
+        if "attnkit_impl" not in params:
+            return None
+        backward = item.get_closest_marker("attnkit_backward") is not None
+        if "attnkit_case" in params:
+            return params["attnkit_impl"], params["attnkit_case"], backward
+        if item.get_closest_marker("attnkit_memory") is not None:
+            sweep = case_sets.memory_sweep(self.profile)
+            return params["attnkit_impl"], sweep.case(sweep.seqlens[0]), backward
+        return None
+
+    def mark_refusals(self, items: list[pytest.Item]) -> None:
+        """Mark the items an implementation refuses (unavailable, or an unsupported case) as
+        skipped, with its reasons in words. One question per implementation, at collection.
+
+        The reason leaves the case out (the test id has it), so pytest's summary groups the
+        skips that share a reason."""
+        questions: dict[str, list[tuple[pytest.Item, Case, bool]]] = {}
+        parallel = xdist.parallel_timing_problem(self.config, self.device, self._cuda_device_count())
+        for item in items:
+            if self.device != "cuda" and item.get_closest_marker("attnkit_memory") is not None:
+                item.add_marker(pytest.mark.skip(reason=NO_MEMORY_METER_ON_CPU))
+                continue
+            if parallel and item.get_closest_marker("attnkit_speed"):
+                item.add_marker(pytest.mark.skip(reason=parallel))
+                continue
+            question = self._item_question(item)
+            if question is not None:
+                name, case, backward = question
+                questions.setdefault(name, []).append((item, case, backward))
+        for name, asked in questions.items():
+            info = self.pool.info(name)
+            if info.load_error:
+                continue  # its tests fail with the load error
+            if info.unavailable:
+                for item, _, _ in asked:
+                    item.add_marker(pytest.mark.skip(reason=f"{name} is unavailable: {info.unavailable}"))
+                continue
+            refusals = self.pool.support(name, [{"case": case.to_dict(), "backward": backward} for _, case, backward in asked])
+            for (item, _, _), refusal in zip(asked, refusals or []):
+                if refusal:
+                    item.add_marker(pytest.mark.skip(reason=f"{name} does not support it: {refusal}"))
+
+    # -- the run's record -------------------------------------------------------------------
+    def count_collected(self, items: list[pytest.Item]) -> None:
+        """How many tests each implementation has in each suite, after selection (-k, -m)."""
+        for item in items:
+            params = self._params(item)
+            suite = self.suite_of(item)
+            if "attnkit_impl" in params and suite:
+                self.collected[params["attnkit_impl"]][suite] += 1
+
+    def record(self, item: pytest.Item, test_report: pytest.TestReport) -> None:
+        """Keep the outcome of an attnkit test for the summary and the report files."""
+        params = self._params(item)
+        if "attnkit_impl" not in params:
+            return
+        case = params.get("attnkit_case")
+        skipped = test_report.skipped and isinstance(test_report.longrepr, tuple)
+        text = test_report.longrepr[2] if skipped else str(test_report.longrepr or "")
+        reason = None
+        if skipped:
+            reason = text.removeprefix("Skipped: ").split(": ", 1)[-1].split(";")[0].strip()[:60]
+        self.test_outcomes.append({"test": item.nodeid, "impl": params["attnkit_impl"], "suite": self.suite_of(item) or "?",
+                                   "case": case.id if case is not None else None, "function": item.originalname,
+                                   "outcome": test_report.outcome, "reason": reason, "message": text[:4000]})
+
+    def baseline_state(self) -> dict[str, Any]:
+        if self.speed is None:
+            return {"baseline_file": None, "baseline_found": False}
+        return {"baseline_file": str(self.speed.store.path), "baseline_found": self.speed.store.found}
+
+    def finish(self, exitstatus: int) -> list[str]:
+        """Build the report document, save the baseline, write the report files; returns lines
+        for the terminal summary.
+
+        An interrupted run (Ctrl-C, or SIGTERM from a CI timeout) saves no baseline, so the stored
+        one stays whole, but still writes the report of what it gathered."""
+        interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
+        self.document = report.build(
+            environment=self.environment, device=self.device, profile=self.profile,
+            impls=list(self.pool.impls.values()), outcomes=self.test_outcomes,
+            memory=self.memory.results if self.memory else [], speed=self.speed, interrupted=interrupted,
+            baseline=self.baseline_state())
+        self.document["collected"] = {name: dict(suites) for name, suites in self.collected.items()}
+        lines = []
+        if self.speed is not None and self.settings.save_baseline:
+            if interrupted:
+                lines.append(f"baseline NOT saved: the run was interrupted ({self.speed.store.path}{NO_BREAK}is unchanged)")
+            else:
+                counts = self.speed.save(self.environment, platform.node())
+                if counts is None:
+                    lines.append("baseline not saved: no speed measurements in this run")
+                else:
+                    lines.append(f"baseline{NO_BREAK}saved:{NO_BREAK}{self.speed.store.path}")
+                    lines.append(f"  {counts['pooled']} entries pooled with their earlier runs, {counts['restarted']} "
+                                 f"started afresh (changed beyond noise), {counts['new']} new")
+        if self.settings.report:
+            lines.extend(report.write(self.document, self.settings.path("report")))
+        return lines
+
+    # -- the header -------------------------------------------------------------------------
+    def header_lines(self) -> list[str]:
+        gate = None
+        if self.speed is not None:
+            store = self.speed.store
+            gate = (f"speed is gated against {store.path} ({len(store.entries)} entries)" if store.found else
+                    f"NOTHING WILL BE GATED: no baseline for {store.device_name} ({store.path} does not exist)"
+                    + ("; required, so every speed test fails" if self.settings.require_baseline else ""))
+        return header_lines(environment=self.environment, device=self.device, profile=self.profile,
+                            suites=self.settings.suite, seed=self.settings.seed, inprocess=self.settings.inprocess,
+                            impls=self.pool.impls.values(), gate=gate, warning=self.rootdir_warning)

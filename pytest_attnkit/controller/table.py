@@ -1,0 +1,345 @@
+"""Every view a person reads, rendered in one place: the header, the terminal summary, the Markdown.
+
+The summary and the Markdown render from the report document
+(:func:`pytest_attnkit.controller.report.build`), never from the live session, so the terminal,
+the report files and the job summary of a CI run always agree. Terminal lines stay within
+:data:`WIDTH` columns: long values wrap, and detail that does not fit (IQR, launch time) shows
+with ``-v`` and in the report files.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections import Counter, defaultdict
+from typing import Any, Iterable
+
+WIDTH = 100
+#: The speed figures the summary shows per implementation: the forward at FlashAttention's
+#: shapes with head dim 128 (batch x length = 16k tokens), at these lengths.
+HEADLINE_LENGTHS = (4096, 16384)
+
+
+#: Joins words that must stay on one line ("report: /a/long/path"): a break there reads badly.
+NO_BREAK = "\u00a0"
+
+
+def wrap(text: str, indent: str = "", width: int = WIDTH) -> list[str]:
+    """``text`` wrapped to ``width`` columns, continuation lines indented by ``indent``; a path
+    longer than the width stays whole, and words joined by :data:`NO_BREAK` stay together."""
+    lines = textwrap.wrap(text, width=width, subsequent_indent=indent, break_on_hyphens=False,
+                          break_long_words=False) or [""]
+    return [line.replace(NO_BREAK, " ") for line in lines]
+
+
+def format_bytes(count: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(count) < 1024 or unit == "TiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    raise AssertionError("unreachable")
+
+
+# -- the header -------------------------------------------------------------------------------
+
+
+def header_lines(*, environment: dict[str, Any], device: str, profile: str, suites: list[str], seed: int,
+                 inprocess: bool, impls: Iterable[Any], gate: str | None, warning: str | None) -> list[str]:
+    env = environment
+    name = env.get("device_name", "?")
+    if device == "cuda":
+        where = f"cuda: {name} (compute capability {env.get('compute_capability')}, CUDA {env.get('cuda_runtime')})"
+    else:
+        reason = "no CUDA device" if not env.get("cuda_available") else "chosen"
+        where = f"cpu: {name} ({reason}; Triton kernels run in its interpreter)"
+    versions = ", ".join(f"{lib} {env.get(lib) or 'not installed'}" for lib in ("torch", "triton", "cupy", "numpy"))
+    lines = [
+        *wrap(f"attnkit: device {where}", "attnkit:   "),
+        *wrap(f"attnkit: {versions}; python {env.get('python')}", "attnkit:   "),
+        *wrap(f"attnkit: profile {profile}, suites {', '.join(suites)}, seed {seed}, "
+              f"{'in-process' if inprocess else 'one worker per implementation'}", "attnkit:   "),
+    ]
+    if gate:
+        lines += wrap(f"attnkit: gate: {gate}", "attnkit:   ")
+    if warning:
+        lines += wrap(f"attnkit: WARNING: {warning}", "attnkit:   ")
+    impls = list(impls)
+    if not impls:
+        lines.append("attnkit: no implementations selected")
+    for info in impls:
+        if info.load_error:
+            text = info.load_error.strip()
+            state = f"BROKEN: {text.splitlines()[-1] if text else '?'}"
+        elif info.unavailable:
+            state = f"unavailable: {info.unavailable}"
+        else:
+            caps = info.capabilities
+            state = (f"available ({caps.get('memory_class') or 'undeclared'} memory, "
+                     f"{'fwd+bwd' if caps.get('backward') else 'fwd only'})")
+        line = f"attnkit:   {info.name:<16} {state}  [{info.origin}]"
+        if len(line) <= WIDTH:
+            lines.append(line)
+        else:  # the entry point on a line of its own
+            lines += wrap(f"attnkit:   {info.name:<16} {state}", "attnkit:" + " " * 20)
+            lines += wrap(f"attnkit:{' ' * 20}[{info.origin}]", "attnkit:" + " " * 20)
+    return lines
+
+
+# -- the summary ------------------------------------------------------------------------------
+
+
+def correctness_verdict(document: dict[str, Any], name: str) -> str:
+    """pass, FAIL, NOTHING RUN or INCOMPLETE, with the coverage: how many cases ran of how many."""
+    info = document["implementations"][name]
+    if info["status"] != "available":
+        return info["status"]
+    counts = Counter(test["outcome"] for test in document["tests"]
+                     if test["impl"] == name and test["suite"] == "correctness")
+    collected = document.get("collected", {}).get(name, {}).get("correctness", sum(counts.values()))
+    if not collected:
+        return "not run"
+    ran = counts["passed"] + counts["failed"]
+    coverage = f"{ran} of {collected} cases run ({counts['passed']} passed, {counts['failed']} failed), {counts['skipped']} skipped"
+    reasons = Counter(test.get("reason") for test in document["tests"]
+                      if test["impl"] == name and test["suite"] == "correctness" and test["outcome"] == "skipped")
+    if reasons:
+        why, _ = reasons.most_common(1)[0]
+        if why:
+            coverage += f" (mostly: {why})"
+    if counts["failed"]:
+        verdict = "FAIL"
+    elif document["interrupted"] or sum(counts.values()) < collected:
+        verdict = "INCOMPLETE"
+    elif not ran:
+        verdict = "NOTHING RUN"
+    else:
+        verdict = "pass"
+    return f"{verdict}: {coverage}"
+
+
+def _headline_speed(document: dict[str, Any], name: str) -> str:
+    ceilings = document["speed"]["ceilings"]
+    figures = []
+    for m in document["speed"]["measurements"]:
+        shape = m["shape"]
+        if (m["impl"] == name and m["mode"] == "forward" and shape["head_dim"] == 128 and not shape["causal"]
+                and shape["seqlen_q"] == shape["seqlen_k"] in HEADLINE_LENGTHS
+                and shape["batch"] * shape["seqlen_q"] == 16384):
+            share = f" ({100 * m['tflops'] / ceilings['matmul_bf16_tflops']:.0f}% of matmul)" if ceilings else ""
+            figures.append((shape["seqlen_q"], f"{m['tflops']:.0f} TFLOP/s at N={shape['seqlen_q']}{share}"))
+    return "; ".join(text for _, text in sorted(figures))
+
+
+def _headline_gate(document: dict[str, Any], name: str) -> str:
+    verdicts = Counter(decision["verdict"] for decision in document["speed"]["gate"] if decision["impl"] == name)
+    timed = any(m["impl"] == name for m in document["speed"]["measurements"])
+    if verdicts:
+        gate = "REGRESSION" if verdicts["regression"] else "ok"
+        return gate + " (" + ", ".join(f"{count} {verdict}" for verdict, count in sorted(verdicts.items())) + ")"
+    if timed:
+        return "NOT GATED: " + ("no baseline file for this device" if not document["speed"].get("baseline_found")
+                                else "no baseline entries for its cases")
+    return "not run"
+
+
+def headline_lines(document: dict[str, Any]) -> list[str]:
+    """A block per implementation: correctness, memory, speed and gate, each on its own line."""
+    lines = []
+    for name in document["implementations"]:
+        memory = ", ".join(f"{sweep['direction']} " + ("flat" if sweep["slope"] is None else f"N^{sweep['slope']:.2f}")
+                           for sweep in document["memory"] if sweep["impl"] == name)
+        rows = [("correctness", correctness_verdict(document, name)), ("memory", memory or "-"),
+                ("speed", _headline_speed(document, name) or "-"), ("gate", _headline_gate(document, name))]
+        first = True
+        for label, value in rows:
+            prefix = f"{name if first else '':<16} {label:<12} "
+            lines += wrap(prefix + value, " " * len(prefix))
+            first = False
+    return lines
+
+
+def memory_table(name: str, direction: str, points: list[dict[str, Any]], slope: float | None, verdict: str) -> list[str]:
+    """A sweep as a person reads it: N, peak extra bytes, bytes per token, the model, the fit."""
+    lines = [f"{name} ({direction}): fitted exponent {'none (no extra memory)' if slope is None else f'{slope:.2f}'}"
+             f" -> {verdict}",
+             f"  {'N':>7}  {'extra (peak)':>14}  {'bytes/token':>12}  {'model':>12}  note"]
+    for point in points:
+        if point["status"] != "measured":
+            lines += wrap(f"  {point['seqlen']:>7}  {'-':>14}  {'-':>12}  {'-':>12}  {point['status']}: {point['message']}",
+                          " " * 55)
+            continue
+        model = format_bytes(point["expected_bytes"]) if point.get("expected_bytes") is not None else "-"
+        note = f"unmetered {format_bytes(point['unmetered_bytes'])}" if point.get("unmetered_bytes") else ""
+        lines.append(f"  {point['seqlen']:>7}  {format_bytes(point['extra_bytes']):>14}  "
+                     f"{point['extra_bytes'] / point['seqlen']:>12.1f}  {model:>12}  {note}")
+    return lines
+
+
+def memory_lines(document: dict[str, Any]) -> list[str]:
+    lines = []
+    for sweep in document["memory"]:
+        lines += memory_table(sweep["impl"], sweep["direction"], sweep["points"], sweep["slope"], sweep["verdict"])
+        lines.append(f"  largest N that fit: {sweep['largest_n']}" + (f" ({sweep['stopped']})" if sweep.get("stopped") else ""))
+    return lines
+
+
+def _columns(rows: list[list[str]], right: set[int]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+                      for i, cell in enumerate(row)).rstrip() for row in rows]
+
+
+def speed_lines(document: dict[str, Any], *, verbose: bool = False) -> list[str]:
+    speed = document["speed"]
+    if not speed["measurements"]:
+        return []
+    gpu = document["device"] == "cuda"
+    ceilings = speed["ceilings"]
+    lines = []
+    if not gpu:
+        lines += wrap("CPU numbers: perf_counter around each call on this machine's CPU; they check the plumbing "
+                      "and are not GPU figures (the gate needs a doubling to call a CPU case a regression)")
+    if ceilings:
+        lines += wrap(f"ceilings measured in this run: bf16 matmul {ceilings['matmul_bf16_tflops']:.0f} TFLOP/s, "
+                      f"device copy {ceilings['copy_gbps']:.0f} GB/s (read + write); GPU state {speed['gpu_state']}")
+    header = ["implementation", "mode", "case", "median ms"]
+    if verbose:
+        header += ["IQR ms"] + (["launch ms"] if gpu else [])
+    header += ["TFLOP/s"] + (["%mm"] if ceilings else []) + ["GB/s"] + (["%copy"] if ceilings else []) + ["x ref"]
+    rows = [header]
+    for m in sorted(speed["measurements"], key=lambda m: (m["mode"], m["case"], m["impl"])):
+        timing = m["timing"]
+        row = [m["impl"], {"forward": "fwd", "backward": "bwd"}.get(m["mode"], m["mode"]), m["case"], f"{timing['median_ms']:.4f}"]
+        if verbose:
+            row += [f"{timing['iqr_ms']:.4f}"]
+            if gpu:
+                row += [f"{timing['launch_ms']:.4f}" if timing.get("launch_ms") is not None else "-"]
+        row += [f"{m['tflops']:.2f}"]
+        if ceilings:
+            row += [f"{100 * m['share_of_matmul']:.0f}"]
+        row += [f"{m['gbps']:.1f}"]
+        if ceilings:
+            row += [f"{100 * m['share_of_copy']:.0f}"]
+        row += [f"{1 / m['ratio_to_reference']:.2f}" if m.get("ratio_to_reference") else "-"]
+        rows.append(row)
+    lines += _columns(rows, right=set(range(3, len(header))))
+    lines += wrap("(x ref: speed relative to the reference implementation in this run; above 1 is faster)")
+    if gpu:
+        lines += wrap("(median: GPU time per call, the stream held until the host had issued the call"
+                      + ("; IQR and launch ms (the host's time to issue a call) with -v" if not verbose else
+                         "; launch ms: the host's time to issue it, from an idle GPU, not in the GPU figures") + ")")
+    first_calls: dict[str, float] = defaultdict(float)
+    for m in speed["measurements"]:
+        if m["timing"].get("first_call_ms") is not None:
+            first_calls[m["impl"]] += m["timing"]["first_call_ms"] / 1e3
+    if first_calls:
+        lines += wrap("first calls, summed per implementation (compilation and autotuning show here, outside the "
+                      "timings): " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in sorted(first_calls.items())),
+                      "  ")
+    return lines
+
+
+def gate_lines(document: dict[str, Any]) -> list[str]:
+    speed = document["speed"]
+    if not speed["measurements"]:
+        return []
+    if not speed.get("baseline_found"):
+        return wrap(f"NOTHING GATED: no baseline for this device ({speed.get('baseline_file')} does not exist); "
+                    "save one with --attnkit-save-baseline, or make a missing baseline fail with "
+                    "--attnkit-require-baseline")
+    if not speed["gate"]:
+        return wrap(f"NOTHING GATED: {speed.get('baseline_file')} has no entries for the cases this run timed")
+    lines = [f"gate against {speed.get('baseline_file')}"]
+    lines += wrap(f"  machine factor {speed['machine_factor']:.3f} from {speed.get('reference')} (the reference itself "
+                  "is gated without it); a regression needs Mann-Whitney U at alpha 0.01 and the practical "
+                  "threshold, raised where saved runs disagreed", "  ")
+    rows = [["implementation", "mode", "case", "base ms", "runs", "now ms", "change", "thresh", "verdict"]]
+    for d in sorted(speed["gate"], key=lambda d: (d["impl"], d["mode"], d["case"])):
+        verdict = d["verdict"].upper() if d["verdict"] == "regression" else d["verdict"]
+        if d["rounds"] > 1:
+            verdict += f" ({d['rounds_flagged']}/{d['rounds']} rounds)"
+        rows.append([d["impl"], {"forward": "fwd", "backward": "bwd"}.get(d["mode"], d["mode"]), d["case"],
+                     f"{d['baseline_median_ms']:.4f}", str(d["baseline_runs"]), f"{d['now_median_ms']:.4f}",
+                     f"{100 * (d['ratio'] - 1):+.1f}%", f"{100 * d['threshold']:.1f}%", verdict])
+    lines += _columns(rows, right={3, 4, 5, 6, 7})
+    uncovered = sum(1 for m in speed["measurements"]
+                    if not any(d["impl"] == m["impl"] and d["mode"] == m["mode"] and d["case"] == m["case"]
+                               for d in speed["gate"]))
+    if uncovered:
+        lines += wrap(f"NOT GATED: {uncovered} timed case(s) have no baseline entry")
+    return lines
+
+
+def summary_sections(document: dict[str, Any], *, verbose: bool = False) -> list[tuple[str, list[str]]]:
+    return [
+        ("attnkit summary: each implementation", headline_lines(document)),
+        ("attnkit memory scaling (peak extra device memory per call)", memory_lines(document)),
+        ("attnkit speed", speed_lines(document, verbose=verbose) + ([""] if document["speed"]["measurements"] else [])
+         + gate_lines(document) + [line for note in document["speed"]["notes"] for line in wrap(note)]),
+    ]
+
+
+# -- Markdown ---------------------------------------------------------------------------------
+
+
+def markdown(document: dict[str, Any]) -> str:
+    env = document["environment"]
+    out = ["# pytest-attnkit report", ""]
+    if document["interrupted"]:
+        out += ["**The run was interrupted: this report holds what was gathered until then.**", ""]
+    out += [f"Device: {document['device']} ({env.get('device_name')}); torch {env.get('torch')}, triton {env.get('triton')}, "
+            f"cupy {env.get('cupy')}; profile {document['profile']}.", ""]
+    names = list(document["implementations"])
+    if names:
+        out += ["| implementation | correctness | memory exponent | speed (forward, d128) | gate |", "|---|---|---|---|---|"]
+        for name in names:
+            memory = ", ".join(f"{s['direction']} " + ("flat" if s["slope"] is None else f"N^{s['slope']:.2f}")
+                               for s in document["memory"] if s["impl"] == name)
+            out.append(f"| {name} | {correctness_verdict(document, name)} | {memory or '-'} | "
+                       f"{_headline_speed(document, name) or '-'} | {_headline_gate(document, name)} |")
+        out.append("")
+    speed = document["speed"]
+    if speed["ceilings"]:
+        out += [f"Ceilings measured in this run: bf16 matmul {speed['ceilings']['matmul_bf16_tflops']:.0f} TFLOP/s, "
+                f"device copy {speed['ceilings']['copy_gbps']:.0f} GB/s.", ""]
+    if speed["measurements"]:
+        out += ["## Speed", "", "| implementation | mode | case | median ms | IQR ms | TFLOP/s | GB/s | x ref |",
+                "|---|---|---|---|---|---|---|---|"]
+        for m in sorted(speed["measurements"], key=lambda m: (m["mode"], m["case"], m["impl"])):
+            ratio = f"{1 / m['ratio_to_reference']:.2f}" if m.get("ratio_to_reference") else "-"
+            out.append(f"| {m['impl']} | {m['mode']} | {m['case']} | {m['timing']['median_ms']:.4f} | "
+                       f"{m['timing']['iqr_ms']:.4f} | {m['tflops']:.1f} | {m['gbps']:.1f} | {ratio} |")
+        out.append("")
+        out += ["## Gate", ""]
+        if not speed["gate"]:
+            out += [" ".join(gate_lines(document))]
+        else:
+            out += [f"Against {speed.get('baseline_file')}; machine factor {speed['machine_factor']:.3f}.", "",
+                    "| implementation | mode | case | baseline ms | runs | now ms | change | threshold | verdict |",
+                    "|---|---|---|---|---|---|---|---|---|"]
+            for d in sorted(speed["gate"], key=lambda d: (d["impl"], d["mode"], d["case"])):
+                out.append(f"| {d['impl']} | {d['mode']} | {d['case']} | {d['baseline_median_ms']:.4f} | "
+                           f"{d['baseline_runs']} | {d['now_median_ms']:.4f} | {100 * (d['ratio'] - 1):+.1f}% | "
+                           f"{100 * d['threshold']:.1f}% | {d['verdict']} |")
+        out.append("")
+    if document["memory"]:
+        out += ["## Memory", ""]
+        for sweep in document["memory"]:
+            slope = "none (no extra memory)" if sweep["slope"] is None else f"{sweep['slope']:.2f}"
+            out += [f"**{sweep['impl']}** ({sweep['direction']}, declared {sweep['declared']}): fitted exponent {slope}, "
+                    f"{sweep['verdict']}; largest N that fit {sweep['largest_n']}", "",
+                    "| N | extra bytes | bytes per token | note |", "|---|---|---|---|"]
+            for point in sweep["points"]:
+                per_token = f"{point['extra_bytes'] / point['seqlen']:.1f}" if point["status"] == "measured" else "-"
+                note = point["message"] if point["status"] != "measured" else ""
+                out.append(f"| {point['seqlen']} | {point['extra_bytes']} | {per_token} | {note} |")
+            out.append("")
+    failures = [test for test in document["tests"] if test["outcome"] == "failed"]
+    if failures:
+        out += ["## Failures", ""]
+        out += [f"- `{test['test']}`: {test['message'].splitlines()[0] if test['message'] else ''}" for test in failures[:200]]
+        out.append("")
+    if document.get("plots_skipped"):
+        out += ["## Plots", "", f"Plots skipped: {document['plots_skipped']}.", ""]
+    elif document.get("plots"):
+        out += ["## Plots", ""] + [f"![{plot}]({plot})" for plot in document["plots"]] + [""]
+    return "\n".join(out)

@@ -1,0 +1,227 @@
+"""The records both processes share: a worker's reply and the measurements it carries.
+
+A worker answers every request about one implementation with a :class:`Reply`: a
+:class:`Status` and, where something was measured, the data as a plain dict that travels as
+JSON. The pytest process turns the data back into the frozen records below (never by parsing a
+string), and turns the status into a pytest outcome in one place
+(:func:`pytest_attnkit.controller.outcome.settle`). Figures that follow from a record (TFLOP/s,
+GB/s, the median) are properties, so they can never disagree with the samples they come from.
+Nothing heavy is imported here: both processes read this module.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any, NamedTuple
+
+from pytest_attnkit.contract import Case
+from pytest_attnkit.counts import byte_count, flop_count
+
+
+class Status(str, Enum):
+    """What became of one request about one implementation."""
+
+    OK = "ok"  # passed, or measured
+    WRONG = "wrong"  # a result outside the rule, or a breach of the contract
+    RAISED = "raised"  # the implementation raised
+    UNSUPPORTED = "unsupported"  # the implementation declines the case
+    UNAVAILABLE = "unavailable"  # the implementation cannot run on this machine
+    BROKEN = "broken"  # the implementation could not be loaded
+    CRASHED = "crashed"  # the worker process died (set by the pytest process)
+    TIMEOUT = "timeout"  # the worker missed its deadline and was killed (set by the pytest process)
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: Status
+    message: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status is Status.OK
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"status": self.status.value, "message": self.message, "data": self.data}
+
+    @classmethod
+    def from_wire(cls, values: dict[str, Any]) -> "Reply":
+        return cls(Status(values["status"]), values.get("message", ""), values.get("data") or {})
+
+
+class EntryKey(NamedTuple):
+    """What one speed measurement is of; only the baseline files turn it into a string."""
+
+    impl: str
+    mode: str
+    case_id: str
+
+
+# -- correctness ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The outcome of comparing one tensor (``out``, ``dq``, ...) with the oracle."""
+
+    name: str
+    passed: bool
+    max_error: float
+    allowed: float
+    plain_error: float
+    floor: float
+    factor: float
+    worst_index: tuple[int, ...]
+    worst_actual: float
+    worst_expected: float
+    outside_fraction: float
+    nonfinite: int
+    first_nonfinite_index: tuple[int, ...] | None
+
+    def describe(self) -> str:
+        """One readable paragraph on what went wrong (or right)."""
+        if self.nonfinite:
+            return (
+                f"{self.name}: {self.nonfinite} NaN/Inf values (first at index {list(self.first_nonfinite_index or ())}); "
+                "NaN and Inf never pass"
+            )
+        verdict = "within" if self.passed else "exceeds"
+        return (
+            f"{self.name}: max error {self.max_error:.3e} {verdict} allowed {self.allowed:.3e} "
+            f"(= {self.factor:g} x plain same-precision error {self.plain_error:.3e} + floor {self.floor:.3e}); "
+            f"worst at index {list(self.worst_index)}: got {self.worst_actual:.6g}, expected {self.worst_expected:.6g}; "
+            f"{self.outside_fraction:.2%} of elements outside"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "Comparison":
+        values = dict(values)
+        values["worst_index"] = tuple(values["worst_index"])
+        if values.get("first_nonfinite_index") is not None:
+            values["first_nonfinite_index"] = tuple(values["first_nonfinite_index"])
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class CorrectnessResult:
+    """The trials of one correctness check: the deciding seed and trial, and every comparison."""
+
+    trials: int
+    seed: int | None = None
+    trial: int | None = None
+    comparisons: tuple[Comparison, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"trials": self.trials, "seed": self.seed, "trial": self.trial,
+                "comparisons": [comparison.to_dict() for comparison in self.comparisons]}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "CorrectnessResult":
+        return cls(values["trials"], values.get("seed"), values.get("trial"),
+                   tuple(Comparison.from_dict(c) for c in values.get("comparisons", ())))
+
+
+# -- memory -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MemoryPoint:
+    seqlen: int
+    status: str  # "measured", "oom", "error"
+    extra_bytes: int = 0
+    peak_bytes: int = 0
+    retained_bytes: int = 0
+    unmetered_bytes: int = 0
+    expected_bytes: int | None = None
+    message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "MemoryPoint":
+        return cls(**values)
+
+
+# -- speed ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Timing:
+    samples_ms: tuple[float, ...]
+    warmup_ms: float  # the first (compiling) call plus the rest of the warm-up
+    timer: str  # "cuda-events" or "perf-counter"
+    #: On CUDA: the median host time of a call bracketed by device-wide synchronizations.
+    host_wall_ms: float | None = None
+    #: The first call alone: compilation and autotuning show here (on CUDA, synchronized).
+    first_call_ms: float | None = None
+    #: On CUDA: the median host time to issue one call (Python, argument checks, the launch path),
+    #: from the call to its return with the GPU idle. Not part of ``samples_ms``.
+    launch_ms: float | None = None
+    #: On CUDA: how long the stream was held before each timed call (0: no hold).
+    hold_ms: float | None = None
+    #: On CUDA: the median time the host waited for the whole device after issuing a call. It is
+    #: at most the call's GPU time plus the synchronization's latency, unless work escapes the
+    #: timed stream: that work shows here and not in the events.
+    wait_ms: float | None = None
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.samples_ms)
+
+    @property
+    def iqr_ms(self) -> float:
+        if len(self.samples_ms) < 4:
+            return 0.0
+        quartiles = statistics.quantiles(self.samples_ms, n=4)
+        return quartiles[2] - quartiles[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "samples_ms": list(self.samples_ms), "median_ms": self.median_ms, "iqr_ms": self.iqr_ms}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "Timing":
+        fields = {key: value for key, value in values.items() if key not in ("median_ms", "iqr_ms")}
+        return cls(**{**fields, "samples_ms": tuple(fields["samples_ms"])})
+
+
+@dataclass(frozen=True)
+class SpeedMeasurement:
+    """One timed case: what was timed and how long it took; the figures follow from both."""
+
+    impl: str
+    mode: str
+    case: Case
+    timing: Timing
+    input_sets: int = 1
+    gpu_state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> EntryKey:
+        return EntryKey(self.impl, self.mode, self.case.id)
+
+    @property
+    def flops(self) -> int:
+        return flop_count(self.case, self.mode)
+
+    @property
+    def bytes(self) -> int:
+        return byte_count(self.case, self.mode)
+
+    @property
+    def tflops(self) -> float:
+        return self.flops / (self.timing.median_ms / 1e3) / 1e12
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes / (self.timing.median_ms / 1e3) / 1e9
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"impl": self.impl, "mode": self.mode, "case": self.case.id, "shape": self.case.to_dict(),
+                "timing": self.timing.to_dict(), "input_sets": self.input_sets, "gpu_state": self.gpu_state,
+                "flops": self.flops, "bytes": self.bytes, "tflops": self.tflops, "gbps": self.gbps}

@@ -1,0 +1,223 @@
+"""The worker process's loop: receive a request, run it against the loaded implementation, reply.
+
+The pytest process starts one worker per implementation as a fresh interpreter
+(``python -m pytest_attnkit.worker``, never a fork) and talks to it over a socket with JSON
+messages (:mod:`pytest_attnkit.controller.process`). The worker's stdout and stderr go to a log
+file whose tail the parent shows when the worker dies; with faulthandler on, a segfault leaves a
+Python traceback there, and SIGUSR1 (sent before a deadline kill) dumps where every thread was.
+A watchdog thread ends the worker, and everything it started, as soon as the pytest process is
+gone, even while an implementation hangs.
+
+Messages are dicts with an ``op``: ``init`` (sys.path, device and which implementation to load),
+``describe``, ``environment``, ``support``, ``correctness``, ``memory``, ``speed``, ``ceilings``
+and ``shutdown``. Replies are ``{"ok": True, "result": ...}``, or ``{"ok": False, "error":
+traceback}`` when the harness itself failed. The three suite ops answer with a
+:class:`~pytest_attnkit.records.Reply`, whose status says what became of the implementation.
+JSON both ways: a reply can never carry an object whose unpickling would import torch into the
+pytest process.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import signal
+import sys
+import threading
+import traceback
+from typing import Any
+
+from pytest_attnkit.contract import AttentionImpl, Case
+from pytest_attnkit.records import Reply, Status
+
+CONTEXT_LOST = ("the worker's CUDA context is unusable after this error (a sticky error such as an illegal "
+                "memory access); a fresh worker takes over for the next test")
+PARENT_POLL_S = 0.5
+
+
+class Handler:
+    """Serves one implementation (or none, for the environment probe) inside a worker."""
+
+    def __init__(self) -> None:
+        self.device = "cpu"
+        self.impl: AttentionImpl | None = None
+        self.load_error: str | None = None
+        self.context_lost = False
+
+    def handle(self, message: dict[str, Any]) -> Any:
+        op = message["op"]
+        handler = getattr(self, f"op_{op}", None)
+        if handler is None:
+            raise ValueError(f"unknown worker op {op!r}")
+        try:
+            return handler(message)
+        except BaseException:
+            self._check_cuda_context()
+            raise
+
+    def _check_cuda_context(self) -> None:
+        """After a failure on CUDA, find out whether the context survived. A sticky error (an
+        illegal memory access) poisons it for every later call in this process, so the worker
+        then exits after replying and the next request starts a fresh one."""
+        if self.device != "cuda" or "torch" not in sys.modules:
+            return
+        import torch
+
+        try:
+            torch.cuda.synchronize()
+        except Exception:
+            self.context_lost = True
+
+    def op_init(self, message: dict[str, Any]) -> dict[str, Any]:
+        for entry in reversed(message.get("sys_path", [])):
+            if entry not in sys.path:
+                sys.path.insert(0, entry)
+        self.device = message["device"]
+        if message.get("name"):
+            from pytest_attnkit.registry import load_implementation
+
+            try:
+                self.impl = load_implementation(message["name"], message["value"])
+            except BaseException:  # an import that fails in any way breaks only this implementation
+                self.load_error = traceback.format_exc()
+        return {"pid": os.getpid()}
+
+    def op_environment(self, message: dict[str, Any]) -> dict[str, Any]:
+        from pytest_attnkit.worker.environment import describe_environment
+
+        return describe_environment(self.device)
+
+    def op_describe(self, message: dict[str, Any]) -> dict[str, Any]:
+        if self.load_error is not None or self.impl is None:
+            return {"load_error": self.load_error or "no implementation loaded"}
+        try:
+            unavailable = self.impl.unavailable_reason(self.device)
+        except Exception:
+            unavailable = "its availability check raised:\n" + traceback.format_exc()
+        return {"unavailable": unavailable, "capabilities": self.impl.capabilities(), "type": type(self.impl).__qualname__}
+
+    def _refusal(self, case: Case, backward: bool) -> Reply | None:
+        """A reply that ends the request before running anything, or None to go on."""
+        if self.load_error is not None or self.impl is None:
+            return Reply(Status.BROKEN, self.load_error or "no implementation loaded")
+        unavailable = self.impl.unavailable_reason(self.device)
+        if unavailable:
+            return Reply(Status.UNAVAILABLE, unavailable)
+        reasons = self.impl.not_supported_reasons(case, self.device, backward=backward)
+        if reasons:
+            return Reply(Status.UNSUPPORTED, "; ".join(reasons))
+        return None
+
+    def op_support(self, message: dict[str, Any]) -> list[str | None]:
+        """For each ``{"case", "backward"}`` query: why it is refused, or None when supported."""
+        refusals = []
+        for query in message["queries"]:
+            refusal = self._refusal(Case.from_dict(query["case"]), bool(query["backward"]))
+            refusals.append(None if refusal is None or refusal.status is Status.BROKEN else refusal.message)
+        return refusals
+
+    def _run(self, message: dict[str, Any], backward: bool, measure: Any) -> dict[str, Any]:
+        """Refuse, or run ``measure(impl, case)``; what the implementation raises is a RAISED reply."""
+        case = Case.from_dict(message["case"])
+        reply = self._refusal(case, backward)
+        if reply is None:
+            assert self.impl is not None
+            try:
+                reply = measure(self.impl, case)
+            except Exception:
+                self._check_cuda_context()
+                reply = Reply(Status.RAISED, traceback.format_exc())
+        if reply.status in (Status.RAISED, Status.WRONG):
+            self._check_cuda_context()
+            if self.context_lost:
+                reply = Reply(reply.status, f"{reply.message}\n{CONTEXT_LOST}", reply.data)
+        return reply.to_wire()
+
+    def op_correctness(self, message: dict[str, Any]) -> dict[str, Any]:
+        from pytest_attnkit.worker.correctness import run_correctness
+
+        backward = bool(message["backward"])
+        return self._run(message, backward, lambda impl, case: run_correctness(
+            impl, case, device=self.device, base_seed=message["base_seed"], trials=message["trials"],
+            backward=backward))
+
+    def op_memory(self, message: dict[str, Any]) -> dict[str, Any]:
+        from pytest_attnkit.worker.memory import measure_point, release_device_memory
+
+        def measure(impl: AttentionImpl, case: Case) -> Reply:
+            point = measure_point(impl, case, backward=bool(message["backward"]), seed=message["seed"])
+            release_device_memory()
+            return Reply(Status.OK, "", point.to_dict())
+
+        return self._run(message, bool(message["backward"]), measure)
+
+    def op_speed(self, message: dict[str, Any]) -> dict[str, Any]:
+        from pytest_attnkit.worker.speed import gpu_state, measure_speed
+
+        def measure(impl: AttentionImpl, case: Case) -> Reply:
+            measured = measure_speed(impl, case, message["mode"], device=self.device, seed=message["seed"],
+                                     budget_ms=message["budget_ms"])
+            if self.device == "cuda":
+                measured["gpu_state"] = gpu_state()
+            return Reply(Status.OK, "", measured)
+
+        return self._run(message, message["mode"] == "backward", measure)
+
+    def op_ceilings(self, message: dict[str, Any]) -> dict[str, Any]:
+        from pytest_attnkit.worker.speed import gpu_state, measure_ceilings
+
+        return {"ceilings": measure_ceilings(self.device), "gpu_state": gpu_state() if self.device == "cuda" else {}}
+
+
+def _die_with_parent() -> None:
+    """End this worker and its process group once the pytest process is gone (killed with
+    SIGKILL, say): an implementation that hangs must not outlive the run."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            threading.Event().wait(PARENT_POLL_S)
+            if os.getppid() != parent:
+                try:
+                    os.killpg(os.getpgid(0), signal.SIGKILL)
+                finally:
+                    os._exit(1)
+
+    threading.Thread(target=watch, name="attnkit-parent-watch", daemon=True).start()
+
+
+def serve(fd: int) -> None:
+    from multiprocessing.connection import Connection
+
+    faulthandler.enable()
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # SIGINT and SIGTERM are the pytest process's to handle: it closes its workers itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
+    connection = Connection(fd)
+    handler = Handler()
+    while True:
+        try:
+            message = json.loads(connection.recv_bytes())
+        except EOFError:
+            return  # the pytest process went away
+        if message.get("op") == "shutdown":
+            connection.send_bytes(json.dumps({"ok": True, "result": None}).encode())
+            return
+        try:
+            reply = {"ok": True, "result": handler.handle(message)}
+        except BaseException:
+            error = traceback.format_exc()
+            reply = {"ok": False, "error": error + (f"\n{CONTEXT_LOST}" if handler.context_lost else "")}
+        reply["restart"] = handler.context_lost
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            payload = json.dumps(reply)
+        except (TypeError, ValueError) as error:
+            payload = json.dumps({"ok": False, "error": f"the worker's reply is not plain data: {error}"})
+        connection.send_bytes(payload.encode())
+        if handler.context_lost:
+            return  # the next request starts a fresh worker with a clean CUDA context

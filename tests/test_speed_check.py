@@ -1,0 +1,129 @@
+"""The speed check against a fake worker pool: the gate's logic without a pytester run or a worker.
+
+The fake pool answers each speed request with the next timing from a script, so a test decides
+exactly what every round measures.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pytest_attnkit.contract import Case
+from pytest_attnkit.controller.baselines import BaselineStore, key_string
+from pytest_attnkit.controller.outcome import Outcomes
+from pytest_attnkit.controller.pool import ImplInfo
+from pytest_attnkit.controller.speed import SpeedCheck, SpeedSettings
+from pytest_attnkit.records import EntryKey, Reply, SpeedMeasurement, Status, Timing
+
+CASE = Case(1, 2, 2, 256, 256, 64, "float32")
+DEVICE = "NVIDIA H200"
+
+
+def timing(median_ms: float, count: int = 15) -> Timing:
+    # Tight samples around the median, so the Mann-Whitney test is clear wherever medians differ.
+    return Timing(tuple(median_ms * (1 + 0.001 * (i - count // 2)) for i in range(count)), 1.0, "cuda-events",
+                  launch_ms=0.01, wait_ms=median_ms)
+
+
+class FakePool:
+    """The pool's interface, with scripted replies: ``script[impl]`` is a list of median ms."""
+
+    def __init__(self, script: dict[str, list[float]]) -> None:
+        self.script = {name: list(medians) for name, medians in script.items()}
+        self.impls = {name: ImplInfo(name, f"fake:{name}") for name in script}
+        self.asked: list[str] = []
+
+    def info(self, name: str) -> ImplInfo:
+        return self.impls[name]
+
+    def request(self, name: str, message: dict) -> Reply:
+        self.asked.append(name)
+        median = self.script[name].pop(0)
+        return Reply(Status.OK, "", {"timing": timing(median).to_dict(), "input_sets": 1})
+
+    def run_once(self, label: str, message: dict) -> dict:
+        return {"ceilings": {"matmul_bf16_tflops": 700.0, "copy_gbps": 4000.0}, "gpu_state": {}}
+
+
+def save_baseline(directory: Path, medians: dict[str, float]) -> BaselineStore:
+    store = BaselineStore(directory, DEVICE)
+    measured = [(SpeedMeasurement(name, "forward", CASE, timing(ms)), None, None) for name, ms in medians.items()]
+    store.save(measured, {"compute_capability": "9.0"}, {}, "host")
+    return BaselineStore(directory, DEVICE)
+
+
+def make_check(pool: FakePool, store: BaselineStore, threshold: float = 0.08) -> SpeedCheck:
+    return SpeedCheck(pool, Outcomes(), SpeedSettings("ref", 0, 400.0, False), store, lambda key: threshold, "cuda")
+
+
+def test_an_unchanged_case_passes_and_keeps_its_ratio_to_the_reference(tmp_path: Path) -> None:
+    store = save_baseline(tmp_path, {"ref": 1.0, "kernel": 2.0})
+    check = make_check(FakePool({"ref": [1.0], "kernel": [2.0]}), store)
+    check.check("ref", "forward", CASE)
+    result = check.check("kernel", "forward", CASE)
+    assert result.decision is not None and result.decision.verdict == "unchanged"
+    assert result.ratio_to_reference == pytest.approx(2.0, rel=1e-3)
+
+
+def test_a_slowdown_that_recurs_fails_and_keeps_the_round_the_verdict_used(tmp_path: Path) -> None:
+    store = save_baseline(tmp_path, {"ref": 1.0, "kernel": 1.0})
+    # Three rounds: +20%, +30%, +25%. The median round (+25%) decides, and its figures are kept.
+    pool = FakePool({"ref": [1.0], "kernel": [1.20, 1.30, 1.25]})
+    check = make_check(pool, store)
+    check.check("ref", "forward", CASE)
+    with pytest.raises(pytest.fail.Exception, match=r"kernel regressed on .*flagged in 3 of 3 independent rounds"):
+        check.check("kernel", "forward", CASE)
+    result = check.results[EntryKey("kernel", "forward", CASE.id)]
+    assert result.measurement.timing.median_ms == pytest.approx(1.25)
+    assert result.decision.now_median_ms == pytest.approx(1.25)
+    assert result.ratio_to_reference == pytest.approx(1.25)  # not lost with the first round
+
+    check.save({"compute_capability": "9.0"}, "host")
+    entry = json.loads(store.path.read_text())["entries"][key_string(EntryKey("kernel", "forward", CASE.id))]
+    assert entry["median_ms"] == pytest.approx(1.25) and entry["ratio_to_reference"] == pytest.approx(1.25)
+
+
+def test_a_one_off_shift_does_not_fail(tmp_path: Path) -> None:
+    store = save_baseline(tmp_path, {"ref": 1.0, "kernel": 1.0})
+    check = make_check(FakePool({"ref": [1.0], "kernel": [1.30, 1.01, 0.99]}), store)
+    check.check("ref", "forward", CASE)
+    result = check.check("kernel", "forward", CASE)
+    assert result.decision.verdict == "unchanged"
+    assert (result.decision.rounds, result.decision.rounds_flagged) == (3, 1)
+
+
+def test_a_slower_machine_is_divided_out(tmp_path: Path) -> None:
+    store = save_baseline(tmp_path, {"ref": 1.0, "kernel": 1.0})
+    check = make_check(FakePool({"ref": [1.3, 1.3, 1.3], "kernel": [1.3]}), store, threshold=0.08)
+    with pytest.raises(pytest.fail.Exception, match="ref regressed"):  # the reference is gated as it is
+        check.check("ref", "forward", CASE)
+    assert check.machine_factor() == pytest.approx(1.3, rel=1e-3)
+    result = check.check("kernel", "forward", CASE)
+    assert result.decision.verdict == "unchanged" and result.decision.ratio == pytest.approx(1.0, rel=1e-3)
+
+
+def test_a_speedup_too_good_to_be_true_fails(tmp_path: Path) -> None:
+    check = make_check(FakePool({"ref": [1.0], "kernel": [0.05]}), BaselineStore(tmp_path, DEVICE))
+    with pytest.raises(pytest.fail.Exception, match="suspiciously fast: 20x faster than ref"):
+        check.check("kernel", "forward", CASE)
+
+
+def test_no_baseline_gates_nothing_unless_one_is_required(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path, DEVICE)
+    assert not store.found
+    result = make_check(FakePool({"ref": [1.0], "kernel": [1.0]}), store).check("kernel", "forward", CASE)
+    assert result.decision is None
+    required = SpeedCheck(FakePool({"ref": [1.0], "kernel": [1.0]}), Outcomes(), SpeedSettings("ref", 0, 400.0, True),
+                          store, lambda key: 0.08, "cuda")
+    with pytest.raises(pytest.fail.Exception, match="no baseline file for this device .* a baseline is required"):
+        required.check("kernel", "forward", CASE)
+
+
+def test_a_refusal_skips_with_the_reason(tmp_path: Path) -> None:
+    pool = FakePool({"ref": [1.0], "kernel": []})
+    pool.request = lambda name, message: Reply(Status.UNSUPPORTED, "head_dim=64 (supported: 128)")  # type: ignore[method-assign]
+    with pytest.raises(pytest.skip.Exception, match="kernel does not support it: head_dim=64"):
+        make_check(pool, BaselineStore(tmp_path, DEVICE)).check("kernel", "forward", CASE)
