@@ -25,7 +25,7 @@ def test_report_files_and_step_summary(pytester: pytest.Pytester, fake_dist, mon
         "repeated         correctness  pass: 2 of 2 cases run (2 passed, 0 failed), 0 skipped",
         "                 gate         NOT GATED: no baseline file for this device",
         "report: *out/",
-        "  (attnkit-report.json, attnkit-report.md, 1 plots)",
+        "  attnkit-report.json, attnkit-report.md, 1 plots",
     ])
     document = json.loads((pytester.path / "out" / "attnkit-report.json").read_text())
     assert (document["schema"], document["schema_version"], document["interrupted"]) == ("pytest-attnkit/report", 2, False)

@@ -96,12 +96,12 @@ def write(document: dict[str, Any], directory: Path) -> list[str]:
     json_path.write_text(json.dumps(document, indent=1, default=str) + "\n", encoding="utf-8")
     text = markdown(document)
     (directory / "attnkit-report.md").write_text(text, encoding="utf-8")
-    lines.insert(0, f"report:{NO_BREAK}{directory}{os.sep} (attnkit-report.json, attnkit-report.md"
-                    + (f", {len(written)} plots)" if written else ")"))
+    lines[:0] = [f"report:{NO_BREAK}{directory}{os.sep}",
+                 "  attnkit-report.json, attnkit-report.md" + (f", {len(written)} plots" if written else "")]
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
         cut = text if len(text.encode()) <= STEP_SUMMARY_LIMIT else text.encode()[:STEP_SUMMARY_LIMIT].decode(errors="ignore") + "\n\n(cut: see the report artifact)\n"
         with open(step_summary, "a", encoding="utf-8") as stream:
             stream.write(cut + "\n")
-        lines.append(f"report: appended to GITHUB_STEP_SUMMARY ({step_summary})")
+        lines.append(f"report: appended to GITHUB_STEP_SUMMARY:{NO_BREAK}{step_summary}")
     return lines
