@@ -125,6 +125,9 @@ class AttentionImpl:
     #: Whether seqlen_q may differ from seqlen_k (decode, chunked prefill).
     supports_seqlen_mismatch: ClassVar[bool] = True
     supports_backward: ClassVar[bool] = True
+    #: Sequence lengths (query and key) must be multiples of this; the harness then runs an
+    #: in-contract twin of each case it would refuse for its lengths alone (lengths rounded up).
+    seqlen_multiple: ClassVar[int] = 1
     #: How the implementation's extra memory grows with sequence length: "linear" or "quadratic"
     #: (None: undeclared, as for a plain function; the memory suite then only reports).
     memory_class: ClassVar[str | None] = "linear"
@@ -158,6 +161,9 @@ class AttentionImpl:
             reasons.append(f"seqlen_q={case.seqlen_q} != seqlen_k={case.seqlen_k} is not supported")
         if backward and not self.supports_backward:
             reasons.append("backward is not supported")
+        multiple = self.seqlen_multiple
+        if multiple > 1 and (case.seqlen_q % multiple or case.seqlen_k % multiple):
+            reasons.append(f"seqlen_q={case.seqlen_q}, seqlen_k={case.seqlen_k} (must be multiples of {multiple})")
         return reasons
 
     def expected_extra_bytes(self, case: Case, *, backward: bool = False) -> int | None:
@@ -177,6 +183,7 @@ class AttentionImpl:
             "seqlen_mismatch": self.supports_seqlen_mismatch,
             "backward": self.supports_backward,
             "memory_class": self.memory_class,
+            "seqlen_multiple": self.seqlen_multiple,
         }
 
 
