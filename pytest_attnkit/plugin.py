@@ -129,14 +129,19 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     session = metafunc.config.stash.get(SESSION_KEY, None)
     if session is None:
         return
-    if "attnkit_impl" in metafunc.fixturenames:
-        metafunc.parametrize("attnkit_impl", session.impl_names, ids=session.impl_names)
     if "attnkit_case" in metafunc.fixturenames:
         marker = metafunc.definition.get_closest_marker("attnkit_cases")
         if marker is None:
             raise pytest.UsageError(f"{metafunc.definition.nodeid} uses attnkit_case without @pytest.mark.attnkit_cases(family)")
-        cases = session.cases(marker.args[0])
-        metafunc.parametrize("attnkit_case", cases, ids=[case.id for case in cases])
+        if "attnkit_impl" in metafunc.fixturenames:
+            pairs = session.pairs(marker.args[0])
+            metafunc.parametrize(("attnkit_impl", "attnkit_case"), pairs,
+                                 ids=[f"{name}-{case.id}" for name, case in pairs])
+        else:
+            cases = session.cases(marker.args[0])
+            metafunc.parametrize("attnkit_case", cases, ids=[case.id for case in cases])
+    elif "attnkit_impl" in metafunc.fixturenames:
+        metafunc.parametrize("attnkit_impl", session.impl_names, ids=session.impl_names)
 
 
 @pytest.hookimpl(trylast=True)  # after -k and -m have deselected what they deselect

@@ -26,3 +26,8 @@ def run_attnkit(pytester: pytest.Pytester, *args: str) -> tuple[dict[str, Outcom
                 text = str(report.longrepr or "")
             outcomes[name] = Outcome(report.outcome, text)
     return outcomes, recorder
+
+
+def fake(name: str) -> str:
+    """The entry-point target of an implementation in tests/fakes/fake_kernels.py."""
+    return f"fake_kernels:{name}"

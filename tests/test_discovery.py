@@ -6,8 +6,7 @@ import re
 
 import pytest
 
-from conftest import fake
-from helpers import run_attnkit
+from helpers import fake, run_attnkit
 
 SMALL = "b1-h2-q17-k17-d32-fp16-causal"
 D64 = "b2-h4:2-q113-k113-d64-fp16-causal"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import fake
+from helpers import fake
 
 SPEED = ("--attnkit", "--attnkit-suite", "speed", "--attnkit-device", "cpu", "--benchmark-disable",
          "--attnkit-baseline-dir=bl", "-k", "speed_forward and not causal")

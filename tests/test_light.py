@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import fake
+from helpers import fake
 
 HEAVY = ("torch", "triton", "cupy")
 

@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from conftest import fake
+from helpers import fake
 
 SPEED = ("--attnkit", "--attnkit-impl", "repeated", "--attnkit-device", "cpu", "--benchmark-disable",
          "--attnkit-baseline-dir=bl", "-k", "q17-k17 or (speed_forward and not causal)")

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import fake
-from helpers import run_attnkit
+from helpers import fake, run_attnkit
 
 NQ_GT_NK = "b1-h2-q203-k113-d64-fp16-causal"
 GQA = "b2-h4:2-q113-k113-d64-fp16-causal"

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import fake
+from helpers import fake
 
 ARGS = ("--attnkit", "--attnkit-suite", "speed", "--attnkit-impl", "repeated", "--attnkit-device", "cpu",
         "--attnkit-baseline-dir", "bl", "--benchmark-disable", "-k", "speed_forward and not causal")

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import fake
-from helpers import run_attnkit
+from helpers import fake, run_attnkit
 
 CASES = "test_forward and (q17-k17 or q113-k113)"
 SMALL = "b1-h2-q17-k17-d32-fp16-causal"

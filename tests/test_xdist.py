@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from conftest import fake
+from helpers import fake
 
 pytest.importorskip("xdist")
 

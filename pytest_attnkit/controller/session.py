@@ -19,7 +19,7 @@ import pytest
 
 from pytest_attnkit import cases as case_sets
 from pytest_attnkit.contract import Case
-from pytest_attnkit.controller import report, xdist
+from pytest_attnkit.controller import coverage, report, xdist
 from pytest_attnkit.controller.baselines import BaselineError, BaselineStore
 from pytest_attnkit.controller.correctness import CorrectnessCheck
 from pytest_attnkit.controller.memory import NO_MEMORY_METER_ON_CPU, MemoryCheck
@@ -51,6 +51,8 @@ class AttnkitSession:
         #: implementation -> suite -> how many of its tests were collected.
         self.collected: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.document: dict[str, Any] | None = None
+        #: (implementation, twin's case id) -> the id of the case the twin stands for.
+        self.twins: dict[tuple[str, str], str] = {}
         self.rootdir_warning = moved_rootdir(config, settings)
 
     # -- start-up ---------------------------------------------------------------------------
@@ -129,6 +131,14 @@ class AttnkitSession:
             raise ValueError(f"unknown case family {family!r}")
         self.config.hook.pytest_attnkit_modify_cases(config=self.config, family=family, cases=cases)
         return cases
+
+    def pairs(self, family: str) -> list[tuple[str, Case]]:
+        """(implementation, case) pairs of a family: each implementation's in-contract twins
+        (:mod:`pytest_attnkit.controller.coverage`), recorded for the coverage line."""
+        capabilities = {name: info.capabilities for name, info in self.pool.impls.items()}
+        chosen, twins = coverage.pairs(capabilities, self.cases(family))
+        self.twins.update(twins)
+        return chosen
 
     def threshold(self, key: EntryKey) -> float:
         """The gate's threshold: a conftest hook first, then the settings (ini overrides, option).
@@ -218,8 +228,10 @@ class AttnkitSession:
         reason = None
         if skipped:
             reason = text.removeprefix("Skipped: ").split(": ", 1)[-1].split(";")[0].strip()[:60]
-        self.test_outcomes.append({"test": item.nodeid, "impl": params["attnkit_impl"], "suite": self.suite_of(item) or "?",
+        impl = params["attnkit_impl"]
+        self.test_outcomes.append({"test": item.nodeid, "impl": impl, "suite": self.suite_of(item) or "?",
                                    "case": case.id if case is not None else None, "function": item.originalname,
+                                   "twin_of": self.twins.get((impl, case.id)) if case is not None else None,
                                    "outcome": test_report.outcome, "reason": reason, "message": text[:4000]})
 
     def baseline_state(self) -> dict[str, Any]:

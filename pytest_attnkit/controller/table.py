@@ -98,7 +98,10 @@ def correctness_verdict(document: dict[str, Any], name: str) -> str:
     if not collected:
         return "not run"
     ran = counts["passed"] + counts["failed"]
-    coverage = f"{ran} of {collected} cases run ({counts['passed']} passed, {counts['failed']} failed), {counts['skipped']} skipped"
+    twins = sum(1 for test in document["tests"] if test["impl"] == name and test["suite"] == "correctness"
+                and test.get("twin_of") and test["outcome"] in ("passed", "failed"))
+    coverage = (f"{ran} of {collected} cases run ({counts['passed']} passed, {counts['failed']} failed"
+                + (f"; {twins} as in-contract twins" if twins else "") + f"), {counts['skipped']} skipped")
     reasons = Counter(test.get("reason") for test in document["tests"]
                       if test["impl"] == name and test["suite"] == "correctness" and test["outcome"] == "skipped")
     if reasons:

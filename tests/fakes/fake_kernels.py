@@ -1,0 +1,146 @@
+"""Attention implementations for the plugin's own tests, each correct except for the one rule it
+breaks. ``fake_dist`` (tests/conftest.py) copies this file into a fake distribution; it is never
+imported by the pytest process that runs the project's tests.
+"""
+
+import math, os, time, ctypes
+import torch
+from pytest_attnkit import AttentionImpl
+from pytest_attnkit.oracle import attention_math
+
+
+def good(q, k, v, *, causal=False, scale=None):
+    """Plain attention computed in float32: correct within the rule for every case."""
+    out = attention_math(q.float(), k.float(), v.float(), causal=causal, scale=scale)
+    return out.to(q.dtype)
+
+
+def repeated(q, k, v, *, causal=False, scale=None):
+    """Correct, and as slow as ATTNKIT_TEST_REPEAT times the work: real extra work for the gate."""
+    for _ in range(int(os.environ.get("ATTNKIT_TEST_REPEAT", "1"))):
+        out = good(q, k, v, causal=causal, scale=scale)
+    return out
+
+
+def wrong_scale(q, k, v, *, causal=False, scale=None):
+    return good(q * 1.05, k, v, causal=causal, scale=scale)
+
+
+def top_left_causal(q, k, v, *, causal=False, scale=None):
+    """Aligns the causal mask top-left (torch's is_causal) instead of bottom-right."""
+    if causal and q.shape[-2] != k.shape[-2]:
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        mask = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril()
+        kk = k.float().repeat_interleave(q.shape[1] // k.shape[1], 1)
+        vv = v.float().repeat_interleave(q.shape[1] // v.shape[1], 1)
+        s = (q.float() @ kk.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        return (s.masked_fill(~mask, -math.inf).softmax(-1) @ vv).to(q.dtype)
+    return good(q, k, v, causal=causal, scale=scale)
+
+
+def gqa_modulo(q, k, v, *, causal=False, scale=None):
+    """Maps query head h to kv head h % Hkv instead of h // group."""
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k = k.repeat(1, group, 1, 1)
+        v = v.repeat(1, group, 1, 1)
+    return good(q, k, v, causal=causal, scale=scale)
+
+
+def half_written(q, k, v, *, causal=False, scale=None):
+    """Leaves the second half of the query rows unwritten."""
+    right = good(q, k, v, causal=causal, scale=scale)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    rows = max(1, q.shape[-2] // 2)
+    with torch.no_grad():
+        out[..., :rows, :] = right[..., :rows, :]
+    return out
+
+
+def nan_output(q, k, v, *, causal=False, scale=None):
+    out = good(q, k, v, causal=causal, scale=scale).clone()
+    out.view(-1)[-1] = float("nan")
+    return out
+
+
+def modifies_input(q, k, v, *, causal=False, scale=None):
+    out = good(q, k, v, causal=causal, scale=scale)
+    with torch.no_grad():
+        k.view(-1)[0] += 1.0 if k.is_contiguous() else 0.0
+        k[0, 0, 0, 0] += 1.0
+    return out
+
+
+def wrong_shape(q, k, v, *, causal=False, scale=None):
+    return good(q, k, v, causal=causal, scale=scale)[..., :-1]
+
+
+def wrong_dtype(q, k, v, *, causal=False, scale=None):
+    return good(q, k, v, causal=causal, scale=scale).float()
+
+
+def wrong_device(q, k, v, *, causal=False, scale=None):
+    return good(q, k, v, causal=causal, scale=scale).to("meta")
+
+
+def not_a_tensor(q, k, v, *, causal=False, scale=None):
+    return good(q, k, v, causal=causal, scale=scale).tolist()
+
+
+class _ScaledGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 1.1
+
+
+def wrong_grad(q, k, v, *, causal=False, scale=None):
+    """Right output, gradients 10% too large."""
+    return good(q, k, _ScaledGrad.apply(v), causal=causal, scale=scale)
+
+
+def detached(q, k, v, *, causal=False, scale=None):
+    with torch.no_grad():
+        return good(q, k, v, causal=causal, scale=scale)
+
+
+def raises(q, k, v, *, causal=False, scale=None):
+    raise RuntimeError("kernel launch failed: too many resources requested")
+
+
+def segfault(q, k, v, *, causal=False, scale=None):
+    ctypes.string_at(0)
+
+
+def aborts(q, k, v, *, causal=False, scale=None):
+    os.abort()
+
+
+def hangs(q, k, v, *, causal=False, scale=None):
+    time.sleep(3600)
+
+
+class HeadDim64Only(AttentionImpl):
+    head_dims = (64,)
+    supports_backward = False
+
+    def forward(self, q, k, v, *, causal=False, scale=None):
+        return good(q, k, v, causal=causal, scale=scale)
+
+
+class NeedsFrobnicator(AttentionImpl):
+    def unavailable_reason(self, device):
+        return "needs a frobnicator (none found)"
+
+    def forward(self, q, k, v, *, causal=False, scale=None):
+        return good(q, k, v, causal=causal, scale=scale)
+
+
+class NotAnImpl:
+    pass
+
+
+INSTANCE = HeadDim64Only()
