@@ -48,3 +48,21 @@ def test_long_calls_get_one_warmup_and_fewer_samples() -> None:
     assert len(timing.samples_ms) == gate.MIN_SAMPLES  # the default floor for long calls is the gate's minimum
     assert len(calls) == 2 + gate.MIN_SAMPLES  # the first call, one warm call found it long, then the samples
     assert timing.first_call_ms is not None and timing.first_call_ms >= 30
+
+
+def test_prepare_runs_before_every_call_and_is_not_timed() -> None:
+    events = []
+
+    def prepare() -> None:
+        events.append("prepare")
+        time.sleep(0.02)
+
+    def call() -> None:
+        assert events[-1] == "prepare", "every call must have its own prepare"
+        events.append("call")
+        time.sleep(0.002)
+
+    timing = timer.time_call(call, "cpu", budget_ms=40, min_samples=6, max_samples=20, prepare=prepare)
+    assert events == ["prepare", "call"] * (3 + 1 + len(timing.samples_ms))
+    assert all(2.0 <= sample < 20.0 for sample in timing.samples_ms)
+    assert timing.first_call_ms is not None and timing.first_call_ms < 20.0

@@ -1,7 +1,15 @@
 """Speed, as the worker takes it: one case timed in one mode, and the machine's ceilings.
 
 The inputs are made outside the timed region, and successive calls rotate over copies of them
-(:func:`input_set_count`); the timer is :mod:`pytest_attnkit.worker.timer`. What a case counts
+(:func:`input_set_count`); the timer is :mod:`pytest_attnkit.worker.timer`.
+
+A backward sample runs ``torch.autograd.grad`` once on a graph of its own, whose forward ran just
+before, outside the timed region (the timer's ``prepare``): a graph is run backward once and
+freed, as in training, so a compiled backward that donates its saved buffers (torch.compile's
+default, which refuses ``retain_graph=True``) is timed like any other, and no gradient
+accumulates across samples. Switching ``torch._functorch.config.donated_buffer`` off instead (as
+tritonbench does) would change the kernel under test, and only for kernels compiled after the
+switch in this process. What a case counts
 (FLOPs, bytes) is :mod:`pytest_attnkit.counts`, shared with the pytest process.
 
 The machine's ceilings are measured in the same run (:func:`measure_ceilings`): a large bf16
@@ -35,22 +43,23 @@ def input_set_count(case: Case, mode: str, device: str) -> int:
 def measure_speed(impl: AttentionImpl, case: Case, mode: str, *, device: str, seed: int,
                   budget_ms: float, hold_stream: bool = True, input_sets: int | None = None) -> dict[str, Any]:
     """Time one case in one mode. Inputs are made once, outside the timed region; successive calls
-    take the next of ``input_sets`` copies (default: :func:`input_set_count`)."""
-    import torch
-
+    take the next of ``input_sets`` copies (default: :func:`input_set_count`). A backward call
+    runs the backward of a graph built for it alone (see the module docstring)."""
     from pytest_attnkit.worker.inputs import make_inputs
     from pytest_attnkit.worker.timer import time_call
 
     backward = mode == "backward"
-    calls = []
+    sets = []
     for _ in range(input_sets or input_set_count(case, mode, device)):
         inputs = make_inputs(case, device, seed)
         q, k, v = (t.detach().requires_grad_(backward) for t in (inputs.q, inputs.k, inputs.v))
-        if backward:
-            out = impl(q, k, v, causal=case.causal, scale=None)
-            calls.append(functools.partial(torch.autograd.grad, out, (q, k, v), inputs.dout, retain_graph=True))
-        else:
-            calls.append(functools.partial(_forward, impl, q, k, v, case.causal))
+        sets.append((q, k, v, inputs.dout))
+    if backward:
+        graphs = _BackwardGraphs(impl, itertools.cycle(sets), case.causal)
+        timing = time_call(graphs.backward, device, budget_ms=budget_ms, hold_stream=hold_stream,
+                           prepare=graphs.prepare)
+        return {"timing": timing.to_dict(), "input_sets": len(sets)}
+    calls = [functools.partial(_forward, impl, q, k, v, case.causal) for q, k, v, _ in sets]
     rotation = itertools.cycle(calls)
 
     def call() -> Any:
@@ -58,6 +67,33 @@ def measure_speed(impl: AttentionImpl, case: Case, mode: str, *, device: str, se
 
     timing = time_call(call, device, budget_ms=budget_ms, hold_stream=hold_stream)
     return {"timing": timing.to_dict(), "input_sets": len(calls)}
+
+
+class _BackwardGraphs:
+    """One autograd graph per backward call: ``prepare`` runs the forward on the next input set
+    (untimed), ``backward`` runs that graph's backward once, freeing it (timed)."""
+
+    def __init__(self, impl: AttentionImpl, rotation: Any, causal: bool) -> None:
+        self.impl, self.rotation, self.causal = impl, rotation, causal
+        self.pending: tuple[Any, tuple[Any, Any, Any], Any] | None = None
+
+    def prepare(self) -> None:
+        import torch
+
+        q, k, v, dout = next(self.rotation)
+        self.pending = None  # a graph left unused (never, with the timer) is dropped before the next is built
+        with torch.enable_grad():
+            out = self.impl(q, k, v, causal=self.causal, scale=None)
+        self.pending = (out, (q, k, v), dout)
+
+    def backward(self) -> Any:
+        import torch
+
+        if self.pending is None:
+            raise RuntimeError("a backward sample without its graph: the timer must call prepare before each call")
+        out, inputs, dout = self.pending
+        self.pending = None
+        return torch.autograd.grad(out, inputs, dout)
 
 
 def _forward(impl: AttentionImpl, q: Any, k: Any, v: Any, causal: bool) -> Any:

@@ -14,6 +14,11 @@ short call's events also time the host: the start event fires as soon as the flu
 GPU then waits for Python and the launch path to deliver the kernels (a 0.03 ms decode call read
 two to five times that; docs/NOTES.md). The host's part is measured on its own
 (``Timing.launch_ms``) and reported beside the GPU time, not mixed into it.
+
+A call that needs something made fresh before each run (a backward needs its own autograd graph,
+since a compiled backward may free the graph it runs) passes ``prepare``: it runs before every
+call of ``fn``, warm-up and samples alike, outside the timed region (on CUDA before the hold,
+and waited for), so only ``fn`` is timed.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ def _sample_count(estimate_ms: float, budget_ms: float, min_samples: int, max_sa
 
 def time_call(fn: Callable[[], Any], device: str, *, budget_ms: float = 400.0, min_samples: int = 15,
               max_samples: int = 100, warmup: int = 3, long_call_ms: float = 100.0,
-              long_min_samples: int = 6, hold_stream: bool = True) -> Timing:
+              long_min_samples: int = 6, hold_stream: bool = True,
+              prepare: Callable[[], Any] | None = None) -> Timing:
     """Time ``fn`` (which runs the implementation once) on ``device``; see the module docstring.
 
     Calls longer than ``long_call_ms`` (a materializing kernel at 16k tokens takes seconds) get
@@ -47,7 +53,8 @@ def time_call(fn: Callable[[], Any], device: str, *, budget_ms: float = 400.0, m
     ``min_samples`` (the gate's minimum: its exact test decides on six a side) and one host-wall
     check instead of five: such calls repeat closely, and the full count made the naive kernel's
     long cases most of a speed run. ``hold_stream=False`` leaves out the hold (see the module
-    docstring), to show what it changes.
+    docstring), to show what it changes. ``prepare``, when given, runs before every call of ``fn``
+    and is never timed (see the module docstring); the first-call and warm-up figures are ``fn``'s.
     """
     import torch
 
@@ -56,11 +63,18 @@ def time_call(fn: Callable[[], Any], device: str, *, budget_ms: float = 400.0, m
             torch.cuda.synchronize()
 
     started = time.perf_counter()
+    if prepare is not None:
+        prepare()
+        synchronize()
+    call_started = time.perf_counter()
     fn()  # the first call: compilation, autotuning, allocations
     synchronize()
-    first_call_ms = (time.perf_counter() - started) * 1e3
+    first_call_ms = (time.perf_counter() - call_started) * 1e3
     last_ms = None  # the latest warm call's host time
     for _ in range(warmup - 1):
+        if prepare is not None:
+            prepare()
+            synchronize()
         call_started = time.perf_counter()
         fn()
         synchronize()
@@ -71,15 +85,15 @@ def time_call(fn: Callable[[], Any], device: str, *, budget_ms: float = 400.0, m
     long_call = last_ms is not None and last_ms > long_call_ms
     floor = long_min_samples if long_call else min_samples
     if device != "cuda":
-        estimate = last_ms if long_call else _time_cpu(fn, 1)[0]
-        samples = _time_cpu(fn, _sample_count(estimate, budget_ms, floor, max_samples))
+        estimate = last_ms if long_call else _time_cpu(fn, 1, prepare)[0]
+        samples = _time_cpu(fn, _sample_count(estimate, budget_ms, floor, max_samples), prepare)
         return Timing(tuple(samples), warmup_ms, "perf-counter", first_call_ms=first_call_ms)
-    launch, wall = _time_synchronized(fn, 1 if long_call else 5)
+    launch, wall = _time_synchronized(fn, 1 if long_call else 5, prepare)
     launch_ms = statistics.median(launch)
     hold = hold_ms(launch_ms) if hold_stream else 0.0
     flush = l2_flush_buffer()
-    estimate = last_ms if long_call else min(event_samples(fn, 3, flush, hold))
-    samples = event_samples(fn, _sample_count(estimate, budget_ms, floor, max_samples), flush, hold)
+    estimate = last_ms if long_call else min(event_samples(fn, 3, flush, hold, prepare))
+    samples = event_samples(fn, _sample_count(estimate, budget_ms, floor, max_samples), flush, hold, prepare)
     return Timing(tuple(samples), warmup_ms, "cuda-events", host_wall_ms=statistics.median(wall), first_call_ms=first_call_ms,
                   launch_ms=launch_ms, hold_ms=hold, wait_ms=statistics.median(w - l for w, l in zip(wall, launch)))
 
@@ -98,15 +112,21 @@ def l2_flush_buffer() -> Any:
     return torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
 
 
-def event_samples(fn: Callable[[], Any], count: int, flush: Any, hold: float = 0.0) -> list[float]:
+def event_samples(fn: Callable[[], Any], count: int, flush: Any, hold: float = 0.0,
+                  prepare: Callable[[], Any] | None = None) -> list[float]:
     """``count`` CUDA-event timings of ``fn`` in milliseconds, ``flush`` zeroed before each one and
-    the stream then held busy for ``hold`` milliseconds (see the module docstring)."""
+    the stream then held busy for ``hold`` milliseconds (see the module docstring). ``prepare``,
+    when given, runs before each hold and is waited for, so its work is done before the sample's
+    hold, flush and call are issued."""
     import torch
 
     cycles = round(hold * spin_cycles_per_ms()) if hold > 0 else 0
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
     for start, end in zip(starts, ends):
+        if prepare is not None:
+            prepare()
+            torch.cuda.synchronize()
         if cycles:
             torch.cuda._sleep(cycles)  # the GPU spins while the host issues the flush and the call behind it
         flush.zero_()  # evict the inputs from L2 so every call reads them from memory
@@ -140,13 +160,16 @@ def spin_cycles_per_ms() -> float:
     return _spin_rate[device]
 
 
-def _time_synchronized(fn: Callable[[], Any], count: int) -> tuple[list[float], list[float]]:
+def _time_synchronized(fn: Callable[[], Any], count: int,
+                       prepare: Callable[[], Any] | None = None) -> tuple[list[float], list[float]]:
     """Host milliseconds per call, from an idle GPU: to issue the call, and until the whole device
     finished it."""
     import torch
 
     launch, wall = [], []
     for _ in range(count):
+        if prepare is not None:
+            prepare()
         torch.cuda.synchronize()
         started = time.perf_counter()
         fn()
@@ -156,9 +179,11 @@ def _time_synchronized(fn: Callable[[], Any], count: int) -> tuple[list[float], 
     return launch, wall
 
 
-def _time_cpu(fn: Callable[[], Any], count: int) -> list[float]:
+def _time_cpu(fn: Callable[[], Any], count: int, prepare: Callable[[], Any] | None = None) -> list[float]:
     samples = []
     for _ in range(count):
+        if prepare is not None:
+            prepare()
         started = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - started) * 1e3)
