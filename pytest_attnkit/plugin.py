@@ -55,6 +55,34 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     options.add_options(parser)
 
 
+def _suite_node_ids(config: pytest.Config) -> list[str] | None:
+    """Let a bundled suite's node id be pasted back as pytest printed it.
+
+    pytest prints ``pytest_attnkit/suites/test_correctness.py::test_forward[impl-case]`` wherever
+    the package is installed; such an argument is pointed at the installed file. Returns the
+    parametrization ids when every argument is such a node id, so that only the implementations
+    they name are started."""
+    suite_files = {module.replace(".", "/") + ".py": path for path, module in _suite_files().items()}
+    params: list[str] | None = []
+    for index, arg in enumerate(config.args):
+        path, separator, rest = arg.partition("::")
+        normalized = path.replace("\\", "/")
+        target = next((real for known, real in suite_files.items() if normalized.endswith(known)), None)
+        if target is None or Path(config.invocation_params.dir, path).exists():
+            if target is None:
+                params = None
+            if target is None or not separator:
+                continue
+        else:
+            config.args[index] = str(target) + separator + rest
+        if params is not None:
+            if "[" in rest and rest.endswith("]"):
+                params.append(rest[rest.index("[") + 1:-1])
+            else:
+                params = None
+    return params or None
+
+
 def _interrupt_on_sigterm(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"attnkit: received {signal.Signals(signum).name}")
 
@@ -88,7 +116,7 @@ def pytest_configure(config: pytest.Config) -> None:
     session = AttnkitSession(settings, config)
     config.stash[SESSION_KEY] = session
     try:
-        session.start()
+        session.start(only=_suite_node_ids(config))
     except BaseException:
         session.close()
         raise

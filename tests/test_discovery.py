@@ -104,3 +104,15 @@ def test_memory_suite_says_why_it_measures_nothing_on_the_cpu(pytester: pytest.P
     result.assert_outcomes(skipped=2)
     result.stdout.fnmatch_lines(["SKIPPED [[]1[]] *: the memory suite measures the CUDA caching allocator's peaks; "
                                  "this run is on the CPU, where torch keeps no peak statistics, so nothing is measured"])
+
+
+def test_a_node_id_as_pytest_printed_it_reruns_just_that_test(pytester: pytest.Pytester, fake_dist) -> None:
+    fake_dist({"good": fake("good"), "wrong_scale": fake("wrong_scale")})
+    node_id = f"pytest_attnkit/suites/test_correctness.py::test_forward[wrong_scale-{SMALL}]"
+    failed = pytester.runpytest("--attnkit", "-k", f"test_forward and {SMALL}")
+    failed.stdout.fnmatch_lines([f"FAILED {node_id}*"])
+    failed.stdout.fnmatch_lines(["*rerun with pytest --attnkit --attnkit-impl=wrong_scale --attnkit-seed=0 -k*"])
+    again = pytester.runpytest("--attnkit", node_id)
+    again.assert_outcomes(failed=1)
+    header = "\n".join(line for line in again.outlines if line.startswith("attnkit:   "))
+    assert "wrong_scale" in header and "good" not in header  # only the implementation it names is started

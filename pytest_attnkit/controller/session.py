@@ -56,14 +56,23 @@ class AttnkitSession:
         self.rootdir_warning = moved_rootdir(config, settings)
 
     # -- start-up ---------------------------------------------------------------------------
-    def start(self) -> None:
-        """Discover and select implementations, probe the device, start the pool, build the checks."""
+    def start(self, only: list[str] | None = None) -> None:
+        """Discover and select implementations, probe the device, start the pool, build the checks.
+
+        ``only``: the parametrization ids of the node ids given on the command line; with no
+        ``--attnkit-impl``, only the implementations they name are started."""
         from pytest_attnkit.registry import discover, select
 
         try:
             refs = select(discover(), self.settings.impl)
         except LookupError as error:
             raise pytest.UsageError(f"attnkit: {error} ({self.settings.sources['impl']})") from None
+        if only and self.settings.sources.get("impl") == "default":
+            names = sorted((ref.name for ref in refs), key=len, reverse=True)
+            named = {next((name for name in names if param == name or param.startswith(f"{name}-")), None)
+                     for param in only}
+            if None not in named:
+                refs = [ref for ref in refs if ref.name in named]
         self._probe_environment()
         self.profile = self.settings.profile if self.settings.profile != "auto" else (
             "smoke" if self.device == "cpu" else "default")
