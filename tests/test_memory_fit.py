@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_attnkit.controller.memory import classify, fit_exponent, memory_problems
-from pytest_attnkit.controller.table import memory_table
+from pytest_attnkit.controller.memory import (
+    MemorySweepResult, classify, fit_exponent, fit_power_law, memory_problems, unclear_reason, verdict)
+from pytest_attnkit.controller.table import memory_lines, memory_table
+from pytest_attnkit.cases import MemorySweep
 from pytest_attnkit.records import MemoryPoint
 
 SEQLENS = [1024, 2048, 4096, 8192, 16384, 32768]
@@ -92,3 +94,86 @@ def test_too_few_points_after_an_early_oom_fails() -> None:
 
 def test_undeclared_class_is_reported_not_failed() -> None:
     assert memory_problems(None, _points(lambda n: 4 * 16 * n * n)) == []
+
+
+# The compiled kernel, forward+backward: the first call's compilation and workspace read
+# 48.1 MiB at N=1024, then 258 KiB at 2048 rising to 4 MiB at 32768. The plain fit said N^-0.23, "linear".
+SPIKE = [int(48.1 * 2**20)] + [int(258 * 2**10 * (4 * 2**20 / (258 * 2**10)) ** (i / 4)) for i in range(5)]
+
+
+def test_a_first_call_spike_is_unclear_and_enforces_no_class() -> None:
+    fit = fit_power_law(SEQLENS, SPIKE)
+    assert fit is not None and fit.slope == pytest.approx(-0.23, abs=0.01)
+    assert fit.r2 < 0.1 and fit.worst_n == 1024 and fit.worst_factor > 10 and fit.first_factor > 100
+    assert verdict(fit) == "unclear"
+    assert "the first point is 381.1x above the line through the others" in unclear_reason(fit)
+    points = [MemoryPoint(n, "measured", extra_bytes=b) for n, b in zip(SEQLENS, SPIKE)]
+    assert memory_problems("linear", points) == [] and memory_problems("quadratic", points) == []
+
+
+def test_a_first_point_far_above_the_others_is_unclear_even_with_a_rising_slope() -> None:
+    # Linear from 2k on, and a first call 3x above that line: the slope still reads near-linear.
+    extra = [3 * 128 * 1024] + [128 * n for n in SEQLENS[1:]]
+    fit = fit_power_law(SEQLENS, extra)
+    assert fit.slope > 0.7 and fit.first_factor == pytest.approx(3.0)
+    assert verdict(fit) == "unclear" and "first point is" in unclear_reason(fit)
+
+
+def test_clean_sweeps_keep_their_classes_and_report_the_fit() -> None:
+    for extra, expected in (([64 * n for n in SEQLENS], "linear"), ([64 * n * n for n in SEQLENS], "quadratic"),
+                            ([4 * 16 * n + 32 * 2**20 for n in SEQLENS], "linear")):
+        fit = fit_power_law(SEQLENS, extra)
+        assert unclear_reason(fit) is None and verdict(fit) == expected
+        assert fit.worst_factor < 1.1
+    # A constant workspace with a small linear part: R^2 says little (0.83), every point is on the line.
+    flat = fit_power_law(SEQLENS, [4 * 16 * n + 32 * 2**20 for n in SEQLENS])
+    assert flat.r2 < 0.9 and flat.worst_factor < 1.02
+    exact = fit_power_law(SEQLENS, [64 * n * n for n in SEQLENS])
+    assert exact.r2 == pytest.approx(1.0) and exact.worst_factor == pytest.approx(1.0)
+
+
+def test_a_negative_slope_is_unclear() -> None:
+    fit = fit_power_law(SEQLENS, [2**30 // n for n in SEQLENS])
+    assert fit.slope == pytest.approx(-1.0) and verdict(fit) == "unclear"
+    # Flat within noise is not negative.
+    assert verdict(fit_power_law(SEQLENS, [2**20, 2**20 - 4096, 2**20 + 2048, 2**20 - 8192, 2**20, 2**20 - 4096])) == "linear"
+
+
+def test_points_that_follow_no_power_law_are_unclear() -> None:
+    extra = [64 * n * (3 if i % 2 else 1) for i, n in enumerate(SEQLENS)]  # a zigzag, 3x apart
+    fit = fit_power_law(SEQLENS, extra)
+    assert fit.r2 < 0.9 and fit.worst_factor > 1.25 and fit.first_factor < 2
+    assert verdict(fit) == "unclear" and "follow no power law" in unclear_reason(fit)
+
+
+def test_unclear_still_fails_on_unmetered_memory() -> None:
+    points = [MemoryPoint(n, "measured", extra_bytes=b) for n, b in zip(SEQLENS, SPIKE)]
+    points[3] = MemoryPoint(SEQLENS[3], "measured", extra_bytes=SPIKE[3], unmetered_bytes=2**30)
+    assert len(memory_problems("linear", points)) == 1
+
+
+def test_an_unclear_sweep_shows_its_points_and_no_class() -> None:
+    points = tuple(MemoryPoint(n, "measured", extra_bytes=b) for n, b in zip(SEQLENS, SPIKE))
+    result = MemorySweepResult("compiled", "forward+backward", "linear", points, MemorySweep(seqlens=tuple(SEQLENS)))
+    document = result.to_dict()
+    assert document["verdict"] == "unclear" and document["r2"] < 0.1 and document["worst_residual"] > 10
+    assert result.problems == []
+    lines = memory_lines({"memory": [document]})
+    assert lines == result.table()
+    text = " ".join("\n".join(lines).split())
+    assert "unclear, no class: the first point is 381.1x above the line through the others" in text
+    assert "fitted exponent -0.23, R^2 0.025, worst point 16.95x off the line at N=1024" in text
+    assert "declared linear not enforced" in text and "-> " not in text
+    assert "linear" not in text.replace("declared linear", "")
+    assert sum(line.lstrip().startswith(str(n)) for line in lines for n in SEQLENS) == len(SEQLENS)
+    [spike] = [line for line in lines if line.lstrip().startswith("1024 ")]
+    assert "48.1 MiB" in spike and "x off the line" in spike
+
+
+def test_a_clean_sweep_shows_its_class_and_fit_quality() -> None:
+    points = tuple(MemoryPoint(n, "measured", extra_bytes=64 * n * n) for n in SEQLENS)
+    result = MemorySweepResult("naive", "forward", "quadratic", points, MemorySweep(seqlens=tuple(SEQLENS)))
+    document = result.to_dict()
+    assert document["verdict"] == "quadratic" and document["r2"] == pytest.approx(1.0)
+    assert document["worst_residual"] == pytest.approx(1.0)
+    assert result.table()[0].startswith("naive (forward): fitted exponent 2.00 -> quadratic (R^2 1.000, worst point 1.00x")

@@ -160,27 +160,44 @@ def headline_lines(document: dict[str, Any]) -> list[str]:
     return lines
 
 
-def memory_table(name: str, direction: str, points: list[dict[str, Any]], slope: float | None, verdict: str) -> list[str]:
-    """A sweep as a person reads it: N, peak extra bytes, bytes per token, the model, the fit."""
-    lines = [f"{name} ({direction}): fitted exponent {'none (no extra memory)' if slope is None else f'{slope:.2f}'}"
-             f" -> {verdict}",
-             f"  {'N':>7}  {'extra (peak)':>14}  {'bytes/token':>12}  {'model':>12}  note"]
+def memory_table(name: str, direction: str, points: list[dict[str, Any]], slope: float | None, verdict: str, *,
+                 r2: float | None = None, worst: float | None = None, worst_n: int | None = None,
+                 reason: str | None = None, declared: str | None = None) -> list[str]:
+    """A sweep as a person reads it: N, peak extra bytes, bytes per token, the model, the fit and
+    how well it fits (R^2, the point farthest from the line). An unclear sweep shows why, and no
+    class."""
+    exponent = "none (no extra memory)" if slope is None else f"{slope:.2f}"
+    quality = ""
+    if r2 is not None and worst is not None:
+        quality = f"R^2 {r2:.3f}, worst point {worst:.2f}x off the line" + (f" at N={worst_n}" if worst_n else "")
+    if verdict == "unclear":
+        head = (f"{name} ({direction}): unclear, no class: {reason or 'the fit is poor'}; fitted exponent {exponent}"
+                + (f", {quality}" if quality else "")
+                + (f"; declared {declared} not enforced" if declared else ""))
+    else:
+        head = f"{name} ({direction}): fitted exponent {exponent} -> {verdict}" + (f" ({quality})" if quality else "")
+    lines = wrap(head, "    ")
+    lines.append(f"  {'N':>7}  {'extra (peak)':>14}  {'bytes/token':>12}  {'model':>12}  note")
     for point in points:
         if point["status"] != "measured":
             lines += wrap(f"  {point['seqlen']:>7}  {'-':>14}  {'-':>12}  {'-':>12}  {point['status']}: {point['message']}",
                           " " * 55)
             continue
         model = format_bytes(point["expected_bytes"]) if point.get("expected_bytes") is not None else "-"
-        note = f"unmetered {format_bytes(point['unmetered_bytes'])}" if point.get("unmetered_bytes") else ""
+        notes = [f"unmetered {format_bytes(point['unmetered_bytes'])}"] if point.get("unmetered_bytes") else []
+        if verdict == "unclear" and worst is not None and point["seqlen"] == worst_n:
+            notes.append(f"{worst:.2f}x off the line")
         lines.append(f"  {point['seqlen']:>7}  {format_bytes(point['extra_bytes']):>14}  "
-                     f"{point['extra_bytes'] / point['seqlen']:>12.1f}  {model:>12}  {note}")
+                     f"{point['extra_bytes'] / point['seqlen']:>12.1f}  {model:>12}  {', '.join(notes)}".rstrip())
     return lines
 
 
 def memory_lines(document: dict[str, Any]) -> list[str]:
     lines = []
     for sweep in document["memory"]:
-        lines += memory_table(sweep["impl"], sweep["direction"], sweep["points"], sweep["slope"], sweep["verdict"])
+        lines += memory_table(sweep["impl"], sweep["direction"], sweep["points"], sweep["slope"], sweep["verdict"],
+                              r2=sweep.get("r2"), worst=sweep.get("worst_residual"), worst_n=sweep.get("worst_n"),
+                              reason=sweep.get("unclear_reason"), declared=sweep.get("declared"))
         lines.append(f"  largest N that fit: {sweep['largest_n']}" + (f" ({sweep['stopped']})" if sweep.get("stopped") else ""))
     return lines
 

@@ -1,7 +1,10 @@
 """The memory meter, as the worker runs it: peak extra device memory of one call.
 
-For one sequence length the worker builds the inputs, empties torch's caching allocator, resets
-its peak statistics and runs one forward (or forward plus backward). The *extra* memory is the
+For one sequence length the worker builds the inputs and runs one forward (or forward plus
+backward) unmeasured, a warm-up whose compilation, autotuning and first-call workspaces (a
+compiled kernel's first call read 48 MiB at 1k tokens, then 258 KiB at 2k) are no part of what
+the kernel needs per call; then it frees that call's results, empties torch's caching allocator,
+resets its peak statistics and measures a second call. The *extra* memory is the
 allocator's peak above what was allocated before the call, less the tensors the call returns
 (the output and, with backward, the gradients): the workspace the implementation needed. Triton's
 scratch allocations and CuPy's are routed through torch's allocator so the meter sees them. A
@@ -100,6 +103,7 @@ def measure_point(impl: AttentionImpl, case: Case, *, backward: bool, seed: int)
         q, k, v = (t.detach().requires_grad_(backward) for t in (inputs.q, inputs.k, inputs.v))
         dout = inputs.dout if backward else None
         del inputs
+        _run(impl, case, q, k, v, dout)  # the warm-up: unmeasured; an OOM in it is the point's result
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -107,11 +111,7 @@ def measure_point(impl: AttentionImpl, case: Case, *, backward: bool, seed: int)
         reserved_before = torch.cuda.memory_reserved()
         with _DriverSampler(torch) as sampler:
             free_before = torch.cuda.mem_get_info()[0]
-            with torch.set_grad_enabled(backward):
-                out = impl(q, k, v, causal=case.causal, scale=None)
-                returned = [out]
-                if backward:
-                    returned += list(torch.autograd.grad(out, (q, k, v), dout))
+            returned = _run(impl, case, q, k, v, dout)
             torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - before
         retained = sum(t.numel() * t.element_size() for t in returned)
@@ -130,3 +130,15 @@ def measure_point(impl: AttentionImpl, case: Case, *, backward: bool, seed: int)
         if "out of memory" in str(error).lower() or type(error).__name__ == "OutOfMemoryError":
             return MemoryPoint(case.seqlen_q, "oom", message=f"{type(error).__name__}: {str(error).splitlines()[0]}")
         raise
+
+
+def _run(impl: AttentionImpl, case: Case, q: Any, k: Any, v: Any, dout: Any) -> list[Any]:
+    """One call: the output, and with ``dout`` the gradients of q, k and v (from a graph of its own)."""
+    import torch
+
+    with torch.set_grad_enabled(dout is not None):
+        out = impl(q, k, v, causal=case.causal, scale=None)
+        returned = [out]
+        if dout is not None:
+            returned += list(torch.autograd.grad(out, (q, k, v), dout))
+    return returned
