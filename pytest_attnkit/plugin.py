@@ -215,6 +215,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.config.stash[FINISH_KEY] = attnkit.finish(exitstatus)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """pytest-xdist: a worker finished; keep its report document for the controller's summary."""
+    session = node.config.stash.get(SESSION_KEY, None)
+    output = getattr(node, "workeroutput", {}) or {}
+    if session is not None and "attnkit" in output:
+        session.add_worker_document(output["attnkit"])
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     session = config.stash.get(SESSION_KEY, None)
     if session is None or session.document is None:

@@ -81,7 +81,8 @@ def test_a_slowdown_that_recurs_fails_and_keeps_the_round_the_verdict_used(tmp_p
     assert result.decision.now_median_ms == pytest.approx(1.25)
     assert result.ratio_to_reference == pytest.approx(1.25)  # not lost with the first round
 
-    check.save({"compute_capability": "9.0"}, "host")
+    store.save([(r.measurement, r.decision, r.ratio_to_reference) for r in check.results.values()],
+               {"compute_capability": "9.0"}, {}, "host")
     entry = json.loads(store.path.read_text())["entries"][key_string(EntryKey("kernel", "forward", CASE.id))]
     assert entry["median_ms"] == pytest.approx(1.25) and entry["ratio_to_reference"] == pytest.approx(1.25)
 

@@ -20,3 +20,20 @@ def test_correctness_in_parallel_and_no_parallel_timing(pytester: pytest.Pyteste
     result.assert_outcomes(passed=2, skipped=2)
     result.stdout.fnmatch_lines(["created: 2/2 workers*",
                                  "SKIPPED * the speed suite does not time in parallel: 2 xdist workers share 1 device(s)*"])
+
+
+def test_the_summary_and_the_report_combine_every_xdist_worker(pytester: pytest.Pytester, fake_dist,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    root = fake_dist({"good": fake("good"), "wrong_scale": fake("wrong_scale")})
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+    result = pytester.runpytest_subprocess("--attnkit", "--attnkit-impl=good,wrong_scale", "--attnkit-suite=correctness",
+                                           "-n", "2", "--attnkit-report=out", "-k", "test_forward and (q17-k17 or q113-k113)")
+    outcomes = result.parseoutcomes()
+    assert (outcomes["passed"], outcomes["failed"]) == (2, 2)
+    result.stdout.fnmatch_lines(["good             correctness  pass: 2 of * cases run (2 passed, 0 failed)*",
+                                 "wrong_scale      correctness  FAIL: 2 of * cases run (0 passed, 2 failed)*"])
+    document = json.loads((pytester.path / "out" / "attnkit-report.json").read_text())
+    ran = sorted(test["outcome"] for test in document["tests"] if test["outcome"] != "skipped")
+    assert ran == ["failed", "failed", "passed", "passed"]

@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
+from pytest_attnkit.contract import Case
+from pytest_attnkit.controller.gate import Decision
 from pytest_attnkit.controller.memory import MemorySweepResult
 from pytest_attnkit.controller.pool import ImplInfo
 from pytest_attnkit.controller.speed import SpeedCheck
 from pytest_attnkit.controller.table import NO_BREAK, markdown
+from pytest_attnkit.records import SpeedMeasurement, Timing
 
 SCHEMA = "pytest-attnkit/report"
 SCHEMA_VERSION = 2
@@ -69,6 +72,42 @@ def build(*, environment: dict[str, Any], device: str, profile: str, impls: list
             **baseline,
         },
     }
+
+
+def speed_records(document: dict[str, Any]) -> list[tuple[SpeedMeasurement, Decision | None, float | None]]:
+    """The document's speed measurements as records, with their gate decisions and ratios to the
+    reference: what a baseline save writes, whichever process timed them."""
+    decisions = {(d["impl"], d["mode"], d["case"]): d for d in document["speed"]["gate"]}
+    records = []
+    for m in document["speed"]["measurements"]:
+        measurement = SpeedMeasurement(m["impl"], m["mode"], Case.from_dict(m["shape"]), Timing.from_dict(m["timing"]),
+                                       m.get("input_sets", 1), m.get("gpu_state") or {})
+        stored = decisions.get((m["impl"], m["mode"], m["case"]))
+        decision = Decision(**{f.name: stored[f.name] for f in fields(Decision)}) if stored else None
+        records.append((measurement, decision, m.get("ratio_to_reference")))
+    return records
+
+
+def merge(document: dict[str, Any], parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Fold the documents of pytest-xdist's workers into the controller's: each worker ran a share
+    of the tests, and each collected all of them."""
+    speed = document["speed"]
+    for part in parts:
+        document["interrupted"] = document["interrupted"] or part["interrupted"]
+        document["tests"] += part["tests"]
+        document["memory"] += part["memory"]
+        speed["measurements"] += part["speed"]["measurements"]
+        speed["gate"] += part["speed"]["gate"]
+        speed["notes"] += [note for note in part["speed"]["notes"] if note not in speed["notes"]]
+        for key in ("ceilings", "gpu_state", "machine_factor"):
+            if not speed.get(key) and part["speed"].get(key):
+                speed[key] = part["speed"][key]
+        collected = document.setdefault("collected", {})
+        for name, suites in part.get("collected", {}).items():
+            for suite, count in suites.items():
+                mine = collected.setdefault(name, {})
+                mine[suite] = max(mine.get(suite, 0), count)
+    return document
 
 
 def check_writable(directory: Path) -> None:

@@ -11,6 +11,7 @@ from which the terminal summary and the report files are rendered.
 
 from __future__ import annotations
 
+import json
 import platform
 from collections import defaultdict
 from typing import Any
@@ -51,6 +52,8 @@ class AttnkitSession:
         #: implementation -> suite -> how many of its tests were collected.
         self.collected: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.document: dict[str, Any] | None = None
+        #: The documents of pytest-xdist's workers (on the controller).
+        self.worker_documents: list[dict[str, Any]] = []
         #: (implementation, twin's case id) -> the id of the case the twin stands for.
         self.twins: dict[tuple[str, str], str] = {}
         self.rootdir_warning = moved_rootdir(config, settings)
@@ -79,6 +82,8 @@ class AttnkitSession:
         self.pool.device = self.device
         self.pool.env = self._worker_env()
         self.pool.start(refs)
+        if xdist.is_controller(self.config):
+            self.pool.close()  # the xdist workers run the tests; the descriptions stay for the header
         settings = self.settings
         self.correctness = CorrectnessCheck(self.pool, self.outcomes, settings.seed, settings.trials)
         self.memory = MemoryCheck(self.pool, self.outcomes, case_sets.memory_sweep(self.profile), self.device,
@@ -253,7 +258,9 @@ class AttnkitSession:
         for the terminal summary.
 
         An interrupted run (Ctrl-C, or SIGTERM from a CI timeout) saves no baseline, so the stored
-        one stays whole, but still writes the report of what it gathered."""
+        one stays whole, but still writes the report of what it gathered. Under pytest-xdist each
+        worker hands its document to the controller (:meth:`add_worker_document`), which saves
+        and reports for the whole run."""
         interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
         self.document = report.build(
             environment=self.environment, device=self.device, profile=self.profile,
@@ -261,21 +268,30 @@ class AttnkitSession:
             memory=self.memory.results if self.memory else [], speed=self.speed, interrupted=interrupted,
             baseline=self.baseline_state())
         self.document["collected"] = {name: dict(suites) for name, suites in self.collected.items()}
+        report.merge(self.document, self.worker_documents)
+        if xdist.xdist_worker(self.config) is not None:
+            self.config.workeroutput["attnkit"] = json.dumps(self.document, default=str)  # type: ignore[attr-defined]
+            return []
         lines = []
         if self.speed is not None and self.settings.save_baseline:
+            records = report.speed_records(self.document)
             if interrupted:
                 lines.append(f"baseline NOT saved: the run was interrupted ({self.speed.store.path}{NO_BREAK}is unchanged)")
+            elif not records:
+                lines.append("baseline not saved: no speed measurements in this run")
             else:
-                counts = self.speed.save(self.environment, platform.node())
-                if counts is None:
-                    lines.append("baseline not saved: no speed measurements in this run")
-                else:
-                    lines.append(f"baseline{NO_BREAK}saved:{NO_BREAK}{self.speed.store.path}")
-                    lines.append(f"  {counts['pooled']} entries pooled with their earlier runs, {counts['restarted']} "
-                                 f"started afresh (changed beyond noise), {counts['new']} new")
+                counts = self.speed.store.save(records, self.environment, self.document["speed"]["ceilings"],
+                                               platform.node())
+                lines.append(f"baseline{NO_BREAK}saved:{NO_BREAK}{self.speed.store.path}")
+                lines.append(f"  {counts['pooled']} entries pooled with their earlier runs, {counts['restarted']} "
+                             f"started afresh (changed beyond noise), {counts['new']} new")
         if self.settings.report:
             lines.extend(report.write(self.document, self.settings.path("report")))
         return lines
+
+    def add_worker_document(self, text: str) -> None:
+        """A pytest-xdist worker's report document, folded in at the end (on the controller)."""
+        self.worker_documents.append(json.loads(text))
 
     # -- the header -------------------------------------------------------------------------
     def header_lines(self) -> list[str]:

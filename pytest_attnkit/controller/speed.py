@@ -244,13 +244,6 @@ class SpeedCheck:
                 ratios.append(machine_factor(baseline.samples_ms, list(result.measurement.timing.samples_ms)))
         return statistics.median(ratios) if ratios else 1.0
 
-    def save(self, environment: dict[str, Any], host: str) -> dict[str, int] | None:
-        """Write this run's measurements into the baseline file; None when there are none."""
-        if not self.results:
-            return None
-        return self.store.save([(r.measurement, r.decision, r.ratio_to_reference) for r in self.results.values()],
-                               environment, self.ceilings, host)
-
 
 def format_decision(decision: Decision) -> str:
     rounds = (f"; flagged in {decision.rounds_flagged} of {decision.rounds} independent rounds"

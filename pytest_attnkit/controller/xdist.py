@@ -1,6 +1,8 @@
 """pytest-xdist, seen from one xdist worker: which one it is, and which GPU it may use.
 
-Under ``-n N`` every xdist worker is a pytest process of its own with its own attnkit session.
+Under ``-n N`` every xdist worker is a pytest process of its own with its own attnkit session;
+each sends its report document to the controller, which merges them, saves the baseline and
+writes the summary and the report files for the whole run.
 Each pins its implementations' workers to one GPU, round robin over the visible ones, so several
 GPUs share the correctness work; the speed suite refuses to time while xdist workers share a GPU.
 """
@@ -18,6 +20,11 @@ def xdist_worker(config: Any) -> tuple[int, int] | None:
         return None
     index = int(str(workerinput.get("workerid", "gw0")).lstrip("gw") or 0)
     return index, int(workerinput.get("workercount", 1))
+
+
+def is_controller(config: Any) -> bool:
+    """Whether this is pytest-xdist's controller: it distributes the tests and runs none."""
+    return getattr(config.option, "dist", "no") != "no" and xdist_worker(config) is None
 
 
 def pinned_gpu(config: Any, cuda_device_count: int) -> str | None:
