@@ -22,8 +22,8 @@ passed to the kernels). ``k``/``v`` may have fewer heads than ``q`` (GQA/MQA): q
 reads kv head ``h // (Hq // Hkv)``; the dK/dV kernel sums over the query heads of a group itself.
 Head dims that are not powers of two are padded to ``BLOCK_D`` and masked on loads and stores.
 
-Decode (a few query rows per kv head against a long cache) takes ``_attn_fwd_split``: the keys,
-not the queries, are split across programs (Flash-Decoding), and ``_attn_fwd_combine`` merges the
+Decode (a few query rows per kv head against a long cache) takes ``attn_fwd_split``: the keys,
+not the queries, are split across programs (Flash-Decoding), and ``attn_fwd_combine`` merges the
 slices by their log-sum-exps.
 
 The kernels are private to this package: ``launch.py`` chooses their tiles and grids.
@@ -137,7 +137,7 @@ def _attn_fwd_rows(q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd
 
 
 @_kernel
-def _attn_fwd(Q, K, V, O, LSE,
+def attn_fwd(Q, K, V, O, LSE,
               stride_qb, stride_qh, stride_qm, stride_qd,
               stride_kb, stride_kh, stride_kn, stride_kd,
               stride_vb, stride_vh, stride_vn, stride_vd,
@@ -186,7 +186,7 @@ def _attn_fwd(Q, K, V, O, LSE,
 
 
 @_kernel
-def _attn_fwd_split(Q, K, V, O, LSE, O_PART, LSE_PART,
+def attn_fwd_split(Q, K, V, O, LSE, O_PART, LSE_PART,
                     stride_qb, stride_qh, stride_qm, stride_qd,
                     stride_kb, stride_kh, stride_kn, stride_kd,
                     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -199,7 +199,7 @@ def _attn_fwd_split(Q, K, V, O, LSE, O_PART, LSE_PART,
     # head and one slice of the keys, for every query row that reads that kv head: row r of the
     # tile is query position r % N_Q of query head hkv * GROUP + r // N_Q, so a GQA group reads its
     # K and V once. With one slice (DIRECT) it writes the output; otherwise each slice writes its
-    # normalized partial output and log-sum-exp, and _attn_fwd_combine merges the slices.
+    # normalized partial output and log-sum-exp, and attn_fwd_combine merges the slices.
     split = tl.program_id(0)
     num_splits = tl.num_programs(0)
     off_bhkv = tl.program_id(1)
@@ -243,7 +243,7 @@ def _attn_fwd_split(Q, K, V, O, LSE, O_PART, LSE_PART,
 
 
 @_kernel
-def _attn_fwd_combine(O_PART, LSE_PART, O, LSE,
+def attn_fwd_combine(O_PART, LSE_PART, O, LSE,
                       stride_ob, stride_oh, stride_om, stride_od,
                       H_Q, N_Q, num_splits,
                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
@@ -269,7 +269,7 @@ def _attn_fwd_combine(O_PART, LSE_PART, O, LSE,
 
 
 @_kernel
-def _attn_bwd_preprocess(O, DO, DELTA,
+def attn_bwd_preprocess(O, DO, DELTA,
                          stride_ob, stride_oh, stride_om, stride_od,
                          stride_dob, stride_doh, stride_dom, stride_dod,
                          H_Q, N_Q,
@@ -325,7 +325,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
 
 
 @_kernel
-def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
+def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
                    stride_qb, stride_qh, stride_qm, stride_qd,
                    stride_kb, stride_kh, stride_kn, stride_kd,
                    stride_vb, stride_vh, stride_vn, stride_vd,
@@ -422,7 +422,7 @@ def _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base,
 
 
 @_kernel
-def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
+def attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
                  stride_qb, stride_qh, stride_qm, stride_qd,
                  stride_kb, stride_kh, stride_kn, stride_kd,
                  stride_vb, stride_vh, stride_vn, stride_vd,

@@ -17,12 +17,12 @@ from typing import Any, Callable, Protocol
 import torch
 
 from .kernels import (
-    _attn_bwd_dkdv,
-    _attn_bwd_dq,
-    _attn_bwd_preprocess,
-    _attn_fwd,
-    _attn_fwd_combine,
-    _attn_fwd_split,
+    attn_bwd_dkdv,
+    attn_bwd_dq,
+    attn_bwd_preprocess,
+    attn_fwd,
+    attn_fwd_combine,
+    attn_fwd_split,
     triton,
 )
 
@@ -276,7 +276,7 @@ def decode_splits(batch_heads_kv: int, n_k: int, block_n: int, waves: int, sm_co
 def _launch_fwd(q, k, v, o, lse, causal: bool, scale: float, t: Tiles) -> None:
     batch, heads_q, n_q, head_dim = q.shape
     heads_kv, n_k = k.shape[1], k.shape[2]
-    _attn_fwd[(triton.cdiv(n_q, t.block_m), batch * heads_q)](
+    attn_fwd[(triton.cdiv(n_q, t.block_m), batch * heads_q)](
         q, k, v, o, lse,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         heads_q, n_q, n_k, heads_q // heads_kv, scale * _LOG2E,
@@ -299,7 +299,7 @@ def _launch_decode(q, k, v, o, lse, causal: bool, scale: float, t: Tiles) -> Non
         parts = batch * heads_q * n_q * splits
         scratch = torch.empty(parts * (block_d + 1), dtype=torch.float32, device=q.device)
         o_part, lse_part = scratch[:parts * block_d], scratch[parts * block_d:]
-    _attn_fwd_split[(splits, batch * heads_kv)](
+    attn_fwd_split[(splits, batch * heads_kv)](
         q, k, v, o, lse, o_part, lse_part,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         heads_q, heads_kv, n_q, n_k, group, per_split, scale * _LOG2E,
@@ -308,7 +308,7 @@ def _launch_decode(q, k, v, o, lse, causal: bool, scale: float, t: Tiles) -> Non
         num_warps=t.num_warps, num_stages=t.num_stages,
     )
     if not direct:
-        _attn_fwd_combine[(batch * heads_q * n_q,)](
+        attn_fwd_combine[(batch * heads_q * n_q,)](
             o_part, lse_part, o, lse, *o.stride(), heads_q, n_q, splits,
             HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=max(2, triton.next_power_of_2(splits)),
             num_warps=4,
@@ -367,7 +367,7 @@ def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
 def _launch_dkdv(q, k, v, do, lse, delta, dk, dv, causal: bool, scale: float, t: Tiles) -> None:
     batch, heads_q, n_q, head_dim = q.shape
     heads_kv, n_k = k.shape[1], k.shape[2]
-    _attn_bwd_dkdv[(triton.cdiv(n_k, t.block_n), batch * heads_kv)](
+    attn_bwd_dkdv[(triton.cdiv(n_k, t.block_n), batch * heads_kv)](
         q, k, v, do, lse, delta, dk, dv,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
         heads_q, heads_kv, n_q, n_k, heads_q // heads_kv, scale, scale * _LOG2E,
@@ -380,7 +380,7 @@ def _launch_dkdv(q, k, v, do, lse, delta, dk, dv, causal: bool, scale: float, t:
 def _launch_dq(q, k, v, do, lse, delta, dq, causal: bool, scale: float, t: Tiles) -> None:
     batch, heads_q, n_q, head_dim = q.shape
     heads_kv, n_k = k.shape[1], k.shape[2]
-    _attn_bwd_dq[(triton.cdiv(n_q, t.block_m), batch * heads_q)](
+    attn_bwd_dq[(triton.cdiv(n_q, t.block_m), batch * heads_q)](
         q, k, v, do, lse, delta, dq,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
         heads_q, n_q, n_k, heads_q // heads_kv, scale, scale * _LOG2E,
@@ -407,7 +407,7 @@ def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     tiles = tiles or {}
 
     delta = torch.empty_like(lse)
-    _attn_bwd_preprocess[(triton.cdiv(n_q, 64), batch * heads_q)](
+    attn_bwd_preprocess[(triton.cdiv(n_q, 64), batch * heads_q)](
         o, do, delta, *o.stride(), *do.stride(), heads_q, n_q,
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=64, num_warps=4,
     )
