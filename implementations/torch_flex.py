@@ -7,12 +7,21 @@ CUDA, a C++ template on the CPU. It is here as the compiler-generated baseline b
 written by torch.compile from a mask function gets, in speed and memory, on the same cases.
 
 The contract's bottom-right causal mask is the ``mask_mod`` ``kv_idx <= q_idx + Nk - Nq``, turned
-into a block mask by ``create_block_mask`` once per (Nq, Nk, device) and kept in a small LRU cache;
+into a block mask by ``create_block_mask`` once per (Nq, Nk, device, window) and kept in a small LRU cache;
 key blocks wholly above the diagonal are then never visited. Without causal masking no block
 mask is passed. Grouped kv heads go through ``enable_gqa``. A row that sees no key (causal with
 Nq > Nk) comes out of FlexAttention as zeros, with zero gradients: the kernels turn its empty
 softmax sum into 1 and its ``-inf`` log-sum-exp into 0 (seen on the CPU with torch 2.13; the
 CUDA templates say so in their source), so nothing is zeroed here.
+
+The variants are FlexAttention's own tools. A sliding window joins the causal condition in the
+``mask_mod`` (``-right <= q_idx + Nk - Nq - kv_idx <= left``), so its block mask skips the key
+blocks outside the band; softcap and ALiBi are a ``score_mod``, applied to the scaled score in
+float32 inside the kernel. The LSE comes from FlexAttention (``return_aux=AuxRequest(lse=True)``,
+or ``return_lse`` on an older torch). Sinks are exact through the LSE: with ``s`` the sink's logit,
+the sink-free output and LSE become ``out * sigmoid(lse - s)`` and ``logaddexp(lse, s)``, one
+rescale per row, differentiable. V's head dim may differ from Q's. On the CPU the compiled kernel
+returns no LSE (torch: "return_lse is not supported yet"), so the LSE and sinks are refused there.
 
 ``torch.compile(flex_attention, dynamic=False)`` is made once per process, so each new shape,
 dtype or grad mode compiles once (tens of seconds on the CPU for the first) and then hits the
@@ -27,6 +36,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable
 
 from pytest_attnkit.contract import AttentionImpl, Case
+from pytest_attnkit.oracle import rows_with_a_key
 
 if TYPE_CHECKING:
     import torch
@@ -40,7 +50,7 @@ RECOMPILE_LIMIT = 1 << 16
 
 _lock = threading.Lock()
 _compiled_flex: Callable[..., Any] | None = None
-_block_masks: "OrderedDict[tuple[int, int, str, bool], Any]" = OrderedDict()
+_block_masks: "OrderedDict[tuple[Any, ...], Any]" = OrderedDict()
 
 
 def _raise_dynamo_limit(config: Any, names: tuple[str, ...], value: int) -> None:
@@ -74,24 +84,40 @@ def compiled_flex_attention() -> Callable[..., Any]:
         return _compiled_flex
 
 
-def _bottom_right_causal(offset: int) -> Callable[..., Any]:
+def _visibility_mask_mod(offset: int, causal: bool, window: tuple[int, int] | None) -> Callable[..., Any]:
+    """``mask_mod`` for bottom-right causal and a window: with ``d = q_idx + offset - kv_idx``,
+    causal needs ``d >= 0``, a window ``-right <= d <= left`` (a side of -1 unbounded)."""
+    left, right = window if window is not None else (-1, -1)
+
     def mask_mod(batch: Any, head: Any, q_idx: Any, kv_idx: Any) -> Any:
-        return kv_idx <= q_idx + offset
+        distance = q_idx + offset - kv_idx
+        conditions = []
+        if causal:
+            conditions.append(distance >= 0)
+        if left >= 0:
+            conditions.append(distance <= left)
+        if right >= 0:
+            conditions.append(distance >= -right)
+        visible = conditions[0]
+        for condition in conditions[1:]:
+            visible = visible & condition
+        return visible
 
     return mask_mod
 
 
-def causal_block_mask(seqlen_q: int, seqlen_k: int, device: "torch.device") -> Any:
-    """The bottom-right causal ``BlockMask`` for these lengths on ``device``, cached (LRU)."""
-    key = (seqlen_q, seqlen_k, str(device), True)
+def visibility_block_mask(seqlen_q: int, seqlen_k: int, device: "torch.device", *, causal: bool = True,
+                          window: tuple[int, int] | None = None) -> Any:
+    """The ``BlockMask`` of bottom-right causal masking and a window on ``device``, cached (LRU)."""
+    key = (seqlen_q, seqlen_k, str(device), causal, window)
     with _lock:
         if key in _block_masks:
             _block_masks.move_to_end(key)
             return _block_masks[key]
     from torch.nn.attention.flex_attention import create_block_mask
 
-    block_mask = create_block_mask(_bottom_right_causal(seqlen_k - seqlen_q), None, None, seqlen_q, seqlen_k,
-                                   device=device)
+    block_mask = create_block_mask(_visibility_mask_mod(seqlen_k - seqlen_q, causal, window), None, None,
+                                   seqlen_q, seqlen_k, device=device)
     with _lock:
         _block_masks[key] = block_mask
         _block_masks.move_to_end(key)
@@ -100,16 +126,62 @@ def causal_block_mask(seqlen_q: int, seqlen_k: int, device: "torch.device") -> A
     return block_mask
 
 
+def _score_mod(offset: int, softcap: float, alibi_slopes: "torch.Tensor | None") -> Callable[..., Any] | None:
+    """``score_mod`` for softcap (on the scaled score) and then the ALiBi bias, as the contract orders them."""
+    if not softcap and alibi_slopes is None:
+        return None
+    import torch
+
+    def score_mod(score: Any, batch: Any, head: Any, q_idx: Any, kv_idx: Any) -> Any:
+        if softcap:
+            score = softcap * torch.tanh(score / softcap)
+        if alibi_slopes is not None:
+            score = score - alibi_slopes[head] * (q_idx + offset - kv_idx).abs()
+        return score
+
+    return score_mod
+
+
+def _lse_request() -> dict[str, Any]:
+    try:
+        from torch.nn.attention.flex_attention import AuxRequest
+    except ImportError:  # torch before return_aux
+        return {"return_lse": True}
+    return {"return_aux": AuxRequest(lse=True)}
+
+
 def flex_attention_contract(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", *, causal: bool = False,
-                            scale: float | None = None) -> "torch.Tensor":
+                            scale: float | None = None, window_size: tuple[int, int] | None = None,
+                            softcap: float = 0.0, alibi_slopes: "torch.Tensor | None" = None,
+                            sinks: "torch.Tensor | None" = None, return_lse: bool = False) -> Any:
     import torch
 
     if q.device.type == "cpu" and not torch.is_grad_enabled():
         # FlexAttention refuses CPU inputs that require grad even under no_grad.
         q, k, v = q.detach(), k.detach(), v.detach()
-    block_mask = causal_block_mask(q.shape[-2], k.shape[-2], q.device) if causal else None
-    return compiled_flex_attention()(q, k, v, block_mask=block_mask, scale=scale,
-                                     enable_gqa=q.shape[1] != k.shape[1])
+    seqlen_q, seqlen_k = q.shape[-2], k.shape[-2]
+    window = None if window_size is None or tuple(window_size) == (-1, -1) else tuple(window_size)
+    block_mask = None
+    if causal or window is not None:
+        block_mask = visibility_block_mask(seqlen_q, seqlen_k, q.device, causal=causal, window=window)
+    score_mod = _score_mod(seqlen_k - seqlen_q, softcap, alibi_slopes)
+    need_lse = return_lse or sinks is not None
+    result = compiled_flex_attention()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                                       enable_gqa=q.shape[1] != k.shape[1], **(_lse_request() if need_lse else {}))
+    if not need_lse:
+        return result
+    out, aux = result
+    lse = aux if isinstance(aux, torch.Tensor) else aux.lse
+    if sinks is not None:
+        if block_mask is not None:
+            # A row that sees no key has an empty sum: its LSE is -inf, whatever the kernel wrote.
+            sees_a_key = rows_with_a_key(seqlen_q, seqlen_k, causal=causal, window=window, device=q.device)
+            lse = torch.where(sees_a_key, lse, torch.full((), float("-inf"), device=lse.device, dtype=lse.dtype))
+        sink = sinks.to(lse.dtype)[None, :, None]
+        keep = torch.sigmoid(lse - sink)  # the keys' share of each row's softmax denominator
+        out = (out.to(keep.dtype) * keep[..., None]).to(q.dtype)
+        lse = torch.logaddexp(lse, sink)
+    return (out, lse.float()) if return_lse else out
 
 
 class TorchFlex(AttentionImpl):
@@ -121,6 +193,12 @@ class TorchFlex(AttentionImpl):
     supports_seqlen_mismatch = True
     supports_backward = True  # CUDA only; see not_supported_reasons
     memory_class = "linear"
+    supports_window = True
+    supports_softcap = True
+    supports_alibi = True
+    supports_sinks = True  # through the LSE, so CUDA only; see not_supported_reasons
+    supports_lse = True  # CUDA only; see not_supported_reasons
+    head_dims_v = range(1, 1025)
 
     def unavailable_reason(self, device: str) -> str | None:
         try:
@@ -148,7 +226,10 @@ class TorchFlex(AttentionImpl):
             reasons.append("FlexAttention has no backward on the CPU (torch refuses inputs that require grad)")
         if device == "cuda" and case.head_dim < 16:
             reasons.append(f"head_dim={case.head_dim} (FlexAttention's CUDA kernels need head_dim >= 16)")
+        if device == "cpu" and (case.return_lse or case.sinks):
+            reasons.append("FlexAttention compiled for the CPU returns no LSE (torch: return_lse is not supported "
+                           "yet), and sinks are computed from it")
         return reasons
 
-    def forward(self, q, k, v, *, causal=False, scale=None):
-        return flex_attention_contract(q, k, v, causal=causal, scale=scale)
+    def forward(self, q, k, v, *, causal=False, scale=None, **variants):
+        return flex_attention_contract(q, k, v, causal=causal, scale=scale, **variants)

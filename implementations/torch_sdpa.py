@@ -5,6 +5,13 @@ contract's alignment; torch's ``is_causal`` is top-left, which differs when Nq !
 kv heads from ``enable_gqa``. Rows that see no key come out of torch as NaN on some backends, so
 they are zeroed explicitly, as the contract asks. Which backend runs (FlashAttention-2, cuDNN,
 memory-efficient, math) is torch's choice for the shape and device.
+
+The variants SDPA can compute exactly go through its ``attn_mask``: a sliding window as a boolean
+mask, ALiBi as an additive mask in the inputs' dtype (``-slope * |i + Nk - Nq - j|``), and V head
+dims that differ from Q's (SDPA takes ``Ev != E``). With a window bounded on the left, the queries
+go in chunks of ``CHUNK_ROWS``, each against the keys its band can reach, so the masks (and the
+memory) grow with N times the window, not N x N. Softcap (SDPA has no hook between the scores and
+the softmax), sinks and the LSE (SDPA returns neither) are refused.
 """
 
 from __future__ import annotations
@@ -43,6 +50,55 @@ def sdpa_attention(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", *, c
     return out
 
 
+#: Query rows per SDPA call under a window bounded on the left.
+CHUNK_ROWS = 1024
+
+
+def _banded_sdpa(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", *, causal: bool, scale: float | None,
+                 window: tuple[int, int] | None, alibi_slopes: "torch.Tensor | None") -> "torch.Tensor":
+    """SDPA with the contract's window and ALiBi as explicit masks, one chunk of queries at a time."""
+    import torch
+    import torch.nn.functional as F
+
+    seqlen_q, seqlen_k = q.shape[-2], k.shape[-2]
+    offset = seqlen_k - seqlen_q
+    left, right = window if window is not None else (-1, -1)
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    gqa = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
+    step = CHUNK_ROWS if left >= 0 else max(seqlen_q, 1)
+    outs = []
+    for start in range(0, seqlen_q, step):
+        stop = min(start + step, seqlen_q)
+        first = 0 if left < 0 else min(seqlen_k, max(0, start + offset - left))
+        end = seqlen_k if right < 0 else max(0, min(seqlen_k, stop - 1 + offset + right + 1))
+        if end <= first:  # no row of this chunk sees a key
+            outs.append(q.new_zeros(q.shape[0], q.shape[1], stop - start, v.shape[-1]))
+            continue
+        rows = torch.arange(start, stop, device=q.device)[:, None]
+        cols = torch.arange(first, end, device=q.device)[None, :]
+        distance = rows + offset - cols
+        visible = torch.ones_like(distance, dtype=torch.bool)
+        if left >= 0:
+            visible &= distance <= left
+        if right >= 0:
+            visible &= distance >= -right
+        sees_a_key = visible.any(dim=-1, keepdim=True)
+        # A row that sees no key would come out NaN (with NaN gradients); it attends to every key
+        # here and is zeroed below, so its output and gradients are exactly zero.
+        visible |= ~sees_a_key
+        mask: "torch.Tensor" = visible
+        if alibi_slopes is not None:
+            bias = -alibi_slopes[:, None, None] * distance.abs().to(alibi_slopes.dtype)
+            mask = bias.masked_fill(~visible, float("-inf")).to(q.dtype)
+        out = F.scaled_dot_product_attention(q[:, :, start:stop], k[:, :, first:end], v[:, :, first:end],
+                                             attn_mask=mask, scale=scale, **gqa)
+        if not bool(sees_a_key.all()):
+            out = torch.where(sees_a_key, out, torch.zeros((), dtype=out.dtype, device=out.device))
+        outs.append(out)
+    return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+
+
 class TorchSDPA(AttentionImpl):
     devices = ("cpu", "cuda")
     dtypes = ("float16", "bfloat16", "float32")
@@ -51,6 +107,9 @@ class TorchSDPA(AttentionImpl):
     supports_seqlen_mismatch = True
     supports_backward = True
     memory_class = "linear"
+    supports_window = True
+    supports_alibi = True
+    head_dims_v = range(1, 1025)
 
     def unavailable_reason(self, device: str) -> str | None:
         try:
@@ -61,5 +120,8 @@ class TorchSDPA(AttentionImpl):
             return "no CUDA device"
         return super().unavailable_reason(device)
 
-    def forward(self, q, k, v, *, causal=False, scale=None):
-        return sdpa_attention(q, k, v, causal=causal, scale=scale)
+    def forward(self, q, k, v, *, causal=False, scale=None, window_size=None, alibi_slopes=None):
+        window = None if window_size is None or tuple(window_size) == (-1, -1) else tuple(window_size)
+        if window is None and alibi_slopes is None:
+            return sdpa_attention(q, k, v, causal=causal, scale=scale)
+        return _banded_sdpa(q, k, v, causal=causal, scale=scale, window=window, alibi_slopes=alibi_slopes)

@@ -5,12 +5,17 @@ its shapes are small but still cover every rule: odd and tiny lengths, decode, s
 seqlen_k both ways (rows that see no key), causal, GQA/MQA, head dims from 32 to 256, all three
 dtypes, large logits and non-contiguous inputs. ``default`` is the set for one GPU; ``full``
 sweeps the grid. Each set is a plain list, so a reader sees exactly what runs.
+
+Every profile also runs the variants (sliding window, softcap, ALiBi, sinks, the LSE, V head dims
+that differ from Q's): each on its own, and combined with causal, GQA, odd lengths, each other and
+every dtype. Only implementations that declare a variant are handed its cases; the others skip
+them with the reason in words.
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pytest_attnkit.contract import Case
 
@@ -30,6 +35,25 @@ def _smoke() -> list[Case]:
         Case(1, 2, 2, 100, 100, 64, "float16", causal=True, layout="bshd"),  # non-contiguous
         Case(1, 1, 1, 33, 33, 256, "float32"),
         Case(1, 1, 1, 1000, 1000, 64, "float16", causal=True),
+        *_smoke_variants(),
+    ]
+
+
+def _smoke_variants() -> list[Case]:
+    # Few and small: torch_flex compiles every new shape and score function on the CPU.
+    return [
+        Case(1, 2, 2, 113, 113, 64, "float16", causal=True, window=(32, 0)),  # sliding window
+        Case(2, 4, 2, 113, 203, 64, "bfloat16", window=(32, 16)),  # two-sided, GQA, Nq < Nk
+        Case(1, 2, 2, 203, 113, 64, "float16", causal=True, window=(16, 0), return_lse=True),  # rows see no key
+        Case(2, 4, 2, 113, 113, 64, "bfloat16", causal=True, softcap=15.0, logit_scale=4.0),  # the cap binds
+        Case(1, 4, 1, 127, 127, 128, "float16", alibi=True),  # MQA
+        Case(1, 4, 2, 100, 100, 64, "bfloat16", causal=True, sinks=True),
+        Case(1, 2, 2, 1, 300, 64, "float16", sinks=True, return_lse=True),  # decode
+        Case(1, 2, 2, 64, 64, 64, "float32", return_lse=True),
+        Case(1, 2, 2, 64, 64, 192, "bfloat16", causal=True, head_dim_v=128),  # MLA
+        Case(1, 2, 2, 33, 33, 64, "float16", head_dim_v=512),
+        Case(1, 4, 2, 257, 257, 64, "float16", causal=True, window=(64, 0), softcap=30.0, alibi=True, sinks=True,
+             return_lse=True),  # everything at once
     ]
 
 
@@ -57,8 +81,50 @@ def _default() -> list[Case]:
         Case(2, 4, 4, 300, 700, 64, "bfloat16", layout="bshd"),
         # One larger problem, to exercise many tiles and programs.
         Case(2, 16, 16, 4096, 4096, 128, "bfloat16", causal=True),
+        *_default_variants(),
     ]
     return cases
+
+
+def _default_variants() -> list[Case]:
+    return [
+        # Sliding windows: one-sided under causal, two-sided, one side unbounded, a single key.
+        *[Case(2, 8, 2, 1023, 1023, 128, dtype, causal=True, window=(left, 0))
+          for left in (0, 1, 127, 256) for dtype in ("float16", "bfloat16")],
+        *[Case(2, 4, 4, 1000, 1000, 64, "bfloat16", window=window) for window in ((0, 0), (256, 128), (-1, 64), (64, -1))],
+        Case(2, 4, 4, 200, 1025, 64, "float16", causal=True, window=(256, 0)),
+        Case(2, 4, 4, 1025, 200, 64, "bfloat16", causal=True, window=(100, 0)),
+        Case(1, 4, 4, 511, 511, 64, "float32", causal=True, window=(128, 0)),
+        # Softcap at FlashAttention-3's, FlashInfer's and FlashAttention-2's values, and one that binds hard.
+        *[Case(2, 4, 2, 257, 257, 128, dtype, causal=causal, softcap=cap)
+          for cap in (15.0, 30.0, 50.0) for dtype, causal in (("float16", False), ("bfloat16", True))],
+        Case(2, 4, 4, 512, 512, 64, "bfloat16", causal=True, softcap=15.0, logit_scale=8.0),
+        # ALiBi.
+        *[Case(2, 8, 2, 1000, 1000, 64, dtype, causal=causal, alibi=True)
+          for dtype in ("float16", "bfloat16") for causal in (False, True)],
+        Case(2, 4, 4, 113, 203, 128, "bfloat16", causal=True, alibi=True),
+        Case(1, 4, 4, 511, 511, 64, "float32", alibi=True),
+        # Sinks: alone, with a sliding window as gpt-oss uses them, and in decode.
+        Case(2, 8, 2, 1024, 1024, 64, "bfloat16", causal=True, sinks=True),
+        Case(2, 8, 2, 1024, 1024, 64, "bfloat16", causal=True, window=(128, 0), sinks=True),
+        Case(2, 4, 4, 777, 777, 128, "float16", sinks=True),
+        Case(4, 8, 1, 1, 4096, 128, "bfloat16", sinks=True),
+        # The LSE, with rows that see no key and in fp32.
+        Case(2, 4, 4, 513, 513, 128, "bfloat16", causal=True, return_lse=True),
+        Case(2, 4, 2, 777, 777, 64, "float16", return_lse=True),
+        Case(2, 4, 4, 1025, 200, 64, "float16", causal=True, return_lse=True),
+        Case(1, 4, 4, 511, 511, 128, "float32", causal=True, return_lse=True),
+        # V head dims that differ from Q's (MLA).
+        Case(2, 16, 16, 1024, 1024, 192, "bfloat16", causal=True, head_dim_v=128),
+        Case(2, 8, 8, 777, 777, 192, "float16", head_dim_v=128),
+        Case(2, 8, 8, 511, 511, 64, "bfloat16", causal=True, head_dim_v=512),
+        Case(2, 8, 2, 300, 700, 64, "float16", head_dim_v=256),
+        # Everything at once.
+        Case(2, 8, 2, 1023, 1023, 64, "bfloat16", causal=True, window=(256, 0), softcap=30.0, alibi=True,
+             sinks=True, return_lse=True),
+        Case(2, 4, 4, 300, 700, 128, "float16", window=(128, 64), softcap=15.0, alibi=True, sinks=True,
+             return_lse=True),
+    ]
 
 
 def _full() -> list[Case]:
@@ -73,6 +139,17 @@ def _full() -> list[Case]:
     )
     for seqlen_q, seqlen_k, head_dim, dtype, causal, (heads_q, heads_kv) in grid:
         cases.append(Case(2, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype, causal=causal))
+    variant_grid = itertools.product(
+        ((113, 113), (1025, 1025), (200, 1025), (1025, 200)),  # (seqlen_q, seqlen_k)
+        ("float16", "bfloat16"),
+        (False, True),  # causal
+        ((4, 4), (8, 2)),  # heads
+        ({"window": (128, 0)}, {"window": (64, 32)}, {"softcap": 30.0}, {"alibi": True}, {"sinks": True},
+         {"return_lse": True}, {"head_dim_v": 512}, {"window": (128, 0), "sinks": True, "return_lse": True}),
+    )
+    for (seqlen_q, seqlen_k), dtype, causal, (heads_q, heads_kv), variant in variant_grid:
+        head_dim = 64 if "head_dim_v" in variant else 128
+        cases.append(Case(2, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype, causal=causal, **variant))
     return _unique(cases)
 
 
@@ -104,10 +181,11 @@ class MemorySweep:
     heads: int = 16
     head_dim: int = 128
     dtype: str = "float16"
+    window: tuple[int, int] | None = None
 
     def case(self, seqlen: int) -> Case:
         """The sweep's problem at one length (self-attention: seqlen_q == seqlen_k)."""
-        return Case(self.batch, self.heads, self.heads, seqlen, seqlen, self.head_dim, self.dtype)
+        return Case(self.batch, self.heads, self.heads, seqlen, seqlen, self.head_dim, self.dtype, window=self.window)
 
 
 def memory_sweep(profile: str) -> MemorySweep:
@@ -118,6 +196,17 @@ def memory_sweep(profile: str) -> MemorySweep:
         return MemorySweep(seqlens=(256, 512, 1024, 2048))
     top = 65536 if profile == "full" else 32768
     return MemorySweep(seqlens=tuple(2**p for p in range(10, top.bit_length())))
+
+
+#: The windowed sweep's window: every query sees at most this many keys, so an implementation that
+#: declares windows and a linear memory class must not grow with N x N.
+MEMORY_WINDOW = (256, 0)
+
+
+def memory_window_sweep(profile: str) -> MemorySweep:
+    """The memory sweep with a sliding window, for implementations that declare windows: the
+    extra memory must stay linear in N although the dense problem's scores would not."""
+    return replace(memory_sweep(profile), window=MEMORY_WINDOW)
 
 
 def speed_cases(profile: str) -> list[tuple[str, Case]]:
@@ -143,5 +232,11 @@ def speed_cases(profile: str) -> list[tuple[str, Case]]:
     decode_lengths = (4096, 32768, 131072) if profile == "default" else (4096, 16384, 32768, 65536, 131072)
     decode = [Case(4, 32, 8, 1, n, 128, "bfloat16") for n in decode_lengths]
     decode.append(Case(64, 32, 32, 1, 256, 256, "bfloat16"))  # short KV, large head dim: memory bound
-    pairs = [(mode, case) for mode in ("forward", "backward") for case in dense]
+    variants = [
+        Case(1, 16, 16, 16384, 16384, 128, "bfloat16", causal=True, window=(4096, 0)),
+        Case(1, 16, 16, 16384, 16384, 128, "bfloat16", softcap=30.0),
+        Case(1, 16, 16, 16384, 16384, 128, "bfloat16", alibi=True),
+        Case(4, 16, 16, 4096, 4096, 192, "bfloat16", causal=True, head_dim_v=128),
+    ]
+    pairs = [(mode, case) for mode in ("forward", "backward") for case in dense + variants]
     return pairs + [("forward", case) for case in decode]

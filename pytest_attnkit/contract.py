@@ -17,6 +17,24 @@ aligned bottom-right: query ``i`` sees key ``j`` when ``j <= i + seqlen_k - seql
 (FlashAttention's convention; torch's ``is_causal`` when the lengths are equal). A query row
 that sees no key at all (causal with ``seqlen_q > seqlen_k``) must hold zeros in the output,
 and its gradients are zero.
+
+Variants (FlashAttention's keyword names), passed only when the case uses them and only to an
+implementation that declares them (``supports_window`` and so on); a plain function or a class
+that declares none of them is never handed one:
+
+- ``window_size=(left, right)``: query ``i`` sees key ``j`` when
+  ``i + Nk - Nq - left <= j <= i + Nk - Nq + right``; ``-1`` leaves that side unbounded. With
+  ``causal=True`` both apply (FlashAttention sets ``right`` to 0 under causal: the same keys).
+- ``softcap``: after scaling, scores become ``softcap * tanh(scores / softcap)``.
+- ``alibi_slopes``: float32 ``[Hq]``; adds ``-slope[h] * |i + Nk - Nq - j|`` to the (capped)
+  scores before masking, as FlashAttention's reference does.
+- ``sinks``: float32 ``[Hq]`` logits that join every row's softmax denominator and produce no
+  output (gpt-oss's attention sinks); their gradient is checked.
+- ``return_lse=True``: the call returns ``(out, lse)``, lse float32 ``[B, Hq, Nq]``, the natural
+  log of each row's softmax denominator (sinks included); gradients flow through it. The LSE of a
+  row that sees no key and has no sink is not checked (FlashAttention writes +inf, FlexAttention
+  -inf).
+- V's head dim may differ from Q and K's (MLA): the output is ``[B, Hq, Nq, head_dim_v]``.
 """
 
 from __future__ import annotations
@@ -29,6 +47,8 @@ DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32")
 SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 LAYOUTS: tuple[str, ...] = ("bhsd", "bshd")
 MEMORY_CLASSES: tuple[str, ...] = ("linear", "quadratic")
+#: The keyword arguments a variant case adds to the call (FlashAttention's names).
+VARIANT_KEYWORDS: tuple[str, ...] = ("window_size", "softcap", "alibi_slopes", "sinks", "return_lse")
 
 
 @dataclass(frozen=True)
@@ -38,6 +58,11 @@ class Case:
     ``layout="bshd"`` hands the implementation non-contiguous views (a ``[B, N, H, D]`` tensor
     transposed to ``[B, H, N, D]``). ``logit_scale`` multiplies q and k, so the logits grow by
     its square: large values test the softmax's numerical stability.
+
+    The variant fields default to plain attention: ``head_dim_v`` (None: equal to ``head_dim``),
+    ``window`` (``(left, right)``, -1 unbounded; None: no window), ``softcap`` (0: none),
+    ``alibi``, ``sinks`` and ``return_lse``. A value equal to the default is stored as the
+    default, so equal problems have equal ids.
     """
 
     batch: int
@@ -50,8 +75,27 @@ class Case:
     causal: bool = False
     layout: str = "bhsd"
     logit_scale: float = 1.0
+    head_dim_v: int | None = None
+    window: tuple[int, int] | None = None
+    softcap: float = 0.0
+    alibi: bool = False
+    sinks: bool = False
+    return_lse: bool = False
 
     def __post_init__(self) -> None:
+        # JSON turns the window into a list; (-1, -1) is FlashAttention's "no window".
+        if self.window is not None:
+            window = tuple(self.window)
+            if len(window) != 2 or not all(isinstance(side, int) and side >= -1 for side in window):
+                raise ValueError(f"Case.window must be (left, right) ints >= -1, got {self.window!r}")
+            object.__setattr__(self, "window", None if window == (-1, -1) else window)
+        if self.head_dim_v is not None and self.head_dim_v == self.head_dim:
+            object.__setattr__(self, "head_dim_v", None)
+        if self.head_dim_v is not None and (not isinstance(self.head_dim_v, int) or self.head_dim_v < 1):
+            raise ValueError(f"Case.head_dim_v must be a positive int or None, got {self.head_dim_v!r}")
+        if not (isinstance(self.softcap, (int, float)) and 0 <= self.softcap < float("inf")):
+            raise ValueError(f"Case.softcap must be 0 (none) or positive and finite, got {self.softcap!r}")
+        object.__setattr__(self, "softcap", float(self.softcap))
         for name in ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -77,10 +121,22 @@ class Case:
             f"q{self.seqlen_q}",
             f"k{self.seqlen_k}",
             f"d{self.head_dim}",
-            SHORT_DTYPE[self.dtype],
         ]
+        if self.head_dim_v is not None:
+            parts.append(f"dv{self.head_dim_v}")
+        parts.append(SHORT_DTYPE[self.dtype])
         if self.causal:
             parts.append("causal")
+        if self.window is not None:
+            parts.append(f"w{self.window[0]}:{self.window[1]}")
+        if self.softcap:
+            parts.append(f"cap{self.softcap:g}")
+        if self.alibi:
+            parts.append("alibi")
+        if self.sinks:
+            parts.append("sinks")
+        if self.return_lse:
+            parts.append("lse")
         if self.layout != "bhsd":
             parts.append(self.layout)
         if self.logit_scale != 1.0:
@@ -91,8 +147,23 @@ class Case:
     def is_gqa(self) -> bool:
         return self.heads_q != self.heads_kv
 
+    @property
+    def value_dim(self) -> int:
+        """V's head dim, and so the output's: ``head_dim_v``, or ``head_dim`` when that is None."""
+        return self.head_dim if self.head_dim_v is None else self.head_dim_v
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        """The keyword arguments this case adds to the call (names from :data:`VARIANT_KEYWORDS`)."""
+        used = {"window_size": self.window is not None, "softcap": bool(self.softcap),
+                "alibi_slopes": self.alibi, "sinks": self.sinks, "return_lse": self.return_lse}
+        return tuple(name for name in VARIANT_KEYWORDS if used[name])
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        values = asdict(self)
+        if values["window"] is not None:
+            values["window"] = list(values["window"])
+        return values
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "Case":
@@ -131,12 +202,24 @@ class AttentionImpl:
     #: How the implementation's extra memory grows with sequence length: "linear" or "quadratic"
     #: (None: undeclared, as for a plain function; the memory suite then only reports).
     memory_class: ClassVar[str | None] = "linear"
+    #: Variants (see the module docstring); an implementation is handed only those it declares.
+    supports_window: ClassVar[bool] = False
+    supports_softcap: ClassVar[bool] = False
+    supports_alibi: ClassVar[bool] = False
+    supports_sinks: ClassVar[bool] = False
+    supports_lse: ClassVar[bool] = False
+    #: V head dims accepted when they differ from head_dim (MLA); None: V's head dim equals Q's.
+    head_dims_v: ClassVar[Collection[int] | None] = None
 
-    def forward(self, q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | None = None) -> Any:
+    def forward(self, q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | None = None,
+                **variants: Any) -> Any:
         raise NotImplementedError(f"{type(self).__name__} does not implement forward()")
 
-    def __call__(self, q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | None = None) -> Any:
-        return self.forward(q, k, v, causal=causal, scale=scale)
+    def __call__(self, q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | None = None,
+                 **variants: Any) -> Any:
+        # Variant keywords reach forward() only when the case uses them, so a forward() written
+        # without them keeps working on every plain case.
+        return self.forward(q, k, v, causal=causal, scale=scale, **variants)
 
     def unavailable_reason(self, device: str) -> str | None:
         """Why the implementation cannot run on ``device`` ("cpu" or "cuda"), or None if it can."""
@@ -161,6 +244,21 @@ class AttentionImpl:
             reasons.append(f"seqlen_q={case.seqlen_q} != seqlen_k={case.seqlen_k} is not supported")
         if backward and not self.supports_backward:
             reasons.append("backward is not supported")
+        if case.head_dim_v is not None:
+            if self.head_dims_v is None:
+                reasons.append(f"head_dim_v={case.head_dim_v} != head_dim={case.head_dim} (V's head dim must equal Q's)")
+            elif case.head_dim_v not in self.head_dims_v:
+                reasons.append(f"head_dim_v={case.head_dim_v} (supported: {_describe_allowed(self.head_dims_v)})")
+        if case.window is not None and not self.supports_window:
+            reasons.append(f"sliding window (window_size={case.window}) is not supported")
+        if case.softcap and not self.supports_softcap:
+            reasons.append("softcap is not supported")
+        if case.alibi and not self.supports_alibi:
+            reasons.append("ALiBi (alibi_slopes) is not supported")
+        if case.sinks and not self.supports_sinks:
+            reasons.append("attention sinks are not supported")
+        if case.return_lse and not self.supports_lse:
+            reasons.append("returning the LSE (return_lse) is not supported")
         multiple = self.seqlen_multiple
         if multiple > 1 and (case.seqlen_q % multiple or case.seqlen_k % multiple):
             reasons.append(f"seqlen_q={case.seqlen_q}, seqlen_k={case.seqlen_k} (must be multiples of {multiple})")
@@ -184,13 +282,20 @@ class AttentionImpl:
             "backward": self.supports_backward,
             "memory_class": self.memory_class,
             "seqlen_multiple": self.seqlen_multiple,
+            "window": self.supports_window,
+            "softcap": self.supports_softcap,
+            "alibi": self.supports_alibi,
+            "sinks": self.supports_sinks,
+            "lse": self.supports_lse,
+            "head_dims_v": None if self.head_dims_v is None else _describe_allowed(self.head_dims_v),
         }
 
 
 class FunctionImpl(AttentionImpl):
     """Form (a) of the contract: a plain callable, taken to support everything.
 
-    It declares no memory class: the memory suite reports what it measures without failing it.
+    It declares no memory class: the memory suite reports what it measures without failing it,
+    and no variant: its signature has no place for one.
     """
 
     memory_class = None  # type: ignore[assignment]

@@ -3,7 +3,10 @@
 FLOPs follow FlashAttention's convention: ``4 * B * Hq * Nq * Nk * D`` for the forward, halved
 for causal attention when ``Nq == Nk`` (with ``Nq != Nk`` the visible query-key pairs are counted
 exactly, since decode with a causal mask sees every key), and 2.5 times the forward for the
-backward. Bytes are the fewest an implementation must move: each input read once and each output
+backward. A sliding window counts the pairs inside its band only, exactly (a kernel that skips
+the masked blocks is credited with the work it had to do, not with the dense problem's). With a V
+head dim that differs from Q's, QK^T costs ``2 * D`` per pair and PV ``2 * Dv``, so the forward
+is ``2 * B * Hq * pairs * (D + Dv)`` (FlashAttention's formula when ``Dv == D``). Bytes are the fewest an implementation must move: each input read once and each output
 written once; for decode that is essentially the KV cache, and GB/s against the measured copy
 bandwidth is its figure of merit. Pure functions of a :class:`~pytest_attnkit.contract.Case`,
 read by both processes.
@@ -19,6 +22,8 @@ DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 
 def visible_pairs(case: Case) -> int:
     """Query-key pairs that attention computes per (batch, head)."""
+    if case.window is not None:
+        return _band_pairs(case)
     if not case.causal:
         return case.seqlen_q * case.seqlen_k
     if case.seqlen_q == case.seqlen_k:
@@ -27,16 +32,33 @@ def visible_pairs(case: Case) -> int:
     return sum(min(case.seqlen_k, max(0, i + offset + 1)) for i in range(case.seqlen_q))
 
 
+def _band_pairs(case: Case) -> int:
+    """Exact count of the pairs a window (and causal) leaves visible: query i sees keys
+    ``i + Nk - Nq - left`` to ``i + Nk - Nq + right``, clipped to the keys there are."""
+    left, right = case.window or (-1, -1)
+    if case.causal:
+        right = 0 if right < 0 else min(right, 0)
+    offset = case.seqlen_k - case.seqlen_q
+    total = 0
+    for i in range(case.seqlen_q):
+        first = 0 if left < 0 else max(0, i + offset - left)
+        last = case.seqlen_k - 1 if right < 0 else min(case.seqlen_k - 1, i + offset + right)
+        total += max(0, last - first + 1)
+    return total
+
+
 def flop_count(case: Case, mode: str) -> int:
-    forward = 4 * case.batch * case.heads_q * case.head_dim * visible_pairs(case)
+    forward = 2 * case.batch * case.heads_q * (case.head_dim + case.value_dim) * visible_pairs(case)
     return int(forward * 2.5) if mode == "backward" else forward
 
 
 def byte_count(case: Case, mode: str) -> int:
     """The fewest bytes through device memory: inputs read once, outputs written once."""
     element = DTYPE_BYTES[case.dtype]
-    q_or_o = case.batch * case.heads_q * case.seqlen_q * case.head_dim * element
-    k_or_v = case.batch * case.heads_kv * case.seqlen_k * case.head_dim * element
+    q = case.batch * case.heads_q * case.seqlen_q * case.head_dim * element
+    o = case.batch * case.heads_q * case.seqlen_q * case.value_dim * element
+    k = case.batch * case.heads_kv * case.seqlen_k * case.head_dim * element
+    v = case.batch * case.heads_kv * case.seqlen_k * case.value_dim * element
     if mode == "backward":  # read q, k, v, o, dO; write dq, dk, dv
-        return 3 * q_or_o + 2 * k_or_v + q_or_o + 2 * k_or_v
-    return 2 * q_or_o + 2 * k_or_v
+        return (q + k + v + 2 * o) + (q + k + v)
+    return q + k + v + o

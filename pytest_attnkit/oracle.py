@@ -7,7 +7,9 @@ inputs' own precision, written the obvious way (as FlashAttention's tests do wit
 honest implementation in that precision makes, so the allowed error scales with it.
 
 Masking follows the contract: bottom-right causal alignment, and a query row that sees no key
-produces zeros (and zero gradients), never NaN.
+produces zeros (and zero gradients), never NaN. The variants follow FlashAttention's reference
+(``attention_ref`` in its tests) in the order it applies them: scale, soft cap, ALiBi bias, the
+causal and window masks, then the softmax, with the sinks' logits joining its denominator.
 """
 
 from __future__ import annotations
@@ -21,11 +23,54 @@ if TYPE_CHECKING:
 
 def causal_mask(seqlen_q: int, seqlen_k: int, device: "torch.device") -> "torch.Tensor":
     """Boolean [Nq, Nk] mask, True where query i may see key j: ``j <= i + Nk - Nq``."""
+    return visibility_mask(seqlen_q, seqlen_k, causal=True, window=None, device=device)
+
+
+def visibility_mask(seqlen_q: int, seqlen_k: int, *, causal: bool, window: tuple[int, int] | None,
+                    device: "torch.device | str") -> "torch.Tensor | None":
+    """Boolean [Nq, Nk] mask, True where query i sees key j, or None when every pair is visible.
+
+    With ``d = i + Nk - Nq - j``: causal needs ``d >= 0``; a window ``(left, right)`` needs
+    ``-right <= d <= left`` (a side of -1 is unbounded), as FlashAttention's local attention.
+    """
     import torch
 
+    if not causal and window is None:
+        return None
     rows = torch.arange(seqlen_q, device=device)[:, None]
     cols = torch.arange(seqlen_k, device=device)[None, :]
-    return cols <= rows + (seqlen_k - seqlen_q)
+    distance = rows + (seqlen_k - seqlen_q) - cols
+    visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    if causal:
+        visible &= distance >= 0
+    if window is not None:
+        left, right = window
+        if left >= 0:
+            visible &= distance <= left
+        if right >= 0:
+            visible &= distance >= -right
+    return visible
+
+
+def rows_with_a_key(seqlen_q: int, seqlen_k: int, *, causal: bool, window: tuple[int, int] | None,
+                    device: "torch.device | str") -> "torch.Tensor":
+    """Boolean [Nq]: True for the query rows that see at least one key."""
+    import torch
+
+    visible = visibility_mask(seqlen_q, seqlen_k, causal=causal, window=window, device=device)
+    if visible is None:
+        return torch.ones(seqlen_q, dtype=torch.bool, device=device)
+    return visible.any(dim=-1)
+
+
+def alibi_bias(slopes: "torch.Tensor", seqlen_q: int, seqlen_k: int) -> "torch.Tensor":
+    """[Hq, Nq, Nk] bias ``-slope[h] * |i + Nk - Nq - j|`` in the slopes' dtype."""
+    import torch
+
+    rows = torch.arange(seqlen_q, device=slopes.device)[:, None]
+    cols = torch.arange(seqlen_k, device=slopes.device)[None, :]
+    distance = (rows + (seqlen_k - seqlen_q) - cols).abs().to(slopes.dtype)
+    return -slopes[:, None, None] * distance
 
 
 def attention_math(
@@ -35,11 +80,20 @@ def attention_math(
     *,
     causal: bool,
     scale: float | None = None,
-) -> "torch.Tensor":
-    """Plain attention in the inputs' dtype, differentiable. Tensors are [B, H, N, D]."""
+    window: tuple[int, int] | None = None,
+    softcap: float = 0.0,
+    alibi_slopes: "torch.Tensor | None" = None,
+    sinks: "torch.Tensor | None" = None,
+    return_lse: bool = False,
+) -> "torch.Tensor | tuple[torch.Tensor, torch.Tensor]":
+    """Plain attention in the inputs' dtype, differentiable. Tensors are [B, H, N, D]; V's head
+    dim may differ. With ``return_lse``, also the natural-log LSE of each row's softmax
+    denominator (sinks included), in the scores' dtype; where a row sees no key and has no sink
+    its LSE is 0 here (the contract leaves it open)."""
     import torch
 
     heads_q, heads_kv = q.shape[1], k.shape[1]
+    seqlen_q, seqlen_k = q.shape[-2], k.shape[-2]
     if heads_q != heads_kv:
         group = heads_q // heads_kv
         k = k.repeat_interleave(group, dim=1)
@@ -47,16 +101,32 @@ def attention_math(
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     scores = torch.matmul(q * scale, k.transpose(-2, -1))
-    if causal:
-        visible = causal_mask(q.shape[-2], k.shape[-2], q.device)
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
+    if alibi_slopes is not None:
+        scores = scores + alibi_bias(alibi_slopes, seqlen_q, seqlen_k).to(scores.dtype)
+    visible = visibility_mask(seqlen_q, seqlen_k, causal=causal, window=window, device=q.device)
+    if sinks is not None:
+        # The sink column keeps every row's softmax finite, so masked keys stay -inf; FA4's
+        # reference concatenates the sink logit and drops its column after the softmax.
+        if visible is not None:
+            scores = scores.masked_fill(~visible, float("-inf"))
+        sink_column = sinks.to(scores.dtype)[None, :, None, None].expand(*scores.shape[:-1], 1)
+        with_sink = torch.cat([scores, sink_column], dim=-1)
+        lse = torch.logsumexp(with_sink, dim=-1)
+        probs = torch.softmax(with_sink, dim=-1)[..., :-1]
+    elif visible is not None:
         row_sees_a_key = visible.any(dim=-1, keepdim=True)
         # Rows that see no key get finite scores before the softmax and zero probabilities
         # after it, so neither the output nor the backward pass ever touches a NaN.
         scores = scores.masked_fill(~visible, float("-inf")).masked_fill(~row_sees_a_key, 0.0)
         probs = torch.softmax(scores, dim=-1) * row_sees_a_key
+        lse = torch.logsumexp(scores, dim=-1) * row_sees_a_key[..., 0]
     else:
         probs = torch.softmax(scores, dim=-1)
-    return torch.matmul(probs.to(v.dtype), v)
+        lse = torch.logsumexp(scores, dim=-1) if return_lse else None
+    out = torch.matmul(probs.to(v.dtype), v)
+    return (out, lse) if return_lse else out
 
 
 def oracle_attention(
@@ -74,19 +144,44 @@ def forward_and_grads(
     *,
     causal: bool,
     float64: bool,
+    window: tuple[int, int] | None = None,
+    softcap: float = 0.0,
+    alibi_slopes: "torch.Tensor | None" = None,
+    sinks: "torch.Tensor | None" = None,
+    return_lse: bool = False,
+    dlse: "torch.Tensor | None" = None,
 ) -> dict[str, "torch.Tensor"]:
     """Run the reference (float64 oracle or plain same-precision) and, with ``dout``, its backward.
 
-    Returns detached tensors keyed ``out``, and ``dq``, ``dk``, ``dv`` when ``dout`` is given.
+    Returns detached tensors keyed ``out`` (and ``lse`` with ``return_lse``), and with ``dout``
+    the gradients ``dq``, ``dk``, ``dv`` (and ``dsinks`` with sinks). The LSE's upstream gradient
+    is ``dlse``. ALiBi slopes and sinks stay float32 in the plain reference, as the contract
+    hands them; the oracle takes every input in float64.
     """
     import torch
 
+    backward = dout is not None
     cast = (lambda t: t.detach().double()) if float64 else (lambda t: t.detach())
-    leaves = [cast(t).requires_grad_(dout is not None) for t in (q, k, v)]
+    leaves = [cast(t).requires_grad_(backward) for t in (q, k, v)]
+    names = ["dq", "dk", "dv"]
+    sink_leaf = None
+    if sinks is not None:
+        sink_leaf = cast(sinks).requires_grad_(backward)
+        leaves.append(sink_leaf)
+        names.append("dsinks")
+    slopes = None if alibi_slopes is None else cast(alibi_slopes)
     with torch.enable_grad():
-        out = attention_math(*leaves, causal=causal)
+        result = attention_math(*leaves[:3], causal=causal, window=window, softcap=softcap, alibi_slopes=slopes,
+                                sinks=sink_leaf, return_lse=return_lse)
+        out, lse = result if return_lse else (result, None)
         results = {"out": out.detach()}
-        if dout is not None:
-            grads = torch.autograd.grad(out, leaves, cast(dout))
-            results.update(dq=grads[0], dk=grads[1], dv=grads[2])
+        if lse is not None:
+            results["lse"] = lse.detach()
+        if backward:
+            outputs, upstream = [out], [cast(dout)]
+            if lse is not None and dlse is not None:
+                outputs.append(lse)
+                upstream.append(cast(dlse).to(lse.dtype))
+            grads = torch.autograd.grad(outputs, leaves, upstream)
+            results.update(zip(names, grads))
     return results

@@ -7,6 +7,11 @@ same-precision reference, and apply the rule of :mod:`pytest_attnkit.worker.tole
 and the gradients. Running the implementation before any reference means no freed reference
 buffer can hold the right answer when the implementation allocates its output.
 
+A variant case (window, softcap, ALiBi, sinks, the LSE, V's head dim) is called with its keyword
+arguments and checked the same way: the LSE and, with backward, the sinks' gradient are compared
+too, and the LSE gets an upstream gradient of its own so that its backward is checked with the
+output's.
+
 Returns a :class:`~pytest_attnkit.records.Reply` whose data is a
 :class:`~pytest_attnkit.records.CorrectnessResult`: the deciding seed and trial, and every comparison.
 """
@@ -17,26 +22,30 @@ import traceback
 from typing import Any
 
 from pytest_attnkit.contract import AttentionImpl, Case
-from pytest_attnkit.oracle import forward_and_grads
+from pytest_attnkit.oracle import forward_and_grads, rows_with_a_key
 from pytest_attnkit.records import CorrectnessResult, Reply, Status
-from pytest_attnkit.worker.inputs import make_inputs, poison_free_memory, trial_seed
-from pytest_attnkit.worker.tolerance import FORWARD_FACTOR, GRADIENT_FACTOR, compare
+from pytest_attnkit.worker.inputs import call_implementation, make_inputs, poison_free_memory, trial_seed
+from pytest_attnkit.worker.tolerance import compare, factor_and_extra_floor
 
 
 class ContractViolation(Exception):
     """The implementation returned something the contract forbids (wrong shape, modified inputs...)."""
 
 
-def _check_tensor(name: str, value: Any, reference: Any) -> None:
+def _check_tensor(name: str, value: Any, reference: Any, *, shape: tuple[int, ...] | None = None,
+                  dtype: Any = None) -> None:
+    """``value`` must be a tensor with ``reference``'s shape, dtype and device (or those given)."""
     import torch
 
     if not isinstance(value, torch.Tensor):
         raise ContractViolation(f"{name} is a {type(value).__name__}, expected a torch.Tensor")
+    shape = tuple(reference.shape) if shape is None else shape
+    dtype = reference.dtype if dtype is None else dtype
     problems = []
-    if tuple(value.shape) != tuple(reference.shape):
-        problems.append(f"shape {tuple(value.shape)} (expected {tuple(reference.shape)})")
-    if value.dtype != reference.dtype:
-        problems.append(f"dtype {value.dtype} (expected {reference.dtype})")
+    if tuple(value.shape) != shape:
+        problems.append(f"shape {tuple(value.shape)} (expected {shape})")
+    if value.dtype != dtype:
+        problems.append(f"dtype {value.dtype} (expected {dtype})")
     if value.device != reference.device:
         problems.append(f"device {value.device} (expected {reference.device})")
     if problems:
@@ -50,34 +59,83 @@ def _synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def _split_output(case: Case, returned: Any) -> tuple[Any, Any]:
+    """(out, lse) from what the implementation returned: ``(out, lse)`` when the case asks for it."""
+    if not case.return_lse:
+        return returned, None
+    if not isinstance(returned, (tuple, list)) or len(returned) != 2:
+        raise ContractViolation(f"return_lse=True: expected (out, lse), got a {type(returned).__name__}"
+                                + (f" of length {len(returned)}" if isinstance(returned, (tuple, list)) else ""))
+    return returned[0], returned[1]
+
+
 def _run_implementation(impl: AttentionImpl, case: Case, inputs: Any, device: str, backward: bool) -> dict[str, Any]:
     import torch
 
     q, k, v = (t.detach().requires_grad_(backward) for t in (inputs.q, inputs.k, inputs.v))
-    snapshots = {name: t.detach().clone() for name, t in (("q", q), ("k", k), ("v", v))}
-    out_bytes = q.numel() * q.element_size()
+    sinks = None if inputs.sinks is None else inputs.sinks.detach().requires_grad_(backward)
+    given = {"q": q, "k": k, "v": v, "sinks": sinks, "alibi_slopes": inputs.alibi_slopes}
+    given = {name: tensor for name, tensor in given.items() if tensor is not None}
+    snapshots = {name: t.detach().clone() for name, t in given.items()}
+    out_bytes = case.batch * case.heads_q * case.seqlen_q * case.value_dim * q.element_size()
     poison_free_memory(device, [out_bytes] * 2 + ([k.numel() * k.element_size()] * 2 if backward else []))
 
     with torch.set_grad_enabled(backward):
-        out = impl(q, k, v, causal=case.causal, scale=None)
+        out, lse = _split_output(case, call_implementation(impl, case, q, k, v, inputs, sinks=sinks))
     _synchronize(device)
-    _check_tensor("output", out, q)
+    _check_tensor("output", out, q, shape=(case.batch, case.heads_q, case.seqlen_q, case.value_dim))
     results = {"out": out.detach()}
+    if lse is not None:
+        _check_tensor("lse", lse, q, shape=(case.batch, case.heads_q, case.seqlen_q), dtype=torch.float32)
+        results["lse"] = lse.detach()
     if backward:
         if not out.requires_grad:
             raise ContractViolation(
                 "the output is detached from autograd (no grad_fn), but the implementation declares backward support"
             )
-        grads = torch.autograd.grad(out, (q, k, v), inputs.dout)
+        outputs, upstream = [out], [inputs.dout]
+        if lse is not None:
+            if not lse.requires_grad:
+                raise ContractViolation("the lse is detached from autograd (no grad_fn): its gradient must flow")
+            outputs.append(lse)
+            upstream.append(inputs.dlse)
+        leaves = {"dq": q, "dk": k, "dv": v}
+        if sinks is not None:
+            leaves["dsinks"] = sinks
+        grads = torch.autograd.grad(outputs, tuple(leaves.values()), upstream, allow_unused=True)
         _synchronize(device)
-        for name, grad, leaf in zip(("dq", "dk", "dv"), grads, (q, k, v)):
+        for (name, leaf), grad in zip(leaves.items(), grads):
+            if grad is None:
+                raise ContractViolation(f"gradient {name} is missing: the result does not depend on {name[1:]} "
+                                        "through autograd")
             _check_tensor(f"gradient {name}", grad, leaf)
             results[name] = grad.detach()
-    for name, tensor in (("q", q), ("k", k), ("v", v)):
+    for name, tensor in given.items():
         if not torch.equal(tensor.detach(), snapshots[name]):
             changed = int((tensor.detach() != snapshots[name]).sum().item())
             raise ContractViolation(f"the implementation modified its input {name} ({changed} elements changed)")
     return results
+
+
+def _references(case: Case, inputs: Any, backward: bool, *, float64: bool) -> dict[str, Any]:
+    return forward_and_grads(inputs.q, inputs.k, inputs.v, inputs.dout if backward else None, causal=case.causal,
+                             float64=float64, window=case.window, softcap=case.softcap,
+                             alibi_slopes=inputs.alibi_slopes, sinks=inputs.sinks, return_lse=case.return_lse,
+                             dlse=inputs.dlse)
+
+
+def _open_lse_rows_zeroed(case: Case, actual: dict[str, Any]) -> None:
+    """The contract leaves the LSE of a row that sees no key (and has no sink) open; the
+    references hold 0 there, and so does the implementation's once this has run."""
+    import torch
+
+    if "lse" not in actual or case.sinks:
+        return
+    rows = rows_with_a_key(case.seqlen_q, case.seqlen_k, causal=case.causal, window=case.window,
+                           device=actual["lse"].device)
+    if not bool(rows.all()):
+        actual["lse"] = torch.where(rows, actual["lse"], torch.zeros((), dtype=actual["lse"].dtype,
+                                                                     device=actual["lse"].device))
 
 
 def run_correctness(
@@ -104,13 +162,13 @@ def run_correctness(
             return Reply(Status.WRONG, str(violation), result.to_dict())
         except Exception:  # the implementation's own exception: report it whole
             return Reply(Status.RAISED, traceback.format_exc(), result.to_dict())
-        dout = inputs.dout if backward else None
-        oracle = forward_and_grads(inputs.q, inputs.k, inputs.v, dout, causal=case.causal, float64=True)
-        plain = forward_and_grads(inputs.q, inputs.k, inputs.v, dout, causal=case.causal, float64=False)
+        _open_lse_rows_zeroed(case, actual)
+        oracle = _references(case, inputs, backward, float64=True)
+        plain = _references(case, inputs, backward, float64=False)
         comparisons = tuple(
             compare(name, actual[name], oracle[name], plain[name], dtype=dtype,
-                    factor=FORWARD_FACTOR if name == "out" else GRADIENT_FACTOR)
-            for name in (("out", "dq", "dk", "dv") if backward else ("out",))
+                    **factor_and_extra_floor(name, softcap=case.softcap))
+            for name in oracle
         )
         result = CorrectnessResult(trials, seed, trial, comparisons)
         failed = [comparison for comparison in comparisons if not comparison.passed]
