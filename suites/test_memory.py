@@ -6,9 +6,15 @@ at the allocator (pytest_attnkit/worker/memory.py; the fit and the verdict:
 pytest_attnkit/controller/memory.py), and fails when the fitted exponent contradicts the
 implementation's declared memory class, when memory escapes the meter, or when the measurement
 misses the implementation's own analytic model by more than 10%. CUDA only.
+
+``test_memory_window`` sweeps again with a sliding window (pytest_attnkit/cases.py:
+memory_window_sweep) for the implementations that declare windows: each query sees a bounded
+number of keys, so a kernel that still allocates N x N scores under a window fails its class.
 """
 
 import pytest
+
+from pytest_attnkit.cases import memory_window_sweep
 
 pytestmark = pytest.mark.attnkit_memory
 
@@ -20,3 +26,20 @@ def test_memory_forward(attnkit, attnkit_impl, request):
 @pytest.mark.attnkit_backward
 def test_memory_backward(attnkit, attnkit_impl, request):
     attnkit.memory.check(attnkit_impl, backward=True, properties=request.node.user_properties)
+
+
+def _check_window(attnkit, impl, backward, request):
+    sweep = memory_window_sweep(attnkit.profile)
+    refusals = attnkit.pool.support(impl, [{"case": sweep.case(sweep.seqlens[0]).to_dict(), "backward": backward}])
+    if refusals and refusals[0]:
+        pytest.skip(f"{impl} does not support it: {refusals[0]}")
+    attnkit.memory.check(impl, backward=backward, properties=request.node.user_properties, sweep=sweep)
+
+
+def test_memory_window(attnkit, attnkit_impl, request):
+    _check_window(attnkit, attnkit_impl, False, request)
+
+
+@pytest.mark.attnkit_backward
+def test_memory_window_backward(attnkit, attnkit_impl, request):
+    _check_window(attnkit, attnkit_impl, True, request)

@@ -230,18 +230,23 @@ class MemoryCheck:
     seed: int
     results: list[MemorySweepResult] = field(default_factory=list)
 
-    def check(self, impl: str, *, backward: bool, properties: list[tuple[str, object]] | None = None) -> MemorySweepResult:
+    def check(self, impl: str, *, backward: bool, properties: list[tuple[str, object]] | None = None,
+              sweep: MemorySweep | None = None) -> MemorySweepResult:
         """Sweep the sequence length in the implementation's worker, fit the exponent of its extra
         memory, and fail when it contradicts the declared class or the implementation's own model.
         An unclear sweep enforces no class: it passes, with the verdict and its reason in the
-        summary's table and in the junit properties."""
+        summary's table and in the junit properties. ``sweep`` replaces the session's sweep (the
+        windowed one)."""
+        sweep = sweep or self.sweep
         direction = "forward+backward" if backward else "forward"
+        if sweep.window is not None:
+            direction += f", window {sweep.window}"
         if self.device != "cuda":
             pytest.skip(NO_MEMORY_METER_ON_CPU)
         info = self.pool.info(impl)
         points: list[MemoryPoint] = []
-        for seqlen in self.sweep.seqlens:
-            case = self.sweep.case(seqlen)
+        for seqlen in sweep.seqlens:
+            case = sweep.case(seqlen)
             reply = self.pool.request(impl, {"op": "memory", "case": case.to_dict(), "backward": backward,
                                              "seed": self.seed})
             if reply.status in (Status.CRASHED, Status.TIMEOUT):
@@ -252,7 +257,7 @@ class MemoryCheck:
             points.append(MemoryPoint.from_dict(reply.data))
             if points[-1].status == "oom":
                 break
-        result = MemorySweepResult(impl, direction, info.capabilities.get("memory_class"), tuple(points), self.sweep)
+        result = MemorySweepResult(impl, direction, info.capabilities.get("memory_class"), tuple(points), sweep)
         self.results.append(result)
         if properties is not None:
             properties.append(("attnkit_memory_exponent", result.slope))

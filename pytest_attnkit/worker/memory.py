@@ -18,10 +18,12 @@ The fit over a sweep of lengths and the verdict are the pytest process's
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from typing import Any
 
 from pytest_attnkit.contract import AttentionImpl, Case
 from pytest_attnkit.records import MemoryPoint
+from pytest_attnkit.worker.inputs import call_implementation
 
 #: Driver-seen growth beyond torch's reserved memory that counts as unmetered: above this many
 #: bytes and this share of what torch saw (the CUDA context and cuBLAS workspaces move a little).
@@ -102,8 +104,9 @@ def measure_point(impl: AttentionImpl, case: Case, *, backward: bool, seed: int)
         inputs = make_inputs(case, "cuda", seed)
         q, k, v = (t.detach().requires_grad_(backward) for t in (inputs.q, inputs.k, inputs.v))
         dout = inputs.dout if backward else None
+        variant_inputs = replace(inputs, q=None, k=None, v=None, dout=None)  # a variant's ALiBi slopes or sinks
         del inputs
-        _run(impl, case, q, k, v, dout)  # the warm-up: unmeasured; an OOM in it is the point's result
+        _run(impl, case, q, k, v, dout, variant_inputs)  # the warm-up: unmeasured; an OOM in it is the point's result
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -111,7 +114,7 @@ def measure_point(impl: AttentionImpl, case: Case, *, backward: bool, seed: int)
         reserved_before = torch.cuda.memory_reserved()
         with _DriverSampler(torch) as sampler:
             free_before = torch.cuda.mem_get_info()[0]
-            returned = _run(impl, case, q, k, v, dout)
+            returned = _run(impl, case, q, k, v, dout, variant_inputs)
             torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - before
         retained = sum(t.numel() * t.element_size() for t in returned)
@@ -132,12 +135,12 @@ def measure_point(impl: AttentionImpl, case: Case, *, backward: bool, seed: int)
         raise
 
 
-def _run(impl: AttentionImpl, case: Case, q: Any, k: Any, v: Any, dout: Any) -> list[Any]:
+def _run(impl: AttentionImpl, case: Case, q: Any, k: Any, v: Any, dout: Any, inputs: Any) -> list[Any]:
     """One call: the output, and with ``dout`` the gradients of q, k and v (from a graph of its own)."""
     import torch
 
     with torch.set_grad_enabled(dout is not None):
-        out = impl(q, k, v, causal=case.causal, scale=None)
+        out = call_implementation(impl, case, q, k, v, inputs)
         returned = [out]
         if dout is not None:
             returned += list(torch.autograd.grad(out, (q, k, v), dout))

@@ -53,13 +53,13 @@ def measure_speed(impl: AttentionImpl, case: Case, mode: str, *, device: str, se
     for _ in range(input_sets or input_set_count(case, mode, device)):
         inputs = make_inputs(case, device, seed)
         q, k, v = (t.detach().requires_grad_(backward) for t in (inputs.q, inputs.k, inputs.v))
-        sets.append((q, k, v, inputs.dout))
+        sets.append((q, k, v, inputs))  # inputs: dout, and a variant's ALiBi slopes or sinks
     if backward:
-        graphs = _BackwardGraphs(impl, itertools.cycle(sets), case.causal)
+        graphs = _BackwardGraphs(impl, itertools.cycle(sets), case)
         timing = time_call(graphs.backward, device, budget_ms=budget_ms, hold_stream=hold_stream,
                            prepare=graphs.prepare)
         return {"timing": timing.to_dict(), "input_sets": len(sets)}
-    calls = [functools.partial(_forward, impl, q, k, v, case.causal) for q, k, v, _ in sets]
+    calls = [functools.partial(_forward, impl, case, q, k, v, inputs) for q, k, v, inputs in sets]
     rotation = itertools.cycle(calls)
 
     def call() -> Any:
@@ -73,18 +73,20 @@ class _BackwardGraphs:
     """One autograd graph per backward call: ``prepare`` runs the forward on the next input set
     (untimed), ``backward`` runs that graph's backward once, freeing it (timed)."""
 
-    def __init__(self, impl: AttentionImpl, rotation: Any, causal: bool) -> None:
-        self.impl, self.rotation, self.causal = impl, rotation, causal
+    def __init__(self, impl: AttentionImpl, rotation: Any, case: Case) -> None:
+        self.impl, self.rotation, self.case = impl, rotation, case
         self.pending: tuple[Any, tuple[Any, Any, Any], Any] | None = None
 
     def prepare(self) -> None:
         import torch
 
-        q, k, v, dout = next(self.rotation)
+        from pytest_attnkit.worker.inputs import call_implementation
+
+        q, k, v, inputs = next(self.rotation)
         self.pending = None  # a graph left unused (never, with the timer) is dropped before the next is built
         with torch.enable_grad():
-            out = self.impl(q, k, v, causal=self.causal, scale=None)
-        self.pending = (out, (q, k, v), dout)
+            out = call_implementation(self.impl, self.case, q, k, v, inputs)
+        self.pending = (out, (q, k, v), inputs.dout)
 
     def backward(self) -> Any:
         import torch
@@ -96,11 +98,13 @@ class _BackwardGraphs:
         return torch.autograd.grad(out, inputs, dout)
 
 
-def _forward(impl: AttentionImpl, q: Any, k: Any, v: Any, causal: bool) -> Any:
+def _forward(impl: AttentionImpl, case: Case, q: Any, k: Any, v: Any, inputs: Any) -> Any:
     import torch
 
+    from pytest_attnkit.worker.inputs import call_implementation
+
     with torch.no_grad():
-        return impl(q, k, v, causal=causal, scale=None)
+        return call_implementation(impl, case, q, k, v, inputs)
 
 
 def measure_ceilings(device: str) -> dict[str, Any]:
