@@ -57,6 +57,9 @@ class WorkerProcess:
         self.connection: Any = None
         self.log_path: Path | None = None
         self.starts = 0
+        #: A request was sent and its reply not yet read: the worker is still working on it
+        #: (the run was interrupted mid-request, by Ctrl-C or SIGTERM) or it hangs.
+        self.busy = False
 
     # -- life cycle -------------------------------------------------------------------------
     def _start(self) -> None:
@@ -79,11 +82,19 @@ class WorkerProcess:
             )
         child_socket.close()
         self.connection = Connection(parent_socket.detach())
+        self.busy = False
         self._exchange({"op": "init", "sys_path": list(sys.path), **self.init}, self.startup_timeout, "starting")
 
     def close(self) -> None:
-        """Ask the worker to exit, and make sure it did."""
+        """Ask an idle worker to exit, and make sure it did; kill a busy one at once.
+
+        A busy worker (the run was interrupted in the middle of its request, or it hangs) would
+        answer the shutdown only after the request, if ever: waiting for it turned a SIGTERM
+        from a CI timeout into 20 s of waiting per worker."""
         if self.process is None:
+            return
+        if self.busy:
+            self._kill()
             return
         try:
             if self.process.poll() is None:
@@ -107,6 +118,7 @@ class WorkerProcess:
             self.connection.close()
         self.process = None
         self.connection = None
+        self.busy = False
 
     def log_tail(self) -> str:
         if self.log_path is None or not self.log_path.exists():
@@ -125,6 +137,9 @@ class WorkerProcess:
     def _exchange(self, message: dict[str, Any], timeout: float, doing: str) -> Any:
         assert self.process is not None
         started = time.monotonic()
+        # Set until the reply is read: a KeyboardInterrupt (Ctrl-C, SIGTERM) raised while
+        # waiting leaves it set, and close() then kills the worker instead of waiting on it.
+        self.busy = True
         try:
             self.connection.send_bytes(json.dumps(message).encode())
             ready = self.connection.poll(timeout)
@@ -132,6 +147,8 @@ class WorkerProcess:
         except (EOFError, OSError):
             reply = None
             ready = True
+        if reply is not None:
+            self.busy = False
         if reply is None:
             self._fail(doing, timed_out=not ready, timeout=timeout, elapsed=time.monotonic() - started)
         pid = self.process.pid
