@@ -12,6 +12,8 @@ from typing import Any
 
 import matplotlib
 
+from pytest_attnkit.contract import Case
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
@@ -22,38 +24,63 @@ def _colour(names: list[str], name: str) -> str:
     return _COLOURS[sorted(names).index(name) % len(_COLOURS)]
 
 
-def _parse(case_id: str) -> dict[str, Any]:
-    parts = case_id.split("-")
-    fields: dict[str, Any] = {"causal": "causal" in parts, "dtype": parts[5]}
-    for part in parts:
-        if part[0] in "qkd" and part[1:].isdigit():
-            fields[part[0]] = int(part[1:])
-    return fields
+def _on_length_axis(case: Case) -> bool:
+    """A plain prefill case: query and key lengths equal, no variant that changes the work."""
+    return (case.seqlen_q == case.seqlen_k >= 2 and not case.variants and case.head_dim_v is None
+            and case.layout == "bhsd" and case.logit_scale == 1.0)
+
+
+def _tokens(count: int) -> str:
+    return f"{count // 1024}k" if count >= 1024 and count % 1024 == 0 else str(count)
+
+
+def length_axis_label(cases: list[Case]) -> str:
+    """What the sequence-length axis holds, as the plotted cases say: "batch x length = 16k" only
+    when every point on it has batch x length = 16k."""
+    batches = sorted({case.batch for case in cases})
+    tokens = {case.batch * case.seqlen_q for case in cases}
+    if len(batches) > 1 and len(tokens) == 1:
+        return f"sequence length (tokens; batch x length = {_tokens(tokens.pop())})"
+    if len(batches) == 1:
+        return f"sequence length (tokens; batch {batches[0]})"
+    return f"sequence length (tokens; batch {', '.join(map(str, batches))})"
+
+
+def speed_panels(document: dict[str, Any], mode: str) -> list[dict[str, Any]]:
+    """One panel per (head dim, causal): each implementation's (length, TFLOP/s) points, read from
+    the measurements' structured ``shape``, and the label that their cases make true."""
+    panels: dict[tuple[int, bool], dict[str, Any]] = {}
+    for m in document["speed"]["measurements"]:
+        case = Case.from_dict(m["shape"])
+        if m["mode"] != mode or not _on_length_axis(case):
+            continue  # decode, mismatched lengths and variants are not on a sequence-length axis
+        panel = panels.setdefault((case.head_dim, case.causal), {"head_dim": case.head_dim, "causal": case.causal,
+                                                                  "cases": [], "series": defaultdict(list)})
+        panel["cases"].append(case)
+        panel["series"][m["impl"]].append((case.seqlen_q, m["tflops"]))
+    for panel in panels.values():
+        panel["xlabel"] = length_axis_label(panel["cases"])
+        for points in panel["series"].values():
+            points.sort()
+    return [panels[key] for key in sorted(panels)]
 
 
 def draw_speed(document: dict[str, Any], mode: str, path: Path) -> bool:
-    series: dict[tuple[int, bool], dict[str, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
-    for m in document["speed"]["measurements"]:
-        fields = _parse(m["case"])
-        if m["mode"] != mode or fields["q"] != fields["k"] or fields["q"] < 2:
-            continue  # decode and mismatched lengths are not on a sequence-length axis
-        series[(fields["d"], fields["causal"])][m["impl"]].append((fields["q"], m["tflops"]))
-    if not series:
+    panels = speed_panels(document, mode)
+    if not panels:
         return False
     names = sorted({m["impl"] for m in document["speed"]["measurements"]})
-    panels = sorted(series)
     figure, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.2), squeeze=False, sharey=True)
     ceiling = document["speed"]["ceilings"].get("matmul_bf16_tflops")
     for axis, panel in zip(axes[0], panels):
-        for name, points in sorted(series[panel].items()):
-            points.sort()
+        for name, points in sorted(panel["series"].items()):
             axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name, color=_colour(names, name))
         if ceiling:
             axis.axhline(ceiling, color="grey", linestyle="--", linewidth=1, label=f"bf16 matmul, measured ({ceiling:.0f})")
         axis.set_xscale("log", base=2)
         axis.set_ylim(bottom=0)  # a bar of zero keeps the gaps between implementations honest
-        axis.set_title(f"head dim {panel[0]}, {'causal' if panel[1] else 'not causal'}")
-        axis.set_xlabel("sequence length (tokens; batch x length = 16k)")
+        axis.set_title(f"head dim {panel['head_dim']}, {'causal' if panel['causal'] else 'not causal'}")
+        axis.set_xlabel(panel["xlabel"])
         axis.grid(True, alpha=0.3)
     axes[0][0].set_ylabel("TFLOP/s (FlashAttention's FLOP count)")
     axes[0][-1].legend(fontsize=8, loc="best")
