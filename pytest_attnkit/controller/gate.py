@@ -30,6 +30,8 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
+
 #: The fewest samples a side the gate decides on. With the exact test, six against six can reach
 #: p = 0.0011 (alpha is 0.01); five against five could reach only 0.004, with no room for one
 #: sample out of order.
@@ -138,8 +140,6 @@ def _exact_p(ranks: list[float], n1: int) -> float:
     """P(the rank sum of ``n1`` positions drawn at random >= that of the first ``n1``): the
     permutation distribution, counted over every way to choose the smaller side's positions.
     Midranks are halves, so twice each rank is an integer and the sums index a table."""
-    import numpy as np
-
     doubled = [round(2 * rank) for rank in ranks]
     size = min(n1, len(ranks) - n1)
     if size == n1:
