@@ -144,11 +144,18 @@ def _headline_gate(document: dict[str, Any], name: str) -> str:
     return "not run"
 
 
+def memory_figure(sweep: dict[str, Any]) -> str:
+    """A sweep in a few words: its exponent, or that no power law describes it."""
+    if sweep.get("verdict") == "unclear":
+        return "unclear" + (f" (N^{sweep['slope']:.2f})" if sweep["slope"] is not None else "")
+    return "flat" if sweep["slope"] is None else f"N^{sweep['slope']:.2f}"
+
+
 def headline_lines(document: dict[str, Any]) -> list[str]:
     """A block per implementation: correctness, memory, speed and gate, each on its own line."""
     lines = []
     for name in document["implementations"]:
-        memory = ", ".join(f"{sweep['direction']} " + ("flat" if sweep["slope"] is None else f"N^{sweep['slope']:.2f}")
+        memory = ", ".join(f"{sweep['direction']} {memory_figure(sweep)}"
                            for sweep in document["memory"] if sweep["impl"] == name)
         rows = [("correctness", correctness_verdict(document, name)), ("memory", memory or "-"),
                 ("speed", _headline_speed(document, name) or "-"), ("gate", _headline_gate(document, name))]
@@ -312,8 +319,7 @@ def markdown(document: dict[str, Any]) -> str:
     if names:
         out += ["| implementation | correctness | memory exponent | speed (forward, d128) | gate |", "|---|---|---|---|---|"]
         for name in names:
-            memory = ", ".join(f"{s['direction']} " + ("flat" if s["slope"] is None else f"N^{s['slope']:.2f}")
-                               for s in document["memory"] if s["impl"] == name)
+            memory = ", ".join(f"{s['direction']} {memory_figure(s)}" for s in document["memory"] if s["impl"] == name)
             out.append(f"| {name} | {correctness_verdict(document, name)} | {memory or '-'} | "
                        f"{_headline_speed(document, name) or '-'} | {_headline_gate(document, name)} |")
         out.append("")
