@@ -3,7 +3,7 @@
 Import what a third-party implementation needs from here; nothing heavy is imported.
 """
 
-from pytest_attnkit.contract import AttentionImpl, Case, FunctionImpl
+from pytest_attnkit.contract import AccuracyBudget, AttentionImpl, Case, FunctionImpl
 
-__all__ = ["AttentionImpl", "Case", "FunctionImpl", "__version__"]
+__all__ = ["AccuracyBudget", "AttentionImpl", "Case", "FunctionImpl", "__version__"]
 __version__ = "0.1.0"

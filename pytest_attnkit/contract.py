@@ -43,12 +43,118 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, ClassVar, Collection
 
-DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32")
-SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+#: FP8 inputs (FlashAttention-3's e4m3 forward, FlashInfer's e4m3 and e5m2 KV caches): q, k and v
+#: arrive quantized with float32 descales ``q_descale``, ``k_descale``, ``v_descale`` of shape
+#: ``[batch, heads_kv]`` (FA3's names and shape); the values are ``x.float() * descale`` (q's
+#: descale is per kv head: query head ``h`` uses that of kv head ``h // (Hq // Hkv)``). The output
+#: is bfloat16. FP8 cases are forward only, and always judged by FA3's FP8 rule.
+FP8_DTYPES: tuple[str, ...] = ("float8_e4m3fn", "float8_e5m2")
+#: The dtypes a case may have. An implementation's default is :data:`STANDARD_DTYPES`: FP8 must be
+#: declared, since it changes the call (the descales) and the output dtype.
+STANDARD_DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32")
+DTYPES: tuple[str, ...] = STANDARD_DTYPES + FP8_DTYPES
+SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float8_e4m3fn": "e4m3",
+               "float8_e5m2": "e5m2"}
+#: The output dtype of an FP8 case (FA3's FP8 forward returns bf16).
+FP8_OUTPUT_DTYPE = "bfloat16"
+#: How an implementation's results are judged; see :class:`AccuracyBudget` and the README's
+#: "Accuracy classes". "exact" is FlashAttention's rule; "quantized" is :data:`QUANTIZED_BUDGET`.
+ACCURACY_CLASSES: tuple[str, ...] = ("exact", "quantized")
 LAYOUTS: tuple[str, ...] = ("bhsd", "bshd")
 MEMORY_CLASSES: tuple[str, ...] = ("linear", "quadratic")
 #: The keyword arguments a variant case adds to the call (FlashAttention's names).
 VARIANT_KEYWORDS: tuple[str, ...] = ("window_size", "softcap", "alibi_slopes", "sinks", "return_lse")
+
+
+def is_fp8(dtype: str) -> bool:
+    return dtype in FP8_DTYPES
+
+
+@dataclass(frozen=True)
+class AccuracyBudget:
+    """How far from the float64 oracle a quantized implementation's tensors may be, as data.
+
+    Each limit applies to the output and to each gradient (and the LSE) separately; None turns a
+    limit off. The figures are SageAttention's (Zhang et al., "SageAttention: Accurate 8-bit
+    attention...", ICLR 2025, and its repository's benchmarks report attention accuracy as
+    cosine similarity, relative L1 ``sum|o - ref| / sum|ref|`` and RMSE), plus the same relative
+    L1 taken over each row (one query's output, one key's gradient): a fault confined to a few
+    rows (a mask off by one, a dropped key) moves a row by far more than quantization does, while
+    it hides in the whole tensor's figure. ``atol`` and ``rtol`` add an elementwise bound
+    ``|x - ref| <= atol * max(1, rms(ref)) + rtol * |ref|``, as FlashInfer's FP8 KV-cache tests
+    use with ``atol=1e-2, rtol=0.2`` (:data:`FLASHINFER_FP8_KV_BUDGET`).
+
+    The headroom of a comparison is the largest of measured / limit over the limits set (for
+    cosine similarity: ``(1 - cos) / (1 - min_cosine)``); above 1 fails.
+    """
+
+    max_rel_l1: float | None = 0.02
+    min_cosine: float | None = 0.9998
+    max_row_rel_l1: float | None = 0.06
+    max_rel_rmse: float | None = None
+    atol: float | None = None
+    rtol: float | None = None
+    name: str = "custom"
+
+    def __post_init__(self) -> None:
+        for field_name in ("max_rel_l1", "max_row_rel_l1", "max_rel_rmse", "atol", "rtol"):
+            value = getattr(self, field_name)
+            if value is not None and not (isinstance(value, (int, float)) and 0 < value < float("inf")):
+                raise ValueError(f"AccuracyBudget.{field_name} must be positive and finite or None, got {value!r}")
+        if self.min_cosine is not None and not (0 < self.min_cosine < 1):
+            raise ValueError(f"AccuracyBudget.min_cosine must be between 0 and 1, got {self.min_cosine!r}")
+        if (self.atol is None) != (self.rtol is None):
+            raise ValueError("AccuracyBudget: atol and rtol go together (FlashInfer's elementwise bound)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "AccuracyBudget":
+        return cls(**values)
+
+    def describe(self) -> str:
+        limits = []
+        if self.max_rel_l1 is not None:
+            limits.append(f"rel L1 <= {self.max_rel_l1:g}")
+        if self.max_row_rel_l1 is not None:
+            limits.append(f"row rel L1 <= {self.max_row_rel_l1:g}")
+        if self.min_cosine is not None:
+            limits.append(f"cosine >= {self.min_cosine:g}")
+        if self.max_rel_rmse is not None:
+            limits.append(f"RMSE/RMS(ref) <= {self.max_rel_rmse:g}")
+        if self.atol is not None:
+            limits.append(f"|err| <= {self.atol:g} + {self.rtol:g}|ref|")
+        return f"{self.name} budget ({', '.join(limits) or 'no limits'})"
+
+
+#: The "quantized" class: limits set between what an honest INT8 per-block Q/K kernel
+#: (SageAttention's scheme) makes and what a 5% scale error makes (the README gives the figures;
+#: tests/test_accuracy.py holds both sides). Large logits (``x8`` cases) defeat INT8 Q/K.
+QUANTIZED_BUDGET = AccuracyBudget(name="quantized")
+#: FlashInfer's tolerance for FP8 KV caches (``tests/attention``: ``atol=1e-2, rtol=2e-1``), for
+#: kernels that quantize only K and V.
+FLASHINFER_FP8_KV_BUDGET = AccuracyBudget(max_rel_l1=None, min_cosine=None, max_row_rel_l1=None,
+                                          atol=1e-2, rtol=0.2, name="flashinfer-fp8-kv")
+
+
+def accuracy_budget(accuracy: "str | AccuracyBudget | dict[str, Any] | None") -> AccuracyBudget | None:
+    """The budget an accuracy declaration stands for: None for "exact" (FlashAttention's rule)."""
+    if accuracy is None or accuracy == "exact":
+        return None
+    if accuracy == "quantized":
+        return QUANTIZED_BUDGET
+    if isinstance(accuracy, AccuracyBudget):
+        return accuracy
+    if isinstance(accuracy, dict):
+        return AccuracyBudget.from_dict(accuracy)
+    raise ValueError(f"accuracy must be one of {', '.join(ACCURACY_CLASSES)} or an AccuracyBudget, got {accuracy!r}")
+
+
+def accuracy_to_wire(accuracy: "str | AccuracyBudget") -> "str | dict[str, Any]":
+    """An accuracy declaration as JSON: the class name, or the budget's fields."""
+    accuracy_budget(accuracy)  # rejects what is neither
+    return accuracy.to_dict() if isinstance(accuracy, AccuracyBudget) else accuracy
 
 
 @dataclass(frozen=True)
@@ -188,7 +294,13 @@ class AttentionImpl:
     #: Set by the registry from the entry-point name.
     name: str = ""
     devices: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
-    dtypes: ClassVar[tuple[str, ...]] = DTYPES
+    #: FP8 dtypes (:data:`FP8_DTYPES`) must be listed to be handed FP8 inputs and descales.
+    dtypes: ClassVar[tuple[str, ...]] = STANDARD_DTYPES
+    #: How results are judged: "exact" (FlashAttention's rule), "quantized" (INT8/FP8 kernels,
+    #: :data:`QUANTIZED_BUDGET`), or an :class:`AccuracyBudget` of the implementation's own. FP8
+    #: cases are judged by FA3's FP8 rule whatever is declared here; the hook
+    #: ``pytest_attnkit_accuracy`` may choose per case.
+    accuracy: ClassVar["str | AccuracyBudget"] = "exact"
     #: ``None`` accepts any head dim; otherwise a collection such as ``range(16, 257)``.
     head_dims: ClassVar[Collection[int] | None] = None
     supports_causal: ClassVar[bool] = True
@@ -244,6 +356,8 @@ class AttentionImpl:
             reasons.append(f"seqlen_q={case.seqlen_q} != seqlen_k={case.seqlen_k} is not supported")
         if backward and not self.supports_backward:
             reasons.append("backward is not supported")
+        if backward and is_fp8(case.dtype):
+            reasons.append(f"backward on {case.dtype} inputs (FP8 cases are forward only, as FA3's FP8)")
         if case.head_dim_v is not None:
             if self.head_dims_v is None:
                 reasons.append(f"head_dim_v={case.head_dim_v} != head_dim={case.head_dim} (V's head dim must equal Q's)")
@@ -288,11 +402,13 @@ class AttentionImpl:
             "sinks": self.supports_sinks,
             "lse": self.supports_lse,
             "head_dims_v": None if self.head_dims_v is None else _describe_allowed(self.head_dims_v),
+            "accuracy": accuracy_to_wire(self.accuracy),
         }
 
 
 class FunctionImpl(AttentionImpl):
-    """Form (a) of the contract: a plain callable, taken to support everything.
+    """Form (a) of the contract: a plain callable, taken to support everything but FP8 inputs
+    (its signature has no place for the descales).
 
     It declares no memory class: the memory suite reports what it measures without failing it,
     and no variant: its signature has no place for one.

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from pytest_attnkit.contract import Case
+    from pytest_attnkit.contract import AccuracyBudget, Case
 
 
 def pytest_attnkit_modify_cases(config: pytest.Config, family: str, cases: "list[Case]") -> None:
@@ -47,4 +47,25 @@ def pytest_attnkit_threshold(config: pytest.Config, impl: str, mode: str, case_i
         def pytest_attnkit_threshold(config, impl, mode, case_id, default):
             if impl == "my_kernel" and "-q1-" in case_id:
                 return 0.10
+    """
+
+
+@pytest.hookspec(firstresult=True)
+def pytest_attnkit_accuracy(config: pytest.Config, impl: str, case: "Case") -> "str | AccuracyBudget | None":
+    """The accuracy that judges one implementation on one correctness case: "exact", "quantized"
+    or an :class:`~pytest_attnkit.AccuracyBudget`; return None to keep the implementation's own
+    ``accuracy``. FP8 cases are judged by FA3's FP8 rule whatever is returned. Example, for an
+    INT8 kernel that is exact on fp32 cases but quantizes Q and K otherwise, with a looser budget
+    where the logits are large::
+
+        # conftest.py
+        from pytest_attnkit import AccuracyBudget
+
+        def pytest_attnkit_accuracy(config, impl, case):
+            if impl == "my_int8_attn":
+                if case.dtype == "float32":
+                    return "exact"
+                if case.logit_scale > 1:
+                    return AccuracyBudget(max_rel_l1=0.05, min_cosine=0.995, max_row_rel_l1=0.2,
+                                          name="int8-large-logits")
     """

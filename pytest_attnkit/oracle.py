@@ -85,11 +85,13 @@ def attention_math(
     alibi_slopes: "torch.Tensor | None" = None,
     sinks: "torch.Tensor | None" = None,
     return_lse: bool = False,
+    probs_dtype: "torch.dtype | None" = None,
 ) -> "torch.Tensor | tuple[torch.Tensor, torch.Tensor]":
     """Plain attention in the inputs' dtype, differentiable. Tensors are [B, H, N, D]; V's head
     dim may differ. With ``return_lse``, also the natural-log LSE of each row's softmax
     denominator (sinks included), in the scores' dtype; where a row sees no key and has no sink
-    its LSE is 0 here (the contract leaves it open)."""
+    its LSE is 0 here (the contract leaves it open). ``probs_dtype`` rounds P to that dtype before
+    the PV product, as FA3's FP8 reference does (``intermediate_dtype``)."""
     import torch
 
     heads_q, heads_kv = q.shape[1], k.shape[1]
@@ -125,6 +127,8 @@ def attention_math(
     else:
         probs = torch.softmax(scores, dim=-1)
         lse = torch.logsumexp(scores, dim=-1) if return_lse else None
+    if probs_dtype is not None:
+        probs = probs.to(probs_dtype)
     out = torch.matmul(probs.to(v.dtype), v)
     return (out, lse) if return_lse else out
 
@@ -150,29 +154,39 @@ def forward_and_grads(
     sinks: "torch.Tensor | None" = None,
     return_lse: bool = False,
     dlse: "torch.Tensor | None" = None,
+    dtype: "torch.dtype | None" = None,
+    probs_dtype: "torch.dtype | None" = None,
 ) -> dict[str, "torch.Tensor"]:
     """Run the reference (float64 oracle or plain same-precision) and, with ``dout``, its backward.
 
     Returns detached tensors keyed ``out`` (and ``lse`` with ``return_lse``), and with ``dout``
     the gradients ``dq``, ``dk``, ``dv`` (and ``dsinks`` with sinks). The LSE's upstream gradient
     is ``dlse``. ALiBi slopes and sinks stay float32 in the plain reference, as the contract
-    hands them; the oracle takes every input in float64.
+    hands them; the oracle takes every input in float64. ``dtype`` casts q, k, v (and the
+    upstream gradient) for the plain reference, ``probs_dtype`` rounds P (FA3's FP8 reference:
+    bf16 on the dequantized inputs, P in e4m3).
     """
     import torch
 
     backward = dout is not None
-    cast = (lambda t: t.detach().double()) if float64 else (lambda t: t.detach())
+    if float64:
+        cast = lambda t: t.detach().double()  # noqa: E731
+    elif dtype is not None:
+        cast = lambda t: t.detach().to(dtype)  # noqa: E731
+    else:
+        cast = lambda t: t.detach()  # noqa: E731
+    keep = (lambda t: t.detach().double()) if float64 else (lambda t: t.detach())  # noqa: E731
     leaves = [cast(t).requires_grad_(backward) for t in (q, k, v)]
     names = ["dq", "dk", "dv"]
     sink_leaf = None
     if sinks is not None:
-        sink_leaf = cast(sinks).requires_grad_(backward)
+        sink_leaf = keep(sinks).requires_grad_(backward)
         leaves.append(sink_leaf)
         names.append("dsinks")
-    slopes = None if alibi_slopes is None else cast(alibi_slopes)
+    slopes = None if alibi_slopes is None else keep(alibi_slopes)
     with torch.enable_grad():
         result = attention_math(*leaves[:3], causal=causal, window=window, softcap=softcap, alibi_slopes=slopes,
-                                sinks=sink_leaf, return_lse=return_lse)
+                                sinks=sink_leaf, return_lse=return_lse, probs_dtype=probs_dtype)
         out, lse = result if return_lse else (result, None)
         results = {"out": out.detach()}
         if lse is not None:

@@ -64,7 +64,15 @@ class EntryKey(NamedTuple):
 
 @dataclass(frozen=True)
 class Comparison:
-    """The outcome of comparing one tensor (``out``, ``dq``, ...) with the oracle."""
+    """The outcome of comparing one tensor (``out``, ``dq``, ...) with the oracle.
+
+    ``rule`` says what judged it: "exact" (FlashAttention's rule: ``allowed`` from the plain
+    same-precision error), "fp8" (FA3's FP8 rule: the same with the plain reference's P rounded to
+    e4m3) or "quantized" (an accuracy budget, described in ``budget``). Whatever the rule, every
+    comparison carries the same figures: the max error, relative L1 ``sum|x - ref| / sum|ref|``,
+    its worst row, cosine similarity, RMSE, and the headroom (the rule's measured / allowed; at
+    most 1 passes), so accuracy drift shows long before a failure.
+    """
 
     name: str
     passed: bool
@@ -79,6 +87,18 @@ class Comparison:
     outside_fraction: float
     nonfinite: int
     first_nonfinite_index: tuple[int, ...] | None
+    rule: str = "exact"
+    headroom: float = 0.0
+    rel_l1: float = 0.0
+    row_rel_l1: float = 0.0
+    cosine: float = 1.0
+    rmse: float = 0.0
+    #: The budget that judged a "quantized" comparison, in words; empty for the other rules.
+    budget: str = ""
+
+    def figures(self) -> str:
+        return (f"headroom {self.headroom:.2f}, rel L1 {self.rel_l1:.2e} (worst row {self.row_rel_l1:.2e}), "
+                f"cosine {self.cosine:.6f}, RMSE {self.rmse:.2e}")
 
     def describe(self) -> str:
         """One readable paragraph on what went wrong (or right)."""
@@ -88,11 +108,18 @@ class Comparison:
                 "NaN and Inf never pass"
             )
         verdict = "within" if self.passed else "exceeds"
+        if self.rule == "quantized":
+            return (
+                f"{self.name}: {'within' if self.passed else 'outside'} the {self.budget}: {self.figures()}; "
+                f"max error {self.max_error:.3e}, worst at index {list(self.worst_index)}: got {self.worst_actual:.6g}, "
+                f"expected {self.worst_expected:.6g}"
+            )
+        plain = "plain same-precision error" if self.rule == "exact" else "FA3 FP8 reference's error (P in e4m3)"
         return (
             f"{self.name}: max error {self.max_error:.3e} {verdict} allowed {self.allowed:.3e} "
-            f"(= {self.factor:g} x plain same-precision error {self.plain_error:.3e} + floor {self.floor:.3e}); "
+            f"(= {self.factor:g} x {plain} {self.plain_error:.3e} + floor {self.floor:.3e}); "
             f"worst at index {list(self.worst_index)}: got {self.worst_actual:.6g}, expected {self.worst_expected:.6g}; "
-            f"{self.outside_fraction:.2%} of elements outside"
+            f"{self.outside_fraction:.2%} of elements outside; {self.figures()}"
         )
 
     def to_dict(self) -> dict[str, Any]:

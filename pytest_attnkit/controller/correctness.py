@@ -2,19 +2,29 @@
 
 The worker does the work (:mod:`pytest_attnkit.worker.correctness`: fresh seeded inputs, the
 contract, the float64 oracle and the rule); this side names the seed that decided, says how to
-rerun just that test, and records the errors as the test's junit properties.
+rerun just that test, and records the errors as the test's junit properties and, through
+:attr:`CorrectnessCheck.results`, in the report document, passed or failed.
+
+Which accuracy judges a case is chosen here (the hook ``pytest_attnkit_accuracy``, through the
+``accuracy`` callable the session gives) and sent with the request; with none chosen, the worker
+uses the implementation's declared ``accuracy``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
-from pytest_attnkit.contract import Case
+from pytest_attnkit.contract import AccuracyBudget, Case, accuracy_to_wire
 from pytest_attnkit.controller.outcome import Outcomes
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.records import CorrectnessResult
 
 Properties = list[tuple[str, object]]
+#: (implementation, case id, backward): the key of one correctness test's result.
+ResultKey = tuple[str, str, bool]
+#: The figures each comparison puts in the junit properties, ``attnkit_<name>_<figure>``.
+PROPERTY_FIGURES = ("max_error", "allowed", "headroom", "rel_l1", "row_rel_l1", "cosine", "rmse")
 
 
 @dataclass
@@ -23,15 +33,26 @@ class CorrectnessCheck:
     outcomes: Outcomes
     seed: int
     trials: int
+    #: The accuracy chosen for one (implementation, case), or None for the implementation's own.
+    accuracy: Callable[[str, Case], "str | AccuracyBudget | None"] | None = None
+    #: Every check's result, pass or fail, for the report document.
+    results: dict[ResultKey, CorrectnessResult] = field(default_factory=dict)
 
     def check(self, impl: str, case: Case, *, backward: bool, properties: Properties | None = None) -> CorrectnessResult:
-        reply = self.pool.request(impl, {"op": "correctness", "case": case.to_dict(), "backward": backward,
-                                         "base_seed": self.seed, "trials": self.trials})
+        request = {"op": "correctness", "case": case.to_dict(), "backward": backward, "base_seed": self.seed,
+                   "trials": self.trials}
+        chosen = self.accuracy(impl, case) if self.accuracy is not None else None
+        if chosen is not None:
+            request["accuracy"] = accuracy_to_wire(chosen)
+        reply = self.pool.request(impl, request)
         result = CorrectnessResult.from_dict(reply.data) if reply.data else CorrectnessResult(self.trials)
+        self.results[(impl, case.id, backward)] = result
         if properties is not None:
             for comparison in result.comparisons:
-                properties.append((f"attnkit_{comparison.name}_max_error", comparison.max_error))
-                properties.append((f"attnkit_{comparison.name}_allowed", comparison.allowed))
+                for figure in PROPERTY_FIGURES:
+                    properties.append((f"attnkit_{comparison.name}_{figure}", getattr(comparison, figure)))
+            if result.comparisons:
+                properties.append(("attnkit_accuracy_rule", result.comparisons[0].rule))
             if result.seed is not None:
                 properties.append(("attnkit_seed", result.seed))
         rerun = ""

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from pytest_attnkit import cases as case_sets
-from pytest_attnkit.contract import Case
+from pytest_attnkit.contract import AccuracyBudget, Case, accuracy_budget
 from pytest_attnkit.controller import coverage, report, xdist
 from pytest_attnkit.controller.baselines import BaselineError, BaselineStore
 from pytest_attnkit.controller.correctness import CorrectnessCheck
@@ -85,7 +85,8 @@ class AttnkitSession:
         if xdist.is_controller(self.config):
             self.pool.close()  # the xdist workers run the tests; the descriptions stay for the header
         settings = self.settings
-        self.correctness = CorrectnessCheck(self.pool, self.outcomes, settings.seed, settings.trials)
+        self.correctness = CorrectnessCheck(self.pool, self.outcomes, settings.seed, settings.trials,
+                                            accuracy=self.accuracy)
         self.memory = MemoryCheck(self.pool, self.outcomes, case_sets.memory_sweep(self.profile), self.device,
                                   settings.seed)
         if "speed" in settings.suite:
@@ -169,6 +170,18 @@ class AttnkitSession:
                                     f"{key.mode} {key.case_id}: it returns a share, such as 0.08 for 8%")
         return float(chosen)
 
+    def accuracy(self, impl: str, case: Case) -> "str | AccuracyBudget | None":
+        """The accuracy the hook ``pytest_attnkit_accuracy`` chooses for one case, or None."""
+        chosen = self.config.hook.pytest_attnkit_accuracy(config=self.config, impl=impl, case=case)
+        if chosen is None:
+            return None
+        try:
+            accuracy_budget(chosen)
+        except (TypeError, ValueError) as error:
+            raise pytest.UsageError(f"attnkit: hook pytest_attnkit_accuracy returned {chosen!r} for {impl} "
+                                    f"{case.id}: {error}") from None
+        return chosen
+
     @staticmethod
     def _params(item: pytest.Item) -> dict[str, Any]:
         return getattr(getattr(item, "callspec", None), "params", {})
@@ -247,6 +260,11 @@ class AttnkitSession:
                                    "case": case.id if case is not None else None, "function": item.originalname,
                                    "twin_of": self.twins.get((impl, case.id)) if case is not None else None,
                                    "outcome": test_report.outcome, "reason": reason, "message": text[:4000]})
+        if self.correctness is not None and case is not None and self.suite_of(item) == "correctness":
+            backward = item.get_closest_marker("attnkit_backward") is not None
+            result = self.correctness.results.get((impl, case.id, backward))
+            if result is not None and result.comparisons:
+                self.test_outcomes[-1]["comparisons"] = [comparison.to_dict() for comparison in result.comparisons]
 
     def baseline_state(self) -> dict[str, Any]:
         if self.speed is None:

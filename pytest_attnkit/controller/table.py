@@ -119,6 +119,31 @@ def correctness_verdict(document: dict[str, Any], name: str) -> str:
     return f"{verdict}: {coverage}"
 
 
+def accuracy_headline(document: dict[str, Any], name: str) -> str:
+    """Which rules judged the implementation's correctness tests, and its worst headroom (the
+    largest error / allowed over every comparison, passed or failed) with where it was."""
+    declared = document["implementations"][name].get("capabilities", {}).get("accuracy", "exact")
+    rules: Counter[str] = Counter()
+    worst: tuple[float, str, str] | None = None
+    for test in document["tests"]:
+        if test["impl"] != name or test["suite"] != "correctness" or not test.get("comparisons"):
+            continue
+        comparisons = test["comparisons"]
+        rule = comparisons[0]["rule"]
+        if rule == "quantized":
+            rule = (comparisons[0].get("budget") or "quantized").split(" budget", 1)[0]
+        rules[rule] += 1
+        for comparison in comparisons:
+            if worst is None or comparison["headroom"] > worst[0]:
+                worst = (comparison["headroom"], comparison["name"], test["case"] or "?")
+    if worst is None:
+        declared_name = declared if isinstance(declared, str) else declared.get("name", "custom")
+        return f"{declared_name} (declared); no correctness figures"
+    judged = ", ".join(f"{rule} rule" + (f" on {count} tests" if len(rules) > 1 else "")
+                       for rule, count in rules.most_common())
+    return f"{judged}; worst headroom {worst[0]:.2f} ({worst[1]}, {worst[2]})"
+
+
 def _headline_speed(document: dict[str, Any], name: str) -> str:
     ceilings = document["speed"]["ceilings"]
     figures = []
@@ -152,13 +177,16 @@ def memory_figure(sweep: dict[str, Any]) -> str:
 
 
 def headline_lines(document: dict[str, Any]) -> list[str]:
-    """A block per implementation: correctness, memory, speed and gate, each on its own line."""
+    """A block per implementation: correctness, accuracy, memory, speed and gate, each on its own line."""
     lines = []
     for name in document["implementations"]:
         memory = ", ".join(f"{sweep['direction']} {memory_figure(sweep)}"
                            for sweep in document["memory"] if sweep["impl"] == name)
-        rows = [("correctness", correctness_verdict(document, name)), ("memory", memory or "-"),
-                ("speed", _headline_speed(document, name) or "-"), ("gate", _headline_gate(document, name))]
+        rows = [("correctness", correctness_verdict(document, name))]
+        if document["implementations"][name]["status"] == "available":
+            rows.append(("accuracy", accuracy_headline(document, name)))
+        rows += [("memory", memory or "-"),
+                 ("speed", _headline_speed(document, name) or "-"), ("gate", _headline_gate(document, name))]
         first = True
         for label, value in rows:
             prefix = f"{name if first else '':<16} {label:<12} "

@@ -12,6 +12,11 @@ arguments and checked the same way: the LSE and, with backward, the sinks' gradi
 too, and the LSE gets an upstream gradient of its own so that its backward is checked with the
 output's.
 
+Which rule judges (see :mod:`pytest_attnkit.worker.tolerance`): an FP8 case, FA3's FP8 rule; else
+the accuracy the pytest side sends (the implementation's declaration, or what the hook
+``pytest_attnkit_accuracy`` chose for the case): "exact" is FlashAttention's rule, "quantized" or
+an :class:`~pytest_attnkit.contract.AccuracyBudget` a budget of relative figures.
+
 Returns a :class:`~pytest_attnkit.records.Reply` whose data is a
 :class:`~pytest_attnkit.records.CorrectnessResult`: the deciding seed and trial, and every comparison.
 """
@@ -21,11 +26,12 @@ from __future__ import annotations
 import traceback
 from typing import Any
 
-from pytest_attnkit.contract import AttentionImpl, Case
+from pytest_attnkit.contract import FP8_OUTPUT_DTYPE, AccuracyBudget, AttentionImpl, Case, accuracy_budget, is_fp8
 from pytest_attnkit.oracle import forward_and_grads, rows_with_a_key
-from pytest_attnkit.records import CorrectnessResult, Reply, Status
-from pytest_attnkit.worker.inputs import call_implementation, make_inputs, poison_free_memory, trial_seed
-from pytest_attnkit.worker.tolerance import compare, factor_and_extra_floor
+from pytest_attnkit.records import Comparison, CorrectnessResult, Reply, Status
+from pytest_attnkit.worker.inputs import (call_implementation, dequantized, make_inputs, poison_free_memory,
+                                          trial_seed)
+from pytest_attnkit.worker.tolerance import compare, compare_budget, factor_and_extra_floor
 
 
 class ContractViolation(Exception):
@@ -74,16 +80,18 @@ def _run_implementation(impl: AttentionImpl, case: Case, inputs: Any, device: st
 
     q, k, v = (t.detach().requires_grad_(backward) for t in (inputs.q, inputs.k, inputs.v))
     sinks = None if inputs.sinks is None else inputs.sinks.detach().requires_grad_(backward)
-    given = {"q": q, "k": k, "v": v, "sinks": sinks, "alibi_slopes": inputs.alibi_slopes}
+    given = {"q": q, "k": k, "v": v, "sinks": sinks, "alibi_slopes": inputs.alibi_slopes,
+             "q_descale": inputs.q_descale, "k_descale": inputs.k_descale, "v_descale": inputs.v_descale}
     given = {name: tensor for name, tensor in given.items() if tensor is not None}
     snapshots = {name: t.detach().clone() for name, t in given.items()}
-    out_bytes = case.batch * case.heads_q * case.seqlen_q * case.value_dim * q.element_size()
+    out_dtype = getattr(torch, FP8_OUTPUT_DTYPE) if is_fp8(case.dtype) else q.dtype
+    out_bytes = case.batch * case.heads_q * case.seqlen_q * case.value_dim * out_dtype.itemsize
     poison_free_memory(device, [out_bytes] * 2 + ([k.numel() * k.element_size()] * 2 if backward else []))
 
     with torch.set_grad_enabled(backward):
         out, lse = _split_output(case, call_implementation(impl, case, q, k, v, inputs, sinks=sinks))
     _synchronize(device)
-    _check_tensor("output", out, q, shape=(case.batch, case.heads_q, case.seqlen_q, case.value_dim))
+    _check_tensor("output", out, q, shape=(case.batch, case.heads_q, case.seqlen_q, case.value_dim), dtype=out_dtype)
     results = {"out": out.detach()}
     if lse is not None:
         _check_tensor("lse", lse, q, shape=(case.batch, case.heads_q, case.seqlen_q), dtype=torch.float32)
@@ -118,10 +126,34 @@ def _run_implementation(impl: AttentionImpl, case: Case, inputs: Any, device: st
 
 
 def _references(case: Case, inputs: Any, backward: bool, *, float64: bool) -> dict[str, Any]:
-    return forward_and_grads(inputs.q, inputs.k, inputs.v, inputs.dout if backward else None, causal=case.causal,
+    """The float64 oracle, or the plain reference: in the inputs' precision, or for an FP8 case
+    FA3's, bf16 on the dequantized inputs with P rounded to the case's FP8 dtype."""
+    import torch
+
+    fp8 = is_fp8(case.dtype)
+    q, k, v = dequantized(case, inputs)
+    plain_dtype = getattr(torch, FP8_OUTPUT_DTYPE) if fp8 and not float64 else None
+    probs_dtype = getattr(torch, case.dtype) if fp8 and not float64 else None
+    return forward_and_grads(q, k, v, inputs.dout if backward else None, causal=case.causal,
                              float64=float64, window=case.window, softcap=case.softcap,
                              alibi_slopes=inputs.alibi_slopes, sinks=inputs.sinks, return_lse=case.return_lse,
-                             dlse=inputs.dlse)
+                             dlse=inputs.dlse, dtype=plain_dtype, probs_dtype=probs_dtype)
+
+
+def _judge(case: Case, actual: dict[str, Any], oracle: dict[str, Any], inputs: Any, backward: bool,
+           budget: AccuracyBudget | None) -> tuple[Comparison, ...]:
+    """Every comparison of ``actual`` with the oracle, by the rule that applies (module docstring)."""
+    import torch
+
+    if budget is not None and not is_fp8(case.dtype):
+        return tuple(compare_budget(name, actual[name], oracle[name], budget) for name in oracle)
+    plain = _references(case, inputs, backward, float64=False)
+    dtype = getattr(torch, FP8_OUTPUT_DTYPE if is_fp8(case.dtype) else case.dtype)
+    return tuple(
+        compare(name, actual[name], oracle[name], plain[name], dtype=dtype,
+                rule="fp8" if is_fp8(case.dtype) else "exact", **factor_and_extra_floor(name, softcap=case.softcap))
+        for name in oracle
+    )
 
 
 def _open_lse_rows_zeroed(case: Case, actual: dict[str, Any]) -> None:
@@ -146,11 +178,11 @@ def run_correctness(
     base_seed: int,
     trials: int,
     backward: bool,
+    accuracy: "str | dict[str, Any] | None" = None,
 ) -> Reply:
-    """Check ``impl`` on ``case``; see the module docstring. Never raises for the implementation's faults."""
-    import torch
-
-    dtype = getattr(torch, case.dtype)
+    """Check ``impl`` on ``case``; see the module docstring. Never raises for the implementation's
+    faults. ``accuracy`` (a class name or a budget's fields) overrides the implementation's own."""
+    budget = accuracy_budget(impl.accuracy if accuracy is None else accuracy)
     result = CorrectnessResult(trials)
     for trial in range(trials):
         seed = trial_seed(base_seed, case, trial)
@@ -164,15 +196,10 @@ def run_correctness(
             return Reply(Status.RAISED, traceback.format_exc(), result.to_dict())
         _open_lse_rows_zeroed(case, actual)
         oracle = _references(case, inputs, backward, float64=True)
-        plain = _references(case, inputs, backward, float64=False)
-        comparisons = tuple(
-            compare(name, actual[name], oracle[name], plain[name], dtype=dtype,
-                    **factor_and_extra_floor(name, softcap=case.softcap))
-            for name in oracle
-        )
+        comparisons = _judge(case, actual, oracle, inputs, backward, budget)
         result = CorrectnessResult(trials, seed, trial, comparisons)
         failed = [comparison for comparison in comparisons if not comparison.passed]
         if failed:
             return Reply(Status.WRONG, "\n".join(comparison.describe() for comparison in failed), result.to_dict())
-        del actual, oracle, plain, inputs
+        del actual, oracle, inputs
     return Reply(Status.OK, "", result.to_dict())

@@ -9,6 +9,12 @@ FlashAttention's tests draw them), sink logits around ``log(seqlen_k)`` (so the 
 of each row comparable to the keys', and ignoring it shows), and the LSE's upstream gradient,
 zero on rows whose LSE the contract leaves open. :func:`call_implementation` is the one place
 that turns a case into the implementation's keyword arguments.
+
+An FP8 case draws the same float32 values and quantizes them as FA3's users do: a descale per
+(batch, kv head), the largest magnitude over that slice (q's over the query heads that share the
+kv head) divided by the format's largest finite value, so each slice uses the format's full
+range. The implementation gets the FP8 tensors and the float32 ``[B, Hkv]`` descales;
+:func:`dequantized` gives the values they stand for, on which the references work.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pytest_attnkit.contract import Case
+from pytest_attnkit.contract import FP8_OUTPUT_DTYPE, Case, is_fp8
 
 if TYPE_CHECKING:
     import torch
@@ -39,26 +45,66 @@ class Inputs:
     alibi_slopes: "torch.Tensor | None" = None
     sinks: "torch.Tensor | None" = None
     dlse: "torch.Tensor | None" = None
+    q_descale: "torch.Tensor | None" = None
+    k_descale: "torch.Tensor | None" = None
+    v_descale: "torch.Tensor | None" = None
+
+
+def _quantize(values: "torch.Tensor", dtype: "torch.dtype", heads_kv: int) -> tuple["torch.Tensor", "torch.Tensor"]:
+    """``values`` [B, H, N, D] (float32, possibly a transposed view) in FP8 with a float32
+    descale per (batch, kv head): ``quantized.float() * descale`` approximates ``values``."""
+    import torch
+
+    batch, heads = values.shape[0], values.shape[1]
+    grouped = values.reshape(batch, heads_kv, heads // heads_kv, *values.shape[2:])
+    amax = grouped.abs().amax(dim=(2, 3, 4)).clamp_min(1e-12)
+    descale = (amax / torch.finfo(dtype).max).to(torch.float32)
+    per_head = descale.repeat_interleave(heads // heads_kv, dim=1)[:, :, None, None]
+    quantized = (values / per_head).to(dtype)
+    return quantized, descale
+
+
+def dequantized(case: Case, inputs: Inputs) -> tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]:
+    """The float32 values q, k and v stand for (themselves, upcast, when the case is not FP8)."""
+    import torch
+
+    if not is_fp8(case.dtype):
+        return inputs.q, inputs.k, inputs.v
+    group = case.heads_q // case.heads_kv
+    results = []
+    for tensor, descale, repeat in ((inputs.q, inputs.q_descale, group), (inputs.k, inputs.k_descale, 1),
+                                    (inputs.v, inputs.v_descale, 1)):
+        assert descale is not None
+        results.append(tensor.to(torch.float32) * descale.repeat_interleave(repeat, dim=1)[:, :, None, None])
+    return results[0], results[1], results[2]
 
 
 def make_inputs(case: Case, device: str, seed: int) -> Inputs:
     """q, k, v and an output gradient for ``case`` on ``device``, drawn from ``seed``."""
     import torch
 
-    dtype = getattr(torch, case.dtype)
+    fp8 = is_fp8(case.dtype)
+    dtype = getattr(torch, FP8_OUTPUT_DTYPE if fp8 else case.dtype)
     generator = torch.Generator(device=device).manual_seed(seed)
 
-    def draw(heads: int, seqlen: int, multiplier: float, head_dim: int = case.head_dim) -> "torch.Tensor":
+    def draw(heads: int, seqlen: int, multiplier: float, head_dim: int = case.head_dim, *,
+             to_dtype: bool = True) -> "torch.Tensor":
         shape = (case.batch, seqlen, heads, head_dim) if case.layout == "bshd" else (case.batch, heads, seqlen, head_dim)
         values = torch.randn(shape, generator=generator, device=device, dtype=torch.float32) * multiplier
-        values = values.to(dtype)
+        if to_dtype:
+            values = values.to(dtype)
         return values.transpose(1, 2) if case.layout == "bshd" else values
 
-    q = draw(case.heads_q, case.seqlen_q, case.logit_scale)
-    k = draw(case.heads_kv, case.seqlen_k, case.logit_scale)
-    v = draw(case.heads_kv, case.seqlen_k, 1.0, case.value_dim)
+    q = draw(case.heads_q, case.seqlen_q, case.logit_scale, to_dtype=not fp8)
+    k = draw(case.heads_kv, case.seqlen_k, case.logit_scale, to_dtype=not fp8)
+    v = draw(case.heads_kv, case.seqlen_k, 1.0, case.value_dim, to_dtype=not fp8)
     dout = draw(case.heads_q, case.seqlen_q, 1.0, case.value_dim)
     inputs = Inputs(q=q, k=k, v=v, dout=dout, seed=seed)
+    if fp8:
+        fp8_dtype = getattr(torch, case.dtype)
+        inputs.q, inputs.q_descale = _quantize(q, fp8_dtype, case.heads_kv)
+        inputs.k, inputs.k_descale = _quantize(k, fp8_dtype, case.heads_kv)
+        inputs.v, inputs.v_descale = _quantize(v, fp8_dtype, case.heads_kv)
     # Drawn after the dense inputs, so a variant case's q, k, v equal its dense twin's.
     if case.alibi:
         inputs.alibi_slopes = torch.rand(case.heads_q, generator=generator, device=device) * 0.3
@@ -88,6 +134,8 @@ def variant_keywords(case: Case, inputs: Inputs) -> dict[str, Any]:
         keywords["sinks"] = inputs.sinks
     if case.return_lse:
         keywords["return_lse"] = True
+    if is_fp8(case.dtype):
+        keywords.update(q_descale=inputs.q_descale, k_descale=inputs.k_descale, v_descale=inputs.v_descale)
     return keywords
 
 

@@ -140,7 +140,7 @@ class Handler:
         backward = bool(message["backward"])
         return self._run(message, backward, lambda impl, case: run_correctness(
             impl, case, device=self.device, base_seed=message["base_seed"], trials=message["trials"],
-            backward=backward))
+            backward=backward, accuracy=message.get("accuracy")))
 
     def op_memory(self, message: dict[str, Any]) -> dict[str, Any]:
         from pytest_attnkit.worker.memory import measure_point, release_device_memory
