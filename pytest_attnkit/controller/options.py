@@ -88,6 +88,13 @@ def _bounded(kind: type, minimum: float) -> Callable[[str], Any]:
     return parse
 
 
+def _revision(text: str) -> str:
+    value = text.strip()
+    if not value:
+        raise ValueError("expected a git revision or a path to a checkout, a wheel or an sdist")
+    return value
+
+
 @dataclass(frozen=True)
 class Setting:
     dest: str
@@ -132,6 +139,10 @@ SETTINGS: tuple[Setting, ...] = (
             "write attnkit-report.json, attnkit-report.md and PNG plots into DIR (default: no report files)"),
     Setting("budget_ms", "MS", _bounded(float, 1.0), 400.0,
             "timing budget per speed case and implementation, in milliseconds (default: 400)"),
+    Setting("against", "REV", _revision, "",
+            "also time each implementation of REV (a git revision of this repository, a path to another "
+            "checkout, a wheel or an sdist) as <impl>@<rev>, interleaved with the current one in the speed "
+            "suite, and gate the current one on the paired ratio; write --attnkit-against=REV (default: off)"),
 )
 
 
@@ -180,6 +191,7 @@ class Settings:
     threshold: float
     reference: str
     budget_ms: float
+    against: str
     inprocess: bool
     save_baseline: bool
     require_baseline: bool

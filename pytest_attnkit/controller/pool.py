@@ -69,10 +69,11 @@ class WorkerPool:
         self.impls: dict[str, ImplInfo] = {}
         self._workers: dict[str, Worker] = {}
 
-    def _new_worker(self, label: str, init: dict[str, Any]) -> Worker:
+    def _new_worker(self, label: str, init: dict[str, Any], env: dict[str, str] | None = None) -> Worker:
+        env = {**self.env, **(env or {})}
         if self.inprocess:
-            return InProcessWorker(label, init, env=self.env)
-        return WorkerProcess(label, init, self.log_dir, env=self.env)
+            return InProcessWorker(label, init, env=env)
+        return WorkerProcess(label, init, self.log_dir, env=env)
 
     # -- one-off workers ----------------------------------------------------------------------
     def run_once(self, label: str, message: dict[str, Any], *, device: str | None = None) -> Any:
@@ -85,16 +86,20 @@ class WorkerPool:
             worker.close()
 
     # -- the implementations' workers ---------------------------------------------------------
-    def start(self, refs: list[EntryPointRef]) -> None:
-        """Start one worker per implementation and ask each to describe itself."""
+    def start(self, refs: list[EntryPointRef], setups: dict[str, dict[str, Any]] | None = None) -> None:
+        """Start one worker per implementation and ask each to describe itself. ``setups`` gives
+        some implementations more for their workers: ``init`` entries (another version's sys.path)
+        and ``env`` entries (its own compile caches); see :mod:`pytest_attnkit.controller.against`."""
+        setups = setups or {}
         with ThreadPoolExecutor(max_workers=max(1, len(refs))) as threads:
-            infos = list(threads.map(self._describe, refs))
+            infos = list(threads.map(lambda ref: self._describe(ref, setups.get(ref.name, {})), refs))
         self.impls = {info.name: info for info in infos}
 
-    def _describe(self, ref: EntryPointRef) -> ImplInfo:
+    def _describe(self, ref: EntryPointRef, setup: dict[str, Any]) -> ImplInfo:
         if ref.problem:
             return ImplInfo(ref.name, ref.value, ref.distribution, load_error=ref.problem)
-        worker = self._new_worker(ref.name, {"device": self.device, "name": ref.name, "value": ref.value})
+        worker = self._new_worker(ref.name, {"device": self.device, "name": ref.name, "value": ref.value,
+                                             **setup.get("init", {})}, setup.get("env"))
         self._workers[ref.name] = worker
         try:
             described = worker.request({"op": "describe"}, self.timeout)

@@ -83,7 +83,11 @@ class WorkerProcess:
         child_socket.close()
         self.connection = Connection(parent_socket.detach())
         self.busy = False
-        self._exchange({"op": "init", "sys_path": list(sys.path), **self.init}, self.startup_timeout, "starting")
+        # The worker sees this process's sys.path, after any entries the implementation needs first
+        # (another version's site, for --attnkit-against).
+        init = {key: value for key, value in self.init.items() if key != "sys_path_first"}
+        sys_path = [*self.init.get("sys_path_first", []), *sys.path]
+        self._exchange({"op": "init", "sys_path": sys_path, **init}, self.startup_timeout, "starting")
 
     def close(self) -> None:
         """Ask an idle worker to exit, and make sure it did; kill a busy one at once.

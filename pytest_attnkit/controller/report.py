@@ -35,8 +35,9 @@ PLOTS_NEED = "pip install matplotlib (the README's install line includes it)"
 
 def build(*, environment: dict[str, Any], device: str, profile: str, impls: list[ImplInfo],
           outcomes: list[dict[str, Any]], memory: list[MemorySweepResult], speed: SpeedCheck | None,
-          interrupted: bool, baseline: dict[str, Any]) -> dict[str, Any]:
-    """The whole run as one document; ``baseline`` says which file gated the run, if any."""
+          interrupted: bool, baseline: dict[str, Any], against: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The whole run as one document; ``baseline`` says which file gated the run, if any;
+    ``against`` describes --attnkit-against's REV, whose paired verdicts are the ``ab`` list."""
     measurements, gate = [], []
     ceilings = speed.ceilings if speed else {}
     for result in (speed.results.values() if speed else ()):
@@ -45,10 +46,13 @@ def build(*, environment: dict[str, Any], device: str, profile: str, impls: list
         if ceilings:
             entry["share_of_matmul"] = result.measurement.tflops / ceilings["matmul_bf16_tflops"]
             entry["share_of_copy"] = result.measurement.gbps / ceilings["copy_gbps"]
+        if against and result.measurement.impl in against["twins"].values():
+            entry["of_revision"] = against["label"]  # never saved into a baseline
         measurements.append(entry)
         if result.decision is not None:
             gate.append({"impl": result.measurement.impl, "mode": result.measurement.mode,
                          "case": result.measurement.case.id, **asdict(result.decision)})
+    ab = [result.to_dict(against["label"]) for result in speed.ab.values()] if speed and against else []
     return {
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,
@@ -61,6 +65,8 @@ def build(*, environment: dict[str, Any], device: str, profile: str, impls: list
                                         "capabilities": info.capabilities} for info in impls},
         "tests": outcomes,
         "memory": [sweep.to_dict() for sweep in memory],
+        "against": against,
+        "ab": ab,
         "speed": {
             "ceilings": ceilings,
             "gpu_state": speed.gpu_state if speed else {},
@@ -80,6 +86,8 @@ def speed_records(document: dict[str, Any]) -> list[tuple[SpeedMeasurement, Deci
     decisions = {(d["impl"], d["mode"], d["case"]): d for d in document["speed"]["gate"]}
     records = []
     for m in document["speed"]["measurements"]:
+        if m.get("of_revision"):
+            continue  # --attnkit-against's other version: not this version's baseline
         measurement = SpeedMeasurement(m["impl"], m["mode"], Case.from_dict(m["shape"]), Timing.from_dict(m["timing"]),
                                        m.get("input_sets", 1), m.get("gpu_state") or {})
         stored = decisions.get((m["impl"], m["mode"], m["case"]))
@@ -96,6 +104,7 @@ def merge(document: dict[str, Any], parts: list[dict[str, Any]]) -> dict[str, An
         document["interrupted"] = document["interrupted"] or part["interrupted"]
         document["tests"] += part["tests"]
         document["memory"] += part["memory"]
+        document["ab"] = document.get("ab", []) + part.get("ab", [])
         speed["measurements"] += part["speed"]["measurements"]
         speed["gate"] += part["speed"]["gate"]
         speed["notes"] += [note for note in part["speed"]["notes"] if note not in speed["notes"]]

@@ -21,6 +21,7 @@ import pytest
 from pytest_attnkit import cases as case_sets
 from pytest_attnkit.contract import AccuracyBudget, Case, accuracy_budget
 from pytest_attnkit.controller import coverage, report, xdist
+from pytest_attnkit.controller.against import AgainstError, Revision, materialise, twins_of
 from pytest_attnkit.controller.baselines import BaselineError, BaselineStore
 from pytest_attnkit.controller.correctness import CorrectnessCheck
 from pytest_attnkit.controller.memory import NO_MEMORY_METER_ON_CPU, MemoryCheck
@@ -57,6 +58,8 @@ class AttnkitSession:
         #: (implementation, twin's case id) -> the id of the case the twin stands for.
         self.twins: dict[tuple[str, str], str] = {}
         self.rootdir_warning = moved_rootdir(config, settings)
+        #: --attnkit-against: the other version, materialised out of place (removed at close).
+        self.revision: Revision | None = None
 
     # -- start-up ---------------------------------------------------------------------------
     def start(self, only: list[str] | None = None) -> None:
@@ -81,7 +84,10 @@ class AttnkitSession:
             "smoke" if self.device == "cpu" else "default")
         self.pool.device = self.device
         self.pool.env = self._worker_env()
-        self.pool.start(refs)
+        twins = self._materialise_against([ref.name for ref in refs])
+        setups = {ref.name: self.revision.worker_setup() for ref in twins} if self.revision else {}
+        self.pool.start(refs + twins, setups)
+        self._check_twins_loaded(twins)
         if xdist.is_controller(self.config):
             self.pool.close()  # the xdist workers run the tests; the descriptions stay for the header
         settings = self.settings
@@ -98,7 +104,43 @@ class AttnkitSession:
             self.speed = SpeedCheck(self.pool, self.outcomes,
                                     SpeedSettings(settings.reference, settings.seed, settings.budget_ms,
                                                   settings.require_baseline),
-                                    store, self.threshold, self.device)
+                                    store, self.threshold, self.device,
+                                    twins=dict(self.revision.twins) if self.revision else {})
+
+    def _against_error(self, problem: str) -> pytest.UsageError:
+        return pytest.UsageError(f"attnkit: {problem} ({self.settings.sources.get('against')}); "
+                                 "nothing was gated against it")
+
+    def _materialise_against(self, selected: list[str]) -> list:
+        """Materialise --attnkit-against's REV and return its twins of the selected implementations."""
+        if not self.settings.against:
+            return []
+        given = self.settings.against
+        if "speed" not in self.settings.suite:
+            raise self._against_error(f"--attnkit-against={given} compares speed, and the speed suite is not selected")
+        if self.settings.inprocess:
+            raise self._against_error(f"--attnkit-against={given} loads another version's kernels in workers of "
+                                      "their own; it cannot run with --attnkit-inprocess")
+        try:
+            self.revision = materialise(given, self.settings.config_dir, self.settings.invocation_dir)
+        except AgainstError as error:
+            raise self._against_error(f"--attnkit-against={given}: the other version could not be materialised: "
+                                      f"{error}") from None
+        twins = twins_of(self.revision, selected)
+        if not twins:
+            raise self._against_error(
+                f"--attnkit-against={given}: none of the selected implementations ({', '.join(selected) or 'none'}) "
+                f"exists in {self.revision.description} (it registers "
+                f"{', '.join(ref.name for ref in self.revision.refs)})")
+        return twins
+
+    def _check_twins_loaded(self, twins: list) -> None:
+        broken = [self.pool.info(ref.name) for ref in twins if self.pool.info(ref.name).load_error]
+        if broken:
+            details = "; ".join(f"{info.name} ({info.origin}): "
+                                f"{((info.load_error or '').strip().splitlines() or ['?'])[-1]}" for info in broken)
+            raise self._against_error(f"--attnkit-against={self.settings.against}: the other version's "
+                                      f"implementations could not be loaded: {details}")
 
     def _cuda_device_count(self) -> int:
         return int(self.environment.get("cuda_device_count") or 0)
@@ -130,11 +172,18 @@ class AttnkitSession:
 
     def close(self) -> None:
         self.pool.close()
+        if self.revision is not None:
+            self.revision.close()
 
     # -- what the suites ask for ------------------------------------------------------------
     @property
+    def twin_names(self) -> set[str]:
+        return set(self.revision.twins.values()) if self.revision else set()
+
+    @property
     def impl_names(self) -> list[str]:
-        return self.pool.names
+        """The implementations the suites run: REV's twins only take part in the speed suite."""
+        return [name for name in self.pool.names if name not in self.twin_names]
 
     def cases(self, family: str) -> list[Case]:
         if family == "correctness":
@@ -150,7 +199,8 @@ class AttnkitSession:
     def pairs(self, family: str) -> list[tuple[str, Case]]:
         """(implementation, case) pairs of a family: each implementation's in-contract twins
         (:mod:`pytest_attnkit.controller.coverage`), recorded for the coverage line."""
-        capabilities = {name: info.capabilities for name, info in self.pool.impls.items()}
+        of_revision = self.twin_names if not family.startswith("speed") else set()
+        capabilities = {name: info.capabilities for name, info in self.pool.impls.items() if name not in of_revision}
         chosen, twins = coverage.pairs(capabilities, self.cases(family))
         self.twins.update(twins)
         return chosen
@@ -271,6 +321,12 @@ class AttnkitSession:
             return {"baseline_file": None, "baseline_found": False}
         return {"baseline_file": str(self.speed.store.path), "baseline_found": self.speed.store.found}
 
+    def against_state(self) -> dict[str, Any] | None:
+        if self.revision is None:
+            return None
+        return {"given": self.revision.given, "label": self.revision.label, "kind": self.revision.kind,
+                "description": self.revision.description, "twins": dict(self.revision.twins)}
+
     def finish(self, exitstatus: int) -> list[str]:
         """Build the report document, save the baseline, write the report files; returns lines
         for the terminal summary.
@@ -284,7 +340,7 @@ class AttnkitSession:
             environment=self.environment, device=self.device, profile=self.profile,
             impls=list(self.pool.impls.values()), outcomes=self.test_outcomes,
             memory=self.memory.results if self.memory else [], speed=self.speed, interrupted=interrupted,
-            baseline=self.baseline_state())
+            baseline=self.baseline_state(), against=self.against_state())
         self.document["collected"] = {name: dict(suites) for name, suites in self.collected.items()}
         report.merge(self.document, self.worker_documents)
         if xdist.xdist_worker(self.config) is not None:
@@ -319,6 +375,11 @@ class AttnkitSession:
             gate = (f"speed is gated against {store.path} ({len(store.entries)} entries)" if store.found else
                     f"NOTHING WILL BE GATED: no baseline for {store.device_name} ({store.path} does not exist)"
                     + ("; required, so every speed test fails" if self.settings.require_baseline else ""))
+            if self.revision is not None:
+                stored = (f"{store.path} ({len(store.entries)} entries)" if store.found else
+                          f"none for {store.device_name}")
+                gate = (f"A/B against {self.revision.description}, interleaved and paired "
+                        f"({', '.join(sorted(self.revision.twins.values()))}); stored baseline: {stored}")
         return header_lines(environment=self.environment, device=self.device, profile=self.profile,
                             suites=self.settings.suite, seed=self.settings.seed, inprocess=self.settings.inprocess,
                             impls=self.pool.impls.values(), gate=gate, warning=self.rootdir_warning)

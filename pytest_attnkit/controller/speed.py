@@ -9,6 +9,11 @@ true), hands the samples to pytest-benchmark when it is installed, and asks the 
 (:mod:`pytest_attnkit.controller.baselines`). A suspected regression is measured again in fresh
 rounds and stands only if most rounds agree; the result keeps the round the verdict used.
 
+With ``--attnkit-against=REV`` an implementation that has a twin from REV (``<impl>@<rev>``) is
+timed together with it: the two workers are asked for blocks of a few samples in turn
+(:meth:`SpeedCheck._measure_pair`), and the paired gate (:mod:`pytest_attnkit.controller.paired`)
+decides on the pairs of blocks. The twin's own test reports its half of the same measurement.
+
 On the CPU the numbers check the plumbing and give a rough figure, nothing more: CPU timings move
 by tens of percent between processes (and by far more when the machine is busy), so there the
 suspicious-speedup check is off and the gate's default threshold is a doubling
@@ -17,6 +22,7 @@ suspicious-speedup check is off and the gate's default threshold is a doubling
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
@@ -27,8 +33,9 @@ from pytest_attnkit.contract import Case
 from pytest_attnkit.controller.baselines import BaselineStore
 from pytest_attnkit.controller.gate import Decision, decide, machine_factor, noise_threshold
 from pytest_attnkit.controller.outcome import Outcomes
+from pytest_attnkit.controller.paired import MIN_PAIRS, PairedDecision, decide_paired
 from pytest_attnkit.controller.pool import WorkerPool
-from pytest_attnkit.records import EntryKey, SpeedMeasurement, Timing
+from pytest_attnkit.records import EntryKey, Reply, SpeedMeasurement, Status, Timing
 from pytest_attnkit.controller.process import WorkerFailure
 
 CONFIRMATION_ROUNDS = 2
@@ -37,6 +44,10 @@ CONFIRMATION_ROUNDS = 2
 ESCAPE_FACTOR = 3.0
 ESCAPE_SLACK_MS = 0.2
 SUSPICIOUS_SPEEDUP = 10.0
+#: An A/B run's block: samples asked of one version before the other's turn (one for calls past the
+#: timer's long-call mark), and how many pairs of blocks a case gets at most.
+BLOCK_SAMPLES = 3
+MAX_PAIRS = 34
 #: The gate's threshold on the CPU unless one is set: only a doubling is a regression there.
 CPU_THRESHOLD = 1.0
 
@@ -79,6 +90,23 @@ class SpeedResult:
     decision: Decision | None = None
 
 
+@dataclass(frozen=True)
+class ABResult:
+    """A case timed in both versions, interleaved: the paired verdict, or why there is none."""
+
+    impl: str
+    twin: str
+    mode: str
+    case: Case
+    decision: PairedDecision | None
+    problem: str | None = None  # why the case could not be compared (one side skipped or failed)
+
+    def to_dict(self, revision: str) -> dict[str, Any]:
+        return {"impl": self.impl, "against": self.twin, "revision": revision, "mode": self.mode,
+                "case": self.case.id, "shape": self.case.to_dict(), "problem": self.problem,
+                **(self.decision.to_dict() if self.decision else {"verdict": "not compared"})}
+
+
 @dataclass
 class SpeedSettings:
     reference: str
@@ -101,7 +129,11 @@ class SpeedCheck:
     ceilings: dict[str, float] = field(default_factory=dict)
     gpu_state: dict[str, Any] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)
+    #: --attnkit-against: each current implementation's twin from REV, and the paired results.
+    twins: dict[str, str] = field(default_factory=dict)
+    ab: dict[EntryKey, ABResult] = field(default_factory=dict)
     _measured: dict[EntryKey, SpeedMeasurement] = field(default_factory=dict)
+    _refused: dict[EntryKey, Reply] = field(default_factory=dict)
     _ceilings_asked: bool = False
 
     # -- measuring ---------------------------------------------------------------------------
@@ -117,17 +149,94 @@ class SpeedCheck:
 
     def _measure(self, impl: str, mode: str, case: Case) -> SpeedMeasurement:
         """Time one case in ``impl``'s worker; a reply other than OK skips or fails the test."""
-        reply = self.pool.request(impl, {"op": "speed", "case": case.to_dict(), "mode": mode,
-                                         "seed": self.settings.seed, "budget_ms": self.settings.budget_ms})
+        reply = self._request(impl, mode, case)
         self.outcomes.settle(reply, impl=impl, where=f"{case.id} ({mode})", origin=self.pool.info(impl).origin)
+        return self._to_measurement(impl, mode, case, reply)
+
+    def _request(self, impl: str, mode: str, case: Case) -> Reply:
+        return self.pool.request(impl, {"op": "speed", "case": case.to_dict(), "mode": mode,
+                                        "seed": self.settings.seed, "budget_ms": self.settings.budget_ms})
+
+    @staticmethod
+    def _to_measurement(impl: str, mode: str, case: Case, reply: Reply) -> SpeedMeasurement:
         return SpeedMeasurement(impl, mode, case, Timing.from_dict(reply.data["timing"]),
                                 reply.data.get("input_sets", 1), reply.data.get("gpu_state", {}))
 
     def _first_measurement(self, impl: str, mode: str, case: Case) -> SpeedMeasurement:
         key = EntryKey(impl, mode, case.id)
-        if key not in self._measured:
-            self._measured[key] = self._measure(impl, mode, case)
+        if key not in self._measured and key not in self._refused:
+            base = self.base_of(impl)
+            if base in self.twins:
+                self._measure_pair(base, self.twins[base], mode, case)
+            else:
+                self._measured[key] = self._measure(impl, mode, case)
+        if key in self._refused:
+            self.outcomes.settle(self._refused[key], impl=impl, where=f"{case.id} ({mode})",
+                                 origin=self.pool.info(impl).origin)
         return self._measured[key]
+
+    def base_of(self, impl: str) -> str:
+        """The current implementation that ``impl`` is (itself, or the one it is REV's twin of)."""
+        return next((base for base, twin in self.twins.items() if twin == impl), impl)
+
+    def _block(self, impl: str, mode: str, case: Case, samples: int) -> Reply:
+        return self.pool.request(impl, {"op": "speed", "case": case.to_dict(), "mode": mode, "samples": samples,
+                                        "seed": self.settings.seed, "budget_ms": self.settings.budget_ms})
+
+    def _measure_pair(self, impl: str, twin: str, mode: str, case: Case) -> None:
+        """Time ``impl`` and REV's ``twin`` on one case in alternating blocks (see the module docstring).
+
+        Each worker first warms the case up and takes one sample, which says how many samples the
+        budget allows and whether calls are long (then a block is one sample); the pairs follow,
+        the order flipping every pair (new-old, old-new, ...). A side whose reply is not OK
+        (unsupported, raised, crashed) leaves the case uncompared: its own test reports the
+        reply, and the other side is timed alone as without REV."""
+        key = EntryKey(impl, mode, case.id)
+        names = (impl, twin)
+        probes: dict[str, Reply] = {}
+        for name in names:
+            probes[name] = self._block(name, mode, case, 1)
+            if probes[name].status is not Status.OK:
+                self._refused[EntryKey(name, mode, case.id)] = probes[name]
+        blocks: dict[str, list[list[float]]] = {name: [] for name in names}
+        replies: dict[str, list[Reply]] = {name: [] for name in names}
+        problem = next((f"{name}: {probes[name].status.value}: {(probes[name].message.strip().splitlines() or [''])[-1]}"
+                        for name in names if probes[name].status is not Status.OK), None)
+        if problem is None:
+            planned = max(int(probes[name].data.get("planned_samples", 15)) for name in names)
+            long_call = any(probes[name].data.get("long_call") for name in names)
+            block = 1 if long_call else BLOCK_SAMPLES
+            pairs = min(MAX_PAIRS, max(MIN_PAIRS, math.ceil(planned / block)))
+            for index in range(pairs):
+                for name in (names if index % 2 == 0 else names[::-1]):
+                    reply = self._block(name, mode, case, block)
+                    if reply.status is not Status.OK:
+                        self._refused[EntryKey(name, mode, case.id)] = reply
+                        problem = f"{name}: {reply.status.value} after {index} pairs"
+                        break
+                    blocks[name].append(list(reply.data["timing"]["samples_ms"]))
+                    replies[name].append(reply)
+                if problem is not None:
+                    break
+        for name in names:
+            name_key = EntryKey(name, mode, case.id)
+            if name_key in self._refused:
+                continue
+            if problem is not None:  # timed alone, as without REV
+                reply = self._request(name, mode, case)
+                if reply.status is Status.OK:
+                    self._measured[name_key] = self._to_measurement(name, mode, case, reply)
+                else:
+                    self._refused[name_key] = reply
+                continue
+            first = Timing.from_dict(probes[name].data["timing"])
+            samples = tuple(sample for samples in blocks[name] for sample in samples)
+            last = replies[name][-1].data
+            self._measured[name_key] = SpeedMeasurement(name, mode, case, replace(first, samples_ms=samples),
+                                                        last.get("input_sets", 1), last.get("gpu_state", {}))
+        decision = None if problem is not None else decide_paired(blocks[impl], blocks[twin],
+                                                                   threshold=self.threshold(key))
+        self.ab[key] = ABResult(impl, twin, mode, case, decision, problem)
 
     def _reference_median(self, mode: str, case: Case) -> float | None:
         """The reference's median on this case (timed now if its own test has not run), or None."""
@@ -147,7 +256,10 @@ class SpeedCheck:
         ratio = measurement.timing.median_ms / reference_ms if reference_ms else None
         self._suspect(measurement, ratio)
         decision = None
-        if self.store.found and measurement.key in self.store.entries:
+        is_twin = self.base_of(impl) != impl
+        if is_twin:
+            pass  # REV's half of an A/B pair: the current implementation's test gates the pair
+        elif self.store.found and measurement.key in self.store.entries:
             decision, measurement = self._gate(measurement)
             ratio = measurement.timing.median_ms / reference_ms if reference_ms else None
         elif self.settings.require_baseline:
@@ -160,8 +272,15 @@ class SpeedCheck:
             properties.extend(self._properties(result))
         if benchmark is not None:
             self._feed_benchmark(benchmark, measurement)
+        failures = []
         if decision is not None and decision.verdict == "regression":
-            pytest.fail(f"{impl} regressed on {case.id} ({mode}): {format_decision(decision)}", pytrace=False)
+            failures.append(f"{impl} regressed on {case.id} ({mode}): {format_decision(decision)}")
+        paired = self.ab.get(measurement.key)
+        if paired is not None and paired.decision is not None and paired.decision.verdict == "regression":
+            failures.append(f"{impl} regressed against {paired.twin} on {case.id} ({mode}): "
+                            f"{format_paired(paired.decision)}")
+        if failures:
+            pytest.fail("\n".join(failures), pytrace=False)
         return result
 
     def _properties(self, result: SpeedResult) -> Properties:
@@ -251,3 +370,10 @@ def format_decision(decision: Decision) -> str:
     return (f"median {decision.baseline_median_ms:.4f} ms -> {decision.now_median_ms:.4f} ms, "
             f"{100 * (decision.ratio - 1):+.1f}% after a machine factor of {decision.machine_factor:.3f} "
             f"(threshold {100 * decision.threshold:.1f}%, one-sided Mann-Whitney p = {decision.p_slower:.2g}{rounds})")
+
+
+def format_paired(decision: PairedDecision) -> str:
+    return (f"median {decision.old_median_ms:.4f} ms -> {decision.new_median_ms:.4f} ms, new/old "
+            f"{decision.ratio:.3f} ({100 * decision.confidence:.0f}% interval {decision.low:.3f}-{decision.high:.3f}) "
+            f"from {decision.pairs} interleaved pairs of blocks (threshold {100 * decision.threshold:.1f}%, "
+            f"one-sided Wilcoxon signed-rank p = {decision.p_slower:.2g})")

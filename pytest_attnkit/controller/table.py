@@ -297,6 +297,9 @@ def gate_lines(document: dict[str, Any]) -> list[str]:
     speed = document["speed"]
     if not speed["measurements"]:
         return []
+    if not speed.get("baseline_found") and document.get("against"):
+        return wrap(f"stored baseline: none for this device ({speed.get('baseline_file')}); the A/B gate "
+                    f"against {document['against']['given']} below decides")
     if not speed.get("baseline_found"):
         return wrap(f"NOTHING GATED: no baseline for this device ({speed.get('baseline_file')} does not exist); "
                     "save one with --attnkit-save-baseline, or make a missing baseline fail with "
@@ -324,12 +327,49 @@ def gate_lines(document: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _ab_verdict(entry: dict[str, Any]) -> str:
+    verdict = entry["verdict"]
+    return verdict.upper() if verdict == "regression" else verdict
+
+
+def ab_lines(document: dict[str, Any]) -> list[str]:
+    """The A/B table of --attnkit-against: per case, the paired ratio new/old, its interval, the verdict."""
+    against = document.get("against")
+    if not against:
+        return []
+    lines = wrap(f"against {against['description']}: each case timed in both versions' workers in alternating "
+                 "blocks; a regression needs a one-sided Wilcoxon signed-rank p < 0.01 on the pairs and the "
+                 "practical threshold", "  ")
+    entries = sorted(document.get("ab", []), key=lambda e: (e["impl"], e["mode"], e["case"]))
+    if not entries:
+        return lines + wrap("NOTHING GATED against it: no speed case was timed in both versions")
+    pairs = sorted({e["pairs"] for e in entries if e["verdict"] != "not compared"})
+    if pairs:
+        lines += wrap(f"  {pairs[0]}{'' if len(pairs) == 1 else f' to {pairs[-1]}'} pairs of blocks per case; "
+                      "interval: seeded bootstrap of the median ratio new/old", "  ")
+    rows = [["implementation", "mode", "case", "old ms", "new/old", "99% interval", "verdict"]]
+    for e in entries:
+        mode = {"forward": "fwd", "backward": "bwd"}.get(e["mode"], e["mode"])
+        if e["verdict"] == "not compared":
+            rows.append([e["impl"], mode, e["case"], "-", "-", "-", "not compared"])
+            continue
+        rows.append([e["impl"], mode, e["case"], f"{e['old_median_ms']:.4f}", f"{e['ratio']:.3f}",
+                     f"{e['low']:.3f}-{e['high']:.3f}", _ab_verdict(e)])
+    lines += _columns(rows, right={3, 4, 5})
+    for e in entries:
+        if e.get("problem"):
+            lines += wrap(f"not compared: {e['impl']} {e['mode']} {e['case']}: {e['problem']}", "  ")
+    return lines
+
+
 def summary_sections(document: dict[str, Any], *, verbose: bool = False) -> list[tuple[str, list[str]]]:
+    against = document.get("against")
     return [
         ("attnkit summary: each implementation", headline_lines(document)),
         ("attnkit memory scaling (peak extra device memory per call)", memory_lines(document)),
         ("attnkit speed", speed_lines(document, verbose=verbose) + ([""] if document["speed"]["measurements"] else [])
          + gate_lines(document) + [line for note in document["speed"]["notes"] for line in wrap(note)]),
+        (f"attnkit A/B against {against['given'] if against else ''}", ab_lines(document)),
     ]
 
 
@@ -374,6 +414,21 @@ def markdown(document: dict[str, Any]) -> str:
                 out.append(f"| {d['impl']} | {d['mode']} | {d['case']} | {d['baseline_median_ms']:.4f} | "
                            f"{d['baseline_runs']} | {d['now_median_ms']:.4f} | {100 * (d['ratio'] - 1):+.1f}% | "
                            f"{100 * d['threshold']:.1f}% | {d['verdict']} |")
+        out.append("")
+    if document.get("against"):
+        out += [f"## A/B against {document['against']['given']}", "",
+                f"Against {document['against']['description']}: paired, interleaved blocks; "
+                "one-sided Wilcoxon signed-rank p < 0.01 and the threshold.", "",
+                "| implementation | mode | case | old ms | new ms | new/old | 99% interval | pairs | p slower | verdict |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
+        for e in sorted(document.get("ab", []), key=lambda e: (e["impl"], e["mode"], e["case"])):
+            if e["verdict"] == "not compared":
+                out.append(f"| {e['impl']} | {e['mode']} | {e['case']} | - | - | - | - | - | - | "
+                           f"not compared: {e.get('problem') or ''} |")
+                continue
+            out.append(f"| {e['impl']} | {e['mode']} | {e['case']} | {e['old_median_ms']:.4f} | "
+                       f"{e['new_median_ms']:.4f} | {e['ratio']:.3f} | {e['low']:.3f}-{e['high']:.3f} | {e['pairs']} | "
+                       f"{e['p_slower']:.2g} | {e['verdict']} |")
         out.append("")
     if document["memory"]:
         out += ["## Memory", ""]

@@ -44,9 +44,15 @@ class Handler:
         self.impl: AttentionImpl | None = None
         self.load_error: str | None = None
         self.context_lost = False
+        #: The call an A/B run samples in blocks (see :meth:`op_speed`), kept warm between requests.
+        self._warm_key: tuple[Any, ...] | None = None
+        self._warm_call: Any = None
+        self._warm_sets = 1
 
     def handle(self, message: dict[str, Any]) -> Any:
         op = message["op"]
+        if not (op == "speed" and message.get("samples")):
+            self._warm_key, self._warm_call = None, None  # its inputs must not weigh on other measurements
         handler = getattr(self, f"op_{op}", None)
         if handler is None:
             raise ValueError(f"unknown worker op {op!r}")
@@ -78,6 +84,10 @@ class Handler:
             from pytest_attnkit.registry import load_implementation
 
             try:
+                if message.get("revision_site"):
+                    from pytest_attnkit.worker.revision import take_from_revision
+
+                    take_from_revision(message["revision_site"], message["value"])
                 self.impl = load_implementation(message["name"], message["value"])
             except BaseException:  # an import that fails in any way breaks only this implementation
                 self.load_error = traceback.format_exc()
@@ -153,16 +163,37 @@ class Handler:
         return self._run(message, bool(message["backward"]), measure)
 
     def op_speed(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Time a case; with ``samples``, take only that many samples of a call kept warm between
+        requests (an A/B run alternates such blocks between two workers), and say how many samples
+        the budget would give in ``planned_samples``."""
         from pytest_attnkit.worker.speed import gpu_state, measure_speed
 
         def measure(impl: AttentionImpl, case: Case) -> Reply:
-            measured = measure_speed(impl, case, message["mode"], device=self.device, seed=message["seed"],
-                                     budget_ms=message["budget_ms"])
+            if message.get("samples"):
+                measured = self._speed_block(impl, case, message)
+            else:
+                measured = measure_speed(impl, case, message["mode"], device=self.device, seed=message["seed"],
+                                         budget_ms=message["budget_ms"])
             if self.device == "cuda":
                 measured["gpu_state"] = gpu_state()
             return Reply(Status.OK, "", measured)
 
         return self._run(message, message["mode"] == "backward", measure)
+
+    def _speed_block(self, impl: AttentionImpl, case: Case, message: dict[str, Any]) -> dict[str, Any]:
+        from pytest_attnkit.worker.speed import warm_speed
+
+        key = (case.id, json.dumps(case.to_dict(), sort_keys=True), message["mode"], message["seed"])
+        if self._warm_key != key:
+            self._warm_call = None  # frees the previous case's inputs before making this one's
+            self._warm_call, self._warm_sets = warm_speed(impl, case, message["mode"], device=self.device,
+                                                          seed=message["seed"])
+            self._warm_key = key
+        warmed = self._warm_call
+        planned = warmed.sample_count(message["budget_ms"])
+        timing = warmed.timing(warmed.samples(int(message["samples"])))
+        return {"timing": timing.to_dict(), "input_sets": self._warm_sets, "planned_samples": planned,
+                "long_call": warmed.long_call}
 
     def op_ceilings(self, message: dict[str, Any]) -> dict[str, Any]:
         from pytest_attnkit.worker.speed import gpu_state, measure_ceilings

@@ -45,8 +45,27 @@ def measure_speed(impl: AttentionImpl, case: Case, mode: str, *, device: str, se
     """Time one case in one mode. Inputs are made once, outside the timed region; successive calls
     take the next of ``input_sets`` copies (default: :func:`input_set_count`). A backward call
     runs the backward of a graph built for it alone (see the module docstring)."""
-    from pytest_attnkit.worker.inputs import make_inputs
     from pytest_attnkit.worker.timer import time_call
+
+    call, prepare, sets = _timed_call(impl, case, mode, device=device, seed=seed, input_sets=input_sets)
+    timing = time_call(call, device, budget_ms=budget_ms, hold_stream=hold_stream, prepare=prepare)
+    return {"timing": timing.to_dict(), "input_sets": sets}
+
+
+def warm_speed(impl: AttentionImpl, case: Case, mode: str, *, device: str, seed: int,
+               hold_stream: bool = True) -> tuple[Any, int]:
+    """The case's call, warmed up and ready to be sampled in blocks (an A/B run), with the number
+    of input sets it rotates over: the same inputs, flush and hold as :func:`measure_speed`."""
+    from pytest_attnkit.worker.timer import warm_up
+
+    call, prepare, sets = _timed_call(impl, case, mode, device=device, seed=seed, input_sets=None)
+    return warm_up(call, device, hold_stream=hold_stream, prepare=prepare), sets
+
+
+def _timed_call(impl: AttentionImpl, case: Case, mode: str, *, device: str, seed: int,
+                input_sets: int | None) -> tuple[Any, Any, int]:
+    """(the timed call, what runs untimed before each call or None, the number of input sets)."""
+    from pytest_attnkit.worker.inputs import make_inputs
 
     backward = mode == "backward"
     sets = []
@@ -56,17 +75,14 @@ def measure_speed(impl: AttentionImpl, case: Case, mode: str, *, device: str, se
         sets.append((q, k, v, inputs))  # inputs: dout, and a variant's ALiBi slopes or sinks
     if backward:
         graphs = _BackwardGraphs(impl, itertools.cycle(sets), case)
-        timing = time_call(graphs.backward, device, budget_ms=budget_ms, hold_stream=hold_stream,
-                           prepare=graphs.prepare)
-        return {"timing": timing.to_dict(), "input_sets": len(sets)}
+        return graphs.backward, graphs.prepare, len(sets)
     calls = [functools.partial(_forward, impl, case, q, k, v, inputs) for q, k, v, inputs in sets]
     rotation = itertools.cycle(calls)
 
     def call() -> Any:
         return next(rotation)()
 
-    timing = time_call(call, device, budget_ms=budget_ms, hold_stream=hold_stream)
-    return {"timing": timing.to_dict(), "input_sets": len(calls)}
+    return call, None, len(calls)
 
 
 class _BackwardGraphs:

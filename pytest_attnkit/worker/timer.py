@@ -56,6 +56,69 @@ def time_call(fn: Callable[[], Any], device: str, *, budget_ms: float = 400.0, m
     docstring), to show what it changes. ``prepare``, when given, runs before every call of ``fn``
     and is never timed (see the module docstring); the first-call and warm-up figures are ``fn``'s.
     """
+    warmed = warm_up(fn, device, warmup=warmup, long_call_ms=long_call_ms, hold_stream=hold_stream, prepare=prepare)
+    count = warmed.sample_count(budget_ms, min_samples=min_samples, max_samples=max_samples,
+                                long_min_samples=long_min_samples)
+    return warmed.timing(warmed.samples(count))
+
+
+class WarmedCall:
+    """A call after its warm-up, ready to be sampled as often as asked: :func:`time_call` samples it
+    once; an A/B run (``--attnkit-against``) samples it in small blocks, alternating with the other
+    version's worker, with the same flush, hold and inputs each time."""
+
+    def __init__(self, fn: Callable[[], Any], device: str, prepare: Callable[[], Any] | None, *,
+                 warmup_ms: float, first_call_ms: float, long_call: bool, last_ms: float | None) -> None:
+        self.fn, self.device, self.prepare = fn, device, prepare
+        self.warmup_ms, self.first_call_ms, self.long_call, self.last_ms = warmup_ms, first_call_ms, long_call, last_ms
+        self.launch_ms: float | None = None
+        self.wall_ms: float | None = None
+        self.wait_ms: float | None = None
+        self.hold = 0.0
+        self.flush: Any = None
+        self._estimate_ms: float | None = None
+
+    def _setup_cuda(self, hold_stream: bool) -> None:
+        launch, wall = _time_synchronized(self.fn, 1 if self.long_call else 5, self.prepare)
+        self.launch_ms = statistics.median(launch)
+        self.wall_ms = statistics.median(wall)
+        self.wait_ms = statistics.median(w - l for w, l in zip(wall, launch))
+        self.hold = hold_ms(self.launch_ms) if hold_stream else 0.0
+        self.flush = l2_flush_buffer()
+
+    def estimate_ms(self) -> float:
+        """One call's time, for sizing the sample count (the warm-up's figure for a long call)."""
+        if self._estimate_ms is None:
+            if self.long_call and self.last_ms is not None:
+                self._estimate_ms = self.last_ms
+            elif self.device != "cuda":
+                self._estimate_ms = _time_cpu(self.fn, 1, self.prepare)[0]
+            else:
+                self._estimate_ms = min(event_samples(self.fn, 3, self.flush, self.hold, self.prepare))
+        return self._estimate_ms
+
+    def sample_count(self, budget_ms: float, *, min_samples: int = 15, max_samples: int = 100,
+                     long_min_samples: int = 6) -> int:
+        floor = long_min_samples if self.long_call else min_samples
+        return _sample_count(self.estimate_ms(), budget_ms, floor, max_samples)
+
+    def samples(self, count: int) -> list[float]:
+        if self.device != "cuda":
+            return _time_cpu(self.fn, count, self.prepare)
+        return event_samples(self.fn, count, self.flush, self.hold, self.prepare)
+
+    def timing(self, samples: list[float]) -> Timing:
+        if self.device != "cuda":
+            return Timing(tuple(samples), self.warmup_ms, "perf-counter", first_call_ms=self.first_call_ms)
+        return Timing(tuple(samples), self.warmup_ms, "cuda-events", host_wall_ms=self.wall_ms,
+                      first_call_ms=self.first_call_ms, launch_ms=self.launch_ms, hold_ms=self.hold,
+                      wait_ms=self.wait_ms)
+
+
+def warm_up(fn: Callable[[], Any], device: str, *, warmup: int = 3, long_call_ms: float = 100.0,
+            hold_stream: bool = True, prepare: Callable[[], Any] | None = None) -> WarmedCall:
+    """The first call and the warm-up of ``fn`` (see :func:`time_call`); on CUDA also the host's
+    launch time, the hold and the flush buffer that every later sample uses."""
     import torch
 
     def synchronize() -> None:
@@ -83,19 +146,11 @@ def time_call(fn: Callable[[], Any], device: str, *, budget_ms: float = 400.0, m
             break
     warmup_ms = (time.perf_counter() - started) * 1e3
     long_call = last_ms is not None and last_ms > long_call_ms
-    floor = long_min_samples if long_call else min_samples
-    if device != "cuda":
-        estimate = last_ms if long_call else _time_cpu(fn, 1, prepare)[0]
-        samples = _time_cpu(fn, _sample_count(estimate, budget_ms, floor, max_samples), prepare)
-        return Timing(tuple(samples), warmup_ms, "perf-counter", first_call_ms=first_call_ms)
-    launch, wall = _time_synchronized(fn, 1 if long_call else 5, prepare)
-    launch_ms = statistics.median(launch)
-    hold = hold_ms(launch_ms) if hold_stream else 0.0
-    flush = l2_flush_buffer()
-    estimate = last_ms if long_call else min(event_samples(fn, 3, flush, hold, prepare))
-    samples = event_samples(fn, _sample_count(estimate, budget_ms, floor, max_samples), flush, hold, prepare)
-    return Timing(tuple(samples), warmup_ms, "cuda-events", host_wall_ms=statistics.median(wall), first_call_ms=first_call_ms,
-                  launch_ms=launch_ms, hold_ms=hold, wait_ms=statistics.median(w - l for w, l in zip(wall, launch)))
+    warmed = WarmedCall(fn, device, prepare, warmup_ms=warmup_ms, first_call_ms=first_call_ms, long_call=long_call,
+                        last_ms=last_ms)
+    if device == "cuda":
+        warmed._setup_cuda(hold_stream)
+    return warmed
 
 
 def hold_ms(launch_ms: float) -> float:

@@ -1,0 +1,141 @@
+"""--attnkit-against=REV on the CPU: a git repository made inside the test, two commits of a tiny
+package whose second commit does five times the work, and the current version of the package made
+importable through a fake distribution (installing it would take longer than the whole test).
+
+Each test proves one thing about the plumbing: that ``<impl>@<rev>`` is timed from REV's code and
+not the current one, that the A/B table shows the ratio and the verdict, that a 5x slowdown fails
+the run while identical code passes, and that a REV that cannot be had is a usage error."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ARGS = ("--attnkit", "--attnkit-suite=speed", "--attnkit-impl=tiny", "--attnkit-device=cpu", "--attnkit-budget-ms=60",
+        "--attnkit-baseline-dir=bl", "--benchmark-disable", "-p", "no:cacheprovider", "-k", "speed_forward and not causal")
+
+
+def kernel_source(repeat: int) -> str:
+    return textwrap.dedent(f'''
+        import torch
+
+        REPEAT = {repeat}
+
+        def attn(q, k, v, *, causal=False, scale=None):
+            """Plain attention, computed REPEAT times: real work, so a slower version is slower."""
+            scale = q.shape[-1] ** -0.5 if scale is None else scale
+            for _ in range(REPEAT):
+                out = torch.softmax((q @ k.transpose(-2, -1)) * scale, dim=-1) @ v
+            return out
+        ''')
+
+
+PYPROJECT = textwrap.dedent('''
+    [build-system]
+    requires = ["setuptools>=64"]
+    build-backend = "setuptools.build_meta"
+
+    [project]
+    name = "tinyattn"
+    version = "0.1.0"
+
+    [project.entry-points."attnkit.implementations"]
+    tiny = "tinyattn:attn"
+
+    [tool.setuptools]
+    packages = ["tinyattn"]
+    ''')
+
+
+def git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture
+def repository(pytester: pytest.Pytester) -> dict[str, str]:
+    """pytester's folder as a git repository: a fast commit, then one with five times the work."""
+    root = pytester.path
+    pytester.makeini("[pytest]\n")
+    (root / "pyproject.toml").write_text(PYPROJECT)
+    (root / "tinyattn").mkdir()
+    git(root, "init", "-q")
+    git(root, "config", "user.email", "test@example.com")
+    git(root, "config", "user.name", "test")
+    commits = {}
+    for label, repeat in (("fast", 3), ("slow", 15)):
+        (root / "tinyattn" / "__init__.py").write_text(kernel_source(repeat))
+        git(root, "add", "pyproject.toml", "tinyattn/__init__.py", "tox.ini")
+        git(root, "commit", "-q", "-m", f"{label} kernel")
+        commits[label] = git(root, "rev-parse", "HEAD")
+    return commits
+
+
+def current_version(fake_dist, repeat: int) -> None:
+    """The version under test, importable as ``tinyattn`` through a fake distribution."""
+    fake_dist({"tiny": "tinyattn:attn"}, extra_modules={"tinyattn": kernel_source(repeat)})
+
+
+def report(pytester: pytest.Pytester) -> dict:
+    return json.loads((pytester.path / "rep" / "attnkit-report.json").read_text())
+
+
+def test_the_revision_is_timed_from_its_own_code(pytester: pytest.Pytester, repository, fake_dist) -> None:
+    current_version(fake_dist, repeat=3)
+    result = pytester.runpytest(*ARGS, f"--attnkit-against={repository['slow']}", "--attnkit-report=rep")
+    short = repository["slow"][:10]
+    result.assert_outcomes(passed=2)  # tiny, and tiny@<sha> reporting its half of the pair
+    result.stdout.fnmatch_lines([f"attnkit: gate: A/B against {short}, interleaved and paired (tiny@{short}); stored baseline:",
+                                 "*attnkit A/B against*",
+                                 "implementation*mode*case*old ms*new/old*99% interval*verdict",
+                                 "tiny * fwd * b1-h2-q256-k256-d64-fp32 * 0.* *"])
+    document = report(pytester)
+    medians = {m["impl"]: m["timing"]["median_ms"] for m in document["speed"]["measurements"]}
+    assert medians[f"tiny@{short}"] > 2.5 * medians["tiny"]  # REV's five-fold work, not the current code
+    [entry] = document["ab"]
+    # A loaded CPU can starve whole blocks, so the verdict may stay "unchanged"; the ratio cannot.
+    assert entry["against"] == f"tiny@{short}" and entry["verdict"] in ("improvement", "unchanged")
+    assert entry["pairs"] >= 8 and entry["low"] <= entry["ratio"] <= entry["high"] and entry["ratio"] < 0.5
+    assert document["against"]["kind"] == "git"
+    assert not git(pytester.path, "worktree", "list").count("\n")  # the worktree is gone again
+    assert "tinyattn" not in {path.name for path in (pytester.path / "bl").glob("*")}
+
+
+def test_a_five_fold_slowdown_fails_the_run(pytester: pytest.Pytester, repository, fake_dist) -> None:
+    current_version(fake_dist, repeat=15)
+    result = pytester.runpytest(*ARGS, f"--attnkit-against={repository['fast']}")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*tiny regressed against tiny@* on b1-h2-q256-k256-d64-fp32 (forward): median * ms -> "
+                                 "* ms, new/old *",
+                                 "tiny * fwd * b1-h2-q256-k256-d64-fp32 * REGRESSION"])
+
+
+def test_identical_code_passes(pytester: pytest.Pytester, repository, fake_dist) -> None:
+    current_version(fake_dist, repeat=3)
+    result = pytester.runpytest(*ARGS, f"--attnkit-against={repository['fast'][:8]}")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["tiny * fwd * b1-h2-q256-k256-d64-fp32 * unchanged"])
+
+
+def test_a_revision_that_cannot_be_had_is_a_usage_error(pytester: pytest.Pytester, repository, fake_dist) -> None:
+    current_version(fake_dist, repeat=3)
+    result = pytester.runpytest(*ARGS, "--attnkit-against=no-such-branch")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--attnkit-against=no-such-branch: the other version could not be materialised: "
+                                 "'no-such-branch' is neither a path nor a revision of the git repository *"
+                                 "(command line --attnkit-against); nothing was gated against it*"])
+
+
+def test_a_revision_whose_kernels_do_not_load_is_a_usage_error(pytester: pytest.Pytester, repository,
+                                                                 fake_dist) -> None:
+    current_version(fake_dist, repeat=3)
+    (pytester.path / "tinyattn" / "__init__.py").write_text("raise ImportError('this version is broken')\n")
+    git(pytester.path, "commit", "-q", "-am", "broken")
+    result = pytester.runpytest(*ARGS, "--attnkit-against=HEAD")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*the other version's implementations could not be loaded: tiny@HEAD *"
+                                 "ImportError: this version is broken*"])
