@@ -81,6 +81,10 @@ def _default() -> list[Case]:
         Case(2, 4, 4, 300, 700, 64, "bfloat16", layout="bshd"),
         # One larger problem, to exercise many tiles and programs.
         Case(2, 16, 16, 4096, 4096, 128, "bfloat16", causal=True),
+        # FP8 inputs with descales per (batch, kv head), forward only, judged by FA3's FP8 rule.
+        Case(2, 8, 2, 1024, 1024, 128, "float8_e4m3fn", causal=True),
+        Case(2, 4, 4, 777, 777, 64, "float8_e4m3fn"),
+        Case(2, 4, 4, 513, 513, 128, "float8_e5m2", causal=True),
         *_default_variants(),
     ]
     return cases
