@@ -139,3 +139,29 @@ def test_a_revision_whose_kernels_do_not_load_is_a_usage_error(pytester: pytest.
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*the other version's implementations could not be loaded: tiny@HEAD *"
                                  "ImportError: this version is broken*"])
+
+
+def test_an_implementation_inside_the_harness_package_is_taken_from_the_revision(tmp_path: Path) -> None:
+    """This project's own kernels live in pytest_attnkit.implementations, under the harness's
+    package: REV's must still be the ones loaded, beside the current harness (in a subprocess, so
+    this process's modules stay as they are)."""
+    import sys
+
+    package = tmp_path / "pytest_attnkit" / "implementations"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "torch_sdpa.py").write_text("def attn(q, k, v, *, causal=False, scale=None):\n    return 'rev'\n")
+    script = textwrap.dedent(f'''
+        import sys
+        from pytest_attnkit.worker.revision import take_from_revision
+        import pytest_attnkit.contract
+        sys.path.insert(0, {str(tmp_path)!r})
+        take_from_revision({str(tmp_path)!r}, "pytest_attnkit.implementations.torch_sdpa:attn")
+        from pytest_attnkit.registry import load_implementation
+        impl = load_implementation("torch_sdpa@rev", "pytest_attnkit.implementations.torch_sdpa:attn")
+        print(impl.fn(1, 2, 3) if hasattr(impl, "fn") else sys.modules["pytest_attnkit.implementations.torch_sdpa"].attn(1, 2, 3))
+        print(sys.modules["pytest_attnkit.implementations.torch_sdpa"].__file__.startswith({str(tmp_path)!r}))
+        print(pytest_attnkit.contract.__file__.startswith({str(tmp_path)!r}))
+        ''')
+    output = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split()
+    assert output == ["rev", "True", "False"]
