@@ -226,6 +226,11 @@ class TorchFlex(AttentionImpl):
             reasons.append("FlexAttention has no backward on the CPU (torch refuses inputs that require grad)")
         if device == "cuda" and case.head_dim < 16:
             reasons.append(f"head_dim={case.head_dim} (FlexAttention's CUDA kernels need head_dim >= 16)")
+        if device == "cuda" and case.head_dim_v not in (None, case.head_dim) and case.head_dim_v > 128:
+            # Its Triton template keeps a V-wide accumulator in shared memory, which past 128
+            # outgrows an SM's shared memory (Hopper: 228 KiB) and does not compile.
+            reasons.append(f"head_dim_v={case.head_dim_v} with head_dim={case.head_dim} (FlexAttention's CUDA kernel "
+                           "does not fit a V head dim above 128 that differs from Q's in shared memory)")
         if device == "cpu" and (case.return_lse or case.sinks):
             reasons.append("FlexAttention compiled for the CPU returns no LSE (torch: return_lse is not supported "
                            "yet), and sinks are computed from it")
