@@ -149,7 +149,9 @@ class AttnkitSession:
         # On the CPU, Triton kernels run in Triton's interpreter; the variable must be set before
         # triton is imported, which is why each worker gets it from the start.
         if self.device == "cpu":
-            return {"TRITON_INTERPRET": "1"}
+            # An A/B run alternates two workers on the same cores: OpenMP threads that spin after
+            # their work (its default) would starve the other worker's next block.
+            return {"TRITON_INTERPRET": "1", **({"OMP_WAIT_POLICY": "PASSIVE"} if self.settings.against else {})}
         gpu = xdist.pinned_gpu(self.config, self._cuda_device_count())
         return {"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}
 
