@@ -31,8 +31,9 @@ def timing(median_ms: float, count: int = 15) -> Timing:
 class FakePool:
     """The pool's interface, with scripted replies: ``script[impl]`` is a list of median ms."""
 
-    def __init__(self, script: dict[str, list[float]]) -> None:
+    def __init__(self, script: dict[str, list[float]], ceilings: dict[str, float] | None = None) -> None:
         self.script = {name: list(medians) for name, medians in script.items()}
+        self.ceilings = ceilings or {"matmul_bf16_tflops": 700.0, "copy_gbps": 4000.0}
         self.impls = {name: ImplInfo(name, f"fake:{name}") for name in script}
         self.asked: list[str] = []
 
@@ -45,7 +46,7 @@ class FakePool:
         return Reply(Status.OK, "", {"timing": timing(median).to_dict(), "input_sets": 1})
 
     def run_once(self, label: str, message: dict) -> dict:
-        return {"ceilings": {"matmul_bf16_tflops": 700.0, "copy_gbps": 4000.0}, "gpu_state": {}}
+        return {"ceilings": self.ceilings, "gpu_state": {}}
 
 
 def save_baseline(directory: Path, medians: dict[str, float]) -> BaselineStore:
@@ -107,9 +108,16 @@ def test_a_slower_machine_is_divided_out(tmp_path: Path) -> None:
 
 
 def test_a_speedup_too_good_to_be_true_fails(tmp_path: Path) -> None:
-    check = make_check(FakePool({"ref": [1.0], "kernel": [0.05]}), BaselineStore(tmp_path, DEVICE))
+    # A machine whose ceilings the case's figures pass: the speedup cannot be real.
+    pool = FakePool({"ref": [1.0], "kernel": [0.05]}, {"matmul_bf16_tflops": 0.01, "copy_gbps": 10.0})
+    check = make_check(pool, BaselineStore(tmp_path, DEVICE))
     with pytest.raises(pytest.fail.Exception, match="suspiciously fast: 20x faster than ref"):
         check.check("kernel", "forward", CASE)
+
+
+def test_a_tenfold_speedup_over_a_slow_reference_within_the_machine_passes(tmp_path: Path) -> None:
+    check = make_check(FakePool({"ref": [1.0], "kernel": [0.05]}), BaselineStore(tmp_path, DEVICE))
+    assert check.check("kernel", "forward", CASE).ratio_to_reference == pytest.approx(0.05)
 
 
 def test_no_baseline_gates_nothing_unless_one_is_required(tmp_path: Path) -> None:
