@@ -237,10 +237,22 @@ def memory_lines(document: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _columns(rows: list[list[str]], right: set[int]) -> list[str]:
+def _columns(rows: list[list[str]], right: set[int], key: int = 3) -> list[str]:
+    """``rows`` (the first one the header) as aligned columns within :data:`WIDTH`: two spaces
+    apart, else one, else each row stacked: its first ``key`` cells on one line and the rest,
+    named by their headers, on the next."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
-                      for i, cell in enumerate(row)).rstrip() for row in rows]
+    for gap in ("  ", " "):
+        lines = [gap.join(cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+                          for i, cell in enumerate(row)).rstrip() for row in rows]
+        if max(len(line) for line in lines) <= WIDTH:
+            return lines
+    header, body = rows[0], rows[1:]
+    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(header[:key])).rstrip()]
+    for row in body:
+        lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:key])).rstrip())
+        lines += wrap("    " + "  ".join(f"{name} {cell}" for name, cell in zip(header[key:], row[key:])), "    ")
+    return lines
 
 
 def speed_lines(document: dict[str, Any], *, verbose: bool = False) -> list[str]:
