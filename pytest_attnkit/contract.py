@@ -40,7 +40,7 @@ that declares none of them is never handed one:
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, ClassVar, Collection
 
 #: FP8 inputs (FlashAttention-3's e4m3 forward, FlashInfer's e4m3 and e5m2 KV caches): q, k and v
@@ -421,24 +421,3 @@ class FunctionImpl(AttentionImpl):
 
     def forward(self, q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | None = None) -> Any:
         return self.function(q, k, v, causal=causal, scale=scale)
-
-
-@dataclass
-class ImplInfo:
-    """What the pytest process knows about one implementation, as reported by its worker."""
-
-    name: str
-    entry_point: str
-    distribution: str | None = None
-    load_error: str | None = None
-    unavailable: str | None = None
-    capabilities: dict[str, Any] = field(default_factory=dict)
-    versions: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def status(self) -> str:
-        if self.load_error:
-            return "broken"
-        if self.unavailable:
-            return "unavailable"
-        return "available"

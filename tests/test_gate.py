@@ -14,7 +14,7 @@ import statistics
 
 import pytest
 
-from pytest_attnkit.controller.gate import EXACT_BELOW, MIN_SAMPLES, NOISE_MULTIPLIER, _midranks, decide, machine_factor, mann_whitney_p, noise_threshold, pool
+from pytest_attnkit.controller.gate import EXACT_BELOW, MIN_SAMPLES, NOISE_MULTIPLIER, midranks, decide, machine_factor, mann_whitney_p, noise_threshold, pool
 
 TRUE_MS = 1.25
 
@@ -79,7 +79,7 @@ def test_mann_whitney_p_values() -> None:
 
 def permutation_p(slower: list[float], faster: list[float]) -> float:
     """The exact one-sided p-value by brute force: every way to split the pooled ranks."""
-    ranks = _midranks(slower + faster)
+    ranks = midranks(slower + faster)
     observed = sum(ranks[:len(slower)])
     splits = list(itertools.combinations(ranks, len(slower)))
     return sum(sum(split) >= observed - 1e-9 for split in splits) / len(splits)

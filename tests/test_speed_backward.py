@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import fake
 
 # Plain attention math compiled by torch.compile. AOTAutograd compiles the backward with donated
 # buffers when its first backward frees the graph, as the correctness suite's does when it runs

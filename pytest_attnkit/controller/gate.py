@@ -101,7 +101,7 @@ def mann_whitney_p(slower: list[float], faster: list[float]) -> float:
     n1, n2 = len(slower), len(faster)
     if n1 == 0 or n2 == 0:
         raise ValueError("the Mann-Whitney test needs samples on both sides")
-    ranks = _midranks(list(slower) + list(faster))
+    ranks = midranks(list(slower) + list(faster))
     if min(n1, n2) < EXACT_BELOW:
         return _exact_p(ranks, n1)
     tie_term = sum(count**3 - count for count in _tie_counts(list(slower) + list(faster)))
@@ -114,7 +114,7 @@ def mann_whitney_p(slower: list[float], faster: list[float]) -> float:
     return 0.5 * math.erfc(z / math.sqrt(2))
 
 
-def _midranks(values: list[float]) -> list[float]:
+def midranks(values: list[float]) -> list[float]:
     """The rank of each value among ``values`` (1-based), tied values sharing their mean rank."""
     order = sorted(range(len(values)), key=values.__getitem__)
     ranks = [0.0] * len(values)

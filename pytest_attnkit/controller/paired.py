@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from pytest_attnkit.controller.gate import DEFAULT_ALPHA
+from pytest_attnkit.controller.gate import DEFAULT_ALPHA, midranks
 
 #: The fewest pairs the A/B gate decides on: with fewer, no result can reach alpha = 0.01.
 MIN_PAIRS = 8
@@ -60,17 +60,7 @@ def wilcoxon_p(differences: list[float]) -> tuple[float, float]:
     nonzero = [d for d in differences if d != 0]
     if not nonzero:
         return 1.0, 1.0
-    magnitudes = [abs(d) for d in nonzero]
-    order = sorted(range(len(magnitudes)), key=magnitudes.__getitem__)
-    doubled = [0] * len(magnitudes)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and magnitudes[order[j + 1]] == magnitudes[order[i]]:
-            j += 1
-        for position in range(i, j + 1):
-            doubled[order[position]] = i + j + 2  # twice the midrank (1-based)
-        i = j + 1
+    doubled = [round(2 * rank) for rank in midranks([abs(d) for d in nonzero])]
     total = sum(doubled)
     # ways[s]: sign patterns whose positive ranks sum (doubled) to s, as a share of all patterns
     ways = np.zeros(total + 1)
