@@ -45,5 +45,5 @@ def test_reference_and_threshold_hooks(pytester: pytest.Pytester, fake_dist, mon
     result.stdout.fnmatch_lines([
         "gate against *",
         "  machine factor * from good (the reference itself is gated without it)*",
-        "repeated        fwd   b1-h2-q256-k256-d64-fp32 * 10000.0%  *",
+        "repeated *fwd *b1-h2-q256-k256-d64-fp32 * 10000.0% *",
     ])

@@ -32,7 +32,7 @@ def test_save_then_gate_a_real_slowdown(pytester: pytest.Pytester, fake_dist, mo
     slower.stdout.fnmatch_lines([
         "*repeated regressed on b1-h2-q256-k256-d64-fp32 (forward): median * ms -> * ms, +*% *flagged in 3 of 3 independent rounds)",
         "implementation*mode*case*base ms*runs*now ms*change*thresh*verdict",
-        "repeated        fwd   b1-h2-q256-k256-d64-fp32 *  1 * REGRESSION (3/3 rounds)",
+        "repeated *fwd *b1-h2-q256-k256-d64-fp32 * 1 * REGRESSION 3/3",
     ])
 
 
@@ -49,7 +49,7 @@ def test_saved_runs_pool_until_a_run_finds_the_implementation_changed(
         pytester.runpytest(*ARGS, *WIDE, "--attnkit-save-baseline").assert_outcomes(passed=1)
     clean = pytester.runpytest(*ARGS, *WIDE, "--attnkit-save-baseline")
     clean.assert_outcomes(passed=1)
-    clean.stdout.fnmatch_lines(["repeated        fwd   b1-h2-q256-k256-d64-fp32 *  2 * unchanged",
+    clean.stdout.fnmatch_lines(["repeated *fwd *b1-h2-q256-k256-d64-fp32 * 2 * unchanged",
                                 "baseline saved: *bl*.json", "  1 entries pooled with their earlier runs, 0 started afresh*, 0 new"])
     [baseline_file] = (pytester.path / "bl").iterdir()
     [entry] = json.loads(baseline_file.read_text())["entries"].values()
@@ -77,7 +77,7 @@ def test_a_version_1_baseline_is_read_as_one_run(pytester: pytest.Pytester, fake
     baseline_file.write_text(json.dumps(document))
     result = pytester.runpytest(*ARGS, *WIDE, "--attnkit-save-baseline")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["repeated        fwd   b1-h2-q256-k256-d64-fp32 *  1 * unchanged"])
+    result.stdout.fnmatch_lines(["repeated *fwd *b1-h2-q256-k256-d64-fp32 * 1 * unchanged"])
     [entry] = json.loads(baseline_file.read_text())["entries"].values()
     assert len(entry["history"]) == 2
 

@@ -326,11 +326,13 @@ def gate_lines(document: dict[str, Any]) -> list[str]:
     for d in sorted(speed["gate"], key=lambda d: (d["impl"], d["mode"], d["case"])):
         verdict = d["verdict"].upper() if d["verdict"] == "regression" else d["verdict"]
         if d["rounds"] > 1:
-            verdict += f" ({d['rounds_flagged']}/{d['rounds']} rounds)"
+            verdict += f" {d['rounds_flagged']}/{d['rounds']}"
         rows.append([d["impl"], {"forward": "fwd", "backward": "bwd"}.get(d["mode"], d["mode"]), d["case"],
                      f"{d['baseline_median_ms']:.4f}", str(d["baseline_runs"]), f"{d['now_median_ms']:.4f}",
                      f"{100 * (d['ratio'] - 1):+.1f}%", f"{100 * d['threshold']:.1f}%", verdict])
     lines += _columns(rows, right={3, 4, 5, 6, 7})
+    if any(d["rounds"] > 1 for d in speed["gate"]):
+        lines += wrap("(a verdict's k/n: k of n independent measurement rounds flagged a regression; most must)")
     uncovered = sum(1 for m in speed["measurements"]
                     if not any(d["impl"] == m["impl"] and d["mode"] == m["mode"] and d["case"] == m["case"]
                                for d in speed["gate"]))
