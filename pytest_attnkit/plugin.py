@@ -105,7 +105,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if reference:
         settings = dataclasses.replace(settings, reference=reference,
                                        sources={**settings.sources, "reference": "hook pytest_attnkit_reference"})
-    if hasattr(config.option, "benchmark_quiet") and config.getoption("benchmark_columns", None) is None:
+    if hasattr(config.option, "benchmark_quiet") and _benchmark_table_unasked(config):
         # pytest-benchmark's own table repeats the attnkit speed table; asking for its columns
         # (--benchmark-columns=...) brings it back.
         config.option.benchmark_quiet = True
@@ -224,7 +224,24 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
         session.add_worker_document(output["attnkit"])
 
 
+def _benchmark_table_unasked(config: pytest.Config) -> bool:
+    """Whether the user left pytest-benchmark's own table and comparisons alone."""
+    return all(config.getoption(name, None) in (None, False, [])
+               for name in ("benchmark_columns", "benchmark_compare", "benchmark_compare_fail"))
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    benchmarks = getattr(config, "_benchmarksession", None)
+    if (SESSION_KEY in config.stash and benchmarks is not None and not hasattr(config.option, "benchmark_quiet")
+            and _benchmark_table_unasked(config)):
+        # pytest-benchmark before 5.3 has no --benchmark-quiet: with no groups its display is empty
+        # (its JSON and saved runs come from its benchmark list, which stays).
+        benchmarks.groups = []
+    _attnkit_summary(terminalreporter, config)
+
+
+def _attnkit_summary(terminalreporter: Any, config: pytest.Config) -> None:
     session = config.stash.get(SESSION_KEY, None)
     if session is None or session.document is None:
         return
