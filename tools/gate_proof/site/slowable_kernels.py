@@ -85,7 +85,7 @@ def _calibrate(q, k, v, causal, scale, extra, key):
     from pytest_attnkit.worker.timer import time_call
 
     n_q, n_k = q.shape[-2], k.shape[-2]
-    # Timed as the suite times (pytest_attnkit/speed.py): its timer, with its warm-up, its stream
+    # Timed as the suite times (pytest_attnkit/worker/speed.py): its timer, with its warm-up, its stream
     # hold and its L2 flush, over the same number of copies of the inputs.
     copies = [(q, k, v)] + [(q.clone(), k.clone(), v.clone()) for _ in range(INPUT_SETS - 1)]
 
