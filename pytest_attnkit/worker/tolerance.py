@@ -124,12 +124,7 @@ def compare(
     plain_error = float((plain64 - oracle).abs().max().item()) if oracle.numel() else 0.0
     allowed = factor * plain_error + floor
 
-    finite = torch.isfinite(actual64)
-    nonfinite = int((~finite).sum().item())
-    first_nonfinite = None
-    if nonfinite:
-        flat = int((~finite).flatten().nonzero()[0].item())
-        first_nonfinite = tuple(int(i) for i in _unravel(flat, actual64.shape))
+    nonfinite, first_nonfinite = _nonfinite(actual64)
 
     error = (actual64 - oracle).abs().nan_to_num(nan=float("inf"))
     if error.numel():
@@ -185,12 +180,7 @@ def compare_budget(name: str, actual: "torch.Tensor", oracle: "torch.Tensor", bu
     import torch
 
     actual64 = actual.detach().to(device=oracle.device, dtype=torch.float64)
-    finite = torch.isfinite(actual64)
-    nonfinite = int((~finite).sum().item())
-    first_nonfinite = None
-    if nonfinite:
-        flat = int((~finite).flatten().nonzero()[0].item())
-        first_nonfinite = tuple(int(i) for i in _unravel(flat, actual64.shape))
+    nonfinite, first_nonfinite = _nonfinite(actual64)
     figures = error_figures(actual64, oracle)
     rms = float(oracle.pow(2).mean().sqrt().item()) if oracle.numel() else 0.0
     figures_for_budget = {**figures, "rel_rmse": figures["rmse"] / rms if rms else (0.0 if figures["rmse"] == 0
@@ -216,6 +206,18 @@ def compare_budget(name: str, actual: "torch.Tensor", oracle: "torch.Tensor", bu
         first_nonfinite_index=first_nonfinite, rule="quantized", headroom=headroom, budget=budget.describe(),
         **figures,
     )
+
+
+def _nonfinite(values: "torch.Tensor") -> tuple[int, tuple[int, ...] | None]:
+    """How many NaN/Inf ``values`` holds, and the index of the first."""
+    import torch
+
+    finite = torch.isfinite(values)
+    count = int((~finite).sum().item())
+    if not count:
+        return 0, None
+    flat = int((~finite).flatten().nonzero()[0].item())
+    return count, tuple(int(i) for i in _unravel(flat, values.shape))
 
 
 def _unravel(flat_index: int, shape: "torch.Size") -> list[int]:
