@@ -158,6 +158,16 @@ def _exact_p(ranks: list[float], n1: int) -> float:
     return float(tail / math.comb(len(ranks), size))
 
 
+def verdict_of(ratio: float, p_slower: float, p_faster: float, *, threshold: float, alpha: float) -> str:
+    """The gate's rule, whatever test gave the p-values: a change is a regression (or an
+    improvement) only when it is both statistically clear and past the practical threshold."""
+    if p_slower < alpha and ratio > 1 + threshold:
+        return "regression"
+    if p_faster < alpha and ratio < 1 / (1 + threshold):
+        return "improvement"
+    return "unchanged"
+
+
 def decide(baseline_ms: list[float], now_ms: list[float], *, threshold: float = DEFAULT_THRESHOLD,
            alpha: float = DEFAULT_ALPHA, machine_factor: float = 1.0) -> Decision:
     """Compare ``now_ms`` with ``baseline_ms`` (timings of the same case); see the module docstring."""
@@ -171,12 +181,7 @@ def decide(baseline_ms: list[float], now_ms: list[float], *, threshold: float = 
                         baseline_median, now_median)
     p_slower = mann_whitney_p(adjusted, baseline_ms)
     p_faster = mann_whitney_p(baseline_ms, adjusted)
-    if p_slower < alpha and ratio > 1 + threshold:
-        verdict = "regression"
-    elif p_faster < alpha and ratio < 1 / (1 + threshold):
-        verdict = "improvement"
-    else:
-        verdict = "unchanged"
+    verdict = verdict_of(ratio, p_slower, p_faster, threshold=threshold, alpha=alpha)
     return Decision(verdict, ratio, raw_ratio, machine_factor, p_slower, p_faster, threshold, baseline_median, now_median)
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from pytest_attnkit.controller.gate import DEFAULT_ALPHA, midranks
+from pytest_attnkit.controller.gate import DEFAULT_ALPHA, midranks, verdict_of
 
 #: The fewest pairs the A/B gate decides on: with fewer, no result can reach alpha = 0.01.
 MIN_PAIRS = 8
@@ -101,11 +101,7 @@ def decide_paired(new_blocks_ms: list[list[float]], old_blocks_ms: list[list[flo
     p_slower, p_faster = wilcoxon_p(log_ratios)
     if len(log_ratios) < MIN_PAIRS:
         verdict = "insufficient"
-    elif p_slower < alpha and ratio > 1 + threshold:
-        verdict = "regression"
-    elif p_faster < alpha and ratio < 1 / (1 + threshold):
-        verdict = "improvement"
     else:
-        verdict = "unchanged"
+        verdict = verdict_of(ratio, p_slower, p_faster, threshold=threshold, alpha=alpha)
     return PairedDecision(verdict, ratio, low, high, CONFIDENCE, p_slower, p_faster, len(log_ratios), threshold,
                           new_median, old_median)
