@@ -63,24 +63,19 @@ def _suite_node_ids(config: pytest.Config) -> list[str] | None:
     parametrization ids when every argument is such a node id, so that only the implementations
     they name are started."""
     suite_files = {module.replace(".", "/") + ".py": path for path, module in _suite_files().items()}
-    params: list[str] | None = []
+    params: list[str] = []
+    every_one_a_node_id = True
     for index, arg in enumerate(config.args):
         path, separator, rest = arg.partition("::")
         normalized = path.replace("\\", "/")
         target = next((real for known, real in suite_files.items() if normalized.endswith(known)), None)
-        if target is None or Path(config.invocation_params.dir, path).exists():
-            if target is None:
-                params = None
-            if target is None or not separator:
-                continue
-        else:
+        if target is not None and not Path(config.invocation_params.dir, path).exists():
             config.args[index] = str(target) + separator + rest
-        if params is not None:
-            if "[" in rest and rest.endswith("]"):
-                params.append(rest[rest.index("[") + 1:-1])
-            else:
-                params = None
-    return params or None
+        if target is not None and "[" in rest and rest.endswith("]"):
+            params.append(rest[rest.index("[") + 1:-1])
+        else:
+            every_one_a_node_id = False
+    return params if every_one_a_node_id and params else None
 
 
 def _interrupt_on_sigterm(signum: int, frame: Any) -> None:
