@@ -23,6 +23,15 @@ the sink-free output and LSE become ``out * sigmoid(lse - s)`` and ``logaddexp(l
 rescale per row, differentiable. V's head dim may differ from Q's. On the CPU the compiled kernel
 returns no LSE (torch: "return_lse is not supported yet"), so the LSE and sinks are refused there.
 
+Packed sequences (varlen) and paged KV caches are a document mask over one long row of tokens
+(:func:`_packed_layout`): every query row knows its sequence and its distance base
+(``position + keys - queries`` of its sequence), every key row its sequence and position, and a
+query sees a key only in its own sequence, under the same causal and window conditions. A paged
+cache is read in place: the key rows are the cache's physical slots (``[pages * page_size]``),
+each page's owner and logical position taken from the block table, slots past a sequence's length
+and unused pages owned by no sequence. The block mask is built once per layout (the lengths and
+the block table, by value) and cached, so key blocks that hold no visible pair are skipped.
+
 ``torch.compile(flex_attention, dynamic=False)`` is made once per process, so each new shape,
 dtype or grad mode compiles once (tens of seconds on the CPU for the first) and then hits the
 cache. On the CPU FlexAttention runs forward only: torch refuses any input that requires grad.
@@ -32,7 +41,7 @@ On CUDA its Triton kernels need head_dim >= 16; the CPU takes any head dim.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import TYPE_CHECKING, Any, Callable
 
 from pytest_attnkit.contract import AttentionImpl, Case
@@ -184,6 +193,186 @@ def flex_attention_contract(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tens
     return (out, lse.float()) if return_lse else out
 
 
+class _Layout:
+    """Per-row metadata of a packed layout, on the inputs' device (see the module docstring)."""
+
+    def __init__(self, doc_q: "torch.Tensor", base_q: "torch.Tensor", doc_k: "torch.Tensor", pos_k: "torch.Tensor",
+                 keys_of_row: "torch.Tensor") -> None:
+        self.doc_q, self.base_q, self.doc_k, self.pos_k = doc_q, base_q, doc_k, pos_k
+        self.keys_of_row = keys_of_row  # how many keys the row's sequence has (0 for unused rows)
+
+    def mask_mod(self, causal: bool, window: tuple[int, int] | None) -> Callable[..., Any]:
+        left, right = window if window is not None else (-1, -1)
+        doc_q, base_q, doc_k, pos_k = self.doc_q, self.base_q, self.doc_k, self.pos_k
+
+        def mask_mod(batch: Any, head: Any, q_idx: Any, kv_idx: Any) -> Any:
+            distance = base_q[q_idx] - pos_k[kv_idx]
+            visible = doc_q[q_idx] == doc_k[kv_idx]
+            if causal:
+                visible = visible & (distance >= 0)
+            if left >= 0:
+                visible = visible & (distance <= left)
+            if right >= 0:
+                visible = visible & (distance >= -right)
+            return visible
+
+        return mask_mod
+
+    def sees_a_key(self, causal: bool, window: tuple[int, int] | None) -> "torch.Tensor":
+        """Boolean per query row: whether any key of its sequence is visible to it."""
+        import torch
+
+        left, right = window if window is not None else (-1, -1)
+        if causal:
+            right = 0 if right < 0 else min(right, 0)
+        first = torch.zeros_like(self.base_q) if left < 0 else (self.base_q - left).clamp_min(0)
+        last = self.keys_of_row - 1
+        if right >= 0:
+            last = torch.minimum(last, self.base_q + right)
+        return (last >= first) & (self.keys_of_row > 0)
+
+
+def _packed_layout(q: "torch.Tensor", k: "torch.Tensor", layout: dict[str, Any]) -> _Layout:
+    """The row metadata of a varlen (cu_seqlens) or paged (block_table) call."""
+    import torch
+
+    device = q.device
+    if "block_table" in layout:
+        table, lengths = layout["block_table"].long(), layout["cache_seqlens"].long()
+        batch, seqlen_q = q.shape[0], q.shape[1]
+        page_size, pages = k.shape[1], k.shape[0]
+        rows = torch.arange(batch * seqlen_q, device=device)
+        doc_q, position = rows // seqlen_q, rows % seqlen_q
+        base_q = position + lengths[doc_q] - seqlen_q
+        keys_of_row = lengths[doc_q]
+        needed = (lengths + page_size - 1) // page_size
+        column = torch.arange(table.shape[1], device=device)[None, :].expand_as(table)
+        owned = column < needed[:, None]
+        owner = torch.full((pages,), -2, dtype=torch.long, device=device)
+        logical = torch.zeros(pages, dtype=torch.long, device=device)
+        owner[table[owned]] = torch.arange(batch, device=device)[:, None].expand_as(table)[owned]
+        logical[table[owned]] = column[owned]
+        slots = torch.arange(pages * page_size, device=device)
+        page_of_slot = slots // page_size
+        doc_k = owner[page_of_slot]
+        pos_k = logical[page_of_slot] * page_size + slots % page_size
+        past_end = (doc_k < 0) | (pos_k >= lengths[doc_k.clamp_min(0)])
+        doc_k = torch.where(past_end, torch.full_like(doc_k, -2), doc_k)
+        return _Layout(doc_q, base_q, doc_k, pos_k, keys_of_row)
+    cu_q, cu_k = layout["cu_seqlens_q"].long(), layout["cu_seqlens_k"].long()
+    rows_q, rows_k = torch.arange(q.shape[0], device=device), torch.arange(k.shape[0], device=device)
+    batch = cu_q.shape[0] - 1
+    doc_q = torch.searchsorted(cu_q[1:], rows_q, right=True)  # == batch past the last sequence
+    doc_k = torch.searchsorted(cu_k[1:], rows_k, right=True)
+    queries, keys = cu_q[1:] - cu_q[:-1], cu_k[1:] - cu_k[:-1]
+    used_q = doc_q < batch
+    doc_q_safe = doc_q.clamp_max(batch - 1)
+    base_q = rows_q - cu_q[doc_q_safe] + keys[doc_q_safe] - queries[doc_q_safe]
+    pos_k = rows_k - cu_k[doc_k.clamp_max(batch - 1)]
+    keys_of_row = torch.where(used_q, keys[doc_q_safe], torch.zeros_like(base_q))
+    doc_q = torch.where(used_q, doc_q, torch.full_like(doc_q, -1))
+    doc_k = torch.where(doc_k < batch, doc_k, torch.full_like(doc_k, -2))
+    return _Layout(doc_q, base_q, doc_k, pos_k, keys_of_row)
+
+
+_layouts: "OrderedDict[tuple[Any, ...], tuple[_Layout, Any]]" = OrderedDict()
+#: The layout tensors last seen (weak references, their versions) and the key of their values.
+_by_identity: "deque[tuple[Any, ...]]" = deque(maxlen=BLOCK_MASK_CACHE_SIZE)
+
+
+def _layout_and_block_mask(q: "torch.Tensor", k: "torch.Tensor", layout: dict[str, Any], causal: bool,
+                           window: tuple[int, int] | None, rows_q: int, rows_k: int) -> tuple[_Layout, Any]:
+    """The layout's metadata and block mask, cached by value (the lengths and the block table).
+
+    Reading the values back costs a device sync and, for a large block table, a millisecond of
+    host time on every call; the same tensor objects, unmodified since (their version counter),
+    are found without reading them."""
+    import weakref
+
+    tensors = tuple(value for _, value in sorted(layout.items()))
+    shapes = (q.shape, k.shape, str(q.device), causal, window)
+    for refs, versions, known_shapes, key in list(_by_identity):
+        if (known_shapes == shapes and all(ref() is tensor for ref, tensor in zip(refs, tensors))
+                and versions == tuple(tensor._version for tensor in tensors)):
+            with _lock:
+                if key in _layouts:
+                    _layouts.move_to_end(key)
+                    return _layouts[key]
+    key = (tuple((name, tuple(value.flatten().tolist())) for name, value in sorted(layout.items())), *shapes)
+    _by_identity.append((tuple(weakref.ref(tensor) for tensor in tensors),
+                         tuple(tensor._version for tensor in tensors), shapes, key))
+    with _lock:
+        if key in _layouts:
+            _layouts.move_to_end(key)
+            return _layouts[key]
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    packed = _packed_layout(q, k, layout)
+    block_mask = create_block_mask(packed.mask_mod(causal, window), None, None, rows_q, rows_k, device=q.device)
+    with _lock:
+        _layouts[key] = (packed, block_mask)
+        while len(_layouts) > BLOCK_MASK_CACHE_SIZE:
+            _layouts.popitem(last=False)
+    return packed, block_mask
+
+
+def flex_attention_packed(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", *, causal: bool = False,
+                          scale: float | None = None, window_size: tuple[int, int] | None = None,
+                          softcap: float = 0.0, alibi_slopes: "torch.Tensor | None" = None,
+                          sinks: "torch.Tensor | None" = None, return_lse: bool = False,
+                          **layout: Any) -> Any:
+    """Varlen or paged attention through one FlexAttention call over the packed rows."""
+    import torch
+
+    if q.device.type == "cpu" and not torch.is_grad_enabled():
+        q, k, v = q.detach(), k.detach(), v.detach()
+    window = None if window_size is None or tuple(window_size) == (-1, -1) else tuple(window_size)
+    paged = "block_table" in layout
+    layout = {name: value for name, value in layout.items() if name in ("cu_seqlens_q", "cu_seqlens_k",
+                                                                         "block_table", "cache_seqlens")}
+    rows_q = q.shape[0] * q.shape[1] if paged else q.shape[0]
+    q_rows = q.reshape(rows_q, *q.shape[-2:]) if paged else q
+    k_rows = k.reshape(-1, *k.shape[-2:]) if paged else k
+    v_rows = v.reshape(-1, *v.shape[-2:]) if paged else v
+    packed, block_mask = _layout_and_block_mask(q, k, layout, causal, window, rows_q, k_rows.shape[0])
+    score_mod = None
+    if softcap or alibi_slopes is not None:
+        base_q, pos_k = packed.base_q, packed.pos_k
+
+        def score_mod(score: Any, batch: Any, head: Any, q_idx: Any, kv_idx: Any) -> Any:
+            if softcap:
+                score = softcap * torch.tanh(score / softcap)
+            if alibi_slopes is not None:
+                score = score - alibi_slopes[head] * (base_q[q_idx] - pos_k[kv_idx]).abs()
+            return score
+
+    need_lse = return_lse or sinks is not None
+    result = compiled_flex_attention()(
+        q_rows.transpose(0, 1)[None], k_rows.transpose(0, 1)[None], v_rows.transpose(0, 1)[None],
+        score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=q.shape[-2] != k.shape[-2],
+        **(_lse_request() if need_lse else {}))
+    out, lse = (result[0], result[1] if isinstance(result[1], torch.Tensor) else result[1].lse) if need_lse else (result, None)
+    out = out[0].transpose(0, 1)  # [rows, Hq, Dv]
+    sees_a_key = packed.sees_a_key(causal, window)
+    if lse is not None:
+        lse = lse[0]  # [Hq, rows]
+        lse = torch.where(sees_a_key, lse, torch.full((), float("-inf"), device=lse.device, dtype=lse.dtype))
+        if sinks is not None:
+            sink = sinks.to(lse.dtype)[:, None]
+            keep = torch.sigmoid(lse - sink)
+            out = (out.to(keep.dtype) * keep.transpose(0, 1)[..., None]).to(q.dtype)
+            lse = torch.logaddexp(lse, sink)
+    # Rows that see no key (unused rows, sequences without keys) hold zeros, whatever the kernel wrote.
+    out = torch.where(sees_a_key[:, None, None], out, torch.zeros((), dtype=out.dtype, device=out.device))
+    if paged:
+        out = out.reshape(q.shape[0], q.shape[1], *out.shape[1:])
+        if lse is not None:
+            lse = lse.reshape(lse.shape[0], q.shape[0], q.shape[1]).transpose(0, 1)
+    if not return_lse:
+        return out
+    return out, torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse)).float() if sinks is None else lse.float()
+
+
 class TorchFlex(AttentionImpl):
     devices = ("cpu", "cuda")
     dtypes = ("float16", "bfloat16", "float32")
@@ -199,6 +388,9 @@ class TorchFlex(AttentionImpl):
     supports_sinks = True  # through the LSE, so CUDA only; see not_supported_reasons
     supports_lse = True  # CUDA only; see not_supported_reasons
     head_dims_v = range(1, 1025)
+    supports_varlen = True  # a document mask over the packed rows
+    supports_paged_kv = True  # the same mask over the cache's physical slots, read in place
+    supports_paged_kv_backward = True  # CUDA only, as every backward here
 
     def unavailable_reason(self, device: str) -> str | None:
         try:
@@ -237,4 +429,6 @@ class TorchFlex(AttentionImpl):
         return reasons
 
     def forward(self, q, k, v, *, causal=False, scale=None, **variants):
+        if "cu_seqlens_q" in variants or "block_table" in variants:
+            return flex_attention_packed(q, k, v, causal=causal, scale=scale, **variants)
         return flex_attention_contract(q, k, v, causal=causal, scale=scale, **variants)

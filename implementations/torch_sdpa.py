@@ -12,12 +12,17 @@ dims that differ from Q's (SDPA takes ``Ev != E``). With a window bounded on the
 go in chunks of ``CHUNK_ROWS``, each against the keys its band can reach, so the masks (and the
 memory) grow with N times the window, not N x N. Softcap (SDPA has no hook between the scores and
 the softmax), sinks and the LSE (SDPA returns neither) are refused.
+
+Varlen and paged KV caches are done one sequence at a time (:func:`per_sequence`): each
+sequence's rows, or its pages gathered through the block table, go through the dense path above
+and the outputs are put back in the packed layout. That is a correct reference, differentiable,
+and as slow as a Python loop over the batch: it is declared, and timed, as such.
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pytest_attnkit.contract import AttentionImpl
 
@@ -99,6 +104,44 @@ def _banded_sdpa(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", *, cau
     return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
 
+def per_sequence(attend: Any, q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", *,
+                 cu_seqlens_q: "torch.Tensor | None" = None, cu_seqlens_k: "torch.Tensor | None" = None,
+                 block_table: "torch.Tensor | None" = None, cache_seqlens: "torch.Tensor | None" = None,
+                 ) -> "torch.Tensor":
+    """Packed attention (varlen: cu_seqlens; paged KV: block_table and cache_seqlens) as a loop
+    of ``attend(q, k, v)`` over the sequences, each ``[1, H, N, D]``; the output in the packed
+    layout (the contract's). A sequence without keys gives zeros; unused varlen rows too."""
+    import torch
+
+    heads_q, value_dim = q.shape[-2], v.shape[-1]
+    outs = []
+    if block_table is not None and cache_seqlens is not None:
+        page_size = k.shape[1]
+        for b, length in enumerate(cache_seqlens.tolist()):
+            pages = block_table[b, :-(-length // page_size)].long()
+            keys = k.index_select(0, pages).flatten(0, 1)[:length]
+            values = v.index_select(0, pages).flatten(0, 1)[:length]
+            outs.append(_one_sequence(attend, q[b], keys, values, value_dim))
+        return torch.stack(outs)
+    assert cu_seqlens_q is not None and cu_seqlens_k is not None
+    bounds_q, bounds_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for b in range(len(bounds_q) - 1):
+        rows = q[bounds_q[b]:bounds_q[b + 1]]
+        if rows.shape[0]:
+            outs.append(_one_sequence(attend, rows, k[bounds_k[b]:bounds_k[b + 1]], v[bounds_k[b]:bounds_k[b + 1]],
+                                      value_dim))
+    outs.append(q.new_zeros(q.shape[0] - bounds_q[-1], heads_q, value_dim, dtype=v.dtype))  # unused rows
+    return torch.cat(outs)
+
+
+def _one_sequence(attend: Any, q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", value_dim: int) -> "torch.Tensor":
+    """``attend`` on one sequence's ``[N, H, D]`` rows, back in that layout."""
+    if k.shape[0] == 0:
+        return q.new_zeros(q.shape[0], q.shape[1], value_dim, dtype=v.dtype)
+    out = attend(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None])
+    return out[0].transpose(0, 1)
+
+
 class TorchSDPA(AttentionImpl):
     devices = ("cpu", "cuda")
     dtypes = ("float16", "bfloat16", "float32")
@@ -110,6 +153,9 @@ class TorchSDPA(AttentionImpl):
     supports_window = True
     supports_alibi = True
     head_dims_v = range(1, 1025)
+    supports_varlen = True  # a loop over the sequences: a reference, not fast
+    supports_paged_kv = True  # the same loop, gathering each sequence's pages
+    supports_paged_kv_backward = True
 
     def unavailable_reason(self, device: str) -> str | None:
         try:
@@ -120,8 +166,17 @@ class TorchSDPA(AttentionImpl):
             return "no CUDA device"
         return super().unavailable_reason(device)
 
-    def forward(self, q, k, v, *, causal=False, scale=None, window_size=None, alibi_slopes=None):
+    def forward(self, q, k, v, *, causal=False, scale=None, window_size=None, alibi_slopes=None,
+                cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, block_table=None,
+                cache_seqlens=None):
         window = None if window_size is None or tuple(window_size) == (-1, -1) else tuple(window_size)
-        if window is None and alibi_slopes is None:
-            return sdpa_attention(q, k, v, causal=causal, scale=scale)
-        return _banded_sdpa(q, k, v, causal=causal, scale=scale, window=window, alibi_slopes=alibi_slopes)
+
+        def attend(q, k, v):
+            if window is None and alibi_slopes is None:
+                return sdpa_attention(q, k, v, causal=causal, scale=scale)
+            return _banded_sdpa(q, k, v, causal=causal, scale=scale, window=window, alibi_slopes=alibi_slopes)
+
+        if cu_seqlens_q is None and block_table is None:
+            return attend(q, k, v)
+        return per_sequence(attend, q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                            block_table=block_table, cache_seqlens=cache_seqlens)

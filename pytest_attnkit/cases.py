@@ -6,6 +6,11 @@ seqlen_k both ways (rows that see no key), causal, GQA/MQA, head dims from 32 to
 dtypes, large logits and non-contiguous inputs. ``default`` is the set for one GPU; ``full``
 sweeps the grid. Each set is a plain list, so a reader sees exactly what runs.
 
+Every profile also runs the two layouts (FlashAttention's): varlen packed sequences (zero-length
+sequences, a long one beside many short ones, unused tokens at the end, Nq != Nk per sequence) and
+paged KV caches (page sizes 1, 16, 64 and 256, decode and chunked prefill, caches shorter than the
+queries), alone and with the variants.
+
 Every profile also runs the variants (sliding window, softcap, ALiBi, sinks, the LSE, V head dims
 that differ from Q's): each on its own, and combined with causal, GQA, odd lengths, each other and
 every dtype. Only implementations that declare a variant are handed its cases; the others skip
@@ -36,6 +41,24 @@ def _smoke() -> list[Case]:
         Case(1, 1, 1, 33, 33, 256, "float32"),
         Case(1, 1, 1, 1000, 1000, 64, "float16", causal=True),
         *_smoke_variants(),
+        *_smoke_layouts(),
+    ]
+
+
+def _smoke_layouts() -> list[Case]:
+    return [
+        # Zero-length sequences, GQA, causal per sequence, unused tokens after the last one.
+        Case.packed((0, 17, 113, 1, 40), (0, 17, 113, 1, 40), 4, 2, 64, "float16", causal=True, unused_tokens=5),
+        # A long sequence beside short ones; Nq != Nk; a sequence with no keys, one with no queries.
+        Case.packed((300, 7, 7, 7, 0, 50), (300, 30, 0, 7, 9, 64), 2, 2, 64, "float32"),
+        Case.packed((64, 33, 100), (64, 33, 100), 4, 2, 64, "float16", causal=True, window=(16, 0), softcap=20.0,
+                    alibi=True),
+        Case.packed((64, 1, 100), (80, 1, 100), 4, 2, 64, "float16", causal=True, sinks=True, return_lse=True),
+        # Paged: decode (MQA), chunked prefill with one-token pages, softcap on decode, a window.
+        Case.paged(1, (300, 17, 1, 64), 16, 4, 1, 64, "float16"),
+        Case.paged(33, (300, 33, 100), 1, 4, 2, 64, "float32", causal=True),
+        Case.paged(1, (700, 256, 5), 256, 4, 4, 128, "float16", softcap=30.0),
+        Case.paged(20, (200, 129, 64, 7), 64, 4, 2, 64, "float16", causal=True, window=(32, 0)),
     ]
 
 
@@ -86,8 +109,36 @@ def _default() -> list[Case]:
         Case(2, 4, 4, 777, 777, 64, "float8_e4m3fn"),
         Case(2, 4, 4, 513, 513, 128, "float8_e5m2", causal=True),
         *_default_variants(),
+        *_default_layouts(),
     ]
     return cases
+
+
+def _default_layouts() -> list[Case]:
+    mixed = (0, 1, 17, 128, 1000, 4096, 3, 0)
+    return [
+        # varlen: zero-length sequences, a long one among short ones, unused tokens, Nq != Nk both ways.
+        Case.packed(mixed, mixed, 8, 2, 128, "bfloat16", causal=True, unused_tokens=100),
+        Case.packed((4096, 128, 128, 256, 512, 1024, 0, 77), (4096, 128, 128, 256, 512, 1024, 5, 0), 16, 16, 64,
+                    "float16"),
+        Case.packed((513, 1000, 17), (700, 1000, 300), 8, 2, 128, "bfloat16", causal=True),
+        Case.packed((513, 1000, 17), (700, 1000, 300), 4, 4, 64, "float32", causal=True),
+        Case.packed(mixed, mixed, 8, 2, 128, "bfloat16", causal=True, window=(256, 0), unused_tokens=3),
+        Case.packed((777, 64, 1), (777, 64, 1), 8, 8, 128, "float16", softcap=30.0, alibi=True),
+        Case.packed((1024, 300, 5), (1024, 300, 5), 8, 2, 64, "bfloat16", causal=True, window=(128, 0), sinks=True,
+                    return_lse=True),
+        Case.packed((1024, 300), (1024, 300), 16, 16, 192, "bfloat16", causal=True, head_dim_v=128),
+        # paged KV: decode at each page size, a shuffled cache of mixed lengths (one of a single token).
+        *[Case.paged(1, (4096, 1000, 17, 1, 8191), size, 32, 8, 128, "bfloat16") for size in (1, 16, 64, 256)],
+        # Chunked prefill, and queries that outnumber a short cache (rows that see no key).
+        Case.paged(128, (4096, 500, 128, 2000), 16, 16, 4, 128, "bfloat16", causal=True),
+        Case.paged(64, (4096, 32, 1), 64, 8, 8, 64, "float16", causal=True),
+        # With the variants: softcap on decode, a window on prefill, sinks and the LSE, MLA's head dims.
+        Case.paged(1, (4096, 333, 2048), 64, 32, 8, 128, "bfloat16", softcap=30.0),
+        Case.paged(256, (4096, 1024), 16, 8, 2, 128, "float16", causal=True, window=(512, 0)),
+        Case.paged(4, (3000, 17, 600), 16, 8, 2, 64, "bfloat16", sinks=True, return_lse=True),
+        Case.paged(1, (2048, 700), 64, 16, 16, 192, "bfloat16", head_dim_v=128),
+    ]
 
 
 def _default_variants() -> list[Case]:
@@ -186,10 +237,19 @@ class MemorySweep:
     head_dim: int = 128
     dtype: str = "float16"
     window: tuple[int, int] | None = None
+    #: "dense"; "varlen" and "paged" step the total tokens (see :func:`memory_layout_sweep`).
+    layout: str = "dense"
 
     def case(self, seqlen: int) -> Case:
-        """The sweep's problem at one length (self-attention: seqlen_q == seqlen_k)."""
-        return Case(self.batch, self.heads, self.heads, seqlen, seqlen, self.head_dim, self.dtype, window=self.window)
+        """The sweep's problem at one length (self-attention: seqlen_q == seqlen_k); for the
+        layouts, ``seqlen`` tokens in all: one sequence of half of them and 128-token sequences."""
+        if self.layout == "dense":
+            return Case(self.batch, self.heads, self.heads, seqlen, seqlen, self.head_dim, self.dtype,
+                        window=self.window)
+        lengths = (seqlen // 2,) + (LAYOUT_SHORT,) * ((seqlen - seqlen // 2) // LAYOUT_SHORT)
+        if self.layout == "varlen":
+            return Case.packed(lengths, lengths, self.heads, self.heads, self.head_dim, self.dtype)
+        return Case.paged(1, lengths, LAYOUT_PAGE_SIZE, self.heads, self.heads, self.head_dim, self.dtype)
 
 
 def memory_sweep(profile: str) -> MemorySweep:
@@ -211,6 +271,21 @@ def memory_window_sweep(profile: str) -> MemorySweep:
     """The memory sweep with a sliding window, for implementations that declare windows: the
     extra memory must stay linear in N although the dense problem's scores would not."""
     return replace(memory_sweep(profile), window=MEMORY_WINDOW)
+
+
+#: The layout sweeps: every step holds one sequence of half the tokens and the rest in sequences of
+#: this many, so the total grows as N while the longest squared (N^2 / 4) and the batch times the
+#: longest (about N^2 / 256) grow as N^2: an implementation that pads to either fails "linear".
+LAYOUT_SHORT = 128
+LAYOUT_PAGE_SIZE = 16
+
+
+def memory_layout_sweep(profile: str, layout: str) -> MemorySweep:
+    """The memory sweep over total tokens for "varlen" (packed sequences) or "paged" (decode
+    against a paged cache): extra memory must grow with the tokens, not with the longest."""
+    if layout not in ("varlen", "paged"):
+        raise ValueError(f"unknown layout {layout!r} (known: varlen, paged)")
+    return replace(memory_sweep(profile), layout=layout)
 
 
 def speed_cases(profile: str) -> list[tuple[str, Case]]:
@@ -242,5 +317,14 @@ def speed_cases(profile: str) -> list[tuple[str, Case]]:
         Case(1, 16, 16, 16384, 16384, 128, "bfloat16", alibi=True),
         Case(4, 16, 16, 4096, 4096, 192, "bfloat16", causal=True, head_dim_v=128),
     ]
-    pairs = [(mode, case) for mode in ("forward", "backward") for case in dense + variants]
-    return pairs + [("forward", case) for case in decode]
+    # Packed sequences of mixed lengths (16k tokens, 128 to 8k each), timed forward and backward.
+    mixed = (8192, 4096, 2048, 1024, 512, 256, 128, 128)
+    varlen = [Case.packed(mixed, mixed, 16, 16, 128, "bfloat16", causal=causal) for causal in (False, True)]
+    # Paged decode: 32 sequences with 4k to 32k cached tokens, pages of 16 and 64; chunked prefill.
+    cache = tuple(4096 + (28672 * i) // 31 for i in range(32))
+    paged = [Case.paged(1, cache, size, 32, 8, 128, "bfloat16") for size in (16, 64)]
+    paged.append(Case.paged(512, (4096, 8192, 12288, 16384), 64, 32, 8, 128, "bfloat16", causal=True))
+    # FP8 e4m3 forward beside the bf16 cases of the same shapes (forward only, as FA3's FP8).
+    fp8 = [Case(16384 // n, 2048 // d, 2048 // d, n, n, d, "float8_e4m3fn") for d in (128, 64) for n in (4096, 16384)]
+    pairs = [(mode, case) for mode in ("forward", "backward") for case in dense + variants + varlen]
+    return pairs + [("forward", case) for case in decode + paged + fp8]

@@ -35,11 +35,32 @@ that declares none of them is never handed one:
   row that sees no key and has no sink is not checked (FlashAttention writes +inf, FlexAttention
   -inf).
 - V's head dim may differ from Q and K's (MLA): the output is ``[B, Hq, Nq, head_dim_v]``.
+
+Two layouts change the tensors themselves (FlashAttention's names and layouts), each handed only to
+an implementation that declares it (``supports_varlen``, ``supports_paged_kv``):
+
+- **varlen** (``flash_attn_varlen_func``): q, k and v are packed ``[total_tokens, H, D]``; the call
+  adds ``cu_seqlens_q`` and ``cu_seqlens_k`` (int32 ``[B + 1]``, cumulative lengths from 0) and
+  ``max_seqlen_q``, ``max_seqlen_k`` (ints). Sequence ``b`` owns the rows
+  ``cu_seqlens[b]:cu_seqlens[b + 1]``; sequences never see each other, and causal masking, the
+  window and ALiBi use positions within the sequence (bottom-right per sequence). Lengths may be 0,
+  and the packed tensors may hold unused tokens after ``cu_seqlens[-1]``: those rows of the output
+  and of the gradients are not checked, and no sequence may read them. The output is packed like
+  q, ``[total_q, Hq, Dv]``; the LSE is float32 ``[Hq, total_q]`` (FlashAttention's varlen LSE).
+- **paged KV** (``flash_attn_with_kvcache``): q is ``[B, Nq, Hq, D]``; k and v are the caches
+  ``k_cache``, ``v_cache`` ``[num_pages, page_size, Hkv, D]``, and the call adds ``block_table``
+  (int32 ``[B, max_pages]``: sequence ``b``'s token ``t`` is in page ``block_table[b, t // page_size]``
+  at slot ``t % page_size``) and ``cache_seqlens`` (int32 ``[B]``). Causal aligns each sequence's
+  queries to the end of its cache: query ``i`` sees key ``j`` when ``j <= i + cache_seqlens[b] - Nq``.
+  The output is ``[B, Nq, Hq, Dv]``, the LSE ``[B, Hq, Nq]``. Pages come shuffled, some unused, and
+  slots past a sequence's length hold other values. Backward (gradients of q and both caches) is
+  asked only of an implementation that declares ``supports_paged_kv_backward``.
 """
 
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, ClassVar, Collection
 
@@ -64,6 +85,9 @@ LAYOUTS: tuple[str, ...] = ("bhsd", "bshd")
 MEMORY_CLASSES: tuple[str, ...] = ("linear", "quadratic")
 #: The keyword arguments a variant case adds to the call (FlashAttention's names).
 VARIANT_KEYWORDS: tuple[str, ...] = ("window_size", "softcap", "alibi_slopes", "sinks", "return_lse")
+#: The keyword arguments of the two layouts (FlashAttention's names): varlen, then paged KV.
+VARLEN_KEYWORDS: tuple[str, ...] = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
+PAGED_KEYWORDS: tuple[str, ...] = ("block_table", "cache_seqlens")
 
 
 def is_fp8(dtype: str) -> bool:
@@ -187,6 +211,24 @@ class Case:
     alibi: bool = False
     sinks: bool = False
     return_lse: bool = False
+    seqlens_q: tuple[int, ...] | None = None
+    seqlens_k: tuple[int, ...] | None = None
+    unused_tokens: int = 0
+    page_size: int | None = None
+
+    @classmethod
+    def packed(cls, seqlens_q: "tuple[int, ...] | list[int]", seqlens_k: "tuple[int, ...] | list[int]", heads_q: int,
+               heads_kv: int, head_dim: int, dtype: str = "float16", **fields: Any) -> "Case":
+        """A varlen case: sequence ``b`` has ``seqlens_q[b]`` queries and ``seqlens_k[b]`` keys."""
+        return cls(len(seqlens_q), heads_q, heads_kv, max(max(seqlens_q), 1), max(max(seqlens_k), 1), head_dim,
+                   dtype, seqlens_q=tuple(seqlens_q), seqlens_k=tuple(seqlens_k), **fields)
+
+    @classmethod
+    def paged(cls, seqlen_q: int, cache_seqlens: "tuple[int, ...] | list[int]", page_size: int, heads_q: int,
+              heads_kv: int, head_dim: int, dtype: str = "float16", **fields: Any) -> "Case":
+        """A paged-KV case: ``seqlen_q`` queries per sequence against ``cache_seqlens[b]`` cached keys."""
+        return cls(len(cache_seqlens), heads_q, heads_kv, seqlen_q, max(max(cache_seqlens), 1), head_dim, dtype,
+                   seqlens_k=tuple(cache_seqlens), page_size=page_size, **fields)
 
     def __post_init__(self) -> None:
         # JSON turns the window into a list; (-1, -1) is FlashAttention's "no window".
@@ -216,10 +258,79 @@ class Case:
             raise ValueError(f"Case.layout={self.layout!r} (known: {', '.join(LAYOUTS)})")
         if not (self.logit_scale > 0 and math.isfinite(self.logit_scale)):
             raise ValueError(f"Case.logit_scale must be positive and finite, got {self.logit_scale!r}")
+        self._check_layout()
+
+    def _check_layout(self) -> None:
+        """The varlen and paged fields agree with each other and with batch and the max lengths."""
+        for name in ("seqlens_q", "seqlens_k"):
+            lengths = getattr(self, name)
+            if lengths is None:
+                continue
+            lengths = tuple(lengths)
+            if not lengths or not all(isinstance(n, int) and n >= 0 for n in lengths):
+                raise ValueError(f"Case.{name} must be lengths >= 0, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, lengths)
+        if not isinstance(self.unused_tokens, int) or self.unused_tokens < 0:
+            raise ValueError(f"Case.unused_tokens must be an int >= 0, got {self.unused_tokens!r}")
+        if self.page_size is not None:
+            if not isinstance(self.page_size, int) or self.page_size < 1:
+                raise ValueError(f"Case.page_size must be a positive int, got {self.page_size!r}")
+            if self.seqlens_k is None or self.seqlens_q is not None:
+                raise ValueError("a paged case gives its cache lengths as seqlens_k, and no seqlens_q "
+                                 "(use Case.paged)")
+        elif (self.seqlens_q is None) != (self.seqlens_k is None):
+            raise ValueError("a varlen case gives both seqlens_q and seqlens_k (use Case.packed)")
+        if self.unused_tokens and self.seqlens_q is None:
+            raise ValueError("Case.unused_tokens applies to varlen cases only")
+        if self.seqlens_k is None:
+            return
+        if len(self.seqlens_k) != self.batch or (self.seqlens_q is not None and len(self.seqlens_q) != self.batch):
+            raise ValueError(f"Case.batch={self.batch} must equal the number of sequences "
+                             f"({len(self.seqlens_k)})")
+        expected_k = max(max(self.seqlens_k), 1)
+        expected_q = self.seqlen_q if self.seqlens_q is None else max(max(self.seqlens_q), 1)
+        if (self.seqlen_q, self.seqlen_k) != (expected_q, expected_k):
+            raise ValueError(f"Case.seqlen_q, seqlen_k must be the longest sequences ({expected_q}, {expected_k}), "
+                             f"got ({self.seqlen_q}, {self.seqlen_k})")
+        if self.layout != "bhsd":
+            raise ValueError("varlen and paged cases have FlashAttention's layouts; Case.layout must stay 'bhsd'")
+        if self.dtype in FP8_DTYPES:
+            raise ValueError("varlen and paged cases do not take FP8 inputs (their descales are per dense batch)")
+
+    @property
+    def kind(self) -> str:
+        """"dense", "varlen" (packed sequences) or "paged" (a paged KV cache)."""
+        if self.page_size is not None:
+            return "paged"
+        return "varlen" if self.seqlens_q is not None else "dense"
+
+    @property
+    def sequences(self) -> list[tuple[int, int]]:
+        """(queries, keys) of each sequence: the batch's for a dense case."""
+        if self.seqlens_k is None:
+            return [(self.seqlen_q, self.seqlen_k)] * self.batch
+        queries = self.seqlens_q if self.seqlens_q is not None else (self.seqlen_q,) * self.batch
+        return list(zip(queries, self.seqlens_k))
+
+    @property
+    def total_q(self) -> int:
+        return sum(n for n, _ in self.sequences)
+
+    @property
+    def total_k(self) -> int:
+        return sum(n for _, n in self.sequences)
+
+    @property
+    def sweep_length(self) -> int:
+        """The length a memory sweep steps: N for a dense case, the packed tokens for varlen, the
+        cached tokens for a paged KV cache."""
+        return {"dense": self.seqlen_q, "varlen": self.total_q, "paged": self.total_k}[self.kind]
 
     @property
     def id(self) -> str:
-        """A short, stable, readable id used in test ids: ``b2-h8:2-q113-k127-d64-fp16-causal``."""
+        """A short, stable, readable id used in test ids: ``b2-h8:2-q113-k127-d64-fp16-causal``.
+        Varlen and paged cases add their layout, total tokens and a checksum of the lengths:
+        ``b5-h4-q300-k300-d64-fp16-varlen-t620:700-u7-3fa1``, ``...-paged16-t9000-0b2c``."""
         heads = f"h{self.heads_q}" if self.heads_q == self.heads_kv else f"h{self.heads_q}:{self.heads_kv}"
         parts = [
             f"b{self.batch}",
@@ -247,6 +358,15 @@ class Case:
             parts.append(self.layout)
         if self.logit_scale != 1.0:
             parts.append(f"x{self.logit_scale:g}")
+        if self.kind != "dense":
+            checksum = zlib.crc32(repr((self.seqlens_q, self.seqlens_k)).encode()) & 0xFFFF
+            if self.kind == "varlen":
+                parts.append(f"varlen-t{self.total_q}:{self.total_k}")
+                if self.unused_tokens:
+                    parts.append(f"u{self.unused_tokens}")
+            else:
+                parts.append(f"paged{self.page_size}-t{self.total_k}")
+            parts.append(f"{checksum:04x}")
         return "-".join(parts)
 
     @property
@@ -267,8 +387,9 @@ class Case:
 
     def to_dict(self) -> dict[str, Any]:
         values = asdict(self)
-        if values["window"] is not None:
-            values["window"] = list(values["window"])
+        for name in ("window", "seqlens_q", "seqlens_k"):
+            if values[name] is not None:
+                values[name] = list(values[name])
         return values
 
     @classmethod
@@ -322,6 +443,12 @@ class AttentionImpl:
     supports_lse: ClassVar[bool] = False
     #: V head dims accepted when they differ from head_dim (MLA); None: V's head dim equals Q's.
     head_dims_v: ClassVar[Collection[int] | None] = None
+    #: The two layouts (see the module docstring): packed sequences, and a paged KV cache with the
+    #: page sizes taken (None: any), forward only unless ``supports_paged_kv_backward``.
+    supports_varlen: ClassVar[bool] = False
+    supports_paged_kv: ClassVar[bool] = False
+    page_sizes: ClassVar[Collection[int] | None] = None
+    supports_paged_kv_backward: ClassVar[bool] = False
 
     def forward(self, q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | None = None,
                 **variants: Any) -> Any:
@@ -373,8 +500,19 @@ class AttentionImpl:
             reasons.append("attention sinks are not supported")
         if case.return_lse and not self.supports_lse:
             reasons.append("returning the LSE (return_lse) is not supported")
+        if case.kind == "varlen" and not self.supports_varlen:
+            reasons.append("varlen (packed sequences with cu_seqlens) is not supported")
+        if case.kind == "paged":
+            if not self.supports_paged_kv:
+                reasons.append("a paged KV cache (block_table) is not supported")
+            elif self.page_sizes is not None and case.page_size not in self.page_sizes:
+                reasons.append(f"page_size={case.page_size} (supported: {_describe_allowed(self.page_sizes)})")
+            if backward and self.supports_paged_kv and not self.supports_paged_kv_backward:
+                reasons.append("backward through a paged KV cache is not supported (supports_paged_kv_backward)")
         multiple = self.seqlen_multiple
-        if multiple > 1 and (case.seqlen_q % multiple or case.seqlen_k % multiple):
+        if multiple > 1 and case.kind != "dense" and any(n % multiple for pair in case.sequences for n in pair):
+            reasons.append(f"sequence lengths that are not multiples of {multiple}")
+        elif multiple > 1 and (case.seqlen_q % multiple or case.seqlen_k % multiple):
             reasons.append(f"seqlen_q={case.seqlen_q}, seqlen_k={case.seqlen_k} (must be multiples of {multiple})")
         return reasons
 
@@ -402,6 +540,10 @@ class AttentionImpl:
             "sinks": self.supports_sinks,
             "lse": self.supports_lse,
             "head_dims_v": None if self.head_dims_v is None else _describe_allowed(self.head_dims_v),
+            "varlen": self.supports_varlen,
+            "paged_kv": self.supports_paged_kv,
+            "page_sizes": None if self.page_sizes is None else _describe_allowed(self.page_sizes),
+            "paged_kv_backward": self.supports_paged_kv_backward,
             "accuracy": accuracy_to_wire(self.accuracy),
         }
 

@@ -10,15 +10,39 @@ Masking follows the contract: bottom-right causal alignment, and a query row tha
 produces zeros (and zero gradients), never NaN. The variants follow FlashAttention's reference
 (``attention_ref`` in its tests) in the order it applies them: scale, soft cap, ALiBi bias, the
 causal and window masks, then the softmax, with the sinks' logits joining its denominator.
+
+Varlen and paged-KV cases (:class:`Packing`) split by sequence: each sequence's rows (through
+``cu_seqlens``, or its pages through the block table) go through the same dense math on their own,
+so the oracle of a packed batch is the dense oracle of each sequence, reassembled in the packed
+layout and differentiable with respect to the packed tensors.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
+
+    from pytest_attnkit.contract import Case
+
+
+@dataclass(frozen=True)
+class Packing:
+    """Where each sequence's tokens are: varlen's cumulative lengths, or a paged cache's pages."""
+
+    kind: str  # "varlen" or "paged"
+    cu_seqlens_q: tuple[int, ...] = ()
+    cu_seqlens_k: tuple[int, ...] = ()
+    block_table: tuple[tuple[int, ...], ...] = ()
+    cache_seqlens: tuple[int, ...] = ()
+    page_size: int = 0
+
+    @property
+    def batch(self) -> int:
+        return len(self.cache_seqlens) if self.kind == "paged" else len(self.cu_seqlens_q) - 1
 
 
 def causal_mask(seqlen_q: int, seqlen_k: int, device: "torch.device") -> "torch.Tensor":
@@ -133,6 +157,71 @@ def attention_math(
     return (out, lse) if return_lse else out
 
 
+def packed_attention_math(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", packing: Packing, *,
+                          sinks: "torch.Tensor | None" = None, return_lse: bool = False,
+                          **options: Any) -> "torch.Tensor | tuple[torch.Tensor, torch.Tensor]":
+    """:func:`attention_math` sequence by sequence, in the packed layout (see the contract).
+
+    varlen: q, k, v ``[rows, H, D]``; the output ``[rows, Hq, Dv]`` and the LSE ``[Hq, rows]``, zero
+    on unused rows. paged: q ``[B, Nq, Hq, D]``, k and v ``[pages, page_size, Hkv, D]``; the output
+    ``[B, Nq, Hq, Dv]`` and the LSE ``[B, Hq, Nq]``. A sequence with no key gives zeros (the LSE:
+    the sink's logit, or 0 where the contract leaves it open)."""
+    import torch
+
+    heads_q, value_dim = q.shape[-2], v.shape[-1]
+    outs, lses = [], []
+    for b in range(packing.batch):
+        if packing.kind == "varlen":
+            q_rows = q[packing.cu_seqlens_q[b]:packing.cu_seqlens_q[b + 1]]
+            k_rows = k[packing.cu_seqlens_k[b]:packing.cu_seqlens_k[b + 1]]
+            v_rows = v[packing.cu_seqlens_k[b]:packing.cu_seqlens_k[b + 1]]
+        else:
+            length = packing.cache_seqlens[b]
+            pages = torch.tensor(packing.block_table[b][:-(-length // packing.page_size)], device=k.device,
+                                 dtype=torch.long)
+            q_rows = q[b]
+            k_rows = k[pages].reshape(-1, *k.shape[2:])[:length]
+            v_rows = v[pages].reshape(-1, *v.shape[2:])[:length]
+        queries, keys = q_rows.shape[0], k_rows.shape[0]
+        if queries == 0:
+            continue
+        if keys == 0:
+            out = q_rows.new_zeros(queries, heads_q, value_dim, dtype=v.dtype)
+            lse = (sinks.to(q.dtype)[:, None].expand(heads_q, queries) if sinks is not None
+                   else q_rows.new_zeros(heads_q, queries))
+        else:
+            result = attention_math(q_rows.transpose(0, 1)[None], k_rows.transpose(0, 1)[None],
+                                    v_rows.transpose(0, 1)[None], sinks=sinks, return_lse=True, **options)
+            out, lse = result[0][0].transpose(0, 1), result[1][0]
+        outs.append(out)
+        lses.append(lse)
+    if packing.kind == "paged":
+        out, lse = torch.stack(outs), torch.stack(lses)
+    else:
+        unused = q.shape[0] - packing.cu_seqlens_q[-1]
+        out = torch.cat(outs + [q.new_zeros(unused, heads_q, value_dim, dtype=v.dtype)])
+        lse = torch.cat(lses + [q.new_zeros(heads_q, unused)], dim=1)
+    return (out, lse) if return_lse else out
+
+
+def lse_rows_with_a_key(case: "Case", device: "torch.device | str") -> "torch.Tensor":
+    """Boolean, broadcastable to the case's LSE: True where the row sees at least one key (unused
+    varlen rows: False)."""
+    import torch
+
+    def rows(queries: int, keys: int) -> "torch.Tensor":
+        if keys == 0:
+            return torch.zeros(queries, dtype=torch.bool, device=device)
+        return rows_with_a_key(queries, keys, causal=case.causal, window=case.window, device=device)
+
+    if case.kind == "dense":
+        return rows(case.seqlen_q, case.seqlen_k)
+    if case.kind == "paged":
+        return torch.stack([rows(queries, keys) for queries, keys in case.sequences])[:, None, :]
+    return torch.cat([rows(queries, keys) for queries, keys in case.sequences]
+                     + [torch.zeros(case.unused_tokens, dtype=torch.bool, device=device)])
+
+
 def oracle_attention(
     q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", *, causal: bool, scale: float | None = None
 ) -> "torch.Tensor":
@@ -156,6 +245,7 @@ def forward_and_grads(
     dlse: "torch.Tensor | None" = None,
     dtype: "torch.dtype | None" = None,
     probs_dtype: "torch.dtype | None" = None,
+    packing: Packing | None = None,
 ) -> dict[str, "torch.Tensor"]:
     """Run the reference (float64 oracle or plain same-precision) and, with ``dout``, its backward.
 
@@ -164,7 +254,8 @@ def forward_and_grads(
     is ``dlse``. ALiBi slopes and sinks stay float32 in the plain reference, as the contract
     hands them; the oracle takes every input in float64. ``dtype`` casts q, k, v (and the
     upstream gradient) for the plain reference, ``probs_dtype`` rounds P (FA3's FP8 reference:
-    bf16 on the dequantized inputs, P in e4m3).
+    bf16 on the dequantized inputs, P in e4m3). With ``packing`` the tensors are in its packed
+    layout (:func:`packed_attention_math`), and so are the gradients.
     """
     import torch
 
@@ -185,8 +276,12 @@ def forward_and_grads(
         names.append("dsinks")
     slopes = None if alibi_slopes is None else keep(alibi_slopes)
     with torch.enable_grad():
-        result = attention_math(*leaves[:3], causal=causal, window=window, softcap=softcap, alibi_slopes=slopes,
-                                sinks=sink_leaf, return_lse=return_lse, probs_dtype=probs_dtype)
+        options = dict(causal=causal, window=window, softcap=softcap, alibi_slopes=slopes, sinks=sink_leaf,
+                       return_lse=return_lse, probs_dtype=probs_dtype)
+        if packing is None:
+            result = attention_math(*leaves[:3], **options)
+        else:
+            result = packed_attention_math(*leaves[:3], packing, **options)
         out, lse = result if return_lse else (result, None)
         results = {"out": out.detach()}
         if lse is not None:

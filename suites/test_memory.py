@@ -10,11 +10,15 @@ misses the implementation's own analytic model by more than 10%. CUDA only.
 ``test_memory_window`` sweeps again with a sliding window (pytest_attnkit/cases.py:
 memory_window_sweep) for the implementations that declare windows: each query sees a bounded
 number of keys, so a kernel that still allocates N x N scores under a window fails its class.
+``test_memory_varlen`` and ``test_memory_paged`` sweep the total tokens of packed sequences and of a
+paged cache (pytest_attnkit/cases.py: memory_layout_sweep), for the implementations that declare
+them: the extra memory must grow with the tokens, not with the longest sequence squared nor with
+the batch times the longest.
 """
 
 import pytest
 
-from pytest_attnkit.cases import memory_window_sweep
+from pytest_attnkit.cases import memory_layout_sweep, memory_window_sweep
 
 pytestmark = pytest.mark.attnkit_memory
 
@@ -28,8 +32,7 @@ def test_memory_backward(attnkit, attnkit_impl, request):
     attnkit.memory.check(attnkit_impl, backward=True, properties=request.node.user_properties)
 
 
-def _check_window(attnkit, impl, backward, request):
-    sweep = memory_window_sweep(attnkit.profile)
+def _check_declared(attnkit, impl, backward, request, sweep):
     refusals = attnkit.pool.support(impl, [{"case": sweep.case(sweep.seqlens[0]).to_dict(), "backward": backward}])
     if refusals and refusals[0]:
         pytest.skip(f"{impl} does not support it: {refusals[0]}")
@@ -37,9 +40,22 @@ def _check_window(attnkit, impl, backward, request):
 
 
 def test_memory_window(attnkit, attnkit_impl, request):
-    _check_window(attnkit, attnkit_impl, False, request)
+    _check_declared(attnkit, attnkit_impl, False, request, memory_window_sweep(attnkit.profile))
 
 
 @pytest.mark.attnkit_backward
 def test_memory_window_backward(attnkit, attnkit_impl, request):
-    _check_window(attnkit, attnkit_impl, True, request)
+    _check_declared(attnkit, attnkit_impl, True, request, memory_window_sweep(attnkit.profile))
+
+
+def test_memory_varlen(attnkit, attnkit_impl, request):
+    _check_declared(attnkit, attnkit_impl, False, request, memory_layout_sweep(attnkit.profile, "varlen"))
+
+
+@pytest.mark.attnkit_backward
+def test_memory_varlen_backward(attnkit, attnkit_impl, request):
+    _check_declared(attnkit, attnkit_impl, True, request, memory_layout_sweep(attnkit.profile, "varlen"))
+
+
+def test_memory_paged(attnkit, attnkit_impl, request):
+    _check_declared(attnkit, attnkit_impl, False, request, memory_layout_sweep(attnkit.profile, "paged"))

@@ -101,7 +101,8 @@ def test_memory_suite_says_why_it_measures_nothing_on_the_cpu(pytester: pytest.P
     fake_dist({"good": fake("good")})
     result = pytester.runpytest("--attnkit", "--attnkit-impl", "good", "--attnkit-suite", "memory",
                                 "--attnkit-device", "cpu", "-rs")
-    result.assert_outcomes(skipped=4)  # forward and backward, without and with a window
+    # forward and backward: dense, with a window, varlen; and paged forward
+    result.assert_outcomes(skipped=7)
     result.stdout.fnmatch_lines(["SKIPPED [[]1[]] *: the memory suite measures the CUDA caching allocator's peaks; "
                                  "this run is on the CPU, where torch keeps no peak statistics, so nothing is measured"])
 

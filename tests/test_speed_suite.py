@@ -77,7 +77,8 @@ def test_a_version_1_baseline_is_read_as_one_run(pytester: pytest.Pytester, fake
     baseline_file.write_text(json.dumps(document))
     result = pytester.runpytest(*ARGS, *WIDE, "--attnkit-save-baseline")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["repeated *fwd *b1-h2-q256-k256-d64-fp32 * 1 * unchanged"])
+    # The runs column reads 1 (the verdict is CPU timing under whatever else the machine runs).
+    result.stdout.fnmatch_lines(["repeated *fwd *b1-h2-q256-k256-d64-fp32 * 1 * *% *%  *"])
     [entry] = json.loads(baseline_file.read_text())["entries"].values()
     assert len(entry["history"]) == 2
 

@@ -39,7 +39,7 @@ def twin(case: Case, capabilities: dict[str, Any]) -> Case:
         if nearest is not None:
             changes["dtype"] = nearest
     multiple = int(capabilities.get("seqlen_multiple") or 1)
-    if multiple > 1:
+    if multiple > 1 and case.kind == "dense":  # packed lengths are refused in words, not rounded
         for field in ("seqlen_q", "seqlen_k"):
             value = getattr(case, field)
             if value % multiple:

@@ -211,7 +211,7 @@ class MemorySweepResult:
                 "largest_n": self.largest_n, "stopped": self.stopped,
                 "points": [point.to_dict() for point in self.points],
                 "sweep": {"batch": self.sweep.batch, "heads": self.sweep.heads, "head_dim": self.sweep.head_dim,
-                          "dtype": self.sweep.dtype}}
+                          "dtype": self.sweep.dtype, "layout": self.sweep.layout}}
 
     def table(self) -> list[str]:
         values = self.to_dict()
@@ -241,6 +241,8 @@ class MemoryCheck:
         direction = "forward+backward" if backward else "forward"
         if sweep.window is not None:
             direction += f", window {sweep.window}"
+        if sweep.layout != "dense":
+            direction += f", {sweep.layout} (N: total tokens)"
         if self.device != "cuda":
             pytest.skip(NO_MEMORY_METER_ON_CPU)
         info = self.pool.info(impl)

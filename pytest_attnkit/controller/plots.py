@@ -26,7 +26,7 @@ def _colour(names: list[str], name: str) -> str:
 
 def _on_length_axis(case: Case) -> bool:
     """A plain prefill case: query and key lengths equal, no variant that changes the work."""
-    return (case.seqlen_q == case.seqlen_k >= 2 and not case.variants and case.head_dim_v is None
+    return (case.kind == "dense" and case.seqlen_q == case.seqlen_k >= 2 and not case.variants and case.head_dim_v is None
             and case.layout == "bhsd" and case.logit_scale == 1.0)
 
 

@@ -150,6 +150,7 @@ def _headline_speed(document: dict[str, Any], name: str) -> str:
     for m in document["speed"]["measurements"]:
         shape = m["shape"]
         if (m["impl"] == name and m["mode"] == "forward" and shape["head_dim"] == 128 and not shape["causal"]
+                and not shape.get("seqlens_k") and not shape["dtype"].startswith("float8")
                 and shape["seqlen_q"] == shape["seqlen_k"] in HEADLINE_LENGTHS
                 and shape["batch"] * shape["seqlen_q"] == 16384):
             share = f" ({100 * m['tflops'] / ceilings['matmul_bf16_tflops']:.0f}% of matmul)" if ceilings else ""

@@ -12,6 +12,10 @@ arguments and checked the same way: the LSE and, with backward, the sinks' gradi
 too, and the LSE gets an upstream gradient of its own so that its backward is checked with the
 output's.
 
+A varlen or paged-KV case is called with its layout's keywords and checked in its layout (the
+contract's shapes); the references split it by sequence (:mod:`pytest_attnkit.oracle`), and a
+varlen case's unused rows after the last sequence are left out of every comparison.
+
 Which rule judges (see :mod:`pytest_attnkit.worker.tolerance`): an FP8 case, FA3's FP8 rule; else
 the accuracy the pytest side sends (the implementation's declaration, or what the hook
 ``pytest_attnkit_accuracy`` chose for the case): "exact" is FlashAttention's rule, "quantized" or
@@ -23,14 +27,15 @@ Returns a :class:`~pytest_attnkit.records.Reply` whose data is a
 
 from __future__ import annotations
 
+import math
 import traceback
 from typing import Any
 
 from pytest_attnkit.contract import FP8_OUTPUT_DTYPE, AccuracyBudget, AttentionImpl, Case, accuracy_budget, is_fp8
-from pytest_attnkit.oracle import forward_and_grads, rows_with_a_key
+from pytest_attnkit.oracle import forward_and_grads, lse_rows_with_a_key
 from pytest_attnkit.records import Comparison, CorrectnessResult, Reply, Status
-from pytest_attnkit.worker.inputs import (call_implementation, dequantized, make_inputs, poison_free_memory,
-                                          trial_seed)
+from pytest_attnkit.worker.inputs import (call_implementation, dequantized, expected_shapes, make_inputs,
+                                          poison_free_memory, trial_seed)
 from pytest_attnkit.worker.tolerance import compare, compare_budget, factor_and_extra_floor
 
 
@@ -85,16 +90,17 @@ def _run_implementation(impl: AttentionImpl, case: Case, inputs: Any, device: st
     given = {name: tensor for name, tensor in given.items() if tensor is not None}
     snapshots = {name: t.detach().clone() for name, t in given.items()}
     out_dtype = getattr(torch, FP8_OUTPUT_DTYPE) if is_fp8(case.dtype) else q.dtype
-    out_bytes = case.batch * case.heads_q * case.seqlen_q * case.value_dim * out_dtype.itemsize
+    out_shape, lse_shape = expected_shapes(case)
+    out_bytes = math.prod(out_shape) * out_dtype.itemsize
     poison_free_memory(device, [out_bytes] * 2 + ([k.numel() * k.element_size()] * 2 if backward else []))
 
     with torch.set_grad_enabled(backward):
         out, lse = _split_output(case, call_implementation(impl, case, q, k, v, inputs, sinks=sinks))
     _synchronize(device)
-    _check_tensor("output", out, q, shape=(case.batch, case.heads_q, case.seqlen_q, case.value_dim), dtype=out_dtype)
+    _check_tensor("output", out, q, shape=out_shape, dtype=out_dtype)
     results = {"out": out.detach()}
     if lse is not None:
-        _check_tensor("lse", lse, q, shape=(case.batch, case.heads_q, case.seqlen_q), dtype=torch.float32)
+        _check_tensor("lse", lse, q, shape=lse_shape, dtype=torch.float32)
         results["lse"] = lse.detach()
     if backward:
         if not out.requires_grad:
@@ -137,7 +143,18 @@ def _references(case: Case, inputs: Any, backward: bool, *, float64: bool) -> di
     return forward_and_grads(q, k, v, inputs.dout if backward else None, causal=case.causal,
                              float64=float64, window=case.window, softcap=case.softcap,
                              alibi_slopes=inputs.alibi_slopes, sinks=inputs.sinks, return_lse=case.return_lse,
-                             dlse=inputs.dlse, dtype=plain_dtype, probs_dtype=probs_dtype)
+                             dlse=inputs.dlse, dtype=plain_dtype, probs_dtype=probs_dtype, packing=inputs.packing)
+
+
+def _used_rows(case: Case, tensors: dict[str, Any]) -> dict[str, Any]:
+    """A varlen case's tensors without the unused rows after the last sequence (not checked)."""
+    if case.kind != "varlen" or not case.unused_tokens:
+        return tensors
+    rows = {"out": case.total_q, "dq": case.total_q, "dk": case.total_k, "dv": case.total_k}
+    trimmed = {name: tensor[:rows[name]] if name in rows else tensor for name, tensor in tensors.items()}
+    if "lse" in trimmed:
+        trimmed["lse"] = trimmed["lse"][:, :case.total_q]
+    return trimmed
 
 
 def _judge(case: Case, actual: dict[str, Any], oracle: dict[str, Any], inputs: Any, backward: bool,
@@ -147,7 +164,7 @@ def _judge(case: Case, actual: dict[str, Any], oracle: dict[str, Any], inputs: A
 
     if budget is not None and not is_fp8(case.dtype):
         return tuple(compare_budget(name, actual[name], oracle[name], budget) for name in oracle)
-    plain = _references(case, inputs, backward, float64=False)
+    plain = _used_rows(case, _references(case, inputs, backward, float64=False))
     dtype = getattr(torch, FP8_OUTPUT_DTYPE if is_fp8(case.dtype) else case.dtype)
     return tuple(
         compare(name, actual[name], oracle[name], plain[name], dtype=dtype,
@@ -163,8 +180,7 @@ def _open_lse_rows_zeroed(case: Case, actual: dict[str, Any]) -> None:
 
     if "lse" not in actual or case.sinks:
         return
-    rows = rows_with_a_key(case.seqlen_q, case.seqlen_k, causal=case.causal, window=case.window,
-                           device=actual["lse"].device)
+    rows = lse_rows_with_a_key(case, actual["lse"].device).expand_as(actual["lse"])
     if not bool(rows.all()):
         actual["lse"] = torch.where(rows, actual["lse"], torch.zeros((), dtype=actual["lse"].dtype,
                                                                      device=actual["lse"].device))
@@ -195,7 +211,8 @@ def run_correctness(
         except Exception:  # the implementation's own exception: report it whole
             return Reply(Status.RAISED, traceback.format_exc(), result.to_dict())
         _open_lse_rows_zeroed(case, actual)
-        oracle = _references(case, inputs, backward, float64=True)
+        actual = _used_rows(case, actual)
+        oracle = _used_rows(case, _references(case, inputs, backward, float64=True))
         comparisons = _judge(case, actual, oracle, inputs, backward, budget)
         result = CorrectnessResult(trials, seed, trial, comparisons)
         failed = [comparison for comparison in comparisons if not comparison.passed]

@@ -10,6 +10,14 @@ of each row comparable to the keys', and ignoring it shows), and the LSE's upstr
 zero on rows whose LSE the contract leaves open. :func:`call_implementation` is the one place
 that turns a case into the implementation's keyword arguments.
 
+A varlen case draws its packed q, k and v (``[rows, H, D]``, unused rows after the last sequence
+holding values of their own, never zeros, so reading them shows) and its cumulative lengths; a
+paged case draws its caches with pages in a shuffled order, a quarter more pages than the
+sequences use, block-table entries past a sequence's last page pointing at unused pages, and slots
+past a sequence's length holding values: a kernel that reads pages in order, past the block table
+or past the cache length reads numbers that change its result. The upstream gradient is zero on
+unused rows.
+
 An FP8 case draws the same float32 values and quantizes them as FA3's users do: a descale per
 (batch, kv head), the largest magnitude over that slice (q's over the query heads that share the
 kv head) divided by the format's largest finite value, so each slice uses the format's full
@@ -25,6 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pytest_attnkit.contract import FP8_OUTPUT_DTYPE, Case, is_fp8
+from pytest_attnkit.oracle import Packing, lse_rows_with_a_key
 
 if TYPE_CHECKING:
     import torch
@@ -48,6 +57,9 @@ class Inputs:
     q_descale: "torch.Tensor | None" = None
     k_descale: "torch.Tensor | None" = None
     v_descale: "torch.Tensor | None" = None
+    #: varlen / paged KV: where the sequences are, and the call's keywords saying it.
+    packing: Packing | None = None
+    layout_keywords: dict[str, Any] | None = None
 
 
 def _quantize(values: "torch.Tensor", dtype: "torch.dtype", heads_kv: int) -> tuple["torch.Tensor", "torch.Tensor"]:
@@ -79,10 +91,77 @@ def dequantized(case: Case, inputs: Inputs) -> tuple["torch.Tensor", "torch.Tens
     return results[0], results[1], results[2]
 
 
+def expected_shapes(case: Case) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The shapes of the output and of the LSE the contract asks for ``case``."""
+    if case.kind == "varlen":
+        rows = case.total_q + case.unused_tokens
+        return (rows, case.heads_q, case.value_dim), (case.heads_q, rows)
+    if case.kind == "paged":
+        return (case.batch, case.seqlen_q, case.heads_q, case.value_dim), (case.batch, case.heads_q, case.seqlen_q)
+    return (case.batch, case.heads_q, case.seqlen_q, case.value_dim), (case.batch, case.heads_q, case.seqlen_q)
+
+
+def _cumulative(lengths: "tuple[int, ...] | list[int]") -> tuple[int, ...]:
+    total, cumulative = 0, [0]
+    for length in lengths:
+        total += length
+        cumulative.append(total)
+    return tuple(cumulative)
+
+
+def _packed_inputs(case: Case, device: str, seed: int) -> Inputs:
+    """q, k, v, the upstream gradient and the layout's keywords of a varlen or paged case."""
+    import torch
+
+    dtype = getattr(torch, case.dtype)
+    generator = torch.Generator(device=device).manual_seed(seed)
+
+    def draw(*shape: int, multiplier: float = 1.0) -> "torch.Tensor":
+        return (torch.randn(shape, generator=generator, device=device, dtype=torch.float32) * multiplier).to(dtype)
+
+    int32 = {"dtype": torch.int32, "device": device}
+    if case.kind == "varlen":
+        assert case.seqlens_q is not None and case.seqlens_k is not None
+        cu_q, cu_k = _cumulative(case.seqlens_q), _cumulative(case.seqlens_k)
+        rows_q, rows_k = cu_q[-1] + case.unused_tokens, cu_k[-1] + case.unused_tokens
+        q = draw(rows_q, case.heads_q, case.head_dim, multiplier=case.logit_scale)
+        k = draw(rows_k, case.heads_kv, case.head_dim, multiplier=case.logit_scale)
+        v = draw(rows_k, case.heads_kv, case.value_dim)
+        dout = draw(rows_q, case.heads_q, case.value_dim)
+        dout[cu_q[-1]:] = 0
+        packing = Packing("varlen", cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+        keywords = {"cu_seqlens_q": torch.tensor(cu_q, **int32), "cu_seqlens_k": torch.tensor(cu_k, **int32),
+                    "max_seqlen_q": max(case.seqlens_q), "max_seqlen_k": max(case.seqlens_k)}
+    else:
+        assert case.seqlens_k is not None and case.page_size is not None
+        size = case.page_size
+        counts = [-(-length // size) for length in case.seqlens_k]
+        used = sum(counts)
+        spare = max(2, used // 4)
+        order = torch.randperm(used + spare, generator=torch.Generator().manual_seed(seed)).tolist()
+        width = max(max(counts), 1)
+        table, start = [], 0
+        for count in counts:
+            own = order[start:start + count]
+            start += count
+            table.append(tuple(own + [order[used + (i % spare)] for i in range(width - count)]))
+        q = draw(case.batch, case.seqlen_q, case.heads_q, case.head_dim, multiplier=case.logit_scale)
+        k = draw(used + spare, size, case.heads_kv, case.head_dim, multiplier=case.logit_scale)
+        v = draw(used + spare, size, case.heads_kv, case.value_dim)
+        dout = draw(case.batch, case.seqlen_q, case.heads_q, case.value_dim)
+        packing = Packing("paged", block_table=tuple(table), cache_seqlens=case.seqlens_k, page_size=size)
+        keywords = {"block_table": torch.tensor(table, **int32), "cache_seqlens": torch.tensor(case.seqlens_k, **int32)}
+    return Inputs(q=q, k=k, v=v, dout=dout, seed=seed, packing=packing, layout_keywords=keywords)
+
+
 def make_inputs(case: Case, device: str, seed: int) -> Inputs:
     """q, k, v and an output gradient for ``case`` on ``device``, drawn from ``seed``."""
     import torch
 
+    if case.kind != "dense":
+        inputs = _packed_inputs(case, device, seed)
+        _draw_variant_inputs(case, inputs, device, torch.Generator(device=device).manual_seed(seed + 1))
+        return inputs
     fp8 = is_fp8(case.dtype)
     dtype = getattr(torch, FP8_OUTPUT_DTYPE if fp8 else case.dtype)
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -106,19 +185,25 @@ def make_inputs(case: Case, device: str, seed: int) -> Inputs:
         inputs.k, inputs.k_descale = _quantize(k, fp8_dtype, case.heads_kv)
         inputs.v, inputs.v_descale = _quantize(v, fp8_dtype, case.heads_kv)
     # Drawn after the dense inputs, so a variant case's q, k, v equal its dense twin's.
+    _draw_variant_inputs(case, inputs, device, generator)
+    return inputs
+
+
+def _draw_variant_inputs(case: Case, inputs: Inputs, device: str, generator: "torch.Generator") -> None:
+    """ALiBi slopes, sink logits and the LSE's upstream gradient, where the case uses them."""
+    import torch
+
     if case.alibi:
         inputs.alibi_slopes = torch.rand(case.heads_q, generator=generator, device=device) * 0.3
     if case.sinks:
         inputs.sinks = torch.randn(case.heads_q, generator=generator, device=device) + math.log(case.seqlen_k)
     if case.return_lse:
-        dlse = torch.randn(case.batch, case.heads_q, case.seqlen_q, generator=generator, device=device)
+        dlse = torch.randn(expected_shapes(case)[1], generator=generator, device=device)
         if not case.sinks:
-            from pytest_attnkit.oracle import rows_with_a_key
-
-            dlse = dlse * rows_with_a_key(case.seqlen_q, case.seqlen_k, causal=case.causal, window=case.window,
-                                          device=device)
+            dlse = dlse * lse_rows_with_a_key(case, device)
+        elif case.kind == "varlen":
+            dlse[:, case.total_q:] = 0  # unused rows
         inputs.dlse = dlse
-    return inputs
 
 
 def variant_keywords(case: Case, inputs: Inputs) -> dict[str, Any]:
@@ -134,6 +219,8 @@ def variant_keywords(case: Case, inputs: Inputs) -> dict[str, Any]:
         keywords["sinks"] = inputs.sinks
     if case.return_lse:
         keywords["return_lse"] = True
+    if inputs.layout_keywords:
+        keywords.update(inputs.layout_keywords)
     if is_fp8(case.dtype):
         keywords.update(q_descale=inputs.q_descale, k_descale=inputs.k_descale, v_descale=inputs.v_descale)
     return keywords

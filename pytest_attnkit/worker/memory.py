@@ -124,14 +124,14 @@ def measure_point(impl: AttentionImpl, case: Case, *, backward: bool, seed: int)
         if unmetered < max(UNMETERED_MIN_BYTES, UNMETERED_MIN_SHARE * max(reserved_growth, 1)):
             unmetered = 0
         expected = impl.expected_extra_bytes(case, backward=backward)
-        return MemoryPoint(case.seqlen_q, "measured", extra_bytes=max(0, peak - retained), peak_bytes=peak,
+        return MemoryPoint(case.sweep_length, "measured", extra_bytes=max(0, peak - retained), peak_bytes=peak,
                            retained_bytes=retained, unmetered_bytes=unmetered, expected_bytes=expected)
     except torch.cuda.OutOfMemoryError as error:
         # torch's message goes on about allocator settings; the first two sentences say it all.
-        return MemoryPoint(case.seqlen_q, "oom", message=". ".join(str(error).split(". ")[:2]).strip())
+        return MemoryPoint(case.sweep_length, "oom", message=". ".join(str(error).split(". ")[:2]).strip())
     except Exception as error:  # CuPy's OutOfMemoryError is not torch's
         if "out of memory" in str(error).lower() or type(error).__name__ == "OutOfMemoryError":
-            return MemoryPoint(case.seqlen_q, "oom", message=f"{type(error).__name__}: {str(error).splitlines()[0]}")
+            return MemoryPoint(case.sweep_length, "oom", message=f"{type(error).__name__}: {str(error).splitlines()[0]}")
         raise
 
 
