@@ -62,3 +62,15 @@ def test_cuda_without_a_gpu_is_a_usage_error(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--attnkit", "--attnkit-device", "cuda")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: attnkit: device cuda was asked for (command line --attnkit-device) but torch sees no CUDA device*"])
+
+
+def test_the_ab_gate_has_a_threshold_of_its_own(pytester: pytest.Pytester) -> None:
+    """Paired in one process, the A/B gate has no between-process drift to absorb: 2%, not the 8%."""
+    from pytest_attnkit.controller.options import resolve
+
+    settings = resolve(pytester.parseconfig())
+    assert (settings.threshold, settings.against_threshold) == (0.08, 0.02)
+    assert resolve(pytester.parseconfig("--attnkit-against-threshold", "3%")).against_threshold == 0.03
+    result = pytester.runpytest("--attnkit", "--attnkit-against-threshold", "0.5")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--attnkit-against-threshold*"])

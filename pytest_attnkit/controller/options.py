@@ -23,7 +23,7 @@ from typing import Any, Callable
 import pytest
 
 from pytest_attnkit.controller.baselines import key_string
-from pytest_attnkit.controller.gate import DEFAULT_THRESHOLD
+from pytest_attnkit.controller.gate import DEFAULT_AGAINST_THRESHOLD, DEFAULT_THRESHOLD
 from pytest_attnkit.records import EntryKey
 
 SUITES: tuple[str, ...] = ("correctness", "memory", "speed")
@@ -143,6 +143,10 @@ SETTINGS: tuple[Setting, ...] = (
             "also time each implementation of REV (a git revision of this repository, a path to another "
             "checkout, a wheel or an sdist) as <impl>@<rev>, interleaved with the current one in the speed "
             "suite, and gate the current one on the paired ratio; write --attnkit-against=REV (default: off)"),
+    Setting("against_threshold", "PERCENT", _percent, DEFAULT_AGAINST_THRESHOLD,
+            "the A/B gate's threshold (--attnkit-against): slowdown of the paired new/old ratio past which a "
+            f"statistically clear change is a regression (default: {round(DEFAULT_AGAINST_THRESHOLD * 100)}%%; "
+            "a doubling on the CPU)"),
 )
 
 
@@ -192,6 +196,7 @@ class Settings:
     reference: str
     budget_ms: float
     against: str
+    against_threshold: float
     inprocess: bool
     save_baseline: bool
     require_baseline: bool

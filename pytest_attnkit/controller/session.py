@@ -105,7 +105,8 @@ class AttnkitSession:
                                     SpeedSettings(settings.reference, settings.seed, settings.budget_ms,
                                                   settings.require_baseline),
                                     store, self.threshold, self.device,
-                                    twins=dict(self.revision.twins) if self.revision else {})
+                                    twins=dict(self.revision.twins) if self.revision else {},
+                                    ab_threshold=self.ab_threshold)
 
     def _against_error(self, problem: str) -> pytest.UsageError:
         return pytest.UsageError(f"attnkit: {problem} ({self.settings.sources.get('against')}); "
@@ -221,6 +222,13 @@ class AttnkitSession:
             raise pytest.UsageError(f"attnkit: hook pytest_attnkit_threshold returned {chosen!r} for {key.impl} "
                                     f"{key.mode} {key.case_id}: it returns a share, such as 0.08 for 8%")
         return float(chosen)
+
+    def ab_threshold(self, key: EntryKey) -> float:
+        """The A/B gate's threshold (``--attnkit-against-threshold``); a doubling on the CPU unless set.
+        Neither the stored gate's per-case lines nor its hook apply: they size that gate's noise."""
+        if self.device != "cuda" and self.settings.sources.get("against_threshold") == "default":
+            return CPU_THRESHOLD
+        return self.settings.against_threshold
 
     def accuracy(self, impl: str, case: Case) -> "str | AccuracyBudget | None":
         """The accuracy the hook ``pytest_attnkit_accuracy`` chooses for one case, or None."""

@@ -136,6 +136,8 @@ class SpeedCheck:
     #: --attnkit-against: each current implementation's twin from REV, and the paired results.
     twins: dict[str, str] = field(default_factory=dict)
     ab: dict[EntryKey, ABResult] = field(default_factory=dict)
+    #: The A/B gate's threshold per case (None: ``threshold``'s).
+    ab_threshold: Callable[[EntryKey], float] | None = None
     _measured: dict[EntryKey, SpeedMeasurement] = field(default_factory=dict)
     _refused: dict[EntryKey, Reply] = field(default_factory=dict)
     _ceilings_asked: bool = False
@@ -238,8 +240,8 @@ class SpeedCheck:
             last = replies[name][-1].data
             self._measured[name_key] = SpeedMeasurement(name, mode, case, replace(first, samples_ms=samples),
                                                         last.get("input_sets", 1), last.get("gpu_state", {}))
-        decision = None if problem is not None else decide_paired(blocks[impl], blocks[twin],
-                                                                   threshold=self.threshold(key))
+        threshold = (self.ab_threshold or self.threshold)(key)
+        decision = None if problem is not None else decide_paired(blocks[impl], blocks[twin], threshold=threshold)
         self.ab[key] = ABResult(impl, twin, mode, case, decision, problem)
 
     def _reference_median(self, mode: str, case: Case) -> float | None:
