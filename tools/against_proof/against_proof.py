@@ -86,7 +86,7 @@ class Proof:
         self.slow_impls = os.environ.get("SLOW_IMPLS", SLOWED_IMPL)
         self.clean_k = os.environ.get("CLEAN_K", "")
         self.slow_k = os.environ.get("SLOW_K", DEFAULT_SLOW_K)
-        self.threshold = os.environ.get("THRESHOLD", "2%")
+        self.threshold = os.environ.get("THRESHOLD", "")
         self.deadline = float(os.environ["DEADLINE_S"]) if os.environ.get("DEADLINE_S") else None
         self.start = time.time()
         self.work = Path(os.environ.get("SCRATCH") or tempfile.mkdtemp(prefix="against-proof-"))
@@ -353,9 +353,10 @@ class Proof:
                      "checkout path); slow = the working tree with triton_flash's forward doing extra work "
                      "(implementations/triton_flash/adapter.py, extra_work.py from tools/gate_proof/site/slowable_kernels.py)")
         self.say(f"installed editable for the runs: {self.repo} (the current side of each run is its working tree)")
-        threshold = self.threshold or "the default (8%; a doubling on the CPU)"
-        self.say(f"threshold: {threshold}, --attnkit-threshold applies to both gates of a run alike (the A/B gate "
-                 "and the stored-baseline gate); 'at its default 8% (derived)' rereads the same stored-gate "
+        threshold = (f"--attnkit-threshold={self.threshold} (the stored gate)" if self.threshold else
+                     "each gate's default: the A/B gate 2% (--attnkit-against-threshold), the stored gate 8%; "
+                     "a doubling on the CPU")
+        self.say(f"thresholds: {threshold}; 'at its default 8% (derived)' rereads the same stored-gate "
                  "decision at 8% (ratio past max(8%, its raised threshold) and Mann-Whitney p < 0.01)")
         for kind in ("clean", "plain", "slow"):
             self.say(f"{kind} command: " + " ".join(_quote(part) for part in self.command(kind, Path("REPORT"))))

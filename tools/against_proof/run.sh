@@ -16,8 +16,8 @@
 # build isolation); this tree is installed editable again at the end. Nothing else is changed.
 #
 # Environment: IMPLS (torch_sdpa,triton_flash), SLOW_IMPLS (triton_flash), CLEAN_K (none),
-#   SLOW_K (the four cases), THRESHOLD (2%: --attnkit-threshold, which sets both gates of a run;
-#   empty: the default, 8%), DEADLINE_S (a run starts only if it is expected to end within that
+#   SLOW_K (the four cases), THRESHOLD (empty: each gate's default, the A/B gate's 2% and
+#   the stored gate's 8%; a value: --attnkit-threshold, the stored gate's), DEADLINE_S (a run starts only if it is expected to end within that
 #   many seconds of the start: expected, 1.1 x the longest run of its group so far but the group's
 #   first, which calibrates or finds caches cold; before any, the group's SECONDS, else the longest
 #   run so far of any group), PYTHON (python3), SCRATCH (the folder for the scratch repository and
