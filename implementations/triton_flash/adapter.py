@@ -8,14 +8,15 @@ from pytest_attnkit.contract import AttentionImpl, Case
 
 from .autograd import flash_attention
 from .kernels import TRITON_IMPORT_ERROR
-from .launch import MAX_HEAD_DIM, MIN_HEAD_DIM, interpreting
+from .launch import FP8_HEAD_DIMS, MAX_HEAD_DIM, MIN_HEAD_DIM, fp8_unsupported_reason, interpreting
 
 
 class TritonFlash(AttentionImpl):
-    """Triton FlashAttention (forward and backward) on CUDA, or on the CPU via Triton's interpreter."""
+    """Triton FlashAttention (forward and backward) on CUDA, or on the CPU via Triton's interpreter;
+    an FP8 (e4m3) forward with FlashAttention-3's descales."""
 
     devices = ("cuda", "cpu")
-    dtypes = ("float16", "bfloat16", "float32")
+    dtypes = ("float16", "bfloat16", "float32", "float8_e4m3fn")
     head_dims = range(MIN_HEAD_DIM, MAX_HEAD_DIM + 1)
     supports_causal = True
     supports_gqa = True
@@ -45,11 +46,21 @@ class TritonFlash(AttentionImpl):
             # exceed the 3x rule, while the same math in torch does not (NOTES.md).
             reasons.append("float32 backward at head_dim > 128 is not claimed: its gradient error "
                            "exceeds the 3x rule on some inputs")
+        if case.dtype == "float8_e4m3fn":
+            if case.head_dim not in FP8_HEAD_DIMS:
+                reasons.append(f"FP8 at head_dim={case.head_dim}: the FP8 kernel takes head dims "
+                               f"{', '.join(map(str, FP8_HEAD_DIMS))}")
+            if device == "cuda" and torch.cuda.is_available():
+                reason = fp8_unsupported_reason(torch.device("cuda"))
+                if reason is not None:
+                    reasons.append(reason)
         if device == "cpu" and case.dtype == "bfloat16":
             reasons.append("bfloat16 under Triton's CPU interpreter gives wrong results (a Triton "
                            "interpreter limitation); bf16 is tested on the GPU")
         return reasons
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-                scale: float | None = None) -> torch.Tensor:
-        return flash_attention(q, k, v, causal=causal, scale=scale)
+                scale: float | None = None, q_descale: torch.Tensor | None = None,
+                k_descale: torch.Tensor | None = None, v_descale: torch.Tensor | None = None) -> torch.Tensor:
+        return flash_attention(q, k, v, causal=causal, scale=scale, q_descale=q_descale,
+                               k_descale=k_descale, v_descale=v_descale)

@@ -26,6 +26,15 @@ Decode (a few query rows per kv head against a long cache) takes ``attn_fwd_spli
 not the queries, are split across programs (Flash-Decoding), and ``attn_fwd_combine`` merges the
 slices by their log-sum-exps.
 
+FP8 (e4m3, forward only) takes ``attn_fwd_fp8``: the same online softmax with both products on
+FP8 tensor cores. The values stand for ``x.float() * descale`` with one descale per (batch, kv
+head), so ``q_descale * k_descale`` folds into the logits' scale and ``v_descale`` into the
+final normalization. P is rounded to e4m3 for the PV product after a shift of its exponent by
++8 (``p * 256``, exact, folded into the ``exp2``): the unshifted P in [0, 1] would leave every
+probability below 2**-6 in e4m3's subnormals and flush those below 2**-10 to zero; the shift
+cancels in ``acc / l``. V arrives with its keys on the contiguous axis (``launch`` transposes
+it): Hopper's FP8 wgmma reads both operands K-major, and for the PV product K runs over keys.
+
 The kernels are private to this package: ``launch.py`` chooses their tiles and grids.
 """
 
@@ -266,6 +275,148 @@ def attn_fwd_combine(O_PART, LSE_PART, O, LSE,
     tl.store(O + off_b * stride_ob + off_h * stride_oh + pos * stride_om + offs_d * stride_od,
              out.to(O.dtype.element_ty), mask=offs_d < HEAD_DIM)
     tl.store(LSE + row, tl.where(total > 0.0, m_safe + tl.log2(total), float("inf")))
+
+
+@_kernel
+def transpose_keys(V, VT, stride_vb, stride_vh, stride_vn, stride_vd,
+                    stride_tb, stride_th, stride_tn, stride_td,
+                    H_KV, N_K, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+    # VT[b, h, n, :] = V[b, h, n, :] for one block of keys, where VT is a [B, H, N, D] view whose
+    # key axis is the contiguous one (stride_tn == 1): loaded along D, stored along the keys.
+    start_n = tl.program_id(0) * BLOCK_N
+    off_bh = tl.program_id(1)
+    off_b = (off_bh // H_KV).to(tl.int64)
+    off_h = (off_bh % H_KV).to(tl.int64)
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    tile = tl.load(V + off_b * stride_vb + off_h * stride_vh
+                   + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                   mask=offs_n[:, None] < N_K, other=0.0)
+    tl.store(VT + off_b * stride_tb + off_h * stride_th
+             + offs_d[:, None] * stride_td + offs_n[None, :] * stride_tn,
+             tl.trans(tile), mask=offs_n[None, :] < N_K)
+
+
+@_kernel
+def _round_to_e4m3(x):
+    # x (float32, 0 <= x < 448) rounded to the nearest e4m3 value, nearest-even, kept in float32:
+    # only for Triton's CPU interpreter, whose float32 -> fp8 cast loses the carry when a mantissa
+    # rounds up (0.4975 becomes 0.25, not 0.5) and truncates subnormals. The cast of a value that
+    # is already exact is right there; the GPU's cvt.rn.satfinite needs none of this.
+    bits = x.to(tl.int32, bitcast=True)
+    bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000  # keep 3 mantissa bits, carry up
+    normal = bits.to(tl.float32, bitcast=True)
+    subnormal = (x + 16384.0) - 16384.0  # below 2**-6: multiples of 2**-9 (16384 = 2**-9 * 2**23)
+    return tl.where(x < 0.015625, subnormal, normal)
+
+
+@_kernel
+def _round_to_bf16(x):
+    # x (float32, finite) rounded to the nearest bfloat16, nearest-even, kept in float32: the
+    # interpreter's float32 -> bfloat16 cast truncates. Interpreter only, as _round_to_e4m3.
+    bits = x.to(tl.int32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -0x10000
+    return bits.to(tl.float32, bitcast=True)
+
+
+@_kernel
+def _attn_fwd_fp8_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                        offs_m, offs_d, lo, hi, N_K, diag, qk_scale,
+                        BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
+                        EXACT_CAST: tl.constexpr):
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
+        # V^T's tile [D, BLOCK_N], keys along the contiguous axis: tl.trans of it is the PV
+        # product's B operand [BLOCK_N, D] K-major, as Hopper's FP8 wgmma needs.
+        v_ptrs = v_base + offs_d[:, None] * stride_vd + offs_n[None, :] * stride_vn
+        if MASKED:
+            k = tl.load(k_ptrs, mask=offs_n[:, None] < N_K, other=0.0)
+            v_t = tl.load(v_ptrs, mask=offs_n[None, :] < N_K, other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+            v_t = tl.load(v_ptrs)
+        qk = tl.dot(q, tl.trans(k)) * qk_scale
+        if MASKED:
+            visible = offs_n[None, :] < N_K
+            if CAUSAL:
+                visible = visible & (offs_n[None, :] <= offs_m[:, None] + diag)
+            qk = tl.where(visible, qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # as in _attn_fwd_inner
+        else:
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            m_shift = m_new
+        alpha = tl.exp2(m_i - m_shift)
+        # p * 256 (<= 256 < 448): its small entries stay normal in e4m3; cancels in acc / l.
+        p = tl.exp2(qk - (m_shift - 8.0)[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if EXACT_CAST:
+            p = _round_to_e4m3(p)
+        acc = tl.dot(p.to(v_t.dtype), tl.trans(v_t), acc)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@_kernel
+def attn_fwd_fp8(Q, K, V, O, Q_DESCALE, K_DESCALE, V_DESCALE,
+                  stride_qb, stride_qh, stride_qm, stride_qd,
+                  stride_kb, stride_kh, stride_kn, stride_kd,
+                  stride_vb, stride_vh, stride_vn, stride_vd,
+                  stride_ob, stride_oh, stride_om, stride_od,
+                  H_Q, H_KV, N_Q, N_K, GROUP, qk_scale,
+                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  CAUSAL: tl.constexpr, EXACT_CAST: tl.constexpr):
+    # The forward on FP8 inputs (see the module docstring). The tile ranges are attn_fwd's; head
+    # dims are powers of two (no column masks), descales float32 [B, H_KV] contiguous, and the
+    # output bf16. No LSE: FP8 has no backward here.
+    start_m = tl.program_id(0) * BLOCK_M
+    off_bh = tl.program_id(1)
+    off_b = (off_bh // H_Q).to(tl.int64)
+    off_h = (off_bh % H_Q).to(tl.int64)
+    off_hkv = off_h // GROUP
+    descale = off_b * H_KV + off_hkv
+    # One scale for the logits: softmax scale * log2(e) * q's and k's descales.
+    qk_scale = qk_scale * tl.load(Q_DESCALE + descale) * tl.load(K_DESCALE + descale)
+    v_descale = tl.load(V_DESCALE + descale)
+    q_base = Q + off_b * stride_qb + off_h * stride_qh
+    k_base = K + off_b * stride_kb + off_hkv * stride_kh
+    v_base = V + off_b * stride_vb + off_hkv * stride_vh
+    o_base = O + off_b * stride_ob + off_h * stride_oh
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                mask=offs_m[:, None] < N_Q, other=0.0)
+
+    diag = N_K - N_Q
+    if CAUSAL:  # the key ranges of attn_fwd
+        hi = tl.minimum(tl.maximum(tl.minimum(start_m + BLOCK_M, N_Q) + diag, 0), N_K)
+        full = tl.minimum(tl.maximum(start_m + 1 + diag, 0), hi)
+    else:
+        hi = N_K
+        full = N_K
+    full = full // BLOCK_N * BLOCK_N
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    acc, l_i, m_i = _attn_fwd_fp8_inner(acc, l_i, m_i, q, k_base, v_base,
+                                        stride_kn, stride_kd, stride_vn, stride_vd,
+                                        offs_m, offs_d, 0, full, N_K, diag, qk_scale,
+                                        BLOCK_N, CAUSAL, False, EXACT_CAST)
+    acc, l_i, m_i = _attn_fwd_fp8_inner(acc, l_i, m_i, q, k_base, v_base,
+                                        stride_kn, stride_kd, stride_vn, stride_vd,
+                                        offs_m, offs_d, full, hi, N_K, diag, qk_scale,
+                                        BLOCK_N, CAUSAL, True, EXACT_CAST)
+    # A row that saw no key has l = 0 and acc = 0: it writes zeros.
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    out = acc * (v_descale / l_safe)[:, None]
+    if EXACT_CAST:
+        out = _round_to_bf16(out)
+    tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+             out.to(O.dtype.element_ty), mask=offs_m[:, None] < N_Q)
 
 
 @_kernel

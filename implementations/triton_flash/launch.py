@@ -1,9 +1,10 @@
 """Launch policy for the kernels in :mod:`.kernels`: input checks, tiles, the decode split and grids.
 
-``flash_fwd`` and ``flash_bwd`` are what :mod:`.autograd` calls. Tiles are fixed per kernel, head
-dim, dtype and causal flag (:func:`default_tiles`), so that every run of a suite times the same
-code. A tool that wants other tiles installs a chooser with :func:`set_tile_chooser` (the timing
-tuner in ``tools/flash_bench/tuner.py`` does); the shipped package never times anything itself.
+``flash_fwd``, ``flash_bwd`` and the FP8 forward ``flash_fwd_fp8`` are what :mod:`.autograd`
+calls. Tiles are fixed per kernel, head dim, dtype and causal flag (:func:`default_tiles`), so that
+every run of a suite times the same code. A tool that wants other tiles installs a chooser with
+:func:`set_tile_chooser` (the timing tuner in ``tools/flash_bench/tuner.py`` does); the shipped
+package never times anything itself.
 Versions, numbers and what limits them: ``NOTES.md`` beside this file.
 """
 
@@ -22,7 +23,9 @@ from .kernels import (
     attn_bwd_preprocess,
     attn_fwd,
     attn_fwd_combine,
+    attn_fwd_fp8,
     attn_fwd_split,
+    transpose_keys,
     triton,
 )
 
@@ -37,6 +40,12 @@ _DECODE_MAX_SEQLEN_Q = 16
 #: more host time than the split saves (NOTES.md). A short cache still takes the decode kernel when
 #: one slice per kv head already fills the GPU (one launch, no merge).
 _DECODE_SPLIT_MIN_KEYS = 8192
+#: FP8 inputs of the forward: e4m3, as FlashAttention-3's FP8 forward takes (e5m2 is not claimed).
+FP8_DTYPES = (torch.float8_e4m3fn,)
+#: FP8 head dims: tiled whole (no column masks), each a multiple of FP8 wgmma's K (32).
+FP8_HEAD_DIMS = (64, 128)
+#: FP8 tensor cores start with Ada (sm89); Hopper (sm90) has FP8 wgmma.
+FP8_MIN_CAPABILITY = (8, 9)
 
 
 def interpreting() -> bool:
@@ -67,8 +76,9 @@ class Tiles:
         return f"{self.block_m}x{self.block_n} w{self.num_warps} s{self.num_stages}"
 
 
-#: Kernels with tile choices: the forward, the decode forward and the two backward kernels.
-KERNELS = ("fwd", "decode", "dkdv", "dq")
+#: Kernels with tile choices: the forward, the decode forward, the two backward kernels and the
+#: FP8 forward.
+KERNELS = ("fwd", "decode", "dkdv", "dq", "fp8")
 
 
 @functools.lru_cache(maxsize=None)
@@ -101,6 +111,11 @@ def tile_candidates(kernel: str, block_d: int, dtype: torch.dtype) -> tuple[Tile
         "dq": ([Tiles(64, 64, 4, 3), Tiles(128, 64, 8, 3)] if small else
                [Tiles(128, 64, 8, 3), Tiles(128, 32, 4, 3), Tiles(64, 32, 4, 3)] if medium else
                [Tiles(32, 32, 4, 2), Tiles(64, 32, 4, 2), Tiles(32, 64, 4, 2)]),
+        # FP8 (head dims 64 and 128 only): not yet measured; the first entry is the Triton
+        # tutorial's Hopper shape (two warp groups of 64 rows, 128 keys a step), the others what
+        # a tuner should compare (NOTES.md). A tile is half a 16-bit one's bytes.
+        "fp8": ([Tiles(128, 128, 8, 3), Tiles(128, 64, 8, 3), Tiles(64, 64, 4, 3)] if small else
+                [Tiles(128, 128, 8, 3), Tiles(128, 64, 8, 3), Tiles(128, 128, 8, 4)]),
     }
     candidates = table[kernel]
     if dtype == torch.float32:
@@ -124,6 +139,7 @@ def default_tiles(kernel: str, block_d: int, dtype: torch.dtype, causal: bool, n
         "dkdv": (Tiles(32, 128, 4, 3) if causal else Tiles(32, 64, 4, 3)) if small else
                 (Tiles(32, 64, 4, 3) if causal else Tiles(64, 128, 8, 3)),
         "dq": (Tiles(64, 64, 4, 3) if causal else Tiles(128, 64, 8, 3)) if small else Tiles(128, 64, 8, 3),
+        "fp8": candidates[0],
     }
     return by_kernel[kernel]
 
@@ -212,7 +228,7 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         if t.dim() != 4:
             raise ValueError(f"{name} must be 4-d [batch, heads, seqlen, head_dim], got shape {tuple(t.shape)}")
     if q.dtype not in _DTYPES:
-        raise ValueError(f"dtype {q.dtype} is not supported (float16, bfloat16, float32)")
+        raise ValueError(f"dtype {q.dtype} is not supported (float16, bfloat16, float32; FP8: float8_e4m3fn)")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if k.device != q.device or v.device != q.device:
@@ -357,6 +373,148 @@ def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
         launch, tiles = plan
     launch(q, k, v, o, lse, causal, scale, tiles)
     return o, lse
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8 forward
+# ---------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+def fp8_unsupported_reason(device: torch.device) -> str | None:
+    """Why the FP8 forward cannot run on ``device``, or None. The CPU runs it in Triton's
+    interpreter (whose float32 -> fp8 cast the kernel works around, NOTES.md)."""
+    if device.type == "cuda":
+        capability = _capability(device)
+        if capability < FP8_MIN_CAPABILITY:
+            return (f"FP8 tensor cores need sm89+ (this GPU is sm{capability[0]}{capability[1]})")
+    return None
+
+
+def check_inputs_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     descales: tuple[torch.Tensor | None, ...]) -> None:
+    """Raise TypeError/ValueError for FP8 inputs the FP8 forward does not take."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-d [batch, heads, seqlen, head_dim], got shape {tuple(t.shape)}")
+    if q.dtype not in FP8_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"the FP8 forward takes q, k, v in float8_e4m3fn, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.device != q.device or v.device != q.device:
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if q.device.type == "cpu" and not interpreting():
+        raise ValueError("CPU tensors need Triton's interpreter: set TRITON_INTERPRET=1 before importing triton")
+    if q.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {q.device} is not supported (cuda, or cpu under the interpreter)")
+    reason = fp8_unsupported_reason(q.device)
+    if reason is not None:
+        raise ValueError(reason)
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have one shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    batch, heads_q, _, head_dim = q.shape
+    if k.shape[0] != batch or k.shape[3] != head_dim:
+        raise ValueError(f"k/v shape {tuple(k.shape)} does not match q's batch and head_dim {tuple(q.shape)}")
+    heads_kv = k.shape[1]
+    if heads_kv == 0 or heads_q % heads_kv:
+        raise ValueError(f"q heads ({heads_q}) must be a multiple of k/v heads ({heads_kv})")
+    if head_dim not in FP8_HEAD_DIMS:
+        raise ValueError(f"head_dim={head_dim}: the FP8 forward takes {', '.join(map(str, FP8_HEAD_DIMS))}")
+    for name, descale in zip(("q_descale", "k_descale", "v_descale"), descales):
+        if descale is None:
+            continue
+        if not isinstance(descale, torch.Tensor) or tuple(descale.shape) != (batch, heads_kv):
+            shape = tuple(descale.shape) if isinstance(descale, torch.Tensor) else type(descale).__name__
+            raise ValueError(f"{name} must be a tensor of shape [batch, heads_kv] = {(batch, heads_kv)}, got {shape}")
+        if descale.device != q.device:
+            raise ValueError(f"{name} is on {descale.device}, q on {q.device}")
+
+
+def _head_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    # Q and K feed the first product K-major: head dim on the contiguous axis (as given by
+    # [B, H, N, D] and [B, N, H, D] layouts alike; anything else is copied).
+    return t if t.stride(3) == 1 else t.contiguous()
+
+
+def keys_contiguous(v: torch.Tensor) -> torch.Tensor:
+    """``v`` [B, H, N, D] as a view of the same shape whose key axis is the contiguous one, the
+    layout the FP8 kernel's PV product reads (K-major for FP8 wgmma); ``v`` itself when it is
+    already so. The copy's rows are padded to 16 keys, so every row starts 16-byte aligned."""
+    batch, heads, n_k, head_dim = v.shape
+    if v.stride(2) == 1 and (n_k == 1 or v.stride(3) % 16 == 0):
+        return v
+    padded = triton.cdiv(n_k, 16) * 16
+    v_t = torch.empty((batch, heads, head_dim, padded), dtype=v.dtype, device=v.device)
+    v_t = v_t[..., :n_k].transpose(2, 3)
+    if v.numel():
+        block_n = 64
+        transpose_keys[(triton.cdiv(n_k, block_n), batch * heads)](
+            v, v_t, *v.stride(), *v_t.stride(), heads, n_k,
+            HEAD_DIM=head_dim, BLOCK_N=block_n, num_warps=4,
+        )
+    return v_t
+
+
+def _descales(descales: tuple[torch.Tensor | None, ...], batch: int, heads_kv: int,
+              device: torch.device) -> tuple[torch.Tensor, ...]:
+    # float32 [B, Hkv] contiguous, as the kernel indexes them; None stands for 1 (FA3's default).
+    ones = None
+    out = []
+    for descale in descales:
+        if descale is None:
+            if ones is None:
+                ones = torch.ones((batch, heads_kv), dtype=torch.float32, device=device)
+            out.append(ones)
+        else:
+            out.append(descale.to(torch.float32).contiguous())
+    return tuple(out)
+
+
+def _launch_fwd_fp8(q, k, v_t, o, descales, causal: bool, scale: float, t: Tiles) -> None:
+    batch, heads_q, n_q, head_dim = q.shape
+    heads_kv, n_k = k.shape[1], k.shape[2]
+    attn_fwd_fp8[(triton.cdiv(n_q, t.block_m), batch * heads_q)](
+        q, k, v_t, o, *descales,
+        *q.stride(), *k.stride(), *v_t.stride(), *o.stride(),
+        heads_q, heads_kv, n_q, n_k, heads_q // heads_kv, scale * _LOG2E,
+        HEAD_DIM=head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n, CAUSAL=causal,
+        EXACT_CAST=interpreting(), num_warps=t.num_warps, num_stages=t.num_stages,
+    )
+
+
+def flash_fwd_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  descales: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None],
+                  causal: bool, scale: float, tiles: Tiles | None = None) -> torch.Tensor:
+    """The bf16 output of attention over FP8 inputs checked by :func:`check_inputs_fp8`, whose
+    values are ``x.float() * descale`` (``descales`` = q's, k's, v's, each [B, Hkv] or None for
+    1). ``tiles`` forces a configuration (for benchmarks)."""
+    batch, heads_q, n_q, head_dim = q.shape
+    heads_kv, n_k = k.shape[1], k.shape[2]
+    o = torch.empty((batch, heads_q, n_q, head_dim), dtype=torch.bfloat16, device=q.device)
+    if o.numel() == 0:
+        return o
+    if n_k == 0:
+        return o.zero_()
+    q, k = _head_dim_contiguous(q), _head_dim_contiguous(k)
+    v_t = keys_contiguous(v)
+    descales = _descales(descales, batch, heads_kv, q.device)
+    if tiles is None:
+        plan_key = (q.shape, k.shape, q.dtype, causal, q.device)
+        plan = _PLANS.get(plan_key)
+        if plan is None:
+            key = (q.dtype, head_dim, causal, _size_class(n_q), _size_class(n_k), heads_q > heads_kv)
+            work = 4.0 * batch * heads_q * n_q * n_k * head_dim
+            chosen = _choose("fp8", key, head_dim, q.dtype, causal, n_k,
+                             lambda t: _launch_fwd_fp8(q, k, v_t, o, descales, causal, scale, t), work)
+            plan = (_launch_fwd_fp8, chosen)
+            _PLANS.put(plan_key, plan)
+        tiles = plan[1]
+    _launch_fwd_fp8(q, k, v_t, o, descales, causal, scale, tiles)
+    return o
 
 
 # ---------------------------------------------------------------------------------------------
