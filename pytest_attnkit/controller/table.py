@@ -344,7 +344,10 @@ def gate_lines(document: dict[str, Any]) -> list[str]:
 
 def _ab_verdict(entry: dict[str, Any]) -> str:
     verdict = entry["verdict"]
-    return verdict.upper() if verdict == "regression" else verdict
+    verdict = verdict.upper() if verdict == "regression" else verdict
+    if entry.get("host_bound"):
+        verdict += f" (host-bound: {100 * entry['threshold']:.0f}%)"
+    return verdict
 
 
 def ab_lines(document: dict[str, Any]) -> list[str]:

@@ -1,0 +1,58 @@
+"""The A/B gate's decision on paired blocks (pytest_attnkit/controller/paired.py), on synthetic samples."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from pytest_attnkit.controller.paired import (HOST_BOUND_THRESHOLD, MIN_PAIRS, decide_paired, host_bound,
+                                              wilcoxon_p)
+from pytest_attnkit.controller.table import ab_lines
+
+
+def _blocks(median_ms: float, pairs: int, noise: float, seed: int, samples: int = 4) -> list[list[float]]:
+    rng = random.Random(seed)
+    return [[median_ms * (1 + rng.gauss(0, noise)) for _ in range(samples)] for _ in range(pairs)]
+
+
+def test_wilcoxon_is_exact() -> None:
+    assert wilcoxon_p([0.1] * 8) == pytest.approx((1 / 256, 1.0))
+    assert wilcoxon_p([0.0] * 5) == (1.0, 1.0)
+    slower, faster = wilcoxon_p([0.1, -0.2, 0.3, -0.4, 0.5])
+    assert 0 < slower < 1 and 0 < faster < 1
+
+
+@pytest.mark.parametrize("slowdown", [0.03, 0.05])
+def test_a_small_slowdown_is_caught_and_the_same_code_is_not(slowdown: float) -> None:
+    # Noise of 0.5% a sample, as GPU-bound cases show on an H200; the A/B default threshold is 2%.
+    for seed in range(10):
+        old = _blocks(1.0, 20, 0.005, seed)
+        slower = decide_paired(_blocks(1.0 + slowdown, 20, 0.005, seed + 100), old, threshold=0.02)
+        same = decide_paired(_blocks(1.0, 20, 0.005, seed + 200), old, threshold=0.02)
+        assert slower.verdict == "regression", slower
+        assert same.verdict == "unchanged", same
+        assert slower.low <= slower.ratio <= slower.high
+
+
+def test_too_few_pairs_decide_nothing() -> None:
+    decision = decide_paired(_blocks(2.0, MIN_PAIRS - 1, 0.001, 0), _blocks(1.0, MIN_PAIRS - 1, 0.001, 1),
+                             threshold=0.02)
+    assert decision.verdict == "insufficient"
+    with pytest.raises(ValueError):
+        decide_paired(_blocks(1.0, 3, 0.0, 0), _blocks(1.0, 4, 0.0, 0), threshold=0.02)
+
+
+def test_host_bound_calls_are_recognized_from_their_launch_time() -> None:
+    assert host_bound([{"launch_ms": 2.9, "median_ms": 3.2}, {"launch_ms": 0.01, "median_ms": 3.2}])
+    assert not host_bound([{"launch_ms": 0.05, "median_ms": 1.0}, {"launch_ms": None, "median_ms": 1.0}])
+    assert not host_bound([{"median_ms": 1.0}])  # the CPU has no launch time
+
+
+def test_a_host_bound_case_says_its_threshold_in_the_table() -> None:
+    decision = decide_paired(_blocks(1.10, 20, 0.005, 0), _blocks(1.0, 20, 0.005, 1), threshold=HOST_BOUND_THRESHOLD)
+    assert decision.verdict == "unchanged"  # 10% is within a host-bound case's process noise
+    entry = {"impl": "k", "mode": "forward", "case": "c", "host_bound": True, "problem": None, **decision.to_dict()}
+    lines = ab_lines({"against": {"description": "abc"}, "ab": [entry]})
+    assert any("unchanged (host-bound: 15%)" in line for line in lines), lines
+    assert all(len(line) <= 100 for line in lines)
