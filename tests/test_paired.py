@@ -6,8 +6,7 @@ import random
 
 import pytest
 
-from pytest_attnkit.controller.paired import (HOST_BOUND_THRESHOLD, MIN_PAIRS, decide_paired, host_bound,
-                                              wilcoxon_p)
+from pytest_attnkit.controller.paired import MIN_PAIRS, decide_paired, wilcoxon_p
 from pytest_attnkit.controller.table import ab_lines
 
 
@@ -43,16 +42,13 @@ def test_too_few_pairs_decide_nothing() -> None:
         decide_paired(_blocks(1.0, 3, 0.0, 0), _blocks(1.0, 4, 0.0, 0), threshold=0.02)
 
 
-def test_host_bound_calls_are_recognized_from_their_launch_time() -> None:
-    assert host_bound([{"launch_ms": 2.9, "median_ms": 3.2}, {"launch_ms": 0.01, "median_ms": 3.2}])
-    assert not host_bound([{"launch_ms": 0.05, "median_ms": 1.0}, {"launch_ms": None, "median_ms": 1.0}])
-    assert not host_bound([{"median_ms": 1.0}])  # the CPU has no launch time
-
-
-def test_a_host_bound_case_says_its_threshold_in_the_table() -> None:
-    decision = decide_paired(_blocks(1.10, 20, 0.005, 0), _blocks(1.0, 20, 0.005, 1), threshold=HOST_BOUND_THRESHOLD)
-    assert decision.verdict == "unchanged"  # 10% is within a host-bound case's process noise
-    entry = {"impl": "k", "mode": "forward", "case": "c", "host_bound": True, "problem": None, **decision.to_dict()}
+def test_a_call_that_synchronizes_is_shown_and_not_gated() -> None:
+    decision = decide_paired(_blocks(1.10, 20, 0.005, 0), _blocks(1.0, 20, 0.005, 1), threshold=0.02)
+    assert decision.verdict == "regression"
+    entry = {"impl": "k", "mode": "forward", "case": "c", "problem": None,
+             "ungated": "k's call synchronizes with the device: called a synchronizing CUDA operation",
+             **decision.to_dict()}
     lines = ab_lines({"against": {"description": "abc"}, "ab": [entry]})
-    assert any("unchanged (host-bound: 15%)" in line for line in lines), lines
+    assert any("REGRESSION, not gated (syncs)" in line for line in lines), lines
+    assert any(line.startswith("not gated: k forward c: k's call synchronizes") for line in lines), lines
     assert all(len(line) <= 100 for line in lines)

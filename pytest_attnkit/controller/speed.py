@@ -33,7 +33,7 @@ from pytest_attnkit.contract import Case
 from pytest_attnkit.controller.baselines import BaselineStore
 from pytest_attnkit.controller.gate import Decision, decide, machine_factor, noise_threshold
 from pytest_attnkit.controller.outcome import Outcomes
-from pytest_attnkit.controller.paired import HOST_BOUND_THRESHOLD, MIN_PAIRS, PairedDecision, decide_paired, host_bound
+from pytest_attnkit.controller.paired import MIN_PAIRS, PairedDecision, decide_paired
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.records import EntryKey, Reply, SpeedMeasurement, Status, Timing
 from pytest_attnkit.controller.process import WorkerFailure
@@ -107,12 +107,14 @@ class ABResult:
     case: Case
     decision: PairedDecision | None
     problem: str | None = None  # why the case could not be compared (one side skipped or failed)
-    host_bound: bool = False  # gated at HOST_BOUND_THRESHOLD at least (controller/paired.py)
+    #: Why the paired verdict is shown and not gated: a side's call synchronizes with the device
+    #: inside itself (controller/paired.py), or None.
+    ungated: str | None = None
 
     def to_dict(self, revision: str) -> dict[str, Any]:
         return {"impl": self.impl, "against": self.twin, "revision": revision, "mode": self.mode,
                 "case": self.case.id, "shape": self.case.to_dict(), "problem": self.problem,
-                "host_bound": self.host_bound,
+                "ungated": self.ungated,
                 **(self.decision.to_dict() if self.decision else {"verdict": "not compared"})}
 
 
@@ -246,11 +248,10 @@ class SpeedCheck:
             self._measured[name_key] = SpeedMeasurement(name, mode, case, replace(first, samples_ms=samples),
                                                         last.get("input_sets", 1), last.get("gpu_state", {}))
         threshold = (self.ab_threshold or self.threshold)(key)
-        bound = problem is None and host_bound([probes[name].data["timing"] for name in names])
-        if bound:
-            threshold = max(threshold, HOST_BOUND_THRESHOLD)
+        ungated = next((f"{name}'s call synchronizes with the device: {probes[name].data['syncs']}"
+                        for name in names if problem is None and probes[name].data.get("syncs")), None)
         decision = None if problem is not None else decide_paired(blocks[impl], blocks[twin], threshold=threshold)
-        self.ab[key] = ABResult(impl, twin, mode, case, decision, problem, bound)
+        self.ab[key] = ABResult(impl, twin, mode, case, decision, problem, ungated)
 
     def _reference_median(self, mode: str, case: Case) -> float | None:
         """The reference's median on this case (timed now if its own test has not run), or None."""
@@ -290,7 +291,8 @@ class SpeedCheck:
         if decision is not None and decision.verdict == "regression":
             failures.append(f"{impl} regressed on {case.id} ({mode}): {format_decision(decision)}")
         paired = self.ab.get(measurement.key)
-        if paired is not None and paired.decision is not None and paired.decision.verdict == "regression":
+        if (paired is not None and paired.decision is not None and paired.decision.verdict == "regression"
+                and paired.ungated is None):
             failures.append(f"{impl} regressed against {paired.twin} on {case.id} ({mode}): "
                             f"{format_paired(paired.decision)}")
         if failures:

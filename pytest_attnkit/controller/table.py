@@ -345,8 +345,8 @@ def gate_lines(document: dict[str, Any]) -> list[str]:
 def _ab_verdict(entry: dict[str, Any]) -> str:
     verdict = entry["verdict"]
     verdict = verdict.upper() if verdict == "regression" else verdict
-    if entry.get("host_bound"):
-        verdict += f" (host-bound: {100 * entry['threshold']:.0f}%)"
+    if entry.get("ungated"):
+        verdict = f"{verdict}, not gated (syncs)"
     return verdict
 
 
@@ -377,6 +377,9 @@ def ab_lines(document: dict[str, Any]) -> list[str]:
     for e in entries:
         if e.get("problem"):
             lines += wrap(f"not compared: {e['impl']} {e['mode']} {e['case']}: {e['problem']}", "  ")
+        elif e.get("ungated"):
+            lines += wrap(f"not gated: {e['impl']} {e['mode']} {e['case']}: {e['ungated']} (its time follows its "
+                          "process's host speed, which pairing cannot cancel)", "  ")
     return lines
 
 

@@ -48,6 +48,7 @@ class Handler:
         self._warm_key: tuple[Any, ...] | None = None
         self._warm_call: Any = None
         self._warm_sets = 1
+        self._warm_syncs: str | None = None
 
     def handle(self, message: dict[str, Any]) -> Any:
         op = message["op"]
@@ -186,14 +187,14 @@ class Handler:
         key = (case.id, json.dumps(case.to_dict(), sort_keys=True), message["mode"], message["seed"])
         if self._warm_key != key:
             self._warm_call = None  # frees the previous case's inputs before making this one's
-            self._warm_call, self._warm_sets = warm_speed(impl, case, message["mode"], device=self.device,
-                                                          seed=message["seed"])
+            self._warm_call, self._warm_sets, self._warm_syncs = warm_speed(
+                impl, case, message["mode"], device=self.device, seed=message["seed"])
             self._warm_key = key
         warmed = self._warm_call
         planned = warmed.sample_count(message["budget_ms"])
         timing = warmed.timing(warmed.samples(int(message["samples"])))
         return {"timing": timing.to_dict(), "input_sets": self._warm_sets, "planned_samples": planned,
-                "long_call": warmed.long_call}
+                "long_call": warmed.long_call, "syncs": self._warm_syncs}
 
     def op_ceilings(self, message: dict[str, Any]) -> dict[str, Any]:
         from pytest_attnkit.worker.speed import gpu_state, measure_ceilings

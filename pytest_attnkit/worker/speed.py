@@ -53,13 +53,41 @@ def measure_speed(impl: AttentionImpl, case: Case, mode: str, *, device: str, se
 
 
 def warm_speed(impl: AttentionImpl, case: Case, mode: str, *, device: str, seed: int,
-               hold_stream: bool = True) -> tuple[Any, int]:
+               hold_stream: bool = True) -> tuple[Any, int, str | None]:
     """The case's call, warmed up and ready to be sampled in blocks (an A/B run), with the number
-    of input sets it rotates over: the same inputs, flush and hold as :func:`measure_speed`."""
+    of input sets it rotates over (the same inputs, flush and hold as :func:`measure_speed`), and
+    what :func:`synchronizes` found."""
     from pytest_attnkit.worker.timer import warm_up
 
     call, prepare, sets = _timed_call(impl, case, mode, device=device, seed=seed, input_sets=None)
-    return warm_up(call, device, hold_stream=hold_stream, prepare=prepare), sets
+    warmed = warm_up(call, device, hold_stream=hold_stream, prepare=prepare)
+    return warmed, sets, synchronizes(call, prepare, device)
+
+
+def synchronizes(call: Any, prepare: Any, device: str) -> str | None:
+    """torch's first warning that one call synchronized the host with the device (a ``.tolist()``,
+    an ``.item()``: torch's sync debug mode), or None. Such a call's time follows its process's
+    host speed, which an A/B run's pairing cannot cancel (pytest_attnkit/controller/paired.py)."""
+    if device != "cuda":
+        return None
+    import warnings
+
+    import torch
+
+    if prepare is not None:
+        prepare()
+        torch.cuda.synchronize()
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            call()
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    torch.cuda.synchronize()
+    found = [str(warning.message) for warning in caught if "synchroniz" in str(warning.message).lower()]
+    return found[0].splitlines()[0] if found else None
 
 
 def _timed_call(impl: AttentionImpl, case: Case, mode: str, *, device: str, seed: int,
