@@ -165,3 +165,20 @@ def test_an_implementation_inside_the_harness_package_is_taken_from_the_revision
         ''')
     output = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split()
     assert output == ["rev", "True", "False"]
+
+
+def test_the_revision_starts_from_a_copy_of_the_triton_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """REV's cache is its own folder, seeded with hard links: a shared kernel need not compile again."""
+    from pytest_attnkit.controller.against import _seed_triton_cache
+
+    current = tmp_path / "current"
+    (current / "abc123").mkdir(parents=True)
+    (current / "abc123" / "kernel.cubin").write_bytes(b"compiled")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(current))
+    _seed_triton_cache(tmp_path / "rev")
+    copied = tmp_path / "rev" / "abc123" / "kernel.cubin"
+    assert copied.read_bytes() == b"compiled"
+    assert copied.stat().st_ino == (current / "abc123" / "kernel.cubin").stat().st_ino
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "missing"))
+    _seed_triton_cache(tmp_path / "rev2")  # nothing to copy: no error, no folder
+    assert not (tmp_path / "rev2").exists()

@@ -12,7 +12,10 @@ distributions installed in the site (``importlib.metadata.distributions(path=[si
 third-party package's kernels are compared with their own previous version, whatever is
 installed now. Each is named ``<impl>@<label>`` (the revision as given; a short sha for a git
 revision given as one) and loaded in a worker of its own, with the site first on its sys.path
-(:mod:`pytest_attnkit.worker.revision`) and its own Triton and Inductor caches.
+(:mod:`pytest_attnkit.worker.revision`) and its own Triton and Inductor caches. REV's Triton cache
+starts as a copy (hard links) of the current one: Triton keys each compiled kernel by its source
+and options, so a kernel REV shares with the current version is found there, and one it changed
+compiles anew; without the copy every A/B run recompiled every kernel of REV (tens of seconds).
 
 Every way this can fail raises :class:`AgainstError` with the command and its output; the session
 turns it into a usage error (exit code 4): an A/B run that cannot build the other side gates
@@ -22,6 +25,7 @@ nothing, and must not look as if it passed.
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import re
 import shutil
 import subprocess
@@ -88,6 +92,7 @@ def materialise(given: str, repository: Path, invocation_dir: Path) -> Revision:
     try:
         revision = _materialise(given.strip(), repository, invocation_dir, root)
         revision.refs = _entry_points(revision)
+        _seed_triton_cache(root / "triton-cache")
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)
         raise
@@ -140,6 +145,34 @@ def _materialise(given: str, repository: Path, invocation_dir: Path, root: Path)
         revision.close()
         raise
     return revision
+
+
+def triton_cache_dir() -> Path:
+    """Where the current version's workers keep Triton's compiled kernels (Triton's own default)."""
+    configured = os.environ.get("TRITON_CACHE_DIR")
+    if configured:
+        return Path(configured)
+    return Path(os.environ.get("TRITON_HOME") or Path.home()) / ".triton" / "cache"
+
+
+def _seed_triton_cache(target: Path) -> None:
+    """Start REV's Triton cache as hard links to the current one's files (copies across file
+    systems). Triton writes a cache entry to a temporary file and renames it into place, so
+    neither side's writes reach the other's files. Nothing to copy is not an error."""
+    source = triton_cache_dir()
+    if not source.is_dir():
+        return
+
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    try:
+        shutil.copytree(source, target, copy_function=link, dirs_exist_ok=True)
+    except (OSError, shutil.Error):
+        pass  # a partial copy only costs compilations
 
 
 def _archive_label(path: Path) -> str:

@@ -307,12 +307,12 @@ class Proof:
     def ab_text(self, r: dict) -> str:
         ab = r["ab"]
         compared = [e for e in ab if e["verdict"] != "not compared"]
-        flagged = [e for e in compared if e["verdict"] == "regression"]
+        flagged = [e for e in compared if _gated_regression(e)]
         uncompared = len(ab) - len(compared)
         if r["kind"] == "slow":
             mine = [e for e in compared if e["impl"] == SLOWED_IMPL]
-            caught = [e for e in mine if e["verdict"] == "regression"]
-            ratios = ", ".join(f"{_short(e)} {e['ratio']:.3f}{'*' if e['verdict'] == 'regression' else ''}"
+            caught = [e for e in mine if _gated_regression(e)]
+            ratios = ", ".join(f"{_short(e)} {e['ratio']:.3f}{'*' if _gated_regression(e) else ''}"
                                for e in sorted(mine, key=lambda e: (e["mode"], e["case"])))
             others = [e for e in flagged if e["impl"] != SLOWED_IMPL]
             text = f"A/B {SLOWED_IMPL}: {len(caught)} of {len(mine)} flagged (new/old, * flagged: {ratios})"
@@ -322,6 +322,8 @@ class Proof:
             ratios = [e["ratio"] for e in compared]
             span = f"new/old {min(ratios):.3f}-{max(ratios):.3f}" if ratios else "nothing compared"
             text = f"A/B: {len(flagged)} of {len(compared)} flagged ({span})" + _names(flagged)
+        ungated = [e for e in compared if e.get("ungated")]
+        text += f"; {len(ungated)} shown, not gated (syncs)" if ungated else ""
         return text + (f"; {uncompared} not compared" if uncompared else "")
 
     # -- the whole proof --------------------------------------------------------------------
@@ -393,16 +395,16 @@ class Proof:
             if kind == "slow":
                 cases = [[e for e in r["ab"] if e["impl"] == SLOWED_IMPL and e["verdict"] != "not compared"]
                          for r in runs]
-                caught = [c for c in cases if any(e["verdict"] == "regression" for e in c)]
-                flagged = sum(len([e for e in c if e["verdict"] == "regression"]) for c in cases)
+                caught = [c for c in cases if any(_gated_regression(e) for e in c)]
+                flagged = sum(len([e for e in c if _gated_regression(e)]) for c in cases)
                 ratios = [e["ratio"] for c in cases for e in c]
                 line += (f" A/B caught the slowdown in {len(caught)} of {len(runs)} runs ({SLOWED_IMPL} cases flagged "
                          f"{flagged} of {sum(map(len, cases))}"
                          + (f", new/old {min(ratios):.3f}-{max(ratios):.3f}" if ratios else "") + ");")
             elif kind == "clean":
                 cases = [[e for e in r["ab"] if e["verdict"] != "not compared"] for r in runs]
-                flagged_runs = [c for c in cases if any(e["verdict"] == "regression" for e in c)]
-                flagged = sum(len([e for e in c if e["verdict"] == "regression"]) for c in cases)
+                flagged_runs = [c for c in cases if any(_gated_regression(e) for e in c)]
+                flagged = sum(len([e for e in c if _gated_regression(e)]) for c in cases)
                 ratios = [e["ratio"] for c in cases for e in c]
                 line += (f" A/B runs reporting a regression {len(flagged_runs)} of {len(runs)} (cases flagged "
                          f"{flagged} of {sum(map(len, cases))}"
@@ -480,6 +482,11 @@ def parse_group(group: str) -> tuple[str, float, int, float | None]:
     except ValueError:
         raise SystemExit(f"against-proof: bad group {group!r}: NAME:EXTRA:RUNS[:SECONDS], e.g. slower5:0.05:10 "
                          "or clean:0:2:180") from None
+
+
+def _gated_regression(entry: dict) -> bool:
+    """An A/B regression that the gate counts (a call that synchronizes inside is shown, not gated)."""
+    return entry["verdict"] == "regression" and not entry.get("ungated")
 
 
 def _regression(decision: dict, threshold: float) -> bool:
