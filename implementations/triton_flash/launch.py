@@ -220,23 +220,28 @@ def _size_class(n: int) -> int:
     return triton.next_power_of_2(max(n, 1))
 
 
-def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """Raise TypeError/ValueError for inputs the kernels do not take (see ``flash_attention``)."""
+def _check_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype_problem: Callable[[], str | None],
+                   device_problem: Callable[[], str | None] = lambda: None) -> tuple[int, int, int, int]:
+    """The checks both forwards share: 4-d tensors on one supported device with matching shapes;
+    ``dtype_problem`` and ``device_problem`` add each path's own. Returns (batch, heads_q,
+    heads_kv, head_dim)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 4:
             raise ValueError(f"{name} must be 4-d [batch, heads, seqlen, head_dim], got shape {tuple(t.shape)}")
-    if q.dtype not in _DTYPES:
-        raise ValueError(f"dtype {q.dtype} is not supported (float16, bfloat16, float32; FP8: float8_e4m3fn)")
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    problem = dtype_problem()
+    if problem is not None:
+        raise ValueError(problem)
     if k.device != q.device or v.device != q.device:
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     if q.device.type == "cpu" and not interpreting():
         raise ValueError("CPU tensors need Triton's interpreter: set TRITON_INTERPRET=1 before importing triton")
     if q.device.type not in ("cpu", "cuda"):
         raise ValueError(f"device {q.device} is not supported (cuda, or cpu under the interpreter)")
+    problem = device_problem()
+    if problem is not None:
+        raise ValueError(problem)
     if k.shape != v.shape:
         raise ValueError(f"k and v must have one shape, got {tuple(k.shape)} and {tuple(v.shape)}")
     batch, heads_q, _, head_dim = q.shape
@@ -245,6 +250,20 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     heads_kv = k.shape[1]
     if heads_kv == 0 or heads_q % heads_kv:
         raise ValueError(f"q heads ({heads_q}) must be a multiple of k/v heads ({heads_kv})")
+    return batch, heads_q, heads_kv, head_dim
+
+
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Raise TypeError/ValueError for inputs the kernels do not take (see ``flash_attention``)."""
+
+    def dtype_problem() -> str | None:
+        if q.dtype not in _DTYPES:
+            return f"dtype {q.dtype} is not supported (float16, bfloat16, float32; FP8: float8_e4m3fn)"
+        if k.dtype != q.dtype or v.dtype != q.dtype:
+            return f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+        return None
+
+    head_dim = _check_tensors(q, k, v, dtype_problem)[3]
     if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
         raise ValueError(f"head_dim={head_dim} is outside {MIN_HEAD_DIM}..{MAX_HEAD_DIM}")
 
@@ -398,30 +417,13 @@ def fp8_unsupported_reason(device: torch.device) -> str | None:
 def check_inputs_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      descales: tuple[torch.Tensor | None, ...]) -> None:
     """Raise TypeError/ValueError for FP8 inputs the FP8 forward does not take."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-d [batch, heads, seqlen, head_dim], got shape {tuple(t.shape)}")
-    if q.dtype not in FP8_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"the FP8 forward takes q, k, v in float8_e4m3fn, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if k.device != q.device or v.device != q.device:
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if q.device.type == "cpu" and not interpreting():
-        raise ValueError("CPU tensors need Triton's interpreter: set TRITON_INTERPRET=1 before importing triton")
-    if q.device.type not in ("cpu", "cuda"):
-        raise ValueError(f"device {q.device} is not supported (cuda, or cpu under the interpreter)")
-    reason = fp8_unsupported_reason(q.device)
-    if reason is not None:
-        raise ValueError(reason)
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have one shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-    batch, heads_q, _, head_dim = q.shape
-    if k.shape[0] != batch or k.shape[3] != head_dim:
-        raise ValueError(f"k/v shape {tuple(k.shape)} does not match q's batch and head_dim {tuple(q.shape)}")
-    heads_kv = k.shape[1]
-    if heads_kv == 0 or heads_q % heads_kv:
-        raise ValueError(f"q heads ({heads_q}) must be a multiple of k/v heads ({heads_kv})")
+
+    def dtype_problem() -> str | None:
+        if q.dtype not in FP8_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+            return f"the FP8 forward takes q, k, v in float8_e4m3fn, got {q.dtype}, {k.dtype}, {v.dtype}"
+        return None
+
+    batch, _, heads_kv, head_dim = _check_tensors(q, k, v, dtype_problem, lambda: fp8_unsupported_reason(q.device))
     if head_dim not in FP8_HEAD_DIMS:
         raise ValueError(f"head_dim={head_dim}: the FP8 forward takes {', '.join(map(str, FP8_HEAD_DIMS))}")
     for name, descale in zip(("q_descale", "k_descale", "v_descale"), descales):
