@@ -29,7 +29,8 @@ Packed sequences (varlen) and paged KV caches are a document mask over one long 
 query sees a key only in its own sequence, under the same causal and window conditions. A paged
 cache is read in place: the key rows are the cache's physical slots (``[pages * page_size]``),
 each page's owner and logical position taken from the block table, slots past a sequence's length
-and unused pages owned by no sequence. The block mask is built once per layout (the lengths and
+and unused pages owned by no sequence. A page has one owner: a cache whose sequences share pages
+(prefix caching) is beyond this mask, and the harness's paged cases never share one. The block mask is built once per layout (the lengths and
 the block table, by value) and cached, so key blocks that hold no visible pair are skipped.
 
 ``torch.compile(flex_attention, dynamic=False)`` is made once per process, so each new shape,
@@ -41,7 +42,7 @@ On CUDA its Triton kernels need head_dim >= 16; the CPU takes any head dim.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable
 
 from pytest_attnkit.contract import AttentionImpl, Case
@@ -276,31 +277,15 @@ def _packed_layout(q: "torch.Tensor", k: "torch.Tensor", layout: dict[str, Any])
 
 
 _layouts: "OrderedDict[tuple[Any, ...], tuple[_Layout, Any]]" = OrderedDict()
-#: The layout tensors last seen (weak references, their versions) and the key of their values.
-_by_identity: "deque[tuple[Any, ...]]" = deque(maxlen=BLOCK_MASK_CACHE_SIZE)
 
 
 def _layout_and_block_mask(q: "torch.Tensor", k: "torch.Tensor", layout: dict[str, Any], causal: bool,
                            window: tuple[int, int] | None, rows_q: int, rows_k: int) -> tuple[_Layout, Any]:
-    """The layout's metadata and block mask, cached by value (the lengths and the block table).
-
-    Reading the values back costs a device sync and, for a large block table, a millisecond of
-    host time on every call; the same tensor objects, unmodified since (their version counter),
-    are found without reading them."""
-    import weakref
-
-    tensors = tuple(value for _, value in sorted(layout.items()))
-    shapes = (q.shape, k.shape, str(q.device), causal, window)
-    for refs, versions, known_shapes, key in list(_by_identity):
-        if (known_shapes == shapes and all(ref() is tensor for ref, tensor in zip(refs, tensors))
-                and versions == tuple(tensor._version for tensor in tensors)):
-            with _lock:
-                if key in _layouts:
-                    _layouts.move_to_end(key)
-                    return _layouts[key]
-    key = (tuple((name, tuple(value.flatten().tolist())) for name, value in sorted(layout.items())), *shapes)
-    _by_identity.append((tuple(weakref.ref(tensor) for tensor in tensors),
-                         tuple(tensor._version for tensor in tensors), shapes, key))
+    """The layout's metadata and block mask, cached by value (the lengths and the block table, read
+    back on every call: a tensor written in place, as serving engines do to a block table, must
+    not find the mask of its old values)."""
+    key = (tuple((name, tuple(value.flatten().tolist())) for name, value in sorted(layout.items())),
+           q.shape, k.shape, str(q.device), causal, window)
     with _lock:
         if key in _layouts:
             _layouts.move_to_end(key)

@@ -51,6 +51,9 @@ def _smoke_layouts() -> list[Case]:
         Case.packed((0, 17, 113, 1, 40), (0, 17, 113, 1, 40), 4, 2, 64, "float16", causal=True, unused_tokens=5),
         # A long sequence beside short ones; Nq != Nk; a sequence with no keys, one with no queries.
         Case.packed((300, 7, 7, 7, 0, 50), (300, 30, 0, 7, 9, 64), 2, 2, 64, "float32"),
+        # Causal with more queries than keys in a sequence (rows that see no key), and the longest
+        # queries and the longest keys in different sequences (max_seqlen_q != max_seqlen_k).
+        Case.packed((513, 7, 40), (100, 1000, 20), 2, 2, 32, "float16", causal=True),
         Case.packed((64, 33, 100), (64, 33, 100), 4, 2, 64, "float16", causal=True, window=(16, 0), softcap=20.0,
                     alibi=True),
         Case.packed((64, 1, 100), (80, 1, 100), 4, 2, 64, "float16", causal=True, sinks=True, return_lse=True),
@@ -123,6 +126,7 @@ def _default_layouts() -> list[Case]:
                     "float16"),
         Case.packed((513, 1000, 17), (700, 1000, 300), 8, 2, 128, "bfloat16", causal=True),
         Case.packed((513, 1000, 17), (700, 1000, 300), 4, 4, 64, "float32", causal=True),
+        Case.packed((2000, 64, 300), (128, 3000, 100), 8, 2, 128, "bfloat16", causal=True),
         Case.packed(mixed, mixed, 8, 2, 128, "bfloat16", causal=True, window=(256, 0), unused_tokens=3),
         Case.packed((777, 64, 1), (777, 64, 1), 8, 8, 128, "float16", softcap=30.0, alibi=True),
         Case.packed((1024, 300, 5), (1024, 300, 5), 8, 2, 64, "bfloat16", causal=True, window=(128, 0), sinks=True,

@@ -53,7 +53,8 @@ an implementation that declares it (``supports_varlen``, ``supports_paged_kv``):
   at slot ``t % page_size``) and ``cache_seqlens`` (int32 ``[B]``). Causal aligns each sequence's
   queries to the end of its cache: query ``i`` sees key ``j`` when ``j <= i + cache_seqlens[b] - Nq``.
   The output is ``[B, Nq, Hq, Dv]``, the LSE ``[B, Hq, Nq]``. Pages come shuffled, some unused, and
-  slots past a sequence's length hold other values. Backward (gradients of q and both caches) is
+  slots past a sequence's length hold other values; the block table may be wider than the longest
+  sequence needs. No page is shared between sequences (prefix caching is not in these cases). Backward (gradients of q and both caches) is
   asked only of an implementation that declares ``supports_paged_kv_backward``.
 """
 
@@ -296,6 +297,9 @@ class Case:
             raise ValueError("varlen and paged cases have FlashAttention's layouts; Case.layout must stay 'bhsd'")
         if self.dtype in FP8_DTYPES:
             raise ValueError("varlen and paged cases do not take FP8 inputs (their descales are per dense batch)")
+        if not any(queries and keys for queries, keys in self.sequences):
+            raise ValueError("a varlen or paged case needs a sequence with both queries and keys: otherwise the "
+                             "output depends on no input")
 
     @property
     def kind(self) -> str:

@@ -147,30 +147,54 @@ class CausalFromCacheStart(Reference):
         return torch.stack(outs)
 
 
+class KeysBoundByMaxSeqlenQ(Reference):
+    """Sizes each sequence's key loop from max_seqlen_q (max_seqlen_q and max_seqlen_k swapped)."""
+    def forward(self, q, k, v, *, max_seqlen_q=None, **variants):
+        self.bound = max_seqlen_q
+        return super().forward(q, k, v, max_seqlen_q=max_seqlen_q, **variants)
+
+    def sequences(self, cu_q, cu_k, rows_k):
+        return [((q0, q1), (k0, min(k1, k0 + self.bound))) for (q0, q1), (k0, k1)
+                in super().sequences(cu_q, cu_k, rows_k)]
+
+
+class TableWidthAssumed(Reference):
+    """Takes the block table's row length to be the pages the longest sequence needs."""
+    def forward(self, q, k, v, *, block_table=None, cache_seqlens=None, **variants):
+        if block_table is not None:
+            width = -(-max(cache_seqlens.tolist()) // k.shape[1])
+            flat = block_table.flatten()
+            block_table = torch.stack([flat[b * width:(b + 1) * width] for b in range(block_table.shape[0])])
+        return super().forward(q, k, v, block_table=block_table, cache_seqlens=cache_seqlens, **variants)
+
+
 class ForwardOnlyPaged(Reference):
     supports_paged_kv_backward = False
 '''
 
 V_ZERO = "b5-h4:2-q113-k113-d64-fp16-causal-varlen-t171:171-u5-9ff7"
 V_LONG = "b6-h2-q300-k300-d64-fp32-varlen-t371:410-f3e9"
+V_UNEVEN = "b3-h2-q513-k1000-d32-fp16-causal-varlen-t560:1120-737e"
 V_VARIANTS = "b3-h4:2-q100-k100-d64-fp16-causal-w16:0-cap20-alibi-varlen-t197:197-cc6d"
 V_SINKS = "b3-h4:2-q100-k100-d64-fp16-causal-sinks-lse-varlen-t165:181-5939"
 P_DECODE = "b4-h4:1-q1-k300-d64-fp16-paged16-t382-e497"
 P_PREFILL = "b3-h4:2-q33-k300-d64-fp32-causal-paged1-t433-e3df"
 P_CAP = "b3-h4-q1-k700-d128-fp16-cap30-paged256-t961-1f28"
 P_WINDOW = "b4-h4:2-q20-k200-d64-fp16-causal-w32:0-paged64-t400-a572"
-VARLEN = (V_ZERO, V_LONG, V_VARIANTS, V_SINKS)
+VARLEN = (V_ZERO, V_LONG, V_UNEVEN, V_VARIANTS, V_SINKS)
 PAGED = (P_DECODE, P_PREFILL, P_CAP, P_WINDOW)
 
 FAULTS = {
     # implementation: the cases it must fail on (forward)
-    "SeesOtherSequences": (V_ZERO, V_LONG, V_VARIANTS, V_SINKS),
+    "SeesOtherSequences": (V_ZERO, V_LONG, V_UNEVEN, V_VARIANTS, V_SINKS),
     "CuSeqlensOffByOne": (V_ZERO, V_LONG, V_VARIANTS, V_SINKS),
     "ZeroLengthReadsOne": (V_LONG,),
     "ReadsUnusedTokens": (V_ZERO,),
     "PagesInOrder": PAGED,
     "IgnoresCacheLength": PAGED,
     "CausalFromCacheStart": (P_PREFILL, P_WINDOW),
+    "KeysBoundByMaxSeqlenQ": (V_UNEVEN,),
+    "TableWidthAssumed": PAGED,
 }
 
 
@@ -239,6 +263,10 @@ def test_case_ids_round_trip_and_validation() -> None:
             Case(1, 1, 1, 3, 3, 64, **bad)
     with pytest.raises(ValueError, match="longest"):
         Case(2, 1, 1, 5, 3, 64, seqlens_q=(3, 1), seqlens_k=(3, 2))
+    # No sequence with both queries and keys: the output would depend on no input.
+    for degenerate in (lambda: Case.packed((0, 3), (5, 0), 2, 2, 8), lambda: Case.paged(2, (0, 0), 4, 2, 2, 8)):
+        with pytest.raises(ValueError, match="both queries and keys"):
+            degenerate()
 
 
 def test_declarations_refuse_in_words() -> None:
@@ -263,6 +291,7 @@ def test_paged_inputs_shuffle_pages_and_keep_spares() -> None:
     used = [table[b, : -(-n // 8)].tolist() for b, n in enumerate((40, 17, 1))]
     flat = [page for row in used for page in row]
     assert len(set(flat)) == len(flat) == 5 + 3 + 1 and pages > len(flat)  # distinct pages, and spares
+    assert table.shape == (3, 5 + 2)  # wider than the longest sequence needs
     assert flat != sorted(flat)  # not in order
     assert inputs.q.shape == (3, 3, 2, 16) and inputs.k.shape == (pages, 8, 2, 16)
     assert make_inputs(case, "cpu", 7).layout_keywords["block_table"].tolist() == table.tolist()  # seeded

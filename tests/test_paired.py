@@ -42,13 +42,17 @@ def test_too_few_pairs_decide_nothing() -> None:
         decide_paired(_blocks(1.0, 3, 0.0, 0), _blocks(1.0, 4, 0.0, 0), threshold=0.02)
 
 
-def test_a_call_that_synchronizes_is_shown_and_not_gated() -> None:
-    decision = decide_paired(_blocks(1.10, 20, 0.005, 0), _blocks(1.0, 20, 0.005, 1), threshold=0.02)
-    assert decision.verdict == "regression"
-    entry = {"impl": "k", "mode": "forward", "case": "c", "problem": None,
-             "ungated": "k's call synchronizes with the device: called a synchronizing CUDA operation",
-             **decision.to_dict()}
-    lines = ab_lines({"against": {"description": "abc"}, "ab": [entry]})
-    assert any("REGRESSION, not gated (syncs)" in line for line in lines), lines
-    assert any(line.startswith("not gated: k forward c: k's call synchronizes") for line in lines), lines
+def test_calls_that_synchronize_say_so_in_the_table() -> None:
+    decision = decide_paired(_blocks(1.10, 20, 0.005, 0), _blocks(1.0, 20, 0.005, 1), threshold=1.0)
+    assert decision.verdict == "unchanged"  # both sync: gated at a doubling
+    both = {"impl": "k", "mode": "forward", "case": "c", "problem": None,
+            "syncs": "both versions' calls synchronize with the device (called a synchronizing op)",
+            **decision.to_dict()}
+    new_only = {**both, "case": "d", "syncs": "the new version's call synchronizes with the device and the old "
+                "one's does not (called a synchronizing op)",
+                **decide_paired(_blocks(1.10, 20, 0.005, 0), _blocks(1.0, 20, 0.005, 1), threshold=0.02).to_dict()}
+    lines = ab_lines({"against": {"description": "abc"}, "ab": [both, new_only]})
+    assert any("unchanged (syncs: 100%)" in line for line in lines), lines
+    assert any("REGRESSION (new sync)" in line for line in lines), lines
+    assert any(line.startswith("syncs: k forward d: the new version's call") for line in lines), lines
     assert all(len(line) <= 100 for line in lines)

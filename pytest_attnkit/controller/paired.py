@@ -24,8 +24,10 @@ its process's host speed and against the timer's stream hold, which each worker 
 On an H200, torch_sdpa's per-sequence loops over varlen and paged cases read new/old from 0.58 to
 1.26 in HEAD-against-HEAD runs, while every other case stayed within 0.99-1.03
 (results/2026-11-23-h200-against-proof). The worker reports such a call (torch's sync debug
-mode), and the A/B gate shows its ratio without gating it: no threshold separates a change from
-that noise.
+mode). Where both versions' calls sync, the case is gated at a doubling
+(``speed.SYNC_THRESHOLD``): no smaller threshold separates a change from that noise. Where only
+the new version's call syncs, the change added the sync: the case is gated as any other, and
+its verdict says so.
 """
 
 from __future__ import annotations

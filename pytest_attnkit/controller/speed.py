@@ -57,6 +57,8 @@ BLOCK_SAMPLES = 4
 MAX_PAIRS = 20
 #: The gate's threshold on the CPU unless one is set: only a doubling is a regression there.
 CPU_THRESHOLD = 1.0
+#: The A/B gate's least threshold where both versions' calls synchronize inside (paired.py).
+SYNC_THRESHOLD = 1.0
 
 Properties = list[tuple[str, object]]
 
@@ -107,14 +109,14 @@ class ABResult:
     case: Case
     decision: PairedDecision | None
     problem: str | None = None  # why the case could not be compared (one side skipped or failed)
-    #: Why the paired verdict is shown and not gated: a side's call synchronizes with the device
-    #: inside itself (controller/paired.py), or None.
-    ungated: str | None = None
+    #: What the worker found of host syncs inside the calls (controller/paired.py), or None: both
+    #: versions sync (the case is gated at SYNC_THRESHOLD), or only the new one does.
+    syncs: str | None = None
 
     def to_dict(self, revision: str) -> dict[str, Any]:
         return {"impl": self.impl, "against": self.twin, "revision": revision, "mode": self.mode,
                 "case": self.case.id, "shape": self.case.to_dict(), "problem": self.problem,
-                "ungated": self.ungated,
+                "syncs": self.syncs,
                 **(self.decision.to_dict() if self.decision else {"verdict": "not compared"})}
 
 
@@ -248,10 +250,17 @@ class SpeedCheck:
             self._measured[name_key] = SpeedMeasurement(name, mode, case, replace(first, samples_ms=samples),
                                                         last.get("input_sets", 1), last.get("gpu_state", {}))
         threshold = (self.ab_threshold or self.threshold)(key)
-        ungated = next((f"{name}'s call synchronizes with the device: {probes[name].data['syncs']}"
-                        for name in names if problem is None and probes[name].data.get("syncs")), None)
+        syncs = {name: probes[name].data.get("syncs") for name in names} if problem is None else {}
+        note = None
+        if syncs.get(impl) and syncs.get(twin):
+            # Both versions' times follow their processes' host speed (controller/paired.py):
+            # only a doubling stands out of that noise.
+            threshold = max(threshold, SYNC_THRESHOLD)
+            note = f"both versions' calls synchronize with the device ({syncs[impl]})"
+        elif syncs.get(impl):
+            note = f"the new version's call synchronizes with the device and the old one's does not ({syncs[impl]})"
         decision = None if problem is not None else decide_paired(blocks[impl], blocks[twin], threshold=threshold)
-        self.ab[key] = ABResult(impl, twin, mode, case, decision, problem, ungated)
+        self.ab[key] = ABResult(impl, twin, mode, case, decision, problem, note)
 
     def _reference_median(self, mode: str, case: Case) -> float | None:
         """The reference's median on this case (timed now if its own test has not run), or None."""
@@ -291,8 +300,7 @@ class SpeedCheck:
         if decision is not None and decision.verdict == "regression":
             failures.append(f"{impl} regressed on {case.id} ({mode}): {format_decision(decision)}")
         paired = self.ab.get(measurement.key)
-        if (paired is not None and paired.decision is not None and paired.decision.verdict == "regression"
-                and paired.ungated is None):
+        if paired is not None and paired.decision is not None and paired.decision.verdict == "regression":
             failures.append(f"{impl} regressed against {paired.twin} on {case.id} ({mode}): "
                             f"{format_paired(paired.decision)}")
         if failures:

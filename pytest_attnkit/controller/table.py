@@ -251,7 +251,7 @@ def _columns(rows: list[list[str]], right: set[int], key: int = 3) -> list[str]:
     header, body = rows[0], rows[1:]
     lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(header[:key])).rstrip()]
     for row in body:
-        lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:key])).rstrip())
+        lines += wrap("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:key])).rstrip(), "    ")
         lines += wrap("    " + "  ".join(f"{name} {cell}" for name, cell in zip(header[key:], row[key:])), "    ")
     return lines
 
@@ -345,8 +345,9 @@ def gate_lines(document: dict[str, Any]) -> list[str]:
 def _ab_verdict(entry: dict[str, Any]) -> str:
     verdict = entry["verdict"]
     verdict = verdict.upper() if verdict == "regression" else verdict
-    if entry.get("ungated"):
-        verdict = f"{verdict}, not gated (syncs)"
+    if entry.get("syncs"):
+        both = entry["syncs"].startswith("both")
+        verdict = f"{verdict} (syncs: {100 * entry['threshold']:.0f}%)" if both else f"{verdict} (new sync)"
     return verdict
 
 
@@ -377,9 +378,9 @@ def ab_lines(document: dict[str, Any]) -> list[str]:
     for e in entries:
         if e.get("problem"):
             lines += wrap(f"not compared: {e['impl']} {e['mode']} {e['case']}: {e['problem']}", "  ")
-        elif e.get("ungated"):
-            lines += wrap(f"not gated: {e['impl']} {e['mode']} {e['case']}: {e['ungated']} (its time follows its "
-                          "process's host speed, which pairing cannot cancel)", "  ")
+        elif e.get("syncs"):
+            lines += wrap(f"syncs: {e['impl']} {e['mode']} {e['case']}: {e['syncs']} (a syncing call's time "
+                          "follows its process's host speed, which pairing cannot cancel)", "  ")
     return lines
 
 

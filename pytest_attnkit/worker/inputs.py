@@ -14,8 +14,9 @@ A varlen case draws its packed q, k and v (``[rows, H, D]``, unused rows after t
 holding values of their own, never zeros, so reading them shows) and its cumulative lengths; a
 paged case draws its caches with pages in a shuffled order, a quarter more pages than the
 sequences use, block-table entries past a sequence's last page pointing at unused pages, and slots
-past a sequence's length holding values: a kernel that reads pages in order, past the block table
-or past the cache length reads numbers that change its result. The upstream gradient is zero on
+past a sequence's length holding values, and the table two entries wider than the longest sequence
+needs: a kernel that reads pages in order, past the block table or past the cache length, or that
+assumes the table's width, reads numbers that change its result. The upstream gradient is zero on
 unused rows.
 
 An FP8 case draws the same float32 values and quantizes them as FA3's users do: a descale per
@@ -139,7 +140,7 @@ def _packed_inputs(case: Case, device: str, seed: int) -> Inputs:
         used = sum(counts)
         spare = max(2, used // 4)
         order = torch.randperm(used + spare, generator=torch.Generator().manual_seed(seed)).tolist()
-        width = max(max(counts), 1)
+        width = max(counts) + 2  # wider than needed: a kernel must take the table's stride as given
         table, start = [], 0
         for count in counts:
             own = order[start:start + count]

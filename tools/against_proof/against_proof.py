@@ -324,6 +324,8 @@ class Proof:
             text = f"A/B: {len(flagged)} of {len(compared)} flagged ({span})" + _names(flagged)
         ungated = [e for e in compared if e.get("ungated")]
         text += f"; {len(ungated)} shown, not gated (syncs)" if ungated else ""
+        loosened = [e for e in compared if e.get("syncs")]
+        text += f"; {len(loosened)} syncing (gated at a doubling where both sides sync)" if loosened else ""
         return text + (f"; {uncompared} not compared" if uncompared else "")
 
     # -- the whole proof --------------------------------------------------------------------
@@ -485,7 +487,9 @@ def parse_group(group: str) -> tuple[str, float, int, float | None]:
 
 
 def _gated_regression(entry: dict) -> bool:
-    """An A/B regression that the gate counts (a call that synchronizes inside is shown, not gated)."""
+    """An A/B regression that failed the run. In the runs of results/2026-11-23-h200-against-proof
+    a case where either side synced was shown and not gated (its entry's "ungated"); the gate now
+    gates such a case (at a doubling where both sides sync), and every regression it reports counts."""
     return entry["verdict"] == "regression" and not entry.get("ungated")
 
 
