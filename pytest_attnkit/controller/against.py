@@ -147,6 +147,10 @@ def _materialise(given: str, repository: Path, invocation_dir: Path, root: Path)
     return revision
 
 
+#: Across file systems (no hard links) REV's Triton cache is seeded only from a cache this small.
+SEED_COPY_LIMIT = 512 * 2**20
+
+
 def triton_cache_dir() -> Path:
     """Where the current version's workers keep Triton's compiled kernels (Triton's own default)."""
     configured = os.environ.get("TRITON_CACHE_DIR")
@@ -157,10 +161,17 @@ def triton_cache_dir() -> Path:
 
 def _seed_triton_cache(target: Path) -> None:
     """Start REV's Triton cache as hard links to the current one's files (copies across file
-    systems). Triton writes a cache entry to a temporary file and renames it into place, so
+    systems, up to ``SEED_COPY_LIMIT``). Triton writes a cache entry to a temporary file and renames it into place, so
     neither side's writes reach the other's files. Nothing to copy is not an error."""
     source = triton_cache_dir()
     if not source.is_dir():
+        return
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        same_device = source.stat().st_dev == target.parent.stat().st_dev
+        if not same_device and sum(f.stat().st_size for f in source.rglob("*") if f.is_file()) > SEED_COPY_LIMIT:
+            return  # a copy across file systems would cost more than the compilations it saves
+    except OSError:
         return
 
     def link(src: str, dst: str) -> None:
