@@ -94,50 +94,61 @@ def compiled_flex_attention() -> Callable[..., Any]:
         return _compiled_flex
 
 
-def _visibility_mask_mod(offset: int, causal: bool, window: tuple[int, int] | None) -> Callable[..., Any]:
-    """``mask_mod`` for bottom-right causal and a window: with ``d = q_idx + offset - kv_idx``,
-    causal needs ``d >= 0``, a window ``-right <= d <= left`` (a side of -1 unbounded)."""
+def _within_band(distance: Any, causal: bool, window: tuple[int, int] | None, visible: Any = None) -> Any:
+    """``visible`` (if given) and the contract's conditions on ``d = i + Nk - Nq - j``: causal needs
+    ``d >= 0``, a window ``-right <= d <= left`` (a side of -1 unbounded). At least one must apply."""
     left, right = window if window is not None else (-1, -1)
+    conditions = [] if visible is None else [visible]
+    if causal:
+        conditions.append(distance >= 0)
+    if left >= 0:
+        conditions.append(distance <= left)
+    if right >= 0:
+        conditions.append(distance >= -right)
+    result = conditions[0]
+    for condition in conditions[1:]:
+        result = result & condition
+    return result
+
+
+def _visibility_mask_mod(offset: int, causal: bool, window: tuple[int, int] | None) -> Callable[..., Any]:
+    """``mask_mod`` for bottom-right causal and a window, with ``d = q_idx + offset - kv_idx``."""
 
     def mask_mod(batch: Any, head: Any, q_idx: Any, kv_idx: Any) -> Any:
-        distance = q_idx + offset - kv_idx
-        conditions = []
-        if causal:
-            conditions.append(distance >= 0)
-        if left >= 0:
-            conditions.append(distance <= left)
-        if right >= 0:
-            conditions.append(distance >= -right)
-        visible = conditions[0]
-        for condition in conditions[1:]:
-            visible = visible & condition
-        return visible
+        return _within_band(q_idx + offset - kv_idx, causal, window)
 
     return mask_mod
+
+
+def _cached(cache: "OrderedDict[Any, Any]", key: Any, build: Callable[[], Any]) -> Any:
+    """``cache[key]``, built on a miss; the least recently used entry goes past BLOCK_MASK_CACHE_SIZE."""
+    with _lock:
+        if key in cache:
+            cache.move_to_end(key)
+            return cache[key]
+    value = build()
+    with _lock:
+        cache[key] = value
+        cache.move_to_end(key)
+        while len(cache) > BLOCK_MASK_CACHE_SIZE:
+            cache.popitem(last=False)
+    return value
 
 
 def visibility_block_mask(seqlen_q: int, seqlen_k: int, device: "torch.device", *, causal: bool = True,
                           window: tuple[int, int] | None = None) -> Any:
     """The ``BlockMask`` of bottom-right causal masking and a window on ``device``, cached (LRU)."""
-    key = (seqlen_q, seqlen_k, str(device), causal, window)
-    with _lock:
-        if key in _block_masks:
-            _block_masks.move_to_end(key)
-            return _block_masks[key]
     from torch.nn.attention.flex_attention import create_block_mask
 
-    block_mask = create_block_mask(_visibility_mask_mod(seqlen_k - seqlen_q, causal, window), None, None,
-                                   seqlen_q, seqlen_k, device=device)
-    with _lock:
-        _block_masks[key] = block_mask
-        _block_masks.move_to_end(key)
-        while len(_block_masks) > BLOCK_MASK_CACHE_SIZE:
-            _block_masks.popitem(last=False)
-    return block_mask
+    return _cached(_block_masks, (seqlen_q, seqlen_k, str(device), causal, window),
+                   lambda: create_block_mask(_visibility_mask_mod(seqlen_k - seqlen_q, causal, window), None, None,
+                                             seqlen_q, seqlen_k, device=device))
 
 
-def _score_mod(offset: int, softcap: float, alibi_slopes: "torch.Tensor | None") -> Callable[..., Any] | None:
-    """``score_mod`` for softcap (on the scaled score) and then the ALiBi bias, as the contract orders them."""
+def _score_mod(distance_of: Callable[[Any, Any], Any], softcap: float,
+               alibi_slopes: "torch.Tensor | None") -> Callable[..., Any] | None:
+    """``score_mod`` for softcap (on the scaled score) and then the ALiBi bias, as the contract orders
+    them; ``distance_of(q_idx, kv_idx)`` is the contract's ``i + Nk - Nq - j`` in the call's rows."""
     if not softcap and alibi_slopes is None:
         return None
     import torch
@@ -146,10 +157,21 @@ def _score_mod(offset: int, softcap: float, alibi_slopes: "torch.Tensor | None")
         if softcap:
             score = softcap * torch.tanh(score / softcap)
         if alibi_slopes is not None:
-            score = score - alibi_slopes[head] * (q_idx + offset - kv_idx).abs()
+            score = score - alibi_slopes[head] * distance_of(q_idx, kv_idx).abs()
         return score
 
     return score_mod
+
+
+def _join_sinks(out: "torch.Tensor", lse: "torch.Tensor", sinks: "torch.Tensor",
+                dtype: "torch.dtype") -> tuple["torch.Tensor", "torch.Tensor"]:
+    """The sink-free ``out`` [B, H, N, Dv] and ``lse`` [B, H, N] with each head's sink logit joined to
+    the denominator: ``out * sigmoid(lse - s)`` (the keys' share) and ``logaddexp(lse, s)``."""
+    import torch
+
+    sink = sinks.to(lse.dtype)[None, :, None]
+    keep = torch.sigmoid(lse - sink)
+    return (out.to(keep.dtype) * keep[..., None]).to(dtype), torch.logaddexp(lse, sink)
 
 
 def _lse_request() -> dict[str, Any]:
@@ -174,7 +196,8 @@ def flex_attention_contract(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tens
     block_mask = None
     if causal or window is not None:
         block_mask = visibility_block_mask(seqlen_q, seqlen_k, q.device, causal=causal, window=window)
-    score_mod = _score_mod(seqlen_k - seqlen_q, softcap, alibi_slopes)
+    offset = seqlen_k - seqlen_q
+    score_mod = _score_mod(lambda q_idx, kv_idx: q_idx + offset - kv_idx, softcap, alibi_slopes)
     need_lse = return_lse or sinks is not None
     result = compiled_flex_attention()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
                                        enable_gqa=q.shape[1] != k.shape[1], **(_lse_request() if need_lse else {}))
@@ -187,10 +210,7 @@ def flex_attention_contract(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tens
             # A row that sees no key has an empty sum: its LSE is -inf, whatever the kernel wrote.
             sees_a_key = rows_with_a_key(seqlen_q, seqlen_k, causal=causal, window=window, device=q.device)
             lse = torch.where(sees_a_key, lse, torch.full((), float("-inf"), device=lse.device, dtype=lse.dtype))
-        sink = sinks.to(lse.dtype)[None, :, None]
-        keep = torch.sigmoid(lse - sink)  # the keys' share of each row's softmax denominator
-        out = (out.to(keep.dtype) * keep[..., None]).to(q.dtype)
-        lse = torch.logaddexp(lse, sink)
+        out, lse = _join_sinks(out, lse, sinks, q.dtype)
     return (out, lse.float()) if return_lse else out
 
 
@@ -203,21 +223,17 @@ class _Layout:
         self.keys_of_row = keys_of_row  # how many keys the row's sequence has (0 for unused rows)
 
     def mask_mod(self, causal: bool, window: tuple[int, int] | None) -> Callable[..., Any]:
-        left, right = window if window is not None else (-1, -1)
         doc_q, base_q, doc_k, pos_k = self.doc_q, self.base_q, self.doc_k, self.pos_k
 
         def mask_mod(batch: Any, head: Any, q_idx: Any, kv_idx: Any) -> Any:
-            distance = base_q[q_idx] - pos_k[kv_idx]
-            visible = doc_q[q_idx] == doc_k[kv_idx]
-            if causal:
-                visible = visible & (distance >= 0)
-            if left >= 0:
-                visible = visible & (distance <= left)
-            if right >= 0:
-                visible = visible & (distance >= -right)
-            return visible
+            return _within_band(base_q[q_idx] - pos_k[kv_idx], causal, window,
+                                visible=doc_q[q_idx] == doc_k[kv_idx])
 
         return mask_mod
+
+    def distance(self, q_idx: Any, kv_idx: Any) -> Any:
+        """The contract's ``i + Nk - Nq - j`` of a query row and a key row, within their sequence."""
+        return self.base_q[q_idx] - self.pos_k[kv_idx]
 
     def sees_a_key(self, causal: bool, window: tuple[int, int] | None) -> "torch.Tensor":
         """Boolean per query row: whether any key of its sequence is visible to it."""
@@ -286,19 +302,14 @@ def _layout_and_block_mask(q: "torch.Tensor", k: "torch.Tensor", layout: dict[st
     not find the mask of its old values)."""
     key = (tuple((name, tuple(value.flatten().tolist())) for name, value in sorted(layout.items())),
            q.shape, k.shape, str(q.device), causal, window)
-    with _lock:
-        if key in _layouts:
-            _layouts.move_to_end(key)
-            return _layouts[key]
-    from torch.nn.attention.flex_attention import create_block_mask
 
-    packed = _packed_layout(q, k, layout)
-    block_mask = create_block_mask(packed.mask_mod(causal, window), None, None, rows_q, rows_k, device=q.device)
-    with _lock:
-        _layouts[key] = (packed, block_mask)
-        while len(_layouts) > BLOCK_MASK_CACHE_SIZE:
-            _layouts.popitem(last=False)
-    return packed, block_mask
+    def build() -> tuple[_Layout, Any]:
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        packed = _packed_layout(q, k, layout)
+        return packed, create_block_mask(packed.mask_mod(causal, window), None, None, rows_q, rows_k, device=q.device)
+
+    return _cached(_layouts, key, build)
 
 
 def flex_attention_packed(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", *, causal: bool = False,
@@ -320,33 +331,22 @@ def flex_attention_packed(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor
     k_rows = k.reshape(-1, *k.shape[-2:]) if paged else k
     v_rows = v.reshape(-1, *v.shape[-2:]) if paged else v
     packed, block_mask = _layout_and_block_mask(q, k, layout, causal, window, rows_q, k_rows.shape[0])
-    score_mod = None
-    if softcap or alibi_slopes is not None:
-        base_q, pos_k = packed.base_q, packed.pos_k
-
-        def score_mod(score: Any, batch: Any, head: Any, q_idx: Any, kv_idx: Any) -> Any:
-            if softcap:
-                score = softcap * torch.tanh(score / softcap)
-            if alibi_slopes is not None:
-                score = score - alibi_slopes[head] * (base_q[q_idx] - pos_k[kv_idx]).abs()
-            return score
-
+    score_mod = _score_mod(packed.distance, softcap, alibi_slopes)
     need_lse = return_lse or sinks is not None
     result = compiled_flex_attention()(
         q_rows.transpose(0, 1)[None], k_rows.transpose(0, 1)[None], v_rows.transpose(0, 1)[None],
         score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=q.shape[-2] != k.shape[-2],
         **(_lse_request() if need_lse else {}))
-    out, lse = (result[0], result[1] if isinstance(result[1], torch.Tensor) else result[1].lse) if need_lse else (result, None)
-    out = out[0].transpose(0, 1)  # [rows, Hq, Dv]
+    out, lse = result, None  # [1, Hq, rows, Dv] and [1, Hq, rows]
+    if need_lse:
+        out, lse = result[0], result[1] if isinstance(result[1], torch.Tensor) else result[1].lse
     sees_a_key = packed.sees_a_key(causal, window)
     if lse is not None:
-        lse = lse[0]  # [Hq, rows]
         lse = torch.where(sees_a_key, lse, torch.full((), float("-inf"), device=lse.device, dtype=lse.dtype))
         if sinks is not None:
-            sink = sinks.to(lse.dtype)[:, None]
-            keep = torch.sigmoid(lse - sink)
-            out = (out.to(keep.dtype) * keep.transpose(0, 1)[..., None]).to(q.dtype)
-            lse = torch.logaddexp(lse, sink)
+            out, lse = _join_sinks(out, lse, sinks, q.dtype)
+        lse = lse[0]  # [Hq, rows]
+    out = out[0].transpose(0, 1)  # [rows, Hq, Dv]
     # Rows that see no key (unused rows, sequences without keys) hold zeros, whatever the kernel wrote.
     out = torch.where(sees_a_key[:, None, None], out, torch.zeros((), dtype=out.dtype, device=out.device))
     if paged:
@@ -355,7 +355,9 @@ def flex_attention_packed(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor
             lse = lse.reshape(lse.shape[0], q.shape[0], q.shape[1]).transpose(0, 1)
     if not return_lse:
         return out
-    return out, torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse)).float() if sinks is None else lse.float()
+    if sinks is None:  # the LSE of a row that sees no key is open: 0 here, not -inf
+        lse = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+    return out, lse.float()
 
 
 class TorchFlex(AttentionImpl):
