@@ -126,10 +126,6 @@ class IgnoresCacheLength(Reference):
 
 class CausalFromCacheStart(Reference):
     """Aligns a paged causal mask to the start of the cache (query i sees keys 0..i)."""
-    def cache_rows(self, k, v, table_row, length):
-        keys, values = super().cache_rows(k, v, table_row, length)
-        return keys, values
-
     def forward(self, q, k, v, *, causal=False, block_table=None, cache_seqlens=None, **variants):
         if block_table is None or not causal:
             return super().forward(q, k, v, causal=causal, block_table=block_table, cache_seqlens=cache_seqlens,

@@ -28,6 +28,7 @@ range. The implementation gets the FP8 tensors and the float32 ``[B, Hkv]`` desc
 
 from __future__ import annotations
 
+import itertools
 import math
 import zlib
 from dataclasses import dataclass
@@ -102,14 +103,6 @@ def expected_shapes(case: Case) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return (case.batch, case.heads_q, case.seqlen_q, case.value_dim), (case.batch, case.heads_q, case.seqlen_q)
 
 
-def _cumulative(lengths: "tuple[int, ...] | list[int]") -> tuple[int, ...]:
-    total, cumulative = 0, [0]
-    for length in lengths:
-        total += length
-        cumulative.append(total)
-    return tuple(cumulative)
-
-
 def _packed_inputs(case: Case, device: str, seed: int) -> Inputs:
     """q, k, v, the upstream gradient and the layout's keywords of a varlen or paged case."""
     import torch
@@ -123,7 +116,7 @@ def _packed_inputs(case: Case, device: str, seed: int) -> Inputs:
     int32 = {"dtype": torch.int32, "device": device}
     if case.kind == "varlen":
         assert case.seqlens_q is not None and case.seqlens_k is not None
-        cu_q, cu_k = _cumulative(case.seqlens_q), _cumulative(case.seqlens_k)
+        cu_q, cu_k = (tuple(itertools.accumulate(lengths, initial=0)) for lengths in (case.seqlens_q, case.seqlens_k))
         rows_q, rows_k = cu_q[-1] + case.unused_tokens, cu_k[-1] + case.unused_tokens
         q = draw(rows_q, case.heads_q, case.head_dim, multiplier=case.logit_scale)
         k = draw(rows_k, case.heads_kv, case.head_dim, multiplier=case.logit_scale)

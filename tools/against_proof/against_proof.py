@@ -394,26 +394,20 @@ class Proof:
             broken = len([r for r in self.runs if r["group"] == name and not r["report"]])
             kind = runs[0]["kind"] if runs else "?"
             line = f"total {name}:"
-            if kind == "slow":
-                cases = [[e for e in r["ab"] if e["impl"] == SLOWED_IMPL and e["verdict"] != "not compared"]
-                         for r in runs]
-                caught = [c for c in cases if any(_gated_regression(e) for e in c)]
-                flagged = sum(len([e for e in c if _gated_regression(e)]) for c in cases)
-                ratios = [e["ratio"] for c in cases for e in c]
-                line += (f" A/B caught the slowdown in {len(caught)} of {len(runs)} runs ({SLOWED_IMPL} cases flagged "
-                         f"{flagged} of {sum(map(len, cases))}"
-                         + (f", new/old {min(ratios):.3f}-{max(ratios):.3f}" if ratios else "") + ");")
-            elif kind == "clean":
-                cases = [[e for e in r["ab"] if e["verdict"] != "not compared"] for r in runs]
+            mine = (lambda d: d["impl"] == SLOWED_IMPL) if kind == "slow" else (lambda d: True)
+            if kind in ("slow", "clean"):
+                cases = [[e for e in r["ab"] if mine(e) and e["verdict"] != "not compared"] for r in runs]
                 flagged_runs = [c for c in cases if any(_gated_regression(e) for e in c)]
                 flagged = sum(len([e for e in c if _gated_regression(e)]) for c in cases)
                 ratios = [e["ratio"] for c in cases for e in c]
-                line += (f" A/B runs reporting a regression {len(flagged_runs)} of {len(runs)} (cases flagged "
-                         f"{flagged} of {sum(map(len, cases))}"
+                if kind == "slow":
+                    head = f" A/B caught the slowdown in {len(flagged_runs)} of {len(runs)} runs ({SLOWED_IMPL} cases"
+                else:
+                    head = f" A/B runs reporting a regression {len(flagged_runs)} of {len(runs)} (cases"
+                line += (f"{head} flagged {flagged} of {sum(map(len, cases))}"
                          + (f", new/old {min(ratios):.3f}-{max(ratios):.3f}" if ratios else "") + ");")
             gated = [r for r in runs if r["baseline"]]
             if gated:
-                mine = (lambda d: d["impl"] == SLOWED_IMPL) if kind == "slow" else (lambda d: True)
                 at_t = [len([d for d in r["stored_flagged"] if mine(d)]) for r in gated]
                 at_8 = [len([d for d in r["stored_default_flagged"] if mine(d)]) for r in gated]
                 of = sum(len([d for d in r["gate"] if mine(d)]) for r in gated)
