@@ -6,14 +6,16 @@ import torch
 
 from pytest_attnkit.contract import AttentionImpl, Case
 
-from .autograd import flash_attention
+from .autograd import flash_attention, flash_attention_varlen, flash_attention_with_kvcache
 from .kernels import TRITON_IMPORT_ERROR
-from .launch import FP8_HEAD_DIMS, MAX_HEAD_DIM, MIN_HEAD_DIM, fp8_unsupported_reason, interpreting
+from .launch import FP8_HEAD_DIMS, MAX_HEAD_DIM, MAX_HEAD_DIM_V, MIN_HEAD_DIM, fp8_unsupported_reason, interpreting
 
 
 class TritonFlash(AttentionImpl):
-    """Triton FlashAttention (forward and backward) on CUDA, or on the CPU via Triton's interpreter;
-    an FP8 (e4m3) forward with FlashAttention-3's descales."""
+    """Triton FlashAttention (forward and backward) on CUDA, or on the CPU via Triton's interpreter,
+    with the contract's variants (window, softcap, ALiBi, sinks, the LSE, V head dims up to 512),
+    packed sequences and paged KV caches (forward); an FP8 (e4m3) forward with FlashAttention-3's
+    descales (no variants)."""
 
     devices = ("cuda", "cpu")
     dtypes = ("float16", "bfloat16", "float32", "float8_e4m3fn")
@@ -23,6 +25,14 @@ class TritonFlash(AttentionImpl):
     supports_seqlen_mismatch = True
     supports_backward = True
     memory_class = "linear"
+    supports_window = True
+    supports_softcap = True
+    supports_alibi = True
+    supports_sinks = True
+    supports_lse = True
+    head_dims_v = range(MIN_HEAD_DIM, MAX_HEAD_DIM_V + 1)
+    supports_varlen = True
+    supports_paged_kv = True  # forward only: supports_paged_kv_backward stays False
 
     def unavailable_reason(self, device: str) -> str | None:
         reason = super().unavailable_reason(device)
@@ -47,6 +57,8 @@ class TritonFlash(AttentionImpl):
             reasons.append("float32 backward at head_dim > 128 is not claimed: its gradient error "
                            "exceeds the 3x rule on some inputs")
         if case.dtype == "float8_e4m3fn":
+            if case.variants or case.head_dim_v is not None:
+                reasons.append("FP8 with a variant: the FP8 forward is plain (causal or not) attention")
             if case.head_dim not in FP8_HEAD_DIMS:
                 reasons.append(f"FP8 at head_dim={case.head_dim}: the FP8 kernel takes head dims "
                                f"{', '.join(map(str, FP8_HEAD_DIMS))}")
@@ -60,7 +72,9 @@ class TritonFlash(AttentionImpl):
         return reasons
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-                scale: float | None = None, q_descale: torch.Tensor | None = None,
-                k_descale: torch.Tensor | None = None, v_descale: torch.Tensor | None = None) -> torch.Tensor:
-        return flash_attention(q, k, v, causal=causal, scale=scale, q_descale=q_descale,
-                               k_descale=k_descale, v_descale=v_descale)
+                scale: float | None = None, **keywords: object) -> object:
+        if "cu_seqlens_q" in keywords:
+            return flash_attention_varlen(q, k, v, causal=causal, scale=scale, **keywords)
+        if "block_table" in keywords:
+            return flash_attention_with_kvcache(q, k, v, causal=causal, scale=scale, **keywords)
+        return flash_attention(q, k, v, causal=causal, scale=scale, **keywords)

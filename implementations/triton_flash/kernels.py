@@ -22,6 +22,23 @@ passed to the kernels). ``k``/``v`` may have fewer heads than ``q`` (GQA/MQA): q
 reads kv head ``h // (Hq // Hkv)``; the dK/dV kernel sums over the query heads of a group itself.
 Head dims that are not powers of two are padded to ``BLOCK_D`` and masked on loads and stores.
 
+Variants (the contract's, FlashAttention's names). Causal and a sliding window are one band: row
+``i`` sees key ``j`` when ``-right <= i + Nk - Nq - j <= left`` (causal is ``right = 0``; an
+unbounded side is a number larger than any length), so every kernel visits only the key blocks a
+tile's band touches, unmasked where every row of the tile sees the whole block and masked at the
+band's two edges and the ragged end (``_tile_ranges``). softcap (``cap * tanh(s / cap)``) and
+ALiBi (``- slope * |i + Nk - Nq - j|``) change the scores in ``_scores``, which the forward and
+both backward kernels share; softcap's derivative ``1 - tanh^2`` scales dS. A sink joins each
+row's denominator once, after the keys (``_join_sink``; in the split decode, in the merge), and
+its LSE then enters the backward like any other, so no kernel changes for its gradient (``launch``
+sums it from the LSE and delta). The LSE the caller gets is this one times ln 2. V's head dim
+(``HEAD_DIM_V``) may differ from Q's (MLA).
+
+Layouts (``LAYOUT``): dense; varlen, where program ``b`` of the grid's batch axis is sequence
+``b`` of packed tensors and reads its rows and length from ``cu_seqlens`` (``_sequence``; the grid
+covers the longest sequence and the rest exit); paged, where keys and values are found page by
+page through the block table (``_kv_rows``) and each sequence has its own cache length.
+
 Decode (a few query rows per kv head against a long cache) takes ``attn_fwd_split``: the keys,
 not the queries, are split across programs (Flash-Decoding), and ``attn_fwd_combine`` merges the
 slices by their log-sum-exps.
@@ -65,6 +82,12 @@ def _needs_triton(fn: Callable[..., Any]) -> Callable[..., Any]:
 _kernel = triton.jit if triton is not None else _needs_triton
 
 
+
+#: Layouts of the tensors (a kernel constexpr): dense [B, H, N, D]; varlen, packed sequences found
+#: through cu_seqlens; paged, a KV cache read through a block table.
+DENSE, VARLEN, PAGED = 0, 1, 2
+
+
 @_kernel
 def _load_tile(ptrs, rows, n_rows, cols, N_COLS: tl.constexpr, CHECK_ROWS: tl.constexpr,
                CHECK_COLS: tl.constexpr):
@@ -89,31 +112,120 @@ def _store_tile(ptrs, value, rows, n_rows, cols, N_COLS: tl.constexpr, CHECK_COL
 
 
 @_kernel
-def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                    offs_m, offs_d, lo, hi, N_K, diag, qk_scale,
-                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                    CAUSAL: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _sequence(off_b, N_Q, N_K, CU_Q, CU_K, SEQLENS_K, LAYOUT: tl.constexpr):
+    # (first query row, queries, first key row, keys) of sequence ``off_b``: its rows in the packed
+    # tensors (varlen), its cache length (paged), or the tensors' own lengths (dense).
+    if LAYOUT == 1:
+        q_start = tl.load(CU_Q + off_b)
+        n_q = tl.load(CU_Q + off_b + 1) - q_start
+        k_start = tl.load(CU_K + off_b)
+        n_k = tl.load(CU_K + off_b + 1) - k_start
+    elif LAYOUT == 2:
+        q_start = off_b * 0
+        n_q = N_Q
+        k_start = off_b * 0
+        n_k = tl.load(SEQLENS_K + off_b)
+    else:
+        q_start = off_b * 0
+        n_q = N_Q
+        k_start = off_b * 0
+        n_k = N_K
+    return q_start, n_q, k_start, n_k
+
+
+@_kernel
+def _kv_rows(start_n, offs_n, n_k, table, stride_kp, stride_kn, stride_vp, stride_vn,
+             PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr):
+    # Element offsets of key rows ``offs_n`` in K and V: row * stride, or through the block table
+    # (page * page stride + slot * slot stride). A tile inside one page reads one table entry.
+    if PAGED:
+        if PAGE_SIZE % BLOCK_N == 0:
+            page = tl.load(table + start_n // PAGE_SIZE).to(tl.int64)
+        else:
+            page = tl.load(table + offs_n // PAGE_SIZE, mask=offs_n < n_k, other=0).to(tl.int64)
+        slot = offs_n % PAGE_SIZE
+        return page * stride_kp + slot * stride_kn, page * stride_vp + slot * stride_vn
+    else:
+        return offs_n * stride_kn, offs_n * stride_vn
+
+
+@_kernel
+def _tanh(x, FAST: tl.constexpr):
+    if FAST:  # CUDA, 16-bit inputs: the SFU's tanh (max relative error about 2**-11)
+        return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:  # exact to float32 rounding: 1 - 2 / (e^2x + 1), +-1 past overflow
+        return 1.0 - 2.0 / (tl.exp2(x * 2.8853900817779268) + 1.0)
+
+
+@_kernel
+def _scores(qk, i, j, n_k, diag, left, right, qk_scale, cap_scale, slope,
+            SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, MASKED: tl.constexpr, BANDED: tl.constexpr,
+            FAST_TANH: tl.constexpr):
+    # The base-2 scores of the products ``qk`` of query rows ``i`` and key rows ``j`` (broadcast
+    # against each other), and tanh of the capped ones (for softcap's derivative). In order: the
+    # scale, softcap (``qk_scale`` is then ``cap * log2(e)`` and ``cap_scale`` ``scale / cap``),
+    # ALiBi (``slope`` already times log2(e)), then, in masked tiles, keys past the end and keys
+    # outside the band ``-right <= i + diag - j <= left`` become -inf.
+    if SOFTCAP:
+        t = _tanh(qk * cap_scale, FAST_TANH)
+        s = t * qk_scale
+    else:
+        t = qk
+        s = qk * qk_scale
+    if ALIBI:
+        s = s - slope * tl.abs(i + diag - j).to(tl.float32)
+    if MASKED:
+        visible = j < n_k
+        if BANDED:
+            distance = i + diag - j
+            visible = visible & (distance <= left) & (distance >= -right)
+        s = tl.where(visible, s, float("-inf"))
+    return s, t
+
+
+@_kernel
+def _tile_ranges(lo, hi, all_lo, all_hi, BLOCK: tl.constexpr):
+    # Block ranges over [lo, hi) on a grid of BLOCK from 0: masked [start, a), unmasked [a, b),
+    # masked [b, end). [all_lo, all_hi) is what every row of the tile sees, so its whole blocks
+    # need no mask. Negative bounds are clamped first (integer division must not see them).
+    end = tl.maximum(hi, lo)
+    start = tl.where(end > lo, lo // BLOCK * BLOCK, end)
+    a = tl.minimum(tl.cdiv(tl.maximum(all_lo, start), BLOCK) * BLOCK, end)
+    a = tl.maximum(a, start)
+    b = tl.maximum(tl.maximum(all_hi, a) // BLOCK * BLOCK, a)
+    return start, a, b, end
+
+
+@_kernel
+def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, table,
+                    stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
+                    i, offs_d, offs_dv, lo, hi, n_k, diag, left, right, qk_scale, cap_scale, slope,
+                    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
+                    BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr,
+                    SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, PAGED: tl.constexpr,
+                    PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr, FAST_TANH: tl.constexpr,
+                    DOT_PRECISION: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = _load_tile(k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
-                       offs_n, N_K, offs_d, HEAD_DIM, MASKED, HEAD_DIM != BLOCK_D)
-        v = _load_tile(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-                       offs_n, N_K, offs_d, HEAD_DIM, MASKED, HEAD_DIM != BLOCK_D)
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        k_rows, v_rows = _kv_rows(start_n, offs_n, n_k, table, stride_kp, stride_kn, stride_vp, stride_vn,
+                                  PAGE_SIZE, BLOCK_N, PAGED)
+        k = _load_tile(k_base + k_rows[:, None] + offs_d[None, :] * stride_kd,
+                       offs_n, n_k, offs_d, HEAD_DIM, MASKED, HEAD_DIM != BLOCK_D)
+        v = _load_tile(v_base + v_rows[:, None] + offs_dv[None, :] * stride_vd,
+                       offs_n, n_k, offs_dv, HEAD_DIM_V, MASKED, HEAD_DIM_V != BLOCK_DV)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        s, t = _scores(qk, i, offs_n[None, :], n_k, diag, left, right, qk_scale, cap_scale, slope,
+                       SOFTCAP, ALIBI, MASKED, BANDED, FAST_TANH)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
         if MASKED:
-            visible = offs_n[None, :] < N_K
-            if CAUSAL:
-                visible = visible & (offs_n[None, :] <= offs_m[:, None] + diag)
-            qk = tl.where(visible, qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
             # A row that has seen no key yet still has m = -inf; shifting it by 0 instead keeps
             # exp2(-inf - -inf) = NaN out of alpha and p (both become exactly 0).
             m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
         else:
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
             m_shift = m_new
         alpha = tl.exp2(m_i - m_shift)
-        p = tl.exp2(qk - m_shift[:, None])
+        p = tl.exp2(s - m_shift[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
@@ -122,159 +234,234 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stri
 
 
 @_kernel
-def _attn_fwd_rows(q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                   offs_m, offs_d, lo, full, hi, N_K, diag, qk_scale,
-                   ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                   BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    # One tile of query rows against keys [lo, hi): [lo, full) unmasked, [full, hi) masked.
-    # Returns the normalized output, which rows saw a key (l > 0), and m + log2(l) for those rows;
-    # the caller chooses what a row that saw no key saves.
+def _attn_fwd_rows(q, k_base, v_base, table, stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
+                   i, offs_d, offs_dv, lo, hi, all_lo, all_hi, n_k, diag, left, right,
+                   qk_scale, cap_scale, slope,
+                   ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+                   BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+                   PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, FAST_TANH: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr):
+    # One tile of query rows against keys [lo, hi), of which [all_lo, all_hi) are seen by every
+    # row (see _tile_ranges). Returns the normalized output, which rows saw a key (l > 0), and
+    # m + log2(l) for those rows; the caller chooses what a row that saw no key saves.
+    start, a, b, end = _tile_ranges(lo, hi, all_lo, all_hi, BLOCK_N)
     m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([ROWS], dtype=tl.float32)
-    acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
-    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base,
-                                    stride_kn, stride_kd, stride_vn, stride_vd,
-                                    offs_m, offs_d, lo, full, N_K, diag, qk_scale,
-                                    HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, False, DOT_PRECISION)
-    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base,
-                                    stride_kn, stride_kd, stride_vn, stride_vd,
-                                    offs_m, offs_d, full, hi, N_K, diag, qk_scale,
-                                    HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, True, DOT_PRECISION)
+    acc = tl.zeros([ROWS, BLOCK_DV], dtype=tl.float32)
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, table,
+                                    stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
+                                    i, offs_d, offs_dv, start, a, n_k, diag, left, right,
+                                    qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV,
+                                    BLOCK_N, BANDED, SOFTCAP, ALIBI, PAGED, PAGE_SIZE, True, FAST_TANH,
+                                    DOT_PRECISION)
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, table,
+                                    stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
+                                    i, offs_d, offs_dv, a, b, n_k, diag, left, right,
+                                    qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV,
+                                    BLOCK_N, BANDED, SOFTCAP, ALIBI, PAGED, PAGE_SIZE, False, FAST_TANH,
+                                    DOT_PRECISION)
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, table,
+                                    stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
+                                    i, offs_d, offs_dv, b, end, n_k, diag, left, right,
+                                    qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV,
+                                    BLOCK_N, BANDED, SOFTCAP, ALIBI, PAGED, PAGE_SIZE, True, FAST_TANH,
+                                    DOT_PRECISION)
     seen = l_i > 0.0
     l_safe = tl.where(seen, l_i, 1.0)
     return acc / l_safe[:, None], seen, m_i + tl.log2(l_safe)
 
 
 @_kernel
-def attn_fwd(Q, K, V, O, LSE,
-              stride_qb, stride_qh, stride_qm, stride_qd,
-              stride_kb, stride_kh, stride_kn, stride_kd,
-              stride_vb, stride_vh, stride_vn, stride_vd,
-              stride_ob, stride_oh, stride_om, stride_od,
-              H_Q, N_Q, N_K, GROUP, qk_scale,
-              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _join_sink(out, seen, lse, sink):
+    # A sink (base-2 logit ``sink`` per row) joins the denominator and adds no value: the output
+    # shrinks by 2^(lse - new lse). A row that saw no key keeps zeros, and its LSE is the sink's.
+    lse = tl.where(seen, lse, float("-inf"))
+    top = tl.maximum(lse, sink)
+    total = top + tl.log2(tl.exp2(lse - top) + tl.exp2(sink - top))
+    return out * tl.exp2(lse - total)[:, None], total
+
+
+@_kernel
+def attn_fwd(Q, K, V, O, LSE, SLOPES, SINKS, CU_Q, CU_K, SEQLENS_K, TABLE,
+             stride_qb, stride_qh, stride_qm, stride_qd,
+             stride_kb, stride_kh, stride_kn, stride_kd,
+             stride_vb, stride_vh, stride_vn, stride_vd,
+             stride_ob, stride_oh, stride_om, stride_od,
+             stride_lb, stride_lh, stride_lm, stride_sb, stride_tb,
+             H_Q, N_Q, N_K, GROUP, qk_scale, cap_scale, left, right,
+             HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
+             BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, HAS_SINKS: tl.constexpr,
+             LAYOUT: tl.constexpr, PAGE_SIZE: tl.constexpr, FAST_TANH: tl.constexpr,
+             DOT_PRECISION: tl.constexpr):
     start_m = tl.program_id(0) * BLOCK_M
     off_bh = tl.program_id(1)
     # 64-bit head offsets: batch * stride can pass 2**31 elements on large inputs.
     off_b = (off_bh // H_Q).to(tl.int64)
     off_h = (off_bh % H_Q).to(tl.int64)
+    q_start, n_q, k_start, n_k = _sequence(off_b, N_Q, N_K, CU_Q, CU_K, SEQLENS_K, LAYOUT)
+    if start_m >= n_q:  # varlen: the grid covers the longest sequence
+        return
     off_hkv = off_h // GROUP
-    q_base = Q + off_b * stride_qb + off_h * stride_qh
-    k_base = K + off_b * stride_kb + off_hkv * stride_kh
-    v_base = V + off_b * stride_vb + off_hkv * stride_vh
-    o_base = O + off_b * stride_ob + off_h * stride_oh
+    q_base = Q + off_b * stride_qb + off_h * stride_qh + q_start.to(tl.int64) * stride_qm
+    o_base = O + off_b * stride_ob + off_h * stride_oh + q_start.to(tl.int64) * stride_om
+    if LAYOUT == 2:  # paged: K and V rows are found through the block table
+        k_base = K + off_hkv * stride_kh
+        v_base = V + off_hkv * stride_vh
+    else:
+        k_base = K + off_b * stride_kb + off_hkv * stride_kh + k_start.to(tl.int64) * stride_kn
+        v_base = V + off_b * stride_vb + off_hkv * stride_vh + k_start.to(tl.int64) * stride_vn
+    table = TABLE + off_b * stride_tb
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
     q = _load_tile(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                   offs_m, N_Q, offs_d, HEAD_DIM, True, HEAD_DIM != BLOCK_D)
+                   offs_m, n_q, offs_d, HEAD_DIM, True, HEAD_DIM != BLOCK_D)
+    slope = 0.0
+    if ALIBI:
+        slope = tl.load(SLOPES + off_b * stride_sb + off_h) * 1.4426950408889634
 
-    diag = N_K - N_Q  # bottom-right alignment: row i sees keys j <= i + diag
-    if CAUSAL:
-        # Keys past the last valid row's diagonal are invisible to the whole block: never visit.
-        hi = tl.minimum(tl.maximum(tl.minimum(start_m + BLOCK_M, N_Q) + diag, 0), N_K)
-        # Keys up to the first row's diagonal are visible to every row: no mask needed there.
-        full = tl.minimum(tl.maximum(start_m + 1 + diag, 0), hi)
+    # Row i sees key j when -right <= i + diag - j <= left (bottom-right: diag = Nk - Nq; causal
+    # is right = 0; an unbounded side is a huge number). Keys outside the block's band are never
+    # visited; those every row sees are visited unmasked.
+    diag = n_k - n_q
+    last = tl.minimum(start_m + BLOCK_M, n_q) - 1
+    lo = tl.maximum(start_m + diag - left, 0)
+    hi = tl.minimum(last + diag + right + 1, n_k)
+    all_lo = last + diag - left
+    all_hi = tl.minimum(start_m + diag + right + 1, n_k)
+    out, seen, lse = _attn_fwd_rows(q, k_base, v_base, table, stride_kb, stride_kn, stride_kd,
+                                    stride_vb, stride_vn, stride_vd,
+                                    offs_m[:, None], offs_d, offs_dv, lo, hi, all_lo, all_hi, n_k, diag,
+                                    left, right, qk_scale, cap_scale, slope,
+                                    BLOCK_M, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, BANDED,
+                                    SOFTCAP, ALIBI, LAYOUT == 2, PAGE_SIZE, FAST_TANH, DOT_PRECISION)
+    if HAS_SINKS:
+        out, lse = _join_sink(out, seen, lse, tl.load(SINKS + off_h) * 1.4426950408889634)
     else:
-        hi = N_K
-        full = N_K
-    full = full // BLOCK_N * BLOCK_N  # the ragged last key block goes to the masked loop
+        # l == 0 exactly when a row saw no key: it outputs 0 and saves lse = +inf, so that the
+        # backward's recomputed p = exp2(s - lse) is 0 for it.
+        lse = tl.where(seen, lse, float("inf"))
 
-    out, seen, lse = _attn_fwd_rows(q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                                    offs_m, offs_d, 0, full, hi, N_K, diag, qk_scale,
-                                    BLOCK_M, HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, DOT_PRECISION)
-    # l == 0 exactly when a row saw no key: it outputs 0 and saves lse = +inf, so that the
-    # backward's recomputed p = exp2(s - lse) is 0 for it.
-    lse = tl.where(seen, lse, float("inf"))
-
-    _store_tile(o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
-                out.to(O.dtype.element_ty), offs_m, N_Q, offs_d, HEAD_DIM, HEAD_DIM != BLOCK_D)
-    tl.store(LSE + off_bh.to(tl.int64) * N_Q + offs_m, lse, mask=offs_m < N_Q)
+    _store_tile(o_base + offs_m[:, None] * stride_om + offs_dv[None, :] * stride_od,
+                out.to(O.dtype.element_ty), offs_m, n_q, offs_dv, HEAD_DIM_V, HEAD_DIM_V != BLOCK_DV)
+    tl.store(LSE + off_b * stride_lb + off_h * stride_lh + (q_start + offs_m).to(tl.int64) * stride_lm,
+             lse, mask=offs_m < n_q)
 
 
 @_kernel
-def attn_fwd_split(Q, K, V, O, LSE, O_PART, LSE_PART,
-                    stride_qb, stride_qh, stride_qm, stride_qd,
-                    stride_kb, stride_kh, stride_kn, stride_kd,
-                    stride_vb, stride_vh, stride_vn, stride_vd,
-                    stride_ob, stride_oh, stride_om, stride_od,
-                    H_Q, H_KV, N_Q, N_K, GROUP, keys_per_split, qk_scale,
-                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                    BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
-                    CAUSAL: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def attn_fwd_split(Q, K, V, O, LSE, O_PART, LSE_PART, SLOPES, SINKS, SEQLENS_K, TABLE,
+                   stride_qb, stride_qh, stride_qm, stride_qd,
+                   stride_kb, stride_kh, stride_kn, stride_kd,
+                   stride_vb, stride_vh, stride_vn, stride_vd,
+                   stride_ob, stride_oh, stride_om, stride_od,
+                   stride_lb, stride_lh, stride_lm, stride_sb, stride_tb,
+                   H_Q, H_KV, N_Q, N_K, GROUP, keys_per_split, qk_scale, cap_scale, left, right,
+                   HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
+                   BLOCK_DV: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+                   HAS_SINKS: tl.constexpr, LAYOUT: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                   DIRECT: tl.constexpr, FAST_TANH: tl.constexpr, DOT_PRECISION: tl.constexpr):
     # Decode (Flash-Decoding): few query rows against a long KV cache. One program takes one kv
     # head and one slice of the keys, for every query row that reads that kv head: row r of the
     # tile is query position r % N_Q of query head hkv * GROUP + r // N_Q, so a GQA group reads its
     # K and V once. With one slice (DIRECT) it writes the output; otherwise each slice writes its
-    # normalized partial output and log-sum-exp, and attn_fwd_combine merges the slices.
+    # normalized partial output and log-sum-exp, and attn_fwd_combine merges the slices (and the
+    # sinks). LAYOUT is dense or paged (each sequence its own cache length).
     split = tl.program_id(0)
     num_splits = tl.num_programs(0)
     off_bhkv = tl.program_id(1)
     off_b = (off_bhkv // H_KV).to(tl.int64)
     off_hkv = (off_bhkv % H_KV).to(tl.int64)
+    if LAYOUT == 2:
+        n_k = tl.load(SEQLENS_K + off_b)
+        k_base = K + off_hkv * stride_kh
+        v_base = V + off_hkv * stride_vh
+    else:
+        n_k = N_K
+        k_base = K + off_b * stride_kb + off_hkv * stride_kh
+        v_base = V + off_b * stride_vb + off_hkv * stride_vh
+    table = TABLE + off_b * stride_tb
     rows = tl.arange(0, BLOCK_R)
     row_ok = rows < GROUP * N_Q
     head = off_hkv * GROUP + rows // N_Q
     pos = rows % N_Q
     offs_d = tl.arange(0, BLOCK_D)
-    col_ok = offs_d < HEAD_DIM
+    offs_dv = tl.arange(0, BLOCK_DV)
     q = tl.load(Q + off_b * stride_qb + head[:, None] * stride_qh + pos[:, None] * stride_qm
-                + offs_d[None, :] * stride_qd, mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-    k_base = K + off_b * stride_kb + off_hkv * stride_kh
-    v_base = V + off_b * stride_vb + off_hkv * stride_vh
+                + offs_d[None, :] * stride_qd, mask=row_ok[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0)
+    slope = 0.0
+    if ALIBI:
+        slope = (tl.load(SLOPES + off_b * stride_sb + head, mask=row_ok, other=0.0) * 1.4426950408889634)[:, None]
 
-    diag = N_K - N_Q
-    lo = split * keys_per_split
-    hi = tl.minimum(lo + keys_per_split, N_K)
-    if CAUSAL:
-        hi = tl.maximum(tl.minimum(hi, N_Q + diag), lo)  # the last row sees keys j < N_Q + diag
-        full_end = tl.minimum(tl.maximum(diag + 1, lo), hi)  # keys every row sees
-    else:
-        full_end = hi
-    full = lo + (full_end - lo) // BLOCK_N * BLOCK_N
-
-    out, seen, lse = _attn_fwd_rows(q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                                    pos, offs_d, lo, full, hi, N_K, diag, qk_scale,
-                                    BLOCK_R, HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, DOT_PRECISION)
-    row_id = (off_b * H_Q + head) * N_Q + pos
+    # This slice's keys, cut to the band of the rows (positions 0 .. N_Q - 1, as in attn_fwd).
+    # Slices start on the block grid, so the masked blocks never reach into a neighbour.
+    diag = n_k - N_Q
+    slice_lo = split * keys_per_split
+    slice_hi = tl.minimum(slice_lo + keys_per_split, n_k)
+    lo = tl.maximum(tl.maximum(diag - left, 0), slice_lo)
+    hi = tl.minimum(N_Q - 1 + diag + right + 1, slice_hi)
+    all_lo = N_Q - 1 + diag - left
+    all_hi = tl.minimum(diag + right + 1, hi)
+    out, seen, lse = _attn_fwd_rows(q, k_base, v_base, table, stride_kb, stride_kn, stride_kd,
+                                    stride_vb, stride_vn, stride_vd,
+                                    pos[:, None], offs_d, offs_dv, lo, hi, all_lo, all_hi, n_k, diag,
+                                    left, right, qk_scale, cap_scale, slope,
+                                    BLOCK_R, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, BANDED,
+                                    SOFTCAP, ALIBI, LAYOUT == 2, PAGE_SIZE, FAST_TANH, DOT_PRECISION)
     if DIRECT:
+        if HAS_SINKS:
+            sink = tl.load(SINKS + head, mask=row_ok, other=0.0) * 1.4426950408889634
+            out, lse = _join_sink(out, seen, lse, sink)
+        else:
+            lse = tl.where(seen, lse, float("inf"))
         tl.store(O + off_b * stride_ob + head[:, None] * stride_oh + pos[:, None] * stride_om
-                 + offs_d[None, :] * stride_od, out.to(O.dtype.element_ty),
-                 mask=row_ok[:, None] & col_ok[None, :])
-        tl.store(LSE + row_id, tl.where(seen, lse, float("inf")), mask=row_ok)
+                 + offs_dv[None, :] * stride_od, out.to(O.dtype.element_ty),
+                 mask=row_ok[:, None] & (offs_dv < HEAD_DIM_V)[None, :])
+        tl.store(LSE + off_b * stride_lb + head * stride_lh + pos * stride_lm, lse, mask=row_ok)
     else:
         # A slice that saw no key for a row weighs nothing in the merge: lse = -inf there.
-        part = row_id * num_splits + split
-        tl.store(O_PART + part[:, None] * BLOCK_D + offs_d[None, :], out, mask=row_ok[:, None])
+        part = ((off_b * H_Q + head) * N_Q + pos) * num_splits + split
+        tl.store(O_PART + part[:, None] * BLOCK_DV + offs_dv[None, :], out, mask=row_ok[:, None])
         tl.store(LSE_PART + part, tl.where(seen, lse, float("-inf")), mask=row_ok)
 
 
 @_kernel
-def attn_fwd_combine(O_PART, LSE_PART, O, LSE,
-                      stride_ob, stride_oh, stride_om, stride_od,
-                      H_Q, N_Q, num_splits,
-                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
-    # Merges the slices of one query row: o = sum_s w_s o_s / sum_s w_s with w_s = 2^(lse_s - max).
+def attn_fwd_combine(O_PART, LSE_PART, O, LSE, SINKS,
+                     stride_ob, stride_oh, stride_om, stride_od,
+                     stride_lb, stride_lh, stride_lm,
+                     H_Q, N_Q, num_splits,
+                     HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_S: tl.constexpr,
+                     HAS_SINKS: tl.constexpr):
+    # Merges the slices of one query row: o = sum_s w_s o_s / sum_s w_s with w_s = 2^(lse_s - max);
+    # a sink adds its weight to the denominator only.
     row = tl.program_id(0).to(tl.int64)
     off_bh = row // N_Q
     pos = row % N_Q
     off_b = off_bh // H_Q
     off_h = off_bh % H_Q
     offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_d = tl.arange(0, BLOCK_DV)
     lse_s = tl.load(LSE_PART + row * num_splits + offs_s, mask=offs_s < num_splits, other=float("-inf"))
     m = tl.max(lse_s, 0)
+    if HAS_SINKS:
+        sink = tl.load(SINKS + off_h) * 1.4426950408889634
+        m = tl.maximum(m, sink)
     m_safe = tl.where(m == float("-inf"), 0.0, m)  # no slice saw a key: every weight is 0
     w = tl.exp2(lse_s - m_safe)
     total = tl.sum(w, 0)
-    o_s = tl.load(O_PART + (row * num_splits + offs_s)[:, None] * BLOCK_D + offs_d[None, :],
+    if HAS_SINKS:
+        total += tl.exp2(sink - m_safe)
+    o_s = tl.load(O_PART + (row * num_splits + offs_s)[:, None] * BLOCK_DV + offs_d[None, :],
                   mask=(offs_s < num_splits)[:, None], other=0.0)
     out = tl.sum(o_s * w[:, None], 0) / tl.where(total > 0.0, total, 1.0)
     tl.store(O + off_b * stride_ob + off_h * stride_oh + pos * stride_om + offs_d * stride_od,
-             out.to(O.dtype.element_ty), mask=offs_d < HEAD_DIM)
-    tl.store(LSE + row, tl.where(total > 0.0, m_safe + tl.log2(total), float("inf")))
+             out.to(O.dtype.element_ty), mask=offs_d < HEAD_DIM_V)
+    tl.store(LSE + off_b * stride_lb + off_h * stride_lh + pos * stride_lm,
+             tl.where(total > 0.0, m_safe + tl.log2(total), float("inf")))
+
 
 
 @_kernel
@@ -419,209 +606,240 @@ def attn_fwd_fp8(Q, K, V, O, Q_DESCALE, K_DESCALE, V_DESCALE,
              out.to(O.dtype.element_ty), mask=offs_m[:, None] < N_Q)
 
 
+
+
 @_kernel
 def attn_bwd_preprocess(O, DO, DELTA,
-                         stride_ob, stride_oh, stride_om, stride_od,
-                         stride_dob, stride_doh, stride_dom, stride_dod,
-                         H_Q, N_Q,
-                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
+                        stride_ob, stride_oh, stride_om, stride_od,
+                        stride_dob, stride_doh, stride_dom, stride_dod,
+                        H_Q, N_Q,
+                        HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr):
+    # delta = rowsum(dO * O), stored [B, H, N] contiguous (a packed layout is one long sequence).
     start_m = tl.program_id(0) * BLOCK_M
     off_bh = tl.program_id(1)
     off_b = (off_bh // H_Q).to(tl.int64)
     off_h = (off_bh % H_Q).to(tl.int64)
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_d = tl.arange(0, BLOCK_DV)
     o = _load_tile(O + off_b * stride_ob + off_h * stride_oh
                    + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
-                   offs_m, N_Q, offs_d, HEAD_DIM, True, HEAD_DIM != BLOCK_D)
+                   offs_m, N_Q, offs_d, HEAD_DIM_V, True, HEAD_DIM_V != BLOCK_DV)
     do = _load_tile(DO + off_b * stride_dob + off_h * stride_doh
                     + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
-                    offs_m, N_Q, offs_d, HEAD_DIM, True, HEAD_DIM != BLOCK_D)
+                    offs_m, N_Q, offs_d, HEAD_DIM_V, True, HEAD_DIM_V != BLOCK_DV)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     tl.store(DELTA + off_bh.to(tl.int64) * N_Q + offs_m, delta, mask=offs_m < N_Q)
 
 
 @_kernel
 def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-                         stride_qm, stride_qd, stride_dom, stride_dod,
-                         offs_n, offs_d, lo, hi, N_Q, N_K, diag, qk_scale,
-                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                         CAUSAL: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                         stride_qm, stride_qd, stride_dom, stride_dod, stride_lm,
+                         offs_n, offs_d, offs_dv, lo, hi, n_q, n_k, diag, left, right,
+                         qk_scale, cap_scale, slope,
+                         HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
+                         BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BANDED: tl.constexpr,
+                         SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, MASKED: tl.constexpr,
+                         FAST_TANH: tl.constexpr, DOT_PRECISION: tl.constexpr):
     # Works on the transposed score tile (keys x queries) so every product has this program's
     # key block as its M dimension and accumulates straight into dk and dv.
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         q = _load_tile(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                       offs_m, N_Q, offs_d, HEAD_DIM, True, HEAD_DIM != BLOCK_D)
-        do = _load_tile(do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
-                        offs_m, N_Q, offs_d, HEAD_DIM, True, HEAD_DIM != BLOCK_D)
-        # Padding rows past N_Q get lse = +inf, hence p = 0: no mask needed for them.
-        lse = tl.load(lse_base + offs_m, mask=offs_m < N_Q, other=float("inf"))
-        delta = tl.load(delta_base + offs_m, mask=offs_m < N_Q, other=0.0)
+                       offs_m, n_q, offs_d, HEAD_DIM, True, HEAD_DIM != BLOCK_D)
+        do = _load_tile(do_base + offs_m[:, None] * stride_dom + offs_dv[None, :] * stride_dod,
+                        offs_m, n_q, offs_dv, HEAD_DIM_V, True, HEAD_DIM_V != BLOCK_DV)
+        # Padding rows past n_q get lse = +inf, hence p = 0: no mask needed for them.
+        lse = tl.load(lse_base + offs_m * stride_lm, mask=offs_m < n_q, other=float("inf"))
+        delta = tl.load(delta_base + offs_m * stride_lm, mask=offs_m < n_q, other=0.0)
         qk_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
-        s_t = qk_t * qk_scale - lse[None, :]
-        if MASKED:
-            # Mask the exponent, not p: a hidden entry's s can be large, and exp2 of it would
-            # overflow (harmless once zeroed, but the interpreter warns about it).
-            visible = offs_n[:, None] < N_K
-            if CAUSAL:
-                visible = visible & (offs_n[:, None] <= offs_m[None, :] + diag)
-            s_t = tl.where(visible, s_t, float("-inf"))
-        p_t = tl.exp2(s_t)
+        # Masked before exp2: a hidden entry's score can be large (harmless once zeroed, but the
+        # interpreter warns about the overflow).
+        s_t, t_t = _scores(qk_t, offs_m[None, :], offs_n[:, None], n_k, diag, left, right,
+                           qk_scale, cap_scale, slope, SOFTCAP, ALIBI, MASKED, BANDED, FAST_TANH)
+        p_t = tl.exp2(s_t - lse[None, :])
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])
+        if SOFTCAP:  # d(cap * tanh(x / cap)) / dx = 1 - tanh^2
+            ds_t = ds_t * (1.0 - t_t * t_t)
         dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
     return dk, dv
 
 
 @_kernel
-def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
-                   stride_qb, stride_qh, stride_qm, stride_qd,
-                   stride_kb, stride_kh, stride_kn, stride_kd,
-                   stride_vb, stride_vh, stride_vn, stride_vd,
-                   stride_dob, stride_doh, stride_dom, stride_dod,
-                   stride_dkb, stride_dkh, stride_dkn, stride_dkd,
-                   stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-                   H_Q, H_KV, N_Q, N_K, GROUP, scale, qk_scale,
-                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, SLOPES, CU_Q, CU_K,
+                  stride_qb, stride_qh, stride_qm, stride_qd,
+                  stride_kb, stride_kh, stride_kn, stride_kd,
+                  stride_vb, stride_vh, stride_vn, stride_vd,
+                  stride_dob, stride_doh, stride_dom, stride_dod,
+                  stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+                  stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+                  stride_lb, stride_lh, stride_lm, stride_sb,
+                  H_Q, H_KV, N_Q, N_K, GROUP, scale, qk_scale, cap_scale, left, right,
+                  HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
+                  BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+                  LAYOUT: tl.constexpr, FAST_TANH: tl.constexpr, DOT_PRECISION: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
     off_bhkv = tl.program_id(1)
     off_b = (off_bhkv // H_KV).to(tl.int64)
     off_hkv = (off_bhkv % H_KV).to(tl.int64)
+    q_start, n_q, k_start, n_k = _sequence(off_b, N_Q, N_K, CU_Q, CU_K, CU_K, LAYOUT)
+    if start_n >= n_k:  # varlen: the grid covers the longest sequence
+        return
+    k_rows = k_start.to(tl.int64)
+    q_rows = q_start.to(tl.int64)
 
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    k = _load_tile(K + off_b * stride_kb + off_hkv * stride_kh
+    offs_dv = tl.arange(0, BLOCK_DV)
+    k = _load_tile(K + off_b * stride_kb + off_hkv * stride_kh + k_rows * stride_kn
                    + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
-                   offs_n, N_K, offs_d, HEAD_DIM, True, HEAD_DIM != BLOCK_D)
-    v = _load_tile(V + off_b * stride_vb + off_hkv * stride_vh
-                   + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-                   offs_n, N_K, offs_d, HEAD_DIM, True, HEAD_DIM != BLOCK_D)
+                   offs_n, n_k, offs_d, HEAD_DIM, True, HEAD_DIM != BLOCK_D)
+    v = _load_tile(V + off_b * stride_vb + off_hkv * stride_vh + k_rows * stride_vn
+                   + offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vd,
+                   offs_n, n_k, offs_dv, HEAD_DIM_V, True, HEAD_DIM_V != BLOCK_DV)
 
-    diag = N_K - N_Q
-    q_end = tl.cdiv(N_Q, BLOCK_M) * BLOCK_M
-    if CAUSAL:
-        # The first query that sees this block's first key; earlier query blocks see none of it.
-        lo = tl.maximum(start_n - diag, 0) // BLOCK_M * BLOCK_M
-        # From the first query that sees the block's last (valid) key on, no mask is needed.
-        last_key = tl.minimum(start_n + BLOCK_N, N_K) - 1
-        full = tl.cdiv(tl.maximum(last_key - diag, 0), BLOCK_M) * BLOCK_M
-        full = tl.minimum(tl.maximum(full, lo), q_end)
-    else:
-        lo = 0
-        full = 0
-    # A ragged last key block masks its padding keys against every query block.
-    if start_n + BLOCK_N > N_K:
-        full = q_end
+    # The queries that see a key of this block: -right <= i + diag - j <= left for some j in it.
+    # Those that see every key of a whole block need no mask (padding queries have lse = +inf).
+    diag = n_k - n_q
+    last_key = tl.minimum(start_n + BLOCK_N, n_k) - 1
+    q_end = tl.cdiv(n_q, BLOCK_M) * BLOCK_M
+    lo = tl.maximum(start_n - diag - right, 0)
+    hi = tl.minimum(last_key - diag + left + 1, n_q)
+    all_lo = last_key - diag - right
+    all_hi = tl.minimum(start_n - diag + left + 1, q_end)
+    if start_n + BLOCK_N > n_k:  # a ragged last key block masks its padding keys everywhere
+        all_hi = 0
+    start, a, b, end = _tile_ranges(lo, hi, all_lo, all_hi, BLOCK_M)
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
     # Summing the group's query heads here writes dk/dv once, with no [B, Hq, Nk, D] scratch.
     for g in range(0, GROUP):
         off_h = off_hkv * GROUP + g
-        off_bh = off_b * H_Q + off_h
-        q_base = Q + off_b * stride_qb + off_h * stride_qh
-        do_base = DO + off_b * stride_dob + off_h * stride_doh
-        lse_base = LSE + off_bh * N_Q
-        delta_base = DELTA + off_bh * N_Q
+        q_base = Q + off_b * stride_qb + off_h * stride_qh + q_rows * stride_qm
+        do_base = DO + off_b * stride_dob + off_h * stride_doh + q_rows * stride_dom
+        lse_base = LSE + off_b * stride_lb + off_h * stride_lh + q_rows * stride_lm
+        delta_base = DELTA + off_b * stride_lb + off_h * stride_lh + q_rows * stride_lm
+        slope = 0.0
+        if ALIBI:
+            slope = tl.load(SLOPES + off_b * stride_sb + off_h) * 1.4426950408889634
         dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-                                      stride_qm, stride_qd, stride_dom, stride_dod,
-                                      offs_n, offs_d, lo, full, N_Q, N_K, diag, qk_scale,
-                                      HEAD_DIM, BLOCK_D, BLOCK_M, CAUSAL, True, DOT_PRECISION)
+                                      stride_qm, stride_qd, stride_dom, stride_dod, stride_lm,
+                                      offs_n, offs_d, offs_dv, start, a, n_q, n_k, diag, left, right,
+                                      qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV,
+                                      BLOCK_M, BANDED, SOFTCAP, ALIBI, True, FAST_TANH, DOT_PRECISION)
         dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-                                      stride_qm, stride_qd, stride_dom, stride_dod,
-                                      offs_n, offs_d, full, N_Q, N_Q, N_K, diag, qk_scale,
-                                      HEAD_DIM, BLOCK_D, BLOCK_M, CAUSAL, False, DOT_PRECISION)
+                                      stride_qm, stride_qd, stride_dom, stride_dod, stride_lm,
+                                      offs_n, offs_d, offs_dv, a, b, n_q, n_k, diag, left, right,
+                                      qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV,
+                                      BLOCK_M, BANDED, SOFTCAP, ALIBI, False, FAST_TANH, DOT_PRECISION)
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
+                                      stride_qm, stride_qd, stride_dom, stride_dod, stride_lm,
+                                      offs_n, offs_d, offs_dv, b, end, n_q, n_k, diag, left, right,
+                                      qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV,
+                                      BLOCK_M, BANDED, SOFTCAP, ALIBI, True, FAST_TANH, DOT_PRECISION)
 
     dk = dk * scale
-    _store_tile(DK + off_b * stride_dkb + off_hkv * stride_dkh
+    _store_tile(DK + off_b * stride_dkb + off_hkv * stride_dkh + k_rows * stride_dkn
                 + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
-                dk.to(DK.dtype.element_ty), offs_n, N_K, offs_d, HEAD_DIM, HEAD_DIM != BLOCK_D)
-    _store_tile(DV + off_b * stride_dvb + off_hkv * stride_dvh
-                + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
-                dv.to(DV.dtype.element_ty), offs_n, N_K, offs_d, HEAD_DIM, HEAD_DIM != BLOCK_D)
+                dk.to(DK.dtype.element_ty), offs_n, n_k, offs_d, HEAD_DIM, HEAD_DIM != BLOCK_D)
+    _store_tile(DV + off_b * stride_dvb + off_hkv * stride_dvh + k_rows * stride_dvn
+                + offs_n[:, None] * stride_dvn + offs_dv[None, :] * stride_dvd,
+                dv.to(DV.dtype.element_ty), offs_n, n_k, offs_dv, HEAD_DIM_V, HEAD_DIM_V != BLOCK_DV)
 
 
 @_kernel
 def _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base,
                        stride_kn, stride_kd, stride_vn, stride_vd,
-                       offs_m, offs_d, lo, hi, N_K, diag, qk_scale,
-                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                       CAUSAL: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                       i, offs_d, offs_dv, lo, hi, n_k, diag, left, right, qk_scale, cap_scale, slope,
+                       HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
+                       BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr,
+                       SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, MASKED: tl.constexpr,
+                       FAST_TANH: tl.constexpr, DOT_PRECISION: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k = _load_tile(k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
-                       offs_n, N_K, offs_d, HEAD_DIM, MASKED, HEAD_DIM != BLOCK_D)
-        v = _load_tile(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-                       offs_n, N_K, offs_d, HEAD_DIM, MASKED, HEAD_DIM != BLOCK_D)
+                       offs_n, n_k, offs_d, HEAD_DIM, MASKED, HEAD_DIM != BLOCK_D)
+        v = _load_tile(v_base + offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vd,
+                       offs_n, n_k, offs_dv, HEAD_DIM_V, MASKED, HEAD_DIM_V != BLOCK_DV)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        s = qk * qk_scale - lse[:, None]
-        if MASKED:
-            # Hidden and padding keys (loaded as zeros) may have a large s: mask before exp2.
-            visible = offs_n[None, :] < N_K
-            if CAUSAL:
-                visible = visible & (offs_n[None, :] <= offs_m[:, None] + diag)
-            s = tl.where(visible, s, float("-inf"))
-        p = tl.exp2(s)
+        # Hidden and padding keys (loaded as zeros) may have a large score: masked before exp2.
+        s, t = _scores(qk, i, offs_n[None, :], n_k, diag, left, right, qk_scale, cap_scale, slope,
+                       SOFTCAP, ALIBI, MASKED, BANDED, FAST_TANH)
+        p = tl.exp2(s - lse[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         ds = p * (dp - delta[:, None])
+        if SOFTCAP:
+            ds = ds * (1.0 - t * t)
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
     return dq
 
 
 @_kernel
-def attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
-                 stride_qb, stride_qh, stride_qm, stride_qd,
-                 stride_kb, stride_kh, stride_kn, stride_kd,
-                 stride_vb, stride_vh, stride_vn, stride_vd,
-                 stride_dob, stride_doh, stride_dom, stride_dod,
-                 stride_dqb, stride_dqh, stride_dqm, stride_dqd,
-                 H_Q, N_Q, N_K, GROUP, scale, qk_scale,
-                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, SLOPES, CU_Q, CU_K,
+                stride_qb, stride_qh, stride_qm, stride_qd,
+                stride_kb, stride_kh, stride_kn, stride_kd,
+                stride_vb, stride_vh, stride_vn, stride_vd,
+                stride_dob, stride_doh, stride_dom, stride_dod,
+                stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+                stride_lb, stride_lh, stride_lm, stride_sb,
+                H_Q, N_Q, N_K, GROUP, scale, qk_scale, cap_scale, left, right,
+                HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
+                BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+                LAYOUT: tl.constexpr, FAST_TANH: tl.constexpr, DOT_PRECISION: tl.constexpr):
     start_m = tl.program_id(0) * BLOCK_M
     off_bh = tl.program_id(1)
     off_b = (off_bh // H_Q).to(tl.int64)
     off_h = (off_bh % H_Q).to(tl.int64)
+    q_start, n_q, k_start, n_k = _sequence(off_b, N_Q, N_K, CU_Q, CU_K, CU_K, LAYOUT)
+    if start_m >= n_q:
+        return
     off_hkv = off_h // GROUP
-    k_base = K + off_b * stride_kb + off_hkv * stride_kh
-    v_base = V + off_b * stride_vb + off_hkv * stride_vh
+    q_rows = q_start.to(tl.int64)
+    k_base = K + off_b * stride_kb + off_hkv * stride_kh + k_start.to(tl.int64) * stride_kn
+    v_base = V + off_b * stride_vb + off_hkv * stride_vh + k_start.to(tl.int64) * stride_vn
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    q = _load_tile(Q + off_b * stride_qb + off_h * stride_qh
+    offs_dv = tl.arange(0, BLOCK_DV)
+    q = _load_tile(Q + off_b * stride_qb + off_h * stride_qh + q_rows * stride_qm
                    + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                   offs_m, N_Q, offs_d, HEAD_DIM, True, HEAD_DIM != BLOCK_D)
-    do = _load_tile(DO + off_b * stride_dob + off_h * stride_doh
-                    + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
-                    offs_m, N_Q, offs_d, HEAD_DIM, True, HEAD_DIM != BLOCK_D)
-    row = off_bh.to(tl.int64) * N_Q + offs_m
-    lse = tl.load(LSE + row, mask=offs_m < N_Q, other=float("inf"))
-    delta = tl.load(DELTA + row, mask=offs_m < N_Q, other=0.0)
+                   offs_m, n_q, offs_d, HEAD_DIM, True, HEAD_DIM != BLOCK_D)
+    do = _load_tile(DO + off_b * stride_dob + off_h * stride_doh + q_rows * stride_dom
+                    + offs_m[:, None] * stride_dom + offs_dv[None, :] * stride_dod,
+                    offs_m, n_q, offs_dv, HEAD_DIM_V, True, HEAD_DIM_V != BLOCK_DV)
+    row = off_b * stride_lb + off_h * stride_lh + (q_rows + offs_m) * stride_lm
+    lse = tl.load(LSE + row, mask=offs_m < n_q, other=float("inf"))
+    delta = tl.load(DELTA + row, mask=offs_m < n_q, other=0.0)
+    slope = 0.0
+    if ALIBI:
+        slope = tl.load(SLOPES + off_b * stride_sb + off_h) * 1.4426950408889634
 
-    diag = N_K - N_Q
-    if CAUSAL:  # the same key ranges as the forward
-        hi = tl.minimum(tl.maximum(tl.minimum(start_m + BLOCK_M, N_Q) + diag, 0), N_K)
-        full = tl.minimum(tl.maximum(start_m + 1 + diag, 0), hi)
-    else:
-        hi = N_K
-        full = N_K
-    full = full // BLOCK_N * BLOCK_N
+    diag = n_k - n_q  # the forward's key ranges
+    last = tl.minimum(start_m + BLOCK_M, n_q) - 1
+    lo = tl.maximum(start_m + diag - left, 0)
+    hi = tl.minimum(last + diag + right + 1, n_k)
+    all_lo = last + diag - left
+    all_hi = tl.minimum(start_m + diag + right + 1, n_k)
+    start, a, b, end = _tile_ranges(lo, hi, all_lo, all_hi, BLOCK_N)
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base,
-                            stride_kn, stride_kd, stride_vn, stride_vd,
-                            offs_m, offs_d, 0, full, N_K, diag, qk_scale,
-                            HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, False, DOT_PRECISION)
-    dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base,
-                            stride_kn, stride_kd, stride_vn, stride_vd,
-                            offs_m, offs_d, full, hi, N_K, diag, qk_scale,
-                            HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, True, DOT_PRECISION)
+    dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                            offs_m[:, None], offs_d, offs_dv, start, a, n_k, diag, left, right,
+                            qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N,
+                            BANDED, SOFTCAP, ALIBI, True, FAST_TANH, DOT_PRECISION)
+    dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                            offs_m[:, None], offs_d, offs_dv, a, b, n_k, diag, left, right,
+                            qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N,
+                            BANDED, SOFTCAP, ALIBI, False, FAST_TANH, DOT_PRECISION)
+    dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                            offs_m[:, None], offs_d, offs_dv, b, end, n_k, diag, left, right,
+                            qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N,
+                            BANDED, SOFTCAP, ALIBI, True, FAST_TANH, DOT_PRECISION)
     dq = dq * scale
-    _store_tile(DQ + off_b * stride_dqb + off_h * stride_dqh
+    _store_tile(DQ + off_b * stride_dqb + off_h * stride_dqh + q_rows * stride_dqm
                 + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
-                dq.to(DQ.dtype.element_ty), offs_m, N_Q, offs_d, HEAD_DIM, HEAD_DIM != BLOCK_D)
+                dq.to(DQ.dtype.element_ty), offs_m, n_q, offs_d, HEAD_DIM, HEAD_DIM != BLOCK_D)

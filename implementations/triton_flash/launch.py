@@ -33,6 +33,8 @@ _LOG2E = 1.4426950408889634
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
+#: V's head dim may differ from Q's (MLA: 128 with Q's 192, 512 with Q's 64).
+MAX_HEAD_DIM_V = 512
 #: Decode path: at most this many query rows per kv head (GROUP x Nq) go through the split kernel.
 _DECODE_MAX_ROWS = 64
 _DECODE_MAX_SEQLEN_Q = 16
@@ -118,6 +120,8 @@ def tile_candidates(kernel: str, block_d: int, dtype: torch.dtype) -> tuple[Tile
                 [Tiles(128, 128, 8, 3), Tiles(128, 64, 8, 3), Tiles(128, 128, 8, 4)]),
     }
     candidates = table[kernel]
+    if block_d > 256:  # V's head dim 512 (MLA): a [rows, 512] float32 accumulator; untuned
+        candidates = [Tiles(0, 32, 4, 2, waves=4) if kernel == "decode" else Tiles(32, 32, 4, 2)]
     if dtype == torch.float32:
         first = candidates[0]
         return (Tiles(first.block_m and max(16, first.block_m // 2), max(16, first.block_n // 2), first.num_warps,
@@ -220,16 +224,27 @@ def _size_class(n: int) -> int:
     return triton.next_power_of_2(max(n, 1))
 
 
+#: Each layout's q and k/v: (rank, axes) of each, then the axis of q's heads and of k's.
+_SHAPES = {
+    "dense": ((4, "[batch, heads, seqlen, head_dim]"), (4, "[batch, heads, seqlen, head_dim]"), 1, 1),
+    "varlen": ((3, "[total_q, heads, head_dim]"), (3, "[total_k, heads, head_dim]"), 1, 1),
+    "paged": ((4, "[batch, seqlen_q, heads, head_dim]"), (4, "[pages, page_size, heads_kv, head_dim]"), 2, 2),
+}
+
+
 def _check_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype_problem: Callable[[], str | None],
-                   device_problem: Callable[[], str | None] = lambda: None) -> tuple[int, int, int, int]:
-    """The checks both forwards share: 4-d tensors on one supported device with matching shapes;
-    ``dtype_problem`` and ``device_problem`` add each path's own. Returns (batch, heads_q,
-    heads_kv, head_dim)."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
+                   device_problem: Callable[[], str | None] = lambda: None, layout: str = "dense",
+                   same_v: bool = True) -> tuple[int, int, int, int]:
+    """The checks every path shares: tensors of the layout's rank on one supported device with
+    matching shapes (V's head dim may differ unless ``same_v``); ``dtype_problem`` and
+    ``device_problem`` add each path's own. Returns (batch or 0 for varlen, heads_q, heads_kv,
+    head_dim)."""
+    (q_dims, q_axes), (kv_dims, kv_axes), q_heads, kv_heads = _SHAPES[layout]
+    for name, t, dims, axes in (("q", q, q_dims, q_axes), ("k", k, kv_dims, kv_axes), ("v", v, kv_dims, kv_axes)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-d [batch, heads, seqlen, head_dim], got shape {tuple(t.shape)}")
+        if t.dim() != dims:
+            raise ValueError(f"{name} must be {dims}-d {axes}, got shape {tuple(t.shape)}")
     problem = dtype_problem()
     if problem is not None:
         raise ValueError(problem)
@@ -242,19 +257,56 @@ def _check_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype_prob
     problem = device_problem()
     if problem is not None:
         raise ValueError(problem)
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have one shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-    batch, heads_q, _, head_dim = q.shape
-    if k.shape[0] != batch or k.shape[3] != head_dim:
+    if k.shape[:-1] != v.shape[:-1] or (same_v and k.shape[-1] != v.shape[-1]):
+        what = "one shape" if same_v else "one shape but for the head dim"
+        raise ValueError(f"k and v must have {what}, got {tuple(k.shape)} and {tuple(v.shape)}")
+    head_dim = q.shape[-1]
+    batch = 0 if layout == "varlen" else q.shape[0]
+    if k.shape[-1] != head_dim or (layout == "dense" and k.shape[0] != batch):
         raise ValueError(f"k/v shape {tuple(k.shape)} does not match q's batch and head_dim {tuple(q.shape)}")
-    heads_kv = k.shape[1]
+    heads_q, heads_kv = q.shape[q_heads], k.shape[kv_heads]
     if heads_kv == 0 or heads_q % heads_kv:
         raise ValueError(f"q heads ({heads_q}) must be a multiple of k/v heads ({heads_kv})")
     return batch, heads_q, heads_kv, head_dim
 
 
-def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """Raise TypeError/ValueError for inputs the kernels do not take (see ``flash_attention``)."""
+def _index_tensor(name: str, t: Any, shape: tuple[int | None, ...], device: torch.device) -> None:
+    # cu_seqlens, cache_seqlens, block_table: int32 of the given shape (None: any size) on device.
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be an int32 torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise ValueError(f"{name} must be int32, got {t.dtype}")
+    if t.dim() != len(shape) or any(want is not None and got != want for got, want in zip(t.shape, shape)):
+        wanted = "[" + ", ".join("any" if want is None else str(want) for want in shape) + "]"
+        raise ValueError(f"{name} must have shape {wanted}, got {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, q on {device}")
+
+
+def check_variants(variants: "Variants", heads_q: int, batch: int, device: torch.device) -> None:
+    """Raise TypeError/ValueError for a window, softcap, ALiBi slopes or sinks the kernels do not take."""
+    window = variants.window
+    if window is not None and not (isinstance(window, tuple) and len(window) == 2
+                                   and all(isinstance(side, int) and side >= -1 for side in window)):
+        raise ValueError(f"window_size must be (left, right), two ints >= -1 (-1: unbounded), got {window!r}")
+    if not (isinstance(variants.softcap, (int, float)) and 0 <= variants.softcap < float("inf")):
+        raise ValueError(f"softcap must be 0 (none) or positive and finite, got {variants.softcap!r}")
+    for name, t, shapes in (("alibi_slopes", variants.alibi_slopes, ((heads_q,), (batch, heads_q))),
+                            ("sinks", variants.sinks, ((heads_q,),))):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise TypeError(f"{name} must be a float torch.Tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+        if tuple(t.shape) not in shapes:
+            raise ValueError(f"{name} must have shape {' or '.join(str(list(s)) for s in shapes)}, got {list(t.shape)}")
+        if t.device != device:
+            raise ValueError(f"{name} is on {t.device}, q on {device}")
+
+
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, variants: "Variants | None" = None,
+                 layout: "Varlen | Paged | None" = None) -> None:
+    """Raise TypeError/ValueError for inputs the kernels do not take (see ``flash_attention``,
+    ``flash_attention_varlen`` and ``flash_attention_with_kvcache``)."""
 
     def dtype_problem() -> str | None:
         if q.dtype not in _DTYPES:
@@ -263,9 +315,27 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
             return f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
         return None
 
-    head_dim = _check_tensors(q, k, v, dtype_problem)[3]
+    kind = "dense" if layout is None else "varlen" if isinstance(layout, Varlen) else "paged"
+    batch, heads_q, _, head_dim = _check_tensors(q, k, v, dtype_problem, layout=kind, same_v=False)
     if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
         raise ValueError(f"head_dim={head_dim} is outside {MIN_HEAD_DIM}..{MAX_HEAD_DIM}")
+    if not MIN_HEAD_DIM <= v.shape[-1] <= MAX_HEAD_DIM_V:
+        raise ValueError(f"V's head_dim={v.shape[-1]} is outside {MIN_HEAD_DIM}..{MAX_HEAD_DIM_V}")
+    if isinstance(layout, Varlen):
+        _index_tensor("cu_seqlens_q", layout.cu_seqlens_q, (None,), q.device)
+        batch = layout.cu_seqlens_q.shape[0] - 1
+        if batch < 0:
+            raise ValueError("cu_seqlens_q must hold at least one entry (0)")
+        _index_tensor("cu_seqlens_k", layout.cu_seqlens_k, (batch + 1,), q.device)
+        for name in ("max_seqlen_q", "max_seqlen_k"):
+            value = getattr(layout, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    elif isinstance(layout, Paged):
+        _index_tensor("cache_seqlens", layout.cache_seqlens, (batch,), q.device)
+        _index_tensor("block_table", layout.block_table, (batch, None), q.device)
+    if variants is not None:
+        check_variants(variants, heads_q, batch, q.device)
 
 
 def _block_d(head_dim: int) -> int:
@@ -304,93 +374,248 @@ def decode_splits(batch_heads_kv: int, n_k: int, block_n: int, waves: int, sm_co
 
 
 # ---------------------------------------------------------------------------------------------
+# Problems: the variants and the layouts, as the kernels take them
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Varlen:
+    """Packed sequences (``flash_attn_varlen_func``): q, k, v ``[total, H, D]``; sequence ``b`` owns
+    rows ``cu_seqlens[b]:cu_seqlens[b + 1]`` (int32, on the inputs' device)."""
+
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
+
+
+@dataclass(frozen=True)
+class Paged:
+    """A paged KV cache (``flash_attn_with_kvcache``): q ``[B, Nq, H, D]``; caches ``[pages,
+    page_size, Hkv, D]``; sequence ``b``'s token ``t`` in page ``block_table[b, t // page_size]``."""
+
+    block_table: torch.Tensor
+    cache_seqlens: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Variants:
+    """What changes the scores (the contract's variants): ``window`` is (left, right) with -1
+    unbounded (None: no window); ``alibi_slopes`` float32 [Hq] or [B, Hq]; ``sinks`` float32 [Hq]."""
+
+    causal: bool = False
+    window: tuple[int, int] | None = None
+    softcap: float = 0.0
+    alibi_slopes: torch.Tensor | None = None
+    sinks: torch.Tensor | None = None
+
+    def band(self) -> tuple[int, int]:
+        """(left, right) of the band ``-right <= i + Nk - Nq - j <= left``, causal folded in, an
+        unbounded side :data:`_UNBOUNDED`."""
+        left, right = self.window if self.window is not None else (-1, -1)
+        left = _UNBOUNDED if left < 0 else left
+        right = _UNBOUNDED if right < 0 else right
+        return left, min(right, 0) if self.causal else right
+
+    @property
+    def banded(self) -> bool:
+        return self.causal or self.window is not None
+
+    def key(self) -> tuple:
+        """What a plan depends on (the tensors' values do not matter to it)."""
+        return (self.causal, self.window, bool(self.softcap), self.alibi_slopes is not None,
+                self.sinks is not None)
+
+#: An unbounded side of a band: past any length, yet small enough that sums stay in int32.
+_UNBOUNDED = 1 << 30
+
+
+def _bshd(t: torch.Tensor) -> tuple[int, int, int, int]:
+    # [B, N, H, D] (paged q and output) or [pages, page_size, H, D] (caches) as the kernels'
+    # (batch or page, head, row, dim) strides.
+    s = t.stride()
+    return s[0], s[2], s[1], s[3]
+
+
+def _packed(t: torch.Tensor) -> tuple[int, int, int, int]:
+    # [total, H, D] as (no batch stride, head, row, dim): the sequence's first row is added in the kernel.
+    s = t.stride()
+    return 0, s[1], s[0], s[2]
+
+
+class _Problem:
+    """One call's tensors, sizes, strides and scalars in the order the kernels take them."""
+
+    __slots__ = ("q", "k", "v", "variants", "layout", "batch", "heads_q", "heads_kv", "n_q", "n_k",
+                 "head_dim", "head_dim_v", "scale", "q_strides", "k_strides", "v_strides", "page_size",
+                 "cu_q", "cu_k", "seqlens_k", "table", "table_stride", "slopes", "slope_stride", "sinks",
+                 "left", "right", "qk_scale", "cap_scale", "fast_tanh")
+
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, variants: Variants,
+                 layout: Varlen | Paged | None) -> None:
+        self.q, self.k, self.v, self.variants, self.layout, self.scale = q, k, v, variants, layout, scale
+        self.head_dim, self.head_dim_v = q.shape[-1], v.shape[-1]
+        self.page_size = 1
+        self.cu_q = self.cu_k = self.seqlens_k = self.table = q  # placeholders, never read
+        self.table_stride = 0
+        if layout is None:
+            self.batch, self.heads_q, self.n_q = q.shape[0], q.shape[1], q.shape[2]
+            self.heads_kv, self.n_k = k.shape[1], k.shape[2]
+            self.q_strides, self.k_strides, self.v_strides = q.stride(), k.stride(), v.stride()
+        elif isinstance(layout, Varlen):
+            self.batch, self.heads_q, self.heads_kv = layout.cu_seqlens_q.shape[0] - 1, q.shape[1], k.shape[1]
+            self.n_q, self.n_k = layout.max_seqlen_q, layout.max_seqlen_k
+            self.q_strides, self.k_strides, self.v_strides = _packed(q), _packed(k), _packed(v)
+            self.cu_q, self.cu_k = layout.cu_seqlens_q, layout.cu_seqlens_k
+        else:
+            self.batch, self.n_q, self.heads_q = q.shape[0], q.shape[1], q.shape[2]
+            self.heads_kv, self.page_size = k.shape[2], k.shape[1]
+            self.n_k = layout.block_table.shape[1] * self.page_size  # the most a sequence can hold
+            self.q_strides, self.k_strides, self.v_strides = _bshd(q), _bshd(k), _bshd(v)
+            self.seqlens_k, self.table = layout.cache_seqlens, layout.block_table
+            self.table_stride = layout.block_table.stride(0)
+        self.slopes, self.slope_stride = q, 0
+        if variants.alibi_slopes is not None:
+            self.slopes = variants.alibi_slopes
+            self.slope_stride = self.slopes.stride(0) if self.slopes.dim() == 2 else 0
+        self.sinks = q if variants.sinks is None else variants.sinks
+        self.left, self.right = variants.band()
+        if variants.softcap:
+            self.qk_scale, self.cap_scale = variants.softcap * _LOG2E, scale / variants.softcap
+        else:
+            self.qk_scale, self.cap_scale = scale * _LOG2E, 1.0
+        self.fast_tanh = q.device.type == "cuda" and q.dtype != torch.float32
+
+    @property
+    def group(self) -> int:
+        return self.heads_q // self.heads_kv
+
+    @property
+    def layout_code(self) -> int:
+        return 0 if self.layout is None else 1 if isinstance(self.layout, Varlen) else 2
+
+    def outputs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(output, base-2 LSE) in the layout's shapes. A packed output starts as zeros and its
+        LSE as +inf, so unused rows (no sequence writes them) hold nothing stale."""
+        q, dv = self.q, self.head_dim_v
+        if self.layout is None:
+            o = torch.empty((self.batch, self.heads_q, self.n_q, dv), dtype=q.dtype, device=q.device)
+            lse = torch.empty((self.batch, self.heads_q, self.n_q), dtype=torch.float32, device=q.device)
+        elif isinstance(self.layout, Varlen):
+            o = torch.zeros((q.shape[0], self.heads_q, dv), dtype=q.dtype, device=q.device)
+            lse = torch.full((self.heads_q, q.shape[0]), float("inf"), dtype=torch.float32, device=q.device)
+        else:
+            o = torch.empty((self.batch, self.n_q, self.heads_q, dv), dtype=q.dtype, device=q.device)
+            lse = torch.empty((self.batch, self.heads_q, self.n_q), dtype=torch.float32, device=q.device)
+        return o, lse
+
+    def strides(self, t: torch.Tensor) -> tuple[int, ...]:
+        """An output-like tensor's (batch, head, row, dim) strides (o, do, dq, dk, dv)."""
+        if self.layout is None:
+            return t.stride()
+        return _packed(t) if isinstance(self.layout, Varlen) else _bshd(t)
+
+    def lse_strides(self, lse: torch.Tensor) -> tuple[int, int, int]:
+        return (0, *lse.stride()) if isinstance(self.layout, Varlen) else lse.stride()
+
+    def constexprs(self, t: Tiles) -> dict[str, Any]:
+        variants = self.variants
+        return dict(HEAD_DIM=self.head_dim, HEAD_DIM_V=self.head_dim_v, BLOCK_D=_block_d(self.head_dim),
+                    BLOCK_DV=_block_d(self.head_dim_v), BLOCK_N=t.block_n, BANDED=variants.banded,
+                    SOFTCAP=bool(variants.softcap), ALIBI=variants.alibi_slopes is not None,
+                    FAST_TANH=self.fast_tanh, DOT_PRECISION=_dot_precision(self.q.dtype),
+                    num_warps=t.num_warps, num_stages=t.num_stages)
+
+
+# ---------------------------------------------------------------------------------------------
 # Forward
 # ---------------------------------------------------------------------------------------------
 
 
-def _launch_fwd(q, k, v, o, lse, causal: bool, scale: float, t: Tiles) -> None:
-    batch, heads_q, n_q, head_dim = q.shape
-    heads_kv, n_k = k.shape[1], k.shape[2]
-    attn_fwd[(triton.cdiv(n_q, t.block_m), batch * heads_q)](
-        q, k, v, o, lse,
-        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        heads_q, n_q, n_k, heads_q // heads_kv, scale * _LOG2E,
-        HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), BLOCK_M=t.block_m, BLOCK_N=t.block_n,
-        CAUSAL=causal, DOT_PRECISION=_dot_precision(q.dtype),
-        num_warps=t.num_warps, num_stages=t.num_stages,
+def _launch_fwd(p: _Problem, o: torch.Tensor, lse: torch.Tensor, t: Tiles) -> None:
+    attn_fwd[(triton.cdiv(p.n_q, t.block_m), p.batch * p.heads_q)](
+        p.q, p.k, p.v, o, lse, p.slopes, p.sinks, p.cu_q, p.cu_k, p.seqlens_k, p.table,
+        *p.q_strides, *p.k_strides, *p.v_strides, *p.strides(o), *p.lse_strides(lse),
+        p.slope_stride, p.table_stride,
+        p.heads_q, p.n_q, p.n_k, p.group, p.qk_scale, p.cap_scale, p.left, p.right,
+        BLOCK_M=t.block_m, HAS_SINKS=p.variants.sinks is not None, LAYOUT=p.layout_code,
+        PAGE_SIZE=p.page_size, **p.constexprs(t),
     )
 
 
-def _launch_decode(q, k, v, o, lse, causal: bool, scale: float, t: Tiles) -> None:
-    batch, heads_q, n_q, head_dim = q.shape
-    heads_kv, n_k = k.shape[1], k.shape[2]
-    group = heads_q // heads_kv
-    block_d = _block_d(head_dim)
-    splits, per_split = decode_splits(batch * heads_kv, n_k, t.block_n, t.waves, _sm_count(q.device))
+def _launch_decode(p: _Problem, o: torch.Tensor, lse: torch.Tensor, t: Tiles) -> None:
+    block_dv = _block_d(p.head_dim_v)
+    splits, per_split = decode_splits(p.batch * p.heads_kv, p.n_k, t.block_n, t.waves, _sm_count(p.q.device))
     direct = splits == 1
     if direct:
         o_part = lse_part = lse  # unused placeholders: the kernel writes o and lse itself
     else:  # one allocation for both scratch arrays: each call's host time counts in decode
-        parts = batch * heads_q * n_q * splits
-        scratch = torch.empty(parts * (block_d + 1), dtype=torch.float32, device=q.device)
-        o_part, lse_part = scratch[:parts * block_d], scratch[parts * block_d:]
-    attn_fwd_split[(splits, batch * heads_kv)](
-        q, k, v, o, lse, o_part, lse_part,
-        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        heads_q, heads_kv, n_q, n_k, group, per_split, scale * _LOG2E,
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_R=max(16, triton.next_power_of_2(group * n_q)),
-        BLOCK_N=t.block_n, CAUSAL=causal, DIRECT=direct, DOT_PRECISION=_dot_precision(q.dtype),
-        num_warps=t.num_warps, num_stages=t.num_stages,
+        parts = p.batch * p.heads_q * p.n_q * splits
+        scratch = torch.empty(parts * (block_dv + 1), dtype=torch.float32, device=p.q.device)
+        o_part, lse_part = scratch[:parts * block_dv], scratch[parts * block_dv:]
+    has_sinks = p.variants.sinks is not None
+    o_strides, lse_strides = p.strides(o), p.lse_strides(lse)
+    attn_fwd_split[(splits, p.batch * p.heads_kv)](
+        p.q, p.k, p.v, o, lse, o_part, lse_part, p.slopes, p.sinks, p.seqlens_k, p.table,
+        *p.q_strides, *p.k_strides, *p.v_strides, *o_strides, *lse_strides, p.slope_stride, p.table_stride,
+        p.heads_q, p.heads_kv, p.n_q, p.n_k, p.group, per_split, p.qk_scale, p.cap_scale, p.left, p.right,
+        BLOCK_R=max(16, triton.next_power_of_2(p.group * p.n_q)), HAS_SINKS=has_sinks, LAYOUT=p.layout_code,
+        PAGE_SIZE=p.page_size, DIRECT=direct, **p.constexprs(t),
     )
     if not direct:
-        attn_fwd_combine[(batch * heads_q * n_q,)](
-            o_part, lse_part, o, lse, *o.stride(), heads_q, n_q, splits,
-            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=max(2, triton.next_power_of_2(splits)),
-            num_warps=4,
+        attn_fwd_combine[(p.batch * p.heads_q * p.n_q,)](
+            o_part, lse_part, o, lse, p.sinks, *o_strides, *lse_strides, p.heads_q, p.n_q, splits,
+            HEAD_DIM_V=p.head_dim_v, BLOCK_DV=block_dv, BLOCK_S=max(2, triton.next_power_of_2(splits)),
+            HAS_SINKS=has_sinks, num_warps=4,
         )
 
 
-def _plan_fwd(q, k, v, o, lse, causal: bool, scale: float) -> tuple[Callable[..., None], Tiles]:
-    batch, heads_q, n_q, head_dim = q.shape
-    heads_kv, n_k = k.shape[1], k.shape[2]
-    group = heads_q // heads_kv
-    block_d = _block_d(head_dim)
-    waves = tile_candidates("decode", block_d, q.dtype)[0].waves
-    decode = uses_decode_kernel(n_q, group, n_k, batch * heads_kv, _sm_count(q.device), waves)
+def _plan_fwd(p: _Problem, o: torch.Tensor, lse: torch.Tensor) -> tuple[Callable[..., None], Tiles]:
+    block_d = max(_block_d(p.head_dim), _block_d(p.head_dim_v))
+    waves = tile_candidates("decode", block_d, p.q.dtype)[0].waves
+    decode = not isinstance(p.layout, Varlen) and uses_decode_kernel(
+        p.n_q, p.group, p.n_k, p.batch * p.heads_kv, _sm_count(p.q.device), waves)
     kernel, launch = ("decode", _launch_decode) if decode else ("fwd", _launch_fwd)
-    key = (q.dtype, head_dim, causal, _size_class(n_q), _size_class(n_k),
-           _size_class(batch * heads_kv) if decode else group > 1)
+    key = (p.q.dtype, p.head_dim, p.head_dim_v, p.variants.key(), p.layout_code, p.page_size,
+           _size_class(p.n_q), _size_class(p.n_k), _size_class(p.batch * p.heads_kv) if decode else p.group > 1)
     if decode:  # memory bound: the work that matters is the KV cache's bytes
-        work = 2.0 * batch * heads_kv * n_k * head_dim * q.element_size()
+        work = 1.0 * p.batch * p.heads_kv * p.n_k * (p.head_dim + p.head_dim_v) * p.q.element_size()
     else:
-        work = 4.0 * batch * heads_q * n_q * n_k * head_dim
-    tiles = _choose(kernel, key, block_d, q.dtype, causal, n_k,
-                    lambda t: launch(q, k, v, o, lse, causal, scale, t), work, memory_bound=decode)
+        work = 2.0 * p.batch * p.heads_q * p.n_q * p.n_k * (p.head_dim + p.head_dim_v)
+    tiles = _choose(kernel, key, block_d, p.q.dtype, p.variants.causal, p.n_k,
+                    lambda t: launch(p, o, lse, t), work, memory_bound=decode)
     return launch, tiles
 
 
 def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
-              tiles: Tiles | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(output, base-2 log-sum-exp per row) for checked inputs. ``tiles`` forces a configuration
-    (for benchmarks): ``block_m == 0`` selects the decode kernel."""
-    batch, heads_q, n_q, head_dim = q.shape
-    heads_kv, n_k = k.shape[1], k.shape[2]
-    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((batch, heads_q, n_q), dtype=torch.float32, device=q.device)
-    if o.numel() == 0:
+              tiles: Tiles | None = None, *, variants: Variants | None = None,
+              layout: Varlen | Paged | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output, base-2 log-sum-exp per row) for checked inputs. ``variants`` adds the window,
+    softcap, ALiBi and sinks (``causal`` is the one in it when given); ``layout`` makes the inputs
+    packed sequences or a paged cache. The LSE is [B, Hq, Nq] ([Hq, total_q] for varlen). ``tiles``
+    forces a configuration (for benchmarks): ``block_m == 0`` selects the decode kernel."""
+    variants = Variants(causal=causal) if variants is None else variants
+    p = _Problem(q, k, v, scale, variants, layout)
+    o, lse = p.outputs()
+    if o.numel() == 0 or p.batch * p.heads_q * p.n_q == 0:
         return o, lse
-    if n_k == 0:  # nothing to attend to: zeros, and lse = +inf as for any row that sees no key
-        return o.zero_(), lse.fill_(float("inf"))
+    if p.n_k == 0 and layout is None:  # nothing to attend to: zeros, and the LSE of no key
+        o.zero_()
+        if variants.sinks is not None:
+            return o, lse.copy_((variants.sinks * _LOG2E)[None, :, None].expand_as(lse))
+        return o, lse.fill_(float("inf"))
     if tiles is not None:  # forced: the tiles say which kernel
         launch = _launch_decode if tiles.block_m == 0 else _launch_fwd
     else:
-        plan_key = (q.shape, k.shape, q.dtype, causal, q.device)
+        plan_key = (q.shape, k.shape, v.shape, q.dtype, variants.key(), q.device,
+                    None if layout is None else (type(layout), getattr(layout, "max_seqlen_q", 0),
+                                                 getattr(layout, "max_seqlen_k", 0), p.n_k))
         plan = _PLANS.get(plan_key)
         if plan is None:
-            plan = _plan_fwd(q, k, v, o, lse, causal, scale)
+            plan = _plan_fwd(p, o, lse)
             _PLANS.put(plan_key, plan)
         launch, tiles = plan
-    launch(q, k, v, o, lse, causal, scale, tiles)
+    launch(p, o, lse, tiles)
     return o, lse
 
 
@@ -524,61 +749,88 @@ def flash_fwd_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 # ---------------------------------------------------------------------------------------------
 
 
-def _launch_dkdv(q, k, v, do, lse, delta, dk, dv, causal: bool, scale: float, t: Tiles) -> None:
-    batch, heads_q, n_q, head_dim = q.shape
-    heads_kv, n_k = k.shape[1], k.shape[2]
-    attn_bwd_dkdv[(triton.cdiv(n_k, t.block_n), batch * heads_kv)](
-        q, k, v, do, lse, delta, dk, dv,
-        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
-        heads_q, heads_kv, n_q, n_k, heads_q // heads_kv, scale, scale * _LOG2E,
-        HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), BLOCK_M=t.block_m, BLOCK_N=t.block_n,
-        CAUSAL=causal, DOT_PRECISION=_dot_precision(q.dtype),
-        num_warps=t.num_warps, num_stages=t.num_stages,
+def _launch_dkdv(p: _Problem, do, lse, delta, dk, dv, t: Tiles) -> None:
+    attn_bwd_dkdv[(triton.cdiv(p.n_k, t.block_n), p.batch * p.heads_kv)](
+        p.q, p.k, p.v, do, lse, delta, dk, dv, p.slopes, p.cu_q, p.cu_k,
+        *p.q_strides, *p.k_strides, *p.v_strides, *p.strides(do), *p.strides(dk), *p.strides(dv),
+        *p.lse_strides(lse), p.slope_stride,
+        p.heads_q, p.heads_kv, p.n_q, p.n_k, p.group, p.scale, p.qk_scale, p.cap_scale, p.left, p.right,
+        BLOCK_M=t.block_m, LAYOUT=p.layout_code, **p.constexprs(t),
     )
 
 
-def _launch_dq(q, k, v, do, lse, delta, dq, causal: bool, scale: float, t: Tiles) -> None:
-    batch, heads_q, n_q, head_dim = q.shape
-    heads_kv, n_k = k.shape[1], k.shape[2]
-    attn_bwd_dq[(triton.cdiv(n_q, t.block_m), batch * heads_q)](
-        q, k, v, do, lse, delta, dq,
-        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
-        heads_q, n_q, n_k, heads_q // heads_kv, scale, scale * _LOG2E,
-        HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), BLOCK_M=t.block_m, BLOCK_N=t.block_n,
-        CAUSAL=causal, DOT_PRECISION=_dot_precision(q.dtype),
-        num_warps=t.num_warps, num_stages=t.num_stages,
+def _launch_dq(p: _Problem, do, lse, delta, dq, t: Tiles) -> None:
+    attn_bwd_dq[(triton.cdiv(p.n_q, t.block_m), p.batch * p.heads_q)](
+        p.q, p.k, p.v, do, lse, delta, dq, p.slopes, p.cu_q, p.cu_k,
+        *p.q_strides, *p.k_strides, *p.v_strides, *p.strides(do), *p.strides(dq),
+        *p.lse_strides(lse), p.slope_stride,
+        p.heads_q, p.n_q, p.n_k, p.group, p.scale, p.qk_scale, p.cap_scale, p.left, p.right,
+        BLOCK_M=t.block_m, LAYOUT=p.layout_code, **p.constexprs(t),
     )
 
 
 def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               o: torch.Tensor, lse: torch.Tensor, causal: bool, scale: float,
-              tiles: dict[str, Tiles] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) from the forward's output and log-sum-exp. ``tiles`` may force the "dkdv"
-    and "dq" kernels' configurations (for benchmarks)."""
-    batch, heads_q, n_q, head_dim = q.shape
-    heads_kv, n_k = k.shape[1], k.shape[2]
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    if n_q == 0 or n_k == 0 or batch * heads_q == 0:
-        # No query or no key: nothing attends, so every gradient is zero.
-        return dq.zero_(), dk.zero_(), dv.zero_()
-    block_d = _block_d(head_dim)
-    tiles = tiles or {}
+              tiles: dict[str, Tiles] | None = None, *, variants: Variants | None = None,
+              layout: Varlen | None = None, dlse: torch.Tensor | None = None,
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(dq, dk, dv, dsinks) from the forward's output and base-2 LSE; ``dlse`` is the gradient of
+    the natural LSE the caller returned (None: not used). ``dsinks`` is None without sinks.
+    ``tiles`` may force the "dkdv" and "dq" kernels' configurations (for benchmarks)."""
+    variants = Variants(causal=causal) if variants is None else variants
+    p = _Problem(q, k, v, scale, variants, layout)
+    packed = layout is not None
+    # Packed gradients start at zero: rows past the last sequence belong to no program.
+    alloc = torch.zeros if packed else torch.empty
+    dq = alloc(q.shape, dtype=q.dtype, device=q.device)
+    dk = alloc(k.shape, dtype=k.dtype, device=k.device)
+    dv = alloc(v.shape, dtype=v.dtype, device=v.device)
+    sinks = variants.sinks
+    if p.n_q == 0 or p.n_k == 0 or p.batch * p.heads_q == 0:
+        # No query or no key: nothing attends, so every key gradient is zero; a sink's is its
+        # share of each row, which is all of it (lse = sink, out = 0): sum of dlse.
+        dsinks = None
+        if sinks is not None:
+            dsinks = torch.zeros_like(sinks) if dlse is None else _rows_per_head(dlse, packed).to(sinks.dtype)
+        return dq.zero_(), dk.zero_(), dv.zero_(), dsinks
 
+    # delta = rowsum(dO * O), in the LSE's layout (a packed tensor is one long sequence).
     delta = torch.empty_like(lse)
-    attn_bwd_preprocess[(triton.cdiv(n_q, 64), batch * heads_q)](
-        o, do, delta, *o.stride(), *do.stride(), heads_q, n_q,
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=64, num_warps=4,
+    if packed:
+        o4, do4 = o.permute(1, 0, 2)[None], do.permute(1, 0, 2)[None]
+    else:
+        o4, do4 = o, do
+    rows = o4.shape[2]
+    attn_bwd_preprocess[(triton.cdiv(rows, 64), o4.shape[0] * p.heads_q)](
+        o4, do4, delta, *o4.stride(), *do4.stride(), p.heads_q, rows,
+        HEAD_DIM_V=p.head_dim_v, BLOCK_DV=_block_d(p.head_dim_v), BLOCK_M=64, num_warps=4,
     )
-    key = (q.dtype, head_dim, causal, _size_class(n_q), _size_class(n_k), heads_q > heads_kv)
-    work = 4.0 * batch * heads_q * n_q * n_k * head_dim  # the forward's FLOPs: only compared with a floor
+    if dlse is not None:  # d lse / d s = p: the LSE's gradient joins dS = P (dP - delta + dlse)
+        delta -= dlse
+    dsinks = None
+    if sinks is not None:
+        # d out / d sink = -p_sink out and d lse / d sink = p_sink, so d sink = -sum p_sink delta,
+        # p_sink = 2^(sink * log2(e) - lse) (0 for rows of no sequence, whose lse is +inf).
+        heads = (slice(None), None) if packed else (None, slice(None), None)
+        p_sink = torch.exp2(sinks.float()[heads] * _LOG2E - lse)
+        dsinks = -_rows_per_head(p_sink * delta, packed).to(sinks.dtype)
+
+    block_d = max(_block_d(p.head_dim), _block_d(p.head_dim_v))
+    tiles = tiles or {}
+    key = (q.dtype, p.head_dim, p.head_dim_v, variants.key(), p.layout_code, _size_class(p.n_q),
+           _size_class(p.n_k), p.group > 1)
+    work = 2.0 * p.batch * p.heads_q * p.n_q * p.n_k * (p.head_dim + p.head_dim_v)  # compared with a floor only
     t = tiles.get("dkdv") or _choose(
-        "dkdv", key, block_d, q.dtype, causal, n_k,
-        lambda t: _launch_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, t), work)
-    _launch_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, t)
+        "dkdv", key, block_d, q.dtype, variants.causal, p.n_k,
+        lambda t: _launch_dkdv(p, do, lse, delta, dk, dv, t), work)
+    _launch_dkdv(p, do, lse, delta, dk, dv, t)
     t = tiles.get("dq") or _choose(
-        "dq", key, block_d, q.dtype, causal, n_k,
-        lambda t: _launch_dq(q, k, v, do, lse, delta, dq, causal, scale, t), work)
-    _launch_dq(q, k, v, do, lse, delta, dq, causal, scale, t)
-    return dq, dk, dv
+        "dq", key, block_d, q.dtype, variants.causal, p.n_k,
+        lambda t: _launch_dq(p, do, lse, delta, dq, t), work)
+    _launch_dq(p, do, lse, delta, dq, t)
+    return dq, dk, dv, dsinks
+
+
+def _rows_per_head(values: torch.Tensor, packed: bool) -> torch.Tensor:
+    # [B, H, N] (or packed [H, total]) summed to [H].
+    return values.sum(dim=1) if packed else values.sum(dim=(0, 2))
