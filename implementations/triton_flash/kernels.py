@@ -185,14 +185,22 @@ def _scores(qk, i, j, n_k, diag, left, right, qk_scale, cap_scale, slope,
 
 
 @_kernel
-def _tile_ranges(lo, hi, all_lo, all_hi, BLOCK: tl.constexpr):
+def _tile_ranges(lo, hi, all_lo, all_hi, BLOCK: tl.constexpr, LEADING: tl.constexpr):
     # Block ranges over [lo, hi) on a grid of BLOCK from 0: masked [start, a), unmasked [a, b),
     # masked [b, end). [all_lo, all_hi) is what every row of the tile sees, so its whole blocks
     # need no mask. Negative bounds are clamped first (integer division must not see them).
-    end = tl.maximum(hi, lo)
-    start = tl.where(end > lo, lo // BLOCK * BLOCK, end)
-    a = tl.minimum(tl.cdiv(tl.maximum(all_lo, start), BLOCK) * BLOCK, end)
-    a = tl.maximum(a, start)
+    # Without LEADING (no bound on that side: lo and all_lo are <= 0) the ranges start at the
+    # constant 0, as the kernels did before windows: computed lower bounds cost the backward
+    # kernels 25-50 registers per thread (Triton 3.6 and 3.9, sm90; NOTES.md).
+    if LEADING:
+        end = tl.maximum(hi, lo)
+        start = tl.where(end > lo, lo // BLOCK * BLOCK, end)
+        a = tl.minimum(tl.cdiv(tl.maximum(all_lo, start), BLOCK) * BLOCK, end)
+        a = tl.maximum(a, start)
+    else:
+        end = tl.maximum(hi, 0)
+        start = 0
+        a = 0
     b = tl.maximum(tl.maximum(all_hi, a) // BLOCK * BLOCK, a)
     return start, a, b, end
 
@@ -241,20 +249,23 @@ def _attn_fwd_rows(q, k_base, v_base, table, stride_kp, stride_kn, stride_kd, st
                    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
                    BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
                    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, FAST_TANH: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr):
+                   DOT_PRECISION: tl.constexpr, LEADING: tl.constexpr):
     # One tile of query rows against keys [lo, hi), of which [all_lo, all_hi) are seen by every
     # row (see _tile_ranges). Returns the normalized output, which rows saw a key (l > 0), and
-    # m + log2(l) for those rows; the caller chooses what a row that saw no key saves.
-    start, a, b, end = _tile_ranges(lo, hi, all_lo, all_hi, BLOCK_N)
+    # m + log2(l) for those rows; the caller chooses what a row that saw no key saves. The
+    # leading masked blocks exist only under a window's left bound (LEADING): without one the
+    # loop is not generated at all, so plain and causal tiles compile as they did before windows.
+    start, a, b, end = _tile_ranges(lo, hi, all_lo, all_hi, BLOCK_N, LEADING)
     m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([ROWS], dtype=tl.float32)
     acc = tl.zeros([ROWS, BLOCK_DV], dtype=tl.float32)
-    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, table,
-                                    stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
-                                    i, offs_d, offs_dv, start, a, n_k, diag, left, right,
-                                    qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV,
-                                    BLOCK_N, BANDED, SOFTCAP, ALIBI, PAGED, PAGE_SIZE, True, FAST_TANH,
-                                    DOT_PRECISION)
+    if LEADING:
+        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, table,
+                                        stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
+                                        i, offs_d, offs_dv, start, a, n_k, diag, left, right,
+                                        qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV,
+                                        BLOCK_N, BANDED, SOFTCAP, ALIBI, PAGED, PAGE_SIZE, True, FAST_TANH,
+                                        DOT_PRECISION)
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, table,
                                     stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
                                     i, offs_d, offs_dv, a, b, n_k, diag, left, right,
@@ -288,30 +299,38 @@ def attn_fwd(Q, K, V, O, LSE, SLOPES, SINKS, CU_Q, CU_K, SEQLENS_K, TABLE,
              stride_kb, stride_kh, stride_kn, stride_kd,
              stride_vb, stride_vh, stride_vn, stride_vd,
              stride_ob, stride_oh, stride_om, stride_od,
-             stride_lb, stride_lh, stride_lm, stride_sb, stride_tb,
+             stride_lb, stride_lh, stride_sb, stride_tb,
              H_Q, N_Q, N_K, GROUP, qk_scale, cap_scale, left, right,
              HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
              BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, HAS_SINKS: tl.constexpr,
              LAYOUT: tl.constexpr, PAGE_SIZE: tl.constexpr, FAST_TANH: tl.constexpr,
-             DOT_PRECISION: tl.constexpr):
+             DOT_PRECISION: tl.constexpr, LEADING: tl.constexpr):
     start_m = tl.program_id(0) * BLOCK_M
     off_bh = tl.program_id(1)
     # 64-bit head offsets: batch * stride can pass 2**31 elements on large inputs.
     off_b = (off_bh // H_Q).to(tl.int64)
     off_h = (off_bh % H_Q).to(tl.int64)
     q_start, n_q, k_start, n_k = _sequence(off_b, N_Q, N_K, CU_Q, CU_K, SEQLENS_K, LAYOUT)
-    if start_m >= n_q:  # varlen: the grid covers the longest sequence
-        return
+    if LAYOUT == 1:
+        if start_m >= n_q:  # varlen: the grid covers the longest sequence
+            return
     off_hkv = off_h // GROUP
-    q_base = Q + off_b * stride_qb + off_h * stride_qh + q_start.to(tl.int64) * stride_qm
-    o_base = O + off_b * stride_ob + off_h * stride_oh + q_start.to(tl.int64) * stride_om
+    q_base = Q + off_b * stride_qb + off_h * stride_qh
+    o_base = O + off_b * stride_ob + off_h * stride_oh
+    lse_base = LSE + off_b * stride_lb + off_h * stride_lh
     if LAYOUT == 2:  # paged: K and V rows are found through the block table
         k_base = K + off_hkv * stride_kh
         v_base = V + off_hkv * stride_vh
     else:
-        k_base = K + off_b * stride_kb + off_hkv * stride_kh + k_start.to(tl.int64) * stride_kn
-        v_base = V + off_b * stride_vb + off_hkv * stride_vh + k_start.to(tl.int64) * stride_vn
+        k_base = K + off_b * stride_kb + off_hkv * stride_kh
+        v_base = V + off_b * stride_vb + off_hkv * stride_vh
+    if LAYOUT == 1:  # varlen: the sequence's first rows
+        q_base += q_start.to(tl.int64) * stride_qm
+        o_base += q_start.to(tl.int64) * stride_om
+        lse_base += q_start.to(tl.int64)
+        k_base += k_start.to(tl.int64) * stride_kn
+        v_base += k_start.to(tl.int64) * stride_vn
     table = TABLE + off_b * stride_tb
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -337,7 +356,7 @@ def attn_fwd(Q, K, V, O, LSE, SLOPES, SINKS, CU_Q, CU_K, SEQLENS_K, TABLE,
                                     offs_m[:, None], offs_d, offs_dv, lo, hi, all_lo, all_hi, n_k, diag,
                                     left, right, qk_scale, cap_scale, slope,
                                     BLOCK_M, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, BANDED,
-                                    SOFTCAP, ALIBI, LAYOUT == 2, PAGE_SIZE, FAST_TANH, DOT_PRECISION)
+                                    SOFTCAP, ALIBI, LAYOUT == 2, PAGE_SIZE, FAST_TANH, DOT_PRECISION, LEADING)
     if HAS_SINKS:
         out, lse = _join_sink(out, seen, lse, tl.load(SINKS + off_h) * 1.4426950408889634)
     else:
@@ -347,8 +366,7 @@ def attn_fwd(Q, K, V, O, LSE, SLOPES, SINKS, CU_Q, CU_K, SEQLENS_K, TABLE,
 
     _store_tile(o_base + offs_m[:, None] * stride_om + offs_dv[None, :] * stride_od,
                 out.to(O.dtype.element_ty), offs_m, n_q, offs_dv, HEAD_DIM_V, HEAD_DIM_V != BLOCK_DV)
-    tl.store(LSE + off_b * stride_lb + off_h * stride_lh + (q_start + offs_m).to(tl.int64) * stride_lm,
-             lse, mask=offs_m < n_q)
+    tl.store(lse_base + offs_m, lse, mask=offs_m < n_q)
 
 
 @_kernel
@@ -357,7 +375,7 @@ def attn_fwd_split(Q, K, V, O, LSE, O_PART, LSE_PART, SLOPES, SINKS, SEQLENS_K, 
                    stride_kb, stride_kh, stride_kn, stride_kd,
                    stride_vb, stride_vh, stride_vn, stride_vd,
                    stride_ob, stride_oh, stride_om, stride_od,
-                   stride_lb, stride_lh, stride_lm, stride_sb, stride_tb,
+                   stride_lb, stride_lh, stride_sb, stride_tb,
                    H_Q, H_KV, N_Q, N_K, GROUP, keys_per_split, qk_scale, cap_scale, left, right,
                    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_DV: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -397,7 +415,8 @@ def attn_fwd_split(Q, K, V, O, LSE, O_PART, LSE_PART, SLOPES, SINKS, SEQLENS_K, 
         slope = (tl.load(SLOPES + off_b * stride_sb + head, mask=row_ok, other=0.0) * 1.4426950408889634)[:, None]
 
     # This slice's keys, cut to the band of the rows (positions 0 .. N_Q - 1, as in attn_fwd).
-    # Slices start on the block grid, so the masked blocks never reach into a neighbour.
+    # Slices start on the block grid, so the masked blocks never reach into a neighbour; a slice's
+    # start is a leading bound like a window's, so the leading loop is always generated here.
     diag = n_k - N_Q
     slice_lo = split * keys_per_split
     slice_hi = tl.minimum(slice_lo + keys_per_split, n_k)
@@ -410,7 +429,7 @@ def attn_fwd_split(Q, K, V, O, LSE, O_PART, LSE_PART, SLOPES, SINKS, SEQLENS_K, 
                                     pos[:, None], offs_d, offs_dv, lo, hi, all_lo, all_hi, n_k, diag,
                                     left, right, qk_scale, cap_scale, slope,
                                     BLOCK_R, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, BANDED,
-                                    SOFTCAP, ALIBI, LAYOUT == 2, PAGE_SIZE, FAST_TANH, DOT_PRECISION)
+                                    SOFTCAP, ALIBI, LAYOUT == 2, PAGE_SIZE, FAST_TANH, DOT_PRECISION, True)
     if DIRECT:
         if HAS_SINKS:
             sink = tl.load(SINKS + head, mask=row_ok, other=0.0) * 1.4426950408889634
@@ -420,7 +439,7 @@ def attn_fwd_split(Q, K, V, O, LSE, O_PART, LSE_PART, SLOPES, SINKS, SEQLENS_K, 
         tl.store(O + off_b * stride_ob + head[:, None] * stride_oh + pos[:, None] * stride_om
                  + offs_dv[None, :] * stride_od, out.to(O.dtype.element_ty),
                  mask=row_ok[:, None] & (offs_dv < HEAD_DIM_V)[None, :])
-        tl.store(LSE + off_b * stride_lb + head * stride_lh + pos * stride_lm, lse, mask=row_ok)
+        tl.store(LSE + off_b * stride_lb + head * stride_lh + pos, lse, mask=row_ok)
     else:
         # A slice that saw no key for a row weighs nothing in the merge: lse = -inf there.
         part = ((off_b * H_Q + head) * N_Q + pos) * num_splits + split
@@ -431,7 +450,7 @@ def attn_fwd_split(Q, K, V, O, LSE, O_PART, LSE_PART, SLOPES, SINKS, SEQLENS_K, 
 @_kernel
 def attn_fwd_combine(O_PART, LSE_PART, O, LSE, SINKS,
                      stride_ob, stride_oh, stride_om, stride_od,
-                     stride_lb, stride_lh, stride_lm,
+                     stride_lb, stride_lh,
                      H_Q, N_Q, num_splits,
                      HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_S: tl.constexpr,
                      HAS_SINKS: tl.constexpr):
@@ -459,7 +478,7 @@ def attn_fwd_combine(O_PART, LSE_PART, O, LSE, SINKS,
     out = tl.sum(o_s * w[:, None], 0) / tl.where(total > 0.0, total, 1.0)
     tl.store(O + off_b * stride_ob + off_h * stride_oh + pos * stride_om + offs_d * stride_od,
              out.to(O.dtype.element_ty), mask=offs_d < HEAD_DIM_V)
-    tl.store(LSE + off_b * stride_lb + off_h * stride_lh + pos * stride_lm,
+    tl.store(LSE + off_b * stride_lb + off_h * stride_lh + pos,
              tl.where(total > 0.0, m_safe + tl.log2(total), float("inf")))
 
 
@@ -633,7 +652,7 @@ def attn_bwd_preprocess(O, DO, DELTA,
 
 @_kernel
 def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-                         stride_qm, stride_qd, stride_dom, stride_dod, stride_lm,
+                         stride_qm, stride_qd, stride_dom, stride_dod,
                          offs_n, offs_d, offs_dv, lo, hi, n_q, n_k, diag, left, right,
                          qk_scale, cap_scale, slope,
                          HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -649,8 +668,8 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
         do = _load_tile(do_base + offs_m[:, None] * stride_dom + offs_dv[None, :] * stride_dod,
                         offs_m, n_q, offs_dv, HEAD_DIM_V, True, HEAD_DIM_V != BLOCK_DV)
         # Padding rows past n_q get lse = +inf, hence p = 0: no mask needed for them.
-        lse = tl.load(lse_base + offs_m * stride_lm, mask=offs_m < n_q, other=float("inf"))
-        delta = tl.load(delta_base + offs_m * stride_lm, mask=offs_m < n_q, other=0.0)
+        lse = tl.load(lse_base + offs_m, mask=offs_m < n_q, other=float("inf"))
+        delta = tl.load(delta_base + offs_m, mask=offs_m < n_q, other=0.0)
         qk_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
         # Masked before exp2: a hidden entry's score can be large (harmless once zeroed, but the
         # interpreter warns about the overflow).
@@ -674,30 +693,37 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, SLOPES, CU_Q, CU_K,
                   stride_dob, stride_doh, stride_dom, stride_dod,
                   stride_dkb, stride_dkh, stride_dkn, stride_dkd,
                   stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-                  stride_lb, stride_lh, stride_lm, stride_sb,
+                  stride_lb, stride_lh, stride_sb,
                   H_Q, H_KV, N_Q, N_K, GROUP, scale, qk_scale, cap_scale, left, right,
                   HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
                   BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-                  LAYOUT: tl.constexpr, FAST_TANH: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                  LAYOUT: tl.constexpr, FAST_TANH: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                  LEADING: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
     off_bhkv = tl.program_id(1)
     off_b = (off_bhkv // H_KV).to(tl.int64)
     off_hkv = (off_bhkv % H_KV).to(tl.int64)
     q_start, n_q, k_start, n_k = _sequence(off_b, N_Q, N_K, CU_Q, CU_K, CU_K, LAYOUT)
-    if start_n >= n_k:  # varlen: the grid covers the longest sequence
-        return
-    k_rows = k_start.to(tl.int64)
-    q_rows = q_start.to(tl.int64)
+    if LAYOUT == 1:
+        if start_n >= n_k:  # varlen: the grid covers the longest sequence
+            return
+    k_base = K + off_b * stride_kb + off_hkv * stride_kh
+    v_base = V + off_b * stride_vb + off_hkv * stride_vh
+    dk_base = DK + off_b * stride_dkb + off_hkv * stride_dkh
+    dv_base = DV + off_b * stride_dvb + off_hkv * stride_dvh
+    if LAYOUT == 1:  # varlen: the sequence's first key row
+        k_base += k_start.to(tl.int64) * stride_kn
+        v_base += k_start.to(tl.int64) * stride_vn
+        dk_base += k_start.to(tl.int64) * stride_dkn
+        dv_base += k_start.to(tl.int64) * stride_dvn
 
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    k = _load_tile(K + off_b * stride_kb + off_hkv * stride_kh + k_rows * stride_kn
-                   + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+    k = _load_tile(k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
                    offs_n, n_k, offs_d, HEAD_DIM, True, HEAD_DIM != BLOCK_D)
-    v = _load_tile(V + off_b * stride_vb + off_hkv * stride_vh + k_rows * stride_vn
-                   + offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vd,
+    v = _load_tile(v_base + offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vd,
                    offs_n, n_k, offs_dv, HEAD_DIM_V, True, HEAD_DIM_V != BLOCK_DV)
 
     # The queries that see a key of this block: -right <= i + diag - j <= left for some j in it.
@@ -711,42 +737,46 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, SLOPES, CU_Q, CU_K,
     all_hi = tl.minimum(start_n - diag + left + 1, q_end)
     if start_n + BLOCK_N > n_k:  # a ragged last key block masks its padding keys everywhere
         all_hi = 0
-    start, a, b, end = _tile_ranges(lo, hi, all_lo, all_hi, BLOCK_M)
+    start, a, b, end = _tile_ranges(lo, hi, all_lo, all_hi, BLOCK_M, LEADING)
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
     # Summing the group's query heads here writes dk/dv once, with no [B, Hq, Nk, D] scratch.
     for g in range(0, GROUP):
         off_h = off_hkv * GROUP + g
-        q_base = Q + off_b * stride_qb + off_h * stride_qh + q_rows * stride_qm
-        do_base = DO + off_b * stride_dob + off_h * stride_doh + q_rows * stride_dom
-        lse_base = LSE + off_b * stride_lb + off_h * stride_lh + q_rows * stride_lm
-        delta_base = DELTA + off_b * stride_lb + off_h * stride_lh + q_rows * stride_lm
+        q_base = Q + off_b * stride_qb + off_h * stride_qh
+        do_base = DO + off_b * stride_dob + off_h * stride_doh
+        lse_base = LSE + off_b * stride_lb + off_h * stride_lh
+        delta_base = DELTA + off_b * stride_lb + off_h * stride_lh
+        if LAYOUT == 1:  # varlen: the sequence's first query row
+            q_base += q_start.to(tl.int64) * stride_qm
+            do_base += q_start.to(tl.int64) * stride_dom
+            lse_base += q_start.to(tl.int64)
+            delta_base += q_start.to(tl.int64)
         slope = 0.0
         if ALIBI:
             slope = tl.load(SLOPES + off_b * stride_sb + off_h) * 1.4426950408889634
+        if LEADING:  # queries before the diagonal or the window's right edge see part of the block
+            dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
+                                          stride_qm, stride_qd, stride_dom, stride_dod,
+                                          offs_n, offs_d, offs_dv, start, a, n_q, n_k, diag, left, right,
+                                          qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV,
+                                          BLOCK_M, BANDED, SOFTCAP, ALIBI, True, FAST_TANH, DOT_PRECISION)
         dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-                                      stride_qm, stride_qd, stride_dom, stride_dod, stride_lm,
-                                      offs_n, offs_d, offs_dv, start, a, n_q, n_k, diag, left, right,
-                                      qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV,
-                                      BLOCK_M, BANDED, SOFTCAP, ALIBI, True, FAST_TANH, DOT_PRECISION)
-        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-                                      stride_qm, stride_qd, stride_dom, stride_dod, stride_lm,
+                                      stride_qm, stride_qd, stride_dom, stride_dod,
                                       offs_n, offs_d, offs_dv, a, b, n_q, n_k, diag, left, right,
                                       qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV,
                                       BLOCK_M, BANDED, SOFTCAP, ALIBI, False, FAST_TANH, DOT_PRECISION)
         dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-                                      stride_qm, stride_qd, stride_dom, stride_dod, stride_lm,
+                                      stride_qm, stride_qd, stride_dom, stride_dod,
                                       offs_n, offs_d, offs_dv, b, end, n_q, n_k, diag, left, right,
                                       qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV,
                                       BLOCK_M, BANDED, SOFTCAP, ALIBI, True, FAST_TANH, DOT_PRECISION)
 
     dk = dk * scale
-    _store_tile(DK + off_b * stride_dkb + off_hkv * stride_dkh + k_rows * stride_dkn
-                + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
+    _store_tile(dk_base + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
                 dk.to(DK.dtype.element_ty), offs_n, n_k, offs_d, HEAD_DIM, HEAD_DIM != BLOCK_D)
-    _store_tile(DV + off_b * stride_dvb + off_hkv * stride_dvh + k_rows * stride_dvn
-                + offs_n[:, None] * stride_dvn + offs_dv[None, :] * stride_dvd,
+    _store_tile(dv_base + offs_n[:, None] * stride_dvn + offs_dv[None, :] * stride_dvd,
                 dv.to(DV.dtype.element_ty), offs_n, n_k, offs_dv, HEAD_DIM_V, HEAD_DIM_V != BLOCK_DV)
 
 
@@ -784,36 +814,45 @@ def attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, SLOPES, CU_Q, CU_K,
                 stride_vb, stride_vh, stride_vn, stride_vd,
                 stride_dob, stride_doh, stride_dom, stride_dod,
                 stride_dqb, stride_dqh, stride_dqm, stride_dqd,
-                stride_lb, stride_lh, stride_lm, stride_sb,
+                stride_lb, stride_lh, stride_sb,
                 H_Q, N_Q, N_K, GROUP, scale, qk_scale, cap_scale, left, right,
                 HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
                 BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-                LAYOUT: tl.constexpr, FAST_TANH: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                LAYOUT: tl.constexpr, FAST_TANH: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                LEADING: tl.constexpr):
     start_m = tl.program_id(0) * BLOCK_M
     off_bh = tl.program_id(1)
     off_b = (off_bh // H_Q).to(tl.int64)
     off_h = (off_bh % H_Q).to(tl.int64)
     q_start, n_q, k_start, n_k = _sequence(off_b, N_Q, N_K, CU_Q, CU_K, CU_K, LAYOUT)
-    if start_m >= n_q:
-        return
+    if LAYOUT == 1:
+        if start_m >= n_q:
+            return
     off_hkv = off_h // GROUP
-    q_rows = q_start.to(tl.int64)
-    k_base = K + off_b * stride_kb + off_hkv * stride_kh + k_start.to(tl.int64) * stride_kn
-    v_base = V + off_b * stride_vb + off_hkv * stride_vh + k_start.to(tl.int64) * stride_vn
+    k_base = K + off_b * stride_kb + off_hkv * stride_kh
+    v_base = V + off_b * stride_vb + off_hkv * stride_vh
+    q_base = Q + off_b * stride_qb + off_h * stride_qh
+    do_base = DO + off_b * stride_dob + off_h * stride_doh
+    dq_base = DQ + off_b * stride_dqb + off_h * stride_dqh
+    row = off_b * stride_lb + off_h * stride_lh
+    if LAYOUT == 1:  # varlen: the sequence's first rows
+        k_base += k_start.to(tl.int64) * stride_kn
+        v_base += k_start.to(tl.int64) * stride_vn
+        q_base += q_start.to(tl.int64) * stride_qm
+        do_base += q_start.to(tl.int64) * stride_dom
+        dq_base += q_start.to(tl.int64) * stride_dqm
+        row += q_start.to(tl.int64)
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    q = _load_tile(Q + off_b * stride_qb + off_h * stride_qh + q_rows * stride_qm
-                   + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+    q = _load_tile(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
                    offs_m, n_q, offs_d, HEAD_DIM, True, HEAD_DIM != BLOCK_D)
-    do = _load_tile(DO + off_b * stride_dob + off_h * stride_doh + q_rows * stride_dom
-                    + offs_m[:, None] * stride_dom + offs_dv[None, :] * stride_dod,
+    do = _load_tile(do_base + offs_m[:, None] * stride_dom + offs_dv[None, :] * stride_dod,
                     offs_m, n_q, offs_dv, HEAD_DIM_V, True, HEAD_DIM_V != BLOCK_DV)
-    row = off_b * stride_lb + off_h * stride_lh + (q_rows + offs_m) * stride_lm
-    lse = tl.load(LSE + row, mask=offs_m < n_q, other=float("inf"))
-    delta = tl.load(DELTA + row, mask=offs_m < n_q, other=0.0)
+    lse = tl.load(LSE + row + offs_m, mask=offs_m < n_q, other=float("inf"))
+    delta = tl.load(DELTA + row + offs_m, mask=offs_m < n_q, other=0.0)
     slope = 0.0
     if ALIBI:
         slope = tl.load(SLOPES + off_b * stride_sb + off_h) * 1.4426950408889634
@@ -824,13 +863,14 @@ def attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, SLOPES, CU_Q, CU_K,
     hi = tl.minimum(last + diag + right + 1, n_k)
     all_lo = last + diag - left
     all_hi = tl.minimum(start_m + diag + right + 1, n_k)
-    start, a, b, end = _tile_ranges(lo, hi, all_lo, all_hi, BLOCK_N)
+    start, a, b, end = _tile_ranges(lo, hi, all_lo, all_hi, BLOCK_N, LEADING)
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                            offs_m[:, None], offs_d, offs_dv, start, a, n_k, diag, left, right,
-                            qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N,
-                            BANDED, SOFTCAP, ALIBI, True, FAST_TANH, DOT_PRECISION)
+    if LEADING:  # a window's left bound: the band's first blocks are partly visible
+        dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                                offs_m[:, None], offs_d, offs_dv, start, a, n_k, diag, left, right,
+                                qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N,
+                                BANDED, SOFTCAP, ALIBI, True, FAST_TANH, DOT_PRECISION)
     dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
                             offs_m[:, None], offs_d, offs_dv, a, b, n_k, diag, left, right,
                             qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N,
@@ -840,6 +880,5 @@ def attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, SLOPES, CU_Q, CU_K,
                             qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N,
                             BANDED, SOFTCAP, ALIBI, True, FAST_TANH, DOT_PRECISION)
     dq = dq * scale
-    _store_tile(DQ + off_b * stride_dqb + off_h * stride_dqh + q_rows * stride_dqm
-                + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
+    _store_tile(dq_base + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
                 dq.to(DQ.dtype.element_ty), offs_m, n_q, offs_d, HEAD_DIM, HEAD_DIM != BLOCK_D)

@@ -515,8 +515,10 @@ class _Problem:
             return t.stride()
         return _packed(t) if isinstance(self.layout, Varlen) else _bshd(t)
 
-    def lse_strides(self, lse: torch.Tensor) -> tuple[int, int, int]:
-        return (0, *lse.stride()) if isinstance(self.layout, Varlen) else lse.stride()
+    def lse_strides(self, lse: torch.Tensor) -> tuple[int, int]:
+        """The LSE's (batch, head) strides; its rows are contiguous in every layout (the kernels
+        assume it: a row stride the compiler cannot see as 1 costs the loads their vectors)."""
+        return (0, lse.stride(0)) if isinstance(self.layout, Varlen) else lse.stride()[:2]
 
     def constexprs(self, t: Tiles) -> dict[str, Any]:
         variants = self.variants
@@ -539,7 +541,7 @@ def _launch_fwd(p: _Problem, o: torch.Tensor, lse: torch.Tensor, t: Tiles) -> No
         p.slope_stride, p.table_stride,
         p.heads_q, p.n_q, p.n_k, p.group, p.qk_scale, p.cap_scale, p.left, p.right,
         BLOCK_M=t.block_m, HAS_SINKS=p.variants.sinks is not None, LAYOUT=p.layout_code,
-        PAGE_SIZE=p.page_size, **p.constexprs(t),
+        PAGE_SIZE=p.page_size, LEADING=p.left < _UNBOUNDED, **p.constexprs(t),
     )
 
 
@@ -755,7 +757,7 @@ def _launch_dkdv(p: _Problem, do, lse, delta, dk, dv, t: Tiles) -> None:
         *p.q_strides, *p.k_strides, *p.v_strides, *p.strides(do), *p.strides(dk), *p.strides(dv),
         *p.lse_strides(lse), p.slope_stride,
         p.heads_q, p.heads_kv, p.n_q, p.n_k, p.group, p.scale, p.qk_scale, p.cap_scale, p.left, p.right,
-        BLOCK_M=t.block_m, LAYOUT=p.layout_code, **p.constexprs(t),
+        BLOCK_M=t.block_m, LAYOUT=p.layout_code, LEADING=p.right < _UNBOUNDED, **p.constexprs(t),
     )
 
 
@@ -765,7 +767,7 @@ def _launch_dq(p: _Problem, do, lse, delta, dq, t: Tiles) -> None:
         *p.q_strides, *p.k_strides, *p.v_strides, *p.strides(do), *p.strides(dq),
         *p.lse_strides(lse), p.slope_stride,
         p.heads_q, p.n_q, p.n_k, p.group, p.scale, p.qk_scale, p.cap_scale, p.left, p.right,
-        BLOCK_M=t.block_m, LAYOUT=p.layout_code, **p.constexprs(t),
+        BLOCK_M=t.block_m, LAYOUT=p.layout_code, LEADING=p.left < _UNBOUNDED, **p.constexprs(t),
     )
 
 

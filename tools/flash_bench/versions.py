@@ -1,0 +1,162 @@
+"""Time several versions of triton_flash side by side in one process, kernel by kernel.
+
+Each version is a folder holding a copy of ``implementations/triton_flash``'s ``kernels.py``,
+``launch.py`` and ``autograd.py`` (e.g. from ``git show REV:implementations/triton_flash/...``);
+it is imported as its own package, so each version compiles its own kernels. For each case the
+forward and the backward are timed with CUDA events (median of ``--reps`` calls, L2 flushed
+before each), and one profiled backward splits the time by kernel. ``--sweep`` adds, for the last
+version only, a few tile configurations per case (``launch.Tiles``) to see what the defaults leave.
+
+Usage: python3 tools/flash_bench/versions.py --version old=DIR --version new=DIR [--sweep] --out FILE
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+CASES = {  # name: (batch, heads, seqlen, head_dim, head_dim_v, causal, variant keywords)
+    "d128-16k": (1, 16, 16384, 128, 128, False, {}),
+    "d128-16k-causal": (1, 16, 16384, 128, 128, True, {}),
+    "d64-16k": (1, 32, 16384, 64, 64, False, {}),
+    "d128-4k": (4, 16, 4096, 128, 128, False, {}),
+    "d128-16k-alibi": (1, 16, 16384, 128, 128, False, {"alibi": True}),
+    "d128-16k-causal-w4096": (1, 16, 16384, 128, 128, True, {"window_size": (4096, 0)}),
+    "d192-dv128-4k-causal": (4, 16, 4096, 192, 128, True, {}),
+}
+SWEEP = {  # case: {kernel: [tiles...]}
+    "d192-dv128-4k-causal": {"fwd": [(64, 64, 4, 2), (64, 32, 4, 2), (128, 64, 8, 2), (128, 32, 8, 2)],
+                             "dkdv": [(32, 32, 4, 2), (64, 64, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2)],
+                             "dq": [(32, 32, 4, 2), (64, 32, 4, 2), (64, 64, 4, 2), (128, 32, 8, 2)]},
+    "d128-16k-alibi": {"dkdv": [(64, 128, 8, 3), (32, 64, 4, 3), (64, 64, 4, 3), (128, 64, 8, 3)],
+                       "dq": [(128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3)]},
+    "d128-16k": {"dkdv": [(64, 128, 8, 3), (64, 64, 4, 3), (128, 64, 8, 3)],
+                 "dq": [(128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3)]},
+    "d128-16k-causal-w4096": {"dkdv": [(32, 64, 4, 3), (64, 128, 8, 3), (64, 64, 4, 3)],
+                              "dq": [(128, 64, 8, 3), (64, 64, 4, 3)]},
+}
+
+
+def load(name: str, folder: Path, scratch: Path):
+    package = scratch / f"tf_{name}"
+    package.mkdir()
+    for file in ("kernels.py", "launch.py", "autograd.py"):
+        shutil.copy(folder / file, package / file)
+    (package / "__init__.py").write_text("")
+    sys.path.insert(0, str(scratch))
+    return importlib.import_module(f"tf_{name}.autograd"), importlib.import_module(f"tf_{name}.launch")
+
+
+def timed(fn, reps: int) -> float:
+    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    times = []
+    for _ in range(reps):
+        flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def inputs(case: tuple, seed: int = 0):
+    batch, heads, n, d, dv, causal, variants = case
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k = (torch.randn(batch, heads, n, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+    v = torch.randn(batch, heads, n, dv, device="cuda", dtype=torch.bfloat16, generator=gen)
+    keywords = dict(variants)
+    if keywords.pop("alibi", False):
+        keywords["alibi_slopes"] = torch.rand(heads, device="cuda", generator=gen) * 0.3
+    return q, k, v, causal, keywords
+
+
+def measure(autograd, case: tuple, reps: int) -> dict:
+    q, k, v, causal, keywords = inputs(case)
+    try:
+        autograd.flash_attention(q[:, :, :1], k[:, :, :64], v[:, :, :64], causal=causal, **keywords)
+    except (TypeError, ValueError) as error:  # a version without these variants (or V head dims)
+        return {"skipped": str(error)}
+    with torch.no_grad():
+        fwd = timed(lambda: autograd.flash_attention(q, k, v, causal=causal, **keywords), reps)
+    q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
+    o = autograd.flash_attention(q, k, v, causal=causal, **keywords)
+    do = torch.randn_like(o)
+    bwd = timed(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True), reps)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+        torch.cuda.synchronize()
+    kernels = {event.key: round(event.device_time_total / 3 / 1000, 4) for event in prof.key_averages()
+               if event.device_time_total > 0 and "attn" in event.key}
+    return {"fwd_ms": round(fwd, 4), "bwd_ms": round(bwd, 4), "bwd_kernels_ms": kernels}
+
+
+def sweep(autograd, launch, case: tuple, choices: dict, reps: int) -> dict:
+    q, k, v, causal, keywords = inputs(case)
+    results = {}
+    original = launch.default_tiles
+    for kernel, options in choices.items():
+        for option in options:
+            tiles = launch.Tiles(*option)
+
+            def chooser(name, *args, _kernel=kernel, _tiles=tiles):
+                return _tiles if name == _kernel else original(name, *args)
+
+            launch.default_tiles = chooser
+            launch._PLANS.clear()
+            try:
+                if kernel == "fwd":
+                    with torch.no_grad():
+                        ms = timed(lambda: autograd.flash_attention(q, k, v, causal=causal, **keywords), reps)
+                else:
+                    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+                    o = autograd.flash_attention(qg, kg, vg, causal=causal, **keywords)
+                    do = torch.randn_like(o)
+                    ms = timed(lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True), reps)
+                results[f"{kernel} {tiles}"] = round(ms, 4)
+            except Exception as error:  # a tile that does not fit: say so and go on
+                results[f"{kernel} {tiles}"] = f"{type(error).__name__}: {str(error)[:120]}"
+            finally:
+                launch.default_tiles = original
+                launch._PLANS.clear()
+            print(f"  sweep {kernel} {tiles}: {results[f'{kernel} {tiles}']}", flush=True)
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="append", required=True, help="NAME=DIR")
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    scratch = Path(tempfile.mkdtemp())
+    versions = [(spec.split("=", 1)[0], Path(spec.split("=", 1)[1])) for spec in args.version]
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "results": {}}
+    loaded = {name: load(name, folder, scratch) for name, folder in versions}
+    for case_name, case in CASES.items():
+        for name, (autograd, _) in loaded.items():
+            result = measure(autograd, case, args.reps)
+            report["results"].setdefault(case_name, {})[name] = result
+            print(f"{case_name:24s} {name:6s} {json.dumps(result)}", flush=True)
+    if args.sweep:
+        name, (autograd, launch) = list(loaded.items())[-1]
+        for case_name, choices in SWEEP.items():
+            print(f"sweep {case_name} ({name})", flush=True)
+            report.setdefault("sweep", {})[case_name] = sweep(autograd, launch, CASES[case_name], choices, args.reps)
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
