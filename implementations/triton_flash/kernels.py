@@ -699,7 +699,7 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, SLOPES, CU_Q, CU_K,
                   BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
                   LAYOUT: tl.constexpr, FAST_TANH: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                  LEADING: tl.constexpr):
+                  LEADING: tl.constexpr, TRAILING: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
     off_bhkv = tl.program_id(1)
     off_b = (off_bhkv // H_KV).to(tl.int64)
@@ -731,13 +731,30 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, SLOPES, CU_Q, CU_K,
     diag = n_k - n_q
     last_key = tl.minimum(start_n + BLOCK_N, n_k) - 1
     q_end = tl.cdiv(n_q, BLOCK_M) * BLOCK_M
-    lo = tl.maximum(start_n - diag - right, 0)
-    hi = tl.minimum(last_key - diag + left + 1, n_q)
-    all_lo = last_key - diag - right
-    all_hi = tl.minimum(start_n - diag + left + 1, q_end)
-    if start_n + BLOCK_N > n_k:  # a ragged last key block masks its padding keys everywhere
-        all_hi = 0
-    start, a, b, end = _tile_ranges(lo, hi, all_lo, all_hi, BLOCK_M, LEADING)
+    if TRAILING:  # a window's left bound: masked blocks on both sides of the band
+        lo = tl.maximum(start_n - diag - right, 0)
+        hi = tl.minimum(last_key - diag + left + 1, n_q)
+        all_lo = last_key - diag - right
+        all_hi = tl.minimum(start_n - diag + left + 1, q_end)
+        if start_n + BLOCK_N > n_k:  # a ragged last key block masks its padding keys everywhere
+            all_hi = 0
+        start, a, b, end = _tile_ranges(lo, hi, all_lo, all_hi, BLOCK_M, True)
+    else:
+        # No left bound: every query from the first that sees the block's last key on sees all of
+        # it, so one masked range (the diagonal, or every query of a ragged block) and one
+        # unmasked. Written as before windows: the general form's computed bounds cost this
+        # kernel registers, and with them occupancy (NOTES.md).
+        if LEADING:
+            start = tl.maximum(start_n - diag - right, 0) // BLOCK_M * BLOCK_M
+            a = tl.cdiv(tl.maximum(last_key - diag - right, 0), BLOCK_M) * BLOCK_M
+            a = tl.minimum(tl.maximum(a, start), q_end)
+        else:
+            start = 0
+            a = 0
+        if start_n + BLOCK_N > n_k:
+            a = q_end
+        b = n_q
+        end = n_q
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
@@ -756,22 +773,24 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, SLOPES, CU_Q, CU_K,
         slope = 0.0
         if ALIBI:
             slope = tl.load(SLOPES + off_b * stride_sb + off_h) * 1.4426950408889634
-        if LEADING:  # queries before the diagonal or the window's right edge see part of the block
-            dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-                                          stride_qm, stride_qd, stride_dom, stride_dod,
-                                          offs_n, offs_d, offs_dv, start, a, n_q, n_k, diag, left, right,
-                                          qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV,
-                                          BLOCK_M, BANDED, SOFTCAP, ALIBI, True, FAST_TANH, DOT_PRECISION)
+        # Queries before the diagonal or the window's right edge see part of the block (and every
+        # query sees only part of a ragged last block).
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
+                                      stride_qm, stride_qd, stride_dom, stride_dod,
+                                      offs_n, offs_d, offs_dv, start, a, n_q, n_k, diag, left, right,
+                                      qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV,
+                                      BLOCK_M, BANDED, SOFTCAP, ALIBI, True, FAST_TANH, DOT_PRECISION)
         dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                                       stride_qm, stride_qd, stride_dom, stride_dod,
                                       offs_n, offs_d, offs_dv, a, b, n_q, n_k, diag, left, right,
                                       qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV,
                                       BLOCK_M, BANDED, SOFTCAP, ALIBI, False, FAST_TANH, DOT_PRECISION)
-        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-                                      stride_qm, stride_qd, stride_dom, stride_dod,
-                                      offs_n, offs_d, offs_dv, b, end, n_q, n_k, diag, left, right,
-                                      qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV,
-                                      BLOCK_M, BANDED, SOFTCAP, ALIBI, True, FAST_TANH, DOT_PRECISION)
+        if TRAILING:
+            dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
+                                          stride_qm, stride_qd, stride_dom, stride_dod,
+                                          offs_n, offs_d, offs_dv, b, end, n_q, n_k, diag, left, right,
+                                          qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV,
+                                          BLOCK_M, BANDED, SOFTCAP, ALIBI, True, FAST_TANH, DOT_PRECISION)
 
     dk = dk * scale
     _store_tile(dk_base + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,

@@ -104,7 +104,7 @@ def tile_candidates(kernel: str, block_d: int, dtype: torch.dtype) -> tuple[Tile
     table = {
         "fwd": ([Tiles(64, 64, 4, 3), Tiles(128, 64, 4, 3), Tiles(128, 128, 4, 3)] if small else
                 [Tiles(64, 64, 4, 3), Tiles(128, 128, 8, 3), Tiles(128, 64, 8, 3)] if medium else
-                [Tiles(64, 32, 4, 2), Tiles(64, 64, 4, 2), Tiles(128, 32, 8, 2)]),
+                [Tiles(128, 64, 8, 2), Tiles(64, 32, 4, 2), Tiles(128, 32, 8, 2)]),
         "decode": ([Tiles(0, 64, 4, 4, waves=4), Tiles(0, 64, 4, 3, waves=8), Tiles(0, 128, 4, 3, waves=4)] if medium else
                    [Tiles(0, 32, 4, 3, waves=4), Tiles(0, 64, 4, 2, waves=4), Tiles(0, 32, 4, 2, waves=8)]),
         "dkdv": ([Tiles(32, 64, 4, 3), Tiles(32, 128, 4, 3), Tiles(64, 64, 4, 3)] if small else
@@ -112,7 +112,7 @@ def tile_candidates(kernel: str, block_d: int, dtype: torch.dtype) -> tuple[Tile
                  [Tiles(32, 32, 4, 2), Tiles(32, 64, 4, 2), Tiles(64, 32, 4, 2)]),
         "dq": ([Tiles(64, 64, 4, 3), Tiles(128, 64, 8, 3)] if small else
                [Tiles(128, 64, 8, 3), Tiles(128, 32, 4, 3), Tiles(64, 32, 4, 3)] if medium else
-               [Tiles(32, 32, 4, 2), Tiles(64, 32, 4, 2), Tiles(32, 64, 4, 2)]),
+               [Tiles(64, 32, 4, 2), Tiles(32, 32, 4, 2), Tiles(32, 64, 4, 2)]),
         # FP8 (head dims 64 and 128 only): not yet measured; the first entry is the Triton
         # tutorial's Hopper shape (two warp groups of 64 rows, 128 keys a step), the others what
         # a tuner should compare (NOTES.md). A tile is half a 16-bit one's bytes.
@@ -757,7 +757,8 @@ def _launch_dkdv(p: _Problem, do, lse, delta, dk, dv, t: Tiles) -> None:
         *p.q_strides, *p.k_strides, *p.v_strides, *p.strides(do), *p.strides(dk), *p.strides(dv),
         *p.lse_strides(lse), p.slope_stride,
         p.heads_q, p.heads_kv, p.n_q, p.n_k, p.group, p.scale, p.qk_scale, p.cap_scale, p.left, p.right,
-        BLOCK_M=t.block_m, LAYOUT=p.layout_code, LEADING=p.right < _UNBOUNDED, **p.constexprs(t),
+        BLOCK_M=t.block_m, LAYOUT=p.layout_code, LEADING=p.right < _UNBOUNDED,
+        TRAILING=p.left < _UNBOUNDED, **p.constexprs(t),
     )
 
 
