@@ -70,11 +70,17 @@ def _kernel_scalars(t: torch.Tensor | None) -> torch.Tensor | None:
     return None if t is None else t.to(torch.float32).contiguous()
 
 
-def _run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, variants: Variants,
-         layout: Varlen | Paged | None, return_lse: bool) -> Any:
+def _softmax_scale(q: torch.Tensor, scale: float | None) -> float:
+    """``scale``, or ``1/sqrt(D)`` when None; refused unless finite."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if not math.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale!r}")
+    return scale
+
+
+def _run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, variants: Variants,
+         layout: Varlen | Paged | None, return_lse: bool) -> Any:
+    scale = _softmax_scale(q, scale)
     sinks = variants.sinks
     variants = replace(variants, softcap=float(variants.softcap), alibi_slopes=_kernel_scalars(variants.alibi_slopes))
     tensors = (q, k, v) if sinks is None else (q, k, v, sinks)
@@ -123,9 +129,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
                              "return_lse)")
         descales = (q_descale, k_descale, v_descale)
         check_inputs_fp8(q, k, v, descales)
-        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-        if not math.isfinite(scale):
-            raise ValueError(f"scale must be finite, got {scale!r}")
+        scale = _softmax_scale(q, scale)
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
             raise ValueError("the FP8 forward has no backward (as FlashAttention-3's FP8)")
         return flash_fwd_fp8(q, k, v, descales, variants.causal, scale)
