@@ -658,18 +658,22 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                          HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
                          BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BANDED: tl.constexpr,
                          SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, MASKED: tl.constexpr,
-                         FAST_TANH: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                         FAST_TANH: tl.constexpr, DOT_PRECISION: tl.constexpr, EVEN_Q: tl.constexpr):
     # Works on the transposed score tile (keys x queries) so every product has this program's
-    # key block as its M dimension and accumulates straight into dk and dv.
+    # key block as its M dimension and accumulates straight into dk and dv. EVEN_Q: every query
+    # block is whole, so the loads need no row mask.
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         q = _load_tile(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                       offs_m, n_q, offs_d, HEAD_DIM, True, HEAD_DIM != BLOCK_D)
+                       offs_m, n_q, offs_d, HEAD_DIM, not EVEN_Q, HEAD_DIM != BLOCK_D)
         do = _load_tile(do_base + offs_m[:, None] * stride_dom + offs_dv[None, :] * stride_dod,
-                        offs_m, n_q, offs_dv, HEAD_DIM_V, True, HEAD_DIM_V != BLOCK_DV)
-        # Padding rows past n_q get lse = +inf, hence p = 0: no mask needed for them.
-        lse = tl.load(lse_base + offs_m, mask=offs_m < n_q, other=float("inf"))
-        delta = tl.load(delta_base + offs_m, mask=offs_m < n_q, other=0.0)
+                        offs_m, n_q, offs_dv, HEAD_DIM_V, not EVEN_Q, HEAD_DIM_V != BLOCK_DV)
+        if EVEN_Q:
+            lse = tl.load(lse_base + offs_m)
+            delta = tl.load(delta_base + offs_m)
+        else:  # padding rows past n_q get lse = +inf, hence p = 0: no other mask needed for them
+            lse = tl.load(lse_base + offs_m, mask=offs_m < n_q, other=float("inf"))
+            delta = tl.load(delta_base + offs_m, mask=offs_m < n_q, other=0.0)
         qk_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
         # Masked before exp2: a hidden entry's score can be large (harmless once zeroed, but the
         # interpreter warns about the overflow).
@@ -699,7 +703,7 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, SLOPES, CU_Q, CU_K,
                   BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
                   LAYOUT: tl.constexpr, FAST_TANH: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                  LEADING: tl.constexpr, TRAILING: tl.constexpr):
+                  LEADING: tl.constexpr, TRAILING: tl.constexpr, EVEN_Q: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
     off_bhkv = tl.program_id(1)
     off_b = (off_bhkv // H_KV).to(tl.int64)
@@ -779,18 +783,18 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, SLOPES, CU_Q, CU_K,
                                       stride_qm, stride_qd, stride_dom, stride_dod,
                                       offs_n, offs_d, offs_dv, start, a, n_q, n_k, diag, left, right,
                                       qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV,
-                                      BLOCK_M, BANDED, SOFTCAP, ALIBI, True, FAST_TANH, DOT_PRECISION)
+                                      BLOCK_M, BANDED, SOFTCAP, ALIBI, True, FAST_TANH, DOT_PRECISION, EVEN_Q)
         dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                                       stride_qm, stride_qd, stride_dom, stride_dod,
                                       offs_n, offs_d, offs_dv, a, b, n_q, n_k, diag, left, right,
                                       qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV,
-                                      BLOCK_M, BANDED, SOFTCAP, ALIBI, False, FAST_TANH, DOT_PRECISION)
+                                      BLOCK_M, BANDED, SOFTCAP, ALIBI, False, FAST_TANH, DOT_PRECISION, EVEN_Q)
         if TRAILING:
             dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                                           stride_qm, stride_qd, stride_dom, stride_dod,
                                           offs_n, offs_d, offs_dv, b, end, n_q, n_k, diag, left, right,
                                           qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV,
-                                          BLOCK_M, BANDED, SOFTCAP, ALIBI, True, FAST_TANH, DOT_PRECISION)
+                                          BLOCK_M, BANDED, SOFTCAP, ALIBI, True, FAST_TANH, DOT_PRECISION, EVEN_Q)
 
     dk = dk * scale
     _store_tile(dk_base + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,

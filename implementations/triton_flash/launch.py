@@ -38,10 +38,13 @@ MAX_HEAD_DIM_V = 512
 #: Decode path: at most this many query rows per kv head (GROUP x Nq) go through the split kernel.
 _DECODE_MAX_ROWS = 64
 _DECODE_MAX_SEQLEN_Q = 16
-#: Below this many keys a split decode loses to the plain forward on the GPU: its two launches cost
-#: more host time than the split saves (NOTES.md). A short cache still takes the decode kernel when
-#: one slice per kv head already fills the GPU (one launch, no merge).
-_DECODE_SPLIT_MIN_KEYS = 8192
+#: From this many keys on, the split decode (two launches) takes less GPU time than the plain
+#: forward, which reads K/V once per query head of a group and runs few programs: on an H200, b4
+#: hq32 hkv8 k2048 0.026 ms against 0.033, k4096 0.038 against 0.072; at k1024 the two are level
+#: for b4 (NOTES.md, v6). Its host path is longer (about 115 us a call against 80), which only a
+#: host-bound caller (eager decode outside a CUDA graph) sees. A short cache still takes the decode
+#: kernel when one slice per kv head already fills the GPU (one launch, no merge).
+_DECODE_SPLIT_MIN_KEYS = 2048
 #: FP8 inputs of the forward: e4m3, as FlashAttention-3's FP8 forward takes (e5m2 is not claimed).
 FP8_DTYPES = (torch.float8_e4m3fn,)
 #: FP8 head dims: tiled whole (no column masks), each a multiple of FP8 wgmma's K (32).
@@ -758,7 +761,7 @@ def _launch_dkdv(p: _Problem, do, lse, delta, dk, dv, t: Tiles) -> None:
         *p.lse_strides(lse), p.slope_stride,
         p.heads_q, p.heads_kv, p.n_q, p.n_k, p.group, p.scale, p.qk_scale, p.cap_scale, p.left, p.right,
         BLOCK_M=t.block_m, LAYOUT=p.layout_code, LEADING=p.right < _UNBOUNDED,
-        TRAILING=p.left < _UNBOUNDED, **p.constexprs(t),
+        TRAILING=p.left < _UNBOUNDED, EVEN_Q=p.layout is None and p.n_q % t.block_m == 0, **p.constexprs(t),
     )
 
 
