@@ -10,7 +10,12 @@ host to enqueue the work. This separates the two for triton_flash and SDPA's bac
 - host_us: host time per call when 300 calls are enqueued back to back (the launch path's cost);
 - a cProfile of triton_flash's host path for one shape.
 
+``--paths plain,split`` times triton_flash once per decode path (the plain forward, or the split
+decode kernel and its merge), forcing the choice that ``launch._DECODE_SPLIT_MIN_KEYS`` makes, to
+see where one overtakes the other; ``--lengths`` and ``--batches`` pick the caches.
+
 Usage (on the GPU machine): python3 tools/flash_bench/overhead.py --out DIR
+       [--lengths 1024,4096] [--batches 1,4] [--dtypes bfloat16] [--paths plain,split]
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from bench import BACKENDS, attention_fn, make_inputs  # noqa: E402
 
 from pytest_attnkit.contract import Case  # noqa: E402
 from pytest_attnkit.counts import byte_count  # noqa: E402
+from pytest_attnkit.implementations.triton_flash import launch  # noqa: E402
 from pytest_attnkit.worker.timer import event_samples, l2_flush_buffer, time_call  # noqa: E402
 
 IMPLS = ("triton_flash", *(f"sdpa_{name}" for name in BACKENDS if name != "EFFICIENT"))
@@ -51,6 +57,15 @@ def graph_ms(call: Callable[[], Any], reps: int = 30) -> float:
     return statistics.median(event_samples(graph.replay, reps, l2_flush_buffer()))
 
 
+_DEFAULT_SPLIT_MIN_KEYS = launch._DECODE_SPLIT_MIN_KEYS
+
+
+def decode_path(path: str | None) -> None:
+    """Force triton_flash's decode onto the plain forward or the split kernel (None: its own rule)."""
+    launch._DECODE_SPLIT_MIN_KEYS = {"plain": 1 << 62, "split": 0, None: _DEFAULT_SPLIT_MIN_KEYS}[path]
+    launch._PLANS.clear()
+
+
 def host_us(call: Callable[[], Any], count: int = 300) -> float:
     torch.cuda.synchronize()
     started = time.perf_counter()
@@ -64,17 +79,24 @@ def host_us(call: Callable[[], Any], count: int = 300) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--lengths", default="4096,32768", help="cache lengths, comma-separated")
+    parser.add_argument("--batches", default="1,4")
+    parser.add_argument("--dtypes", default="bfloat16,float16")
+    parser.add_argument("--paths", default="", help="plain,split: time triton_flash on each decode path")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    cases = [Case(batch, 32, 8, 1, n, 128, dtype) for dtype in ("bfloat16", "float16")
-             for batch in (1, 4) for n in (4096, 32768)]
+    cases = [Case(batch, 32, 8, 1, n, 128, dtype) for dtype in args.dtypes.split(",")
+             for batch in map(int, args.batches.split(",")) for n in map(int, args.lengths.split(","))]
+    impls = [*(f"triton_flash:{path}" for path in args.paths.split(",") if path), *IMPLS]
     rows = []
     lines = [f"{torch.cuda.get_device_name()}, torch {torch.__version__}", "",
              "| case | impl | events ms | graph ms | host us/call | events GB/s | graph GB/s |", "|---|---|---|---|---|---|---|"]
     for index, case in enumerate(cases):
         q, k, v, _ = make_inputs(case, index)
-        for impl in IMPLS:
-            fn = attention_fn(impl)
+        for impl in impls:
+            fn = attention_fn(impl.split(":")[0])
+            if ":" in impl:
+                decode_path(impl.split(":")[1])
 
             def call() -> Any:
                 with torch.no_grad():
@@ -87,6 +109,7 @@ def main() -> int:
             except Exception as error:
                 row = {"case": f"b{case.batch} k{case.seqlen_k} {case.dtype}", "impl": impl,
                        "error": f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"}
+            decode_path(None)
             rows.append(row)
             if "error" in row:
                 lines.append(f"| {row['case']} | {impl} | {row['error']} |")

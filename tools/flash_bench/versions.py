@@ -33,15 +33,13 @@ CASES = {  # name: (batch, heads, seqlen, head_dim, head_dim_v, causal, variant 
     "d192-dv128-4k-causal": (4, 16, 4096, 192, 128, True, {}),
 }
 SWEEP = {  # case: {kernel: [tiles...]}
-    "d192-dv128-4k-causal": {"fwd": [(64, 64, 4, 2), (64, 32, 4, 2), (128, 64, 8, 2), (128, 32, 8, 2)],
-                             "dkdv": [(32, 32, 4, 2), (64, 64, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2)],
-                             "dq": [(32, 32, 4, 2), (64, 32, 4, 2), (64, 64, 4, 2), (128, 32, 8, 2)]},
-    "d128-16k-alibi": {"dkdv": [(64, 128, 8, 3), (32, 64, 4, 3), (64, 64, 4, 3), (128, 64, 8, 3)],
-                       "dq": [(128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3)]},
-    "d128-16k": {"dkdv": [(64, 128, 8, 3), (64, 64, 4, 3), (128, 64, 8, 3)],
-                 "dq": [(128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3)]},
-    "d128-16k-causal-w4096": {"dkdv": [(32, 64, 4, 3), (64, 128, 8, 3), (64, 64, 4, 3)],
-                              "dq": [(128, 64, 8, 3), (64, 64, 4, 3)]},
+    "d128-16k": {"dkdv": [(64, 128, 8, 3), (32, 128, 8, 3), (32, 128, 8, 4), (16, 128, 8, 4)],
+                 "dq": [(128, 64, 8, 3), (128, 64, 8, 4), (128, 32, 8, 3), (64, 64, 4, 4)]},
+    "d128-16k-causal": {"dkdv": [(32, 64, 4, 3), (32, 128, 8, 3), (64, 128, 8, 3), (32, 128, 8, 4)]},
+    "d64-16k": {"dkdv": [(32, 64, 4, 3), (32, 128, 8, 3), (32, 128, 4, 3), (64, 128, 8, 3), (16, 128, 4, 4)],
+                "dq": [(128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3)]},
+    "d128-16k-causal-w4096": {"dkdv": [(32, 64, 4, 3), (32, 128, 8, 3), (64, 128, 8, 3)]},
+    "d128-16k-alibi": {"dkdv": [(64, 128, 8, 3), (32, 128, 8, 3)]},
 }
 
 
@@ -95,7 +93,7 @@ def measure(autograd, case: tuple, reps: int) -> dict:
         fwd = timed(lambda: autograd.flash_attention(q, k, v, causal=causal, **keywords), reps)
     q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
     o = autograd.flash_attention(q, k, v, causal=causal, **keywords)
-    do = torch.randn_like(o)
+    do = torch.randn(o.shape, device="cuda", dtype=o.dtype, generator=torch.Generator(device="cuda").manual_seed(1))
     bwd = timed(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True), reps)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(3):
@@ -103,7 +101,15 @@ def measure(autograd, case: tuple, reps: int) -> dict:
         torch.cuda.synchronize()
     kernels = {event.key: round(event.device_time_total / 3 / 1000, 4) for event in prof.key_averages()
                if event.device_time_total > 0 and "attn" in event.key}
-    return {"fwd_ms": round(fwd, 4), "bwd_ms": round(bwd, 4), "bwd_kernels_ms": kernels}
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    return {"fwd_ms": round(fwd, 4), "bwd_ms": round(bwd, 4), "bwd_kernels_ms": kernels,
+            "grads": [g.float().cpu() for g in (o.detach(), *grads)]}
+
+
+def compare(first: list, other: list) -> list[float]:
+    """Largest |difference| of (o, dq, dk, dv) between two versions, each over the largest |value|."""
+    return [round(((a - b).abs().max() / a.abs().max().clamp_min(1e-30)).item(), 6)
+            for a, b in zip(first, other)]
 
 
 def sweep(autograd, launch, case: tuple, choices: dict, reps: int) -> dict:
@@ -150,8 +156,13 @@ def main() -> int:
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "results": {}}
     loaded = {name: load(name, folder, scratch) for name, folder in versions}
     for case_name, case in CASES.items():
+        first = None  # the first version's output and gradients, the others are compared with
         for name, (autograd, _) in loaded.items():
             result = measure(autograd, case, args.reps)
+            grads = result.pop("grads", None)
+            if grads is not None:
+                first = first or grads
+                result["diff_vs_first"] = compare(first, grads)
             report["results"].setdefault(case_name, {})[name] = result
             print(f"{case_name:24s} {name:6s} {json.dumps(result)}", flush=True)
     if args.sweep:
