@@ -45,6 +45,11 @@ _DECODE_MAX_SEQLEN_Q = 16
 #: host-bound caller (eager decode outside a CUDA graph) sees. A short cache still takes the decode
 #: kernel when one slice per kv head already fills the GPU (one launch, no merge).
 _DECODE_SPLIT_MIN_KEYS = 2048
+#: Paged caches keep the earlier bound: the merge's scratch (a fixed size, set by the SM count) then
+#: stays out of small caches, whose peak memory the memory suite fits against the tokens (at 2048 the
+#: H200 sweep read 276 KiB at 4k tokens against 1-9 KiB around it: no power law). Their speed
+#: between 2k and 8k keys is not measured.
+_PAGED_SPLIT_MIN_KEYS = 8192
 #: FP8 inputs of the forward: e4m3, as FlashAttention-3's FP8 forward takes (e5m2 is not claimed).
 FP8_DTYPES = (torch.float8_e4m3fn,)
 #: FP8 head dims: tiled whole (no column masks), each a multiple of FP8 wgmma's K (32).
@@ -357,13 +362,15 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def uses_decode_kernel(n_q: int, group: int, n_k: int, batch_heads_kv: int, sm_count: int, waves: int) -> bool:
+def uses_decode_kernel(n_q: int, group: int, n_k: int, batch_heads_kv: int, sm_count: int, waves: int,
+                       paged: bool = False) -> bool:
     """Few query rows per kv head (decode, speculative decode) against a long cache, or a short
     cache whose kv heads alone fill the GPU: split the keys instead of the queries. Under the
     interpreter every decode shape takes it, so that CI runs the split and the merge."""
     if n_q > _DECODE_MAX_SEQLEN_Q or n_q * group > _DECODE_MAX_ROWS:
         return False
-    return interpreting() or n_k >= _DECODE_SPLIT_MIN_KEYS or batch_heads_kv >= waves * sm_count
+    min_keys = _PAGED_SPLIT_MIN_KEYS if paged else _DECODE_SPLIT_MIN_KEYS
+    return interpreting() or n_k >= min_keys or batch_heads_kv >= waves * sm_count
 
 
 @functools.lru_cache(maxsize=1024)
@@ -579,7 +586,7 @@ def _plan_fwd(p: _Problem, o: torch.Tensor, lse: torch.Tensor) -> tuple[Callable
     block_d = max(_block_d(p.head_dim), _block_d(p.head_dim_v))
     waves = tile_candidates("decode", block_d, p.q.dtype)[0].waves
     decode = not isinstance(p.layout, Varlen) and uses_decode_kernel(
-        p.n_q, p.group, p.n_k, p.batch * p.heads_kv, _sm_count(p.q.device), waves)
+        p.n_q, p.group, p.n_k, p.batch * p.heads_kv, _sm_count(p.q.device), waves, isinstance(p.layout, Paged))
     kernel, launch = ("decode", _launch_decode) if decode else ("fwd", _launch_fwd)
     key = (p.q.dtype, p.head_dim, p.head_dim_v, p.variants.key(), p.layout_code, p.page_size,
            _size_class(p.n_q), _size_class(p.n_k), _size_class(p.batch * p.heads_kv) if decode else p.group > 1)
