@@ -108,6 +108,12 @@ def run_case(case: tuple, device: str, seed: int) -> dict[str, Any]:
     q_d, k_d, v_d = q.to(**on), k.to(**on), v.to(**on)
     out = flash_attention(q_d, k_d, v_d, causal=causal, **descales)
     out_vt = flash_attention(q_d, k_d, keys_contiguous(v_d), causal=causal, **descales)
+    # The same values with q's signs and its descale both negated (the kernel folds a negative
+    # logit scale into q's sign), and with q's descale 0 (every score 0: the uniform average).
+    negated = (-q.float()).to(torch.float8_e4m3fn).to(**on)
+    out_negated = flash_attention(negated, k_d, v_d, causal=causal, **{**descales, "q_descale": -descales["q_descale"]})
+    out_zero = flash_attention(q_d, k_d, v_d, causal=causal, **{**descales, "q_descale": 0 * descales["q_descale"]})
+    uniform = attention(values[0] * 0, values[1], values[2], causal)
     error = (out.double().cpu() - oracle).abs()
     no_key = torch.arange(n_q) + n_k - n_q < 0 if causal else torch.zeros(n_q, dtype=torch.bool)
     return {
@@ -119,6 +125,9 @@ def run_case(case: tuple, device: str, seed: int) -> dict[str, Any]:
         "rows_without_key": int(no_key.sum()),
         "max_on_rows_without_key": out.cpu()[:, :, no_key].abs().max().item() if no_key.any() else 0.0,
         "same_with_v_transposed": bool(torch.equal(out, out_vt)),
+        "same_with_q_and_descale_negated": bool(torch.equal(out, out_negated)),
+        "zero_descale_error": (out_zero.double().cpu() - uniform).abs().max().item(),
+        "zero_descale_floor": 2.0 ** -8 * uniform.abs().max().item(),
     }
 
 
@@ -280,6 +289,8 @@ def test_fp8_forward_matches_attention_on_the_dequantized_values(device: str, ca
     assert got["rel_l1"] <= 0.05, f"rel L1 {got['rel_l1']:.2e} > 0.05"
     assert got["max_on_rows_without_key"] == 0.0
     assert got["same_with_v_transposed"]
+    assert got["same_with_q_and_descale_negated"]
+    assert got["zero_descale_error"] <= got["zero_descale_floor"], got
 
 
 def test_rows_without_a_key_are_in_the_cases() -> None:

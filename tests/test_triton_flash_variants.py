@@ -63,8 +63,12 @@ DENSE = {
     "window-1,8-q300-k100": spec(nq=300, nk=100, window=(-1, 8)),  # rows 0..191 see no key
     "window-1,0-is-causal-q100-k190": spec(nq=100, nk=190, window=(-1, 0)),
     "softcap20-scale0.3": spec(nq=160, nk=230, softcap=20.0, logit_scale=3.0, scale=0.3),
+    # A negative scale keeps the forward on the scaled scores' maximum (RAW_MAX needs scale > 0).
+    "scale-0.2-causal-q200": spec(nq=200, nk=200, causal=True, scale=-0.2),
     "alibi-gqa8:2-q128-k300": spec(hq=8, hkv=2, nq=128, nk=300, alibi=True),
     "alibi-mqa4:1-causal-q300": spec(hq=4, hkv=1, nq=300, nk=300, causal=True, alibi=True),
+    # Odd heads' slopes negated: the forward's cheaper bias holds only for slopes >= 0.
+    "alibi-signs-gqa4:2-q200-k300": spec(hq=4, hkv=2, nq=200, nk=300, alibi="signs"),
     "sinks-lse-causal-q200": spec(hq=4, hkv=2, nq=200, nk=200, causal=True, sinks=True, lse=True),
     "mla-d64-dv128-causal-lse": spec(hq=4, hkv=2, nq=150, nk=200, d=64, dv=128, causal=True, lse=True),
     "mla-d128-dv64": spec(nq=200, nk=150, d=128, dv=64),
@@ -216,6 +220,8 @@ def _what_came_back(out: "torch.Tensor", lse: "torch.Tensor | None", returned: s
 
 def _variants_drawn(case: dict, generator: "torch.Generator") -> tuple["torch.Tensor | None", "torch.Tensor | None"]:
     slopes = alibi_slopes(case["hq"]) if case["alibi"] else None
+    if case["alibi"] == "signs":
+        slopes[1::2] *= -1
     sinks = (torch.randn(case["hq"], generator=generator) * 2.0).float() if case["sinks"] else None
     return slopes, sinks
 

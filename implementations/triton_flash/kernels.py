@@ -173,15 +173,28 @@ def _scores(qk, i, j, n_k, diag, left, right, qk_scale, cap_scale, slope,
     else:
         t = qk
         s = qk * qk_scale
-    if ALIBI:
+    if ALIBI == 1:  # the distance in integers (True is 1)
         s = s - slope * tl.abs(i + diag - j).to(tl.float32)
+    elif ALIBI == 2:
+        # The same bias, bit for bit (positions are exact in float32 below 2**24): the rows and
+        # columns convert once each instead of every score, since an integer-to-float conversion
+        # runs at the exp's quarter rate. The forward's loop loses a fifth of its instructions;
+        # the backward's, compiled from the integer form, came out shorter as it is (NOTES v7).
+        s = s - slope * tl.abs((i + diag).to(tl.float32) - j.to(tl.float32))
+    return _masked(s, i, j, n_k, diag, left, right, MASKED, BANDED), t
+
+
+@_kernel
+def _masked(s, i, j, n_k, diag, left, right, MASKED: tl.constexpr, BANDED: tl.constexpr):
+    # In masked tiles, keys past the end and keys outside the band ``-right <= i + diag - j <=
+    # left`` become -inf.
     if MASKED:
         visible = j < n_k
         if BANDED:
             distance = i + diag - j
             visible = visible & (distance <= left) & (distance >= -right)
         s = tl.where(visible, s, float("-inf"))
-    return s, t
+    return s
 
 
 @_kernel
@@ -213,7 +226,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, table,
                     BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr, BANDED: tl.constexpr,
                     SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, PAGED: tl.constexpr,
                     PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr, FAST_TANH: tl.constexpr,
-                    DOT_PRECISION: tl.constexpr):
+                    DOT_PRECISION: tl.constexpr, RAW_MAX: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k_rows, v_rows = _kv_rows(start_n, offs_n, n_k, table, stride_kp, stride_kn, stride_vp, stride_vn,
@@ -223,9 +236,16 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, table,
         v = _load_tile(v_base + v_rows[:, None] + offs_dv[None, :] * stride_vd,
                        offs_n, n_k, offs_dv, HEAD_DIM_V, MASKED, HEAD_DIM_V != BLOCK_DV)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        s, t = _scores(qk, i, offs_n[None, :], n_k, diag, left, right, qk_scale, cap_scale, slope,
-                       SOFTCAP, ALIBI, MASKED, BANDED, FAST_TANH)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        if RAW_MAX:
+            # Plain scores with qk_scale > 0: the row maximum of the raw products, scaled once
+            # per row, and the scale joins exp2's argument (one FFMA a score). The scaled scores
+            # are never formed: one FMUL a score fewer (NOTES.md, v7).
+            s = _masked(qk, i, offs_n[None, :], n_k, diag, left, right, MASKED, BANDED)
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        else:
+            s, t = _scores(qk, i, offs_n[None, :], n_k, diag, left, right, qk_scale, cap_scale, slope,
+                           SOFTCAP, ALIBI * 2, MASKED, BANDED, FAST_TANH)  # ALiBi's float form
+            m_new = tl.maximum(m_i, tl.max(s, 1))
         if MASKED:
             # A row that has seen no key yet still has m = -inf; shifting it by 0 instead keeps
             # exp2(-inf - -inf) = NaN out of alpha and p (both become exactly 0).
@@ -233,7 +253,10 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, table,
         else:
             m_shift = m_new
         alpha = tl.exp2(m_i - m_shift)
-        p = tl.exp2(s - m_shift[:, None])
+        if RAW_MAX:
+            p = tl.exp2(s * qk_scale - m_shift[:, None])
+        else:
+            p = tl.exp2(s - m_shift[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
@@ -249,7 +272,7 @@ def _attn_fwd_rows(q, k_base, v_base, table, stride_kp, stride_kn, stride_kd, st
                    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
                    BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
                    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, FAST_TANH: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr, LEADING: tl.constexpr):
+                   DOT_PRECISION: tl.constexpr, LEADING: tl.constexpr, RAW_MAX: tl.constexpr):
     # One tile of query rows against keys [lo, hi), of which [all_lo, all_hi) are seen by every
     # row (see _tile_ranges). Returns the normalized output, which rows saw a key (l > 0), and
     # m + log2(l) for those rows; the caller chooses what a row that saw no key saves. The
@@ -265,19 +288,19 @@ def _attn_fwd_rows(q, k_base, v_base, table, stride_kp, stride_kn, stride_kd, st
                                         i, offs_d, offs_dv, start, a, n_k, diag, left, right,
                                         qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV,
                                         BLOCK_N, BANDED, SOFTCAP, ALIBI, PAGED, PAGE_SIZE, True, FAST_TANH,
-                                        DOT_PRECISION)
+                                        DOT_PRECISION, RAW_MAX)
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, table,
                                     stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
                                     i, offs_d, offs_dv, a, b, n_k, diag, left, right,
                                     qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV,
                                     BLOCK_N, BANDED, SOFTCAP, ALIBI, PAGED, PAGE_SIZE, False, FAST_TANH,
-                                    DOT_PRECISION)
+                                    DOT_PRECISION, RAW_MAX)
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, table,
                                     stride_kp, stride_kn, stride_kd, stride_vp, stride_vn, stride_vd,
                                     i, offs_d, offs_dv, b, end, n_k, diag, left, right,
                                     qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV,
                                     BLOCK_N, BANDED, SOFTCAP, ALIBI, PAGED, PAGE_SIZE, True, FAST_TANH,
-                                    DOT_PRECISION)
+                                    DOT_PRECISION, RAW_MAX)
     seen = l_i > 0.0
     l_safe = tl.where(seen, l_i, 1.0)
     return acc / l_safe[:, None], seen, m_i + tl.log2(l_safe)
@@ -305,7 +328,7 @@ def attn_fwd(Q, K, V, O, LSE, SLOPES, SINKS, CU_Q, CU_K, SEQLENS_K, TABLE,
              BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, HAS_SINKS: tl.constexpr,
              LAYOUT: tl.constexpr, PAGE_SIZE: tl.constexpr, FAST_TANH: tl.constexpr,
-             DOT_PRECISION: tl.constexpr, LEADING: tl.constexpr):
+             DOT_PRECISION: tl.constexpr, LEADING: tl.constexpr, RAW_MAX: tl.constexpr):
     start_m = tl.program_id(0) * BLOCK_M
     off_bh = tl.program_id(1)
     # 64-bit head offsets: batch * stride can pass 2**31 elements on large inputs.
@@ -356,7 +379,8 @@ def attn_fwd(Q, K, V, O, LSE, SLOPES, SINKS, CU_Q, CU_K, SEQLENS_K, TABLE,
                                     offs_m[:, None], offs_d, offs_dv, lo, hi, all_lo, all_hi, n_k, diag,
                                     left, right, qk_scale, cap_scale, slope,
                                     BLOCK_M, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, BANDED,
-                                    SOFTCAP, ALIBI, LAYOUT == 2, PAGE_SIZE, FAST_TANH, DOT_PRECISION, LEADING)
+                                    SOFTCAP, ALIBI, LAYOUT == 2, PAGE_SIZE, FAST_TANH, DOT_PRECISION, LEADING,
+                                    RAW_MAX)
     if HAS_SINKS:
         out, lse = _join_sink(out, seen, lse, tl.load(SINKS + off_h) * 1.4426950408889634)
     else:
@@ -381,7 +405,8 @@ def attn_fwd_split(Q, K, V, O, LSE, O_PART, LSE_PART, SLOPES, SINKS, SEQLENS_K, 
                    BLOCK_DV: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
                    BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
                    HAS_SINKS: tl.constexpr, LAYOUT: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                   DIRECT: tl.constexpr, FAST_TANH: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                   DIRECT: tl.constexpr, FAST_TANH: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                   RAW_MAX: tl.constexpr):
     # Decode (Flash-Decoding): few query rows against a long KV cache. One program takes one kv
     # head and one slice of the keys, for every query row that reads that kv head: row r of the
     # tile is query position r % N_Q of query head hkv * GROUP + r // N_Q, so a GQA group reads its
@@ -429,7 +454,8 @@ def attn_fwd_split(Q, K, V, O, LSE, O_PART, LSE_PART, SLOPES, SINKS, SEQLENS_K, 
                                     pos[:, None], offs_d, offs_dv, lo, hi, all_lo, all_hi, n_k, diag,
                                     left, right, qk_scale, cap_scale, slope,
                                     BLOCK_R, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, BANDED,
-                                    SOFTCAP, ALIBI, LAYOUT == 2, PAGE_SIZE, FAST_TANH, DOT_PRECISION, True)
+                                    SOFTCAP, ALIBI, LAYOUT == 2, PAGE_SIZE, FAST_TANH, DOT_PRECISION, True,
+                                    RAW_MAX)
     if DIRECT:
         if HAS_SINKS:
             sink = tl.load(SINKS + head, mask=row_ok, other=0.0) * 1.4426950408889634
@@ -542,20 +568,22 @@ def _attn_fwd_fp8_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, 
         else:
             k = tl.load(k_ptrs)
             v_t = tl.load(v_ptrs)
-        qk = tl.dot(q, tl.trans(k)) * qk_scale
+        # qk_scale > 0 (attn_fwd_fp8): the row maximum of the raw products, scaled once per
+        # row, as _attn_fwd_inner's RAW_MAX.
+        qk = tl.dot(q, tl.trans(k))
         if MASKED:
             visible = offs_n[None, :] < N_K
             if CAUSAL:
                 visible = visible & (offs_n[None, :] <= offs_m[:, None] + diag)
             qk = tl.where(visible, qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
             m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # as in _attn_fwd_inner
         else:
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
             m_shift = m_new
         alpha = tl.exp2(m_i - m_shift)
         # p * 256 (<= 256 < 448): its small entries stay normal in e4m3; cancels in acc / l.
-        p = tl.exp2(qk - (m_shift - 8.0)[:, None])
+        p = tl.exp2(qk * qk_scale - (m_shift - 8.0)[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         if EXACT_CAST:
@@ -583,8 +611,12 @@ def attn_fwd_fp8(Q, K, V, O, Q_DESCALE, K_DESCALE, V_DESCALE,
     off_h = (off_bh % H_Q).to(tl.int64)
     off_hkv = off_h // GROUP
     descale = off_b * H_KV + off_hkv
-    # One scale for the logits: softmax scale * log2(e) * q's and k's descales.
+    # One scale for the logits: softmax scale * log2(e) * q's and k's descales. The loop takes
+    # the row maximum before scaling, which needs a scale > 0: a negative one turns into q's sign
+    # (exact in e4m3), and zero into a tiny scale (every score ~0: the uniform average it means).
     qk_scale = qk_scale * tl.load(Q_DESCALE + descale) * tl.load(K_DESCALE + descale)
+    sign_bit = tl.where(qk_scale < 0, 128, 0).to(tl.uint8)
+    qk_scale = tl.maximum(tl.abs(qk_scale), 1e-30)
     v_descale = tl.load(V_DESCALE + descale)
     q_base = Q + off_b * stride_qb + off_h * stride_qh
     k_base = K + off_b * stride_kb + off_hkv * stride_kh
@@ -595,6 +627,7 @@ def attn_fwd_fp8(Q, K, V, O, Q_DESCALE, K_DESCALE, V_DESCALE,
     offs_d = tl.arange(0, HEAD_DIM)
     q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
                 mask=offs_m[:, None] < N_Q, other=0.0)
+    q = (q.to(tl.uint8, bitcast=True) ^ sign_bit).to(Q.dtype.element_ty, bitcast=True)
 
     diag = N_K - N_Q
     if CAUSAL:  # the key ranges of attn_fwd

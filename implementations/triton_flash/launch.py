@@ -121,11 +121,12 @@ def tile_candidates(kernel: str, block_d: int, dtype: torch.dtype) -> tuple[Tile
         "dq": ([Tiles(64, 64, 4, 3), Tiles(128, 64, 8, 3)] if small else
                [Tiles(128, 64, 8, 3), Tiles(128, 32, 4, 3), Tiles(64, 32, 4, 3)] if medium else
                [Tiles(64, 32, 4, 2), Tiles(32, 32, 4, 2), Tiles(32, 64, 4, 2)]),
-        # FP8 (head dims 64 and 128 only): not yet measured; the first entry is the Triton
-        # tutorial's Hopper shape (two warp groups of 64 rows, 128 keys a step), the others what
-        # a tuner should compare (NOTES.md). A tile is half a 16-bit one's bytes.
-        "fp8": ([Tiles(128, 128, 8, 3), Tiles(128, 64, 8, 3), Tiles(64, 64, 4, 3)] if small else
-                [Tiles(128, 128, 8, 3), Tiles(128, 64, 8, 3), Tiles(128, 128, 8, 4)]),
+        # FP8 (head dims 64 and 128 only): the first entry is the Triton tutorial's Hopper shape
+        # (two warp groups of 64 rows, 128 keys a step); 64x128 with one warp group fits two
+        # programs on an SM, whose softmax and products can interleave (NOTES.md, v7). A tile
+        # is half a 16-bit one's bytes.
+        "fp8": ([Tiles(128, 128, 8, 3), Tiles(64, 128, 4, 3), Tiles(128, 64, 8, 3), Tiles(64, 64, 4, 3)] if small else
+                [Tiles(128, 128, 8, 3), Tiles(64, 128, 4, 3), Tiles(128, 64, 8, 3), Tiles(128, 128, 8, 4)]),
     }
     candidates = table[kernel]
     if block_d > 256:  # V's head dim 512 (MLA): a [rows, 512] float32 accumulator; untuned
@@ -459,7 +460,7 @@ class _Problem:
     __slots__ = ("q", "k", "v", "variants", "layout", "batch", "heads_q", "heads_kv", "n_q", "n_k",
                  "head_dim", "head_dim_v", "scale", "q_strides", "k_strides", "v_strides", "page_size",
                  "cu_q", "cu_k", "seqlens_k", "table", "table_stride", "slopes", "slope_stride", "sinks",
-                 "left", "right", "qk_scale", "cap_scale", "fast_tanh")
+                 "left", "right", "qk_scale", "cap_scale", "fast_tanh", "raw_max")
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, variants: Variants,
                  layout: Varlen | Paged | None) -> None:
@@ -495,6 +496,9 @@ class _Problem:
         else:
             self.qk_scale, self.cap_scale = scale * _LOG2E, 1.0
         self.fast_tanh = q.device.type == "cuda" and q.dtype != torch.float32
+        # The forward takes the row maximum before scaling when the score is the scaled product
+        # alone and the scale keeps the order (> 0): max(c * x) = c * max(x) only then.
+        self.raw_max = not variants.softcap and variants.alibi_slopes is None and self.qk_scale > 0
 
     @property
     def group(self) -> int:
@@ -551,7 +555,7 @@ def _launch_fwd(p: _Problem, o: torch.Tensor, lse: torch.Tensor, t: Tiles) -> No
         p.slope_stride, p.table_stride,
         p.heads_q, p.n_q, p.n_k, p.group, p.qk_scale, p.cap_scale, p.left, p.right,
         BLOCK_M=t.block_m, HAS_SINKS=p.variants.sinks is not None, LAYOUT=p.layout_code,
-        PAGE_SIZE=p.page_size, LEADING=p.left < _UNBOUNDED, **p.constexprs(t),
+        PAGE_SIZE=p.page_size, LEADING=p.left < _UNBOUNDED, RAW_MAX=p.raw_max, **p.constexprs(t),
     )
 
 
@@ -572,7 +576,7 @@ def _launch_decode(p: _Problem, o: torch.Tensor, lse: torch.Tensor, t: Tiles) ->
         *p.q_strides, *p.k_strides, *p.v_strides, *o_strides, *lse_strides, p.slope_stride, p.table_stride,
         p.heads_q, p.heads_kv, p.n_q, p.n_k, p.group, per_split, p.qk_scale, p.cap_scale, p.left, p.right,
         BLOCK_R=max(16, triton.next_power_of_2(p.group * p.n_q)), HAS_SINKS=has_sinks, LAYOUT=p.layout_code,
-        PAGE_SIZE=p.page_size, DIRECT=direct, **p.constexprs(t),
+        PAGE_SIZE=p.page_size, DIRECT=direct, RAW_MAX=p.raw_max, **p.constexprs(t),
     )
     if not direct:
         attn_fwd_combine[(p.batch * p.heads_q * p.n_q,)](
