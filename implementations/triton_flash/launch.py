@@ -147,12 +147,12 @@ def default_tiles(kernel: str, block_d: int, dtype: torch.dtype, causal: bool, n
         return candidates[0]
     small = block_d <= 64
     by_kernel = {
-        "fwd": Tiles(64, 64, 4, 3) if small or n_k < 4096 else Tiles(128, 128, 8, 3),
+        "fwd": Tiles(64, 64, 4, 3),
         "decode": candidates[0],
         "dkdv": (Tiles(32, 128, 4, 3) if causal else Tiles(32, 64, 4, 3)) if small else
                 (Tiles(32, 64, 4, 3) if causal else Tiles(64, 128, 8, 3)),
         "dq": (Tiles(64, 64, 4, 3) if causal else Tiles(128, 64, 8, 3)) if small else Tiles(128, 64, 8, 3),
-        "fp8": candidates[0],
+        "fp8": Tiles(64, 64, 4, 3) if small else Tiles(64, 128, 4, 3),
     }
     return by_kernel[kernel]
 

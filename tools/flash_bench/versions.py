@@ -28,18 +28,24 @@ CASES = {  # name: (batch, heads, seqlen, head_dim, head_dim_v, causal, variant 
     "d128-16k-causal": (1, 16, 16384, 128, 128, True, {}),
     "d64-16k": (1, 32, 16384, 64, 64, False, {}),
     "d128-4k": (4, 16, 4096, 128, 128, False, {}),
+    "d128-1k": (16, 16, 1024, 128, 128, False, {}),
+    "d64-4k": (4, 32, 4096, 64, 64, False, {}),
     "d128-16k-alibi": (1, 16, 16384, 128, 128, False, {"alibi": True}),
     "d128-16k-causal-w4096": (1, 16, 16384, 128, 128, True, {"window_size": (4096, 0)}),
     "d192-dv128-4k-causal": (4, 16, 4096, 192, 128, True, {}),
 }
 SWEEP = {  # case: {kernel: [tiles...]}
-    "d128-16k": {"dkdv": [(64, 128, 8, 3), (32, 128, 8, 3), (32, 128, 8, 4), (16, 128, 8, 4)],
+    "d128-4k": {"fwd": [(64, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 2), (64, 32, 4, 3)]},
+    "d128-1k": {"fwd": [(64, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 2), (64, 32, 4, 3)]},
+    "d64-4k": {"fwd": [(64, 64, 4, 3), (64, 128, 4, 3), (128, 128, 8, 3), (64, 64, 4, 4)]},
+    "d128-16k": {"fwd": [(64, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 2), (64, 32, 4, 3)],
+                 "dkdv": [(64, 128, 8, 3), (32, 128, 8, 3), (32, 128, 8, 4), (16, 128, 8, 4)],
                  "dq": [(128, 64, 8, 3), (128, 64, 8, 4), (128, 32, 8, 3), (64, 64, 4, 4)]},
     "d128-16k-causal": {"dkdv": [(32, 64, 4, 3), (32, 128, 8, 3), (64, 128, 8, 3), (32, 128, 8, 4)]},
     "d64-16k": {"dkdv": [(32, 64, 4, 3), (32, 128, 8, 3), (32, 128, 4, 3), (64, 128, 8, 3), (16, 128, 4, 4)],
                 "dq": [(128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3)]},
-    "d128-16k-causal-w4096": {"dkdv": [(32, 64, 4, 3), (32, 128, 8, 3), (64, 128, 8, 3)]},
-    "d128-16k-alibi": {"dkdv": [(64, 128, 8, 3), (32, 128, 8, 3)]},
+    "d128-16k-causal-w4096": {"fwd": [(64, 64, 4, 3), (128, 128, 8, 3)], "dkdv": [(32, 64, 4, 3), (32, 128, 8, 3), (64, 128, 8, 3)]},
+    "d128-16k-alibi": {"fwd": [(64, 64, 4, 3), (128, 128, 8, 3)], "dkdv": [(64, 128, 8, 3), (32, 128, 8, 3)]},
 }
 
 
@@ -63,6 +69,10 @@ def timed(fn, reps: int) -> float:
     times = []
     for _ in range(reps):
         flush.zero_()
+        # About 0.5 ms of GPU spin before the start event, so the host's launch path (80-115 us
+        # for the forward) is queued ahead and the events time the GPU alone: without it a 1 ms
+        # forward read up to 10% apart from one run to the next (NOTES v7).
+        torch.cuda._sleep(1_000_000)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
@@ -91,6 +101,12 @@ def measure(autograd, case: tuple, reps: int) -> dict:
         return {"skipped": str(error)}
     with torch.no_grad():
         fwd = timed(lambda: autograd.flash_attention(q, k, v, causal=causal, **keywords), reps)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                autograd.flash_attention(q, k, v, causal=causal, **keywords)
+            torch.cuda.synchronize()
+    fwd_kernels = {event.key: round(event.device_time_total / 3 / 1000, 4) for event in prof.key_averages()
+                   if event.device_time_total > 0 and "attn" in event.key}
     q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
     o = autograd.flash_attention(q, k, v, causal=causal, **keywords)
     do = torch.randn(o.shape, device="cuda", dtype=o.dtype, generator=torch.Generator(device="cuda").manual_seed(1))
@@ -102,7 +118,7 @@ def measure(autograd, case: tuple, reps: int) -> dict:
     kernels = {event.key: round(event.device_time_total / 3 / 1000, 4) for event in prof.key_averages()
                if event.device_time_total > 0 and "attn" in event.key}
     grads = torch.autograd.grad(o, (q, k, v), do)
-    return {"fwd_ms": round(fwd, 4), "bwd_ms": round(bwd, 4), "bwd_kernels_ms": kernels,
+    return {"fwd_ms": round(fwd, 4), "fwd_kernels_ms": fwd_kernels, "bwd_ms": round(bwd, 4), "bwd_kernels_ms": kernels,
             "grads": [g.float().cpu() for g in (o.detach(), *grads)]}
 
 
@@ -149,6 +165,7 @@ def main() -> int:
     parser.add_argument("--version", action="append", required=True, help="NAME=DIR")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--sweep-kernels", default="fwd,dkdv,dq", help="which kernels' SWEEP rows to run")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp())
@@ -168,8 +185,10 @@ def main() -> int:
     if args.sweep:
         name, (autograd, launch) = list(loaded.items())[-1]
         for case_name, choices in SWEEP.items():
-            print(f"sweep {case_name} ({name})", flush=True)
-            report.setdefault("sweep", {})[case_name] = sweep(autograd, launch, CASES[case_name], choices, args.reps)
+            wanted = {kernel: tiles for kernel, tiles in choices.items() if kernel in args.sweep_kernels.split(",")}
+            if wanted:
+                print(f"sweep {case_name} ({name})", flush=True)
+                report.setdefault("sweep", {})[case_name] = sweep(autograd, launch, CASES[case_name], wanted, args.reps)
     Path(args.out).write_text(json.dumps(report, indent=1))
     return 0
 
