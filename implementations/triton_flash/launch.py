@@ -121,12 +121,12 @@ def tile_candidates(kernel: str, block_d: int, dtype: torch.dtype) -> tuple[Tile
         "dq": ([Tiles(64, 64, 4, 3), Tiles(128, 64, 8, 3)] if small else
                [Tiles(128, 64, 8, 3), Tiles(128, 32, 4, 3), Tiles(64, 32, 4, 3)] if medium else
                [Tiles(64, 32, 4, 2), Tiles(32, 32, 4, 2), Tiles(32, 64, 4, 2)]),
-        # FP8 (head dims 64 and 128 only): the first entry is the Triton tutorial's Hopper shape
-        # (two warp groups of 64 rows, 128 keys a step); 64x128 with one warp group fits two
-        # programs on an SM, whose softmax and products can interleave (NOTES.md, v7). A tile
-        # is half a 16-bit one's bytes.
-        "fp8": ([Tiles(128, 128, 8, 3), Tiles(64, 128, 4, 3), Tiles(128, 64, 8, 3), Tiles(64, 64, 4, 3)] if small else
-                [Tiles(128, 128, 8, 3), Tiles(64, 128, 4, 3), Tiles(128, 64, 8, 3), Tiles(128, 128, 8, 4)]),
+        # FP8 (head dims 64 and 128 only): tiles of one warp group, two or more programs to an
+        # SM, whose softmax and products interleave; the Triton tutorial's 128x128 with two warp
+        # groups was 15-20% slower at d128 in the H200 sweeps (NOTES.md, v7). A tile is half a
+        # 16-bit one's bytes.
+        "fp8": ([Tiles(64, 64, 4, 3), Tiles(64, 256, 4, 3), Tiles(64, 128, 4, 3)] if small else
+                [Tiles(64, 128, 4, 3), Tiles(64, 64, 4, 3), Tiles(128, 128, 8, 3)]),
     }
     candidates = table[kernel]
     if block_d > 256:  # V's head dim 512 (MLA): a [rows, 512] float32 accumulator; untuned
@@ -152,7 +152,7 @@ def default_tiles(kernel: str, block_d: int, dtype: torch.dtype, causal: bool, n
         "dkdv": (Tiles(32, 128, 4, 3) if causal else Tiles(32, 64, 4, 3)) if small else
                 (Tiles(32, 64, 4, 3) if causal else Tiles(64, 128, 8, 3)),
         "dq": (Tiles(64, 64, 4, 3) if causal else Tiles(128, 64, 8, 3)) if small else Tiles(128, 64, 8, 3),
-        "fp8": Tiles(64, 64, 4, 3) if small else Tiles(64, 128, 4, 3),
+        "fp8": (Tiles(64, 64, 4, 3) if causal else Tiles(64, 256, 4, 3)) if small else Tiles(64, 128, 4, 3),
     }
     return by_kernel[kernel]
 
