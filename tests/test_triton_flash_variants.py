@@ -67,7 +67,7 @@ DENSE = {
     "scale-0.2-causal-q200": spec(nq=200, nk=200, causal=True, scale=-0.2),
     "alibi-gqa8:2-q128-k300": spec(hq=8, hkv=2, nq=128, nk=300, alibi=True),
     "alibi-mqa4:1-causal-q300": spec(hq=4, hkv=1, nq=300, nk=300, causal=True, alibi=True),
-    # Odd heads' slopes negated: the forward's cheaper bias holds only for slopes >= 0.
+    # Odd heads' slopes negated: a bias that grows with distance, in the forward's float form too.
     "alibi-signs-gqa4:2-q200-k300": spec(hq=4, hkv=2, nq=200, nk=300, alibi="signs"),
     "sinks-lse-causal-q200": spec(hq=4, hkv=2, nq=200, nk=200, causal=True, sinks=True, lse=True),
     "mla-d64-dv128-causal-lse": spec(hq=4, hkv=2, nq=150, nk=200, d=64, dv=128, causal=True, lse=True),

@@ -178,7 +178,7 @@ def _scores(qk, i, j, n_k, diag, left, right, qk_scale, cap_scale, slope,
     elif ALIBI == 2:
         # The same bias, bit for bit (positions are exact in float32 below 2**24): the rows and
         # columns convert once each instead of every score, since an integer-to-float conversion
-        # runs at the exp's quarter rate. The forward's loop loses a fifth of its instructions;
+        # runs at the exp's quarter rate. The forward's loop loses a sixth of its instructions;
         # the backward's, compiled from the integer form, came out shorter as it is (NOTES v7).
         s = s - slope * tl.abs((i + diag).to(tl.float32) - j.to(tl.float32))
     return _masked(s, i, j, n_k, diag, left, right, MASKED, BANDED), t
@@ -614,9 +614,11 @@ def attn_fwd_fp8(Q, K, V, O, Q_DESCALE, K_DESCALE, V_DESCALE,
     # One scale for the logits: softmax scale * log2(e) * q's and k's descales. The loop takes
     # the row maximum before scaling, which needs a scale > 0: a negative one turns into q's sign
     # (exact in e4m3), and zero into a tiny scale (every score ~0: the uniform average it means).
+    # A NaN descale stays NaN here, but the row maximum's tl.maximum drops NaNs, so the output
+    # does not always show it (not checked: no finite-descale guarantee is made).
     qk_scale = qk_scale * tl.load(Q_DESCALE + descale) * tl.load(K_DESCALE + descale)
     sign_bit = tl.where(qk_scale < 0, 128, 0).to(tl.uint8)
-    qk_scale = tl.maximum(tl.abs(qk_scale), 1e-30)
+    qk_scale = tl.where(qk_scale == 0, 1e-30, tl.abs(qk_scale))
     v_descale = tl.load(V_DESCALE + descale)
     q_base = Q + off_b * stride_qb + off_h * stride_qh
     k_base = K + off_b * stride_kb + off_hkv * stride_kh
