@@ -87,6 +87,16 @@ def timed(fn, reps: int) -> float:
     return statistics.median(times)
 
 
+def kernel_times(fn, calls: int = 3) -> dict[str, float]:
+    """Each attention kernel's GPU time per call of ``fn`` in ms, from the profiler over ``calls`` calls."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return {event.key: round(event.device_time_total / calls / 1000, 4) for event in prof.key_averages()
+            if event.device_time_total > 0 and "attn" in event.key}
+
+
 def inputs(case: tuple, seed: int = 0):
     batch, heads, n, d, dv, causal, variants = case
     gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -106,22 +116,12 @@ def measure(autograd, case: tuple, reps: int) -> dict:
         return {"skipped": str(error)}
     with torch.no_grad():
         fwd = timed(lambda: autograd.flash_attention(q, k, v, causal=causal, **keywords), reps)
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(3):
-                autograd.flash_attention(q, k, v, causal=causal, **keywords)
-            torch.cuda.synchronize()
-    fwd_kernels = {event.key: round(event.device_time_total / 3 / 1000, 4) for event in prof.key_averages()
-                   if event.device_time_total > 0 and "attn" in event.key}
+        fwd_kernels = kernel_times(lambda: autograd.flash_attention(q, k, v, causal=causal, **keywords))
     q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
     o = autograd.flash_attention(q, k, v, causal=causal, **keywords)
     do = torch.randn(o.shape, device="cuda", dtype=o.dtype, generator=torch.Generator(device="cuda").manual_seed(1))
     bwd = timed(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True), reps)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(3):
-            torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
-        torch.cuda.synchronize()
-    kernels = {event.key: round(event.device_time_total / 3 / 1000, 4) for event in prof.key_averages()
-               if event.device_time_total > 0 and "attn" in event.key}
+    kernels = kernel_times(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
     grads = torch.autograd.grad(o, (q, k, v), do)
     return {"fwd_ms": round(fwd, 4), "fwd_kernels_ms": fwd_kernels, "bwd_ms": round(bwd, 4), "bwd_kernels_ms": kernels,
             "grads": [g.float().cpu() for g in (o.detach(), *grads)]}
