@@ -83,6 +83,12 @@ VARLEN = {
                    unused_k=5),
     "varlen-causal": spec(hq=4, hkv=2, causal=True, seqlens_q=(0, 17, 113, 1, 40), seqlens_k=(0, 30, 113, 64, 25),
                           unused_q=7, unused_k=5),
+    # Sequences longer than a tile: whole query and key blocks load without row masks, and the
+    # ragged last block of each sequence with them (its rows run on into the next sequence).
+    "varlen-long": spec(hq=4, hkv=2, seqlens_q=(300, 0, 129, 260), seqlens_k=(300, 0, 129, 200), unused_q=9,
+                        unused_k=3),
+    "varlen-long-causal": spec(hq=4, hkv=2, causal=True, seqlens_q=(300, 129, 200), seqlens_k=(300, 200, 129),
+                               unused_q=5, unused_k=0),
     "varlen-window16,4-sinks-lse": spec(hq=4, hkv=2, window=(16, 4), sinks=True, lse=True,
                                         seqlens_q=(0, 17, 113, 1, 40, 9), seqlens_k=(3, 17, 150, 1, 40, 0),
                                         unused_q=3, unused_k=11),

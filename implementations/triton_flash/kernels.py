@@ -686,6 +686,38 @@ def attn_bwd_preprocess(O, DO, DELTA,
 
 
 @_kernel
+def _padded_start(CU_Q, off_b, ROWS: tl.constexpr):
+    # Where sequence b's rows start in the padded copies: a multiple of ROWS, and far enough past
+    # sequence b - 1's start for its rows rounded up to ROWS (both are multiples of ROWS, and
+    # floor(cu[b + 1]) - floor(cu[b]) >= len - ROWS + 1, so it is >= round_up(len) - ROWS). Read
+    # from cu_seqlens alone, with no prefix sum; the copies need total + ROWS * batch rows.
+    return tl.load(CU_Q + off_b) // ROWS * ROWS + ROWS * off_b
+
+
+@_kernel
+def attn_bwd_pad_rows(LSE, DELTA, LSE_P, DELTA_P, CU_Q, stride_h, stride_ph, H_Q, BLOCK_M: tl.constexpr):
+    # A packed LSE and delta [H, total] copied to [H, padded]: sequence b's rows start at
+    # _padded_start (a multiple of BLOCK_M, launch.PACKED_ROWS), and its rows past its end, up to
+    # a multiple of BLOCK_M, hold lse = +inf (so p = 0) and delta = 0. The dK/dV kernel then loads
+    # them whole and aligned, with no masks (NOTES v8).
+    start_m = tl.program_id(0) * BLOCK_M
+    off_bh = tl.program_id(1)
+    off_b = off_bh // H_Q
+    off_h = (off_bh % H_Q).to(tl.int64)
+    q_start = tl.load(CU_Q + off_b)
+    n_q = tl.load(CU_Q + off_b + 1) - q_start
+    if start_m >= n_q:
+        return
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    inside = offs_m < n_q
+    lse = tl.load(LSE + off_h * stride_h + q_start + offs_m, mask=inside, other=float("inf"))
+    delta = tl.load(DELTA + off_h * stride_h + q_start + offs_m, mask=inside, other=0.0)
+    rows = off_h * stride_ph + _padded_start(CU_Q, off_b, BLOCK_M) + offs_m
+    tl.store(LSE_P + rows, lse)
+    tl.store(DELTA_P + rows, delta)
+
+
+@_kernel
 def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                          stride_qm, stride_qd, stride_dom, stride_dod,
                          offs_n, offs_d, offs_dv, lo, hi, n_q, n_k, diag, left, right,
@@ -693,15 +725,20 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                          HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
                          BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BANDED: tl.constexpr,
                          SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, MASKED: tl.constexpr,
-                         FAST_TANH: tl.constexpr, DOT_PRECISION: tl.constexpr, EVEN_Q: tl.constexpr):
+                         FAST_TANH: tl.constexpr, DOT_PRECISION: tl.constexpr, EVEN_Q: tl.constexpr,
+                         PACKED: tl.constexpr):
     # Works on the transposed score tile (keys x queries) so every product has this program's
-    # key block as its M dimension and accumulates straight into dk and dv. EVEN_Q: every query
-    # block is whole, so the loads need no row mask.
+    # key block as its M dimension and accumulates straight into dk and dv. EVEN_Q: the loads
+    # need no row mask, as every query block is whole, or (PACKED) as rows past the sequence's end
+    # read its last row again and get lse = +inf from the padded copy, hence p = 0.
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        q = _load_tile(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+        rows = offs_m
+        if PACKED:
+            rows = tl.minimum(offs_m, n_q - 1)
+        q = _load_tile(q_base + rows[:, None] * stride_qm + offs_d[None, :] * stride_qd,
                        offs_m, n_q, offs_d, HEAD_DIM, not EVEN_Q, HEAD_DIM != BLOCK_D)
-        do = _load_tile(do_base + offs_m[:, None] * stride_dom + offs_dv[None, :] * stride_dod,
+        do = _load_tile(do_base + rows[:, None] * stride_dom + offs_dv[None, :] * stride_dod,
                         offs_m, n_q, offs_dv, HEAD_DIM_V, not EVEN_Q, HEAD_DIM_V != BLOCK_DV)
         if EVEN_Q:
             lse = tl.load(lse_base + offs_m)
@@ -738,7 +775,8 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, SLOPES, CU_Q, CU_K,
                   BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
                   LAYOUT: tl.constexpr, FAST_TANH: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                  LEADING: tl.constexpr, TRAILING: tl.constexpr, EVEN_Q: tl.constexpr):
+                  LEADING: tl.constexpr, TRAILING: tl.constexpr, EVEN_Q: tl.constexpr,
+                  ROW_ALIGN: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
     off_bhkv = tl.program_id(1)
     off_b = (off_bhkv // H_KV).to(tl.int64)
@@ -795,6 +833,9 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, SLOPES, CU_Q, CU_K,
         b = n_q
         end = n_q
 
+    row_start = 0
+    if LAYOUT == 1:  # a multiple of ROW_ALIGN, which the compiler sees: aligned loads
+        row_start = _padded_start(CU_Q, off_b, ROW_ALIGN)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
     # Summing the group's query heads here writes dk/dv once, with no [B, Hq, Nk, D] scratch.
@@ -804,11 +845,11 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, SLOPES, CU_Q, CU_K,
         do_base = DO + off_b * stride_dob + off_h * stride_doh
         lse_base = LSE + off_b * stride_lb + off_h * stride_lh
         delta_base = DELTA + off_b * stride_lb + off_h * stride_lh
-        if LAYOUT == 1:  # varlen: the sequence's first query row
+        if LAYOUT == 1:  # varlen: the sequence's first query row, and its rows in the padded copies
             q_base += q_start.to(tl.int64) * stride_qm
             do_base += q_start.to(tl.int64) * stride_dom
-            lse_base += q_start.to(tl.int64)
-            delta_base += q_start.to(tl.int64)
+            lse_base += row_start
+            delta_base += row_start
         slope = 0.0
         if ALIBI:
             slope = tl.load(SLOPES + off_b * stride_sb + off_h) * 1.4426950408889634
@@ -818,18 +859,21 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, SLOPES, CU_Q, CU_K,
                                       stride_qm, stride_qd, stride_dom, stride_dod,
                                       offs_n, offs_d, offs_dv, start, a, n_q, n_k, diag, left, right,
                                       qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV,
-                                      BLOCK_M, BANDED, SOFTCAP, ALIBI, True, FAST_TANH, DOT_PRECISION, EVEN_Q)
+                                      BLOCK_M, BANDED, SOFTCAP, ALIBI, True, FAST_TANH, DOT_PRECISION, EVEN_Q,
+                                      LAYOUT == 1)
         dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                                       stride_qm, stride_qd, stride_dom, stride_dod,
                                       offs_n, offs_d, offs_dv, a, b, n_q, n_k, diag, left, right,
                                       qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV,
-                                      BLOCK_M, BANDED, SOFTCAP, ALIBI, False, FAST_TANH, DOT_PRECISION, EVEN_Q)
+                                      BLOCK_M, BANDED, SOFTCAP, ALIBI, False, FAST_TANH, DOT_PRECISION, EVEN_Q,
+                                      LAYOUT == 1)
         if TRAILING:
             dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                                           stride_qm, stride_qd, stride_dom, stride_dod,
                                           offs_n, offs_d, offs_dv, b, end, n_q, n_k, diag, left, right,
                                           qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV,
-                                          BLOCK_M, BANDED, SOFTCAP, ALIBI, True, FAST_TANH, DOT_PRECISION, EVEN_Q)
+                                          BLOCK_M, BANDED, SOFTCAP, ALIBI, True, FAST_TANH, DOT_PRECISION, EVEN_Q,
+                                      LAYOUT == 1)
 
     dk = dk * scale
     _store_tile(dk_base + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,

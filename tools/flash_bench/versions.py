@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import itertools
 import json
 import shutil
 import statistics
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+VARLEN = (8192, 4096, 2048, 1024, 512, 256, 128, 128)
 CASES = {  # name: (batch, heads, seqlen, head_dim, head_dim_v, causal, variant keywords)
     "d128-16k": (1, 16, 16384, 128, 128, False, {}),
     "d128-16k-causal": (1, 16, 16384, 128, 128, True, {}),
@@ -33,6 +35,9 @@ CASES = {  # name: (batch, heads, seqlen, head_dim, head_dim_v, causal, variant 
     "d128-16k-alibi": (1, 16, 16384, 128, 128, False, {"alibi": True}),
     "d128-16k-causal-w4096": (1, 16, 16384, 128, 128, True, {"window_size": (4096, 0)}),
     "d192-dv128-4k-causal": (4, 16, 4096, 192, 128, True, {}),
+    # The speed suite's packed sequences: 16k tokens in 8 sequences of 128 to 8k.
+    "varlen-16k": (1, 16, 0, 128, 128, False, {"seqlens": VARLEN}),
+    "varlen-16k-causal": (1, 16, 0, 128, 128, True, {"seqlens": VARLEN}),
 }
 SWEEP = {  # case: {kernel: [tiles...]}
     "d128-4k": {"fwd": [(64, 64, 4, 3), (128, 128, 8, 3)], "dkdv": [(64, 128, 8, 3), (64, 64, 4, 2)]},
@@ -98,27 +103,35 @@ def kernel_times(fn, calls: int = 3) -> dict[str, float]:
 
 
 def inputs(case: tuple, seed: int = 0):
+    """(q, k, v, call): ``call(autograd, q, k, v)`` runs the case's attention on those tensors."""
     batch, heads, n, d, dv, causal, variants = case
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    q, k = (torch.randn(batch, heads, n, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
-    v = torch.randn(batch, heads, n, dv, device="cuda", dtype=torch.bfloat16, generator=gen)
     keywords = dict(variants)
+    seqlens = keywords.pop("seqlens", None)
+    shape = (sum(seqlens), heads) if seqlens else (batch, heads, n)  # packed: [total, H, D]
+    q, k = (torch.randn(*shape, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+    v = torch.randn(*shape, dv, device="cuda", dtype=torch.bfloat16, generator=gen)
     if keywords.pop("alibi", False):
         keywords["alibi_slopes"] = torch.rand(heads, device="cuda", generator=gen) * 0.3
-    return q, k, v, causal, keywords
+    if seqlens:
+        cu = torch.tensor([0, *itertools.accumulate(seqlens)], device="cuda", dtype=torch.int32)
+
+        def call(autograd, q, k, v):
+            return autograd.flash_attention_varlen(q, k, v, cu, cu, max(seqlens), max(seqlens), causal=causal,
+                                                   **keywords)
+    else:
+        def call(autograd, q, k, v):
+            return autograd.flash_attention(q, k, v, causal=causal, **keywords)
+    return q, k, v, call
 
 
 def measure(autograd, case: tuple, reps: int) -> dict:
-    q, k, v, causal, keywords = inputs(case)
-    try:
-        autograd.flash_attention(q[:, :, :1], k[:, :, :64], v[:, :, :64], causal=causal, **keywords)
-    except (TypeError, ValueError) as error:  # a version without these variants (or V head dims)
-        return {"skipped": str(error)}
+    q, k, v, call = inputs(case)
     with torch.no_grad():
-        fwd = timed(lambda: autograd.flash_attention(q, k, v, causal=causal, **keywords), reps)
-        fwd_kernels = kernel_times(lambda: autograd.flash_attention(q, k, v, causal=causal, **keywords))
+        fwd = timed(lambda: call(autograd, q, k, v), reps)
+        fwd_kernels = kernel_times(lambda: call(autograd, q, k, v))
     q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
-    o = autograd.flash_attention(q, k, v, causal=causal, **keywords)
+    o = call(autograd, q, k, v)
     do = torch.randn(o.shape, device="cuda", dtype=o.dtype, generator=torch.Generator(device="cuda").manual_seed(1))
     bwd = timed(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True), reps)
     kernels = kernel_times(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
@@ -134,7 +147,7 @@ def compare(first: list, other: list) -> list[float]:
 
 
 def sweep(autograd, launch, case: tuple, choices: dict, reps: int) -> dict:
-    q, k, v, causal, keywords = inputs(case)
+    q, k, v, call = inputs(case)
     results = {}
     original = launch.default_tiles
     for kernel, options in choices.items():
@@ -149,10 +162,10 @@ def sweep(autograd, launch, case: tuple, choices: dict, reps: int) -> dict:
             try:
                 if kernel == "fwd":
                     with torch.no_grad():
-                        ms = timed(lambda: autograd.flash_attention(q, k, v, causal=causal, **keywords), reps)
+                        ms = timed(lambda: call(autograd, q, k, v), reps)
                 else:
                     qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
-                    o = autograd.flash_attention(qg, kg, vg, causal=causal, **keywords)
+                    o = call(autograd, qg, kg, vg)
                     do = torch.randn_like(o)
                     ms = timed(lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True), reps)
                 results[f"{kernel} {tiles}"] = round(ms, 4)
@@ -171,13 +184,19 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--sweep-kernels", default="fwd,dkdv,dq", help="which kernels' SWEEP rows to run")
+    parser.add_argument("--cases", default=",".join(CASES), help="which CASES to run (comma-separated)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp())
     versions = [(spec.split("=", 1)[0], Path(spec.split("=", 1)[1])) for spec in args.version]
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "results": {}}
     loaded = {name: load(name, folder, scratch) for name, folder in versions}
+    unknown = set(args.cases.split(",")) - set(CASES)
+    if unknown:
+        parser.error(f"unknown cases {sorted(unknown)} (known: {', '.join(CASES)})")
     for case_name, case in CASES.items():
+        if case_name not in args.cases.split(","):
+            continue
         first = None  # the first version's output and gradients, the others are compared with
         for name, (autograd, _) in loaded.items():
             result = measure(autograd, case, args.reps)
