@@ -314,6 +314,7 @@ def _varlen_inputs(case: dict, dtype, generator, dv: int) -> dict[str, Any]:
 
 def run_varlen(name: str, case: dict, dtype_name: str) -> dict[str, Any]:
     from pytest_attnkit.implementations.triton_flash import flash_attention_varlen
+    from pytest_attnkit.implementations.triton_flash.launch import pads_rows
     from pytest_attnkit.oracle import Packing
 
     dtype = getattr(torch, dtype_name)
@@ -361,6 +362,7 @@ def run_varlen(name: str, case: dict, dtype_name: str) -> dict[str, Any]:
         "rows_without_key": int(no_key.sum()),
         "out_on_rows_without_key": _max_abs(kernel["out"][no_key]),
         "dq_on_rows_without_key": _max_abs(kernel["dq"][no_key]),
+        "padded_rows": pads_rows(q.shape[0], len(case["seqlens_q"])),
     }
     if name == ISOLATION_CASE and dtype_name == "float32":
         result["isolation"] = isolation(flash_attention_varlen, case, inputs, layout, kwargs, out.detach(), generator)
@@ -624,6 +626,9 @@ def test_the_cases_exercise_what_they_claim() -> None:
         # varlen: 15 rows of the causal sequence with 40 queries and 25 keys; 9 queries with no key at all
         assert case_result("packed", "varlen", f"varlen-causal-{dtype}")["rows_without_key"] == 15
         assert case_result("packed", "varlen", f"varlen-window16,4-sinks-lse-{dtype}")["rows_without_key"] == 9
+        # dK/dV reads padded LSE/delta copies for the long sequences, masked rows for the short
+        for name in VARLEN:
+            assert case_result("packed", "varlen", f"{name}-{dtype}")["padded_rows"] == name.startswith("varlen-long")
         # paged: 13 of the 33 queries of the sequence with 20 keys in the cache
         assert case_result("packed", "paged", f"paged-prefill33-causal-p16-{dtype}")["rows_without_key"] == 13
 

@@ -777,7 +777,9 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, SLOPES, CU_Q, CU_K,
                   BANDED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
                   LAYOUT: tl.constexpr, FAST_TANH: tl.constexpr, DOT_PRECISION: tl.constexpr,
                   LEADING: tl.constexpr, TRAILING: tl.constexpr, EVEN_Q: tl.constexpr,
-                  ROW_ALIGN: tl.constexpr):
+                  ROW_ALIGN: tl.constexpr, PADDED: tl.constexpr):
+    # PADDED (packed sequences): LSE and DELTA are attn_bwd_pad_rows' copies, rows from
+    # _padded_start; otherwise they are [B, H, N] (a packed layout's [H, total], masked per row).
     start_n = tl.program_id(0) * BLOCK_N
     off_bhkv = tl.program_id(1)
     off_b = (off_bhkv // H_KV).to(tl.int64)
@@ -834,8 +836,8 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, SLOPES, CU_Q, CU_K,
         b = n_q
         end = n_q
 
-    row_start = 0
-    if LAYOUT == 1:  # a multiple of ROW_ALIGN, which the compiler sees: aligned loads
+    row_start = q_start
+    if PADDED:  # a multiple of ROW_ALIGN, which the compiler sees: aligned loads
         row_start = _padded_start(CU_Q, off_b, ROW_ALIGN)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
@@ -846,11 +848,11 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, SLOPES, CU_Q, CU_K,
         do_base = DO + off_b * stride_dob + off_h * stride_doh
         lse_base = LSE + off_b * stride_lb + off_h * stride_lh
         delta_base = DELTA + off_b * stride_lb + off_h * stride_lh
-        if LAYOUT == 1:  # varlen: the sequence's first query row, and its rows in the padded copies
+        if LAYOUT == 1:  # varlen: the sequence's first query row, and its LSE/delta rows
             q_base += q_start.to(tl.int64) * stride_qm
             do_base += q_start.to(tl.int64) * stride_dom
-            lse_base += row_start
-            delta_base += row_start
+            lse_base += row_start.to(tl.int64)
+            delta_base += row_start.to(tl.int64)
         slope = 0.0
         if ALIBI:
             slope = tl.load(SLOPES + off_b * stride_sb + off_h) * 1.4426950408889634
@@ -861,20 +863,20 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, SLOPES, CU_Q, CU_K,
                                       offs_n, offs_d, offs_dv, start, a, n_q, n_k, diag, left, right,
                                       qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV,
                                       BLOCK_M, BANDED, SOFTCAP, ALIBI, True, FAST_TANH, DOT_PRECISION, EVEN_Q,
-                                      LAYOUT == 1)
+                                      PADDED)
         dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                                       stride_qm, stride_qd, stride_dom, stride_dod,
                                       offs_n, offs_d, offs_dv, a, b, n_q, n_k, diag, left, right,
                                       qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV,
                                       BLOCK_M, BANDED, SOFTCAP, ALIBI, False, FAST_TANH, DOT_PRECISION, EVEN_Q,
-                                      LAYOUT == 1)
+                                      PADDED)
         if TRAILING:
             dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                                           stride_qm, stride_qd, stride_dom, stride_dod,
                                           offs_n, offs_d, offs_dv, b, end, n_q, n_k, diag, left, right,
                                           qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV,
                                           BLOCK_M, BANDED, SOFTCAP, ALIBI, True, FAST_TANH, DOT_PRECISION, EVEN_Q,
-                                      LAYOUT == 1)
+                                      PADDED)
 
     dk = dk * scale
     _store_tile(dk_base + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,

@@ -769,8 +769,16 @@ def flash_fwd_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 #: Rows per sequence in the backward's padded copies of a packed LSE and delta: each sequence
 #: starts at a multiple of it and holds a whole number of them, so it must be a multiple of every
-#: dK/dV ``block_m``.
+#: dK/dV ``block_m``. Sequences shorter than it on average skip the copies (:func:`pads_rows`).
 PACKED_ROWS = 128
+
+
+def pads_rows(rows: int, sequences: int) -> bool:
+    """Whether the dK/dV kernel gets padded copies of a packed LSE and delta (``rows`` packed
+    rows, ``sequences`` sequences): only when the sequences average at least :data:`PACKED_ROWS`
+    rows, so the copies hold at most twice the rows of the originals (many short sequences
+    would pay up to that many padding rows each, for a loop of a block or two)."""
+    return rows >= PACKED_ROWS * sequences
 
 
 def _padded_rows(p: _Problem, lse: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -786,18 +794,18 @@ def _padded_rows(p: _Problem, lse: torch.Tensor, delta: torch.Tensor) -> tuple[t
     return lse_p, delta_p
 
 
-def _launch_dkdv(p: _Problem, do, lse, delta, dk, dv, t: Tiles) -> None:
-    # A packed layout's lse and delta are the padded copies (:func:`_padded_rows`).
-    packed = isinstance(p.layout, Varlen)
-    if packed and PACKED_ROWS % t.block_m:
-        raise ValueError(f"packed dK/dV needs a block_m that divides {PACKED_ROWS}, got {t}")
+def _launch_dkdv(p: _Problem, do, lse, delta, dk, dv, t: Tiles, padded: bool = False) -> None:
+    # ``padded``: lse and delta are the padded copies (:func:`_padded_rows`).
+    if padded and PACKED_ROWS % t.block_m:
+        raise ValueError(f"padded dK/dV rows need a block_m that divides {PACKED_ROWS}, got {t}")
     attn_bwd_dkdv[(triton.cdiv(p.n_k, t.block_n), p.batch * p.heads_kv)](
         p.q, p.k, p.v, do, lse, delta, dk, dv, p.slopes, p.cu_q, p.cu_k,
         *p.q_strides, *p.k_strides, *p.v_strides, *p.strides(do), *p.strides(dk), *p.strides(dv),
         *p.lse_strides(lse), p.slope_stride,
         p.heads_q, p.heads_kv, p.n_q, p.n_k, p.group, p.scale, p.qk_scale, p.cap_scale, p.left, p.right,
         BLOCK_M=t.block_m, LAYOUT=p.layout_code, LEADING=p.right < _UNBOUNDED, TRAILING=p.left < _UNBOUNDED,
-        EVEN_Q=packed or p.n_q % t.block_m == 0, ROW_ALIGN=PACKED_ROWS, **p.constexprs(t),
+        EVEN_Q=padded or (p.layout is None and p.n_q % t.block_m == 0), ROW_ALIGN=PACKED_ROWS, PADDED=padded,
+        **p.constexprs(t),
     )
 
 
@@ -862,11 +870,12 @@ def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     key = (q.dtype, p.head_dim, p.head_dim_v, variants.key(), p.layout_code, _size_class(p.n_q),
            _size_class(p.n_k), p.group > 1)
     work = 2.0 * p.batch * p.heads_q * p.n_q * p.n_k * (p.head_dim + p.head_dim_v)  # compared with a floor only
-    lse_kv, delta_kv = _padded_rows(p, lse, delta) if packed else (lse, delta)
+    padded = packed and pads_rows(lse.shape[-1], p.batch)
+    lse_kv, delta_kv = _padded_rows(p, lse, delta) if padded else (lse, delta)
     t = tiles.get("dkdv") or _choose(
         "dkdv", key, block_d, q.dtype, variants.causal, p.n_k,
-        lambda t: _launch_dkdv(p, do, lse_kv, delta_kv, dk, dv, t), work)
-    _launch_dkdv(p, do, lse_kv, delta_kv, dk, dv, t)
+        lambda t: _launch_dkdv(p, do, lse_kv, delta_kv, dk, dv, t, padded), work)
+    _launch_dkdv(p, do, lse_kv, delta_kv, dk, dv, t, padded)
     t = tiles.get("dq") or _choose(
         "dq", key, block_d, q.dtype, variants.causal, p.n_k,
         lambda t: _launch_dq(p, do, lse, delta, dq, t), work)
