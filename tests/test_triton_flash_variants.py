@@ -52,7 +52,7 @@ def spec(**fields: Any) -> dict[str, Any]:
     base = dict(batch=1, hq=2, hkv=2, nq=128, nk=128, d=64, dv=None, causal=False, window=None, softcap=0.0,
                 alibi=False, sinks=False, lse=False, logit_scale=1.0, scale=None, layout="bhsd")
     unknown = set(fields) - set(base) - {"seqlens_q", "seqlens_k", "unused_q", "unused_k", "page_size",
-                                          "cache_seqlens"}
+                                          "cache_seqlens", "nan_unused"}
     assert not unknown, unknown
     return {**base, **fields}
 
@@ -83,12 +83,16 @@ VARLEN = {
                    unused_k=5),
     "varlen-causal": spec(hq=4, hkv=2, causal=True, seqlens_q=(0, 17, 113, 1, 40), seqlens_k=(0, 30, 113, 64, 25),
                           unused_q=7, unused_k=5),
-    # Sequences longer than a tile: whole query and key blocks load without row masks, and the
-    # ragged last block of each sequence with them (its rows run on into the next sequence).
+    # Sequences longer than a tile, 128 rows or more on average: dK/dV reads the padded LSE/delta
+    # copies unmasked, and the rows past a sequence's end read its last row again (p = 0 there).
+    # Unused query rows hold NaN (nan_unused), so a read past the last sequence shows.
     "varlen-long": spec(hq=4, hkv=2, seqlens_q=(300, 0, 129, 260), seqlens_k=(300, 0, 129, 200), unused_q=9,
-                        unused_k=3),
+                        unused_k=3, nan_unused=True),
+    "varlen-long-window40,8-alibi-sinks-lse": spec(hq=4, hkv=2, window=(40, 8), alibi=True, sinks=True, lse=True,
+                                                  seqlens_q=(300, 0, 140, 200), seqlens_k=(260, 5, 140, 230),
+                                                  unused_q=4, unused_k=2, nan_unused=True),
     "varlen-long-causal": spec(hq=4, hkv=2, causal=True, seqlens_q=(300, 129, 200), seqlens_k=(300, 200, 129),
-                               unused_q=5, unused_k=0),
+                               unused_q=5, unused_k=0, nan_unused=True),
     "varlen-window16,4-sinks-lse": spec(hq=4, hkv=2, window=(16, 4), sinks=True, lse=True,
                                         seqlens_q=(0, 17, 113, 1, 40, 9), seqlens_k=(3, 17, 150, 1, 40, 0),
                                         unused_q=3, unused_k=11),
@@ -304,9 +308,11 @@ def _varlen_inputs(case: dict, dtype, generator, dv: int) -> dict[str, Any]:
     cu_k = [0] + [sum(lens_k[:i + 1]) for i in range(len(lens_k))]
     total_q, total_k = cu_q[-1] + case["unused_q"], cu_k[-1] + case["unused_k"]
     ls = case["logit_scale"]
+    q = (torch.randn(total_q, case["hq"], case["d"], generator=generator) * ls).to(dtype)
+    if case.get("nan_unused"):
+        q[cu_q[-1]:] = float("nan")
     return {
-        "cu_q": cu_q, "cu_k": cu_k,
-        "q": (torch.randn(total_q, case["hq"], case["d"], generator=generator) * ls).to(dtype),
+        "cu_q": cu_q, "cu_k": cu_k, "q": q,
         "k": (torch.randn(total_k, case["hkv"], case["d"], generator=generator) * ls).to(dtype),
         "v": torch.randn(total_k, case["hkv"], dv, generator=generator).to(dtype),
     }

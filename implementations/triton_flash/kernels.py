@@ -689,8 +689,9 @@ def attn_bwd_preprocess(O, DO, DELTA,
 @_kernel
 def _padded_start(CU_Q, off_b, ROWS: tl.constexpr):
     # Where sequence b's rows start in the padded copies: a multiple of ROWS, and far enough past
-    # sequence b - 1's start for its rows rounded up to ROWS (both are multiples of ROWS, and
-    # floor(cu[b + 1]) - floor(cu[b]) >= len - ROWS + 1, so it is >= round_up(len) - ROWS). Read
+    # sequence b - 1's start for its rows rounded up to ROWS (with f(x) = x // ROWS * ROWS, both
+    # f(cu[b + 1]) and f(cu[b]) are multiples of ROWS and their difference is >= len - ROWS + 1,
+    # so it is >= round_up(len) - ROWS). Read
     # from cu_seqlens alone, with no prefix sum; the copies need total + ROWS * batch rows.
     return tl.load(CU_Q + off_b) // ROWS * ROWS + ROWS * off_b
 

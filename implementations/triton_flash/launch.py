@@ -787,8 +787,10 @@ def _padded_rows(p: _Problem, lse: torch.Tensor, delta: torch.Tensor) -> tuple[t
     (``kernels._padded_start``). The kernel then loads whole blocks, aligned and unmasked, where
     masked loads from a sequence's own rows cost its loop 80% more instructions (NOTES v8)."""
     width = -(-(lse.shape[1] + PACKED_ROWS * p.batch) // 16) * 16
-    lse_p = torch.empty((p.heads_q, width), dtype=lse.dtype, device=lse.device)
-    delta_p = torch.empty_like(lse_p)
+    # Filled, not empty: a caller whose max_seqlen_q undercounts a sequence leaves rows the pad
+    # kernel's grid does not reach, and those must still read as p = 0, not as stale memory.
+    lse_p = torch.full((p.heads_q, width), float("inf"), dtype=lse.dtype, device=lse.device)
+    delta_p = torch.zeros_like(lse_p)
     attn_bwd_pad_rows[(triton.cdiv(p.n_q, PACKED_ROWS), p.batch * p.heads_q)](
         lse, delta, lse_p, delta_p, p.cu_q, lse.stride(0), width, p.heads_q, BLOCK_M=PACKED_ROWS, num_warps=4)
     return lse_p, delta_p

@@ -7,7 +7,8 @@ forward and the backward are timed with CUDA events (median of ``--reps`` calls,
 before each), and one profiled backward splits the time by kernel. ``--sweep`` adds, for the last
 version only, a few tile configurations per case (``launch.Tiles``) to see what the defaults leave.
 
-Usage: python3 tools/flash_bench/versions.py --version old=DIR --version new=DIR [--sweep] --out FILE
+Usage: python3 tools/flash_bench/versions.py --version old=DIR --version new=DIR [--cases A,B] [--sweep]
+       --out FILE   (--sweep runs every SWEEP case, whatever --cases says)
 """
 
 from __future__ import annotations
@@ -127,6 +128,11 @@ def inputs(case: tuple, seed: int = 0):
 
 def measure(autograd, case: tuple, reps: int) -> dict:
     q, k, v, call = inputs(case)
+    try:
+        with torch.no_grad():
+            call(autograd, q, k, v)
+    except (TypeError, ValueError, AttributeError) as error:  # a version without this variant or layout
+        return {"skipped": f"{type(error).__name__}: {error}"}
     with torch.no_grad():
         fwd = timed(lambda: call(autograd, q, k, v), reps)
         fwd_kernels = kernel_times(lambda: call(autograd, q, k, v))
@@ -191,11 +197,12 @@ def main() -> int:
     versions = [(spec.split("=", 1)[0], Path(spec.split("=", 1)[1])) for spec in args.version]
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "results": {}}
     loaded = {name: load(name, folder, scratch) for name, folder in versions}
-    unknown = set(args.cases.split(",")) - set(CASES)
+    wanted = [name for name in args.cases.split(",") if name]
+    unknown = set(wanted) - set(CASES)
     if unknown:
         parser.error(f"unknown cases {sorted(unknown)} (known: {', '.join(CASES)})")
     for case_name, case in CASES.items():
-        if case_name not in args.cases.split(","):
+        if case_name not in wanted:
             continue
         first = None  # the first version's output and gradients, the others are compared with
         for name, (autograd, _) in loaded.items():
