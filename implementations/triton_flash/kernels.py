@@ -691,8 +691,8 @@ def _padded_start(CU_Q, off_b, ROWS: tl.constexpr):
     # Where sequence b's rows start in the padded copies: a multiple of ROWS, and far enough past
     # sequence b - 1's start for its rows rounded up to ROWS (with f(x) = x // ROWS * ROWS, both
     # f(cu[b + 1]) and f(cu[b]) are multiples of ROWS and their difference is >= len - ROWS + 1,
-    # so it is >= round_up(len) - ROWS). Read
-    # from cu_seqlens alone, with no prefix sum; the copies need total + ROWS * batch rows.
+    # so it is >= round_up(len) - ROWS). Read from cu_seqlens alone, with no prefix sum; the
+    # copies need total + ROWS * batch rows.
     return tl.load(CU_Q + off_b) // ROWS * ROWS + ROWS * off_b
 
 
@@ -706,8 +706,7 @@ def attn_bwd_pad_rows(LSE, DELTA, LSE_P, DELTA_P, CU_Q, stride_h, stride_ph, H_Q
     off_bh = tl.program_id(1)
     off_b = off_bh // H_Q
     off_h = (off_bh % H_Q).to(tl.int64)
-    q_start = tl.load(CU_Q + off_b)
-    n_q = tl.load(CU_Q + off_b + 1) - q_start
+    q_start, n_q, _, _ = _sequence(off_b, 0, 0, CU_Q, CU_Q, CU_Q, 1)
     if start_m >= n_q:
         return
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -728,15 +727,15 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                          BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BANDED: tl.constexpr,
                          SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, MASKED: tl.constexpr,
                          FAST_TANH: tl.constexpr, DOT_PRECISION: tl.constexpr, EVEN_Q: tl.constexpr,
-                         PACKED: tl.constexpr):
+                         PADDED: tl.constexpr):
     # Works on the transposed score tile (keys x queries) so every product has this program's
     # key block as its M dimension and accumulates straight into dk and dv. EVEN_Q: the loads
-    # need no row mask, as every query block is whole, or (PACKED) as rows past the sequence's end
+    # need no row mask, as every query block is whole, or (PADDED) as rows past the sequence's end
     # read its last row again and get lse = +inf from the padded copy, hence p = 0.
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         rows = offs_m
-        if PACKED:
+        if PADDED:
             rows = tl.minimum(offs_m, n_q - 1)
         q = _load_tile(q_base + rows[:, None] * stride_qm + offs_d[None, :] * stride_qd,
                        offs_m, n_q, offs_d, HEAD_DIM, not EVEN_Q, HEAD_DIM != BLOCK_D)
@@ -877,7 +876,7 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, SLOPES, CU_Q, CU_K,
                                           offs_n, offs_d, offs_dv, b, end, n_q, n_k, diag, left, right,
                                           qk_scale, cap_scale, slope, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV,
                                           BLOCK_M, BANDED, SOFTCAP, ALIBI, True, FAST_TANH, DOT_PRECISION, EVEN_Q,
-                                      PADDED)
+                                          PADDED)
 
     dk = dk * scale
     _store_tile(dk_base + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
