@@ -85,7 +85,8 @@ VARLEN = {
                           unused_q=7, unused_k=5),
     # Sequences longer than a tile, 128 rows or more on average: dK/dV reads the padded LSE/delta
     # copies unmasked, and the rows past a sequence's end read its last row again (p = 0 there).
-    # Unused query rows hold NaN (nan_unused), so a read past the last sequence shows.
+    # Unused query rows hold NaN (nan_unused), in q, dO and dLSE, so a read past the last sequence
+    # shows.
     "varlen-long": spec(hq=4, hkv=2, seqlens_q=(300, 0, 129, 260), seqlens_k=(300, 0, 129, 200), unused_q=9,
                         unused_k=3, nan_unused=True),
     "varlen-long-window40,8-alibi-sinks-lse": spec(hq=4, hkv=2, window=(40, 8), alibi=True, sinks=True, lse=True,
@@ -334,6 +335,10 @@ def run_varlen(name: str, case: dict, dtype_name: str) -> dict[str, Any]:
     lse_rows = torch.cat([sees | (sinks is not None), torch.zeros(case["unused_q"], dtype=torch.bool)])
     dout = torch.randn(q.shape[0], hq, dv, generator=generator).to(dtype)
     dlse = (torch.randn(hq, q.shape[0], generator=generator) * lse_rows).float() if case["lse"] else None
+    if case.get("nan_unused"):  # the upstream gradients of rows of no sequence are the caller's garbage too
+        dout[used_q:] = float("nan")
+        if dlse is not None:
+            dlse[:, used_q:] = float("nan")
 
     layout = (torch.tensor(cu_q, dtype=torch.int32), torch.tensor(cu_k, dtype=torch.int32),
               max(case["seqlens_q"]), max(case["seqlens_k"]))

@@ -862,10 +862,15 @@ def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     dsinks = None
     if sinks is not None:
         # d out / d sink = -p_sink out and d lse / d sink = p_sink, so d sink = -sum p_sink delta,
-        # p_sink = 2^(sink * log2(e) - lse) (0 for rows of no sequence, whose lse is +inf).
+        # p_sink = 2^(sink * log2(e) - lse). Rows of no sequence (packed, past the last one) have
+        # lse = +inf and are left out: their dO and dlse are whatever the caller's buffer held, and
+        # 0 * NaN would be NaN. With sinks, every row of a sequence has a finite lse.
         heads = (slice(None), None) if packed else (None, slice(None), None)
         p_sink = torch.exp2(sinks.float()[heads] * _LOG2E - lse)
-        dsinks = -_rows_per_head(p_sink * delta, packed).to(sinks.dtype)
+        share = p_sink * delta
+        if packed:
+            share = torch.where(lse == float("inf"), 0.0, share)
+        dsinks = -_rows_per_head(share, packed).to(sinks.dtype)
 
     block_d = max(_block_d(p.head_dim), _block_d(p.head_dim_v))
     tiles = tiles or {}
