@@ -1,19 +1,29 @@
-"""Time the warp-specialized forward probe (``ws_kernel.py``) against triton_flash and cuDNN.
+"""Time the warp-specialized probes (``ws_kernel.py``, ``ws_bwd_kernel.py``) against
+triton_flash and cuDNN, or check them on the CPU.
 
-For each case (the speed suite's forward shapes: 16k tokens, H x D = 2048) it times, with
-versions.py's timer (CUDA events, L2 flushed, the GPU spun ahead of the start event):
-- ``cudnn``: torch's scaled_dot_product_attention on its cuDNN backend (bf16 cases);
-- ``triton_flash``: the shipped forward (``launch.flash_fwd`` / ``flash_fwd_fp8``), default tiles;
-- ``ws BMxBN/S``: the probe at each tile, with its largest |difference| from triton_flash's output.
+For each case (the speed suite's shapes: 16k tokens, H x D = 2048) it times, with versions.py's
+timer (CUDA events, L2 flushed, the GPU spun ahead of the start event):
+- forward: ``cudnn`` (torch's scaled_dot_product_attention on its cuDNN backend, bf16 cases),
+  ``triton_flash`` (the shipped forward, ``launch.flash_fwd`` / ``flash_fwd_fp8``, default tiles)
+  and ``ws BMxBN/S``, the probe at each tile, with its largest |difference| from triton_flash's
+  output;
+- ``--backward``: the shipped backward whole (``triton_flash bwd``) and its dK/dV kernel alone
+  (from the profiler), ``cudnn bwd``, and the dK/dV probe at each tile, with its largest
+  |difference| from the shipped dK and dV.
 A probe tile that fails to compile or launch is reported, not fatal.
 
-Usage (GPU): python3 tools/flash_bench/ws_probe.py --out FILE.json [--reps 30] [--cases a,b]
+``--check`` runs both probes in Triton's interpreter (set ``TRITON_INTERPRET=1``) on small fp16
+cases against float64 attention and exits 1 if an error passes its bound.
+
+Usage (GPU): python3 tools/flash_bench/ws_probe.py --out FILE.json [--backward] [--reps 30] [--cases a,b]
+       (CPU): TRITON_INTERPRET=1 python3 tools/flash_bench/ws_probe.py --check
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -24,12 +34,13 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from pytest_attnkit.implementations.triton_flash import launch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from versions import timed  # noqa: E402
+from versions import kernel_times, timed  # noqa: E402
+from ws_bwd_kernel import ws_bwd_dkdv  # noqa: E402
 from ws_kernel import ws_fwd  # noqa: E402
 
 LOG2E = 1.4426950408889634
 # name: (dtype, head_dim, seqlen, causal, probe tiles (block_m, block_n, num_stages))
-BF16_D128 = [(128, 128, 2), (128, 64, 2), (128, 64, 3), (128, 128, 3)]
+BF16_D128 = [(128, 128, 2), (128, 64, 2), (128, 64, 3), (256, 64, 2)]
 BF16_D64 = [(128, 128, 2), (128, 128, 3), (128, 256, 2), (256, 64, 2)]
 FP8_D128 = [(128, 128, 2), (128, 128, 3), (128, 256, 2)]
 FP8_D64 = [(128, 128, 2), (128, 256, 2), (128, 128, 3), (256, 128, 2)]
@@ -42,6 +53,12 @@ for _n in (4096, 16384):
         CASES[f"fp8-d128-{_tag}"] = ("fp8", 128, _n, _causal, FP8_D128)
         CASES[f"fp8-d64-{_tag}"] = ("fp8", 64, _n, _causal, FP8_D64)
 CASES["bf16-d128-1k"] = ("bf16", 128, 1024, False, BF16_D128)
+# The backward's cases: bf16, dK/dV probe tiles (block_m, block_n, num_stages); block_n is split
+# between the two consumer warp groups.
+BWD_D128 = [(64, 128, 2), (64, 128, 3), (32, 128, 2)]
+BWD_D64 = [(64, 128, 2), (128, 128, 2), (64, 128, 3)]
+BWD_CASES = {f"bwd-d{d}-{n // 1024}k{'-causal' if causal else ''}": (d, n, causal, BWD_D128 if d == 128 else BWD_D64)
+             for d in (128, 64) for n in (4096, 16384) for causal in (False, True)}
 
 
 def descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
@@ -62,9 +79,110 @@ def probe(q, k, v_or_vt, o, descales, causal: bool, scale: float, tiles: tuple[i
     grid = ((n_q + block_m - 1) // block_m, batch * heads)
     ws_fwd[grid](dq, dk, dv, o, *descales, o.stride(0), o.stride(1), o.stride(2),
                  heads, heads_kv, heads // heads_kv, n_q, n_k, scale * LOG2E,
-                 HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, FP8=fp8, WS=True,
+                 HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal,
+                 MASKED=causal or n_k % block_n != 0, FP8=fp8, WS=True,
                  num_warps=4, num_stages=stages)
     return o
+
+
+def probe_dkdv(q, k, v, do, lse, delta, dk, dv, causal: bool, scale: float, tiles: tuple[int, int, int]):
+    """The dK/dV probe on [B, H, N, D] q, k, v, dO and the base-2 LSE and delta [B, H, N]."""
+    block_m, block_n, stages = tiles
+    batch, heads, n, d = q.shape
+    ws_bwd_dkdv[(n // block_n, batch * heads)](
+        descriptor(q, [1, 1, block_m, d]), descriptor(k, [1, 1, block_n, d]), descriptor(v, [1, 1, block_n, d]),
+        descriptor(do, [1, 1, block_m, d]), descriptor(lse, [1, 1, block_m]), descriptor(delta, [1, 1, block_m]),
+        dk, dv, dk.stride(0), dk.stride(1), dk.stride(2), heads, n, scale, scale * LOG2E,
+        HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, WS=True, num_warps=4, num_stages=stages)
+    return dk, dv
+
+
+def run_backward(name: str, spec: tuple, reps: int) -> dict:
+    d, n, causal, tiles = spec
+    batch, heads = 16384 // n, 2048 // d
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    shape = (batch, heads, n, d)
+    q, k, v, do = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
+    scale = d ** -0.5
+    flops = 8.0 * batch * heads * n * n * d / (2 if causal else 1)  # dK/dV's 4 products of 2 N^2 D
+    row: dict = {"case": name, "shape": list(shape), "causal": causal, "tflop": flops / 1e12, "ms": {}, "diff": {}}
+    o, lse = launch.flash_fwd(q, k, v, causal, scale, variants=launch.Variants(causal=causal))
+    delta = (o.float() * do.float()).sum(-1).contiguous()
+
+    def shipped():
+        return launch.flash_bwd(do, q, k, v, o, lse, causal, scale, variants=launch.Variants(causal=causal))
+
+    _, ref_dk, ref_dv, _ = shipped()
+    row["ms"]["triton_flash bwd"] = timed(shipped, reps)
+    kernels = kernel_times(shipped)
+    row["ms"]["triton_flash dkdv"] = next((ms for key, ms in kernels.items() if "dkdv" in key), None)
+    row["kernels_ms"] = kernels
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        out = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal, scale=scale)
+    row["ms"]["cudnn bwd"] = timed(lambda: torch.autograd.grad(out, leaves, do, retain_graph=True), reps)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    for t in tiles:
+        label = f"ws dkdv {t[0]}x{t[1]}/{t[2]}"
+        try:
+            probe_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, t)
+            torch.cuda.synchronize()
+            row["diff"][label] = max(float((dk.float() - ref_dk.float()).abs().max()),
+                                     float((dv.float() - ref_dv.float()).abs().max()))
+            row["ms"][label] = timed(lambda: probe_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, t), reps)
+        except Exception as error:  # noqa: BLE001 - a tile that does not compile is a finding
+            row["ms"][label] = None
+            row["diff"][label] = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+    return row
+
+
+def check() -> int:
+    """Both probes in the interpreter against float64 attention; 1 if an error passes its bound."""
+    torch.manual_seed(0)
+    worst = 0.0
+    # (batch, heads_q, heads_kv, n, head_dim, causal, block_m, block_n): GQA, causal, ragged rows
+    # and keys
+    for b, hq, hkv, n, d, causal, bm, bn in [(1, 2, 1, 256, 64, False, 128, 64), (2, 2, 2, 256, 64, True, 128, 64),
+                                             (1, 4, 2, 192, 32, True, 128, 32), (1, 2, 2, 200, 64, False, 128, 64)]:
+        q = torch.randn(b, hq, n, d, dtype=torch.float16)
+        k, v = (torch.randn(b, hkv, n, d, dtype=torch.float16) for _ in range(2))
+        o = torch.empty(b, hq, n, d, dtype=torch.float32)
+        dq, dk, dv = descriptor(q, [1, 1, bm, d]), descriptor(k, [1, 1, bn, d]), descriptor(v, [1, 1, bn, d])
+        ws_fwd[(math.ceil(n / bm), b * hq)](dq, dk, dv, o, o, o, o, o.stride(0), o.stride(1), o.stride(2),
+                                            hq, hkv, hq // hkv, n, n, d ** -0.5 * LOG2E, HEAD_DIM=d, BLOCK_M=bm,
+                                            BLOCK_N=bn, CAUSAL=causal, MASKED=causal or n % bn != 0, FP8=False,
+                                            WS=True, num_warps=4, num_stages=2)
+        ref, _, _ = attention64(q, k, v, causal)
+        error = float((o.double() - ref).abs().max())
+        worst = max(worst, error)
+        print(f"forward b{b} h{hq}:{hkv} n{n} d{d}{' causal' if causal else ''}: max error {error:.1e}")
+    for b, h, n, d, causal, bm, bn in [(1, 2, 256, 64, False, 64, 128), (2, 1, 256, 32, True, 64, 128),
+                                       (1, 2, 384, 64, True, 128, 128)]:
+        q, k, v, do = (torch.randn(b, h, n, d, dtype=torch.float16) for _ in range(4))
+        out, lse, grads = attention64(q, k, v, causal, do)
+        delta = (out * do.double()).sum(-1).float().contiguous()
+        dk, dv = (torch.empty(b, h, n, d, dtype=torch.float32) for _ in range(2))
+        probe_dkdv(q, k, v, do, (lse / math.log(2)).float().contiguous(), delta, dk, dv, causal, d ** -0.5,
+                   (bm, bn, 2))
+        error = max(float((dk.double() - grads[1]).abs().max()), float((dv.double() - grads[2]).abs().max()))
+        worst = max(worst, error)
+        print(f"dK/dV b{b} h{h} n{n} d{d}{' causal' if causal else ''}: max error {error:.1e}")
+    # fp16 P and dS against float64: a few 1e-4 on these sizes; a wrong mask or scale is 1e-1 and up
+    bound = 2e-3
+    print(f"worst {worst:.1e} against a bound of {bound:.0e}: {'ok' if worst <= bound else 'FAILED'}")
+    return 0 if worst <= bound else 1
+
+
+def attention64(q, k, v, causal: bool, do=None):
+    """(output, natural LSE, (dq, dk, dv) or None) in float64; causal top-left (Nq = Nk here)."""
+    group = q.shape[1] // k.shape[1]
+    qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
+    scores = qd @ kd.repeat_interleave(group, 1).transpose(-1, -2) * q.shape[-1] ** -0.5
+    if causal:
+        scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    out = torch.softmax(scores, -1) @ vd.repeat_interleave(group, 1)
+    grads = torch.autograd.grad(out, (qd, kd, vd), do.double()) if do is not None else None
+    return out.detach(), torch.logsumexp(scores, -1).detach(), grads
 
 
 def run_case(name: str, spec: tuple, reps: int) -> dict:
@@ -110,16 +228,26 @@ def run_case(name: str, spec: tuple, reps: int) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out")
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--cases", default="")
+    parser.add_argument("--backward", action="store_true", help="time the dK/dV probe (BWD_CASES)")
+    parser.add_argument("--check", action="store_true", help="interpreter check (TRITON_INTERPRET=1), no GPU")
     args = parser.parse_args()
-    names = [c for c in args.cases.split(",") if c] or list(CASES)
+    if args.check:
+        return check()
+    if not args.out:
+        parser.error("--out is required to time")
+    table = BWD_CASES if args.backward else CASES
+    names = [c for c in args.cases.split(",") if c] or list(table)
+    unknown = [name for name in names if name not in table]
+    if unknown:
+        parser.error(f"unknown cases {', '.join(unknown)} (known: {', '.join(table)})")
     rows = []
     for name in names:
-        row = run_case(name, CASES[name], args.reps)
+        row = (run_backward if args.backward else run_case)(name, table[name], args.reps)
         rows.append(row)
-        base = row["ms"]["triton_flash"]
+        base = row["ms"]["triton_flash dkdv" if args.backward else "triton_flash"]
         cells = []
         for label, ms in row["ms"].items():
             if ms is None:
@@ -127,7 +255,11 @@ def main() -> int:
                 continue
             diff = row["diff"].get(label)
             extra = f" d={diff:.1e}" if isinstance(diff, float) else ""
-            cells.append(f"{label}: {ms:.3f} ms {row['tflop'] / ms * 1e3:.0f} TF/s ({base / ms:.2f}x){extra}")
+            if args.backward and "dkdv" not in label:  # whole backwards: time only
+                cells.append(f"{label}: {ms:.3f} ms")
+                continue
+            rate = f"{row['tflop'] / ms * 1e3:.0f} TF/s" + (f" ({base / ms:.2f}x)" if base else "")
+            cells.append(f"{label}: {ms:.3f} ms {rate}{extra}")
         print(f"{name}\n  " + "\n  ".join(cells), flush=True)
         Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                                               "rows": rows}, indent=1))
