@@ -57,8 +57,10 @@ CASES["bf16-d128-1k"] = ("bf16", 128, 1024, False, BF16_D128)
 # between the two consumer warp groups.
 BWD_D128 = [(64, 128, 2), (64, 128, 3), (32, 128, 2)]
 BWD_D64 = [(64, 128, 2), (128, 128, 2), (64, 128, 3)]
-BWD_CASES = {f"bwd-d{d}-{n // 1024}k{'-causal' if causal else ''}": (d, n, causal, BWD_D128 if d == 128 else BWD_D64)
+BWD_CASES = {f"bwd-d{d}-{n // 1024}k{'-causal' if causal else ''}":
+             (d, n, causal, False, BWD_D128 if d == 128 else BWD_D64)
              for d in (128, 64) for n in (4096, 16384) for causal in (False, True)}
+BWD_CASES["bwd-d128-16k-alibi"] = (128, 16384, False, True, BWD_D128)  # issue 21's case against torch_flex
 
 
 def descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
@@ -85,51 +87,58 @@ def probe(q, k, v_or_vt, o, descales, causal: bool, scale: float, tiles: tuple[i
     return o
 
 
-def probe_dkdv(q, k, v, do, lse, delta, dk, dv, causal: bool, scale: float, tiles: tuple[int, int, int]):
-    """The dK/dV probe on [B, H, N, D] q, k, v, dO and the base-2 LSE and delta [B, H, N]."""
+def probe_dkdv(q, k, v, do, lse, delta, dk, dv, causal: bool, scale: float, tiles: tuple[int, int, int],
+               slopes=None):
+    """The dK/dV probe on [B, H, N, D] q, k, v, dO and the base-2 LSE and delta [B, H, N]; ALiBi
+    with ``slopes`` (float32 [H])."""
     block_m, block_n, stages = tiles
     batch, heads, n, d = q.shape
     ws_bwd_dkdv[(n // block_n, batch * heads)](
         descriptor(q, [1, 1, block_m, d]), descriptor(k, [1, 1, block_n, d]), descriptor(v, [1, 1, block_n, d]),
         descriptor(do, [1, 1, block_m, d]), descriptor(lse, [1, 1, block_m]), descriptor(delta, [1, 1, block_m]),
-        dk, dv, dk.stride(0), dk.stride(1), dk.stride(2), heads, n, scale, scale * LOG2E,
-        HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, WS=True, num_warps=4, num_stages=stages)
+        dk, dv, dk if slopes is None else slopes, dk.stride(0), dk.stride(1), dk.stride(2), heads, n, scale,
+        scale * LOG2E, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, ALIBI=slopes is not None,
+        WS=True, num_warps=4, num_stages=stages)
     return dk, dv
 
 
 def run_backward(name: str, spec: tuple, reps: int) -> dict:
-    d, n, causal, tiles = spec
+    d, n, causal, alibi, tiles = spec
     batch, heads = 16384 // n, 2048 // d
     gen = torch.Generator(device="cuda").manual_seed(0)
     shape = (batch, heads, n, d)
     q, k, v, do = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
+    slopes = torch.rand(heads, device="cuda", generator=gen) * 0.3 if alibi else None  # as versions.py
+    variants = launch.Variants(causal=causal, alibi_slopes=slopes)
     scale = d ** -0.5
     flops = 8.0 * batch * heads * n * n * d / (2 if causal else 1)  # dK/dV's 4 products of 2 N^2 D
     row: dict = {"case": name, "shape": list(shape), "causal": causal, "tflop": flops / 1e12, "ms": {}, "diff": {}}
-    o, lse = launch.flash_fwd(q, k, v, causal, scale, variants=launch.Variants(causal=causal))
+    o, lse = launch.flash_fwd(q, k, v, causal, scale, variants=variants)
     delta = (o.float() * do.float()).sum(-1).contiguous()
 
     def shipped():
-        return launch.flash_bwd(do, q, k, v, o, lse, causal, scale, variants=launch.Variants(causal=causal))
+        return launch.flash_bwd(do, q, k, v, o, lse, causal, scale, variants=variants)
 
     _, ref_dk, ref_dv, _ = shipped()
     row["ms"]["triton_flash bwd"] = timed(shipped, reps)
     kernels = kernel_times(shipped)
     row["ms"]["triton_flash dkdv"] = next((ms for key, ms in kernels.items() if "dkdv" in key), None)
     row["kernels_ms"] = kernels
-    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-        out = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal, scale=scale)
-    row["ms"]["cudnn bwd"] = timed(lambda: torch.autograd.grad(out, leaves, do, retain_graph=True), reps)
+    if not alibi:  # cuDNN has no ALiBi here; the speed suite compares that case with torch_flex
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            out = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal, scale=scale)
+        row["ms"]["cudnn bwd"] = timed(lambda: torch.autograd.grad(out, leaves, do, retain_graph=True), reps)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     for t in tiles:
         label = f"ws dkdv {t[0]}x{t[1]}/{t[2]}"
         try:
-            probe_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, t)
+            probe_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, t, slopes)
             torch.cuda.synchronize()
             row["diff"][label] = max(float((dk.float() - ref_dk.float()).abs().max()),
                                      float((dv.float() - ref_dv.float()).abs().max()))
-            row["ms"][label] = timed(lambda: probe_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, t), reps)
+            row["ms"][label] = timed(lambda: probe_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, t, slopes),
+                                     reps)
         except Exception as error:  # noqa: BLE001 - a tile that does not compile is a finding
             row["ms"][label] = None
             row["diff"][label] = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
@@ -143,7 +152,8 @@ def check() -> int:
     # (batch, heads_q, heads_kv, n, head_dim, causal, block_m, block_n): GQA, causal, ragged rows
     # and keys
     for b, hq, hkv, n, d, causal, bm, bn in [(1, 2, 1, 256, 64, False, 128, 64), (2, 2, 2, 256, 64, True, 128, 64),
-                                             (1, 4, 2, 192, 32, True, 128, 32), (1, 2, 2, 200, 64, False, 128, 64)]:
+                                             (1, 4, 2, 192, 32, True, 128, 32),
+                                             (1, 2, 2, 200, 64, False, 128, 64)]:
         q = torch.randn(b, hq, n, d, dtype=torch.float16)
         k, v = (torch.randn(b, hkv, n, d, dtype=torch.float16) for _ in range(2))
         o = torch.empty(b, hq, n, d, dtype=torch.float32)
@@ -154,30 +164,39 @@ def check() -> int:
                                             WS=True, num_warps=4, num_stages=2)
         ref, _, _ = attention64(q, k, v, causal)
         error = float((o.double() - ref).abs().max())
-        worst = max(worst, error)
+        worst = max(worst, error if math.isfinite(error) else math.inf)
         print(f"forward b{b} h{hq}:{hkv} n{n} d{d}{' causal' if causal else ''}: max error {error:.1e}")
-    for b, h, n, d, causal, bm, bn in [(1, 2, 256, 64, False, 64, 128), (2, 1, 256, 32, True, 64, 128),
-                                       (1, 2, 384, 64, True, 128, 128)]:
+    # (batch, heads, n, head_dim, causal, alibi, block_m, block_n)
+    for b, h, n, d, causal, alibi, bm, bn in [(1, 2, 256, 64, False, False, 64, 128),
+                                              (2, 1, 256, 32, True, False, 64, 128),
+                                              (1, 2, 384, 64, True, False, 128, 128),
+                                              (1, 2, 256, 64, False, True, 64, 128)]:
         q, k, v, do = (torch.randn(b, h, n, d, dtype=torch.float16) for _ in range(4))
-        out, lse, grads = attention64(q, k, v, causal, do)
+        slopes = torch.rand(h) * 0.3 if alibi else None
+        out, lse, grads = attention64(q, k, v, causal, do, slopes)
         delta = (out * do.double()).sum(-1).float().contiguous()
         dk, dv = (torch.empty(b, h, n, d, dtype=torch.float32) for _ in range(2))
         probe_dkdv(q, k, v, do, (lse / math.log(2)).float().contiguous(), delta, dk, dv, causal, d ** -0.5,
-                   (bm, bn, 2))
+                   (bm, bn, 2), slopes)
         error = max(float((dk.double() - grads[1]).abs().max()), float((dv.double() - grads[2]).abs().max()))
-        worst = max(worst, error)
-        print(f"dK/dV b{b} h{h} n{n} d{d}{' causal' if causal else ''}: max error {error:.1e}")
+        worst = max(worst, error if math.isfinite(error) else math.inf)  # max() would pass over a NaN
+        flags = (" causal" if causal else "") + (" alibi" if alibi else "")
+        print(f"dK/dV b{b} h{h} n{n} d{d}{flags}: max error {error:.1e}")
     # fp16 P and dS against float64: a few 1e-4 on these sizes; a wrong mask or scale is 1e-1 and up
     bound = 2e-3
     print(f"worst {worst:.1e} against a bound of {bound:.0e}: {'ok' if worst <= bound else 'FAILED'}")
     return 0 if worst <= bound else 1
 
 
-def attention64(q, k, v, causal: bool, do=None):
-    """(output, natural LSE, (dq, dk, dv) or None) in float64; causal top-left (Nq = Nk here)."""
+def attention64(q, k, v, causal: bool, do=None, slopes=None):
+    """(output, natural LSE, (dq, dk, dv) or None) in float64; causal top-left (Nq = Nk here),
+    ALiBi's -slope * |i - j| with ``slopes`` [H]."""
     group = q.shape[1] // k.shape[1]
     qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
     scores = qd @ kd.repeat_interleave(group, 1).transpose(-1, -2) * q.shape[-1] ** -0.5
+    if slopes is not None:
+        rows = torch.arange(q.shape[2], dtype=torch.float64)
+        scores = scores - slopes.double()[:, None, None] * (rows[:, None] - rows[None, :]).abs()
     if causal:
         scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
     out = torch.softmax(scores, -1) @ vd.repeat_interleave(group, 1)
