@@ -27,9 +27,10 @@ def _ws_inner(acc, l_i, m_i, q, desc_k, desc_v, off_b, off_hkv, offs_m, hi, N_K,
         # qk_scale > 0: the row maximum of the raw products, scaled once per row.
         if MASKED:
             offs_n = start_n + tl.arange(0, BLOCK_N)
-            visible = offs_n[None, :] < N_K
-            if CAUSAL:
-                visible = visible & (offs_n[None, :] <= offs_m[:, None] + diag)
+            if CAUSAL:  # j <= i + diag < N_Q + diag = N_K for every row stored: no bound to check
+                visible = offs_n[None, :] <= offs_m[:, None] + diag
+            else:
+                visible = offs_n[None, :] < N_K
             qk = tl.where(visible, qk, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
             m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
