@@ -94,6 +94,10 @@ VARLEN = {
                                                   unused_q=4, unused_k=2, nan_unused=True),
     "varlen-long-causal": spec(hq=4, hkv=2, causal=True, seqlens_q=(300, 129, 200), seqlens_k=(300, 200, 129),
                                unused_q=5, unused_k=0, nan_unused=True),
+    # No sequence has a key (the backward's early return): the sinks take each row's whole gradient,
+    # and the unused rows' NaN dLSE must stay out of it.
+    "varlen-no-keys-sinks-lse": spec(hq=4, hkv=2, sinks=True, lse=True, seqlens_q=(5, 0, 9), seqlens_k=(0, 0, 0),
+                                     unused_q=3, unused_k=2, nan_unused=True),
     "varlen-window16,4-sinks-lse": spec(hq=4, hkv=2, window=(16, 4), sinks=True, lse=True,
                                         seqlens_q=(0, 17, 113, 1, 40, 9), seqlens_k=(3, 17, 150, 1, 40, 0),
                                         unused_q=3, unused_k=11),
@@ -186,7 +190,11 @@ def reference(q, k, v, dout, dlse, slopes, sinks, case: dict, *, float64: bool, 
             if dlse is not None:
                 outputs.append(lse)
                 upstream.append(cast(dlse).to(lse.dtype))
-            found.update(zip(names, torch.autograd.grad(outputs, leaves, upstream)))
+            # With no key at all the output is a constant 0: only what depends on a leaf goes in,
+            # and a leaf nothing depends on gets a zero gradient.
+            kept = [(o, u) for o, u in zip(outputs, upstream) if o.requires_grad]
+            grads = torch.autograd.grad([o for o, _ in kept], leaves, [u for _, u in kept], allow_unused=True)
+            found.update(zip(names, (torch.zeros_like(x) if g is None else g for g, x in zip(grads, leaves))))
     return found
 
 

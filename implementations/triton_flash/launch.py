@@ -843,7 +843,8 @@ def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         # share of each row, which is all of it (lse = sink, out = 0): sum of dlse.
         dsinks = None
         if sinks is not None:
-            dsinks = torch.zeros_like(sinks) if dlse is None else _rows_per_head(dlse, packed).to(sinks.dtype)
+            dsinks = (torch.zeros_like(sinks) if dlse is None
+                      else _rows_per_head(_sequence_rows(dlse, lse, packed), packed).to(sinks.dtype))
         return dq.zero_(), dk.zero_(), dv.zero_(), dsinks
 
     # delta = rowsum(dO * O), in the LSE's layout (a packed tensor is one long sequence).
@@ -862,15 +863,10 @@ def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     dsinks = None
     if sinks is not None:
         # d out / d sink = -p_sink out and d lse / d sink = p_sink, so d sink = -sum p_sink delta,
-        # p_sink = 2^(sink * log2(e) - lse). Rows of no sequence (packed, past the last one) have
-        # lse = +inf and are left out: their dO and dlse are whatever the caller's buffer held, and
-        # 0 * NaN would be NaN. With sinks, every row of a sequence has a finite lse.
+        # p_sink = 2^(sink * log2(e) - lse), over the rows of a sequence (_sequence_rows).
         heads = (slice(None), None) if packed else (None, slice(None), None)
         p_sink = torch.exp2(sinks.float()[heads] * _LOG2E - lse)
-        share = p_sink * delta
-        if packed:
-            share = torch.where(lse == float("inf"), 0.0, share)
-        dsinks = -_rows_per_head(share, packed).to(sinks.dtype)
+        dsinks = -_rows_per_head(_sequence_rows(p_sink * delta, lse, packed), packed).to(sinks.dtype)
 
     block_d = max(_block_d(p.head_dim), _block_d(p.head_dim_v))
     tiles = tiles or {}
@@ -888,6 +884,13 @@ def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         lambda t: _launch_dq(p, do, lse, delta, dq, t), work)
     _launch_dq(p, do, lse, delta, dq, t)
     return dq, dk, dv, dsinks
+
+
+def _sequence_rows(values: torch.Tensor, lse: torch.Tensor, packed: bool) -> torch.Tensor:
+    # ``values`` per LSE row, zero on a packed layout's rows of no sequence (past the last one,
+    # where the LSE keeps its +inf fill): their dO and dlse are whatever the caller's buffer held,
+    # and 0 * NaN would be NaN. With finite sinks, every row of a sequence has a finite LSE.
+    return torch.where(lse == float("inf"), 0.0, values) if packed else values
 
 
 def _rows_per_head(values: torch.Tensor, packed: bool) -> torch.Tensor:
