@@ -1,8 +1,9 @@
 """The warp-specialized probes in ``tools/flash_bench`` (``ws_kernel.py``, ``ws_bwd_kernel.py``)
 compute attention and its dK/dV: ``ws_probe.py --check`` runs them in Triton's interpreter, in a
 child process (the interpreter must be on before Triton defines a kernel, and this pytest process
-stays free of Triton), against float64 attention, and exits 1 past its bound. A GPU run then only
-has to time them."""
+stays free of Triton), against float64 attention, and exits 1 past its bound. The interpreter
+ignores warp specialization and its FP8 casts are not exact, so the GPU run (``ws_probe.py``)
+also flags a probe output that differs from the shipped kernel's."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def test_the_probes_match_float64_attention_in_the_interpreter() -> None:
                           timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
-    # four forward cases (GQA, causal, ragged last blocks) and four dK/dV cases (causal, ALiBi)
-    assert sum(line.startswith("forward ") for line in lines) == 4, done.stdout
+    # five forward cases (GQA, causal also with Nq < Nk, ragged last blocks) and four dK/dV cases
+    # (causal, ALiBi)
+    assert sum(line.startswith("forward ") for line in lines) == 5, done.stdout
     assert sum(line.startswith("dK/dV ") for line in lines) == 4, done.stdout
     assert lines[-1].endswith(": ok"), done.stdout
