@@ -844,7 +844,7 @@ def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         dsinks = None
         if sinks is not None:
             dsinks = (torch.zeros_like(sinks) if dlse is None
-                      else _rows_per_head(_sequence_rows(dlse, lse, packed), packed).to(sinks.dtype))
+                      else _rows_per_head(dlse, lse, packed).to(sinks.dtype))
         return dq.zero_(), dk.zero_(), dv.zero_(), dsinks
 
     # delta = rowsum(dO * O), in the LSE's layout (a packed tensor is one long sequence).
@@ -863,10 +863,10 @@ def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     dsinks = None
     if sinks is not None:
         # d out / d sink = -p_sink out and d lse / d sink = p_sink, so d sink = -sum p_sink delta,
-        # p_sink = 2^(sink * log2(e) - lse), over the rows of a sequence (_sequence_rows).
+        # p_sink = 2^(sink * log2(e) - lse), over the rows of a sequence (_rows_per_head).
         heads = (slice(None), None) if packed else (None, slice(None), None)
         p_sink = torch.exp2(sinks.float()[heads] * _LOG2E - lse)
-        dsinks = -_rows_per_head(_sequence_rows(p_sink * delta, lse, packed), packed).to(sinks.dtype)
+        dsinks = -_rows_per_head(p_sink * delta, lse, packed).to(sinks.dtype)
 
     block_d = max(_block_d(p.head_dim), _block_d(p.head_dim_v))
     tiles = tiles or {}
@@ -886,13 +886,11 @@ def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     return dq, dk, dv, dsinks
 
 
-def _sequence_rows(values: torch.Tensor, lse: torch.Tensor, packed: bool) -> torch.Tensor:
-    # ``values`` per LSE row, zero on a packed layout's rows of no sequence (past the last one,
-    # where the LSE keeps its +inf fill): their dO and dlse are whatever the caller's buffer held,
-    # and 0 * NaN would be NaN. With finite sinks, every row of a sequence has a finite LSE.
-    return torch.where(lse == float("inf"), 0.0, values) if packed else values
-
-
-def _rows_per_head(values: torch.Tensor, packed: bool) -> torch.Tensor:
-    # [B, H, N] (or packed [H, total]) summed to [H].
+def _rows_per_head(values: torch.Tensor, lse: torch.Tensor, packed: bool) -> torch.Tensor:
+    # ``values`` per LSE row, [B, H, N] (or packed [H, total]), summed to [H] over the rows of a
+    # sequence. A packed layout's rows past the last sequence (where the LSE keeps its +inf fill)
+    # are left out: their dO and dlse are whatever the caller's buffer held, and 0 * NaN would be
+    # NaN. With finite sinks, every row of a sequence has a finite LSE.
+    if packed:
+        values = torch.where(lse == float("inf"), 0.0, values)
     return values.sum(dim=1) if packed else values.sum(dim=(0, 2))

@@ -93,14 +93,15 @@ def timed(fn, reps: int) -> float:
     return statistics.median(times)
 
 
-def kernel_times(fn, calls: int = 3) -> dict[str, float]:
-    """Each attention kernel's GPU time per call of ``fn`` in ms, from the profiler over ``calls`` calls."""
+def kernel_times(fn, calls: int = 3, match: str = "attn") -> dict[str, float]:
+    """GPU time per call of ``fn`` in ms of each kernel whose name holds ``match`` (the attention
+    kernels by default), from the profiler over ``calls`` calls."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
     return {event.key: round(event.device_time_total / calls / 1000, 4) for event in prof.key_averages()
-            if event.device_time_total > 0 and "attn" in event.key}
+            if event.device_time_total > 0 and match in event.key}
 
 
 def inputs(case: tuple, seed: int = 0):

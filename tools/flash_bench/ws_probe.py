@@ -81,7 +81,7 @@ def probe(q, k, v_or_vt, o, descales, causal: bool, scale: float, tiles: tuple[i
         dv = descriptor(vt, [1, 1, d, block_n])
     else:
         dv = descriptor(v_or_vt, [1, 1, block_n, d])
-    grid = ((n_q + block_m - 1) // block_m, batch * heads)
+    grid = (math.ceil(n_q / block_m), batch * heads)
     ws_fwd[grid](dq, dk, dv, o, *descales, o.stride(0), o.stride(1), o.stride(2),
                  heads, heads_kv, heads // heads_kv, n_q, n_k, scale * LOG2E,
                  HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal,
@@ -105,17 +105,6 @@ def probe_dkdv(q, k, v, do, lse, delta, dk, dv, causal: bool, scale: float, tile
         scale * LOG2E, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, ALIBI=slopes is not None,
         WS=True, num_warps=4, num_stages=stages)
     return dk, dv
-
-
-def probe_kernel_ms(fn, calls: int = 3) -> float | None:
-    """The probe kernel's GPU time per call of ``fn`` in ms, from the profiler (versions.py's
-    kernel_times keeps only kernels named attn*)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    times = [e.device_time_total for e in prof.key_averages() if e.key.startswith("ws_")]
-    return round(times[0] / calls / 1000, 4) if times else None
 
 
 def run_backward(name: str, spec: tuple, reps: int) -> dict:
@@ -157,7 +146,7 @@ def run_backward(name: str, spec: tuple, reps: int) -> dict:
             call = lambda: probe_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale, t, slopes)  # noqa: E731
             row["ms"][label] = timed(call, reps)
             # and as the shipped dK/dV was timed: the profiler's kernel time (no L2 flush, 3 calls)
-            row["ms"][f"{label} profiled"] = probe_kernel_ms(call)
+            row["ms"][f"{label} profiled"] = kernel_times(call, match="ws_").get("ws_bwd_dkdv")
         except Exception as error:  # noqa: BLE001 - a tile that does not compile is a finding
             row["ms"][label] = None
             row["diff"][label] = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
@@ -178,11 +167,7 @@ def check() -> int:
         q = torch.randn(b, hq, nq, d, dtype=torch.float16)
         k, v = (torch.randn(b, hkv, nk, d, dtype=torch.float16) for _ in range(2))
         o = torch.full((b, hq, nq, d), float("nan"), dtype=torch.float32)
-        dq, dk, dv = descriptor(q, [1, 1, bm, d]), descriptor(k, [1, 1, bn, d]), descriptor(v, [1, 1, bn, d])
-        ws_fwd[(math.ceil(nq / bm), b * hq)](dq, dk, dv, o, o, o, o, o.stride(0), o.stride(1), o.stride(2),
-                                             hq, hkv, hq // hkv, nq, nk, d ** -0.5 * LOG2E, HEAD_DIM=d, BLOCK_M=bm,
-                                             BLOCK_N=bn, CAUSAL=causal, MASKED=causal or nk % bn != 0, FP8=False,
-                                             WS=True, num_warps=4, num_stages=2)
+        probe(q, k, v, o, (o, o, o), causal, d ** -0.5, (bm, bn, 2), fp8=False)  # descales unused
         ref, _, _ = attention64(q, k, v, causal)
         error = float((o.double() - ref).abs().max())
         worst = max(worst, error if math.isfinite(error) else math.inf)
