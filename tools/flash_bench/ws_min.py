@@ -18,7 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-import torch, triton
+import torch
+import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 

@@ -12,7 +12,10 @@ timer (CUDA events, L2 flushed, the GPU spun ahead of the start event):
   (from the profiler), ``cudnn bwd``, and the dK/dV probe at each tile (events, and from the
   profiler as the shipped kernel; ratios only between profiled times), with its relative
   difference from the shipped dK and dV.
-A probe tile that fails to compile or launch is reported, not fatal.
+A probe tile that fails to compile or launch is reported, not fatal. A tile that hangs is not:
+so first ``ws_min.py attn2`` runs in its own process, and if Triton's warp specialization does not
+finish there within a minute (triton 3.6 on an H200: it hangs; results/2026-11-23-h200-ws-runtime)
+nothing is timed and the exit status is 3. ``--force`` skips that check.
 
 ``--check`` runs both probes in Triton's interpreter (set ``TRITON_INTERPRET=1``) on small fp16
 cases against float64 attention (not FP8: the interpreter's e4m3 casts are not exact) and exits
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import subprocess
 import sys
 from pathlib import Path
 
@@ -254,6 +258,21 @@ def run_case(name: str, spec: tuple, reps: int) -> dict:
     return row
 
 
+def warp_specialization_problem(limit_s: float = 60.0) -> str | None:
+    """Why this GPU cannot run a warp-specialized kernel (ws_min.py's ``attn2``, in a process of
+    its own, so that a hang dies with it), or None if it can."""
+    command = [sys.executable, "-u", str(Path(__file__).resolve().parent / "ws_min.py"), "attn2"]
+    shown = "ws_min.py attn2"
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        return f"`{shown}` did not finish in {limit_s:.0f} s (a warp-specialized kernel hangs)"
+    if done.returncode != 0 or " done" not in done.stdout:
+        last = (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or ["no output"])[-1]
+        return f"`{shown}` failed (exit {done.returncode}): {last[:160]}"
+    return None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out")
@@ -261,11 +280,17 @@ def main() -> int:
     parser.add_argument("--cases", default="")
     parser.add_argument("--backward", action="store_true", help="time the dK/dV probe (BWD_CASES)")
     parser.add_argument("--check", action="store_true", help="interpreter check (TRITON_INTERPRET=1), no GPU")
+    parser.add_argument("--force", action="store_true", help="time even if ws_min.py attn2 does not finish")
     args = parser.parse_args()
     if args.check:
         return check()
     if not args.out:
         parser.error("--out is required to time")
+    if not args.force:
+        problem = warp_specialization_problem()
+        if problem:
+            print(f"ws_probe: not timing: {problem}", file=sys.stderr)
+            return 3
     table = BWD_CASES if args.backward else CASES
     names = [c for c in args.cases.split(",") if c] or list(table)
     unknown = [name for name in names if name not in table]
