@@ -196,6 +196,11 @@ class Timing:
     #: at most the call's GPU time plus the synchronization's latency, unless work escapes the
     #: timed stream: that work shows here and not in the events.
     wait_ms: float | None = None
+    #: On CUDA, with a hold of at least 0.5 ms: the SM clock during the samples' holds, relative to
+    #: the clock when the worker first measured it (lowest and median; 0.94: 6% slower, as under a
+    #: power cap). The samples are not corrected by it: a kernel that draws more power runs slower.
+    clock_min: float | None = None
+    clock_median: float | None = None
 
     @property
     def median_ms(self) -> float:

@@ -66,3 +66,34 @@ def test_prepare_runs_before_every_call_and_is_not_timed() -> None:
     assert events == ["prepare", "call"] * (3 + 1 + len(timing.samples_ms))
     assert all(2.0 <= sample < 20.0 for sample in timing.samples_ms)
     assert timing.first_call_ms is not None and timing.first_call_ms < 20.0
+
+
+def test_the_hold_reads_the_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(timer, "spin_cycles_per_ms", lambda: 1000.0)
+    assert timer.relative_clock(2000, 2.0) == pytest.approx(1.0)
+    assert timer.relative_clock(2000, 2.0 / 0.94) == pytest.approx(0.94)  # the spin took 6% longer
+
+
+def test_timing_carries_the_samples_clocks() -> None:
+    warmed = timer.WarmedCall(lambda: None, "cuda", None, warmup_ms=1.0, first_call_ms=1.0, long_call=False,
+                              last_ms=None)
+    warmed._clocks = [1.0, 0.94, float("nan"), 0.99]  # a NaN (no reading) is left out
+    timing = warmed.timing([5.0, 5.1, 5.2, 5.3])
+    assert timing.clock_min == 0.94 and timing.clock_median == 0.99
+    assert type(timing).from_dict(timing.to_dict()) == timing
+    assert warmed.timing([5.0, 5.1]).clock_min is None  # clocks of other samples are not these
+
+
+def test_a_case_timed_under_a_lower_clock_is_named() -> None:
+    from pytest_attnkit.controller.table import clock_lines
+
+    def measurement(impl: str, clock: float | None) -> dict:
+        return {"impl": impl, "mode": "backward", "case": "b1-h16-q16384-k16384-d128-bf16-alibi",
+                "timing": {"clock_min": clock}}
+
+    lines = clock_lines([measurement("fast_kernel", 0.99), measurement("hot_kernel", 0.93),
+                         measurement("cpu_kernel", None)])
+    text = " ".join(lines)
+    assert "1 case(s)" in text and "hot_kernel bwd b1-h16-q16384-k16384-d128-bf16-alibi 93%" in text
+    assert "fast_kernel" not in text and all(len(line) <= 100 for line in lines)
+    assert clock_lines([measurement("fast_kernel", 0.99)]) == []

@@ -256,6 +256,9 @@ def _columns(rows: list[list[str]], right: set[int], key: int = 3) -> list[str]:
     return lines
 
 
+_MODES = {"forward": "fwd", "backward": "bwd"}
+
+
 def speed_lines(document: dict[str, Any], *, verbose: bool = False) -> list[str]:
     speed = document["speed"]
     if not speed["measurements"]:
@@ -276,7 +279,7 @@ def speed_lines(document: dict[str, Any], *, verbose: bool = False) -> list[str]
     rows = [header]
     for m in sorted(speed["measurements"], key=lambda m: (m["mode"], m["case"], m["impl"])):
         timing = m["timing"]
-        row = [m["impl"], {"forward": "fwd", "backward": "bwd"}.get(m["mode"], m["mode"]), m["case"], f"{timing['median_ms']:.4f}"]
+        row = [m["impl"], _MODES.get(m["mode"], m["mode"]), m["case"], f"{timing['median_ms']:.4f}"]
         if verbose:
             row += [f"{timing['iqr_ms']:.4f}"]
             if gpu:
@@ -303,7 +306,24 @@ def speed_lines(document: dict[str, Any], *, verbose: bool = False) -> list[str]
         lines += wrap("first calls, summed per implementation (compilation and autotuning show here, outside the "
                       "timings): " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in sorted(first_calls.items())),
                       "  ")
-    return lines
+    return lines + clock_lines(speed["measurements"])
+
+
+#: A case whose samples saw the SM clock this far below the worker's first reading is named.
+CLOCK_DROP = 0.97
+
+
+def clock_lines(measurements: list[dict[str, Any]]) -> list[str]:
+    """The cases timed while the GPU ran slower than when its worker started (``Timing.clock_min``):
+    two kernels compared a few percent apart under different clocks are not compared fairly."""
+    slow = [(m["timing"]["clock_min"], m) for m in measurements
+            if m["timing"].get("clock_min") is not None and m["timing"]["clock_min"] < CLOCK_DROP]
+    if not slow:
+        return []
+    shown = ", ".join(f"{m['impl']} {_MODES.get(m['mode'], m['mode'])} {m['case']} {100 * clock:.0f}%"
+                      for clock, m in sorted(slow, key=lambda item: (item[0], item[1]["impl"], item[1]["case"])))
+    return wrap(f"the SM clock fell during {len(slow)} case(s) (lowest, as a share of the worker's first reading; a "
+                f"power or thermal cap; the times are as measured): {shown}", "  ")
 
 
 def gate_lines(document: dict[str, Any]) -> list[str]:
@@ -328,7 +348,7 @@ def gate_lines(document: dict[str, Any]) -> list[str]:
         verdict = d["verdict"].upper() if d["verdict"] == "regression" else d["verdict"]
         if d["rounds"] > 1:
             verdict += f" {d['rounds_flagged']}/{d['rounds']}"
-        rows.append([d["impl"], {"forward": "fwd", "backward": "bwd"}.get(d["mode"], d["mode"]), d["case"],
+        rows.append([d["impl"], _MODES.get(d["mode"], d["mode"]), d["case"],
                      f"{d['baseline_median_ms']:.4f}", str(d["baseline_runs"]), f"{d['now_median_ms']:.4f}",
                      f"{100 * (d['ratio'] - 1):+.1f}%", f"{100 * d['threshold']:.1f}%", verdict])
     lines += _columns(rows, right={3, 4, 5, 6, 7})
@@ -368,7 +388,7 @@ def ab_lines(document: dict[str, Any]) -> list[str]:
                       "interval: seeded bootstrap of the median ratio new/old", "  ")
     rows = [["implementation", "mode", "case", "old ms", "new/old", "99% interval", "verdict"]]
     for e in entries:
-        mode = {"forward": "fwd", "backward": "bwd"}.get(e["mode"], e["mode"])
+        mode = _MODES.get(e["mode"], e["mode"])
         if e["verdict"] == "not compared":
             rows.append([e["impl"], mode, e["case"], "-", "-", "-", "not compared"])
             continue

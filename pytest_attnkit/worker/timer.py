@@ -15,6 +15,12 @@ GPU then waits for Python and the launch path to deliver the kernels (a 0.03 ms 
 two to five times that; docs/NOTES.md). The host's part is measured on its own
 (``Timing.launch_ms``) and reported beside the GPU time, not mixed into it.
 
+The hold also reads the SM clock: it spins a known number of cycles, so events around it give the
+clock of each sample, relative to the worker's first reading (``Timing.clock_min``). A long load
+can bring an H200 against its power cap and its clock down 6-11% within one case
+(results/2026-11-23-h200-clock), more than the margin between two good kernels; the summary names
+such cases. The samples are left as measured.
+
 A call that needs something made fresh before each run (a backward needs its own autograd graph,
 since a compiled backward may free the graph it runs) passes ``prepare``: it runs before every
 call of ``fn``, warm-up and samples alike, outside the timed region (on CUDA before the hold,
@@ -36,6 +42,9 @@ L2_FLUSH_BYTES = 256 * 2**20
 HOLD_FACTOR = 2.0
 HOLD_SLACK_MS = 0.05
 HOLD_LIMIT_MS = 20.0
+#: The shortest hold whose length is read as the SM clock (``Timing.clock_min``): below it the
+#: spin kernel's launch latency, a few microseconds, would be a percent of the reading or more.
+CLOCK_HOLD_MS = 0.5
 
 
 def _sample_count(estimate_ms: float, budget_ms: float, min_samples: int, max_samples: int) -> int:
@@ -76,6 +85,7 @@ class WarmedCall:
         self.wait_ms: float | None = None
         self.hold = 0.0
         self.flush: Any = None
+        self._clocks: list[float] = []  # the latest samples' SM clocks, when the hold could read them
         self._estimate_ms: float | None = None
 
     def _setup_cuda(self, hold_stream: bool) -> None:
@@ -105,14 +115,18 @@ class WarmedCall:
     def samples(self, count: int) -> list[float]:
         if self.device != "cuda":
             return _time_cpu(self.fn, count, self.prepare)
-        return event_samples(self.fn, count, self.flush, self.hold, self.prepare)
+        self._clocks = []
+        return event_samples(self.fn, count, self.flush, self.hold, self.prepare, clocks=self._clocks)
 
     def timing(self, samples: list[float]) -> Timing:
+        """The Timing of ``samples``, the latest :meth:`samples` (their clocks come with them)."""
         if self.device != "cuda":
             return Timing(tuple(samples), self.warmup_ms, "perf-counter", first_call_ms=self.first_call_ms)
+        clocks = [c for c in self._clocks if c == c] if len(self._clocks) == len(samples) else []
         return Timing(tuple(samples), self.warmup_ms, "cuda-events", host_wall_ms=self.wall_ms,
                       first_call_ms=self.first_call_ms, launch_ms=self.launch_ms, hold_ms=self.hold,
-                      wait_ms=self.wait_ms)
+                      wait_ms=self.wait_ms, clock_min=round(min(clocks), 4) if clocks else None,
+                      clock_median=round(statistics.median(clocks), 4) if clocks else None)
 
 
 def warm_up(fn: Callable[[], Any], device: str, *, warmup: int = 3, long_call_ms: float = 100.0,
@@ -168,28 +182,45 @@ def l2_flush_buffer() -> Any:
 
 
 def event_samples(fn: Callable[[], Any], count: int, flush: Any, hold: float = 0.0,
-                  prepare: Callable[[], Any] | None = None) -> list[float]:
+                  prepare: Callable[[], Any] | None = None, clocks: list[float] | None = None) -> list[float]:
     """``count`` CUDA-event timings of ``fn`` in milliseconds, ``flush`` zeroed before each one and
     the stream then held busy for ``hold`` milliseconds (see the module docstring). ``prepare``,
     when given, runs before each hold and is waited for, so its work is done before the sample's
-    hold, flush and call are issued."""
+    hold, flush and call are issued. ``clocks``, when given and the hold is at least
+    ``CLOCK_HOLD_MS``, receives each sample's SM clock (see :func:`relative_clock`)."""
     import torch
 
     cycles = round(hold * spin_cycles_per_ms()) if hold > 0 else 0
+    read_clock = clocks is not None and hold >= CLOCK_HOLD_MS
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
-    for start, end in zip(starts, ends):
+    holds = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+             for _ in range(count if read_clock else 0)]
+    for i, (start, end) in enumerate(zip(starts, ends)):
         if prepare is not None:
             prepare()
             torch.cuda.synchronize()
         if cycles:
+            if read_clock:
+                holds[i][0].record()
             torch.cuda._sleep(cycles)  # the GPU spins while the host issues the flush and the call behind it
+            if read_clock:
+                holds[i][1].record()
         flush.zero_()  # evict the inputs from L2 so every call reads them from memory
         start.record()
         fn()
         end.record()
     torch.cuda.synchronize()
+    if read_clock:
+        clocks.extend(relative_clock(cycles, held.elapsed_time(released)) for held, released in holds)
     return [start.elapsed_time(end) for start, end in zip(starts, ends)]
+
+
+def relative_clock(cycles: int, spun_ms: float) -> float:
+    """The SM clock while a hold of ``cycles`` spun for ``spun_ms``, relative to the clock when this
+    process first measured the spin (:func:`spin_cycles_per_ms`): 0.94 means the GPU ran 6%
+    slower, as a power or thermal cap makes it under a long load."""
+    return cycles / spin_cycles_per_ms() / spun_ms if spun_ms > 0 else float("nan")
 
 
 _spin_rate: dict[int, float] = {}
