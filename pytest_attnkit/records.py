@@ -11,6 +11,7 @@ Nothing heavy is imported here: both processes read this module.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import asdict, dataclass, field
 from enum import Enum
@@ -196,11 +197,10 @@ class Timing:
     #: at most the call's GPU time plus the synchronization's latency, unless work escapes the
     #: timed stream: that work shows here and not in the events.
     wait_ms: float | None = None
-    #: On CUDA, with a hold of at least 0.5 ms: the SM clock during the samples' holds, relative to
-    #: the clock when the worker first measured it (lowest and median; 0.94: 6% slower, as under a
-    #: power cap). The samples are not corrected by it: a kernel that draws more power runs slower.
-    clock_min: float | None = None
-    clock_median: float | None = None
+    #: On CUDA: the SM clock in MHz during each sample's hold, read from the spin's cycles and its
+    #: events (empty where the hold was too short to read). The samples are not corrected by it:
+    #: a kernel that draws more power does run slower under a power cap.
+    clocks_mhz: tuple[float, ...] = ()
 
     @property
     def median_ms(self) -> float:
@@ -213,13 +213,27 @@ class Timing:
         quartiles = statistics.quantiles(self.samples_ms, n=4)
         return quartiles[2] - quartiles[0]
 
+    @property
+    def clock_mhz_min(self) -> float | None:
+        return min(self.clocks_mhz) if self.clocks_mhz else None
+
+    @property
+    def clock_mhz_median(self) -> float | None:
+        return statistics.median(self.clocks_mhz) if self.clocks_mhz else None
+
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "samples_ms": list(self.samples_ms), "median_ms": self.median_ms, "iqr_ms": self.iqr_ms}
+        return {**asdict(self), "samples_ms": list(self.samples_ms), "clocks_mhz": list(self.clocks_mhz),
+                "median_ms": self.median_ms, "iqr_ms": self.iqr_ms, "clock_mhz_min": self.clock_mhz_min,
+                "clock_mhz_median": self.clock_mhz_median}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "Timing":
-        fields = {key: value for key, value in values.items() if key not in ("median_ms", "iqr_ms")}
-        return cls(**{**fields, "samples_ms": tuple(fields["samples_ms"])})
+        """The Timing of a dictionary that :meth:`to_dict` wrote, this version or another: keys this
+        version does not know (a newer worker's, or the derived figures) are left out."""
+        known = {item.name for item in dataclasses.fields(cls)}
+        fields = {key: value for key, value in values.items() if key in known}
+        return cls(**{**fields, "samples_ms": tuple(fields["samples_ms"]),
+                      "clocks_mhz": tuple(fields.get("clocks_mhz", ()))})
 
 
 @dataclass(frozen=True)

@@ -246,8 +246,10 @@ class SpeedCheck:
                 continue
             first = Timing.from_dict(probes[name].data["timing"])
             samples = tuple(sample for samples in blocks[name] for sample in samples)
+            clocks = tuple(clock for reply in replies[name] for clock in reply.data["timing"].get("clocks_mhz", ()))
             last = replies[name][-1].data
-            self._measured[name_key] = SpeedMeasurement(name, mode, case, replace(first, samples_ms=samples),
+            self._measured[name_key] = SpeedMeasurement(name, mode, case,
+                                                        replace(first, samples_ms=samples, clocks_mhz=clocks),
                                                         last.get("input_sets", 1), last.get("gpu_state", {}))
         threshold = (self.ab_threshold or self.threshold)(key)
         syncs = {name: probes[name].data.get("syncs") for name in names} if problem is None else {}

@@ -9,6 +9,7 @@ with ``-v`` and in the report files.
 
 from __future__ import annotations
 
+import statistics
 import textwrap
 from collections import Counter, defaultdict
 from typing import Any, Iterable
@@ -309,21 +310,26 @@ def speed_lines(document: dict[str, Any], *, verbose: bool = False) -> list[str]
     return lines + clock_lines(speed["measurements"])
 
 
-#: A case whose samples saw the SM clock this far below the worker's first reading is named.
+#: A case whose slowest sample ran at a clock this far under the run's usual one is named.
 CLOCK_DROP = 0.97
 
 
 def clock_lines(measurements: list[dict[str, Any]]) -> list[str]:
-    """The cases timed while the GPU ran slower than when its worker started (``Timing.clock_min``):
-    two kernels compared a few percent apart under different clocks are not compared fairly."""
-    slow = [(m["timing"]["clock_min"], m) for m in measurements
-            if m["timing"].get("clock_min") is not None and m["timing"]["clock_min"] < CLOCK_DROP]
+    """The cases timed while the GPU ran slower than it usually did in this run (``clocks_mhz``,
+    against the highest of the cases' median clocks): two kernels compared a few percent apart
+    under different clocks are not compared fairly."""
+    read = [(min(m["timing"]["clocks_mhz"]), statistics.median(m["timing"]["clocks_mhz"]), m)
+            for m in measurements if m["timing"].get("clocks_mhz")]
+    if not read:
+        return []
+    usual = max(median for _, median, _ in read)
+    slow = sorted((lowest, m["impl"], m["case"], m) for lowest, _, m in read if lowest < CLOCK_DROP * usual)
     if not slow:
         return []
-    shown = ", ".join(f"{m['impl']} {_MODES.get(m['mode'], m['mode'])} {m['case']} {100 * clock:.0f}%"
-                      for clock, m in sorted(slow, key=lambda item: (item[0], item[1]["impl"], item[1]["case"])))
-    return wrap(f"the SM clock fell during {len(slow)} case(s) (lowest, as a share of the worker's first reading; a "
-                f"power or thermal cap; the times are as measured): {shown}", "  ")
+    shown = ", ".join(f"{m['impl']} {_MODES.get(m['mode'], m['mode'])} {m['case']} {lowest:.0f}"
+                      for lowest, _, _, m in slow)
+    return wrap(f"the SM clock fell during {len(slow)} case(s) (their slowest sample's MHz, against {usual:.0f} MHz, "
+                f"the highest median clock of this run: a power or thermal cap; times are as measured): {shown}", "  ")
 
 
 def gate_lines(document: dict[str, Any]) -> list[str]:

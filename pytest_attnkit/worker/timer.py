@@ -15,11 +15,12 @@ GPU then waits for Python and the launch path to deliver the kernels (a 0.03 ms 
 two to five times that; docs/NOTES.md). The host's part is measured on its own
 (``Timing.launch_ms``) and reported beside the GPU time, not mixed into it.
 
-The hold also reads the SM clock: it spins a known number of cycles, so events around it give the
-clock of each sample, relative to the worker's first reading (``Timing.clock_min``). A long load
-can bring an H200 against its power cap and its clock down 6-11% within one case
-(results/2026-11-23-h200-clock), more than the margin between two good kernels; the summary names
-such cases. The samples are left as measured.
+The hold also reads the SM clock: it spins a known number of cycles, so events around it give
+each sample's clock in MHz (``Timing.clocks_mhz``; a short lead spin first, so that the first
+event waits on the GPU rather than firing while the host launches). A long load can bring an H200
+against its power cap and its clock down 6-11% within one case (results/2026-11-23-h200-clock),
+more than the margin between two good kernels; the summary names such cases. The samples are left
+as measured.
 
 A call that needs something made fresh before each run (a backward needs its own autograd graph,
 since a compiled backward may free the graph it runs) passes ``prepare``: it runs before every
@@ -42,9 +43,12 @@ L2_FLUSH_BYTES = 256 * 2**20
 HOLD_FACTOR = 2.0
 HOLD_SLACK_MS = 0.05
 HOLD_LIMIT_MS = 20.0
-#: The shortest hold whose length is read as the SM clock (``Timing.clock_min``): below it the
-#: spin kernel's launch latency, a few microseconds, would be a percent of the reading or more.
-CLOCK_HOLD_MS = 0.5
+#: The shortest hold read as the SM clock (``Timing.clocks_mhz``): the events' resolution, about
+#: half a microsecond, is then under 1% of it.
+CLOCK_HOLD_MS = 0.1
+#: The spin queued ahead of a clock reading's first event, so that the event waits on the GPU and
+#: fires as the measured spin starts, not when the host gets to launch it.
+CLOCK_LEAD_MS = 0.05
 
 
 def _sample_count(estimate_ms: float, budget_ms: float, min_samples: int, max_samples: int) -> int:
@@ -122,11 +126,10 @@ class WarmedCall:
         """The Timing of ``samples``, the latest :meth:`samples` (their clocks come with them)."""
         if self.device != "cuda":
             return Timing(tuple(samples), self.warmup_ms, "perf-counter", first_call_ms=self.first_call_ms)
-        clocks = [c for c in self._clocks if c == c] if len(self._clocks) == len(samples) else []
+        clocks = [round(c, 1) for c in self._clocks if c == c] if len(self._clocks) == len(samples) else []
         return Timing(tuple(samples), self.warmup_ms, "cuda-events", host_wall_ms=self.wall_ms,
                       first_call_ms=self.first_call_ms, launch_ms=self.launch_ms, hold_ms=self.hold,
-                      wait_ms=self.wait_ms, clock_min=round(min(clocks), 4) if clocks else None,
-                      clock_median=round(statistics.median(clocks), 4) if clocks else None)
+                      wait_ms=self.wait_ms, clocks_mhz=tuple(clocks))
 
 
 def warm_up(fn: Callable[[], Any], device: str, *, warmup: int = 3, long_call_ms: float = 100.0,
@@ -187,11 +190,13 @@ def event_samples(fn: Callable[[], Any], count: int, flush: Any, hold: float = 0
     the stream then held busy for ``hold`` milliseconds (see the module docstring). ``prepare``,
     when given, runs before each hold and is waited for, so its work is done before the sample's
     hold, flush and call are issued. ``clocks``, when given and the hold is at least
-    ``CLOCK_HOLD_MS``, receives each sample's SM clock (see :func:`relative_clock`)."""
+    ``CLOCK_HOLD_MS``, receives each sample's SM clock in MHz (:func:`clock_mhz`); the hold then
+    starts with a lead of ``CLOCK_LEAD_MS`` more."""
     import torch
 
     cycles = round(hold * spin_cycles_per_ms()) if hold > 0 else 0
     read_clock = clocks is not None and hold >= CLOCK_HOLD_MS
+    lead = round(CLOCK_LEAD_MS * spin_cycles_per_ms())
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
     holds = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
@@ -202,6 +207,7 @@ def event_samples(fn: Callable[[], Any], count: int, flush: Any, hold: float = 0
             torch.cuda.synchronize()
         if cycles:
             if read_clock:
+                torch.cuda._sleep(lead)
                 holds[i][0].record()
             torch.cuda._sleep(cycles)  # the GPU spins while the host issues the flush and the call behind it
             if read_clock:
@@ -212,15 +218,14 @@ def event_samples(fn: Callable[[], Any], count: int, flush: Any, hold: float = 0
         end.record()
     torch.cuda.synchronize()
     if read_clock:
-        clocks.extend(relative_clock(cycles, held.elapsed_time(released)) for held, released in holds)
+        clocks.extend(clock_mhz(cycles, held.elapsed_time(released)) for held, released in holds)
     return [start.elapsed_time(end) for start, end in zip(starts, ends)]
 
 
-def relative_clock(cycles: int, spun_ms: float) -> float:
-    """The SM clock while a hold of ``cycles`` spun for ``spun_ms``, relative to the clock when this
-    process first measured the spin (:func:`spin_cycles_per_ms`): 0.94 means the GPU ran 6%
-    slower, as a power or thermal cap makes it under a long load."""
-    return cycles / spin_cycles_per_ms() / spun_ms if spun_ms > 0 else float("nan")
+def clock_mhz(cycles: int, spun_ms: float) -> float:
+    """The SM clock in MHz while a spin of ``cycles`` (``torch.cuda._sleep`` counts SM clock cycles)
+    took ``spun_ms``; NaN for a reading of no time."""
+    return cycles / spun_ms / 1e3 if spun_ms > 0 else float("nan")
 
 
 _spin_rate: dict[int, float] = {}
@@ -237,6 +242,7 @@ def spin_cycles_per_ms() -> float:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         times = []
         for _ in range(3):
+            torch.cuda._sleep(cycles // 10)  # a lead, so that the start event waits on the GPU
             start.record()
             torch.cuda._sleep(cycles)
             end.record()
