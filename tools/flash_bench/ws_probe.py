@@ -269,7 +269,7 @@ def warp_specialization_problem(limit_s: float = 60.0) -> str | None:
         return f"`{shown}` did not finish in {limit_s:.0f} s (a warp-specialized kernel hangs)"
     if done.returncode != 0 or " done" not in done.stdout:
         last = (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or ["no output"])[-1]
-        return f"`{shown}` failed (exit {done.returncode}): {last[:160]}"
+        return f"`{shown}` failed (exit {done.returncode}): {last[:60]}"
     return None
 
 
