@@ -9,7 +9,6 @@ with ``-v`` and in the report files.
 
 from __future__ import annotations
 
-import statistics
 import textwrap
 from collections import Counter, defaultdict
 from typing import Any, Iterable
@@ -315,11 +314,11 @@ CLOCK_DROP = 0.97
 
 
 def clock_lines(measurements: list[dict[str, Any]]) -> list[str]:
-    """The cases timed while the GPU ran slower than it usually did in this run (``clocks_mhz``,
-    against the highest of the cases' median clocks): two kernels compared a few percent apart
-    under different clocks are not compared fairly."""
-    read = [(min(m["timing"]["clocks_mhz"]), statistics.median(m["timing"]["clocks_mhz"]), m)
-            for m in measurements if m["timing"].get("clocks_mhz")]
+    """The cases timed while the GPU ran slower than it usually did in this run (``Timing``'s
+    ``clock_mhz_min`` against the highest of the cases' ``clock_mhz_median``): two kernels compared a
+    few percent apart under different clocks are not compared fairly."""
+    read = [(m["timing"]["clock_mhz_min"], m["timing"]["clock_mhz_median"], m)
+            for m in measurements if m["timing"].get("clock_mhz_min") is not None]
     if not read:
         return []
     usual = max(median for _, median, _ in read)

@@ -196,7 +196,7 @@ def event_samples(fn: Callable[[], Any], count: int, flush: Any, hold: float = 0
 
     cycles = round(hold * spin_cycles_per_ms()) if hold > 0 else 0
     read_clock = clocks is not None and hold >= CLOCK_HOLD_MS
-    lead = round(CLOCK_LEAD_MS * spin_cycles_per_ms())
+    lead = round(CLOCK_LEAD_MS * spin_cycles_per_ms()) if read_clock else 0
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
     holds = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
