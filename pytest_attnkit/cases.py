@@ -292,6 +292,21 @@ def memory_layout_sweep(profile: str, layout: str) -> MemorySweep:
     return replace(memory_sweep(profile), layout=layout)
 
 
+#: The memory suite's sweeps by name: each memory test names its own (``attnkit_sweep``).
+MEMORY_SWEEPS: tuple[str, ...] = ("dense", "window", "varlen", "paged")
+
+
+def named_memory_sweep(profile: str, name: str) -> MemorySweep:
+    """The sweep a memory test names: "dense", "window" (:func:`memory_window_sweep`), or a layout."""
+    if name == "dense":
+        return memory_sweep(profile)
+    if name == "window":
+        return memory_window_sweep(profile)
+    if name in ("varlen", "paged"):
+        return memory_layout_sweep(profile, name)
+    raise ValueError(f"unknown memory sweep {name!r} (known: {', '.join(MEMORY_SWEEPS)})")
+
+
 def speed_cases(profile: str) -> list[tuple[str, Case]]:
     """(mode, case) pairs for the speed suite.
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from pytest_attnkit.controller import options
+from pytest_attnkit.controller import options, xdist
 from pytest_attnkit.controller.report import check_writable
 from pytest_attnkit.controller.session import SESSION_KEY, AttnkitSession
 from pytest_attnkit.controller.table import summary_sections, wrap
@@ -86,6 +86,8 @@ def _interrupt_on_sigterm(signum: int, frame: Any) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "attnkit_cases(family): parametrize attnkit_case with that family's case set")
     config.addinivalue_line("markers", "attnkit_backward: the test runs the implementation's backward pass")
+    config.addinivalue_line("markers", "attnkit_sweep(name): the memory sweep a memory test runs (dense, window, "
+                                       "varlen, paged)")
     for suite in options.SUITES:
         config.addinivalue_line("markers", f"attnkit_{suite}: a test of the attnkit {suite} suite")
     if not config.getoption("attnkit"):
@@ -188,6 +190,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     attnkit = session.config.stash.get(SESSION_KEY, None)
     if attnkit is not None:
         attnkit.count_collected(session.items)
+        attnkit.submit_ahead(attnkit.items_to_run(session.items))
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
@@ -208,6 +211,25 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     attnkit = session.config.stash.get(SESSION_KEY, None)
     if attnkit is not None:
         session.config.stash[FINISH_KEY] = attnkit.finish(exitstatus)
+
+
+def _deals(config: pytest.Config) -> bool:
+    """Whether the xdist controller deals the tests out itself (controller/xdist.py)."""
+    return bool(config.getoption("attnkit")) and getattr(config.option, "dist", "no") == "load"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """pytest-xdist: under --attnkit, every xdist worker gets all its tests at the start, so that
+    it can run their requests ahead of them."""
+    return xdist.make_dealt_scheduling(config, log) if _deals(config) else None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """pytest-xdist: tell each xdist worker that the controller deals its tests out."""
+    if _deals(node.config):
+        node.workerinput["attnkit_dealt"] = True
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -39,6 +39,9 @@ class Reply:
     status: Status
     message: str = ""
     data: dict[str, Any] = field(default_factory=dict)
+    #: The worker's account of the request ({"wall_s", "compile_s"}); set by the pytest side's
+    #: pool, never sent over the wire as part of the reply.
+    spent: dict[str, float] = field(default_factory=dict, compare=False)
 
     @property
     def ok(self) -> bool:

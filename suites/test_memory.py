@@ -7,6 +7,8 @@ pytest_attnkit/controller/memory.py), and fails when the fitted exponent contrad
 implementation's declared memory class, when memory escapes the meter, or when the measurement
 misses the implementation's own analytic model by more than 10%. CUDA only.
 
+Each test names its sweep (``attnkit_sweep``); an implementation that does not declare what a
+sweep needs (windows, varlen, paged KV) is skipped at collection with its reasons.
 ``test_memory_window`` sweeps again with a sliding window (pytest_attnkit/cases.py:
 memory_window_sweep) for the implementations that declare windows: each query sees a bounded
 number of keys, so a kernel that still allocates N x N scores under a window fails its class.
@@ -18,44 +20,42 @@ the batch times the longest.
 
 import pytest
 
-from pytest_attnkit.cases import memory_layout_sweep, memory_window_sweep
-
 pytestmark = pytest.mark.attnkit_memory
 
 
+@pytest.mark.attnkit_sweep("dense")
 def test_memory_forward(attnkit, attnkit_impl, request):
-    attnkit.memory.check(attnkit_impl, backward=False, properties=request.node.user_properties)
+    attnkit.memory.check_item(attnkit_impl, request.node)
 
 
+@pytest.mark.attnkit_sweep("dense")
 @pytest.mark.attnkit_backward
 def test_memory_backward(attnkit, attnkit_impl, request):
-    attnkit.memory.check(attnkit_impl, backward=True, properties=request.node.user_properties)
+    attnkit.memory.check_item(attnkit_impl, request.node)
 
 
-def _check_declared(attnkit, impl, backward, request, sweep):
-    refusals = attnkit.pool.support(impl, [{"case": sweep.case(sweep.seqlens[0]).to_dict(), "backward": backward}])
-    if refusals and refusals[0]:
-        pytest.skip(f"{impl} does not support it: {refusals[0]}")
-    attnkit.memory.check(impl, backward=backward, properties=request.node.user_properties, sweep=sweep)
-
-
+@pytest.mark.attnkit_sweep("window")
 def test_memory_window(attnkit, attnkit_impl, request):
-    _check_declared(attnkit, attnkit_impl, False, request, memory_window_sweep(attnkit.profile))
+    attnkit.memory.check_item(attnkit_impl, request.node)
 
 
+@pytest.mark.attnkit_sweep("window")
 @pytest.mark.attnkit_backward
 def test_memory_window_backward(attnkit, attnkit_impl, request):
-    _check_declared(attnkit, attnkit_impl, True, request, memory_window_sweep(attnkit.profile))
+    attnkit.memory.check_item(attnkit_impl, request.node)
 
 
+@pytest.mark.attnkit_sweep("varlen")
 def test_memory_varlen(attnkit, attnkit_impl, request):
-    _check_declared(attnkit, attnkit_impl, False, request, memory_layout_sweep(attnkit.profile, "varlen"))
+    attnkit.memory.check_item(attnkit_impl, request.node)
 
 
+@pytest.mark.attnkit_sweep("varlen")
 @pytest.mark.attnkit_backward
 def test_memory_varlen_backward(attnkit, attnkit_impl, request):
-    _check_declared(attnkit, attnkit_impl, True, request, memory_layout_sweep(attnkit.profile, "varlen"))
+    attnkit.memory.check_item(attnkit_impl, request.node)
 
 
+@pytest.mark.attnkit_sweep("paged")
 def test_memory_paged(attnkit, attnkit_impl, request):
-    _check_declared(attnkit, attnkit_impl, False, request, memory_layout_sweep(attnkit.profile, "paged"))
+    attnkit.memory.check_item(attnkit_impl, request.node)

@@ -7,6 +7,7 @@ importlib.metadata exactly as for a package installed with pip. The workers inhe
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
@@ -34,3 +35,11 @@ def fake_dist(pytester: pytest.Pytester):
         return root
 
     return register
+
+
+@pytest.fixture(autouse=True)
+def shared_compile_cache(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The inner runs share one compile cache for the whole session, as a user's runs share theirs
+    (pytester gives each test a HOME of its own, where the default folder would start empty)."""
+    if "ATTNKIT_CACHE_DIR" not in os.environ:
+        monkeypatch.setenv("ATTNKIT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "compile-cache"))

@@ -8,17 +8,23 @@ rerun just that test, and records the errors as the test's junit properties and,
 Which accuracy judges a case is chosen here (the hook ``pytest_attnkit_accuracy``, through the
 ``accuracy`` callable the session gives) and sent with the request; with none chosen, the worker
 uses the implementation's declared ``accuracy``.
+
+When a :mod:`~pytest_attnkit.controller.scheduler` runs requests ahead of the tests, the session
+submits each selected test's request at collection (:meth:`CorrectnessCheck.submit`) and the test
+waits for that reply; otherwise the test sends its request itself. The reply is the same either
+way.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from pytest_attnkit.contract import AccuracyBudget, Case, accuracy_to_wire
 from pytest_attnkit.controller.outcome import Outcomes
 from pytest_attnkit.controller.pool import WorkerPool
-from pytest_attnkit.records import CorrectnessResult
+from pytest_attnkit.controller.scheduler import Job, Scheduler
+from pytest_attnkit.records import CorrectnessResult, Reply
 
 Properties = list[tuple[str, object]]
 #: (implementation, case id, backward): the key of one correctness test's result.
@@ -37,14 +43,30 @@ class CorrectnessCheck:
     accuracy: Callable[[str, Case], "str | AccuracyBudget | None"] | None = None
     #: Every check's result, pass or fail, for the report document.
     results: dict[ResultKey, CorrectnessResult] = field(default_factory=dict)
+    #: The requests submitted ahead of their tests, in the order the tests will ask for them.
+    ahead: dict[ResultKey, list[Job]] = field(default_factory=dict)
 
-    def check(self, impl: str, case: Case, *, backward: bool, properties: Properties | None = None) -> CorrectnessResult:
+    def _request(self, impl: str, case: Case, backward: bool) -> dict[str, Any]:
         request = {"op": "correctness", "case": case.to_dict(), "backward": backward, "base_seed": self.seed,
                    "trials": self.trials}
         chosen = self.accuracy(impl, case) if self.accuracy is not None else None
         if chosen is not None:
             request["accuracy"] = accuracy_to_wire(chosen)
-        reply = self.pool.request(impl, request)
+        return request
+
+    def submit(self, scheduler: Scheduler, impl: str, case: Case, *, backward: bool, gpu_bytes: int) -> None:
+        """Queue the test's request now; :meth:`check` then waits for its reply."""
+        job = scheduler.submit(impl, "correctness", self._request(impl, case, backward), gpu_bytes=gpu_bytes)
+        self.ahead.setdefault((impl, case.id, backward), []).append(job)
+
+    def _reply(self, impl: str, case: Case, backward: bool) -> Reply:
+        submitted = self.ahead.get((impl, case.id, backward))
+        if submitted and self.pool.scheduler is not None:
+            return self.pool.scheduler.wait(submitted.pop(0))
+        return self.pool.request(impl, self._request(impl, case, backward))
+
+    def check(self, impl: str, case: Case, *, backward: bool, properties: Properties | None = None) -> CorrectnessResult:
+        reply = self._reply(impl, case, backward)
         result = CorrectnessResult.from_dict(reply.data) if reply.data else CorrectnessResult(self.trials)
         self.results[(impl, case.id, backward)] = result
         if properties is not None:

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from pytest_attnkit.cases import MemorySweep
+from pytest_attnkit.cases import MemorySweep, named_memory_sweep
 from pytest_attnkit.controller.outcome import Outcomes
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.table import memory_table
@@ -221,6 +221,12 @@ class MemorySweepResult:
             f"  largest N that fit: {self.largest_n}" + (f" ({self.stopped})" if self.stopped else "")]
 
 
+def item_sweep(item: pytest.Item, profile: str) -> MemorySweep:
+    """The sweep a memory test names with its ``attnkit_sweep`` marker (the dense one without)."""
+    marker = item.get_closest_marker("attnkit_sweep")
+    return named_memory_sweep(profile, marker.args[0] if marker is not None else "dense")
+
+
 @dataclass
 class MemoryCheck:
     pool: WorkerPool
@@ -229,6 +235,12 @@ class MemoryCheck:
     device: str
     seed: int
     results: list[MemorySweepResult] = field(default_factory=list)
+    profile: str = "default"
+
+    def check_item(self, impl: str, item: pytest.Item) -> MemorySweepResult:
+        """Run the sweep a memory test names, forward or (``attnkit_backward``) with backward."""
+        return self.check(impl, backward=item.get_closest_marker("attnkit_backward") is not None,
+                          properties=item.user_properties, sweep=item_sweep(item, self.profile))
 
     def check(self, impl: str, *, backward: bool, properties: list[tuple[str, object]] | None = None,
               sweep: MemorySweep | None = None) -> MemorySweepResult:

@@ -88,6 +88,19 @@ def _bounded(kind: type, minimum: float) -> Callable[[str], Any]:
     return parse
 
 
+def _jobs(text: str) -> int | str:
+    value = str(text).strip()
+    if value == "auto":
+        return value
+    try:
+        jobs = int(value)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a whole number or auto") from None
+    if jobs < 1:
+        raise ValueError(f"{text!r} must be at least 1 (1 runs one request at a time, as each test asks)")
+    return jobs
+
+
 def _revision(text: str) -> str:
     value = text.strip()
     if not value:
@@ -125,6 +138,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("device", "NAME", _choices(DEVICE_CHOICES), "auto", "device to test on: cpu, cuda, or auto (CUDA when present; default: auto)"),
     Setting("seed", "INT", _bounded(int, 0), 0, "base seed for the inputs; each trial derives its own from it (default: 0)"),
     Setting("trials", "N", _bounded(int, 1), 2, "trials per correctness case, each on fresh inputs (default: 2)"),
+    Setting("jobs", "N", _jobs, "auto",
+            "requests that run at once on a device, each in a worker process of its implementation: the "
+            "correctness cases, and the compilation of the memory and speed cases ahead of them (memory sweeps "
+            "and speed timing always have the device alone); 1 runs each test's request when the test asks; "
+            "auto: one per CPU core this pytest process may use, shared among pytest-xdist workers (default: auto)"),
+    Setting("cache_dir", "DIR", str, "",
+            "folder for the compilers' caches that later runs reuse (Triton, TorchInductor, CuPy), unless their "
+            "own variables are set; none leaves each compiler its default (default: $XDG_CACHE_HOME/pytest-attnkit, "
+            "else ~/.cache/pytest-attnkit)"),
     Setting("timeout", "SECONDS", _bounded(float, 0.001), 300.0,
             "deadline for one test in its worker; past it the worker is killed and replaced (default: 300)"),
     Setting("baseline_dir", "DIR", str, "baselines",
@@ -189,6 +211,8 @@ class Settings:
     device: str
     seed: int
     trials: int
+    jobs: int | str
+    cache_dir: str
     timeout: float
     baseline_dir: str
     report: str

@@ -1,25 +1,44 @@
-"""The worker pool: one worker per implementation, looked up by name, replaced when it dies.
+"""The worker pool: the workers of each implementation, looked up by name, replaced when they die.
 
-The pool is the only way the pytest process talks to an implementation. It starts the workers
-(in parallel: each one imports its implementation), keeps what each one said about itself
-(:class:`ImplInfo`), and turns every request into a :class:`~pytest_attnkit.records.Reply`: a
-worker that died or missed its deadline becomes a ``CRASHED`` or ``TIMEOUT`` reply (the next
-request starts a fresh worker), an implementation that could not be loaded a ``BROKEN`` one.
-What a reply means for the test is :func:`pytest_attnkit.controller.outcome.settle`'s to say.
+The pool is the only way the pytest process talks to an implementation. It starts one worker
+per implementation (in parallel: each one imports its implementation), its *primary*, keeps what
+each one said about itself (:class:`ImplInfo`), starts more workers of an implementation when the
+scheduler asks (:meth:`WorkerPool.new_worker`), and turns every request into a
+:class:`~pytest_attnkit.records.Reply`: a worker that died or missed its deadline becomes a
+``CRASHED`` or ``TIMEOUT`` reply (the next request starts a fresh worker), an implementation
+that could not be loaded a ``BROKEN`` one. What a reply means for the test is
+:func:`pytest_attnkit.controller.outcome.settle`'s to say.
+
+Requests the pool sends itself (:meth:`WorkerPool.request`: memory sweeps, speed timing, a
+correctness case nobody submitted ahead) go to the primary with the GPU to itself, when a
+:mod:`~pytest_attnkit.controller.scheduler` runs others beside them; the scheduler sends the rest
+through :meth:`WorkerPool.ask`. Every reply's time goes into the run's
+:mod:`~pytest_attnkit.controller.ledger`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import shutil
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Iterator, Protocol
 
+from pytest_attnkit.controller.ledger import Ledger
 from pytest_attnkit.controller.process import InProcessWorker, WorkerFailure, WorkerProcess
 from pytest_attnkit.records import Reply, Status
 from pytest_attnkit.registry import EntryPointRef
+
+if TYPE_CHECKING:
+    from pytest_attnkit.controller.scheduler import Scheduler
+
+#: The suite each request op belongs to, for the ledger.
+SUITE_OF_OP = {"correctness": "correctness", "memory": "memory", "speed": "speed", "warm": "warm",
+               "ceilings": "speed"}
 
 
 @dataclass(frozen=True)
@@ -47,6 +66,9 @@ class ImplInfo:
 
 
 class Worker(Protocol):
+    last_spent: dict[str, float]
+    startup_s: float
+
     def request(self, message: dict[str, Any], timeout: float) -> Any: ...
 
     def close(self) -> None: ...
@@ -68,6 +90,14 @@ class WorkerPool:
         self.log_dir = Path(tempfile.mkdtemp(prefix="attnkit-workers-"))
         self.impls: dict[str, ImplInfo] = {}
         self._workers: dict[str, Worker] = {}
+        #: How each implementation's workers start: (init message, environment), for more of them.
+        self._starts: dict[str, tuple[dict[str, Any], dict[str, str] | None]] = {}
+        self._extra_count: dict[str, int] = {}
+        #: Environment only the scheduler's extra workers get (their share of the CPU threads).
+        self.extra_env: dict[str, str] = {}
+        self.ledger = Ledger()
+        #: Set by the session when requests run ahead of the tests, several at a time.
+        self.scheduler: "Scheduler | None" = None
 
     def _new_worker(self, label: str, init: dict[str, Any], env: dict[str, str] | None = None) -> Worker:
         env = {**self.env, **(env or {})}
@@ -75,13 +105,22 @@ class WorkerPool:
             return InProcessWorker(label, init, env=env)
         return WorkerProcess(label, init, self.log_dir, env=env)
 
+    @contextlib.contextmanager
+    def _gpu_alone(self) -> Iterator[None]:
+        if self.scheduler is None:
+            yield
+        else:
+            with self.scheduler.exclusive():
+                yield
+
     # -- one-off workers ----------------------------------------------------------------------
     def run_once(self, label: str, message: dict[str, Any], *, device: str | None = None) -> Any:
         """Start a worker with no implementation, send one request, stop it; raises
         :class:`WorkerFailure` when it dies."""
         worker = self._new_worker(label, {"device": device or self.device})
         try:
-            return worker.request(message, self.timeout)
+            with self._gpu_alone():
+                return worker.request(message, self.timeout)
         finally:
             worker.close()
 
@@ -98,8 +137,9 @@ class WorkerPool:
     def _describe(self, ref: EntryPointRef, setup: dict[str, Any]) -> ImplInfo:
         if ref.problem:
             return ImplInfo(ref.name, ref.value, ref.distribution, load_error=ref.problem)
-        worker = self._new_worker(ref.name, {"device": self.device, "name": ref.name, "value": ref.value,
-                                             **setup.get("init", {})}, setup.get("env"))
+        init = {"device": self.device, "name": ref.name, "value": ref.value, **setup.get("init", {})}
+        self._starts[ref.name] = (init, setup.get("env"))
+        worker = self._new_worker(ref.name, init, setup.get("env"))
         self._workers[ref.name] = worker
         try:
             described = worker.request({"op": "describe"}, self.timeout)
@@ -115,16 +155,46 @@ class WorkerPool:
     def info(self, name: str) -> ImplInfo:
         return self.impls[name]
 
-    def request(self, name: str, message: dict[str, Any]) -> Reply:
-        """Send a suite request to ``name``'s worker; every outcome comes back as a Reply."""
-        info = self.impls[name]
-        if info.load_error:
-            return Reply(Status.BROKEN, info.load_error)
+    def primary(self, name: str) -> Worker:
+        """The worker that described ``name``: the one that sweeps memory and times speed."""
+        return self._workers[name]
+
+    def new_worker(self, name: str) -> Worker:
+        """One more worker for ``name`` (started by its first request), for the scheduler."""
+        init, env = self._starts[name]
+        self._extra_count[name] = self._extra_count.get(name, 0) + 1
+        return self._new_worker(f"{name}.{self._extra_count[name] + 1}", init, {**(env or {}), **self.extra_env})
+
+    def primary_startups(self) -> dict[str, float]:
+        """Seconds each primary worker has spent starting so far (a crash starts it again)."""
+        return {name: worker.startup_s for name, worker in self._workers.items()}
+
+    def broken_reply(self, name: str) -> Reply:
+        return Reply(Status.BROKEN, self.impls[name].load_error or "")
+
+    def ask(self, worker: Worker, name: str, message: dict[str, Any]) -> Reply:
+        """Send a suite request to one of ``name``'s workers; every outcome comes back as a Reply,
+        with the worker's account of its time (``Reply.spent``)."""
+        if self.impls[name].load_error:
+            return self.broken_reply(name)
+        started = time.monotonic()
         try:
-            return Reply.from_wire(self._workers[name].request(message, self.timeout))
+            reply = Reply.from_wire(worker.request(message, self.timeout))
         except WorkerFailure as failure:
             status = Status.TIMEOUT if failure.kind == "timeout" else Status.CRASHED
-            return Reply(status, str(failure))
+            reply = Reply(status, str(failure))
+        spent = dict(worker.last_spent) or {"wall_s": time.monotonic() - started}
+        return dataclasses.replace(reply, spent=spent)
+
+    def request(self, name: str, message: dict[str, Any]) -> Reply:
+        """Send a suite request to ``name``'s primary worker, with the GPU to itself."""
+        with self._gpu_alone():
+            started = time.monotonic()
+            self.ledger.began()
+            reply = self.ask(self._workers[name], name, message) if name in self._workers else self.broken_reply(name)
+            self.ledger.record(SUITE_OF_OP.get(message["op"], message["op"]), name, reply.spent, started,
+                               time.monotonic())
+        return reply
 
     def support(self, name: str, queries: list[dict[str, Any]]) -> list[str | None] | None:
         """Why the implementation refuses each query (None where it does not); None when its
@@ -135,6 +205,9 @@ class WorkerPool:
             return None
 
     def close(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.close()
+            self.scheduler = None
         for worker in self._workers.values():
             worker.close()
         self._workers.clear()

@@ -6,6 +6,13 @@ memory access that kills the process) or misses the deadline set by the parent, 
 raises :class:`WorkerFailure` with what happened in words (the exit signal, the deadline, and
 the tail of the worker's log) and the next request starts a fresh worker. An
 :class:`InProcessWorker` runs the same handler inside the pytest process for debugging with pdb.
+
+One thread at a time sends requests to a worker (a lock sees to it: the scheduler's threads and
+the pytest thread share the workers, :mod:`pytest_attnkit.controller.scheduler`); ``close`` may
+come from another thread while a request is in flight, and then kills the worker, whose request
+raises a ``WorkerFailure`` of kind "closed". Each reply says how long the worker spent on the
+request and how much of that was compiling (``last_spent``), and the worker's start-up time is
+kept (``startup_s``): :mod:`pytest_attnkit.controller.ledger` adds them up.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -60,11 +68,19 @@ class WorkerProcess:
         #: A request was sent and its reply not yet read: the worker is still working on it
         #: (the run was interrupted mid-request, by Ctrl-C or SIGTERM) or it hangs.
         self.busy = False
+        #: The worker's account of the last request: {"wall_s", "compile_s"}.
+        self.last_spent: dict[str, float] = {}
+        #: Seconds spent starting this worker's processes (interpreter, imports, the implementation).
+        self.startup_s = 0.0
+        self._requests = threading.Lock()  # one request at a time
+        self._state = threading.Lock()  # guards process and connection against a concurrent close
+        self.closed = False
 
     # -- life cycle -------------------------------------------------------------------------
     def _start(self) -> None:
         from multiprocessing.connection import Connection
 
+        started = time.monotonic()
         self.starts += 1
         self.log_path = self.log_dir / f"{self.label}.{self.starts}.log"
         parent_socket, child_socket = socket.socketpair()
@@ -87,21 +103,25 @@ class WorkerProcess:
         # (another version's site, for --attnkit-against).
         init = {key: value for key, value in self.init.items() if key != "sys_path_first"}
         sys_path = [*self.init.get("sys_path_first", []), *sys.path]
-        self._exchange({"op": "init", "sys_path": sys_path, **init}, self.startup_timeout, "starting")
+        try:
+            self._exchange({"op": "init", "sys_path": sys_path, **init}, self.startup_timeout, "starting")
+        finally:
+            self.startup_s += time.monotonic() - started
 
     def close(self) -> None:
-        """Ask an idle worker to exit, and make sure it did; kill a busy one at once.
+        """Ask an idle worker to exit, and make sure it did; kill a busy one at once. Safe to call
+        from any thread, also while another thread waits for this worker's reply (that request
+        then raises a ``WorkerFailure`` of kind "closed"); no request starts a worker afterwards.
 
         A busy worker (the run was interrupted in the middle of its request, or it hangs) would
         answer the shutdown only after the request, if ever: waiting for it turned a SIGTERM
         from a CI timeout into 20 s of waiting per worker."""
-        if self.process is None:
-            return
-        if self.busy:
+        self.closed = True
+        if self.busy or not self._requests.acquire(blocking=False):
             self._kill()
             return
         try:
-            if self.process.poll() is None:
+            if self.process is not None and self.process.poll() is None:
                 self.connection.send_bytes(json.dumps({"op": "shutdown"}).encode())
                 if self.connection.poll(10):
                     self.connection.recv_bytes()
@@ -110,19 +130,22 @@ class WorkerProcess:
             pass
         finally:
             self._kill()
+            self._requests.release()
 
     def _kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
+        with self._state:
+            process, connection = self.process, self.connection
+            self.process = None
+            self.connection = None
+            self.busy = False
+        if process is not None and process.poll() is None:
             try:
-                os.killpg(self.process.pid, signal.SIGKILL)
+                os.killpg(process.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
-                self.process.kill()
-            self.process.wait()
-        if self.connection is not None:
-            self.connection.close()
-        self.process = None
-        self.connection = None
-        self.busy = False
+                process.kill()
+            process.wait()
+        if connection is not None:
+            connection.close()
 
     def log_tail(self) -> str:
         if self.log_path is None or not self.log_path.exists():
@@ -133,44 +156,58 @@ class WorkerProcess:
     # -- requests ---------------------------------------------------------------------------
     def request(self, message: dict[str, Any], timeout: float) -> Any:
         """Send ``message`` and return the worker's result, or raise :class:`WorkerFailure`."""
-        if self.process is None or self.process.poll() is not None:
-            self._kill()
-            self._start()
-        return self._exchange(message, timeout, f"running {message['op']!r}")
+        with self._requests:
+            self.last_spent = {}
+            if self.closed:
+                raise WorkerFailure("closed", f"the worker for {self.label} was closed (the run is ending)")
+            if self.process is None or self.process.poll() is not None:
+                self._kill()
+                self._start()
+            return self._exchange(message, timeout, f"running {message['op']!r}")
 
     def _exchange(self, message: dict[str, Any], timeout: float, doing: str) -> Any:
-        assert self.process is not None
+        with self._state:
+            process, connection = self.process, self.connection
+            closed = process is None or self.closed
+            # Set until the reply is read: a KeyboardInterrupt (Ctrl-C, SIGTERM) raised while
+            # waiting leaves it set, and close() then kills the worker instead of waiting on it.
+            self.busy = not closed
+        if closed:  # closed while this thread started the worker: it must not outlive the close
+            self._kill()
+            raise WorkerFailure("closed", f"the worker for {self.label} was closed (the run is ending)")
         started = time.monotonic()
-        # Set until the reply is read: a KeyboardInterrupt (Ctrl-C, SIGTERM) raised while
-        # waiting leaves it set, and close() then kills the worker instead of waiting on it.
-        self.busy = True
         try:
-            self.connection.send_bytes(json.dumps(message).encode())
-            ready = self.connection.poll(timeout)
-            reply = json.loads(self.connection.recv_bytes()) if ready else None
+            connection.send_bytes(json.dumps(message).encode())
+            ready = connection.poll(timeout)
+            reply = json.loads(connection.recv_bytes()) if ready else None
         except (EOFError, OSError):
             reply = None
             ready = True
         if reply is not None:
             self.busy = False
         if reply is None:
-            self._fail(doing, timed_out=not ready, timeout=timeout, elapsed=time.monotonic() - started)
-        pid = self.process.pid
+            if self.closed:
+                self._kill()
+                raise WorkerFailure("closed", f"the worker for {self.label} (pid {process.pid}) was closed while "
+                                              f"{doing} (the run is ending)")
+            self._fail(process, doing, timed_out=not ready, timeout=timeout, elapsed=time.monotonic() - started)
+        self.last_spent = reply.get("spent") or {}
         if reply.get("restart"):
             # The worker lost its CUDA context and is exiting; wait for it, so the next request
             # starts a fresh one instead of writing into a closing socket.
             try:
-                self.process.wait(timeout=30)
+                process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 pass
             self._kill()
         if not reply["ok"]:
-            raise WorkerFailure("error", f"the worker for {self.label} (pid {pid}) raised while {doing}:\n{reply['error']}")
+            raise WorkerFailure("error", f"the worker for {self.label} (pid {process.pid}) raised while {doing}:\n"
+                                         f"{reply['error']}")
         return reply["result"]
 
-    def _fail(self, doing: str, *, timed_out: bool, timeout: float, elapsed: float) -> None:
-        assert self.process is not None
-        pid = self.process.pid
+    def _fail(self, process: subprocess.Popen[bytes], doing: str, *, timed_out: bool, timeout: float,
+              elapsed: float) -> None:
+        pid = process.pid
         if timed_out:
             # Ask faulthandler where the worker is stuck before killing it.
             try:
@@ -183,7 +220,7 @@ class WorkerProcess:
             what = f"the worker for {self.label} (pid {pid}) passed its deadline of {timeout:g} s while {doing} and was killed"
         else:
             try:
-                returncode = self.process.wait(timeout=10)
+                returncode = process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 returncode = None
             self._kill()
@@ -201,6 +238,8 @@ class InProcessWorker:
         from pytest_attnkit.worker.server import Handler
 
         self.label = label
+        self.last_spent: dict[str, float] = {}
+        self.startup_s = 0.0
         for key, value in (env or {}).items():
             os.environ.setdefault(key, value)
         self.handler = Handler()

@@ -116,7 +116,28 @@ def merge(document: dict[str, Any], parts: list[dict[str, Any]]) -> dict[str, An
             for suite, count in suites.items():
                 mine = collected.setdefault(name, {})
                 mine[suite] = max(mine.get(suite, 0), count)
+        if part.get("time") and "time" in document:
+            _merge_time(document["time"], part["time"])
     return document
+
+
+def _merge_time(time: dict[str, Any], part: dict[str, Any]) -> None:
+    """An xdist worker's account of its time, added to the run's (spans: the longest)."""
+    rows = {(row["suite"], row["impl"]): row for row in time.setdefault("rows", [])}
+    for row in part.get("rows", []):
+        mine = rows.setdefault((row["suite"], row["impl"]), {"suite": row["suite"], "impl": row["impl"], "requests": 0,
+                                                              "busy_s": 0.0, "compile_s": 0.0, "queued_s": 0.0,
+                                                              "span_s": 0.0})
+        for key in ("requests", "busy_s", "compile_s", "queued_s"):
+            mine[key] = round(mine[key] + row[key], 2)
+        mine["span_s"] = max(mine["span_s"], row["span_s"])
+    time["rows"] = sorted(rows.values(), key=lambda row: (row["suite"], row["impl"]))
+    for impl, seconds in part.get("startup_s", {}).items():
+        time.setdefault("startup_s", {})[impl] = round(time["startup_s"].get(impl, 0.0) + seconds, 2)
+    time["waited_s"] = round(time.get("waited_s", 0.0) + part.get("waited_s", 0.0), 2)
+    time["most_at_once"] = time.get("most_at_once", 0) + part.get("most_at_once", 0)
+    time["jobs"] = max(time.get("jobs", 1), part.get("jobs", 1))
+    time["xdist_workers"] = time.get("xdist_workers", 0) + 1
 
 
 def check_writable(directory: Path) -> None:

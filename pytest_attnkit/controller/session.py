@@ -2,16 +2,20 @@
 
 One :class:`AttnkitSession` lives in ``config.stash`` for a run with ``--attnkit``. It probes the
 environment in a worker (the pytest process itself never imports torch or touches CUDA), picks the
-device and the case set, starts the worker pool (:mod:`pytest_attnkit.controller.pool`), and
-builds one check per selected suite (:mod:`~pytest_attnkit.controller.correctness`,
-:mod:`~pytest_attnkit.controller.memory`, :mod:`~pytest_attnkit.controller.speed`), which the
-suites call. At the end it builds the report document once (:mod:`pytest_attnkit.controller.report`),
-from which the terminal summary and the report files are rendered.
+device and the case set, starts the worker pool (:mod:`pytest_attnkit.controller.pool`) and, unless
+``--attnkit-jobs=1``, the scheduler that runs requests ahead of the tests
+(:mod:`pytest_attnkit.controller.scheduler`), and builds one check per selected suite
+(:mod:`~pytest_attnkit.controller.correctness`, :mod:`~pytest_attnkit.controller.memory`,
+:mod:`~pytest_attnkit.controller.speed`), which the suites call. Once pytest has selected the tests
+it submits their requests (:meth:`AttnkitSession.submit_ahead`). At the end it builds the report
+document once (:mod:`pytest_attnkit.controller.report`), from which the terminal summary and the
+report files are rendered.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import platform
 from collections import defaultdict
 from typing import Any
@@ -20,15 +24,16 @@ import pytest
 
 from pytest_attnkit import cases as case_sets
 from pytest_attnkit.contract import AccuracyBudget, Case, accuracy_budget
-from pytest_attnkit.controller import coverage, report, xdist
+from pytest_attnkit.controller import caches, coverage, footprint, report, xdist
 from pytest_attnkit.controller.against import AgainstError, Revision, materialise, twins_of
 from pytest_attnkit.controller.baselines import BaselineError, BaselineStore
 from pytest_attnkit.controller.correctness import CorrectnessCheck
-from pytest_attnkit.controller.memory import NO_MEMORY_METER_ON_CPU, MemoryCheck
+from pytest_attnkit.controller.memory import NO_MEMORY_METER_ON_CPU, MemoryCheck, item_sweep
 from pytest_attnkit.controller.options import SUITES, Settings, moved_rootdir
 from pytest_attnkit.controller.outcome import Outcomes
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.process import WorkerFailure
+from pytest_attnkit.controller.scheduler import Scheduler
 from pytest_attnkit.controller.speed import CPU_THRESHOLD, SpeedCheck, SpeedSettings
 from pytest_attnkit.controller.table import NO_BREAK, header_lines
 from pytest_attnkit.records import EntryKey
@@ -60,6 +65,12 @@ class AttnkitSession:
         self.rootdir_warning = moved_rootdir(config, settings)
         #: --attnkit-against: the other version, materialised out of place (removed at close).
         self.revision: Revision | None = None
+        self.cache_root = caches.cache_root(settings.cache_dir, settings.invocation_dir
+                                            if settings.sources.get("cache_dir", "default").startswith(
+                                                ("command line", "environment")) else settings.config_dir)
+        self.cache_env = caches.cache_environment(self.cache_root)
+        #: Requests that may run at once (1: each test sends its own, when it runs).
+        self.jobs = 1
 
     # -- start-up ---------------------------------------------------------------------------
     def start(self, only: list[str] | None = None) -> None:
@@ -83,18 +94,20 @@ class AttnkitSession:
         self.profile = self.settings.profile if self.settings.profile != "auto" else (
             "smoke" if self.device == "cpu" else "default")
         self.pool.device = self.device
-        self.pool.env = self._worker_env()
+        self.pool.env = {**self._worker_env(), **self.cache_env}
         twins = self._materialise_against([ref.name for ref in refs])
         setups = {ref.name: self.revision.worker_setup() for ref in twins} if self.revision else {}
         self.pool.start(refs + twins, setups)
         self._check_twins_loaded(twins)
         if xdist.is_controller(self.config):
             self.pool.close()  # the xdist workers run the tests; the descriptions stay for the header
+        else:
+            self._start_scheduler()
         settings = self.settings
         self.correctness = CorrectnessCheck(self.pool, self.outcomes, settings.seed, settings.trials,
                                             accuracy=self.accuracy)
         self.memory = MemoryCheck(self.pool, self.outcomes, case_sets.memory_sweep(self.profile), self.device,
-                                  settings.seed)
+                                  settings.seed, profile=self.profile)
         if "speed" in settings.suite:
             device_name = str(self.environment.get("device_name", "unknown"))
             try:
@@ -107,6 +120,29 @@ class AttnkitSession:
                                     store, self.threshold, self.device,
                                     twins=dict(self.revision.twins) if self.revision else {},
                                     ab_threshold=self.ab_threshold)
+
+    def _usable_cores(self) -> int:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        placed = xdist.xdist_worker(self.config)
+        return max(1, cores // placed[1]) if placed is not None else cores
+
+    def _start_scheduler(self) -> None:
+        """Run requests ahead of the tests, ``jobs`` at a time (see the scheduler's docstring)."""
+        setting = self.settings.jobs
+        self.jobs = 1 if self.settings.inprocess else (self._usable_cores() if setting == "auto" else int(setting))
+        if self.jobs <= 1:
+            return
+        threads = max(1, self._usable_cores() // self.jobs)
+        # Each extra worker gets its share of the cores, and TorchInductor compiles in the worker
+        # itself instead of starting a pool of compile processes per worker.
+        self.pool.extra_env = {name: value for name, value in (("OMP_NUM_THREADS", str(threads)),
+                                                               ("TORCHINDUCTOR_COMPILE_THREADS", "1"))
+                               if not os.environ.get(name)}
+        budget = None
+        if self.device == "cuda":
+            budget = footprint.budget_bytes(self.environment.get("device_memory_bytes"),
+                                            self.jobs + len(self.pool.impls))
+        self.pool.scheduler = Scheduler(self.pool, jobs=self.jobs, budget_bytes=budget, ledger=self.pool.ledger)
 
     def _against_error(self, problem: str) -> pytest.UsageError:
         return pytest.UsageError(f"attnkit: {problem} ({self.settings.sources.get('against')}); "
@@ -259,7 +295,7 @@ class AttnkitSession:
         if "attnkit_case" in params:
             return params["attnkit_impl"], params["attnkit_case"], backward
         if item.get_closest_marker("attnkit_memory") is not None:
-            sweep = case_sets.memory_sweep(self.profile)
+            sweep = item_sweep(item, self.profile)
             return params["attnkit_impl"], sweep.case(sweep.seqlens[0]), backward
         return None
 
@@ -294,6 +330,52 @@ class AttnkitSession:
             for (item, _, _), refusal in zip(asked, refusals or []):
                 if refusal:
                     item.add_marker(pytest.mark.skip(reason=f"{name} does not support it: {refusal}"))
+
+    def items_to_run(self, items: list[pytest.Item]) -> list[pytest.Item]:
+        """The tests this process runs: all of them, or under pytest-xdist this worker's share."""
+        return xdist.share_of_this_worker(self.config, items)
+
+    def _linear_memory(self, impl: str) -> bool:
+        return self.pool.info(impl).capabilities.get("memory_class") == "linear"
+
+    def submit_ahead(self, items: list[pytest.Item]) -> None:
+        """Submit the selected tests' requests to the scheduler, in pytest's order: each correctness
+        test's check, then a warm-up of every memory and speed case (compiled now, while the GPU
+        has other work, and again in the primary worker that will measure it, which then finds
+        it in the disk caches). A warm-up estimated to need the GPU alone is left to the test."""
+        scheduler = self.pool.scheduler
+        if scheduler is None or self.correctness is None:
+            return
+        warm_ups: list[tuple[str, str, Case, bool]] = []
+        for item in items:
+            question = self._item_question(item)
+            if question is None or item.get_closest_marker("skip") is not None:
+                continue
+            impl, case, backward = question
+            suite = self.suite_of(item)
+            if suite == "correctness":
+                estimate = footprint.request_bytes(case, backward=backward, references=True,
+                                                   linear_memory=self._linear_memory(impl))
+                try:
+                    self.correctness.submit(scheduler, impl, case, backward=backward, gpu_bytes=estimate)
+                except pytest.UsageError:
+                    pass  # a hook's bad answer: the test asks again when it runs, and fails with it
+            elif suite == "memory" and self.device == "cuda":
+                sweep = item_sweep(item, self.profile)
+                warm_ups += [("memory", impl, sweep.case(n), backward) for n in sweep.seqlens]
+            elif suite == "speed" and self.speed is not None and impl not in self.twin_names:
+                warm_ups.append(("speed", impl, case, backward))
+        first_stage = {}
+        for suite, impl, case, backward in dict.fromkeys(warm_ups):
+            estimate = footprint.request_bytes(case, backward=backward, references=False,
+                                               linear_memory=self._linear_memory(impl))
+            if scheduler.budget_bytes is not None and estimate > scheduler.budget_bytes:
+                continue
+            message = {"op": "warm", "case": case.to_dict(), "backward": backward, "seed": self.settings.seed}
+            first_stage[(suite, impl, case, backward)] = (scheduler.submit(impl, suite, message, gpu_bytes=estimate,
+                                                                           warm=True), message, estimate)
+        for (suite, impl, _, _), (job, message, estimate) in first_stage.items():
+            scheduler.submit(impl, suite, message, gpu_bytes=estimate, warm=True, pinned=True, after=job)
 
     # -- the run's record -------------------------------------------------------------------
     def count_collected(self, items: list[pytest.Item]) -> None:
@@ -352,6 +434,7 @@ class AttnkitSession:
             memory=self.memory.results if self.memory else [], speed=self.speed, interrupted=interrupted,
             baseline=self.baseline_state(), against=self.against_state())
         self.document["collected"] = {name: dict(suites) for name, suites in self.collected.items()}
+        self.document["time"] = {**self.pool.ledger.to_dict(self.pool.primary_startups()), "jobs": self.jobs}
         report.merge(self.document, self.worker_documents)
         if xdist.xdist_worker(self.config) is not None:
             self.config.workeroutput["attnkit"] = json.dumps(self.document, default=str)  # type: ignore[attr-defined]
@@ -390,6 +473,15 @@ class AttnkitSession:
                           f"none for {store.device_name}")
                 gate = (f"A/B against {self.revision.description}, interleaved and paired "
                         f"({', '.join(sorted(self.revision.twins.values()))}); stored baseline: {stored}")
+        if self.settings.inprocess:
+            workers = "in-process"
+        elif xdist.is_controller(self.config):
+            workers = "pytest-xdist workers, each with workers of its own"
+        elif self.jobs > 1:
+            workers = f"up to {self.jobs} requests at once (--attnkit-jobs), memory and speed alone"
+        else:
+            workers = "one request at a time (--attnkit-jobs=1)"
         return header_lines(environment=self.environment, device=self.device, profile=self.profile,
-                            suites=self.settings.suite, seed=self.settings.seed, inprocess=self.settings.inprocess,
+                            suites=self.settings.suite, seed=self.settings.seed, workers=workers,
+                            caches=caches.describe(self.cache_root, self.cache_env),
                             impls=self.pool.impls.values(), gate=gate, warning=self.rootdir_warning)

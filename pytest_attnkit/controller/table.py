@@ -43,7 +43,7 @@ def format_bytes(count: float) -> str:
 
 
 def header_lines(*, environment: dict[str, Any], device: str, profile: str, suites: list[str], seed: int,
-                 inprocess: bool, impls: Iterable[Any], gate: str | None, warning: str | None) -> list[str]:
+                 workers: str, caches: str, impls: Iterable[Any], gate: str | None, warning: str | None) -> list[str]:
     env = environment
     name = env.get("device_name", "?")
     if device == "cuda":
@@ -55,8 +55,8 @@ def header_lines(*, environment: dict[str, Any], device: str, profile: str, suit
     lines = [
         *wrap(f"attnkit: device {where}", "attnkit:   "),
         *wrap(f"attnkit: {versions}; python {env.get('python')}", "attnkit:   "),
-        *wrap(f"attnkit: profile {profile}, suites {', '.join(suites)}, seed {seed}, "
-              f"{'in-process' if inprocess else 'one worker per implementation'}", "attnkit:   "),
+        *wrap(f"attnkit: profile {profile}, suites {', '.join(suites)}, seed {seed}; {workers}", "attnkit:   "),
+        *wrap(f"attnkit: {caches}", "attnkit:   "),
     ]
     if gate:
         lines += wrap(f"attnkit: gate: {gate}", "attnkit:   ")
@@ -409,6 +409,35 @@ def ab_lines(document: dict[str, Any]) -> list[str]:
     return lines
 
 
+#: The order of the time table's rows: each suite's warm-ups (compiled ahead) before the suite.
+_TIME_ORDER = ("correctness", "memory (warm)", "memory", "speed (warm)", "speed")
+
+
+def time_lines(document: dict[str, Any]) -> list[str]:
+    """Where the run's time went (:mod:`pytest_attnkit.controller.ledger`): per suite and
+    implementation, the requests, the seconds workers were busy with them, of which compiling,
+    and the wall-clock span from the first to the last."""
+    time = document.get("time") or {}
+    rows = [row for row in time.get("rows", []) if row["requests"]]
+    if not rows:
+        return []
+    at_once = f"up to {time['most_at_once']} requests at once" + (
+        f" over {time['xdist_workers']} pytest-xdist workers" if time.get("xdist_workers") else "")
+    lines = wrap(f"{time.get('wall_s', 0):.0f} s in this pytest process; {at_once}; busy seconds add up across "
+                 "workers that ran at the same time", "  ")
+    lines.append(f"{'suite':<14} {'implementation':<22} {'requests':>8} {'busy s':>9} {'compile s':>10} {'span s':>8}")
+    order = {suite: index for index, suite in enumerate(_TIME_ORDER)}
+    for row in sorted(rows, key=lambda row: (order.get(row["suite"], len(order)), row["suite"], row["impl"])):
+        lines.append(f"{row['suite']:<14} {row['impl'][:22]:<22} {row['requests']:>8} {row['busy_s']:>9.1f} "
+                     f"{row['compile_s']:>10.1f} {row['span_s']:>8.1f}")
+    busy = sum(row["busy_s"] for row in rows)
+    compiled = sum(row["compile_s"] for row in rows)
+    startup = sum((time.get("startup_s") or {}).values())
+    lines += wrap(f"in all: workers busy {busy:.0f} s, of which compiling {compiled:.0f} s; workers started in "
+                  f"{startup:.0f} s; the pytest thread waited {time.get('waited_s', 0):.0f} s for results", "  ")
+    return lines
+
+
 def summary_sections(document: dict[str, Any], *, verbose: bool = False) -> list[tuple[str, list[str]]]:
     against = document.get("against")
     return [
@@ -417,6 +446,7 @@ def summary_sections(document: dict[str, Any], *, verbose: bool = False) -> list
         ("attnkit speed", speed_lines(document, verbose=verbose) + ([""] if document["speed"]["measurements"] else [])
          + gate_lines(document) + [line for note in document["speed"]["notes"] for line in wrap(note)]),
         (f"attnkit A/B against {against['given'] if against else ''}", ab_lines(document)),
+        ("attnkit time: where it went", time_lines(document)),
     ]
 
 

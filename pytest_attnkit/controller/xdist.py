@@ -1,16 +1,29 @@
-"""pytest-xdist, seen from one xdist worker: which one it is, and which GPU it may use.
+"""pytest-xdist: which xdist worker this is, which GPU it may use, and which tests it runs.
 
 Under ``-n N`` every xdist worker is a pytest process of its own with its own attnkit session;
 each sends its report document to the controller, which merges them, saves the baseline and
 writes the summary and the report files for the whole run.
 Each pins its implementations' workers to one GPU, round robin over the visible ones, so several
-GPUs share the correctness work; the speed suite refuses to time while xdist workers share a GPU.
+GPUs share the work; the speed suite refuses to time while xdist workers share a GPU.
+
+Each xdist worker runs its own scheduler (:mod:`pytest_attnkit.controller.scheduler`), which
+submits the requests of the tests it will run as soon as they are collected. xdist's default
+``load`` distribution hands tests out a few at a time as workers finish them, so no worker would
+know its tests ahead; under ``--attnkit`` the controller deals them out instead, all at once
+(:class:`DealtScheduling`), by a rule each worker applies to its own collection
+(:func:`dealt`): every implementation's tests of every suite and test function go round the
+workers in turn, so each GPU gets a share of each kind of work. Other ``--dist`` modes are left
+as they are (and each worker then sends each test's request when the test runs).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+import re
+from collections import Counter
+from typing import Any, Sequence
+
+_IMPL_OF_PARAMS = re.compile(r"^(.*?)-b\d+-h\d")
 
 
 def xdist_worker(config: Any) -> tuple[int, int] | None:
@@ -47,3 +60,63 @@ def parallel_timing_problem(config: Any, device: str, cuda_device_count: int) ->
         return (f"the speed suite does not time in parallel: {xdist[1]} xdist workers share {gpus} device(s), so each "
                 "would measure the others' load; run it without -n, or with -n at most the number of GPUs")
     return None
+
+
+def _deal_key(nodeid: str) -> tuple[str, str]:
+    """(test function, implementation) of a node id, as both sides of xdist see it."""
+    function, _, params = nodeid.rpartition("::")[2].partition("[")
+    params = params.rstrip("]")
+    match = _IMPL_OF_PARAMS.match(params)
+    return function, match.group(1) if match else params
+
+
+def dealt(nodeids: Sequence[str], count: int) -> list[int]:
+    """For each test, the xdist worker (0 to ``count - 1``) it is dealt to: the tests of each
+    (test function, implementation) go round the workers in turn, each group starting where the
+    one before left off."""
+    seen: Counter[tuple[str, str]] = Counter()
+    starts: dict[tuple[str, str], int] = {}
+    workers = []
+    for nodeid in nodeids:
+        key = _deal_key(nodeid)
+        if key not in starts:
+            starts[key] = len(starts) % count
+        workers.append((starts[key] + seen[key]) % count)
+        seen[key] += 1
+    return workers
+
+
+def share_of_this_worker(config: Any, items: list[Any]) -> list[Any]:
+    """The tests this xdist worker runs, when the controller deals them (all of them outside xdist)."""
+    placed = xdist_worker(config)
+    if placed is None or not getattr(config, "workerinput", {}).get("attnkit_dealt"):
+        return items
+    index, count = placed
+    return [item for item, worker in zip(items, dealt([item.nodeid for item in items], count)) if worker == index]
+
+
+def make_dealt_scheduling(config: Any, log: Any) -> Any:
+    """The controller's scheduler for ``--dist load`` under ``--attnkit`` (see the module docstring)."""
+    from xdist.scheduler import LoadScheduling
+
+    class DealtScheduling(LoadScheduling):
+        """xdist's load scheduling, except that every worker gets all its tests at the start."""
+
+        def schedule(self) -> None:
+            assert self.collection_is_completed
+            if self.collection is not None:
+                return
+            if not self._check_nodes_have_same_collection():
+                self.log("**Different tests collected, aborting run**")
+                return
+            self.collection = next(iter(self.node2collection.values()))
+            nodes = {int(str(node.gateway.id).lstrip("gw") or 0): node for node in self.nodes}
+            for index, worker in enumerate(dealt(self.collection, self.numnodes)):
+                self.node2pending[nodes[worker % len(nodes)]].append(index)
+            self.pending[:] = []
+            for node in self.nodes:
+                if self.node2pending[node]:
+                    node.send_runtest_some(list(self.node2pending[node]))
+                node.shutdown()
+
+    return DealtScheduling(config, log)

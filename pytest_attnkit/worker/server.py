@@ -9,12 +9,19 @@ A watchdog thread ends the worker, and everything it started, as soon as the pyt
 gone, even while an implementation hangs.
 
 Messages are dicts with an ``op``: ``init`` (sys.path, device and which implementation to load),
-``describe``, ``environment``, ``support``, ``correctness``, ``memory``, ``speed``, ``ceilings``
-and ``shutdown``. Replies are ``{"ok": True, "result": ...}``, or ``{"ok": False, "error":
-traceback}`` when the harness itself failed. The three suite ops answer with a
-:class:`~pytest_attnkit.records.Reply`, whose status says what became of the implementation.
-JSON both ways: a reply can never carry an object whose unpickling would import torch into the
-pytest process.
+``describe``, ``environment``, ``support``, ``correctness``, ``memory``, ``speed``, ``warm``,
+``ceilings`` and ``shutdown``. Replies are ``{"ok": True, "result": ...}``, or ``{"ok": False,
+"error": traceback}`` when the harness itself failed, each with ``spent``: the request's seconds
+in the worker and the part of them spent compiling (:mod:`pytest_attnkit.worker.compile_clock`).
+The suite ops answer with a :class:`~pytest_attnkit.records.Reply`, whose status says what
+became of the implementation. JSON both ways: a reply can never carry an object whose
+unpickling would import torch into the pytest process.
+
+``warm`` runs one case once (forward, or forward and backward) and keeps nothing but what the
+implementation compiled: the scheduler sends it ahead of the memory and speed suites, so their
+compilation happens while other work fills the GPU (:mod:`pytest_attnkit.controller.scheduler`).
+A request with ``release_memory`` hands the device memory torch cached back to the driver when
+it is done, for the other workers that share the GPU.
 """
 
 from __future__ import annotations
@@ -25,11 +32,13 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from typing import Any
 
 from pytest_attnkit.contract import AttentionImpl, Case
 from pytest_attnkit.records import Reply, Status
+from pytest_attnkit.worker import compile_clock
 
 CONTEXT_LOST = ("the worker's CUDA context is unusable after this error (a sticky error such as an illegal "
                 "memory access); a fresh worker takes over for the next test")
@@ -62,6 +71,19 @@ class Handler:
         except BaseException:
             self._check_cuda_context()
             raise
+        finally:
+            if message.get("release_memory"):
+                self._release_memory()
+
+    def _release_memory(self) -> None:
+        if self.device != "cuda" or "torch" not in sys.modules or self.context_lost:
+            return
+        from pytest_attnkit.worker.memory import release_device_memory
+
+        try:
+            release_device_memory()
+        except Exception:  # a context that fails here fails the next request, with its reason
+            pass
 
     def _check_cuda_context(self) -> None:
         """After a failure on CUDA, find out whether the context survived. A sticky error (an
@@ -196,6 +218,18 @@ class Handler:
         return {"timing": timing.to_dict(), "input_sets": self._warm_sets, "planned_samples": planned,
                 "long_call": warmed.long_call, "syncs": self._warm_syncs}
 
+    def op_warm(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Run the case once, so that what it compiles is compiled (and in the disk caches)."""
+        from pytest_attnkit.worker.inputs import warm_call
+
+        backward = bool(message["backward"])
+
+        def measure(impl: AttentionImpl, case: Case) -> Reply:
+            warm_call(impl, case, device=self.device, seed=message["seed"], backward=backward)
+            return Reply(Status.OK)
+
+        return self._run(message, backward, measure)
+
     def op_ceilings(self, message: dict[str, Any]) -> dict[str, Any]:
         from pytest_attnkit.worker.speed import gpu_state, measure_ceilings
 
@@ -223,6 +257,7 @@ def serve(fd: int) -> None:
     from multiprocessing.connection import Connection
 
     faulthandler.enable()
+    compile_clock.start()
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     # SIGINT and SIGTERM are the pytest process's to handle: it closes its workers itself.
@@ -238,11 +273,14 @@ def serve(fd: int) -> None:
         if message.get("op") == "shutdown":
             connection.send_bytes(json.dumps({"ok": True, "result": None}).encode())
             return
+        started, compiled = time.perf_counter(), compile_clock.CLOCK.total()
         try:
             reply = {"ok": True, "result": handler.handle(message)}
         except BaseException:
             error = traceback.format_exc()
             reply = {"ok": False, "error": error + (f"\n{CONTEXT_LOST}" if handler.context_lost else "")}
+        reply["spent"] = {"wall_s": time.perf_counter() - started,
+                          "compile_s": compile_clock.CLOCK.total() - compiled}
         reply["restart"] = handler.context_lost
         sys.stdout.flush()
         sys.stderr.flush()

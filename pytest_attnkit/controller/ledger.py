@@ -1,0 +1,99 @@
+"""The ledger: where a run's time went, per suite and implementation.
+
+Every reply a worker sends says how long its request took in the worker and how much of that was
+compiling (:mod:`pytest_attnkit.worker.compile_clock`); the scheduler adds when each request
+started and ended and how long it waited in the queue; the pool adds the workers' start-up time;
+the session adds how long the pytest thread waited for results. From these the summary's "attnkit
+time" table and the report's ``time`` section say, per suite and implementation, how many
+requests ran, the seconds workers were busy with them (of which compiling) and the wall-clock
+span from the first to the last; and for the run, the most requests that ran at once.
+
+Busy seconds add up across workers running at the same time, so they can exceed the run's wall
+time; that is the point of running them together. "warm" requests compile the memory and speed
+suites' kernels ahead of them (:mod:`pytest_attnkit.controller.scheduler`) and are counted in a
+row of their own.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Account:
+    """One (suite, implementation)'s requests."""
+
+    requests: int = 0
+    busy_s: float = 0.0
+    compile_s: float = 0.0
+    queued_s: float = 0.0
+    first_start: float | None = None
+    last_end: float | None = None
+
+    def add(self, spent: dict[str, float], started: float, ended: float, queued_s: float) -> None:
+        self.requests += 1
+        self.busy_s += float(spent.get("wall_s", ended - started))
+        self.compile_s += float(spent.get("compile_s", 0.0))
+        self.queued_s += queued_s
+        self.first_start = started if self.first_start is None else min(self.first_start, started)
+        self.last_end = ended if self.last_end is None else max(self.last_end, ended)
+
+    @property
+    def span_s(self) -> float:
+        if self.first_start is None or self.last_end is None:
+            return 0.0
+        return self.last_end - self.first_start
+
+
+class Ledger:
+    """Thread-safe: the scheduler's threads and the pytest thread record into it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.started = time.monotonic()
+        self.accounts: dict[tuple[str, str], Account] = {}
+        self.startup_s: dict[str, float] = {}
+        self.waited_s = 0.0
+        self._running = 0
+        self.most_at_once = 0
+
+    def began(self) -> None:
+        """A request started (for the most that ran at once)."""
+        with self._lock:
+            self._running += 1
+            self.most_at_once = max(self.most_at_once, self._running)
+
+    def record(self, suite: str, impl: str, spent: dict[str, float], started: float, ended: float, *,
+               queued_s: float = 0.0, counted: bool = True) -> None:
+        """A request ended; ``counted`` False when :meth:`began` was not called for it."""
+        with self._lock:
+            if counted:
+                self._running = max(0, self._running - 1)
+            self.accounts.setdefault((suite, impl), Account()).add(spent, started, ended, queued_s)
+
+    def waited(self, seconds: float) -> None:
+        """The pytest thread waited this long for a result it needed."""
+        with self._lock:
+            self.waited_s += seconds
+
+    def started_worker(self, impl: str, seconds: float) -> None:
+        with self._lock:
+            self.startup_s[impl] = self.startup_s.get(impl, 0.0) + seconds
+
+    def to_dict(self, more_startup_s: dict[str, float] | None = None) -> dict[str, Any]:
+        """The report document's ``time`` section; ``more_startup_s``: start-up seconds of workers
+        still running (the primaries), beside those of the workers already closed."""
+        startup = dict(self.startup_s)
+        for impl, seconds in (more_startup_s or {}).items():
+            startup[impl] = startup.get(impl, 0.0) + seconds
+        with self._lock:
+            rows = [{"suite": suite, "impl": impl, "requests": account.requests, "busy_s": round(account.busy_s, 2),
+                     "compile_s": round(account.compile_s, 2), "queued_s": round(account.queued_s, 2),
+                     "span_s": round(account.span_s, 2)}
+                    for (suite, impl), account in sorted(self.accounts.items())]
+            return {"wall_s": round(time.monotonic() - self.started, 2), "rows": rows,
+                    "startup_s": {impl: round(seconds, 2) for impl, seconds in sorted(startup.items())},
+                    "waited_s": round(self.waited_s, 2), "most_at_once": self.most_at_once}

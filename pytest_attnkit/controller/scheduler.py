@@ -1,0 +1,302 @@
+"""The scheduler: workers answer the tests' requests ahead of them, several at a time on one GPU.
+
+pytest runs one test after another, and a correctness case spends most of its first call
+compiling on one CPU core while the GPU idles. So once pytest has collected and selected the
+tests (``-k``, node ids, ``--lf`` and ``-m`` have had their say), the session submits every
+correctness test's request here, and a ``warm`` request for every memory and speed test (its
+kernels compiled while other work fills the GPU). Up to ``jobs`` requests run at once, each in a
+worker process of its implementation; each test then waits for its own reply, in pytest's order,
+and reports as before. Nothing here decides a verdict: a reply means what it meant when the
+test asked for it itself.
+
+The rules:
+
+- **Workers.** Each implementation keeps the worker that described it (its primary) and gets more
+  as its requests need them, at most ``jobs`` beyond the primaries in all: to start one for an
+  implementation that has work, an idle one of another is closed.
+- **Order.** Each implementation's requests start in the order they were submitted (pytest's
+  order). A free slot goes to the implementation with the most work left per running request:
+  its queued requests times the mean time its requests took so far (the mean over all until it
+  has one). So the run ends when the slowest implementation ends, not long after the others:
+  a compiled kernel that takes seconds per case gets most of the slots, one that takes
+  milliseconds few.
+- **GPU memory.** Each request carries an estimate of the device memory it needs; requests run
+  together only while their estimates fit ``budget_bytes``, and one that fits alone runs alone.
+  A request that runs out of device memory while another ran beside it is run again alone, and
+  only that reply counts: an out-of-memory caused by a neighbour is never the kernel's failure.
+- **The GPU alone.** :meth:`exclusive` is for what must have the GPU to itself (memory sweeps,
+  whose driver-level check sees every process's allocations, and speed timing): it waits until
+  everything submitted has finished, closes the idle extra workers (their CUDA contexts hold
+  memory), and starts nothing else until it ends. The pool takes it for every request it sends
+  itself (:meth:`pytest_attnkit.controller.pool.WorkerPool.request`).
+- **Failures stay put.** A worker that crashes or misses its deadline fails the one request it
+  was running; the next request on it starts a fresh process.
+- **Stopping.** :meth:`close` (the run ends: normally, after ``-x``, on Ctrl-C or SIGTERM) drops
+  the requests not yet started and kills the workers of the running ones; no worker is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import re
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterator
+
+from pytest_attnkit.controller.ledger import Ledger
+from pytest_attnkit.records import Reply, Status
+
+if TYPE_CHECKING:
+    from pytest_attnkit.controller.pool import Worker, WorkerPool
+
+#: What an out-of-memory says, in torch (CUDA), CuPy, the CUDA driver and runtime, and Triton.
+OUT_OF_MEMORY = re.compile(r"OutOfMemoryError|out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation"
+                           r"|OUT_OF_RESOURCES: out of memory", re.IGNORECASE)
+
+
+def out_of_memory(reply: Reply) -> bool:
+    """Whether the implementation's request ended in an out-of-memory error."""
+    return reply.status in (Status.RAISED, Status.CRASHED, Status.WRONG) and bool(OUT_OF_MEMORY.search(reply.message))
+
+
+@dataclass(eq=False)
+class Job:
+    """One request submitted ahead of its test."""
+
+    impl: str
+    suite: str
+    message: dict[str, Any]
+    gpu_bytes: int
+    seq: int
+    #: A warm-up request (``warm``): nobody waits for its reply.
+    warm: bool = False
+    #: Must run on the implementation's primary worker (the one that later times and sweeps).
+    pinned: bool = False
+    #: Starts only once this job has ended.
+    after: "Job | None" = None
+    future: "Future[Reply]" = field(default_factory=Future)
+    submitted: float = field(default_factory=time.monotonic)
+    #: Runs with nothing beside it: it alone is over the budget, or it ran out of memory beside another.
+    alone: bool = False
+    #: Another request ran at some moment while this one did.
+    shared: bool = False
+    #: The out-of-memory reply that sent this job to run again alone, kept for the record.
+    first_oom: Reply | None = None
+
+
+class Scheduler:
+    def __init__(self, pool: "WorkerPool", *, jobs: int, budget_bytes: int | None, ledger: Ledger) -> None:
+        self.pool = pool
+        self.jobs = max(1, jobs)
+        self.budget_bytes = budget_bytes
+        self.ledger = ledger
+        self._cond = threading.Condition()
+        self._seq = itertools.count()
+        self._pending: dict[str, deque[Job]] = {}
+        self._running: dict[Job, "Worker"] = {}
+        self._running_bytes = 0
+        self._idle: dict[str, list["Worker"]] = {}
+        self._extras: dict[str, list["Worker"]] = {}
+        self._paused = False
+        self._closed = False
+        #: Per implementation: (requests finished, seconds they took), for the work left.
+        self._done: dict[str, tuple[int, float]] = {}
+        self._executor = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="attnkit-job")
+        self._dispatcher = threading.Thread(target=self._dispatch_loop, name="attnkit-scheduler", daemon=True)
+        self._dispatcher_started = False
+
+    # -- the pytest thread's side --------------------------------------------------------------
+    def submit(self, impl: str, suite: str, message: dict[str, Any], *, gpu_bytes: int = 0, warm: bool = False,
+               pinned: bool = False, after: Job | None = None) -> Job:
+        """Queue ``message`` for ``impl``; its reply comes through :meth:`wait`."""
+        job = Job(impl, suite, {**message, "release_memory": True}, int(gpu_bytes), next(self._seq), warm=warm,
+                  pinned=pinned, after=after)
+        info = self.pool.info(impl)
+        if info.load_error:  # no worker to ask: the reply is the load error
+            job.future.set_result(self.pool.broken_reply(impl))
+            return job
+        if self.budget_bytes is not None and job.gpu_bytes > self.budget_bytes:
+            job.alone = True
+        with self._cond:
+            if self._closed:
+                job.future.cancel()
+                return job
+            if impl not in self._idle:
+                self._idle[impl] = [self.pool.primary(impl)]
+                self._extras[impl] = []
+            self._pending.setdefault(impl, deque()).append(job)
+            if not self._dispatcher_started:
+                self._dispatcher_started = True
+                self._dispatcher.start()
+            self._cond.notify_all()
+        return job
+
+    def wait(self, job: Job) -> Reply:
+        """The job's reply, once it has one (the pytest thread waits here; Ctrl-C interrupts)."""
+        started = time.monotonic()
+        try:
+            return job.future.result()
+        finally:
+            self.ledger.waited(time.monotonic() - started)
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """The GPU alone: everything submitted finishes first, nothing starts until the end."""
+        started = time.monotonic()
+        with self._cond:
+            while (any(self._pending.values()) or self._running) and not self._closed:
+                self._cond.wait()
+            self._paused = True
+            retired = [(impl, worker) for impl, workers in self._extras.items() for worker in workers]
+            for impl in self._extras:
+                self._idle[impl] = [worker for worker in self._idle[impl] if worker not in self._extras[impl]]
+                self._extras[impl] = []
+        self.ledger.waited(time.monotonic() - started)
+        for impl, worker in retired:
+            self._retire(impl, worker)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._paused = False
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        """Drop what has not started, kill the workers of what runs, and stop every thread."""
+        with self._cond:
+            self._closed = True
+            dropped = [job for queue in self._pending.values() for job in queue]
+            self._pending.clear()
+            running = list(self._running.values())
+            extras = [(impl, worker) for impl, workers in self._extras.items() for worker in workers]
+            self._cond.notify_all()
+        for job in dropped:
+            job.future.cancel()
+        for worker in running:
+            worker.close()
+        if self._dispatcher_started:
+            self._dispatcher.join()
+        self._executor.shutdown(wait=True)
+        for impl, worker in extras:
+            self._retire(impl, worker)
+
+    # -- the dispatcher thread -----------------------------------------------------------------
+    def _dispatch_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and (choice := self._next()) is None:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                job, worker, retire = choice
+                for other in self._running:
+                    other.shared = True
+                job.shared = job.shared or bool(self._running)
+                self._running[job] = worker
+                self._running_bytes += job.gpu_bytes
+                self._pending[job.impl].popleft()
+                self._idle[job.impl] = [idle for idle in self._idle[job.impl] if idle is not worker]
+            self.ledger.began()
+            self._executor.submit(self._run, job, worker, retire)
+
+    def _mean_s(self, impl: str) -> float:
+        """The mean time of ``impl``'s requests so far (of every request, before it has one)."""
+        count, seconds = self._done.get(impl, (0, 0.0))
+        if count:
+            return seconds / count
+        total_count = sum(count for count, _ in self._done.values())
+        return sum(seconds for _, seconds in self._done.values()) / total_count if total_count else 1.0
+
+    def _work_left(self, impl: str, running: dict[str, int]) -> float:
+        """Seconds of queued work per running request (plus the one it would start)."""
+        return len(self._pending.get(impl, ())) * self._mean_s(impl) / (running.get(impl, 0) + 1)
+
+    def _fits(self, job: Job) -> bool:
+        if job.alone or (self._running and any(other.alone for other in self._running)):
+            return not self._running
+        if self.budget_bytes is None or not self._running:
+            return True
+        return self._running_bytes + job.gpu_bytes <= self.budget_bytes
+
+    def _next(self) -> "tuple[Job, Worker, tuple[str, Worker] | None] | None":
+        """The job to start now, its worker and an idle worker to close first to make room; or None."""
+        if self._paused or len(self._running) >= self.jobs:
+            return None
+        heads = [queue[0] for queue in self._pending.values() if queue]
+        if not heads:
+            return None
+        earliest = min(heads, key=lambda job: job.seq)
+        if not self._fits(earliest):
+            return None  # the earliest waits for room; nothing later overtakes it for good
+        running = {impl: sum(job.impl == impl for job in self._running) for impl in self._pending}
+        ready = [job for job in heads if self._fits(job) and (job.after is None or job.after.future.done())]
+        for job in sorted(ready, key=lambda job: (-self._work_left(job.impl, running), job.seq)):
+            placed = self._worker_for(job)
+            if placed is not None:
+                return (job, *placed)
+        return None
+
+    def _worker_for(self, job: Job) -> "tuple[Worker, tuple[str, Worker] | None] | None":
+        primary = self.pool.primary(job.impl)
+        idle = self._idle[job.impl]
+        if job.pinned:
+            return (primary, None) if primary in idle else None
+        extras = [worker for worker in idle if worker is not primary]
+        if extras:
+            return extras[0], None
+        if primary in idle:
+            return primary, None
+        if sum(len(workers) for workers in self._extras.values()) < self.jobs:
+            return self._new_extra(job.impl), None
+        # Full: close an idle extra of an implementation with nothing queued, to start one here.
+        for impl, workers in self._extras.items():
+            if impl != job.impl and not self._pending.get(impl):
+                spare = next((worker for worker in workers if worker in self._idle[impl]), None)
+                if spare is not None:
+                    workers.remove(spare)
+                    self._idle[impl].remove(spare)
+                    return self._new_extra(job.impl), (impl, spare)
+        return None
+
+    def _new_extra(self, impl: str) -> "Worker":
+        worker = self.pool.new_worker(impl)
+        self._extras[impl].append(worker)
+        return worker
+
+    # -- a job's thread ------------------------------------------------------------------------
+    def _retire(self, impl: str, worker: "Worker") -> None:
+        worker.close()
+        self.ledger.started_worker(impl, worker.startup_s)
+
+    def _run(self, job: Job, worker: "Worker", retire: "tuple[str, Worker] | None") -> None:
+        if retire is not None:
+            self._retire(*retire)
+        started = time.monotonic()
+        reply = Reply(Status.CRASHED, "the request was not sent")
+        try:
+            reply = self.pool.ask(worker, job.impl, job.message)
+        except BaseException as error:  # a bug of the harness must not leave the test waiting forever
+            reply = Reply(Status.CRASHED, f"the scheduler failed to run the request: {error!r}")
+        ended = time.monotonic()
+        self.ledger.record(job.suite if not job.warm else f"{job.suite} (warm)", job.impl, reply.spent, started,
+                           ended, queued_s=started - job.submitted)
+        retry = out_of_memory(reply) and job.shared and not job.alone
+        with self._cond:
+            self._running.pop(job, None)
+            self._running_bytes -= job.gpu_bytes
+            count, seconds = self._done.get(job.impl, (0, 0.0))
+            self._done[job.impl] = (count + 1, seconds + (ended - started))
+            if worker in self._extras.get(job.impl, ()) or worker is self.pool.primary(job.impl):
+                self._idle[job.impl].append(worker)
+            if retry and not self._closed:
+                job.alone, job.shared, job.first_oom = True, False, reply
+                self._pending[job.impl].appendleft(job)
+            self._cond.notify_all()
+        if self._closed and not job.future.done():
+            job.future.cancel()
+        elif not retry:
+            job.future.set_result(reply)

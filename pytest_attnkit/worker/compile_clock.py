@@ -1,0 +1,133 @@
+"""The compile clock, as the worker keeps it: seconds this process spent compiling kernels.
+
+Each reply says how long its request took in the worker and how much of that was compilation,
+so the run can say where its time went (the pytest side adds it up per suite and
+implementation: :mod:`pytest_attnkit.controller.ledger`). Two compilers are timed, each where it
+says it starts and ends:
+
+- Triton's JIT: ``JITFunction._do_compile``, which runs once per new specialization of a kernel
+  (a disk-cache hit passes through it too, and then takes milliseconds);
+- ``torch.compile``: dynamo's compilation callbacks, which fire around every frame it compiles
+  and around the lazy compilation of a backward graph (the first backward call).
+
+Nested compilations (Inductor building Triton kernels inside a dynamo frame) count once. The
+hooks are installed when the compiler's module is first imported, through an import hook, so a
+worker whose implementation never imports torch._dynamo (an import of almost a second) does not
+pay for it. Anything else an implementation compiles (NVRTC through CuPy, a C++ extension) is
+not seen and counts as running time.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+#: The modules whose import installs a hook, and the hook each installs.
+_HOOKED = ("triton.runtime.jit", "torch._dynamo")
+
+
+class CompileClock:
+    """Accumulates compile seconds; ``begin``/``end`` may nest and come from several threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._started = 0.0
+        self.seconds = 0.0
+
+    def begin(self) -> None:
+        with self._lock:
+            if self._depth == 0:
+                self._started = time.perf_counter()
+            self._depth += 1
+
+    def end(self) -> None:
+        with self._lock:
+            if self._depth == 0:
+                return  # an end without its begin (a hook installed in the middle of a compile)
+            self._depth -= 1
+            if self._depth == 0:
+                self.seconds += time.perf_counter() - self._started
+
+    def total(self) -> float:
+        """Seconds so far, including a compilation still in progress."""
+        with self._lock:
+            running = time.perf_counter() - self._started if self._depth else 0.0
+            return self.seconds + running
+
+
+CLOCK = CompileClock()
+_installed: set[str] = set()
+
+
+def _hook_triton(module: Any) -> None:
+    jit_function = getattr(module, "JITFunction", None)
+    original = getattr(jit_function, "_do_compile", None)
+    if original is None or getattr(original, "_attnkit_timed", False):
+        return
+
+    def _do_compile(self: Any, *args: Any, **kwargs: Any) -> Any:
+        CLOCK.begin()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            CLOCK.end()
+
+    _do_compile._attnkit_timed = True  # type: ignore[attr-defined]
+    jit_function._do_compile = _do_compile
+
+
+def _hook_dynamo(module: Any) -> None:
+    try:
+        from torch._dynamo.callback import callback_handler
+    except ImportError:  # a torch without compilation callbacks: its compile time counts as running
+        return
+    callback_handler.register_start_callback(lambda *args: CLOCK.begin())
+    callback_handler.register_end_callback(lambda *args: CLOCK.end())
+
+
+_HOOKS: dict[str, Callable[[Any], None]] = {"triton.runtime.jit": _hook_triton, "torch._dynamo": _hook_dynamo}
+
+
+def _install(name: str) -> None:
+    module = sys.modules.get(name)
+    if module is not None and name not in _installed:
+        _installed.add(name)
+        _HOOKS[name](module)
+
+
+class _Loader(importlib.abc.Loader):
+    """Runs the real loader, then installs the module's hook."""
+
+    def __init__(self, loader: Any, name: str) -> None:
+        self._loader, self._name = loader, name
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        _install(self._name)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname not in _HOOKS or fullname in _installed:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _Loader(spec.loader, fullname)
+        return spec
+
+
+def start() -> None:
+    """Time every compilation from now on: hook what is imported, and what will be."""
+    for name in _HOOKS:
+        _install(name)
+    if not any(isinstance(finder, _Finder) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())
