@@ -94,7 +94,12 @@ class AttnkitSession:
         self.profile = self.settings.profile if self.settings.profile != "auto" else (
             "smoke" if self.device == "cpu" else "default")
         self.pool.device = self.device
-        self.pool.env = {**self._worker_env(), **self.cache_env}
+        self.jobs = self._jobs()
+        # With requests side by side, TorchInductor compiles in each worker itself instead of
+        # starting a pool of compile processes per worker (one per core, each).
+        compile_threads = {"TORCHINDUCTOR_COMPILE_THREADS": "1"} if self.jobs > 1 and not os.environ.get(
+            "TORCHINDUCTOR_COMPILE_THREADS") else {}
+        self.pool.env = {**self._worker_env(), **self.cache_env, **compile_threads}
         twins = self._materialise_against([ref.name for ref in refs])
         setups = {ref.name: self.revision.worker_setup() for ref in twins} if self.revision else {}
         self.pool.start(refs + twins, setups)
@@ -126,18 +131,22 @@ class AttnkitSession:
         placed = xdist.xdist_worker(self.config)
         return max(1, cores // placed[1]) if placed is not None else cores
 
+    def _jobs(self) -> int:
+        """``--attnkit-jobs``, with auto resolved: one per usable core (1 in-process or under the
+        xdist controller, which runs no tests)."""
+        if self.settings.inprocess or xdist.is_controller(self.config):
+            return 1
+        setting = self.settings.jobs
+        return self._usable_cores() if setting == "auto" else int(setting)
+
     def _start_scheduler(self) -> None:
         """Run requests ahead of the tests, ``jobs`` at a time (see the scheduler's docstring)."""
-        setting = self.settings.jobs
-        self.jobs = 1 if self.settings.inprocess else (self._usable_cores() if setting == "auto" else int(setting))
         if self.jobs <= 1:
             return
+        # Each extra worker gets its share of the cores for its CPU threads (the primaries keep
+        # torch's default: on the CPU they time the speed suite).
         threads = max(1, self._usable_cores() // self.jobs)
-        # Each extra worker gets its share of the cores, and TorchInductor compiles in the worker
-        # itself instead of starting a pool of compile processes per worker.
-        self.pool.extra_env = {name: value for name, value in (("OMP_NUM_THREADS", str(threads)),
-                                                               ("TORCHINDUCTOR_COMPILE_THREADS", "1"))
-                               if not os.environ.get(name)}
+        self.pool.extra_env = {} if os.environ.get("OMP_NUM_THREADS") else {"OMP_NUM_THREADS": str(threads)}
         budget = None
         if self.device == "cuda":
             budget = footprint.budget_bytes(self.environment.get("device_memory_bytes"),
