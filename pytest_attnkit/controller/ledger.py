@@ -59,6 +59,9 @@ class Ledger:
         self.waited_s = 0.0
         self._running = 0
         self.most_at_once = 0
+        #: Every request: (suite, implementation, start and wall seconds, compile seconds, queued
+        #: seconds), the start counted from the ledger's; the report keeps them for a timeline.
+        self.events: list[tuple[str, str, float, float, float, float]] = []
 
     def began(self) -> None:
         """A request started (for the most that ran at once)."""
@@ -73,6 +76,8 @@ class Ledger:
             if counted:
                 self._running = max(0, self._running - 1)
             self.accounts.setdefault((suite, impl), Account()).add(spent, started, ended, queued_s)
+            self.events.append((suite, impl, round(started - self.started, 3), round(ended - started, 3),
+                                round(float(spent.get("compile_s", 0.0)), 3), round(queued_s, 3)))
 
     def waited(self, seconds: float) -> None:
         """The pytest thread waited this long for a result it needed."""
@@ -86,14 +91,16 @@ class Ledger:
     def to_dict(self, more_startup_s: dict[str, float] | None = None) -> dict[str, Any]:
         """The report document's ``time`` section; ``more_startup_s``: start-up seconds of workers
         still running (the primaries), beside those of the workers already closed."""
-        startup = dict(self.startup_s)
-        for impl, seconds in (more_startup_s or {}).items():
-            startup[impl] = startup.get(impl, 0.0) + seconds
         with self._lock:
+            startup = dict(self.startup_s)
+            for impl, seconds in (more_startup_s or {}).items():
+                startup[impl] = startup.get(impl, 0.0) + seconds
             rows = [{"suite": suite, "impl": impl, "requests": account.requests, "busy_s": round(account.busy_s, 2),
                      "compile_s": round(account.compile_s, 2), "queued_s": round(account.queued_s, 2),
                      "span_s": round(account.span_s, 2)}
                     for (suite, impl), account in sorted(self.accounts.items())]
             return {"wall_s": round(time.monotonic() - self.started, 2), "rows": rows,
                     "startup_s": {impl: round(seconds, 2) for impl, seconds in sorted(startup.items())},
-                    "waited_s": round(self.waited_s, 2), "most_at_once": self.most_at_once}
+                    "waited_s": round(self.waited_s, 2), "most_at_once": self.most_at_once,
+                    "events": [dict(zip(("suite", "impl", "start_s", "wall_s", "compile_s", "queued_s"), event))
+                               for event in self.events]}

@@ -23,13 +23,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
 from pytest_attnkit.cases import MemorySweep, named_memory_sweep
+from pytest_attnkit.contract import Case
 from pytest_attnkit.controller.outcome import Outcomes
 from pytest_attnkit.controller.pool import WorkerPool
+from pytest_attnkit.controller.scheduler import Job, Scheduler
 from pytest_attnkit.controller.table import memory_table
 from pytest_attnkit.records import MemoryPoint, Status
 
@@ -236,6 +238,22 @@ class MemoryCheck:
     seed: int
     results: list[MemorySweepResult] = field(default_factory=list)
     profile: str = "default"
+    #: The points submitted ahead of their tests, per (implementation, sweep, backward).
+    ahead: dict[tuple[str, MemorySweep, bool], list[Job]] = field(default_factory=dict)
+
+    def _message(self, case: Case, backward: bool) -> dict[str, Any]:
+        return {"op": "memory", "case": case.to_dict(), "backward": backward, "seed": self.seed}
+
+    def submit(self, scheduler: Scheduler, impl: str, sweep: MemorySweep, *, backward: bool,
+               gpu_bytes: Callable[[Case], int]) -> None:
+        """Queue a sweep's points now, each after the one before and only if that one measured
+        (an out-of-memory ends a sweep); :meth:`check` then reads their replies."""
+        jobs: list[Job] = []
+        for seqlen in sweep.seqlens:
+            case = sweep.case(seqlen)
+            jobs.append(scheduler.submit(impl, "memory", self._message(case, backward), gpu_bytes=gpu_bytes(case),
+                                         after=jobs[-1] if jobs else None, needs_ok=bool(jobs)))
+        self.ahead[(impl, sweep, backward)] = jobs
 
     def check_item(self, impl: str, item: pytest.Item) -> MemorySweepResult:
         """Run the sweep a memory test names, forward or (``attnkit_backward``) with backward."""
@@ -259,10 +277,13 @@ class MemoryCheck:
             pytest.skip(NO_MEMORY_METER_ON_CPU)
         info = self.pool.info(impl)
         points: list[MemoryPoint] = []
-        for seqlen in sweep.seqlens:
+        submitted = self.ahead.pop((impl, sweep, backward), None) if self.pool.scheduler is not None else None
+        for index, seqlen in enumerate(sweep.seqlens):
             case = sweep.case(seqlen)
-            reply = self.pool.request(impl, {"op": "memory", "case": case.to_dict(), "backward": backward,
-                                             "seed": self.seed})
+            if submitted:
+                reply = self.pool.scheduler.wait(submitted[index])
+            else:
+                reply = self.pool.request(impl, self._message(case, backward))
             if reply.status in (Status.CRASHED, Status.TIMEOUT):
                 points.append(MemoryPoint(seqlen, "error", message=reply.message.splitlines()[0]))
                 break

@@ -137,6 +137,8 @@ def _merge_time(time: dict[str, Any], part: dict[str, Any]) -> None:
     time["waited_s"] = round(time.get("waited_s", 0.0) + part.get("waited_s", 0.0), 2)
     time["most_at_once"] = time.get("most_at_once", 0) + part.get("most_at_once", 0)
     time["jobs"] = max(time.get("jobs", 1), part.get("jobs", 1))
+    time["events"] = time.get("events", []) + [{**event, "xdist_worker": time.get("xdist_workers", 0)}
+                                                for event in part.get("events", [])]
     time["xdist_workers"] = time.get("xdist_workers", 0) + 1
 
 

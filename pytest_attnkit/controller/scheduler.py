@@ -22,8 +22,13 @@ The rules:
   milliseconds few.
 - **GPU memory.** Each request carries an estimate of the device memory it needs; requests run
   together only while their estimates fit ``budget_bytes``, and one that fits alone runs alone.
-  A request that runs out of device memory while another ran beside it is run again alone, and
-  only that reply counts: an out-of-memory caused by a neighbour is never the kernel's failure.
+  Smaller requests may start ahead of one that waits for room, for at most ``MAX_HOLD_S``; then
+  nothing new starts until it has its room. A request that runs out of device memory while
+  another ran beside it is run again alone, and only that reply counts: an out-of-memory caused
+  by a neighbour is never the kernel's failure.
+- **Warm-ups only where they compile.** Once an implementation's first warm-ups compiled nothing
+  (a kernel built ahead of time, a library call), its other warm-ups are dropped unrun: they
+  would only take GPU time. So is a warm-up in the primary whose first stage compiled nothing.
 - **The GPU alone.** :meth:`exclusive` is for what must have the GPU to itself (memory sweeps,
   whose driver-level check sees every process's allocations, and speed timing): it waits until
   everything submitted has finished, closes the idle extra workers (their CUDA contexts hold
@@ -53,13 +58,28 @@ from pytest_attnkit.records import Reply, Status
 if TYPE_CHECKING:
     from pytest_attnkit.controller.pool import Worker, WorkerPool
 
+#: How long smaller requests may start ahead of one that waits for device memory.
+MAX_HOLD_S = 20.0
+#: Warm-ups of an implementation that compiled less than this, each, are not worth their GPU time
+#: once this many have shown it.
+WARM_COMPILE_S = 0.05
+WARM_EVIDENCE = 3
+#: What a dropped warm-up replies.
+DROPPED = "not run: this implementation's warm-ups compiled nothing"
+#: What a job replies that needed the job before it to measure, and it did not (a sweep's later
+#: points after an out-of-memory or a failure: the sweep ends there).
+NOT_RUN = "not run: the request before it did not measure"
+
 #: What an out-of-memory says, in torch (CUDA), CuPy, the CUDA driver and runtime, and Triton.
 OUT_OF_MEMORY = re.compile(r"OutOfMemoryError|out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation"
                            r"|OUT_OF_RESOURCES: out of memory", re.IGNORECASE)
 
 
 def out_of_memory(reply: Reply) -> bool:
-    """Whether the implementation's request ended in an out-of-memory error."""
+    """Whether the implementation's request ended in an out-of-memory error (or, for a memory
+    point, measured one)."""
+    if reply.status is Status.OK:
+        return reply.data.get("status") == "oom"
     return reply.status in (Status.RAISED, Status.CRASHED, Status.WRONG) and bool(OUT_OF_MEMORY.search(reply.message))
 
 
@@ -86,6 +106,10 @@ class Job:
     shared: bool = False
     #: The out-of-memory reply that sent this job to run again alone, kept for the record.
     first_oom: Reply | None = None
+    #: Since when it has waited at the head of the queue for device memory (None: not waiting).
+    held_since: float | None = None
+    #: Runs only if ``after`` measured (a memory sweep's next point): otherwise it is not run.
+    needs_ok: bool = False
 
 
 class Scheduler:
@@ -105,16 +129,19 @@ class Scheduler:
         self._closed = False
         #: Per implementation: (requests finished, seconds they took), for the work left.
         self._done: dict[str, tuple[int, float]] = {}
+        #: Per implementation: (warm-ups finished, the most one of them compiled, in seconds).
+        self._warmed: dict[str, tuple[int, float]] = {}
         self._executor = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="attnkit-job")
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name="attnkit-scheduler", daemon=True)
         self._dispatcher_started = False
 
     # -- the pytest thread's side --------------------------------------------------------------
     def submit(self, impl: str, suite: str, message: dict[str, Any], *, gpu_bytes: int = 0, warm: bool = False,
-               pinned: bool = False, after: Job | None = None) -> Job:
-        """Queue ``message`` for ``impl``; its reply comes through :meth:`wait`."""
+               pinned: bool = False, after: Job | None = None, needs_ok: bool = False) -> Job:
+        """Queue ``message`` for ``impl``; its reply comes through :meth:`wait`. ``after``: start
+        only once that job has ended; with ``needs_ok``, only if it measured (see :data:`NOT_RUN`)."""
         job = Job(impl, suite, {**message, "release_memory": True}, int(gpu_bytes), next(self._seq), warm=warm,
-                  pinned=pinned, after=after)
+                  pinned=pinned, after=after, needs_ok=needs_ok)
         info = self.pool.info(impl)
         if info.load_error:  # no worker to ask: the reply is the load error
             job.future.set_result(self.pool.broken_reply(impl))
@@ -222,16 +249,47 @@ class Scheduler:
             return True
         return self._running_bytes + job.gpu_bytes <= self.budget_bytes
 
+    def _pointless(self, job: Job) -> bool:
+        """Whether a warm-up would compile nothing (see the module docstring)."""
+        if not job.warm:
+            return False
+        if job.pinned and job.after is not None and job.after.future.done() and not job.after.future.cancelled():
+            return float(job.after.future.result().spent.get("compile_s", 0.0)) < WARM_COMPILE_S
+        count, most = self._warmed.get(job.impl, (0, 0.0))
+        return count >= WARM_EVIDENCE and most < WARM_COMPILE_S
+
+    @staticmethod
+    def _stopped(job: Job) -> bool:
+        """Whether a job that needs the one before it to measure follows one that did not."""
+        if not job.needs_ok or job.after is None or not job.after.future.done():
+            return False
+        if job.after.future.cancelled():
+            return True
+        before = job.after.future.result()
+        return before.status is not Status.OK or before.data.get("status", "measured") != "measured"
+
+    def _drop_pointless(self) -> None:
+        for queue in self._pending.values():
+            while queue and (self._pointless(queue[0]) or self._stopped(queue[0])):
+                job = queue.popleft()
+                stopped = self._stopped(job)
+                job.future.set_result(Reply(Status.OK, NOT_RUN if stopped else DROPPED,
+                                            {"status": "not run"} if stopped else {}))
+                self._cond.notify_all()  # exclusive() may be waiting for the queue to empty
+
     def _next(self) -> "tuple[Job, Worker, tuple[str, Worker] | None] | None":
         """The job to start now, its worker and an idle worker to close first to make room; or None."""
         if self._paused or len(self._running) >= self.jobs:
             return None
+        self._drop_pointless()
         heads = [queue[0] for queue in self._pending.values() if queue]
         if not heads:
             return None
         earliest = min(heads, key=lambda job: job.seq)
         if not self._fits(earliest):
-            return None  # the earliest waits for room; nothing later overtakes it for good
+            earliest.held_since = earliest.held_since or time.monotonic()
+            if time.monotonic() - earliest.held_since > MAX_HOLD_S:
+                return None  # it has waited long enough: nothing else starts until it has room
         running = {impl: sum(job.impl == impl for job in self._running) for impl in self._pending}
         ready = [job for job in heads if self._fits(job) and (job.after is None or job.after.future.done())]
         for job in sorted(ready, key=lambda job: (-self._work_left(job.impl, running), job.seq)):
@@ -290,6 +348,9 @@ class Scheduler:
             self._running_bytes -= job.gpu_bytes
             count, seconds = self._done.get(job.impl, (0, 0.0))
             self._done[job.impl] = (count + 1, seconds + (ended - started))
+            if job.warm and not job.pinned:
+                count, most = self._warmed.get(job.impl, (0, 0.0))
+                self._warmed[job.impl] = (count + 1, max(most, float(reply.spent.get("compile_s", 0.0))))
             if worker in self._extras.get(job.impl, ()) or worker is self.pool.primary(job.impl):
                 self._idle[job.impl].append(worker)
             if retry and not self._closed:

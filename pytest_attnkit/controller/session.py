@@ -369,9 +369,15 @@ class AttnkitSession:
                     self.correctness.submit(scheduler, impl, case, backward=backward, gpu_bytes=estimate)
                 except pytest.UsageError:
                     pass  # a hook's bad answer: the test asks again when it runs, and fails with it
-            elif suite == "memory" and self.device == "cuda":
+            elif suite == "memory" and self.device == "cuda" and self.memory is not None:
                 sweep = item_sweep(item, self.profile)
-                warm_ups += [("memory", impl, sweep.case(n), backward) for n in sweep.seqlens]
+                if self.environment.get("memory_meter") == "process":
+                    # Each worker's meter is its own: the sweep runs beside other work.
+                    linear = self._linear_memory(impl)
+                    self.memory.submit(scheduler, impl, sweep, backward=backward, gpu_bytes=lambda case: 2 * (
+                        footprint.request_bytes(case, backward=backward, references=False, linear_memory=linear)))
+                else:
+                    warm_ups += [("memory", impl, sweep.case(n), backward) for n in sweep.seqlens]
             elif suite == "speed" and self.speed is not None and impl not in self.twin_names:
                 warm_ups.append(("speed", impl, case, backward))
         first_stage = {}

@@ -10,6 +10,10 @@ says it starts and ends:
 - ``torch.compile``: dynamo's compilation callbacks, which fire around every frame it compiles
   and around the lazy compilation of a backward graph (the first backward call).
 
+With ``ATTNKIT_COMPILE_LOG`` set to a folder, every Triton JIT compilation is also written
+there, a JSON line each (the kernel, its seconds, its constexprs and specialization), for a
+census of what a run compiled (``tools/compile_census.py``).
+
 Nested compilations (Inductor building Triton kernels inside a dynamo frame) count once. The
 hooks are installed when the compiler's module is first imported, through an import hook, so a
 worker whose implementation never imports torch._dynamo (an import of almost a second) does not
@@ -21,14 +25,12 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import json
+import os
 import sys
 import threading
 import time
 from typing import Any, Callable
-
-#: The modules whose import installs a hook, and the hook each installs.
-_HOOKED = ("triton.runtime.jit", "torch._dynamo")
-
 
 class CompileClock:
     """Accumulates compile seconds; ``begin``/``end`` may nest and come from several threads."""
@@ -72,13 +74,33 @@ def _hook_triton(module: Any) -> None:
 
     def _do_compile(self: Any, *args: Any, **kwargs: Any) -> Any:
         CLOCK.begin()
+        started = time.perf_counter()
         try:
             return original(self, *args, **kwargs)
         finally:
             CLOCK.end()
+            _log_compile(self, args, time.perf_counter() - started)
 
     _do_compile._attnkit_timed = True  # type: ignore[attr-defined]
     jit_function._do_compile = _do_compile
+
+
+def _log_compile(function: Any, args: tuple[Any, ...], seconds: float) -> None:
+    """One JSON line in ``$ATTNKIT_COMPILE_LOG/<pid>.jsonl``: what Triton compiled (or took from its cache)."""
+    folder = os.environ.get("ATTNKIT_COMPILE_LOG")
+    if not folder:
+        return
+    try:
+        # _do_compile(key, signature, device, constexprs, options, attrs, ...)
+        constexprs = args[3] if len(args) > 3 else None
+        attrs = args[5] if len(args) > 5 else None
+        line = {"kernel": getattr(function, "__name__", repr(function)), "seconds": round(seconds, 4),
+                "constexprs": repr(constexprs), "specialization": repr(attrs)}
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"{os.getpid()}.jsonl"), "a") as log:
+            log.write(json.dumps(line) + "\n")
+    except Exception:  # a census must never break a compilation
+        pass
 
 
 def _hook_dynamo(module: Any) -> None:

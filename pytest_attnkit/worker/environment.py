@@ -46,4 +46,14 @@ def describe_environment(device: str) -> dict[str, Any]:
             info["compute_capability"] = f"{properties.major}.{properties.minor}"
             info["device_memory_bytes"] = properties.total_memory
             info["multiprocessors"] = properties.multi_processor_count
+            info["memory_meter"] = _memory_meter(torch)
     return info
+
+
+def _memory_meter(torch: Any) -> str:
+    """"process" where NVML reports this process's own device memory (memory sweeps may then run
+    beside other work), else "device" (:mod:`pytest_attnkit.worker.memory`)."""
+    from pytest_attnkit.worker.memory import process_meter
+
+    torch.zeros(1, device="cuda")  # the CUDA context NVML is to find
+    return "process" if process_meter() is not None else "device"

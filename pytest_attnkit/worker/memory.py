@@ -8,8 +8,16 @@ resets its peak statistics and measures a second call. The *extra* memory is the
 allocator's peak above what was allocated before the call, less the tensors the call returns
 (the output and, with backward, the gradients): the workspace the implementation needed. Triton's
 scratch allocations and CuPy's are routed through torch's allocator so the meter sees them. A
-background thread samples the driver's free memory during the call; growth that the driver saw
-and torch's allocator did not is reported as unmetered, never silently measured as zero.
+background thread samples what the driver has given this process during the call; growth that
+the driver saw and torch's allocator did not is reported as unmetered, never silently measured
+as zero.
+
+The driver's figure is this process's own where NVML reports it per process
+(:func:`process_meter`): then other processes on the GPU (the scheduler's other workers) cannot
+move it, and sweeps may run beside other work. Where it does not (NVML missing, or a container
+whose process ids NVML does not know), the device's free memory stands in, which every process
+moves: the environment probe says which (``memory_meter``), and the pytest side then gives
+memory sweeps the GPU alone.
 
 The fit over a sweep of lengths and the verdict are the pytest process's
 (:mod:`pytest_attnkit.controller.memory`). :func:`measure_point` needs a CUDA device.
@@ -17,6 +25,7 @@ The fit over a sweep of lengths and the verdict are the pytest process's
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import replace
 from typing import Any
@@ -31,18 +40,67 @@ UNMETERED_MIN_BYTES = 64 * 2**20
 UNMETERED_MIN_SHARE = 0.10
 
 
+class ProcessMeter:
+    """This process's device memory as the driver accounts it, through NVML."""
+
+    def __init__(self, nvml: Any, handle: Any) -> None:
+        self._nvml, self._handle, self._pid = nvml, handle, os.getpid()
+
+    def used(self) -> int | None:
+        try:
+            processes = self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle)
+        except Exception:
+            return None
+        return next((int(process.usedGpuMemory or 0) for process in processes if process.pid == self._pid), None)
+
+
+_meter: "ProcessMeter | None | bool" = False  # False: not looked for yet
+
+
+def process_meter() -> ProcessMeter | None:
+    """The per-process meter of the current CUDA device, or None where NVML cannot tell this
+    process's memory (call after this process has made its CUDA context)."""
+    global _meter
+    if _meter is False:
+        _meter = None
+        try:
+            import pynvml
+            import torch
+
+            pynvml.nvmlInit()
+            uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+            handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+            meter = ProcessMeter(pynvml, handle)
+            if meter.used() is not None:
+                _meter = meter
+        except Exception:  # no NVML, no such call in this version, a process NVML cannot see
+            _meter = None
+    return _meter or None
+
+
 class _DriverSampler:
-    """Samples the driver's free memory in a thread, to see allocations torch's allocator cannot."""
+    """Samples, in a thread, the memory the driver has given out, to see allocations torch's
+    allocator cannot: this process's own where NVML tells it, else the device's free memory
+    (``used`` grows as free memory shrinks, so the two read alike)."""
 
     def __init__(self, torch: Any) -> None:
         self.torch = torch
-        self.min_free = torch.cuda.mem_get_info()[0]
+        self.meter = process_meter()
+        self.max_used = self._used()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
+    def _used(self) -> int:
+        if self.meter is not None:
+            used = self.meter.used()
+            if used is not None:
+                return used
+        free, total = self.torch.cuda.mem_get_info()
+        return total - free
+
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.min_free = min(self.min_free, self.torch.cuda.mem_get_info()[0])
+            self.max_used = max(self.max_used, self._used())
             self._stop.wait(0.0005)
 
     def __enter__(self) -> "_DriverSampler":
@@ -52,7 +110,7 @@ class _DriverSampler:
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
         self._thread.join()
-        self.min_free = min(self.min_free, self.torch.cuda.mem_get_info()[0])
+        self.max_used = max(self.max_used, self._used())
 
 
 def route_allocations_through_torch() -> None:
@@ -113,13 +171,13 @@ def measure_point(impl: AttentionImpl, case: Case, *, backward: bool, seed: int)
         before = torch.cuda.memory_allocated()
         reserved_before = torch.cuda.memory_reserved()
         with _DriverSampler(torch) as sampler:
-            free_before = torch.cuda.mem_get_info()[0]
+            used_before = sampler.max_used
             returned = _run(impl, case, q, k, v, dout, variant_inputs)
             torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - before
         retained = sum(t.numel() * t.element_size() for t in returned)
         reserved_growth = torch.cuda.max_memory_reserved() - reserved_before
-        driver_growth = free_before - sampler.min_free
+        driver_growth = sampler.max_used - used_before
         unmetered = max(0, driver_growth - reserved_growth)
         if unmetered < max(UNMETERED_MIN_BYTES, UNMETERED_MIN_SHARE * max(reserved_growth, 1)):
             unmetered = 0

@@ -1,0 +1,230 @@
+"""The scheduler's rules, with a pool of fake workers (no processes): replies land on their own
+job, no more than ``jobs`` run at once, device-memory estimates decide what runs beside what, an
+out-of-memory beside another is run again alone, the GPU-alone phase waits for everything
+submitted, warm-ups that compile nothing are dropped, a sweep stops after a point that did not
+measure, and close() drops what is queued and closes what runs."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from pytest_attnkit.controller.ledger import Ledger
+from pytest_attnkit.controller.pool import ImplInfo
+from pytest_attnkit.controller.process import WorkerFailure
+from pytest_attnkit.controller.scheduler import DROPPED, NOT_RUN, Scheduler, out_of_memory
+from pytest_attnkit.records import Reply, Status
+
+
+class FakeWorker:
+    def __init__(self, pool: "FakePool", name: str) -> None:
+        self.pool, self.name = pool, name
+        self.last_spent: dict[str, float] = {}
+        self.startup_s = 0.0
+        self.closed = False
+
+    def request(self, message: dict[str, Any], timeout: float) -> Any:
+        if self.closed:
+            raise WorkerFailure("closed", "closed")
+        return self.pool.serve(self, message)
+
+    def close(self) -> None:
+        self.closed = True
+        self.pool.release.set()
+
+
+class FakePool:
+    """Answers each request with ``behave(message, running)``, where ``running`` counts the
+    requests in flight at that moment; records how many ran at once."""
+
+    def __init__(self, names: tuple[str, ...] = ("a", "b"), behave: Any = None, seconds: float = 0.02) -> None:
+        self.impls = {name: ImplInfo(name, f"fake:{name}") for name in names}
+        self.primaries = {name: FakeWorker(self, name) for name in names}
+        self.extras: list[FakeWorker] = []
+        self.behave = behave or (lambda message, running: Reply(Status.OK, "", {"echo": message.get("n")}))
+        self.seconds = seconds
+        self.lock = threading.Lock()
+        self.running = 0
+        self.most = 0
+        self.order: list[Any] = []
+        self.release = threading.Event()
+        self.scheduler = None
+
+    def info(self, name: str) -> ImplInfo:
+        return self.impls[name]
+
+    def primary(self, name: str) -> FakeWorker:
+        return self.primaries[name]
+
+    def new_worker(self, name: str) -> FakeWorker:
+        worker = FakeWorker(self, name)
+        self.extras.append(worker)
+        return worker
+
+    def broken_reply(self, name: str) -> Reply:
+        return Reply(Status.BROKEN, "broken")
+
+    def serve(self, worker: FakeWorker, message: dict[str, Any]) -> dict[str, Any]:
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+            running = self.running
+            self.order.append(message.get("n"))
+        try:
+            if message.get("block"):
+                self.release.wait(10)
+            else:
+                time.sleep(message.get("seconds", self.seconds))
+            with self.lock:
+                running = max(running, self.running)  # the most that ran beside it, start or end
+            reply = self.behave(message, running)
+        finally:
+            with self.lock:
+                self.running -= 1
+        worker.last_spent = {"wall_s": 0.01, "compile_s": message.get("compile_s", 0.0)}
+        return reply.to_wire()
+
+    def ask(self, worker: FakeWorker, name: str, message: dict[str, Any]) -> Reply:
+        try:
+            reply = Reply.from_wire(worker.request(message, 10))
+        except WorkerFailure as failure:
+            return Reply(Status.CRASHED, str(failure))
+        return Reply(reply.status, reply.message, reply.data, spent=dict(worker.last_spent))
+
+
+@pytest.fixture
+def made():
+    schedulers: list[Scheduler] = []
+
+    def make(pool: FakePool, **kwargs: Any) -> Scheduler:
+        scheduler = Scheduler(pool, ledger=Ledger(), **{"jobs": 4, "budget_bytes": None, **kwargs})
+        schedulers.append(scheduler)
+        return scheduler
+
+    yield make
+    for scheduler in schedulers:
+        scheduler.close()
+
+
+def test_each_reply_lands_on_its_own_job_and_at_most_jobs_run_at_once(made) -> None:
+    pool = FakePool(seconds=0.03)
+    scheduler = made(pool, jobs=3)
+    jobs = [scheduler.submit("ab"[n % 2], "correctness", {"n": n}) for n in range(24)]
+    assert [scheduler.wait(job).data["echo"] for job in jobs] == list(range(24))
+    assert pool.most == 3
+
+
+def test_device_memory_decides_what_runs_beside_what(made) -> None:
+    pool = FakePool(seconds=0.05)
+    scheduler = made(pool, jobs=4, budget_bytes=100)
+    jobs = [scheduler.submit("a", "correctness", {"n": n}, gpu_bytes=60) for n in range(4)]
+    for job in jobs:
+        scheduler.wait(job)
+    assert pool.most == 1  # two of 60 do not fit in 100
+    big = scheduler.submit("a", "correctness", {"n": "big"}, gpu_bytes=500)
+    small = [scheduler.submit("b", "correctness", {"n": n}, gpu_bytes=10) for n in range(3)]
+    assert big.alone
+    for job in (big, *small):
+        scheduler.wait(job)
+
+
+def test_an_out_of_memory_beside_another_runs_again_alone(made) -> None:
+    def behave(message: dict[str, Any], running: int) -> Reply:
+        if message["n"] == 0 and running > 1:
+            return Reply(Status.RAISED, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB")
+        return Reply(Status.OK, "", {"ran_with": running})
+
+    pool = FakePool(behave=behave, seconds=0.05)
+    scheduler = made(pool, jobs=4)
+    jobs = [scheduler.submit("a", "correctness", {"n": n}) for n in range(4)]
+    replies = [scheduler.wait(job) for job in jobs]
+    assert replies[0].status is Status.OK and replies[0].data["ran_with"] == 1
+    assert jobs[0].first_oom is not None and out_of_memory(jobs[0].first_oom)
+
+
+def test_an_out_of_memory_alone_is_the_kernels(made) -> None:
+    pool = FakePool(behave=lambda message, running: Reply(Status.RAISED, "CUDA out of memory"))
+    scheduler = made(pool, jobs=1)
+    reply = scheduler.wait(scheduler.submit("a", "correctness", {"n": 0}))
+    assert reply.status is Status.RAISED and "out of memory" in reply.message
+
+
+def test_the_gpu_alone_waits_for_everything_submitted_and_starts_nothing_meanwhile(made) -> None:
+    pool = FakePool(seconds=0.05)
+    scheduler = made(pool, jobs=4)
+    jobs = [scheduler.submit("a", "correctness", {"n": n}) for n in range(8)]
+    with scheduler.exclusive():
+        assert all(job.future.done() for job in jobs)
+        late = scheduler.submit("b", "correctness", {"n": "late"})
+        time.sleep(0.1)
+        assert not late.future.done() and pool.running == 0
+    assert scheduler.wait(late).ok
+
+
+def test_warm_ups_that_compile_nothing_are_dropped(made) -> None:
+    pool = FakePool(seconds=0.01)
+    scheduler = made(pool, jobs=1)
+    compiling = [scheduler.submit("a", "speed", {"n": n, "compile_s": 1.0}, warm=True) for n in range(5)]
+    idle = [scheduler.submit("b", "speed", {"n": f"b{n}"}, warm=True) for n in range(6)]
+    replies = [scheduler.wait(job) for job in compiling + idle]
+    assert all(reply.ok for reply in replies)
+    assert [reply.message for reply in replies[:5]] == [""] * 5
+    assert [reply.message for reply in replies[5:]].count(DROPPED) == 3
+    second = scheduler.submit("b", "speed", {"n": "pinned"}, warm=True, pinned=True, after=idle[0])
+    assert scheduler.wait(second).message == DROPPED  # its first stage compiled nothing
+
+
+def test_a_sweep_stops_after_a_point_that_did_not_measure(made) -> None:
+    def behave(message: dict[str, Any], running: int) -> Reply:
+        return Reply(Status.OK, "", {"status": "oom" if message["n"] == 2 else "measured"})
+
+    pool = FakePool(behave=behave)
+    scheduler = made(pool, jobs=1)
+    jobs: list[Any] = []
+    for n in range(5):
+        jobs.append(scheduler.submit("a", "memory", {"n": n}, after=jobs[-1] if jobs else None, needs_ok=bool(jobs)))
+    statuses = [scheduler.wait(job).data.get("status") for job in jobs]
+    assert statuses == ["measured", "measured", "oom", "not run", "not run"]
+    assert scheduler.wait(jobs[3]).message == NOT_RUN
+    assert pool.order == [0, 1, 2]
+
+
+def test_a_broken_implementation_answers_at_once(made) -> None:
+    pool = FakePool()
+    pool.impls["a"] = ImplInfo("a", "fake:a", load_error="ImportError: no module")
+    scheduler = made(pool)
+    assert scheduler.wait(scheduler.submit("a", "correctness", {"n": 0})).status is Status.BROKEN
+
+
+def test_close_drops_the_queue_and_closes_the_running_workers(made) -> None:
+    pool = FakePool()
+    scheduler = made(pool, jobs=2)
+    running = [scheduler.submit("a", "correctness", {"n": n, "block": True}) for n in range(2)]
+    queued = [scheduler.submit("a", "correctness", {"n": n}) for n in range(2, 6)]
+    while pool.running < 2:
+        time.sleep(0.01)
+    started = time.monotonic()
+    scheduler.close()
+    assert time.monotonic() - started < 5
+    assert all(job.future.cancelled() for job in queued)
+    assert all(job.future.done() for job in running)
+    assert all(worker.closed for worker in pool.extras) and pool.primaries["a"].closed
+
+
+def test_the_gpu_alone_is_not_kept_waiting_by_dropped_warm_ups(made) -> None:
+    pool = FakePool(seconds=0.01)
+    scheduler = made(pool, jobs=2)
+    first = [scheduler.submit("a", "speed", {"n": n}, warm=True) for n in range(4)]
+    for job in first:
+        scheduler.submit("a", "speed", {"n": "pinned"}, warm=True, pinned=True, after=job)
+    entered = threading.Event()
+
+    def take_the_gpu() -> None:
+        with scheduler.exclusive():
+            entered.set()
+
+    threading.Thread(target=take_the_gpu, daemon=True).start()
+    assert entered.wait(5), "exclusive() waited for warm-ups that were dropped"
