@@ -2,7 +2,7 @@
 job, no more than ``jobs`` run at once, device-memory estimates decide what runs beside what, an
 out-of-memory beside another is run again alone, the GPU-alone phase waits for everything
 submitted, warm-ups that compile nothing are dropped, a sweep stops after a point that did not
-measure, and close() drops what is queued and closes what runs."""
+measure, a job remembers its worker, and close() drops what is queued and closes what runs."""
 
 from __future__ import annotations
 
@@ -173,8 +173,6 @@ def test_warm_ups_that_compile_nothing_are_dropped(made) -> None:
     assert all(reply.ok for reply in replies)
     assert [reply.message for reply in replies[:5]] == [""] * 5
     assert [reply.message for reply in replies[5:]].count(DROPPED) == 3
-    second = scheduler.submit("b", "speed", {"n": "pinned"}, warm=True, pinned=True, after=idle[0])
-    assert scheduler.wait(second).message == DROPPED  # its first stage compiled nothing
 
 
 def test_a_sweep_stops_after_a_point_that_did_not_measure(made) -> None:
@@ -217,9 +215,8 @@ def test_close_drops_the_queue_and_closes_the_running_workers(made) -> None:
 def test_the_gpu_alone_is_not_kept_waiting_by_dropped_warm_ups(made) -> None:
     pool = FakePool(seconds=0.01)
     scheduler = made(pool, jobs=2)
-    first = [scheduler.submit("a", "speed", {"n": n}, warm=True) for n in range(4)]
-    for job in first:
-        scheduler.submit("a", "speed", {"n": "pinned"}, warm=True, pinned=True, after=job)
+    for n in range(8):
+        scheduler.submit("a", "speed", {"n": n}, warm=True)
     entered = threading.Event()
 
     def take_the_gpu() -> None:
@@ -228,3 +225,13 @@ def test_the_gpu_alone_is_not_kept_waiting_by_dropped_warm_ups(made) -> None:
 
     threading.Thread(target=take_the_gpu, daemon=True).start()
     assert entered.wait(5), "exclusive() waited for warm-ups that were dropped"
+
+
+def test_a_job_remembers_the_worker_that_ran_it(made) -> None:
+    pool = FakePool()
+    scheduler = made(pool, jobs=2)
+    jobs = [scheduler.submit("a", "speed", {"n": n, "compile_s": 1.0}, warm=True) for n in range(4)]
+    for job in jobs:
+        scheduler.wait(job)
+    workers = {id(job.worker) for job in jobs}
+    assert None not in (job.worker for job in jobs) and len(workers) == 2

@@ -26,10 +26,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Iterator
 
 from pytest_attnkit.controller.ledger import Ledger
-from pytest_attnkit.controller.process import InProcessWorker, WorkerFailure, WorkerProcess
+from pytest_attnkit.controller.process import InProcessWorker, Worker, WorkerFailure, WorkerProcess, close_all
 from pytest_attnkit.records import Reply, Status
 from pytest_attnkit.registry import EntryPointRef
 
@@ -63,15 +63,6 @@ class ImplInfo:
     @property
     def origin(self) -> str:
         return self.entry_point + (f" from {self.distribution}" if self.distribution else "")
-
-
-class Worker(Protocol):
-    last_spent: dict[str, float]
-    startup_s: float
-
-    def request(self, message: dict[str, Any], timeout: float) -> Any: ...
-
-    def close(self) -> None: ...
 
 
 class WorkerPool:
@@ -186,12 +177,15 @@ class WorkerPool:
         spent = dict(worker.last_spent) or {"wall_s": time.monotonic() - started}
         return dataclasses.replace(reply, spent=spent)
 
-    def request(self, name: str, message: dict[str, Any]) -> Reply:
-        """Send a suite request to ``name``'s primary worker, with the GPU to itself."""
+    def request(self, name: str, message: dict[str, Any], *, worker: Worker | None = None) -> Reply:
+        """Send a suite request to ``name``'s primary worker (or to ``worker``, one of its
+        workers that has the case warmed up), with the GPU to itself."""
         with self._gpu_alone():
             started = time.monotonic()
             self.ledger.began()
-            reply = self.ask(self._workers[name], name, message) if name in self._workers else self.broken_reply(name)
+            if worker is None and name in self._workers:
+                worker = self._workers[name]
+            reply = self.ask(worker, name, message) if worker is not None else self.broken_reply(name)
             self.ledger.record(SUITE_OF_OP.get(message["op"], message["op"]), name, reply.spent, started,
                                time.monotonic())
         return reply
@@ -208,7 +202,6 @@ class WorkerPool:
         if self.scheduler is not None:
             self.scheduler.close()
             self.scheduler = None
-        for worker in self._workers.values():
-            worker.close()
+        close_all(list(self._workers.values()))
         self._workers.clear()
         shutil.rmtree(self.log_dir, ignore_errors=True)

@@ -28,12 +28,14 @@ The rules:
   by a neighbour is never the kernel's failure.
 - **Warm-ups only where they compile.** Once an implementation's first warm-ups compiled nothing
   (a kernel built ahead of time, a library call), its other warm-ups are dropped unrun: they
-  would only take GPU time. So is a warm-up in the primary whose first stage compiled nothing.
-- **The GPU alone.** :meth:`exclusive` is for what must have the GPU to itself (memory sweeps,
-  whose driver-level check sees every process's allocations, and speed timing): it waits until
-  everything submitted has finished, closes the idle extra workers (their CUDA contexts hold
-  memory), and starts nothing else until it ends. The pool takes it for every request it sends
-  itself (:meth:`pytest_attnkit.controller.pool.WorkerPool.request`).
+  would only take GPU time. To make room for another implementation's worker, an idle one that
+  holds no warm-up is closed first.
+- **The GPU alone.** :meth:`exclusive` is for what must have the GPU to itself (speed timing, and
+  memory sweeps where the meter sees every process's allocations): it waits until everything
+  submitted has finished, and starts nothing else until it ends. The pool takes it for every
+  request it sends itself (:meth:`pytest_attnkit.controller.pool.WorkerPool.request`). Idle
+  workers stay: a speed test is timed in the worker that warmed its case up (``Job.worker``),
+  which has its kernels compiled and loaded.
 - **Failures stay put.** A worker that crashes or misses its deadline fails the one request it
   was running; the next request on it starts a fresh process.
 - **Stopping.** :meth:`close` (the run ends: normally, after ``-x``, on Ctrl-C or SIGTERM) drops
@@ -50,13 +52,25 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator, Protocol
 
 from pytest_attnkit.controller.ledger import Ledger
+from pytest_attnkit.controller.process import Worker, close_all
 from pytest_attnkit.records import Reply, Status
 
-if TYPE_CHECKING:
-    from pytest_attnkit.controller.pool import Worker, WorkerPool
+
+class Workers(Protocol):
+    """What the scheduler asks of the pool (:class:`pytest_attnkit.controller.pool.WorkerPool`)."""
+
+    def info(self, name: str) -> Any: ...
+
+    def primary(self, name: str) -> Worker: ...
+
+    def new_worker(self, name: str) -> Worker: ...
+
+    def broken_reply(self, name: str) -> Reply: ...
+
+    def ask(self, worker: Worker, name: str, message: dict[str, Any]) -> Reply: ...
 
 #: How long smaller requests may start ahead of one that waits for device memory.
 MAX_HOLD_S = 20.0
@@ -94,8 +108,6 @@ class Job:
     seq: int
     #: A warm-up request (``warm``): nobody waits for its reply.
     warm: bool = False
-    #: Must run on the implementation's primary worker (the one that later times and sweeps).
-    pinned: bool = False
     #: Starts only once this job has ended.
     after: "Job | None" = None
     future: "Future[Reply]" = field(default_factory=Future)
@@ -110,10 +122,12 @@ class Job:
     held_since: float | None = None
     #: Runs only if ``after`` measured (a memory sweep's next point): otherwise it is not run.
     needs_ok: bool = False
+    #: The worker that ran it (a warm-up's: the one to time that case in).
+    worker: "Worker | None" = None
 
 
 class Scheduler:
-    def __init__(self, pool: "WorkerPool", *, jobs: int, budget_bytes: int | None, ledger: Ledger) -> None:
+    def __init__(self, pool: Workers, *, jobs: int, budget_bytes: int | None, ledger: Ledger) -> None:
         self.pool = pool
         self.jobs = max(1, jobs)
         self.budget_bytes = budget_bytes
@@ -121,27 +135,29 @@ class Scheduler:
         self._cond = threading.Condition()
         self._seq = itertools.count()
         self._pending: dict[str, deque[Job]] = {}
-        self._running: dict[Job, "Worker"] = {}
+        self._running: dict[Job, Worker] = {}
         self._running_bytes = 0
-        self._idle: dict[str, list["Worker"]] = {}
-        self._extras: dict[str, list["Worker"]] = {}
+        self._idle: dict[str, list[Worker]] = {}
+        self._extras: dict[str, list[Worker]] = {}
         self._paused = False
         self._closed = False
         #: Per implementation: (requests finished, seconds they took), for the work left.
         self._done: dict[str, tuple[int, float]] = {}
         #: Per implementation: (warm-ups finished, the most one of them compiled, in seconds).
         self._warmed: dict[str, tuple[int, float]] = {}
+        #: Workers that ran a warm-up: their compiled kernels are worth keeping.
+        self._warm_holders: set[Worker] = set()
         self._executor = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="attnkit-job")
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name="attnkit-scheduler", daemon=True)
         self._dispatcher_started = False
 
     # -- the pytest thread's side --------------------------------------------------------------
     def submit(self, impl: str, suite: str, message: dict[str, Any], *, gpu_bytes: int = 0, warm: bool = False,
-               pinned: bool = False, after: Job | None = None, needs_ok: bool = False) -> Job:
+               after: Job | None = None, needs_ok: bool = False) -> Job:
         """Queue ``message`` for ``impl``; its reply comes through :meth:`wait`. ``after``: start
         only once that job has ended; with ``needs_ok``, only if it measured (see :data:`NOT_RUN`)."""
         job = Job(impl, suite, {**message, "release_memory": True}, int(gpu_bytes), next(self._seq), warm=warm,
-                  pinned=pinned, after=after, needs_ok=needs_ok)
+                  after=after, needs_ok=needs_ok)
         info = self.pool.info(impl)
         if info.load_error:  # no worker to ask: the reply is the load error
             job.future.set_result(self.pool.broken_reply(impl))
@@ -178,13 +194,7 @@ class Scheduler:
             while (any(self._pending.values()) or self._running) and not self._closed:
                 self._cond.wait()
             self._paused = True
-            retired = [(impl, worker) for impl, workers in self._extras.items() for worker in workers]
-            for impl in self._extras:
-                self._idle[impl] = [worker for worker in self._idle[impl] if worker not in self._extras[impl]]
-                self._extras[impl] = []
         self.ledger.waited(time.monotonic() - started)
-        for impl, worker in retired:
-            self._retire(impl, worker)
         try:
             yield
         finally:
@@ -203,13 +213,13 @@ class Scheduler:
             self._cond.notify_all()
         for job in dropped:
             job.future.cancel()
-        for worker in running:
-            worker.close()
+        close_all(running)
         if self._dispatcher_started:
             self._dispatcher.join()
         self._executor.shutdown(wait=True)
+        close_all([worker for _, worker in extras])
         for impl, worker in extras:
-            self._retire(impl, worker)
+            self.ledger.started_worker(impl, worker.startup_s)
 
     # -- the dispatcher thread -----------------------------------------------------------------
     def _dispatch_loop(self) -> None:
@@ -253,8 +263,6 @@ class Scheduler:
         """Whether a warm-up would compile nothing (see the module docstring)."""
         if not job.warm:
             return False
-        if job.pinned and job.after is not None and job.after.future.done() and not job.after.future.cancelled():
-            return float(job.after.future.result().spent.get("compile_s", 0.0)) < WARM_COMPILE_S
         count, most = self._warmed.get(job.impl, (0, 0.0))
         return count >= WARM_EVIDENCE and most < WARM_COMPILE_S
 
@@ -301,8 +309,6 @@ class Scheduler:
     def _worker_for(self, job: Job) -> "tuple[Worker, tuple[str, Worker] | None] | None":
         primary = self.pool.primary(job.impl)
         idle = self._idle[job.impl]
-        if job.pinned:
-            return (primary, None) if primary in idle else None
         extras = [worker for worker in idle if worker is not primary]
         if extras:
             return extras[0], None
@@ -311,29 +317,31 @@ class Scheduler:
         if sum(len(workers) for workers in self._extras.values()) < self.jobs:
             return self._new_extra(job.impl), None
         # Full: close an idle extra of an implementation with nothing queued, to start one here.
-        for impl, workers in self._extras.items():
-            if impl != job.impl and not self._pending.get(impl):
-                spare = next((worker for worker in workers if worker in self._idle[impl]), None)
-                if spare is not None:
-                    workers.remove(spare)
-                    self._idle[impl].remove(spare)
-                    return self._new_extra(job.impl), (impl, spare)
+        spares = [(worker in self._warm_holders, impl, worker) for impl, workers in self._extras.items()
+                  if impl != job.impl and not self._pending.get(impl) for worker in workers
+                  if worker in self._idle[impl]]
+        if spares:
+            _, impl, spare = min(spares, key=lambda spare: spare[0])
+            self._extras[impl].remove(spare)
+            self._idle[impl].remove(spare)
+            return self._new_extra(job.impl), (impl, spare)
         return None
 
-    def _new_extra(self, impl: str) -> "Worker":
+    def _new_extra(self, impl: str) -> Worker:
         worker = self.pool.new_worker(impl)
         self._extras[impl].append(worker)
         return worker
 
     # -- a job's thread ------------------------------------------------------------------------
-    def _retire(self, impl: str, worker: "Worker") -> None:
+    def _retire(self, impl: str, worker: Worker) -> None:
         worker.close()
         self.ledger.started_worker(impl, worker.startup_s)
 
-    def _run(self, job: Job, worker: "Worker", retire: "tuple[str, Worker] | None") -> None:
+    def _run(self, job: Job, worker: Worker, retire: "tuple[str, Worker] | None") -> None:
         if retire is not None:
             self._retire(*retire)
         started = time.monotonic()
+        job.worker = worker
         reply = Reply(Status.CRASHED, "the request was not sent")
         try:
             reply = self.pool.ask(worker, job.impl, job.message)
@@ -348,7 +356,8 @@ class Scheduler:
             self._running_bytes -= job.gpu_bytes
             count, seconds = self._done.get(job.impl, (0, 0.0))
             self._done[job.impl] = (count + 1, seconds + (ended - started))
-            if job.warm and not job.pinned:
+            if job.warm:
+                self._warm_holders.add(worker)
                 count, most = self._warmed.get(job.impl, (0, 0.0))
                 self._warmed[job.impl] = (count + 1, max(most, float(reply.spent.get("compile_s", 0.0))))
             if worker in self._extras.get(job.impl, ()) or worker is self.pool.primary(job.impl):

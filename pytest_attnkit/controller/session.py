@@ -349,9 +349,10 @@ class AttnkitSession:
 
     def submit_ahead(self, items: list[pytest.Item]) -> None:
         """Submit the selected tests' requests to the scheduler, in pytest's order: each correctness
-        test's check, then a warm-up of every memory and speed case (compiled now, while the GPU
-        has other work, and again in the primary worker that will measure it, which then finds
-        it in the disk caches). A warm-up estimated to need the GPU alone is left to the test."""
+        test's check; each memory sweep where each worker meters its own memory (else a warm-up
+        of its points); a warm-up of every speed case, compiled now while the GPU has other work,
+        in the worker that later times it. A warm-up estimated to need the GPU alone is left to
+        the test."""
         scheduler = self.pool.scheduler
         if scheduler is None or self.correctness is None:
             return
@@ -380,17 +381,15 @@ class AttnkitSession:
                     warm_ups += [("memory", impl, sweep.case(n), backward) for n in sweep.seqlens]
             elif suite == "speed" and self.speed is not None and impl not in self.twin_names:
                 warm_ups.append(("speed", impl, case, backward))
-        first_stage = {}
         for suite, impl, case, backward in dict.fromkeys(warm_ups):
             estimate = footprint.request_bytes(case, backward=backward, references=False,
                                                linear_memory=self._linear_memory(impl))
             if scheduler.budget_bytes is not None and estimate > scheduler.budget_bytes:
                 continue
             message = {"op": "warm", "case": case.to_dict(), "backward": backward, "seed": self.settings.seed}
-            first_stage[(suite, impl, case, backward)] = (scheduler.submit(impl, suite, message, gpu_bytes=estimate,
-                                                                           warm=True), message, estimate)
-        for (suite, impl, _, _), (job, message, estimate) in first_stage.items():
-            scheduler.submit(impl, suite, message, gpu_bytes=estimate, warm=True, pinned=True, after=job)
+            job = scheduler.submit(impl, suite, message, gpu_bytes=estimate, warm=True)
+            if suite == "speed" and self.speed is not None:
+                self.speed.warm_ups[EntryKey(impl, "backward" if backward else "forward", case.id)] = job
 
     # -- the run's record -------------------------------------------------------------------
     def count_collected(self, items: list[pytest.Item]) -> None:

@@ -35,8 +35,9 @@ from pytest_attnkit.controller.gate import Decision, decide, machine_factor, noi
 from pytest_attnkit.controller.outcome import Outcomes
 from pytest_attnkit.controller.paired import MIN_PAIRS, PairedDecision, decide_paired
 from pytest_attnkit.controller.pool import WorkerPool
-from pytest_attnkit.records import EntryKey, Reply, SpeedMeasurement, Status, Timing
 from pytest_attnkit.controller.process import WorkerFailure
+from pytest_attnkit.controller.scheduler import Job
+from pytest_attnkit.records import EntryKey, Reply, SpeedMeasurement, Status, Timing
 
 CONFIRMATION_ROUNDS = 2
 #: A call is suspected of escaping the timed stream when, after issuing it, the host waits for the
@@ -147,6 +148,9 @@ class SpeedCheck:
     ab: dict[EntryKey, ABResult] = field(default_factory=dict)
     #: The A/B gate's threshold per case (None: ``threshold``'s).
     ab_threshold: Callable[[EntryKey], float] | None = None
+    #: The warm-up of each case (the scheduler's), whose worker then times it: its kernels are
+    #: compiled and loaded there already.
+    warm_ups: dict[EntryKey, Job] = field(default_factory=dict)
     _measured: dict[EntryKey, SpeedMeasurement] = field(default_factory=dict)
     _refused: dict[EntryKey, Reply] = field(default_factory=dict)
     _ceilings_asked: bool = False
@@ -168,9 +172,19 @@ class SpeedCheck:
         self.outcomes.settle(reply, impl=impl, where=f"{case.id} ({mode})", origin=self.pool.info(impl).origin)
         return self._to_measurement(impl, mode, case, reply)
 
+    def _where(self, impl: str, mode: str, case: Case) -> dict[str, Any]:
+        """The worker that warmed this case up, where it did and is still there; else the primary."""
+        job = self.warm_ups.get(EntryKey(impl, mode, case.id))
+        if job is None or not job.future.done() or job.future.cancelled() or job.worker is None:
+            return {}
+        if not job.future.result().ok or getattr(job.worker, "closed", False):
+            return {}
+        return {"worker": job.worker}
+
     def _request(self, impl: str, mode: str, case: Case) -> Reply:
         return self.pool.request(impl, {"op": "speed", "case": case.to_dict(), "mode": mode,
-                                        "seed": self.settings.seed, "budget_ms": self.settings.budget_ms})
+                                        "seed": self.settings.seed, "budget_ms": self.settings.budget_ms},
+                                 **self._where(impl, mode, case))
 
     @staticmethod
     def _to_measurement(impl: str, mode: str, case: Case, reply: Reply) -> SpeedMeasurement:
@@ -196,7 +210,8 @@ class SpeedCheck:
 
     def _block(self, impl: str, mode: str, case: Case, samples: int) -> Reply:
         return self.pool.request(impl, {"op": "speed", "case": case.to_dict(), "mode": mode, "samples": samples,
-                                        "seed": self.settings.seed, "budget_ms": self.settings.budget_ms})
+                                        "seed": self.settings.seed, "budget_ms": self.settings.budget_ms},
+                                 **self._where(impl, mode, case))
 
     def _measure_pair(self, impl: str, twin: str, mode: str, case: Case) -> None:
         """Time ``impl`` and REV's ``twin`` on one case in alternating blocks (see the module docstring).
