@@ -235,3 +235,19 @@ def test_a_job_remembers_the_worker_that_ran_it(made) -> None:
         scheduler.wait(job)
     workers = {id(job.worker) for job in jobs}
     assert None not in (job.worker for job in jobs) and len(workers) == 2
+
+
+def test_a_job_waiting_for_another_does_not_hold_up_the_ones_behind_it(made) -> None:
+    pool = FakePool(seconds=0.1)
+    scheduler = made(pool, jobs=4)
+    sweeps = []
+    for sweep in range(3):  # three chains of three: the chains run side by side
+        chain: list[Any] = []
+        for point in range(3):
+            chain.append(scheduler.submit("a", "memory", {"n": (sweep, point)}, after=chain[-1] if chain else None,
+                                          needs_ok=bool(chain)))
+        sweeps.append(chain)
+    for chain in sweeps:
+        for job in chain:
+            scheduler.wait(job)
+    assert pool.most == 3

@@ -15,7 +15,8 @@ The rules:
   as its requests need them, at most ``jobs`` beyond the primaries in all: to start one for an
   implementation that has work, an idle one of another is closed.
 - **Order.** Each implementation's requests start in the order they were submitted (pytest's
-  order). A free slot goes to the implementation with the most work left per running request:
+  order), skipping those that wait for another to end (a memory sweep's next point waits for
+  the point before; its other sweeps and requests go ahead meanwhile). A free slot goes to the implementation with the most work left per running request:
   its queued requests times the mean time its requests took so far (the mean over all until it
   has one). So the run ends when the slowest implementation ends, not long after the others:
   a compiled kernel that takes seconds per case gets most of the slots, one that takes
@@ -235,7 +236,7 @@ class Scheduler:
                 job.shared = job.shared or bool(self._running)
                 self._running[job] = worker
                 self._running_bytes += job.gpu_bytes
-                self._pending[job.impl].popleft()
+                self._pending[job.impl].remove(job)
                 self._idle[job.impl] = [idle for idle in self._idle[job.impl] if idle is not worker]
             self.ledger.began()
             self._executor.submit(self._run, job, worker, retire)
@@ -277,20 +278,28 @@ class Scheduler:
         return before.status is not Status.OK or before.data.get("status", "measured") != "measured"
 
     def _drop_pointless(self) -> None:
+        """Settle, unrun, the warm-ups that would compile nothing and the points of a stopped
+        sweep (each dropped point stops the next)."""
         for queue in self._pending.values():
-            while queue and (self._pointless(queue[0]) or self._stopped(queue[0])):
-                job = queue.popleft()
-                stopped = self._stopped(job)
-                job.future.set_result(Reply(Status.OK, NOT_RUN if stopped else DROPPED,
-                                            {"status": "not run"} if stopped else {}))
+            while dropped := [job for job in queue if self._pointless(job) or self._stopped(job)]:
+                for job in dropped:
+                    queue.remove(job)
+                    stopped = self._stopped(job)
+                    job.future.set_result(Reply(Status.OK, NOT_RUN if stopped else DROPPED,
+                                                {"status": "not run"} if stopped else {}))
                 self._cond.notify_all()  # exclusive() may be waiting for the queue to empty
+
+    @staticmethod
+    def _first_ready(queue: deque[Job]) -> Job | None:
+        """The first job of an implementation's queue that waits for no other."""
+        return next((job for job in queue if job.after is None or job.after.future.done()), None)
 
     def _next(self) -> "tuple[Job, Worker, tuple[str, Worker] | None] | None":
         """The job to start now, its worker and an idle worker to close first to make room; or None."""
         if self._paused or len(self._running) >= self.jobs:
             return None
         self._drop_pointless()
-        heads = [queue[0] for queue in self._pending.values() if queue]
+        heads = [job for queue in self._pending.values() if (job := self._first_ready(queue)) is not None]
         if not heads:
             return None
         earliest = min(heads, key=lambda job: job.seq)
@@ -299,7 +308,7 @@ class Scheduler:
             if time.monotonic() - earliest.held_since > MAX_HOLD_S:
                 return None  # it has waited long enough: nothing else starts until it has room
         running = {impl: sum(job.impl == impl for job in self._running) for impl in self._pending}
-        ready = [job for job in heads if self._fits(job) and (job.after is None or job.after.future.done())]
+        ready = [job for job in heads if self._fits(job)]
         for job in sorted(ready, key=lambda job: (-self._work_left(job.impl, running), job.seq)):
             placed = self._worker_for(job)
             if placed is not None:

@@ -85,6 +85,8 @@ class WarmedCall:
         self.fn, self.device, self.prepare = fn, device, prepare
         self.warmup_ms, self.first_call_ms, self.long_call, self.last_ms = warmup_ms, first_call_ms, long_call, last_ms
         self.launch_ms: float | None = None
+        #: The host's time to issue the warm-up's last call (before waiting for it).
+        self.last_launch_ms: float | None = None
         self.wall_ms: float | None = None
         self.wait_ms: float | None = None
         self.hold = 0.0
@@ -93,7 +95,12 @@ class WarmedCall:
         self._estimate_ms: float | None = None
 
     def _setup_cuda(self, hold_stream: bool) -> None:
-        launch, wall = _time_synchronized(self.fn, 1 if self.long_call else 5, self.prepare)
+        if self.long_call and self.last_launch_ms is not None and self.last_ms is not None:
+            # The warm-up's last call was issued and waited for as _time_synchronized does: a
+            # call of a second or more is not run once more only to read the same two figures.
+            launch, wall = [self.last_launch_ms], [self.last_ms]
+        else:
+            launch, wall = _time_synchronized(self.fn, 1 if self.long_call else 5, self.prepare)
         self.launch_ms = statistics.median(launch)
         self.wall_ms = statistics.median(wall)
         self.wait_ms = statistics.median(w - l for w, l in zip(wall, launch))
@@ -150,13 +157,14 @@ def warm_up(fn: Callable[[], Any], device: str, *, warmup: int = 3, long_call_ms
     fn()  # the first call: compilation, autotuning, allocations
     synchronize()
     first_call_ms = (time.perf_counter() - call_started) * 1e3
-    last_ms = None  # the latest warm call's host time
+    last_ms = last_launch_ms = None  # the latest warm call's host time, to issue it and until it ended
     for _ in range(warmup - 1):
         if prepare is not None:
             prepare()
             synchronize()
         call_started = time.perf_counter()
         fn()
+        last_launch_ms = (time.perf_counter() - call_started) * 1e3
         synchronize()
         last_ms = (time.perf_counter() - call_started) * 1e3
         if last_ms > long_call_ms:
@@ -165,6 +173,7 @@ def warm_up(fn: Callable[[], Any], device: str, *, warmup: int = 3, long_call_ms
     long_call = last_ms is not None and last_ms > long_call_ms
     warmed = WarmedCall(fn, device, prepare, warmup_ms=warmup_ms, first_call_ms=first_call_ms, long_call=long_call,
                         last_ms=last_ms)
+    warmed.last_launch_ms = last_launch_ms
     if device == "cuda":
         warmed._setup_cuda(hold_stream)
     return warmed
