@@ -185,6 +185,9 @@ class WorkerPool:
             self.ledger.began()
             if worker is None and name in self._workers:
                 worker = self._workers[name]
+            if self.scheduler is not None:
+                # Other workers share the GPU: what this request cached must not crowd out the next.
+                message = {**message, "release_memory": True}
             reply = self.ask(worker, name, message) if worker is not None else self.broken_reply(name)
             self.ledger.record(SUITE_OF_OP.get(message["op"], message["op"]), name, reply.spent, started,
                                time.monotonic())

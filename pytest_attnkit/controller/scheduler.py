@@ -27,9 +27,9 @@ The rules:
   nothing new starts until it has its room. A request that runs out of device memory while
   another ran beside it is run again alone, and only that reply counts: an out-of-memory caused
   by a neighbour is never the kernel's failure.
-- **Warm-ups only where they compile.** Once an implementation's first warm-ups compiled nothing
-  (a kernel built ahead of time, a library call), its other warm-ups are dropped unrun: they
-  would only take GPU time. To make room for another implementation's worker, an idle one that
+- **Warm-ups only where they compile.** Once an implementation's requests so far (its
+  correctness cases come first) compiled nothing (a kernel built ahead of time, a library call,
+  kernels all in the disk cache), its warm-ups are dropped unrun: they would only take GPU time. To make room for another implementation's worker, an idle one that
   holds no warm-up is closed first.
 - **The GPU alone.** :meth:`exclusive` is for what must have the GPU to itself (speed timing, and
   memory sweeps where the meter sees every process's allocations): it waits until everything
@@ -75,8 +75,8 @@ class Workers(Protocol):
 
 #: How long smaller requests may start ahead of one that waits for device memory.
 MAX_HOLD_S = 20.0
-#: Warm-ups of an implementation that compiled less than this, each, are not worth their GPU time
-#: once this many have shown it.
+#: Warm-ups of an implementation whose requests compiled less than this, each, are not worth
+#: their GPU time once this many requests have shown it.
 WARM_COMPILE_S = 0.05
 WARM_EVIDENCE = 3
 #: What a dropped warm-up replies.
@@ -144,8 +144,8 @@ class Scheduler:
         self._closed = False
         #: Per implementation: (requests finished, seconds they took), for the work left.
         self._done: dict[str, tuple[int, float]] = {}
-        #: Per implementation: (warm-ups finished, the most one of them compiled, in seconds).
-        self._warmed: dict[str, tuple[int, float]] = {}
+        #: Per implementation: (requests finished, the most one of them compiled, in seconds).
+        self._compiled: dict[str, tuple[int, float]] = {}
         #: Workers that ran a warm-up: their compiled kernels are worth keeping.
         self._warm_holders: set[Worker] = set()
         self._executor = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="attnkit-job")
@@ -264,7 +264,7 @@ class Scheduler:
         """Whether a warm-up would compile nothing (see the module docstring)."""
         if not job.warm:
             return False
-        count, most = self._warmed.get(job.impl, (0, 0.0))
+        count, most = self._compiled.get(job.impl, (0, 0.0))
         return count >= WARM_EVIDENCE and most < WARM_COMPILE_S
 
     @staticmethod
@@ -367,8 +367,8 @@ class Scheduler:
             self._done[job.impl] = (count + 1, seconds + (ended - started))
             if job.warm:
                 self._warm_holders.add(worker)
-                count, most = self._warmed.get(job.impl, (0, 0.0))
-                self._warmed[job.impl] = (count + 1, max(most, float(reply.spent.get("compile_s", 0.0))))
+            count, most = self._compiled.get(job.impl, (0, 0.0))
+            self._compiled[job.impl] = (count + 1, max(most, float(reply.spent.get("compile_s", 0.0))))
             if worker in self._extras.get(job.impl, ()) or worker is self.pool.primary(job.impl):
                 self._idle[job.impl].append(worker)
             if retry and not self._closed:

@@ -141,12 +141,18 @@ def release_device_memory() -> None:
     """Free what a measurement left behind (an out-of-memory traceback holds its frames' tensors
     until it is dropped, which is why this runs after :func:`measure_point` returns)."""
     import gc
+    import sys
 
     import torch
 
     gc.collect()
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
+    if "cupy" in sys.modules:  # CuPy's own pools, where an implementation allocated through them
+        import cupy
+
+        cupy.get_default_memory_pool().free_all_blocks()
+        cupy.get_default_pinned_memory_pool().free_all_blocks()
 
 
 def measure_point(impl: AttentionImpl, case: Case, *, backward: bool, seed: int) -> MemoryPoint:
