@@ -254,3 +254,28 @@ def test_a_job_waiting_for_another_does_not_hold_up_the_ones_behind_it(made) -> 
         for job in chain:
             scheduler.wait(job)
     assert pool.most == 3
+
+
+def test_a_request_that_needs_the_gpu_alone_gets_it_and_the_rest_go_on_beside_it_before_and_after(
+        made, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The earliest request is too big to share the GPU: smaller ones go ahead for at most
+    # MAX_HOLD_S, then the GPU drains, it runs alone, and the others resume side by side. (Once,
+    # the drained GPU went to another request each time, and the big one waited for ever while
+    # everything else ran one at a time.)
+    monkeypatch.setattr("pytest_attnkit.controller.scheduler.MAX_HOLD_S", 0.2)
+    pool = FakePool(seconds=0.05)
+    scheduler = made(pool, jobs=4, budget_bytes=100)
+    busy = [scheduler.submit("b", "correctness", {"n": f"b{n}", "block": True}) for n in range(2)]
+    while pool.running < 2:
+        time.sleep(0.01)
+    big = scheduler.submit("a", "memory", {"n": "big"}, gpu_bytes=1000)
+    later_a = [scheduler.submit("a", "correctness", {"n": f"a{n}"}) for n in range(3)]
+    later_b = [scheduler.submit("b", "correctness", {"n": f"b{n + 2}"}) for n in range(20)]
+    time.sleep(0.5)
+    assert not big.future.done()
+    pool.release.set()  # the two that held the GPU end
+    assert scheduler.wait(big).ok
+    for job in later_a + later_b + busy:
+        assert scheduler.wait(job).ok
+    assert pool.order.index("big") < pool.order.index("a0")
+    assert pool.order.index("big") < pool.order.index("b10")  # not after everything else

@@ -77,19 +77,9 @@ def _needs_triton(fn: Callable[..., Any]) -> Callable[..., Any]:
     return unavailable
 
 
-#: Integer arguments that stay plain runtime values. Triton otherwise specializes every integer
-#: argument on whether it is 1 and whether it divides by 16, and compiles the kernel again for
-#: each combination: lengths, head counts, GQA groups, window sides and the strides that follow
-#: from the length (the LSE's, the block table's) multiplied the compilations of a correctness
-#: run by about two without speeding any of them up: none of these reaches a vectorized load
-#: along the head dimension (NOTES.md: compilation). The strides of q, k, v, o and their
-#: gradients keep their specialization, which does (16-byte loads need to know the alignment).
-RUNTIME_INTS = ("H_Q", "H_KV", "N_Q", "N_K", "GROUP", "left", "right", "keys_per_split", "num_splits",
-                "stride_lb", "stride_lh", "stride_tb")
-
 # Without triton the kernels below become stubs that raise when called; their `tl.constexpr`
 # annotations are plain strings (postponed evaluation), so defining them needs no triton.
-_kernel = triton.jit(do_not_specialize=RUNTIME_INTS) if triton is not None else _needs_triton
+_kernel = triton.jit if triton is not None else _needs_triton
 
 
 

@@ -307,6 +307,9 @@ class Scheduler:
             earliest.held_since = earliest.held_since or time.monotonic()
             if time.monotonic() - earliest.held_since > MAX_HOLD_S:
                 return None  # it has waited long enough: nothing else starts until it has room
+        elif earliest.held_since is not None:
+            placed = self._worker_for(earliest)  # its room has come: it goes first
+            return (earliest, *placed) if placed is not None else None
         running = {impl: sum(job.impl == impl for job in self._running) for impl in self._pending}
         ready = [job for job in heads if self._fits(job)]
         for job in sorted(ready, key=lambda job: (-self._work_left(job.impl, running), job.seq)):

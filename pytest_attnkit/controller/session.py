@@ -357,10 +357,7 @@ class AttnkitSession:
         if scheduler is None or self.correctness is None:
             return
         warm_ups: list[tuple[str, str, Case, bool]] = []
-        # Memory sweeps first: each is a chain of points, one after another, so they start early
-        # and the correctness cases fill the slots beside them.
-        memory_first = sorted(items, key=lambda item: self.suite_of(item) != "memory")
-        for item in memory_first:
+        for item in items:
             question = self._item_question(item)
             if question is None or item.get_closest_marker("skip") is not None:
                 continue
