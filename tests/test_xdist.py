@@ -37,3 +37,34 @@ def test_the_summary_and_the_report_combine_every_xdist_worker(pytester: pytest.
     document = json.loads((pytester.path / "out" / "attnkit-report.json").read_text())
     ran = sorted(test["outcome"] for test in document["tests"] if test["outcome"] != "skipped")
     assert ran == ["failed", "failed", "passed", "passed"]
+
+
+def test_the_controller_deals_every_test_to_one_worker_by_implementation_and_function() -> None:
+    from pytest_attnkit.controller.xdist import dealt
+
+    nodeids = [f"s.py::test_forward[{impl}-b1-h2-q{n}-k{n}-d64-fp16]" for impl in ("a", "b-c") for n in range(5)]
+    nodeids += ["s.py::test_memory_forward[a]", "s.py::test_memory_forward[b-c]"]
+    workers = dealt(nodeids, 2)
+    assert len(workers) == len(nodeids) and set(workers) == {0, 1}
+    for impl in ("a", "b-c"):  # each implementation's cases alternate between the two workers
+        mine = [worker for nodeid, worker in zip(nodeids, workers) if f"[{impl}-b1" in nodeid]
+        assert sorted(mine) in ([0, 0, 0, 1, 1], [0, 0, 1, 1, 1])
+    assert dealt(nodeids, 2) == workers  # the same on every side
+
+
+def test_each_xdist_worker_runs_the_requests_of_its_own_tests_ahead(pytester: pytest.Pytester, fake_dist,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    root = fake_dist({"good": fake("good")})
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+    result = pytester.runpytest_subprocess("--attnkit", "--attnkit-impl=good", "--attnkit-suite=correctness",
+                                           "-n", "2", "--attnkit-jobs=2", "--attnkit-report=out",
+                                           "-k", "test_forward and (q1- or q17- or q113-)")
+    document = json.loads((pytester.path / "out" / "attnkit-report.json").read_text())
+    ran = [test for test in document["tests"] if test["outcome"] != "skipped"]
+    assert ran and all(test["outcome"] == "passed" for test in ran)
+    [row] = [row for row in document["time"]["rows"] if row["suite"] == "correctness"]
+    assert row["requests"] == len(ran)  # each once, on the worker that ran the test, none twice
+    assert document["time"]["xdist_workers"] == 2
+    result.stdout.fnmatch_lines(["*attnkit time: where it went*"])

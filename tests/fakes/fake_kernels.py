@@ -8,6 +8,9 @@ import torch
 from pytest_attnkit import AttentionImpl
 from pytest_attnkit.oracle import attention_math
 
+if os.environ.get("ATTNKIT_TEST_PIDS"):  # each worker that imports this says so, for "no worker left behind"
+    open(os.path.join(os.environ["ATTNKIT_TEST_PIDS"], str(os.getpid())), "w").close()
+
 
 def good(q, k, v, *, causal=False, scale=None):
     """Plain attention computed in float32: correct within the rule for every case."""
@@ -121,6 +124,27 @@ def aborts(q, k, v, *, causal=False, scale=None):
 
 def hangs(q, k, v, *, causal=False, scale=None):
     time.sleep(3600)
+
+
+def wrong_on_113(q, k, v, *, causal=False, scale=None):
+    """Right, except on 113 query rows, where the output is 10% too large."""
+    out = good(q, k, v, causal=causal, scale=scale)
+    return out * 1.1 if q.shape[-2] == 113 else out
+
+
+def segfault_on_113(q, k, v, *, causal=False, scale=None):
+    """Right, except that it kills its worker on 113 query rows."""
+    if q.shape[-2] == 113:
+        ctypes.string_at(0)
+    return good(q, k, v, causal=causal, scale=scale)
+
+
+def slow_but_wrong_on_1(q, k, v, *, causal=False, scale=None):
+    """Wrong at once on a single query row; right after ATTNKIT_TEST_SLEEP seconds otherwise."""
+    if q.shape[-2] == 1:
+        return good(q, k, v, causal=causal, scale=scale) + 1.0
+    time.sleep(float(os.environ.get("ATTNKIT_TEST_SLEEP", "2")))
+    return good(q, k, v, causal=causal, scale=scale)
 
 
 class HeadDim64Only(AttentionImpl):
