@@ -279,3 +279,20 @@ def test_a_request_that_needs_the_gpu_alone_gets_it_and_the_rest_go_on_beside_it
         assert scheduler.wait(job).ok
     assert pool.order.index("big") < pool.order.index("a0")
     assert pool.order.index("big") < pool.order.index("b10")  # not after everything else
+
+
+def test_a_sweep_runs_in_one_worker_point_after_point(made) -> None:
+    pool = FakePool(behave=lambda message, running: Reply(Status.OK, "", {"status": "measured"}), seconds=0.02)
+    scheduler = made(pool, jobs=4)
+    sweeps = []
+    for sweep in range(3):
+        chain: list[Any] = []
+        for point in range(4):
+            chain.append(scheduler.submit("a", "memory", {"n": (sweep, point)}, after=chain[-1] if chain else None,
+                                          needs_ok=bool(chain)))
+        sweeps.append(chain)
+    fillers = [scheduler.submit("a", "correctness", {"n": n}) for n in range(12)]
+    for job in fillers + [job for chain in sweeps for job in chain]:
+        scheduler.wait(job)
+    for chain in sweeps:
+        assert len({id(job.worker) for job in chain}) == 1

@@ -121,7 +121,9 @@ class Job:
     first_oom: Reply | None = None
     #: Since when it has waited at the head of the queue for device memory (None: not waiting).
     held_since: float | None = None
-    #: Runs only if ``after`` measured (a memory sweep's next point): otherwise it is not run.
+    #: Runs only if ``after`` measured (a memory sweep's next point): otherwise it is not run; and
+    #: in the worker that ran ``after``, so that a sweep is measured in one process, point after
+    #: point, as when each test sent its own requests.
     needs_ok: bool = False
     #: The worker that ran it (a warm-up's: the one to time that case in).
     worker: "Worker | None" = None
@@ -321,6 +323,12 @@ class Scheduler:
     def _worker_for(self, job: Job) -> "tuple[Worker, tuple[str, Worker] | None] | None":
         primary = self.pool.primary(job.impl)
         idle = self._idle[job.impl]
+        if job.needs_ok and job.after is not None and job.after.worker is not None:
+            before = job.after.worker
+            if before in idle:
+                return before, None
+            if before in self._extras[job.impl] or before is primary:
+                return None  # busy: the point waits for its sweep's worker
         extras = [worker for worker in idle if worker is not primary]
         if extras:
             return extras[0], None
