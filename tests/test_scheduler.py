@@ -282,17 +282,12 @@ def test_a_request_that_needs_the_gpu_alone_gets_it_and_the_rest_go_on_beside_it
 
 
 def test_a_sweep_runs_in_one_worker_point_after_point(made) -> None:
-    pool = FakePool(behave=lambda message, running: Reply(Status.OK, "", {"status": "measured"}), seconds=0.02)
-    scheduler = made(pool, jobs=4)
-    sweeps = []
-    for sweep in range(3):
-        chain: list[Any] = []
-        for point in range(4):
-            chain.append(scheduler.submit("a", "memory", {"n": (sweep, point)}, after=chain[-1] if chain else None,
-                                          needs_ok=bool(chain)))
-        sweeps.append(chain)
-    fillers = [scheduler.submit("a", "correctness", {"n": n}) for n in range(12)]
-    for job in fillers + [job for chain in sweeps for job in chain]:
+    pool = FakePool(behave=lambda message, running: Reply(Status.OK, "", {"status": "measured"}))
+    scheduler = made(pool, jobs=2)
+    first = scheduler.submit("a", "memory", {"n": "p0", "seconds": 0.3})  # on the primary
+    filler = scheduler.submit("a", "correctness", {"n": "filler", "seconds": 0.01})  # on a new worker, idle first
+    second = scheduler.submit("a", "memory", {"n": "p1"}, after=first, needs_ok=True)
+    for job in (first, filler, second):
         scheduler.wait(job)
-    for chain in sweeps:
-        assert len({id(job.worker) for job in chain}) == 1
+    assert filler.worker is not first.worker
+    assert second.worker is first.worker
