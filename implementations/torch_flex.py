@@ -120,8 +120,30 @@ def _visibility_mask_mod(offset: int, causal: bool, window: tuple[int, int] | No
     return mask_mod
 
 
+def _compiling() -> bool:
+    """Whether this call is being traced by an enclosing ``torch.compile`` (a model compiled with
+    fullgraph=True that calls this implementation)."""
+    import torch
+
+    return bool(torch.compiler.is_compiling())
+
+
+def _flex_attention() -> Callable[..., Any]:
+    """FlexAttention as this call should take it: compiled once per process, or, inside a model
+    being compiled, the plain function, which the enclosing compilation compiles with the model
+    (a lock or a cache lookup there would break its graph)."""
+    if _compiling():
+        from torch.nn.attention.flex_attention import flex_attention
+
+        return flex_attention
+    return compiled_flex_attention()
+
+
 def _cached(cache: "OrderedDict[Any, Any]", key: Any, build: Callable[[], Any]) -> Any:
-    """``cache[key]``, built on a miss; the least recently used entry goes past BLOCK_MASK_CACHE_SIZE."""
+    """``cache[key]``, built on a miss; the least recently used entry goes past BLOCK_MASK_CACHE_SIZE.
+    Inside a model being compiled it is always built: the compiled graph holds it."""
+    if _compiling():
+        return build()
     with _lock:
         if key in cache:
             cache.move_to_end(key)
@@ -199,7 +221,7 @@ def flex_attention_contract(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tens
     offset = seqlen_k - seqlen_q
     score_mod = _score_mod(lambda q_idx, kv_idx: q_idx + offset - kv_idx, softcap, alibi_slopes)
     need_lse = return_lse or sinks is not None
-    result = compiled_flex_attention()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+    result = _flex_attention()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
                                        enable_gqa=q.shape[1] != k.shape[1], **(_lse_request() if need_lse else {}))
     if not need_lse:
         return result
@@ -300,15 +322,16 @@ def _layout_and_block_mask(q: "torch.Tensor", k: "torch.Tensor", layout: dict[st
     """The layout's metadata and block mask, cached by value (the lengths and the block table, read
     back on every call: a tensor written in place, as serving engines do to a block table, must
     not find the mask of its old values)."""
-    key = (tuple((name, tuple(value.flatten().tolist())) for name, value in sorted(layout.items())),
-           q.shape, k.shape, str(q.device), causal, window)
-
     def build() -> tuple[_Layout, Any]:
         from torch.nn.attention.flex_attention import create_block_mask
 
         packed = _packed_layout(q, k, layout)
         return packed, create_block_mask(packed.mask_mod(causal, window), None, None, rows_q, rows_k, device=q.device)
 
+    if _compiling():
+        return build()  # the key would read the tensors back on the host: no graph holds that
+    key = (tuple((name, tuple(value.flatten().tolist())) for name, value in sorted(layout.items())),
+           q.shape, k.shape, str(q.device), causal, window)
     return _cached(_layouts, key, build)
 
 
@@ -333,7 +356,7 @@ def flex_attention_packed(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor
     packed, block_mask = _layout_and_block_mask(q, k, layout, causal, window, rows_q, k_rows.shape[0])
     score_mod = _score_mod(packed.distance, softcap, alibi_slopes)
     need_lse = return_lse or sinks is not None
-    result = compiled_flex_attention()(
+    result = _flex_attention()(
         q_rows.transpose(0, 1)[None], k_rows.transpose(0, 1)[None], v_rows.transpose(0, 1)[None],
         score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=q.shape[-2] != k.shape[-2],
         **(_lse_request() if need_lse else {}))

@@ -292,6 +292,40 @@ def memory_layout_sweep(profile: str, layout: str) -> MemorySweep:
     return replace(memory_sweep(profile), layout=layout)
 
 
+def property_cases(profile: str) -> list[Case]:
+    """The properties suite's cases (determinism, batch invariance, CUDA graphs, torch.compile):
+    a few small ones, each in a batch of several sequences of different lengths, so that a batch's
+    composition can change. On a GPU: a causal GQA prefill, decode against a long cache (the case
+    where split heuristics follow the batch), packed sequences and a paged decode; on the CPU, a
+    prefill and packed sequences."""
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r} (known: {', '.join(PROFILES)})")
+    if profile == "smoke":
+        return [Case(3, 4, 2, 65, 65, 64, "float16", causal=True),
+                Case.packed((65, 17, 1), (65, 30, 3), 4, 2, 64, "float16", causal=True)]
+    return [
+        Case(4, 8, 2, 1000, 1000, 128, "bfloat16", causal=True),
+        Case(8, 32, 8, 1, 4096, 128, "bfloat16"),
+        Case.packed((1024, 17, 300, 1), (1024, 30, 300, 64), 8, 2, 128, "bfloat16", causal=True),
+        Case.paged(1, (4096, 1000, 17, 8191), 64, 32, 8, 128, "bfloat16"),
+    ]
+
+
+def sanitize_cases(profile: str) -> list[Case]:
+    """The sanitize suite's cases: few and small (a kernel under compute-sanitizer runs tens of
+    times slower), each with edges where a read goes astray: odd lengths and ragged tiles, more
+    queries than keys, GQA, a sliding window, packed sequences of zero, one and odd lengths, and a
+    paged cache with odd lengths and a page that is partly used."""
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r} (known: {', '.join(PROFILES)})")
+    return [
+        Case(2, 4, 2, 113, 203, 64, "float16", causal=True),
+        Case(1, 4, 4, 203, 113, 128, "bfloat16", causal=True, window=(32, 0)),
+        Case.packed((0, 17, 113, 1, 40), (0, 17, 113, 1, 40), 4, 2, 64, "float16", causal=True),
+        Case.paged(1, (300, 17, 1, 64), 16, 4, 1, 64, "float16"),
+    ]
+
+
 #: The memory suite's sweeps by name: each memory test names its own (``attnkit_sweep``).
 MEMORY_SWEEPS: tuple[str, ...] = ("dense", "window", "varlen", "paged")
 

@@ -453,6 +453,32 @@ class AttentionImpl:
     supports_paged_kv: ClassVar[bool] = False
     page_sizes: ClassVar[Collection[int] | None] = None
     supports_paged_kv_backward: ClassVar[bool] = False
+    #: Behaviour the properties suite holds the implementation to (pytest_attnkit/worker/
+    #: properties.py); what is not declared is still checked, and reported without failing.
+    #: The same inputs give bitwise the same tensors run after run: True (forward and backward),
+    #: "forward", "backward", or False.
+    deterministic: ClassVar["bool | str"] = False
+    #: Each sequence's result has the same bits alone and inside batches of other sizes and orders.
+    batch_invariant: ClassVar[bool] = False
+    #: A call can be captured in a CUDA graph and replayed on new inputs copied into its buffers
+    #: (no host sync, no allocation outside torch's allocator during the call).
+    supports_cuda_graphs: ClassVar[bool] = False
+    #: The call runs inside ``torch.compile(fullgraph=True)`` with no graph break.
+    supports_torch_compile: ClassVar[bool] = False
+    #: The torch custom op the forward goes through ("mylib::attention"), checked with
+    #: ``torch.library.opcheck``; None when the forward is not one.
+    custom_op: ClassVar[str | None] = None
+
+    def deterministic_directions(self) -> tuple[str, ...]:
+        """The directions :attr:`deterministic` declares: ("forward", "backward"), one, or none."""
+        value = self.deterministic
+        if value is True or value == "both":
+            return ("forward", "backward")
+        if value in ("forward", "backward"):
+            return (str(value),)
+        if value is False or value is None:
+            return ()
+        raise ValueError(f"deterministic must be True, False, 'forward' or 'backward', not {value!r}")
 
     def forward(self, q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | None = None,
                 **variants: Any) -> Any:
@@ -549,6 +575,11 @@ class AttentionImpl:
             "page_sizes": None if self.page_sizes is None else _describe_allowed(self.page_sizes),
             "paged_kv_backward": self.supports_paged_kv_backward,
             "accuracy": accuracy_to_wire(self.accuracy),
+            "deterministic": list(self.deterministic_directions()),
+            "batch_invariant": bool(self.batch_invariant),
+            "cuda_graphs": bool(self.supports_cuda_graphs),
+            "torch_compile": bool(self.supports_torch_compile),
+            "custom_op": self.custom_op,
         }
 
 

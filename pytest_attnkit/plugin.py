@@ -167,6 +167,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             metafunc.parametrize("attnkit_case", cases, ids=[case.id for case in cases])
     elif "attnkit_impl" in metafunc.fixturenames:
         metafunc.parametrize("attnkit_impl", session.impl_names, ids=session.impl_names)
+    if "attnkit_tool" in metafunc.fixturenames:
+        tools = session.settings.sanitize or ["memcheck"]
+        metafunc.parametrize("attnkit_tool", tools, ids=tools)
 
 
 @pytest.hookimpl(trylast=True)  # after -k and -m have deselected what they deselect

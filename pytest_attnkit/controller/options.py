@@ -26,7 +26,12 @@ from pytest_attnkit.controller.baselines import key_string
 from pytest_attnkit.controller.gate import DEFAULT_AGAINST_THRESHOLD, DEFAULT_THRESHOLD
 from pytest_attnkit.records import EntryKey
 
-SUITES: tuple[str, ...] = ("correctness", "memory", "speed")
+SUITES: tuple[str, ...] = ("correctness", "memory", "speed", "properties", "sanitize")
+#: What a run without --attnkit-suite runs: every suite but sanitize (compute-sanitizer slows a
+#: kernel tens of times; --attnkit-sanitize or --attnkit-suite adds it).
+DEFAULT_SUITES: tuple[str, ...] = ("correctness", "memory", "speed", "properties")
+#: compute-sanitizer's tools the sanitize suite can run (controller/sanitize.py).
+SANITIZER_TOOLS: tuple[str, ...] = ("memcheck", "racecheck", "initcheck", "synccheck")
 PROFILE_CHOICES: tuple[str, ...] = ("auto", "smoke", "default", "full")
 DEVICE_CHOICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 
@@ -55,6 +60,15 @@ def _suites(text: str) -> list[str]:
     unknown = [name for name in names if name not in SUITES]
     if unknown:
         raise ValueError(f"unknown suite {', '.join(map(repr, unknown))} (known: {', '.join(SUITES)}, or all)")
+    return names
+
+
+def _tools(text: str) -> list[str]:
+    names = _names(text)
+    unknown = [name for name in names if name not in SANITIZER_TOOLS]
+    if unknown:
+        raise ValueError(f"unknown compute-sanitizer tool {', '.join(map(repr, unknown))} "
+                         f"(known: {', '.join(SANITIZER_TOOLS)})")
     return names
 
 
@@ -132,7 +146,8 @@ class Setting:
 SETTINGS: tuple[Setting, ...] = (
     Setting("impl", "NAMES", _names, [],
             "comma-separated implementation names or glob patterns to run (default: every one discovered)"),
-    Setting("suite", "NAMES", _suites, list(SUITES), f"comma-separated suites to run: {', '.join(SUITES)} or all (default: all)"),
+    Setting("suite", "NAMES", _suites, list(DEFAULT_SUITES),
+            f"comma-separated suites to run: {', '.join(SUITES)} or all (default: {', '.join(DEFAULT_SUITES)})"),
     Setting("profile", "NAME", _choices(PROFILE_CHOICES), "auto",
             "case set: smoke (minutes on a CPU), default (one GPU), full; auto picks smoke on the CPU and default on a GPU (default: auto)"),
     Setting("device", "NAME", _choices(DEVICE_CHOICES), "auto", "device to test on: cpu, cuda, or auto (CUDA when present; default: auto)"),
@@ -147,6 +162,12 @@ SETTINGS: tuple[Setting, ...] = (
             "folder for the compilers' caches that later runs reuse (Triton, TorchInductor, CuPy), unless their "
             "own variables are set; none leaves each compiler its default (default: $XDG_CACHE_HOME/pytest-attnkit, "
             "else ~/.cache/pytest-attnkit)"),
+    Setting("sanitize", "TOOLS", _tools, [],
+            f"also run the sanitize suite: each of its cases in a worker under compute-sanitizer with these tools "
+            f"({', '.join(SANITIZER_TOOLS)}; comma-separated); --attnkit-suite=sanitize alone runs memcheck "
+            "(default: off)"),
+    Setting("sanitizer", "PATH", str, "",
+            "the compute-sanitizer to run (default: the one on the PATH, in $CUDA_HOME/bin or /usr/local/cuda/bin)"),
     Setting("timeout", "SECONDS", _bounded(float, 0.001), 300.0,
             "deadline for one test in its worker; past it the worker is killed and replaced (default: 300)"),
     Setting("baseline_dir", "DIR", str, "baselines",
@@ -213,6 +234,8 @@ class Settings:
     trials: int
     jobs: int | str
     cache_dir: str
+    sanitize: list[str]
+    sanitizer: str
     timeout: float
     baseline_dir: str
     report: str
@@ -280,6 +303,10 @@ def resolve(config: pytest.Config) -> Settings:
         except ValueError as error:
             raise pytest.UsageError(f"attnkit: bad line in ini option attnkit_thresholds: {error}") from None
     invocation_dir = Path(config.invocation_params.dir)
+    if values["sanitize"] and "sanitize" not in values["suite"]:
+        values["suite"] = [*values["suite"], "sanitize"]
+    elif "sanitize" in values["suite"] and not values["sanitize"]:
+        values["sanitize"] = ["memcheck"]
     return Settings(inprocess=bool(config.getoption("attnkit_inprocess")),
                     save_baseline=bool(config.getoption("attnkit_save_baseline")),
                     require_baseline=bool(config.getoption("attnkit_require_baseline")),

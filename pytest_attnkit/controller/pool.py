@@ -160,6 +160,13 @@ class WorkerPool:
         """Seconds each primary worker has spent starting so far (a crash starts it again)."""
         return {name: worker.startup_s for name, worker in self._workers.items()}
 
+    def worker_under(self, name: str, launcher: list[str], *, env: dict[str, str], label: str,
+                     shutdown_timeout: float) -> Worker:
+        """A worker of ``name`` that runs under ``launcher`` (compute-sanitizer), for one check."""
+        init, own_env = self._starts[name]
+        return WorkerProcess(label, init, self.log_dir, env={**self.env, **(own_env or {}), **env}, launcher=launcher,
+                             shutdown_timeout=shutdown_timeout)
+
     def broken_reply(self, name: str) -> Reply:
         return Reply(Status.BROKEN, self.impls[name].load_error or "")
 

@@ -66,8 +66,13 @@ class WorkerProcess:
     """A worker interpreter for one implementation (or for the environment probe)."""
 
     def __init__(self, label: str, init: dict[str, Any], log_dir: Path, *, env: dict[str, str] | None = None,
-                 startup_timeout: float = 180.0) -> None:
+                 startup_timeout: float = 180.0, launcher: list[str] | None = None,
+                 shutdown_timeout: float = 10.0) -> None:
         self.label = label
+        #: A command the worker runs under (compute-sanitizer and its options), or None.
+        self.launcher = list(launcher or [])
+        #: How long an idle worker may take to exit when asked (a sanitizer writes its report then).
+        self.shutdown_timeout = shutdown_timeout
         self.init = init
         self.log_dir = log_dir
         self.env = env or {}
@@ -99,7 +104,7 @@ class WorkerProcess:
         env.update(PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", **self.env)
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "pytest_attnkit.worker", "--fd", str(child_socket.fileno())],
+                [*self.launcher, sys.executable, "-m", "pytest_attnkit.worker", "--fd", str(child_socket.fileno())],
                 pass_fds=(child_socket.fileno(),),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -134,9 +139,9 @@ class WorkerProcess:
         try:
             if self.process is not None and self.process.poll() is None:
                 self.connection.send_bytes(json.dumps({"op": "shutdown"}).encode())
-                if self.connection.poll(10):
+                if self.connection.poll(self.shutdown_timeout):
                     self.connection.recv_bytes()
-                self.process.wait(timeout=10)
+                self.process.wait(timeout=self.shutdown_timeout)
         except (OSError, EOFError, subprocess.TimeoutExpired):
             pass
         finally:

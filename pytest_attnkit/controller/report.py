@@ -35,9 +35,11 @@ PLOTS_NEED = "pip install matplotlib (the README's install line includes it)"
 
 def build(*, environment: dict[str, Any], device: str, profile: str, impls: list[ImplInfo],
           outcomes: list[dict[str, Any]], memory: list[MemorySweepResult], speed: SpeedCheck | None,
-          interrupted: bool, baseline: dict[str, Any], against: dict[str, Any] | None = None) -> dict[str, Any]:
+          interrupted: bool, baseline: dict[str, Any], against: dict[str, Any] | None = None,
+          properties: list[dict[str, Any]] | None = None, sanitize: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The whole run as one document; ``baseline`` says which file gated the run, if any;
-    ``against`` describes --attnkit-against's REV, whose paired verdicts are the ``ab`` list."""
+    ``against`` describes --attnkit-against's REV, whose paired verdicts are the ``ab`` list;
+    ``properties``: the properties suite's results (controller/properties.py)."""
     measurements, gate = [], []
     ceilings = speed.ceilings if speed else {}
     for result in (speed.results.values() if speed else ()):
@@ -65,6 +67,8 @@ def build(*, environment: dict[str, Any], device: str, profile: str, impls: list
                                         "capabilities": info.capabilities} for info in impls},
         "tests": outcomes,
         "memory": [sweep.to_dict() for sweep in memory],
+        "properties": list(properties or []),
+        "sanitize": list(sanitize or []),
         "against": against,
         "ab": ab,
         "speed": {
@@ -104,6 +108,8 @@ def merge(document: dict[str, Any], parts: list[dict[str, Any]]) -> dict[str, An
         document["interrupted"] = document["interrupted"] or part["interrupted"]
         document["tests"] += part["tests"]
         document["memory"] += part["memory"]
+        document["properties"] = document.get("properties", []) + part.get("properties", [])
+        document["sanitize"] = document.get("sanitize", []) + part.get("sanitize", [])
         document["ab"] = document.get("ab", []) + part.get("ab", [])
         speed["measurements"] += part["speed"]["measurements"]
         speed["gate"] += part["speed"]["gate"]

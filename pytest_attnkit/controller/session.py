@@ -33,12 +33,20 @@ from pytest_attnkit.controller.options import SUITES, Settings, moved_rootdir
 from pytest_attnkit.controller.outcome import Outcomes
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.process import WorkerFailure
+from pytest_attnkit.controller.properties import PropertyCheck
+from pytest_attnkit.controller.sanitize import SanitizeCheck, find_sanitizer
 from pytest_attnkit.controller.scheduler import Scheduler
 from pytest_attnkit.controller.speed import CPU_THRESHOLD, SpeedCheck, SpeedSettings
 from pytest_attnkit.controller.table import NO_BREAK, header_lines
 from pytest_attnkit.records import EntryKey
 
 SESSION_KEY = pytest.StashKey["AttnkitSession"]()
+
+
+def property_check(item: pytest.Item) -> str:
+    """The check a properties test runs: its name without ``test_`` and ``_backward``
+    (suites/test_properties.py: ``test_determinism_backward`` runs "determinism")."""
+    return item.originalname.removeprefix("test_").removesuffix("_backward")
 
 
 class AttnkitSession:
@@ -53,6 +61,8 @@ class AttnkitSession:
         self.correctness: CorrectnessCheck | None = None
         self.memory: MemoryCheck | None = None
         self.speed: SpeedCheck | None = None
+        self.properties: PropertyCheck | None = None
+        self.sanitize: SanitizeCheck | None = None
         #: Per test: implementation, suite, outcome and the failure or skip text, for the report.
         self.test_outcomes: list[dict[str, Any]] = []
         #: implementation -> suite -> how many of its tests were collected.
@@ -113,6 +123,10 @@ class AttnkitSession:
                                             accuracy=self.accuracy)
         self.memory = MemoryCheck(self.pool, self.outcomes, case_sets.memory_sweep(self.profile), self.device,
                                   settings.seed, profile=self.profile)
+        self.properties = PropertyCheck(self.pool, self.outcomes, settings.seed, self.device)
+        if "sanitize" in settings.suite:
+            self.sanitize = SanitizeCheck(self.pool, self.outcomes, settings.seed, self.device,
+                                          find_sanitizer(settings.sanitizer))
         if "speed" in settings.suite:
             device_name = str(self.environment.get("device_name", "unknown"))
             try:
@@ -236,6 +250,10 @@ class AttnkitSession:
     def cases(self, family: str) -> list[Case]:
         if family == "correctness":
             cases = case_sets.correctness_cases(self.profile)
+        elif family == "properties":
+            cases = case_sets.property_cases(self.profile)
+        elif family == "sanitize":
+            cases = case_sets.sanitize_cases(self.profile)
         elif family in ("speed-forward", "speed-backward"):
             mode = family.split("-", 1)[1]
             cases = [case for case_mode, case in case_sets.speed_cases(self.profile) if case_mode == mode]
@@ -381,6 +399,10 @@ class AttnkitSession:
                     warm_ups += [("memory", impl, sweep.case(n), backward) for n in sweep.seqlens]
             elif suite == "speed" and self.speed is not None and impl not in self.twin_names:
                 warm_ups.append(("speed", impl, case, backward))
+            elif suite == "properties" and self.properties is not None:
+                self.properties.submit(scheduler, property_check(item), impl, case, backward=backward,
+                                       gpu_bytes=footprint.request_bytes(case, backward=backward, references=True,
+                                                                         linear_memory=self._linear_memory(impl)))
         for suite, impl, case, backward in dict.fromkeys(warm_ups):
             estimate = footprint.request_bytes(case, backward=backward, references=False,
                                                linear_memory=self._linear_memory(impl))
@@ -446,7 +468,9 @@ class AttnkitSession:
             environment=self.environment, device=self.device, profile=self.profile,
             impls=list(self.pool.impls.values()), outcomes=self.test_outcomes,
             memory=self.memory.results if self.memory else [], speed=self.speed, interrupted=interrupted,
-            baseline=self.baseline_state(), against=self.against_state())
+            baseline=self.baseline_state(), against=self.against_state(),
+            properties=self.properties.results if self.properties else [],
+            sanitize=self.sanitize.results if self.sanitize else [])
         self.document["collected"] = {name: dict(suites) for name, suites in self.collected.items()}
         self.document["time"] = {**self.pool.ledger.to_dict(self.pool.primary_startups()), "jobs": self.jobs}
         report.merge(self.document, self.worker_documents)
@@ -495,7 +519,13 @@ class AttnkitSession:
             workers = f"up to {self.jobs} requests at once (--attnkit-jobs), memory and speed alone"
         else:
             workers = "one request at a time (--attnkit-jobs=1)"
+        sanitize = None
+        if self.sanitize is not None:
+            reason = self.sanitize.skip_reason()
+            sanitize = (f"sanitize: {self.sanitize.sanitizer} ({', '.join(self.settings.sanitize)})" if reason is None
+                        else f"sanitize: NOT RUN: {reason}")
         return header_lines(environment=self.environment, device=self.device, profile=self.profile,
                             suites=self.settings.suite, seed=self.settings.seed, workers=workers,
                             caches=caches.describe(self.cache_root, self.cache_env),
-                            impls=self.pool.impls.values(), gate=gate, warning=self.rootdir_warning)
+                            impls=self.pool.impls.values(), gate=gate, warning=self.rootdir_warning,
+                            sanitize=sanitize)

@@ -43,7 +43,8 @@ def format_bytes(count: float) -> str:
 
 
 def header_lines(*, environment: dict[str, Any], device: str, profile: str, suites: list[str], seed: int,
-                 workers: str, caches: str, impls: Iterable[Any], gate: str | None, warning: str | None) -> list[str]:
+                 workers: str, caches: str, impls: Iterable[Any], gate: str | None, warning: str | None,
+                 sanitize: str | None = None) -> list[str]:
     env = environment
     name = env.get("device_name", "?")
     if device == "cuda":
@@ -60,6 +61,8 @@ def header_lines(*, environment: dict[str, Any], device: str, profile: str, suit
     ]
     if gate:
         lines += wrap(f"attnkit: gate: {gate}", "attnkit:   ")
+    if sanitize:
+        lines += wrap(f"attnkit: {sanitize}", "attnkit:   ")
     if warning:
         lines += wrap(f"attnkit: WARNING: {warning}", "attnkit:   ")
     impls = list(impls)
@@ -177,8 +180,29 @@ def memory_figure(sweep: dict[str, Any]) -> str:
     return "flat" if sweep["slope"] is None else f"N^{sweep['slope']:.2f}"
 
 
+#: The properties suite's checks, in the summary's order, with their titles there.
+PROPERTY_TITLES = {"determinism": "deterministic", "batch_invariance": "batch-invariant", "cuda_graph": "CUDA graphs",
+                   "torch_compile": "torch.compile", "opcheck": "opcheck"}
+
+
+def property_verdicts(document: dict[str, Any], name: str) -> list[str]:
+    """Per check that ran: "holds" or "FAILS" where declared, "holds" or "no" where not, with how
+    many of its cases held."""
+    verdicts = []
+    for check, title in PROPERTY_TITLES.items():
+        ran = [entry for entry in document.get("properties", []) if entry["impl"] == name and entry["check"] == check]
+        if not ran:
+            continue
+        held = sum(bool(entry["holds"]) for entry in ran)
+        declared = any(entry["declared"] for entry in ran)
+        verdict = "holds" if held == len(ran) else ("FAILS" if declared else "no")
+        verdicts.append(f"{title} {verdict} ({held}/{len(ran)}{', declared' if declared else ''})")
+    return verdicts
+
+
 def headline_lines(document: dict[str, Any]) -> list[str]:
-    """A block per implementation: correctness, accuracy, memory, speed and gate, each on its own line."""
+    """A block per implementation: correctness, accuracy, memory, speed, gate and the properties,
+    each on its own line."""
     lines = []
     for name in document["implementations"]:
         memory = ", ".join(f"{sweep['direction']} {memory_figure(sweep)}"
@@ -188,6 +212,9 @@ def headline_lines(document: dict[str, Any]) -> list[str]:
             rows.append(("accuracy", accuracy_headline(document, name)))
         rows += [("memory", memory or "-"),
                  ("speed", _headline_speed(document, name) or "-"), ("gate", _headline_gate(document, name))]
+        verdicts = property_verdicts(document, name)
+        if verdicts:
+            rows.append(("properties", " · ".join(verdict.replace(" ", NO_BREAK) for verdict in verdicts)))
         first = True
         for label, value in rows:
             prefix = f"{name if first else '':<16} {label:<12} "

@@ -186,6 +186,28 @@ def _open_lse_rows_zeroed(case: Case, actual: dict[str, Any]) -> None:
                                                                      device=actual["lse"].device))
 
 
+def judge_forward(impl: AttentionImpl, case: Case, inputs: Any, returned: Any,
+                  accuracy: "str | dict[str, Any] | None" = None) -> tuple[Comparison, ...]:
+    """The correctness rule applied to one forward call's result (``returned``, as the
+    implementation gave it) on ``inputs``: for checks that run the kernel some other way than
+    :func:`run_correctness` does (replayed from a CUDA graph, compiled by torch.compile).
+    Raises :class:`ContractViolation` for a result of the wrong kind or shape."""
+    import torch
+
+    out, lse = _split_output(case, returned)
+    out_dtype = getattr(torch, FP8_OUTPUT_DTYPE) if is_fp8(case.dtype) else inputs.q.dtype
+    out_shape, lse_shape = expected_shapes(case)
+    _check_tensor("output", out, inputs.q, shape=out_shape, dtype=out_dtype)
+    actual = {"out": out.detach()}
+    if lse is not None:
+        _check_tensor("lse", lse, inputs.q, shape=lse_shape, dtype=torch.float32)
+        actual["lse"] = lse.detach()
+    _open_lse_rows_zeroed(case, actual)
+    oracle = _used_rows(case, _references(case, inputs, False, float64=True))
+    budget = accuracy_budget(impl.accuracy if accuracy is None else accuracy)
+    return _judge(case, _used_rows(case, actual), oracle, inputs, False, budget)
+
+
 def run_correctness(
     impl: AttentionImpl,
     case: Case,

@@ -10,7 +10,7 @@ gone, even while an implementation hangs.
 
 Messages are dicts with an ``op``: ``init`` (sys.path, device and which implementation to load),
 ``describe``, ``environment``, ``support``, ``correctness``, ``memory``, ``speed``, ``warm``,
-``ceilings`` and ``shutdown``. Replies are ``{"ok": True, "result": ...}``, or ``{"ok": False,
+``property``, ``ceilings`` and ``shutdown``. Replies are ``{"ok": True, "result": ...}``, or ``{"ok": False,
 "error": traceback}`` when the harness itself failed, each with ``spent``: the request's seconds
 in the worker and the part of them spent compiling (:mod:`pytest_attnkit.worker.compile_clock`).
 The suite ops answer with a :class:`~pytest_attnkit.records.Reply`, whose status says what
@@ -227,6 +227,34 @@ class Handler:
         def measure(impl: AttentionImpl, case: Case) -> Reply:
             warm_call(impl, case, device=self.device, seed=message["seed"], backward=backward)
             return Reply(Status.OK)
+
+        return self._run(message, backward, measure)
+
+    def op_property(self, message: dict[str, Any]) -> dict[str, Any]:
+        """One property check (:mod:`pytest_attnkit.worker.properties`) of one case."""
+        from pytest_attnkit.worker import properties
+
+        check, backward = message["check"], bool(message.get("backward"))
+
+        def measure(impl: AttentionImpl, case: Case) -> Reply:
+            seed = message["seed"]
+            if check == "determinism":
+                declared = ("backward" if backward else "forward") in impl.deterministic_directions()
+                return properties.check_determinism(impl, case, device=self.device, seed=seed, backward=backward,
+                                                    declared=declared)
+            if check == "batch_invariance":
+                return properties.check_batch_invariance(impl, case, device=self.device, seed=seed,
+                                                         declared=bool(impl.batch_invariant))
+            if check == "cuda_graph":
+                return properties.check_cuda_graph(impl, case, seed=seed, declared=bool(impl.supports_cuda_graphs),
+                                                   accuracy=message.get("accuracy"))
+            if check == "torch_compile":
+                return properties.check_torch_compile(impl, case, device=self.device, seed=seed,
+                                                      declared=bool(impl.supports_torch_compile),
+                                                      accuracy=message.get("accuracy"))
+            if check == "opcheck":
+                return properties.check_opcheck(impl, case, device=self.device, seed=seed, op_name=str(impl.custom_op))
+            raise ValueError(f"unknown property check {check!r}")
 
         return self._run(message, backward, measure)
 

@@ -1,0 +1,169 @@
+"""The sanitize suite's check: each case run once in a worker started under compute-sanitizer.
+
+A read past the end of a sequence, a page or a tensor that lands in memory the kernel may read
+gives the right numbers and passes every comparison; a race between warps may lose only now and
+then. NVIDIA's compute-sanitizer sees both: its memcheck tool checks every device access against
+the allocations, racecheck the shared-memory hazards, initcheck reads of memory nothing wrote,
+synccheck misused barriers. Each test starts a worker of the implementation under the tool
+(``compute-sanitizer --tool TOOL --log-file FILE ... python -m pytest_attnkit.worker``), runs
+the case once (forward, or forward and backward), asks the worker to exit so that the tool writes
+its summary, and reads the tool's report (:func:`parse_report`): an error fails the test with
+the kernel, the access and the case.
+
+The worker runs with ``PYTORCH_NO_CUDA_MEMORY_CACHING=1``: torch's caching allocator hands out
+pieces of larger blocks, inside which a read past a tensor's end is not out of bounds for the
+tool; without the cache each tensor is an allocation of its own. API errors of the CUDA runtime
+(``--report-api-errors no``) are left out: libraries probe the device through calls that fail
+by design, and the suite judges kernels.
+
+The tool is ``--attnkit-sanitizer``, else ``compute-sanitizer`` on the PATH, in
+``$CUDA_HOME/bin`` or ``/usr/local/cuda/bin`` (:func:`find_sanitizer`). Where there is none, or
+no CUDA device, every test is skipped with the reason, and the header says so.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_attnkit.contract import Case
+from pytest_attnkit.controller.outcome import Outcomes
+from pytest_attnkit.controller.pool import WorkerPool
+from pytest_attnkit.records import Status
+
+TOOLS: tuple[str, ...] = ("memcheck", "racecheck", "initcheck", "synccheck")
+#: Each tool's own options beyond the common ones.
+TOOL_OPTIONS = {"memcheck": [], "racecheck": ["--racecheck-report", "all"], "initcheck": [], "synccheck": []}
+#: How long the worker may take to exit under the tool, which writes its report as it does.
+SHUTDOWN_S = 120.0
+#: Error blocks shown in a failure; the log holds them all.
+SHOWN_ERRORS = 3
+_PREFIX = "========="
+_SUMMARY = re.compile(r"(ERROR|RACECHECK) SUMMARY:\s*(\d+)\s+(error|hazard)", re.IGNORECASE)
+
+
+def find_sanitizer(setting: str) -> str | None:
+    """The compute-sanitizer to run: ``setting`` (a path), else the first one found."""
+    if setting:
+        return setting if (os.path.isfile(setting) or shutil.which(setting)) else None
+    found = shutil.which("compute-sanitizer")
+    if found:
+        return found
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root and os.path.isfile(os.path.join(root, "bin", "compute-sanitizer")):
+            return os.path.join(root, "bin", "compute-sanitizer")
+    return None
+
+
+def command(sanitizer: str, tool: str, log: Path) -> list[str]:
+    """The launcher a sanitized worker starts under."""
+    return [sanitizer, "--tool", tool, "--log-file", str(log), "--print-limit", "20", "--report-api-errors", "no",
+            "--error-exitcode", "97", *TOOL_OPTIONS[tool]]
+
+
+@dataclass(frozen=True)
+class SanitizerReport:
+    """What the tool reported: its error count (None when it wrote no summary) and each error as
+    the lines that describe it (the message, the kernel and place, the thread, the address)."""
+
+    errors: int | None
+    blocks: tuple[tuple[str, ...], ...]
+
+    def describe(self, shown: int = SHOWN_ERRORS) -> str:
+        lines = []
+        for block in self.blocks[:shown]:
+            lines += [block[0], *(f"    {line}" for line in block[1:])]
+        if len(self.blocks) > shown:
+            lines.append(f"... and {len(self.blocks) - shown} more in the log")
+        return "\n".join(lines)
+
+
+def parse_report(text: str) -> SanitizerReport:
+    """compute-sanitizer's log: every error block and the summary's count. A block starts with a
+    message line (``========= Invalid __global__ read of size 4 bytes``) and goes on with the
+    indented lines under it; host backtraces are left out."""
+    errors = None
+    blocks: list[list[str]] = []
+    current: list[str] | None = None
+    for raw in text.splitlines():
+        if not raw.startswith(_PREFIX):
+            continue
+        body = raw[len(_PREFIX):]
+        summary = _SUMMARY.search(body)
+        if summary:
+            errors = int(summary.group(2)) if errors is None else errors + int(summary.group(2))
+            current = None
+            continue
+        stripped = body.strip()
+        if not stripped or stripped.startswith("COMPUTE-SANITIZER"):
+            current = None
+            continue
+        if not body.startswith("  "):  # a message: a new block
+            current = [stripped]
+            blocks.append(current)
+        elif current is not None and len(current) < 6 and not stripped.startswith(("Host Frame", "Saved host")):
+            current.append(stripped)
+    return SanitizerReport(errors, tuple(tuple(block) for block in blocks))
+
+
+@dataclass
+class SanitizeCheck:
+    pool: WorkerPool
+    outcomes: Outcomes
+    seed: int
+    device: str
+    sanitizer: str | None
+    #: Every test's outcome under the tool, for the report.
+    results: list[dict[str, Any]] = field(default_factory=list)
+    _count: Any = field(default_factory=itertools.count)
+
+    def skip_reason(self) -> str | None:
+        if self.device != "cuda":
+            return "compute-sanitizer checks CUDA kernels; this run is on the CPU"
+        if self.sanitizer is None:
+            return ("compute-sanitizer was not found (looked for --attnkit-sanitizer, on the PATH, in $CUDA_HOME/bin "
+                    "and /usr/local/cuda/bin); it comes with the CUDA toolkit")
+        return None
+
+    def check(self, impl: str, tool: str, case: Case, *, backward: bool,
+              properties: list[tuple[str, object]] | None = None) -> dict[str, Any]:
+        reason = self.skip_reason()
+        if reason:
+            pytest.skip(reason)
+        assert self.sanitizer is not None
+        info = self.pool.info(impl)
+        if info.load_error:
+            self.outcomes.settle(self.pool.broken_reply(impl), impl=impl, where=case.id, origin=info.origin)
+        log = self.pool.log_dir / f"sanitize-{impl}-{tool}-{next(self._count)}.log"
+        worker = self.pool.worker_under(impl, command(self.sanitizer, tool, log),
+                                        env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"},
+                                        label=f"{impl}.{tool}", shutdown_timeout=SHUTDOWN_S)
+        try:
+            reply = self.pool.request(impl, {"op": "warm", "case": case.to_dict(), "backward": backward,
+                                             "seed": self.seed}, worker=worker)
+        finally:
+            worker.close()  # the tool writes its summary as the worker exits
+        report = parse_report(log.read_text(errors="replace") if log.exists() else "")
+        where = f"{case.id}{' (forward and backward)' if backward else ' (forward)'}"
+        entry = {"impl": impl, "tool": tool, "case": case.id, "backward": backward, "errors": report.errors,
+                 "reported": [list(block) for block in report.blocks[:SHOWN_ERRORS]], "log": str(log)}
+        self.results.append(entry)
+        if properties is not None:
+            properties.append((f"attnkit_{tool}_errors", report.errors))
+        if report.blocks or report.errors:
+            count = report.errors if report.errors is not None else len(report.blocks)
+            pytest.fail(f"{impl} on {where}: compute-sanitizer {tool} reported {count} error(s):\n"
+                        f"{report.describe()}\n(the tool's whole log: {log})", pytrace=False)
+        if reply.status is not Status.OK:
+            self.outcomes.settle(reply, impl=impl, where=f"{where} under compute-sanitizer {tool}", origin=info.origin)
+        if report.errors is None:
+            pytest.fail(f"{impl} on {where}: compute-sanitizer {tool} wrote no summary (its log: {log}); the worker "
+                        "may not have started under it", pytrace=False)
+        return entry

@@ -1,0 +1,144 @@
+"""The sanitize suite's plumbing, on the CPU (compute-sanitizer itself needs the GPU): the report
+is parsed into errors that name the kernel and the access; a worker runs its case under the tool,
+exits so that the tool writes its summary, and an error fails the test while a clean report passes;
+a missing tool and a CPU run say so; the options add the suite."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pytest_attnkit.contract import Case
+from pytest_attnkit.controller.outcome import Outcomes
+from pytest_attnkit.controller.pool import WorkerPool
+from pytest_attnkit.controller.sanitize import SanitizeCheck, command, find_sanitizer, parse_report
+from pytest_attnkit.registry import EntryPointRef
+
+from helpers import fake
+
+FAKE_SANITIZER = Path(__file__).with_name("fakes") / "fake_sanitizer.py"
+
+MEMCHECK_LOG = """\
+========= COMPUTE-SANITIZER
+========= Invalid __global__ read of size 4 bytes
+=========     at attn_fwd_varlen+0x2b0 in /src/kernels.py:212
+=========     by thread (64,0,0) in block (7,3,0)
+=========     Address 0x7fa2c4a00400 is out of bounds
+=========     and is 1 bytes after the nearest allocation at 0x7fa2c4a00000 of size 1023 bytes
+=========     Saved host backtrace up to driver entry point at kernel launch time
+=========         Host Frame: [0x2e4c1f] in libcuda.so.1
+=========
+========= ERROR SUMMARY: 1 error
+"""
+
+RACECHECK_LOG = """\
+========= COMPUTE-SANITIZER
+========= Error: Race reported between Write access at attn_bwd_dq+0x1c0 in kernels.py:801
+=========     and Read access at attn_bwd_dq+0x2a0 in kernels.py:812 [64 hazards]
+=========
+========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)
+"""
+
+
+def test_the_report_names_the_kernel_and_the_access() -> None:
+    report = parse_report(MEMCHECK_LOG)
+    assert report.errors == 1
+    [block] = report.blocks
+    assert block[0] == "Invalid __global__ read of size 4 bytes"
+    assert "attn_fwd_varlen+0x2b0 in /src/kernels.py:212" in block[1]
+    assert any("out of bounds" in line for line in block)
+    assert not any("Host Frame" in line for line in block)
+    race = parse_report(RACECHECK_LOG)
+    assert race.errors == 1 and race.blocks[0][0].startswith("Error: Race reported between Write access")
+    clean = parse_report("========= COMPUTE-SANITIZER\n========= ERROR SUMMARY: 0 errors\n")
+    assert clean.errors == 0 and clean.blocks == ()
+    assert parse_report("").errors is None
+
+
+def test_the_command_runs_the_worker_under_the_tool(tmp_path: Path) -> None:
+    line = command("/opt/cuda/bin/compute-sanitizer", "racecheck", tmp_path / "log")
+    assert line[:3] == ["/opt/cuda/bin/compute-sanitizer", "--tool", "racecheck"]
+    assert ["--report-api-errors", "no"] == line[line.index("--report-api-errors"):line.index("--report-api-errors") + 2]
+    assert "--racecheck-report" in line
+
+
+def test_a_missing_tool_and_a_cpu_run_say_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    assert find_sanitizer("") in (None, "/usr/local/cuda/bin/compute-sanitizer")
+    assert find_sanitizer(str(tmp_path / "nothing-here")) is None
+    missing = SanitizeCheck(None, Outcomes(), 0, "cuda", None)  # type: ignore[arg-type]
+    assert "compute-sanitizer was not found" in (missing.skip_reason() or "")
+    on_cpu = SanitizeCheck(None, Outcomes(), 0, "cpu", "/usr/bin/true")  # type: ignore[arg-type]
+    assert "on the CPU" in (on_cpu.skip_reason() or "")
+
+
+@pytest.fixture
+def fake_site(pytester: pytest.Pytester, fake_dist) -> Path:
+    return fake_dist({"good": fake("good")})
+
+
+def _sanitized(fake_site: Path, monkeypatch: pytest.MonkeyPatch, errors: int) -> tuple[SanitizeCheck, WorkerPool]:
+    monkeypatch.setenv("FAKE_SANITIZER_ERRORS", str(errors))
+    monkeypatch.syspath_prepend(str(fake_site))  # the workers see this process's sys.path
+    pool = WorkerPool(device="cpu", timeout=120)
+    pool.start([EntryPointRef("good", "fake_kernels:good", "fake-kernels")])
+    # device "cuda" for the check's own gate only: the fake tool runs the worker on the CPU.
+    return SanitizeCheck(pool, Outcomes(), 0, "cuda", str(FAKE_SANITIZER)), pool
+
+
+def test_an_error_the_tool_reports_fails_the_test_with_the_kernel_and_the_case(
+        fake_site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    check, pool = _sanitized(fake_site, monkeypatch, errors=2)
+    case = Case(1, 2, 2, 17, 17, 32, "float16", causal=True)
+    try:
+        with pytest.raises(pytest.fail.Exception) as failure:
+            check.check("good", "memcheck", case, backward=False)
+    finally:
+        pool.close()
+    text = str(failure.value)
+    assert "good on b1-h2-q17-k17-d32-fp16-causal (forward): compute-sanitizer memcheck reported 2 error(s)" in text
+    assert "Invalid __global__ read of size 2 bytes" in text and "attn_fwd+0x1f0 in kernels.py:120" in text
+    assert check.results[0]["errors"] == 2
+
+
+def test_a_clean_report_passes(fake_site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    check, pool = _sanitized(fake_site, monkeypatch, errors=0)
+    try:
+        entry = check.check("good", "memcheck", Case(1, 2, 2, 17, 17, 32, "float16"), backward=False)
+    finally:
+        pool.close()
+    assert entry["errors"] == 0 and entry["reported"] == []
+
+
+def test_the_options_add_the_suite_with_its_tools(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--attnkit", "-p", "no:cacheprovider", "--attnkit-sanitize=memcheck,initcheck",
+                                "--attnkit-impl=torch_sdpa", "--collect-only", "-q", "-k", "sanitize")
+    result.stdout.fnmatch_lines(["*test_sanitize[[]torch_sdpa-*-memcheck[]]*", "*test_sanitize[[]torch_sdpa-*-initcheck[]]*"])
+    bad = pytester.runpytest("--attnkit", "--attnkit-sanitize=valgrind")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    bad.stderr.fnmatch_lines(["*unknown compute-sanitizer tool 'valgrind'*"])
+
+
+def _gpu_and_tool() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available() and find_sanitizer("") is not None
+
+
+@pytest.mark.skipif(not _gpu_and_tool(), reason="needs a CUDA device and compute-sanitizer (a GPU machine)")
+def test_a_planted_read_past_a_sequence_is_caught_on_the_gpu(pytester: pytest.Pytester, fake_dist) -> None:
+    source = (Path(__file__).with_name("fakes") / "sanitize_kernels.py").read_text()
+    fake_dist({"honest_varlen": "sanitize_kernels:HonestVarlen", "one_row_past": "sanitize_kernels:OneRowPast"},
+              extra_modules={"sanitize_kernels": source})
+    result = pytester.runpytest_subprocess("--attnkit", "-p", "no:cacheprovider", "--attnkit-suite=correctness,sanitize",
+                                           "--attnkit-impl=honest_varlen,one_row_past", "-k", "varlen and test_forward "
+                                           "or varlen and test_sanitize", "-rA")
+    result.stdout.fnmatch_lines(["*PASSED*test_forward[[]one_row_past-*varlen*",  # right numbers on the day
+                                 "*PASSED*test_sanitize[[]honest_varlen-*varlen*",
+                                 "*FAILED*test_sanitize[[]one_row_past-*varlen*"])
+    result.stdout.fnmatch_lines(["*compute-sanitizer memcheck reported * error(s)*", "*Invalid __global__ read*"])
