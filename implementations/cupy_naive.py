@@ -173,6 +173,10 @@ class CupyNaive(AttentionImpl):
     supports_seqlen_mismatch = True
     supports_backward = False
     memory_class = "quadratic"
+    # Three kernels, each element written by one thread, no atomics: the same inputs give the
+    # same bits, and one sequence's never depend on the others'.
+    deterministic = "forward"
+    batch_invariant = True
 
     def unavailable_reason(self, device: str) -> str | None:
         if device != "cuda":

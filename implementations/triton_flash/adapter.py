@@ -33,6 +33,12 @@ class TritonFlash(AttentionImpl):
     head_dims_v = range(MIN_HEAD_DIM, MAX_HEAD_DIM_V + 1)
     supports_varlen = True
     supports_paged_kv = True  # forward only: supports_paged_kv_backward stays False
+    # Every output and gradient element is written by one program, with no atomics (dK/dV and dQ
+    # are separate kernels; the split decode merges its slices in a fixed order): the same inputs
+    # give the same bits. Not batch-invariant: the split decode divides the keys by the batch's
+    # size. CUDA graphs and torch.compile are left to the properties suite to report until a GPU
+    # run has shown them (the launcher reads no tensor back to the host).
+    deterministic = True
 
     def unavailable_reason(self, device: str) -> str | None:
         reason = super().unavailable_reason(device)
