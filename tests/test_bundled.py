@@ -25,7 +25,9 @@ def test_bundled_implementations_pass_the_default_case_set(pytester: pytest.Pyte
         by_impl.setdefault(impl, {}).setdefault(outcome.outcome, 0)
         by_impl[impl][outcome.outcome] += 1
         if outcome.outcome == "skipped" and "memory" not in name:
-            assert ("does not support it" in outcome.text or "is unavailable" in outcome.text), outcome.text
+            assert ("does not support it" in outcome.text or "is unavailable" in outcome.text
+                    or "CUDA graphs need a CUDA device" in outcome.text
+                    or "names no custom op" in outcome.text), outcome.text
     assert by_impl["torch_sdpa"].get("passed", 0) >= 20
     assert by_impl["triton_flash"].get("passed", 0) >= 16
     cupy = outcomes[next(name for name in outcomes if "[cupy_naive-" in name and "test_forward" in name)]

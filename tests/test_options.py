@@ -12,7 +12,7 @@ import pytest
         (["--attnkit-device", "tpu"], "*argument --attnkit-device: 'tpu' is not one of: auto, cpu, cuda"),
         (["--attnkit-trials", "0"], "*argument --attnkit-trials: '0' must be at least 1"),
         (["--attnkit-timeout", "soon"], "*argument --attnkit-timeout: 'soon' is not a number"),
-        (["--attnkit-suite", "speed,colour"], "*unknown suite 'colour' (known: correctness, memory, speed, or all)"),
+        (["--attnkit-suite", "speed,colour"], "*unknown suite 'colour' (known: correctness, memory, speed, properties, sanitize, or all)"),
     ],
 )
 def test_bad_command_line_values(pytester: pytest.Pytester, args: list[str], message: str) -> None:
