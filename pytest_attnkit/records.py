@@ -249,6 +249,10 @@ class SpeedMeasurement:
     timing: Timing
     input_sets: int = 1
     gpu_state: dict[str, Any] = field(default_factory=dict)
+    #: The kernels one call launched, with their grids, blocks, shared memory and registers
+    #: (worker/speed.py: kernel_program), where the worker read them; None elsewhere. Two
+    #: processes that compiled the same source into other tile configurations show here.
+    program: str | None = None
 
     @property
     def key(self) -> EntryKey:
@@ -273,4 +277,5 @@ class SpeedMeasurement:
     def to_dict(self) -> dict[str, Any]:
         return {"impl": self.impl, "mode": self.mode, "case": self.case.id, "shape": self.case.to_dict(),
                 "timing": self.timing.to_dict(), "input_sets": self.input_sets, "gpu_state": self.gpu_state,
-                "flops": self.flops, "bytes": self.bytes, "tflops": self.tflops, "gbps": self.gbps}
+                "flops": self.flops, "bytes": self.bytes, "tflops": self.tflops, "gbps": self.gbps,
+                "program": self.program}

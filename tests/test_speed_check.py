@@ -136,3 +136,70 @@ def test_a_refusal_skips_with_the_reason(tmp_path: Path) -> None:
     pool.request = lambda name, message: Reply(Status.UNSUPPORTED, "head_dim=64 (supported: 128)")  # type: ignore[method-assign]
     with pytest.raises(pytest.skip.Exception, match="kernel does not support it: head_dim=64"):
         make_check(pool, BaselineStore(tmp_path, DEVICE)).check("kernel", "forward", CASE)
+
+
+class ProgramPool(FakePool):
+    """A pool whose speed requests may name the worker that warmed the case up."""
+
+    def request(self, name: str, message: dict, worker: object = None) -> Reply:  # type: ignore[override]
+        return super().request(name, message)
+
+
+def _warmed(check: SpeedCheck, impl: str, program: str) -> None:
+    from pytest_attnkit.controller.scheduler import Job
+
+    job = Job(impl, "speed", {}, 0, 0, warm=True)
+    job.worker = object()
+    job.future.set_result(Reply(Status.OK, "", {"program": program}))
+    check.warm_ups[EntryKey(impl, "forward", CASE.id)] = job
+
+
+def _save_program(tmp_path: Path, medians: dict[str, float], programs: dict[str, str]) -> BaselineStore:
+    store = BaselineStore(tmp_path, DEVICE)
+    measured = [(SpeedMeasurement(name, "forward", CASE, timing(ms), program=programs.get(name)), None, None)
+                for name, ms in medians.items()]
+    store.save(measured, {"compute_capability": "9.0"}, {}, "host")
+    return BaselineStore(tmp_path, DEVICE)
+
+
+def test_another_program_than_every_saved_run_is_shown_and_not_gated(tmp_path: Path) -> None:
+    # The same source compiled into other tiles in this process: 30% slower, and not the code's doing.
+    store = _save_program(tmp_path, {"ref": 1.0, "kernel": 1.0}, {"kernel": "tem_fused grid=[64,16,1] block=[128,1,1]"})
+    check = make_check(ProgramPool({"ref": [1.0], "kernel": [1.3]}), store)
+    _warmed(check, "kernel", "tem_fused grid=[128,16,1] block=[256,1,1]")
+    check.check("ref", "forward", CASE)
+    result = check.check("kernel", "forward", CASE)
+    assert result.decision is not None and result.decision.verdict == "other program"
+    assert result.measurement.program == "tem_fused grid=[128,16,1] block=[256,1,1]"
+    assert any("ran another program than every saved run" in note for note in check.notes.values())
+
+
+def test_the_same_program_is_gated_against_the_runs_of_that_program(tmp_path: Path) -> None:
+    program = "tem_fused grid=[64,16,1] block=[128,1,1]"
+    store = _save_program(tmp_path, {"ref": 1.0, "kernel": 1.0}, {"kernel": program})
+    check = make_check(ProgramPool({"ref": [1.0], "kernel": [1.3, 1.3, 1.3]}), store)
+    _warmed(check, "kernel", program)
+    check.check("ref", "forward", CASE)
+    with pytest.raises(pytest.fail.Exception, match="kernel regressed"):
+        check.check("kernel", "forward", CASE)
+    assert store.programs(EntryKey("kernel", "forward", CASE.id)) == {program}
+
+
+def test_a_save_says_how_many_entries_have_fewer_than_three_runs(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path, DEVICE)
+    for runs in range(1, 4):
+        counts = store.save([(SpeedMeasurement("kernel", "forward", CASE, timing(1.0)), None, None)],
+                            {"compute_capability": "9.0"}, {}, "host")
+        store = BaselineStore(tmp_path, DEVICE)
+        assert counts["thin"] == (1 if runs < 3 else 0)
+
+
+def test_the_summary_line_shows_the_runs_behind_each_verdict() -> None:
+    from pytest_attnkit.controller.table import _headline_gate
+
+    gate = [{"impl": "kernel", "verdict": "unchanged", "baseline_runs": 3},
+            {"impl": "kernel", "verdict": "unchanged", "baseline_runs": 8},
+            {"impl": "kernel", "verdict": "regression", "baseline_runs": 1}]
+    document = {"speed": {"gate": gate, "measurements": [{"impl": "kernel"}]}}
+    assert _headline_gate(document, "kernel") == (
+        "REGRESSION (1 regression against entries of 1 run, 2 unchanged; baselines of 1-8 runs)")

@@ -4,7 +4,10 @@ A file ``<baseline dir>/<gpu-slug>.json`` holds, per implementation, mode and ca
 (milliseconds) of the latest saved run, their median and spread, the versions, the date and the
 ratio to the reference implementation measured in the same run, and the history: the medians of
 the last ``HISTORY_LIMIT`` saved runs that measured the same implementation (the gate pools them,
-see :mod:`pytest_attnkit.controller.gate`). Files for other GPUs are never read for this one: a run
+see :mod:`pytest_attnkit.controller.gate`), each with the program it timed where the worker read
+it (the kernels one call launched, with their grids and blocks): a compiled kernel can become
+another program in another process, and the gate compares a run only with saved runs of its
+own program. Files for other GPUs are never read for this one: a run
 on a GPU with no file says so and gates nothing, unless a baseline is required. Saving writes a
 temporary file beside the target, flushes it to disk and renames it over the target, so a crash
 mid-write leaves the old file whole. JSON only, never pickle.
@@ -28,6 +31,9 @@ SCHEMA_VERSION = 2
 #: Version 1 files (no history) are read as a history of one run; they are written back as version 2.
 READABLE_VERSIONS = (1, 2)
 HISTORY_LIMIT = 8
+#: The fewest saved runs from which an entry's threshold knows how much runs disagree: with one
+#: run there is no spread, and two can agree by chance. A save says how many entries have fewer.
+MIN_RUNS = 3
 
 
 class BaselineError(Exception):
@@ -120,12 +126,22 @@ class BaselineStore:
             self.entries[EntryKey(entry.get("impl"), entry.get("mode"), entry.get("case"))
                          if {"impl", "mode", "case"} <= set(entry) else EntryKey(*name.split("::", 2))] = entry
 
-    def pooled(self, key: EntryKey) -> Pool | None:
-        """The entry's saved runs, pooled (:func:`pytest_attnkit.controller.gate.pool`); None without one."""
+    def pooled(self, key: EntryKey, program: str | None = None) -> Pool | None:
+        """The entry's saved runs, pooled (:func:`pytest_attnkit.controller.gate.pool`); None without one.
+        With ``program``, only the runs that timed that program, where the entry records programs
+        and one of them is it (see :meth:`programs`)."""
         entry = self.entries.get(key)
         if entry is None:
             return None
-        return pool([run["median_ms"] for run in history(entry)], entry["samples_ms"])
+        runs = history(entry)
+        if program is not None and any(run.get("program") == program for run in runs):
+            runs = [run for run in runs if run.get("program") == program]
+        return pool([run["median_ms"] for run in runs], entry["samples_ms"])
+
+    def programs(self, key: EntryKey) -> set[str]:
+        """The programs (the kernels a call launched) the entry's saved runs timed, where they recorded one."""
+        entry = self.entries.get(key)
+        return {run["program"] for run in history(entry) if run.get("program")} if entry else set()
 
     def save(self, measured: list[tuple[SpeedMeasurement, Decision | None, float | None]],
              environment: dict[str, Any], ceilings: dict[str, Any], host: str) -> dict[str, int]:
@@ -133,14 +149,16 @@ class BaselineStore:
         per entry. Each entry keeps the runs saved before it (its history, pooled by the gate) unless
         this run's gate found it changed far beyond noise: then the earlier runs describe another
         implementation, and its history starts again from this run. Returns how many entries were
-        pooled, restarted and new."""
+        pooled, restarted and new, and how many have fewer than :data:`MIN_RUNS` runs ("thin")."""
         date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         versions = {lib: environment.get(lib) for lib in ("torch", "triton", "cupy", "python")}
         entries = {}
-        counts = {"pooled": 0, "restarted": 0, "new": 0}
+        counts = {"pooled": 0, "restarted": 0, "new": 0, "thin": 0}
         for measurement, decision, ratio in measured:
             timing = measurement.timing
             run = {"date": date, "median_ms": timing.median_ms, "samples": len(timing.samples_ms), "host": host}
+            if measurement.program:
+                run["program"] = measurement.program
             old = self.entries.get(measurement.key)
             if old is None:
                 runs, outcome = [run], "new"
@@ -149,6 +167,7 @@ class BaselineStore:
             else:
                 runs, outcome = (history(old) + [run])[-HISTORY_LIMIT:], "pooled"
             counts[outcome] += 1
+            counts["thin"] += len(runs) < MIN_RUNS
             entries[key_string(measurement.key)] = {
                 "impl": measurement.impl, "mode": measurement.mode, "case": measurement.case.id,
                 "median_ms": timing.median_ms, "iqr_ms": timing.iqr_ms, "samples": len(timing.samples_ms),

@@ -26,7 +26,7 @@ from pytest_attnkit import cases as case_sets
 from pytest_attnkit.contract import AccuracyBudget, Case, accuracy_budget
 from pytest_attnkit.controller import caches, coverage, footprint, report, xdist
 from pytest_attnkit.controller.against import AgainstError, Revision, materialise, twins_of
-from pytest_attnkit.controller.baselines import BaselineError, BaselineStore
+from pytest_attnkit.controller.baselines import MIN_RUNS, BaselineError, BaselineStore
 from pytest_attnkit.controller.correctness import CorrectnessCheck
 from pytest_attnkit.controller.memory import NO_MEMORY_METER_ON_CPU, MemoryCheck, item_sweep
 from pytest_attnkit.controller.options import SUITES, Settings, moved_rootdir
@@ -408,7 +408,8 @@ class AttnkitSession:
                                                linear_memory=self._linear_memory(impl))
             if scheduler.budget_bytes is not None and estimate > scheduler.budget_bytes:
                 continue
-            message = {"op": "warm", "case": case.to_dict(), "backward": backward, "seed": self.settings.seed}
+            message = {"op": "warm", "case": case.to_dict(), "backward": backward, "seed": self.settings.seed,
+                       "program": suite == "speed"}
             job = scheduler.submit(impl, suite, message, gpu_bytes=estimate, warm=True)
             if suite == "speed" and self.speed is not None:
                 self.speed.warm_ups[EntryKey(impl, "backward" if backward else "forward", case.id)] = job
@@ -490,6 +491,10 @@ class AttnkitSession:
                 lines.append(f"baseline{NO_BREAK}saved:{NO_BREAK}{self.speed.store.path}")
                 lines.append(f"  {counts['pooled']} entries pooled with their earlier runs, {counts['restarted']} "
                              f"started afresh (changed beyond noise), {counts['new']} new")
+                if counts["thin"]:
+                    lines.append(f"  {counts['thin']} entries have fewer than {MIN_RUNS} runs: until they do, their "
+                                 "thresholds cannot know how much runs disagree; save again, each time from a fresh "
+                                 "process (better: another machine of the same GPU)")
         if self.settings.report:
             lines.extend(report.write(self.document, self.settings.path("report")))
         return lines

@@ -56,6 +56,9 @@ BANDWIDTH_SLACK = 2.5
 #: GPU-bound cases stay within a few tenths of a percent.
 BLOCK_SAMPLES = 4
 MAX_PAIRS = 20
+#: The gate's verdict for a measurement of a program (the kernels a call launched) that no saved run
+#: of its entry timed: shown, never failed (see SpeedCheck._gate).
+OTHER_PROGRAM = "other program"
 #: The gate's threshold on the CPU unless one is set: only a doubling is a regression there.
 CPU_THRESHOLD = 1.0
 #: The A/B gate's least threshold where both versions' calls synchronize inside (paired.py).
@@ -172,24 +175,34 @@ class SpeedCheck:
         self.outcomes.settle(reply, impl=impl, where=f"{case.id} ({mode})", origin=self.pool.info(impl).origin)
         return self._to_measurement(impl, mode, case, reply)
 
-    def _where(self, impl: str, mode: str, case: Case) -> dict[str, Any]:
-        """The worker that warmed this case up, where it did and is still there; else the primary."""
+    def _warmed(self, impl: str, mode: str, case: Case) -> Job | None:
+        """The warm-up of this case, where it ran and its worker is still there."""
         job = self.warm_ups.get(EntryKey(impl, mode, case.id))
         if job is None or not job.future.done() or job.future.cancelled() or job.worker is None:
-            return {}
+            return None
         if not job.future.result().ok or getattr(job.worker, "closed", False):
-            return {}
-        return {"worker": job.worker}
+            return None
+        return job
+
+    def _where(self, impl: str, mode: str, case: Case) -> dict[str, Any]:
+        """The worker that warmed this case up, where it did and is still there; else the primary."""
+        job = self._warmed(impl, mode, case)
+        return {} if job is None else {"worker": job.worker}
+
+    def _program(self, impl: str, mode: str, case: Case) -> str | None:
+        """The kernels the case's calls launch in the worker that timed it, where its warm-up read them."""
+        job = self._warmed(impl, mode, case)
+        return None if job is None else job.future.result().data.get("program")
 
     def _request(self, impl: str, mode: str, case: Case) -> Reply:
         return self.pool.request(impl, {"op": "speed", "case": case.to_dict(), "mode": mode,
                                         "seed": self.settings.seed, "budget_ms": self.settings.budget_ms},
                                  **self._where(impl, mode, case))
 
-    @staticmethod
-    def _to_measurement(impl: str, mode: str, case: Case, reply: Reply) -> SpeedMeasurement:
+    def _to_measurement(self, impl: str, mode: str, case: Case, reply: Reply) -> SpeedMeasurement:
         return SpeedMeasurement(impl, mode, case, Timing.from_dict(reply.data["timing"]),
-                                reply.data.get("input_sets", 1), reply.data.get("gpu_state", {}))
+                                reply.data.get("input_sets", 1), reply.data.get("gpu_state", {}),
+                                self._program(impl, mode, case))
 
     def _first_measurement(self, impl: str, mode: str, case: Case) -> SpeedMeasurement:
         key = EntryKey(impl, mode, case.id)
@@ -303,6 +316,12 @@ class SpeedCheck:
         elif self.store.found and measurement.key in self.store.entries:
             decision, measurement = self._gate(measurement)
             ratio = measurement.timing.median_ms / reference_ms if reference_ms else None
+            if decision.verdict == OTHER_PROGRAM:
+                self.notes[f"program:{measurement.key}"] = (
+                    f"{impl} on {case.id} ({mode}) ran another program than every saved run of its baseline entry "
+                    f"(now: {measurement.program}; saved: {'; '.join(sorted(self.store.programs(measurement.key)))}): "
+                    "not gated. The same source compiled to other kernels in this process (autotuning, or heuristics "
+                    "that read the device); save a baseline from this run to add this program to the entry.")
         elif self.settings.require_baseline:
             where = "no baseline file for this device" if not self.store.found else "no baseline entry"
             pytest.fail(f"{impl} on {case.id} ({mode}): {where} ({self.store.path}) and a baseline is required "
@@ -373,14 +392,19 @@ class SpeedCheck:
 
     # -- gating ------------------------------------------------------------------------------
     def _gate(self, measurement: SpeedMeasurement) -> tuple[Decision, SpeedMeasurement]:
-        """The verdict against the stored baseline, and the measurement of the round it used."""
+        """The verdict against the stored baseline, and the measurement of the round it used. A
+        measurement of a program no saved run timed gets the verdict :data:`OTHER_PROGRAM`:
+        its time says how the compiler chose in this process, not what the code's change did."""
         key = measurement.key
-        baseline = self.store.pooled(key)
+        baseline = self.store.pooled(key, measurement.program)
         assert baseline is not None
         factor = 1.0 if key.impl == self.settings.reference else self.machine_factor()
         threshold = noise_threshold(self.threshold(key), baseline)
         decision = decide(baseline.samples_ms, list(measurement.timing.samples_ms), threshold=threshold,
                           machine_factor=factor)
+        known = self.store.programs(key)
+        if measurement.program and known and measurement.program not in known:
+            return replace(decision, verdict=OTHER_PROGRAM, baseline_runs=baseline.runs), measurement
         if decision.verdict == "regression":
             decision, measurement = self._confirm(measurement, baseline.samples_ms, decision, threshold, factor)
         return replace(decision, baseline_runs=baseline.runs), measurement

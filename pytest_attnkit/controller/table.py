@@ -161,12 +161,27 @@ def _headline_speed(document: dict[str, Any], name: str) -> str:
     return "; ".join(text for _, text in sorted(figures))
 
 
+def _runs_of(decisions: list[dict[str, Any]]) -> str:
+    """How many saved runs the baseline entries behind these verdicts hold: "3-8 runs" or "1 run"."""
+    runs = sorted(decision.get("baseline_runs", 1) for decision in decisions)
+    span = f"{runs[0]}" if runs[0] == runs[-1] else f"{runs[0]}-{runs[-1]}"
+    return f"{span} run{'' if span == '1' else 's'}"
+
+
 def _headline_gate(document: dict[str, Any], name: str) -> str:
-    verdicts = Counter(decision["verdict"] for decision in document["speed"]["gate"] if decision["impl"] == name)
+    """The gate's verdict for one implementation, with the counts of each verdict and the runs
+    the baseline entries behind them hold (a regression against an entry of one run says so)."""
+    decisions = [decision for decision in document["speed"]["gate"] if decision["impl"] == name]
+    verdicts = Counter(decision["verdict"] for decision in decisions)
     timed = any(m["impl"] == name for m in document["speed"]["measurements"])
     if verdicts:
         gate = "REGRESSION" if verdicts["regression"] else "ok"
-        return gate + " (" + ", ".join(f"{count} {verdict}" for verdict, count in sorted(verdicts.items())) + ")"
+        parts = []
+        for verdict, count in sorted(verdicts.items()):
+            behind = [decision for decision in decisions if decision["verdict"] == verdict]
+            parts.append(f"{count} {verdict}" + (f" against entries of {_runs_of(behind)}"
+                                                 if verdict == "regression" else ""))
+        return gate + " (" + ", ".join(parts) + f"; baselines of {_runs_of(decisions)})"
     if timed:
         return "NOT GATED: " + ("no baseline file for this device" if not document["speed"].get("baseline_found")
                                 else "no baseline entries for its cases")

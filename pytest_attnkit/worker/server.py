@@ -20,6 +20,8 @@ unpickling would import torch into the pytest process.
 ``warm`` runs one case once (forward, or forward and backward) and keeps nothing but what the
 implementation compiled: the scheduler sends it ahead of the memory and speed suites, so their
 compilation happens while other work fills the GPU (:mod:`pytest_attnkit.controller.scheduler`).
+With ``program`` it also says which kernels a call launches
+(:func:`pytest_attnkit.worker.speed.kernel_program`), for the gate.
 A request with ``release_memory`` hands the device memory torch cached back to the driver when
 it is done, for the other workers that share the GPU.
 """
@@ -226,6 +228,15 @@ class Handler:
 
         def measure(impl: AttentionImpl, case: Case) -> Reply:
             warm_call(impl, case, device=self.device, seed=message["seed"], backward=backward)
+            if message.get("program") and self.device == "cuda":
+                from pytest_attnkit.worker.speed import kernel_program
+
+                try:
+                    program = kernel_program(impl, case, "backward" if backward else "forward", seed=message["seed"])
+                except Exception as error:  # a profiler that cannot start: the program stays unknown
+                    program = None
+                    print(f"attnkit: the kernels of {case.id} could not be read: {error!r}", file=sys.stderr)
+                return Reply(Status.OK, "", {"program": program})
             return Reply(Status.OK)
 
         return self._run(message, backward, measure)

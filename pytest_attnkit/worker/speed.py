@@ -189,3 +189,43 @@ def gpu_state() -> dict[str, Any]:
             continue
         state[key] = value / 1000 if key == "power_w" else value
     return state
+
+
+#: The fields of a kernel launch that say which program ran (from the profiler's trace).
+_LAUNCH_FIELDS = (("grid", "grid"), ("block", "block"), ("smem", "shared memory"), ("regs", "registers per thread"))
+
+
+def kernel_program(impl: AttentionImpl, case: Case, mode: str, *, seed: int) -> str | None:
+    """The kernels one call of the case launches, as ``name grid=.. block=.. smem=.. regs=..``
+    joined by " | ", read from torch's profiler after a first call: which program a compiled
+    kernel became in this process. None where the profiler gives no kernel events."""
+    import json
+    import os
+    import tempfile
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    call, prepare, _ = _timed_call(impl, case, mode, device="cuda", seed=seed, input_sets=1)
+    if prepare is not None:
+        prepare()
+    call()  # compiled and loaded before the profile
+    if prepare is not None:
+        prepare()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as profiler:
+        call()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as folder:
+        trace = os.path.join(folder, "trace.json")
+        profiler.export_chrome_trace(trace)
+        with open(trace, encoding="utf-8") as stream:
+            events = json.load(stream).get("traceEvents", [])
+    launches: list[str] = []
+    for event in sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e.get("ts", 0)):
+        args = event.get("args", {})
+        fields = " ".join(f"{short}={args[name]}".replace(" ", "") for short, name in _LAUNCH_FIELDS if name in args)
+        launch = f"{event.get('name', '?')} {fields}".strip()
+        if not launches or launches[-1] != launch:
+            launches.append(launch)
+    return " | ".join(launches) or None
