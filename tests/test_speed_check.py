@@ -195,11 +195,11 @@ def test_a_save_says_how_many_entries_have_fewer_than_three_runs(tmp_path: Path)
 
 
 def test_the_summary_line_shows_the_runs_behind_each_verdict() -> None:
-    from pytest_attnkit.controller.table import _headline_gate
+    from pytest_attnkit.controller.table import gate_headline
 
     gate = [{"impl": "kernel", "verdict": "unchanged", "baseline_runs": 3},
             {"impl": "kernel", "verdict": "unchanged", "baseline_runs": 8},
             {"impl": "kernel", "verdict": "regression", "baseline_runs": 1}]
     document = {"speed": {"gate": gate, "measurements": [{"impl": "kernel"}]}}
-    assert _headline_gate(document, "kernel") == (
+    assert gate_headline(document, "kernel") == (
         "REGRESSION (1 regression against entries of 1 run, 2 unchanged; baselines of 1-8 runs)")

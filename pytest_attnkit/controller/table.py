@@ -168,7 +168,7 @@ def _runs_of(decisions: list[dict[str, Any]]) -> str:
     return f"{span} run{'' if span == '1' else 's'}"
 
 
-def _headline_gate(document: dict[str, Any], name: str) -> str:
+def gate_headline(document: dict[str, Any], name: str) -> str:
     """The gate's verdict for one implementation, with the counts of each verdict and the runs
     the baseline entries behind them hold (a regression against an entry of one run says so)."""
     decisions = [decision for decision in document["speed"]["gate"] if decision["impl"] == name]
@@ -226,7 +226,7 @@ def headline_lines(document: dict[str, Any]) -> list[str]:
         if document["implementations"][name]["status"] == "available":
             rows.append(("accuracy", accuracy_headline(document, name)))
         rows += [("memory", memory or "-"),
-                 ("speed", _headline_speed(document, name) or "-"), ("gate", _headline_gate(document, name))]
+                 ("speed", _headline_speed(document, name) or "-"), ("gate", gate_headline(document, name))]
         verdicts = property_verdicts(document, name)
         if verdicts:
             rows.append(("properties", " · ".join(verdict.replace(" ", NO_BREAK) for verdict in verdicts)))
@@ -508,7 +508,7 @@ def markdown(document: dict[str, Any]) -> str:
         for name in names:
             memory = ", ".join(f"{s['direction']} {memory_figure(s)}" for s in document["memory"] if s["impl"] == name)
             out.append(f"| {name} | {correctness_verdict(document, name)} | {memory or '-'} | "
-                       f"{_headline_speed(document, name) or '-'} | {_headline_gate(document, name)} |")
+                       f"{_headline_speed(document, name) or '-'} | {gate_headline(document, name)} |")
         out.append("")
     speed = document["speed"]
     if speed["ceilings"]:
