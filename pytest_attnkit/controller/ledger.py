@@ -62,6 +62,8 @@ class Ledger:
         #: Every request: (suite, implementation, start and wall seconds, compile seconds, queued
         #: seconds), the start counted from the ledger's; the report keeps them for a timeline.
         self.events: list[tuple[str, str, float, float, float, float]] = []
+        #: Per implementation: requests run again alone after an out-of-memory beside others.
+        self.retried_alone: dict[str, int] = {}
 
     def began(self) -> None:
         """A request started (for the most that ran at once)."""
@@ -78,6 +80,11 @@ class Ledger:
             self.accounts.setdefault((suite, impl), Account()).add(spent, started, ended, queued_s)
             self.events.append((suite, impl, round(started - self.started, 3), round(ended - started, 3),
                                 round(float(spent.get("compile_s", 0.0)), 3), round(queued_s, 3)))
+
+    def ran_out_of_memory(self, impl: str) -> None:
+        """A request of ``impl`` ran out of device memory beside others and goes again, alone."""
+        with self._lock:
+            self.retried_alone[impl] = self.retried_alone.get(impl, 0) + 1
 
     def waited(self, seconds: float) -> None:
         """The pytest thread waited this long for a result it needed."""
@@ -102,5 +109,6 @@ class Ledger:
             return {"wall_s": round(time.monotonic() - self.started, 2), "rows": rows,
                     "startup_s": {impl: round(seconds, 2) for impl, seconds in sorted(startup.items())},
                     "waited_s": round(self.waited_s, 2), "most_at_once": self.most_at_once,
+                    "retried_alone": dict(sorted(self.retried_alone.items())),
                     "events": [dict(zip(("suite", "impl", "start_s", "wall_s", "compile_s", "queued_s"), event))
                                for event in self.events]}

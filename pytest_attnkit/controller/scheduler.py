@@ -117,7 +117,7 @@ class Job:
     alone: bool = False
     #: Another request ran at some moment while this one did.
     shared: bool = False
-    #: The out-of-memory reply that sent this job to run again alone, kept for the record.
+    #: The out-of-memory reply that sent this job to run again alone (the ledger counts them).
     first_oom: Reply | None = None
     #: Since when it has waited at the head of the queue for device memory (None: not waiting).
     held_since: float | None = None
@@ -385,6 +385,7 @@ class Scheduler:
             if retry and not self._closed:
                 job.alone, job.shared, job.first_oom = True, False, reply
                 self._pending[job.impl].appendleft(job)
+                self.ledger.ran_out_of_memory(job.impl)
             self._cond.notify_all()
         if self._closed and not job.future.done():
             job.future.cancel()

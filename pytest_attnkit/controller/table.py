@@ -477,6 +477,10 @@ def time_lines(document: dict[str, Any]) -> list[str]:
     startup = sum((time.get("startup_s") or {}).values())
     lines += wrap(f"in all: workers busy {busy:.0f} s, of which compiling {compiled:.0f} s; workers started in "
                   f"{startup:.0f} s; the pytest thread waited {time.get('waited_s', 0):.0f} s for results", "  ")
+    retried = time.get("retried_alone") or {}
+    if retried:
+        lines += wrap("ran again alone after running out of device memory beside other requests (the second "
+                      "reply counts): " + ", ".join(f"{impl} {count}" for impl, count in retried.items()), "  ")
     return lines
 
 
