@@ -1,7 +1,8 @@
 """FlexAttention's backward against triton_flash's, same shape, one process: where a gap comes from.
 
-For b1 h16 N=16384 d128 bf16, dense and with ALiBi, it times each backward with CUDA events (L2
-flushed, median of 15), splits it by kernel with the profiler, prints the registers, spills,
+For b1 h16 N=16384 d128 bf16, dense and with ALiBi, it times each backward with versions.py's
+timer (CUDA events, L2 flushed, the GPU spun ahead of the start event, median of 15; the H200 run
+below had no spin) and splits it by kernel with the profiler; it prints the registers, spills,
 warps, stages and shared memory of triton_flash's compiled kernels and of the kernels torch
 compiled for FlexAttention (cuobjdump on Inductor's cubins), and copies the Triton source that
 Inductor generated for FlexAttention's backward into OUT, to be read beside ours.
@@ -9,10 +10,11 @@ Inductor generated for FlexAttention's backward into OUT, to be read beside ours
 On an H200 (results/2026-11-23-h200-backward-experiments, flex_vs_ours.*): FlexAttention's
 backward is one kernel of 12.81 ms (ALiBi 13.18) with our tiles and registers and no spills,
 against our dK/dV + dQ of 9.56 + 4.75 ms; its generated source showed that its loads carry no
-masks when the length is a multiple of the tiles, which became triton_flash's EVEN_Q (NOTES.md, v6).
-(The run there also timed a decode call; tools/flash_bench/overhead.py does that in full.)
+masks when the length is a multiple of the tiles, which became triton_flash's EVEN_Q (NOTES.md,
+v6). (The run there also timed a decode call; tools/flash_bench/overhead.py does that in full.)
 
-Usage (on the GPU machine, after tools/install_offline.sh): python3 tools/flash_bench/flex_vs_ours.py OUT
+Usage (on the GPU machine, after tools/install_offline.sh):
+    python3 tools/flash_bench/flex_vs_ours.py OUT
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ from __future__ import annotations
 import glob
 import json
 import os
-import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 import triton
@@ -30,29 +32,10 @@ from torch.nn.attention.flex_attention import flex_attention
 
 from pytest_attnkit.implementations.triton_flash import autograd, kernels
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from versions import kernel_times, timed  # noqa: E402
+
 B, H, N, D = 1, 16, 16384, 128
-
-
-def timed(fn, flush, reps: int = 15) -> float:
-    times = []
-    for _ in range(reps):
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
-def profiled(fn) -> dict[str, float]:
-    """Each kernel's device time per call, ms (over 3 calls)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-    return {e.key[:60]: round(e.device_time_total / 3000, 4) for e in prof.key_averages() if e.device_time_total > 0}
 
 
 def main(out: str) -> int:
@@ -67,7 +50,6 @@ def main(out: str) -> int:
         return score + slopes[h] * (j - i)
 
     flex = torch.compile(flex_attention, dynamic=False)
-    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
     report = {}
     for name, forward in [("flex-dense", lambda: flex(q, k, v)),
                           ("flex-alibi", lambda: flex(q, k, v, score_mod=alibi)),
@@ -80,7 +62,7 @@ def main(out: str) -> int:
 
         backward()
         torch.cuda.synchronize()
-        report[name] = {"bwd_ms": round(timed(backward, flush), 4), "kernels": profiled(backward)}
+        report[name] = {"bwd_ms": round(timed(backward, 15), 4), "kernels": kernel_times(backward, match="")}
         print(name, json.dumps(report[name]), flush=True)
     for fn in (kernels.attn_bwd_dkdv, kernels.attn_bwd_dq, kernels.attn_fwd):
         for cache in getattr(fn, "device_caches", {}).values():
