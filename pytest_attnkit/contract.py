@@ -79,7 +79,7 @@ SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float8
                "float8_e5m2": "e5m2"}
 #: The output dtype of an FP8 case (FA3's FP8 forward returns bf16).
 FP8_OUTPUT_DTYPE = "bfloat16"
-#: How an implementation's results are judged; see :class:`AccuracyBudget` and the README's
+#: How an implementation's results are judged; see :class:`AccuracyBudget` and docs/accuracy.md,
 #: "Accuracy classes". "exact" is FlashAttention's rule; "quantized" is :data:`QUANTIZED_BUDGET`.
 ACCURACY_CLASSES: tuple[str, ...] = ("exact", "quantized")
 LAYOUTS: tuple[str, ...] = ("bhsd", "bshd")
@@ -154,7 +154,7 @@ class AccuracyBudget:
 
 
 #: The "quantized" class: limits set between what an honest INT8 per-block Q/K kernel
-#: (SageAttention's scheme) makes and what a 5% scale error makes (the README gives the figures;
+#: (SageAttention's scheme) makes and what a 5% scale error makes (docs/accuracy.md gives the figures;
 #: tests/test_accuracy.py holds both sides). Large logits (``x8`` cases) defeat INT8 Q/K.
 QUANTIZED_BUDGET = AccuracyBudget(name="quantized")
 #: FlashInfer's tolerance for FP8 KV caches (``tests/attention``: ``atol=1e-2, rtol=2e-1``), for

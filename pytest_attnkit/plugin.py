@@ -178,7 +178,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if session is not None:
         session.mark_refusals(items)
         # The reference's speed tests run first: the gate divides every other implementation's
-        # timings by how much slower the machine runs the reference (see speedrun.machine_factor).
+        # timings by how much slower the machine runs the reference
+        # (pytest_attnkit/controller/gate.py: machine_factor).
         reference = session.settings.reference
 
         def speed_reference_first(item: pytest.Item) -> int:

@@ -1,7 +1,8 @@
 """The gate on synthetic samples shaped like the GPU's noise: it never cries wolf on clean runs and
 catches real slowdowns.
 
-The noise model follows what was measured on the GPU test machine (shared/ANCHORS.md): the same
+The noise model follows what was measured on the GPU test machine (an H200, 2026-11-22, with
+``triton.testing.do_bench``; that run's output is not in this repository): the same
 call timed repeatedly stays within about 2%, with an occasional outlier far out (11% spread over
 ten runs). Each synthetic run draws fresh samples with that noise.
 """

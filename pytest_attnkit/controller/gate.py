@@ -40,7 +40,7 @@ MIN_SAMPLES = 6
 EXACT_BELOW = 8
 DEFAULT_ALPHA = 0.01
 #: Above the few percent single cases move from one process to the next on a GPU, and below the
-#: slowdown of 10% more work, which it catches (docs/NOTES.md: the gate's threshold).
+#: slowdown of 10% more work, which it catches (docs/speed.md: the gate's threshold).
 DEFAULT_THRESHOLD = 0.08
 #: The A/B gate's (``--attnkit-against``): old and new are timed in one process, block by block, so
 #: the drift between processes and machines that the 8% absorbs is not there; the paired ratio's

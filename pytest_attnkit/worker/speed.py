@@ -28,7 +28,7 @@ from pytest_attnkit.counts import byte_count
 #: On the GPU the timed calls rotate over up to this many copies of the inputs (the same values at
 #: different addresses), using at most ``INPUT_SETS_BYTES`` for them: a call's time can depend on
 #: where its inputs happen to be allocated, and a median over placements does not carry one
-#: placement's luck from run to run (docs/NOTES.md: the timer).
+#: placement's luck from run to run (docs/speed.md: the timer).
 INPUT_SETS = 4
 INPUT_SETS_BYTES = 6 * 2**30
 

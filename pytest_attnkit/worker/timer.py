@@ -12,7 +12,7 @@ host takes to issue the call, as NVBench's blocking kernel does; the call then s
 the flush, as it would without the hold, but with all of it already queued. Without it a
 short call's events also time the host: the start event fires as soon as the flush ends, and the
 GPU then waits for Python and the launch path to deliver the kernels (a 0.03 ms decode call read
-two to five times that; docs/NOTES.md). The host's part is measured on its own
+two to five times that; docs/speed.md: the timer). The host's part is measured on its own
 (``Timing.launch_ms``) and reported beside the GPU time, not mixed into it.
 
 The hold also reads the SM clock: it spins a known number of cycles, so events around it give

@@ -12,7 +12,7 @@ cap, FlashAttention-3's and -4's tests widen the rule (see :func:`factor_and_ext
 A failure says where and by how much: the worst index, the values there, the error, the allowed
 error and the share of elements outside the allowed error.
 
-Two more rules judge low-precision kernels (the README's "Accuracy classes"):
+Two more rules judge low-precision kernels (docs/accuracy.md, "Accuracy classes"):
 
 - FP8 cases (FlashAttention-3's rule, ``hopper/test_flash_attn.py``): the same 2x, against a plain
   reference in bf16 on the dequantized inputs with P rounded to e4m3 before the PV product; the
