@@ -203,3 +203,57 @@ def test_the_summary_line_shows_the_runs_behind_each_verdict() -> None:
     document = {"speed": {"gate": gate, "measurements": [{"impl": "kernel"}]}}
     assert gate_headline(document, "kernel") == (
         "REGRESSION (1 regression against entries of 1 run, 2 unchanged; baselines of 1-8 runs)")
+
+
+# -- the profile's longest call (cases.SPEED_CALL_LIMIT_MS) --------------------------------------
+
+
+def test_a_call_over_the_profiles_limit_is_warmed_up_and_not_sampled() -> None:
+    import time
+
+    from pytest_attnkit.oracle import attention_math
+    from pytest_attnkit.worker.speed import measure_speed
+
+    calls = []
+
+    def slow(q, k, v, *, causal=False, scale=None):
+        calls.append(1)
+        time.sleep(0.12)
+        return attention_math(q, k, v, causal=causal, scale=scale)
+
+    case = Case(1, 2, 2, 32, 32, 16, "float32")
+    over = measure_speed(slow, case, "forward", device="cpu", seed=0, budget_ms=5, call_limit_ms=100.0)
+    assert "timing" not in over and over["over_limit_ms"] >= 100.0
+    assert len(calls) == 2  # the first call and one warm call: enough to know, nothing sampled
+    calls.clear()
+    timed = measure_speed(slow, case, "forward", device="cpu", seed=0, budget_ms=5, call_limit_ms=1000.0)
+    assert "over_limit_ms" not in timed and len(timed["timing"]["samples_ms"]) == 6  # the long-call floor
+
+
+def test_the_default_profile_limits_a_call_and_full_times_every_call() -> None:
+    from pytest_attnkit.cases import PROFILES, SPEED_CALL_LIMIT_MS
+
+    assert set(SPEED_CALL_LIMIT_MS) <= set(PROFILES)
+    assert SPEED_CALL_LIMIT_MS.get("default") and "full" not in SPEED_CALL_LIMIT_MS
+
+
+def test_a_case_over_the_limit_skips_with_the_time_its_call_took(tmp_path: Path) -> None:
+    pool = FakePool({"ref": [1.0], "kernel": []})
+    asked = []
+
+    def request(name: str, message: dict) -> Reply:
+        asked.append(message)
+        if name == "kernel":
+            return Reply(Status.OK, "", {"over_limit_ms": 2313.4, "input_sets": 1})
+        return Reply(Status.OK, "", {"timing": timing(1.0).to_dict(), "input_sets": 1})
+
+    pool.request = request  # type: ignore[method-assign]
+    check = SpeedCheck(pool, Outcomes(), SpeedSettings("ref", 0, 400.0, False, 1000.0), BaselineStore(tmp_path, DEVICE),
+                       lambda key: 0.08, "cuda")
+    for _ in range(2):  # asked once; the second test of the same case skips from what the first learned
+        with pytest.raises(pytest.skip.Exception, match=r"kernel on .*: one call took 2313 ms, longer than this "
+                                                        r"profile times \(1000 ms.*--attnkit-profile=full times it"):
+            check.check("kernel", "forward", CASE)
+    assert [m["call_limit_ms"] for m in asked] == [1000.0]
+    assert check.over_limit == {EntryKey("kernel", "forward", CASE.id): 2313.4}
+    assert check.check("ref", "forward", CASE).measurement.timing.median_ms == pytest.approx(1.0)

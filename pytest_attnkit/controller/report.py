@@ -79,6 +79,10 @@ def build(*, environment: dict[str, Any], device: str, profile: str, impls: list
             "machine_factor": speed.machine_factor() if speed and gate else None,
             "reference": speed.settings.reference if speed else None,
             "notes": list(speed.notes.values()) if speed else [],
+            # Cases not timed: one call took longer than the profile times (cases.SPEED_CALL_LIMIT_MS).
+            "over_limit": [{"impl": key.impl, "mode": key.mode, "case": key.case_id, "call_ms": took,
+                            "limit_ms": speed.settings.call_limit_ms}
+                           for key, took in speed.over_limit.items()] if speed else [],
             **baseline,
         },
     }
@@ -113,6 +117,7 @@ def merge(document: dict[str, Any], parts: list[dict[str, Any]]) -> dict[str, An
         document["ab"] = document.get("ab", []) + part.get("ab", [])
         speed["measurements"] += part["speed"]["measurements"]
         speed["gate"] += part["speed"]["gate"]
+        speed["over_limit"] = speed.get("over_limit", []) + part["speed"].get("over_limit", [])
         speed["notes"] += [note for note in part["speed"]["notes"] if note not in speed["notes"]]
         for key in ("ceilings", "gpu_state", "machine_factor"):
             if not speed.get(key) and part["speed"].get(key):

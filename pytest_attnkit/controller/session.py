@@ -135,7 +135,8 @@ class AttnkitSession:
                 raise pytest.UsageError(f"attnkit: {error}") from None
             self.speed = SpeedCheck(self.pool, self.outcomes,
                                     SpeedSettings(settings.reference, settings.seed, settings.budget_ms,
-                                                  settings.require_baseline),
+                                                  settings.require_baseline,
+                                                  case_sets.SPEED_CALL_LIMIT_MS.get(self.profile)),
                                     store, self.threshold, self.device,
                                     twins=dict(self.revision.twins) if self.revision else {},
                                     ab_threshold=self.ab_threshold)

@@ -130,6 +130,8 @@ class SpeedSettings:
     seed: int
     budget_ms: float
     require_baseline: bool
+    #: The longest call this profile times (``pytest_attnkit.cases.SPEED_CALL_LIMIT_MS``), or None.
+    call_limit_ms: float | None = None
 
 
 @dataclass
@@ -156,6 +158,8 @@ class SpeedCheck:
     warm_ups: dict[EntryKey, Job] = field(default_factory=dict)
     _measured: dict[EntryKey, SpeedMeasurement] = field(default_factory=dict)
     _refused: dict[EntryKey, Reply] = field(default_factory=dict)
+    #: Cases whose call took longer than the profile times (settings.call_limit_ms), and how long.
+    over_limit: dict[EntryKey, float] = field(default_factory=dict)
     _ceilings_asked: bool = False
 
     # -- measuring ---------------------------------------------------------------------------
@@ -173,7 +177,16 @@ class SpeedCheck:
         """Time one case in ``impl``'s worker; a reply other than OK skips or fails the test."""
         reply = self._request(impl, mode, case)
         self.outcomes.settle(reply, impl=impl, where=f"{case.id} ({mode})", origin=self.pool.info(impl).origin)
+        if "over_limit_ms" in reply.data:
+            self.over_limit[EntryKey(impl, mode, case.id)] = float(reply.data["over_limit_ms"])
+            self._skip_over_limit(impl, mode, case)
         return self._to_measurement(impl, mode, case, reply)
+
+    def _skip_over_limit(self, impl: str, mode: str, case: Case) -> None:
+        took = self.over_limit[EntryKey(impl, mode, case.id)]
+        pytest.skip(f"{impl} on {case.id} ({mode}): one call took {took:.0f} ms, longer than this profile "
+                    f"times ({self.settings.call_limit_ms:.0f} ms: eight such calls with the GPU alone); "
+                    "--attnkit-profile=full times it")
 
     def _warmed(self, impl: str, mode: str, case: Case) -> Job | None:
         """The warm-up of this case, where it ran and its worker is still there."""
@@ -196,7 +209,8 @@ class SpeedCheck:
 
     def _request(self, impl: str, mode: str, case: Case) -> Reply:
         return self.pool.request(impl, {"op": "speed", "case": case.to_dict(), "mode": mode,
-                                        "seed": self.settings.seed, "budget_ms": self.settings.budget_ms},
+                                        "seed": self.settings.seed, "budget_ms": self.settings.budget_ms,
+                                        "call_limit_ms": self.settings.call_limit_ms},
                                  **self._where(impl, mode, case))
 
     def _to_measurement(self, impl: str, mode: str, case: Case, reply: Reply) -> SpeedMeasurement:
@@ -206,6 +220,8 @@ class SpeedCheck:
 
     def _first_measurement(self, impl: str, mode: str, case: Case) -> SpeedMeasurement:
         key = EntryKey(impl, mode, case.id)
+        if key in self.over_limit:
+            self._skip_over_limit(impl, mode, case)
         if key not in self._measured and key not in self._refused:
             base = self.base_of(impl)
             if base in self.twins:
@@ -267,7 +283,9 @@ class SpeedCheck:
                 continue
             if problem is not None:  # timed alone, as without REV
                 reply = self._request(name, mode, case)
-                if reply.status is Status.OK:
+                if reply.status is Status.OK and "over_limit_ms" in reply.data:
+                    self.over_limit[name_key] = float(reply.data["over_limit_ms"])
+                elif reply.status is Status.OK:
                     self._measured[name_key] = self._to_measurement(name, mode, case, reply)
                 else:
                     self._refused[name_key] = reply

@@ -41,15 +41,23 @@ def input_set_count(case: Case, mode: str, device: str) -> int:
 
 
 def measure_speed(impl: AttentionImpl, case: Case, mode: str, *, device: str, seed: int,
-                  budget_ms: float, hold_stream: bool = True, input_sets: int | None = None) -> dict[str, Any]:
+                  budget_ms: float, hold_stream: bool = True, input_sets: int | None = None,
+                  call_limit_ms: float | None = None) -> dict[str, Any]:
     """Time one case in one mode. Inputs are made once, outside the timed region; successive calls
     take the next of ``input_sets`` copies (default: :func:`input_set_count`). A backward call
-    runs the backward of a graph built for it alone (see the module docstring)."""
-    from pytest_attnkit.worker.timer import time_call
+    runs the backward of a graph built for it alone (see the module docstring).
+
+    With ``call_limit_ms``, a call whose warm-up took longer is not sampled: the reply says how
+    long it took (``over_limit_ms``) instead of a timing (``pytest_attnkit.cases.SPEED_CALL_LIMIT_MS``)."""
+    from pytest_attnkit.worker.timer import warm_up
 
     call, prepare, sets = _timed_call(impl, case, mode, device=device, seed=seed, input_sets=input_sets)
-    timing = time_call(call, device, budget_ms=budget_ms, hold_stream=hold_stream, prepare=prepare)
-    return {"timing": timing.to_dict(), "input_sets": sets}
+    warmed = warm_up(call, device, hold_stream=hold_stream, prepare=prepare)
+    if call_limit_ms is not None and warmed.long_call and warmed.last_ms is not None \
+            and warmed.last_ms > call_limit_ms:
+        return {"over_limit_ms": round(warmed.last_ms, 1), "input_sets": sets}
+    count = warmed.sample_count(budget_ms)
+    return {"timing": warmed.timing(warmed.samples(count)).to_dict(), "input_sets": sets}
 
 
 def warm_speed(impl: AttentionImpl, case: Case, mode: str, *, device: str, seed: int,
