@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any, NamedTuple
 
@@ -170,13 +170,19 @@ class MemoryPoint:
     unmetered_bytes: int = 0
     expected_bytes: int | None = None
     message: str = ""
+    #: The measured call's wall time, in milliseconds (0 where not measured).
+    call_ms: float = 0.0
+    #: Why the sweep ends after this point although it measured (a call over the profile's
+    #: limit, ``pytest_attnkit.cases.CALL_LIMIT_MS``); empty when it goes on.
+    stop: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "MemoryPoint":
-        return cls(**values)
+        known = {f.name for f in fields(cls)}
+        return cls(**{key: value for key, value in values.items() if key in known})
 
 
 # -- speed ------------------------------------------------------------------------------------

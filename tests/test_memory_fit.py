@@ -177,3 +177,39 @@ def test_a_clean_sweep_shows_its_class_and_fit_quality() -> None:
     assert document["verdict"] == "quadratic" and document["r2"] == pytest.approx(1.0)
     assert document["worst_residual"] == pytest.approx(1.0)
     assert result.table()[0].startswith("naive (forward): fitted exponent 2.00 -> quadratic (R^2 1.000, worst point 1.00x")
+
+
+def test_a_point_over_the_default_profiles_call_limit_ends_the_sweep_and_says_why() -> None:
+    """The memory check against a pool that answers every point: from the fourth point on the
+    requests carry the default profile's call limit, a point that says ``stop`` is the last asked
+    for, and the result says where and why the sweep stopped (the fit has its points)."""
+    from pytest_attnkit.cases import CALL_LIMIT_MS, MIN_SWEEP_POINTS
+    from pytest_attnkit.controller.memory import MemoryCheck
+    from pytest_attnkit.controller.outcome import Outcomes
+    from pytest_attnkit.controller.pool import ImplInfo
+    from pytest_attnkit.records import Reply, Status
+
+    asked: list[dict] = []
+
+    class Pool:
+        scheduler = None
+
+        def info(self, name: str) -> ImplInfo:
+            return ImplInfo(name, "fake:naive", capabilities={"memory_class": "quadratic"})
+
+        def request(self, name: str, message: dict) -> Reply:
+            asked.append(message)
+            n = message["case"]["seqlen_q"]
+            stop = "one call took 2300 ms" if n == 16384 else ""
+            return Reply(Status.OK, "", MemoryPoint(n, "measured", extra_bytes=n * n * 64, peak_bytes=n * n * 64,
+                                                    call_ms=2300.0 if stop else 10.0, stop=stop).to_dict())
+
+    check = MemoryCheck(Pool(), Outcomes(), MemorySweep(seqlens=tuple(SEQLENS)), "cuda", 0, profile="default")
+    result = check.check("naive", backward=False)
+    assert [m["case"]["seqlen_q"] for m in asked] == SEQLENS[:-1]  # 32768 never asked for
+    assert [m["call_limit_ms"] for m in asked] == [None] * (MIN_SWEEP_POINTS - 1) + [CALL_LIMIT_MS["default"]] * 2
+    assert result.largest_n == 16384 and result.verdict == "quadratic"
+    assert result.stopped == "the sweep stopped after N=16384: one call took 2300 ms"
+    full = MemoryCheck(Pool(), Outcomes(), MemorySweep(seqlens=tuple(SEQLENS)), "cuda", 0, profile="full")
+    asked.clear()
+    assert full._message(MemorySweep(seqlens=(1024,)).case(1024), False, 5)["call_limit_ms"] is None

@@ -193,6 +193,20 @@ def test_a_sweep_stops_after_a_point_that_did_not_measure(made) -> None:
     assert pool.order == [0, 1, 2]
 
 
+def test_a_sweep_stops_after_a_point_whose_call_was_over_the_profiles_limit(made) -> None:
+    def behave(message: dict[str, Any], running: int) -> Reply:
+        return Reply(Status.OK, "", {"status": "measured", "stop": "one call took 2300 ms" if message["n"] == 3 else ""})
+
+    pool = FakePool(behave=behave)
+    scheduler = made(pool, jobs=1)
+    jobs: list[Any] = []
+    for n in range(6):
+        jobs.append(scheduler.submit("a", "memory", {"n": n}, after=jobs[-1] if jobs else None, needs_ok=bool(jobs)))
+    statuses = [scheduler.wait(job).data.get("status") for job in jobs]
+    assert statuses == ["measured"] * 4 + ["not run"] * 2
+    assert pool.order == [0, 1, 2, 3]
+
+
 def test_a_broken_implementation_answers_at_once(made) -> None:
     pool = FakePool()
     pool.impls["a"] = ImplInfo("a", "fake:a", load_error="ImportError: no module")

@@ -205,7 +205,7 @@ def test_the_summary_line_shows_the_runs_behind_each_verdict() -> None:
         "REGRESSION (1 regression against entries of 1 run, 2 unchanged; baselines of 1-8 runs)")
 
 
-# -- the profile's longest call (cases.SPEED_CALL_LIMIT_MS) --------------------------------------
+# -- the profile's longest call (cases.CALL_LIMIT_MS) --------------------------------------
 
 
 def test_a_call_over_the_profiles_limit_is_warmed_up_and_not_sampled() -> None:
@@ -231,10 +231,10 @@ def test_a_call_over_the_profiles_limit_is_warmed_up_and_not_sampled() -> None:
 
 
 def test_the_default_profile_limits_a_call_and_full_times_every_call() -> None:
-    from pytest_attnkit.cases import PROFILES, SPEED_CALL_LIMIT_MS
+    from pytest_attnkit.cases import PROFILES, CALL_LIMIT_MS
 
-    assert set(SPEED_CALL_LIMIT_MS) <= set(PROFILES)
-    assert SPEED_CALL_LIMIT_MS.get("default") and "full" not in SPEED_CALL_LIMIT_MS
+    assert set(CALL_LIMIT_MS) <= set(PROFILES)
+    assert CALL_LIMIT_MS.get("default") and "full" not in CALL_LIMIT_MS
 
 
 def test_a_case_over_the_limit_skips_with_the_time_its_call_took(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import pytest
 
-from pytest_attnkit.cases import MemorySweep, named_memory_sweep
+from pytest_attnkit.cases import CALL_LIMIT_MS, MIN_SWEEP_POINTS, MemorySweep, named_memory_sweep
 from pytest_attnkit.contract import Case
 from pytest_attnkit.controller.outcome import Outcomes
 from pytest_attnkit.controller.pool import WorkerPool
@@ -202,6 +202,8 @@ class MemorySweepResult:
     def stopped(self) -> str | None:
         """Why the sweep ended before its last length, or None."""
         last = self.points[-1] if self.points else None
+        if last is not None and last.status == "measured" and last.stop:
+            return f"the sweep stopped after N={last.seqlen}: {last.stop}"
         return None if last is None or last.status == "measured" else f"the sweep stopped at N={last.seqlen}: {last.status}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -241,17 +243,21 @@ class MemoryCheck:
     #: The points submitted ahead of their tests, per (implementation, sweep, backward).
     ahead: dict[tuple[str, MemorySweep, bool], list[Job]] = field(default_factory=dict)
 
-    def _message(self, case: Case, backward: bool) -> dict[str, Any]:
-        return {"op": "memory", "case": case.to_dict(), "backward": backward, "seed": self.seed}
+    def _message(self, case: Case, backward: bool, index: int) -> dict[str, Any]:
+        """A point's request; from the ``MIN_SWEEP_POINTS``-th point on it carries the profile's
+        call limit, past which the point ends the sweep (``pytest_attnkit.cases.CALL_LIMIT_MS``)."""
+        limit = CALL_LIMIT_MS.get(self.profile) if index + 1 >= MIN_SWEEP_POINTS else None
+        return {"op": "memory", "case": case.to_dict(), "backward": backward, "seed": self.seed,
+                "call_limit_ms": limit}
 
     def submit(self, scheduler: Scheduler, impl: str, sweep: MemorySweep, *, backward: bool,
                gpu_bytes: Callable[[Case], int]) -> None:
         """Queue a sweep's points now, each after the one before and only if that one measured
         (an out-of-memory ends a sweep); :meth:`check` then reads their replies."""
         jobs: list[Job] = []
-        for seqlen in sweep.seqlens:
+        for index, seqlen in enumerate(sweep.seqlens):
             case = sweep.case(seqlen)
-            jobs.append(scheduler.submit(impl, "memory", self._message(case, backward), gpu_bytes=gpu_bytes(case),
+            jobs.append(scheduler.submit(impl, "memory", self._message(case, backward, index), gpu_bytes=gpu_bytes(case),
                                          after=jobs[-1] if jobs else None, needs_ok=bool(jobs)))
         self.ahead[(impl, sweep, backward)] = jobs
 
@@ -283,14 +289,14 @@ class MemoryCheck:
             if submitted:
                 reply = self.pool.scheduler.wait(submitted[index])
             else:
-                reply = self.pool.request(impl, self._message(case, backward))
+                reply = self.pool.request(impl, self._message(case, backward, index))
             if reply.status in (Status.CRASHED, Status.TIMEOUT):
                 points.append(MemoryPoint(seqlen, "error", message=reply.message.splitlines()[0]))
                 break
             self.outcomes.settle(reply, impl=impl, where=f"the memory sweep ({direction}) at {case.id}",
                                  origin=info.origin)
             points.append(MemoryPoint.from_dict(reply.data))
-            if points[-1].status == "oom":
+            if points[-1].status == "oom" or points[-1].stop:
                 break
         result = MemorySweepResult(impl, direction, info.capabilities.get("memory_class"), tuple(points), sweep)
         self.results.append(result)

@@ -79,7 +79,7 @@ def build(*, environment: dict[str, Any], device: str, profile: str, impls: list
             "machine_factor": speed.machine_factor() if speed and gate else None,
             "reference": speed.settings.reference if speed else None,
             "notes": list(speed.notes.values()) if speed else [],
-            # Cases not timed: one call took longer than the profile times (cases.SPEED_CALL_LIMIT_MS).
+            # Cases not timed: one call took longer than the profile times (cases.CALL_LIMIT_MS).
             "over_limit": [{"impl": key.impl, "mode": key.mode, "case": key.case_id, "call_ms": took,
                             "limit_ms": speed.settings.call_limit_ms}
                            for key, took in speed.over_limit.items()] if speed else [],

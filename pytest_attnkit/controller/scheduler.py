@@ -82,7 +82,7 @@ WARM_EVIDENCE = 3
 #: What a dropped warm-up replies.
 DROPPED = "not run: this implementation's warm-ups compiled nothing"
 #: What a job replies that needed the job before it to measure, and it did not (a sweep's later
-#: points after an out-of-memory or a failure: the sweep ends there).
+#: points after an out-of-memory, a failure, or a point that says ``stop``: the sweep ends there).
 NOT_RUN = "not run: the request before it did not measure"
 
 #: What an out-of-memory says, in torch (CUDA), CuPy, the CUDA driver and runtime, and Triton.
@@ -277,7 +277,8 @@ class Scheduler:
         if job.after.future.cancelled():
             return True
         before = job.after.future.result()
-        return before.status is not Status.OK or before.data.get("status", "measured") != "measured"
+        return (before.status is not Status.OK or before.data.get("status", "measured") != "measured"
+                or bool(before.data.get("stop")))
 
     def _drop_pointless(self) -> None:
         """Settle, unrun, the warm-ups that would compile nothing and the points of a stopped

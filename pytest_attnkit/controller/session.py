@@ -136,7 +136,7 @@ class AttnkitSession:
             self.speed = SpeedCheck(self.pool, self.outcomes,
                                     SpeedSettings(settings.reference, settings.seed, settings.budget_ms,
                                                   settings.require_baseline,
-                                                  case_sets.SPEED_CALL_LIMIT_MS.get(self.profile)),
+                                                  case_sets.CALL_LIMIT_MS.get(self.profile)),
                                     store, self.threshold, self.device,
                                     twins=dict(self.revision.twins) if self.revision else {},
                                     ab_threshold=self.ab_threshold)

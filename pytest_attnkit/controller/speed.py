@@ -130,7 +130,7 @@ class SpeedSettings:
     seed: int
     budget_ms: float
     require_baseline: bool
-    #: The longest call this profile times (``pytest_attnkit.cases.SPEED_CALL_LIMIT_MS``), or None.
+    #: The longest call this profile times (``pytest_attnkit.cases.CALL_LIMIT_MS``), or None.
     call_limit_ms: float | None = None
 
 

@@ -174,15 +174,29 @@ def device_bytes_held() -> int:
     return held
 
 
-def measure_point(impl: AttentionImpl, case: Case, *, backward: bool, seed: int) -> MemoryPoint:
-    """Peak extra memory of one call (CUDA only). Out-of-memory is a result, not a crash."""
+def measure_point(impl: AttentionImpl, case: Case, *, backward: bool, seed: int,
+                  call_limit_ms: float | None = None) -> MemoryPoint:
+    """Peak extra memory of one call (CUDA only). Out-of-memory is a result, not a crash.
+
+    The peak counts from what is allocated just before the measured call, so nothing allocated
+    before may be freed during it: garbage in reference cycles (a previous request's tensors) is
+    collected first, and the cycle collector is off during the call (with it on, a collection
+    inside the call freed an earlier request's tensors, and a point read 2.1 MiB where its
+    neighbours read 14.4 KB per token: results/2026-11-25-h200-main-job). With
+    ``call_limit_ms``, a point whose measured call took longer says so in ``stop``: the sweep
+    ends after it (``pytest_attnkit.cases.CALL_LIMIT_MS``)."""
+    import gc
+    import time
+
     import torch
 
     from pytest_attnkit.worker.inputs import make_inputs
 
     route_allocations_through_torch()
+    gc.collect()
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
+    collecting = gc.isenabled()
     try:
         inputs = make_inputs(case, "cuda", seed)
         q, k, v = (t.detach().requires_grad_(backward) for t in (inputs.q, inputs.k, inputs.v))
@@ -192,13 +206,17 @@ def measure_point(impl: AttentionImpl, case: Case, *, backward: bool, seed: int)
         _run(impl, case, q, k, v, dout, variant_inputs)  # the warm-up: unmeasured; an OOM in it is the point's result
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
+        gc.collect()
+        gc.disable()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
         reserved_before = torch.cuda.memory_reserved()
         with _DriverSampler(torch) as sampler:
             used_before = sampler.max_used
+            started = time.perf_counter()
             returned = _run(impl, case, q, k, v, dout, variant_inputs)
             torch.cuda.synchronize()
+            call_ms = (time.perf_counter() - started) * 1e3
         peak = torch.cuda.max_memory_allocated() - before
         retained = sum(t.numel() * t.element_size() for t in returned)
         reserved_growth = torch.cuda.max_memory_reserved() - reserved_before
@@ -207,8 +225,13 @@ def measure_point(impl: AttentionImpl, case: Case, *, backward: bool, seed: int)
         if unmetered < max(UNMETERED_MIN_BYTES, UNMETERED_MIN_SHARE * max(reserved_growth, 1)):
             unmetered = 0
         expected = impl.expected_extra_bytes(case, backward=backward)
+        stop = ""
+        if call_limit_ms is not None and call_ms > call_limit_ms:
+            stop = (f"one call took {call_ms:.0f} ms, longer than this profile repeats ({call_limit_ms:.0f} ms); "
+                    "--attnkit-profile=full goes on")
         return MemoryPoint(case.sweep_length, "measured", extra_bytes=max(0, peak - retained), peak_bytes=peak,
-                           retained_bytes=retained, unmetered_bytes=unmetered, expected_bytes=expected)
+                           retained_bytes=retained, unmetered_bytes=unmetered, expected_bytes=expected,
+                           call_ms=round(call_ms, 1), stop=stop)
     except torch.cuda.OutOfMemoryError as error:
         # torch's message goes on about allocator settings; the first two sentences say it all.
         return MemoryPoint(case.sweep_length, "oom", message=". ".join(str(error).split(". ")[:2]).strip())
@@ -216,6 +239,9 @@ def measure_point(impl: AttentionImpl, case: Case, *, backward: bool, seed: int)
         if "out of memory" in str(error).lower() or type(error).__name__ == "OutOfMemoryError":
             return MemoryPoint(case.sweep_length, "oom", message=f"{type(error).__name__}: {str(error).splitlines()[0]}")
         raise
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _run(impl: AttentionImpl, case: Case, q: Any, k: Any, v: Any, dout: Any, inputs: Any) -> list[Any]:

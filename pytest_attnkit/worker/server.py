@@ -205,7 +205,8 @@ class Handler:
         from pytest_attnkit.worker.memory import measure_point, release_device_memory
 
         def measure(impl: AttentionImpl, case: Case) -> Reply:
-            point = measure_point(impl, case, backward=bool(message["backward"]), seed=message["seed"])
+            point = measure_point(impl, case, backward=bool(message["backward"]), seed=message["seed"],
+                                  call_limit_ms=message.get("call_limit_ms"))
             release_device_memory()
             return Reply(Status.OK, "", point.to_dict())
 

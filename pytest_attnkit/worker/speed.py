@@ -48,7 +48,7 @@ def measure_speed(impl: AttentionImpl, case: Case, mode: str, *, device: str, se
     runs the backward of a graph built for it alone (see the module docstring).
 
     With ``call_limit_ms``, a call whose warm-up took longer is not sampled: the reply says how
-    long it took (``over_limit_ms``) instead of a timing (``pytest_attnkit.cases.SPEED_CALL_LIMIT_MS``)."""
+    long it took (``over_limit_ms``) instead of a timing (``pytest_attnkit.cases.CALL_LIMIT_MS``)."""
     from pytest_attnkit.worker.timer import warm_up
 
     call, prepare, sets = _timed_call(impl, case, mode, device=device, seed=seed, input_sets=input_sets)
