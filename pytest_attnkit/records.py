@@ -173,7 +173,7 @@ class MemoryPoint:
     #: The measured call's wall time, in milliseconds (0 where not measured).
     call_ms: float = 0.0
     #: Why the sweep ends after this point although it measured (a call over the profile's
-    #: limit, ``pytest_attnkit.cases.CALL_LIMIT_MS``); empty when it goes on.
+    #: limit, ``pytest_attnkit.cases.MEMORY_CALL_LIMIT_MS``); empty when it goes on.
     stop: str = ""
 
     def to_dict(self) -> dict[str, Any]:

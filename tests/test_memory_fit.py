@@ -183,7 +183,7 @@ def test_a_point_over_the_default_profiles_call_limit_ends_the_sweep_and_says_wh
     """The memory check against a pool that answers every point: from the fourth point on the
     requests carry the default profile's call limit, a point that says ``stop`` is the last asked
     for, and the result says where and why the sweep stopped (the fit has its points)."""
-    from pytest_attnkit.cases import CALL_LIMIT_MS, MIN_SWEEP_POINTS
+    from pytest_attnkit.cases import MEMORY_CALL_LIMIT_MS, MIN_SWEEP_POINTS
     from pytest_attnkit.controller.memory import MemoryCheck
     from pytest_attnkit.controller.outcome import Outcomes
     from pytest_attnkit.controller.pool import ImplInfo
@@ -207,7 +207,7 @@ def test_a_point_over_the_default_profiles_call_limit_ends_the_sweep_and_says_wh
     check = MemoryCheck(Pool(), Outcomes(), MemorySweep(seqlens=tuple(SEQLENS)), "cuda", 0, profile="default")
     result = check.check("naive", backward=False)
     assert [m["case"]["seqlen_q"] for m in asked] == SEQLENS[:-1]  # 32768 never asked for
-    assert [m["call_limit_ms"] for m in asked] == [None] * (MIN_SWEEP_POINTS - 1) + [CALL_LIMIT_MS["default"]] * 2
+    assert [m["call_limit_ms"] for m in asked] == [None] * (MIN_SWEEP_POINTS - 1) + [MEMORY_CALL_LIMIT_MS["default"]] * 2
     assert result.largest_n == 16384 and result.verdict == "quadratic"
     assert result.stopped == "the sweep stopped after N=16384: one call took 2300 ms"
     full = MemoryCheck(Pool(), Outcomes(), MemorySweep(seqlens=tuple(SEQLENS)), "cuda", 0, profile="full")

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import pytest
 
-from pytest_attnkit.cases import CALL_LIMIT_MS, MIN_SWEEP_POINTS, MemorySweep, named_memory_sweep
+from pytest_attnkit.cases import MEMORY_CALL_LIMIT_MS, MIN_SWEEP_POINTS, MemorySweep, named_memory_sweep
 from pytest_attnkit.contract import Case
 from pytest_attnkit.controller.outcome import Outcomes
 from pytest_attnkit.controller.pool import WorkerPool
@@ -245,8 +245,8 @@ class MemoryCheck:
 
     def _message(self, case: Case, backward: bool, index: int) -> dict[str, Any]:
         """A point's request; from the ``MIN_SWEEP_POINTS``-th point on it carries the profile's
-        call limit, past which the point ends the sweep (``pytest_attnkit.cases.CALL_LIMIT_MS``)."""
-        limit = CALL_LIMIT_MS.get(self.profile) if index + 1 >= MIN_SWEEP_POINTS else None
+        sweep call limit, past which the point ends the sweep (``cases.MEMORY_CALL_LIMIT_MS``)."""
+        limit = MEMORY_CALL_LIMIT_MS.get(self.profile) if index + 1 >= MIN_SWEEP_POINTS else None
         return {"op": "memory", "case": case.to_dict(), "backward": backward, "seed": self.seed,
                 "call_limit_ms": limit}
 

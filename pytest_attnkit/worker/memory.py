@@ -184,7 +184,7 @@ def measure_point(impl: AttentionImpl, case: Case, *, backward: bool, seed: int,
     inside the call freed an earlier request's tensors, and a point read 2.1 MiB where its
     neighbours read 14.4 KB per token: results/2026-11-25-h200-main-job). With
     ``call_limit_ms``, a point whose measured call took longer says so in ``stop``: the sweep
-    ends after it (``pytest_attnkit.cases.CALL_LIMIT_MS``)."""
+    ends after it (``pytest_attnkit.cases.MEMORY_CALL_LIMIT_MS``)."""
     import gc
     import time
 
