@@ -259,6 +259,10 @@ class SpeedMeasurement:
     #: (worker/speed.py: kernel_program), where the worker read them; None elsewhere. Two
     #: processes that compiled the same source into other tile configurations show here.
     program: str | None = None
+    #: torch's first warning that a call synchronized the host with the device (a ``.tolist()``,
+    #: an ``.item()``), or None: such a call's time follows its process's host speed
+    #: (worker/speed.py: synchronizes), and the gate holds it to a doubling.
+    syncs: str | None = None
 
     @property
     def key(self) -> EntryKey:
@@ -284,4 +288,4 @@ class SpeedMeasurement:
         return {"impl": self.impl, "mode": self.mode, "case": self.case.id, "shape": self.case.to_dict(),
                 "timing": self.timing.to_dict(), "input_sets": self.input_sets, "gpu_state": self.gpu_state,
                 "flops": self.flops, "bytes": self.bytes, "tflops": self.tflops, "gbps": self.gbps,
-                "program": self.program}
+                "program": self.program, "syncs": self.syncs}

@@ -207,7 +207,8 @@ def test_a_point_over_the_default_profiles_call_limit_ends_the_sweep_and_says_wh
     check = MemoryCheck(Pool(), Outcomes(), MemorySweep(seqlens=tuple(SEQLENS)), "cuda", 0, profile="default")
     result = check.check("naive", backward=False)
     assert [m["case"]["seqlen_q"] for m in asked] == SEQLENS[:-1]  # 32768 never asked for
-    assert [m["call_limit_ms"] for m in asked] == [None] * (MIN_SWEEP_POINTS - 1) + [MEMORY_CALL_LIMIT_MS["default"]] * 2
+    limit = MEMORY_CALL_LIMIT_MS["default"]
+    assert [m["call_limit_ms"] for m in asked] == [None] * (MIN_SWEEP_POINTS - 1) + [limit] * 2
     assert result.largest_n == 16384 and result.verdict == "quadratic"
     assert result.stopped == "the sweep stopped after N=16384: one call took 2300 ms"
     full = MemoryCheck(Pool(), Outcomes(), MemorySweep(seqlens=tuple(SEQLENS)), "cuda", 0, profile="full")

@@ -257,3 +257,32 @@ def test_a_case_over_the_limit_skips_with_the_time_its_call_took(tmp_path: Path)
     assert [m["call_limit_ms"] for m in asked] == [1000.0]
     assert check.over_limit == {EntryKey("kernel", "forward", CASE.id): 2313.4}
     assert check.check("ref", "forward", CASE).measurement.timing.median_ms == pytest.approx(1.0)
+
+
+class SyncingPool(FakePool):
+    """A pool whose kernel's calls synchronize with the host (a ``.tolist()`` inside)."""
+
+    def request(self, name: str, message: dict) -> Reply:
+        reply = super().request(name, message)
+        if name == "kernel":
+            reply.data["syncs"] = "called a synchronizing CUDA operation"
+        return reply
+
+
+def test_a_call_that_synchronizes_is_gated_at_a_doubling_and_says_why(tmp_path: Path) -> None:
+    store = save_baseline(tmp_path, {"ref": 1.0, "kernel": 1.0})
+    check = make_check(SyncingPool({"ref": [1.0], "kernel": [1.5]}), store)
+    check.check("ref", "forward", CASE)
+    result = check.check("kernel", "forward", CASE)  # +50%: inside a host-bound call's noise
+    assert result.decision is not None and result.decision.verdict != "regression"
+    assert result.measurement.syncs and any("synchronizes with the device" in note for note in check.notes.values())
+    slower = make_check(SyncingPool({"ref": [1.0], "kernel": [2.5, 2.5, 2.5]}),
+                        save_baseline(tmp_path / "b", {"ref": 1.0, "kernel": 1.0}))
+    slower.check("ref", "forward", CASE)
+    with pytest.raises(pytest.fail.Exception, match="kernel regressed"):
+        slower.check("kernel", "forward", CASE)  # 2.5x: past a doubling
+    plain = make_check(FakePool({"ref": [1.0], "kernel": [1.5, 1.5, 1.5]}),
+                       save_baseline(tmp_path / "c", {"ref": 1.0, "kernel": 1.0}))
+    plain.check("ref", "forward", CASE)
+    with pytest.raises(pytest.fail.Exception, match="kernel regressed"):
+        plain.check("kernel", "forward", CASE)  # the same +50% without a sync is a regression

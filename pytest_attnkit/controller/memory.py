@@ -257,8 +257,9 @@ class MemoryCheck:
         jobs: list[Job] = []
         for index, seqlen in enumerate(sweep.seqlens):
             case = sweep.case(seqlen)
-            jobs.append(scheduler.submit(impl, "memory", self._message(case, backward, index), gpu_bytes=gpu_bytes(case),
-                                         after=jobs[-1] if jobs else None, needs_ok=bool(jobs)))
+            jobs.append(scheduler.submit(impl, "memory", self._message(case, backward, index),
+                                         gpu_bytes=gpu_bytes(case), after=jobs[-1] if jobs else None,
+                                         needs_ok=bool(jobs)))
         self.ahead[(impl, sweep, backward)] = jobs
 
     def check_item(self, impl: str, item: pytest.Item) -> MemorySweepResult:

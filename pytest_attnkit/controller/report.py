@@ -97,7 +97,8 @@ def speed_records(document: dict[str, Any]) -> list[tuple[SpeedMeasurement, Deci
         if m.get("of_revision"):
             continue  # --attnkit-against's other version: not this version's baseline
         measurement = SpeedMeasurement(m["impl"], m["mode"], Case.from_dict(m["shape"]), Timing.from_dict(m["timing"]),
-                                       m.get("input_sets", 1), m.get("gpu_state") or {}, m.get("program"))
+                                       m.get("input_sets", 1), m.get("gpu_state") or {}, m.get("program"),
+                                       m.get("syncs"))
         stored = decisions.get((m["impl"], m["mode"], m["case"]))
         decision = Decision(**{f.name: stored[f.name] for f in fields(Decision)}) if stored else None
         records.append((measurement, decision, m.get("ratio_to_reference")))

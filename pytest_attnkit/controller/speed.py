@@ -61,7 +61,12 @@ MAX_PAIRS = 20
 OTHER_PROGRAM = "other program"
 #: The gate's threshold on the CPU unless one is set: only a doubling is a regression there.
 CPU_THRESHOLD = 1.0
-#: The A/B gate's least threshold where both versions' calls synchronize inside (paired.py).
+#: The gates' least threshold for a call that synchronizes the host with the device inside (a
+#: ``.tolist()``, an ``.item()``): its time follows its process's host speed, which moves by more
+#: than any smaller threshold between processes (torch_sdpa's paged decode, a Python loop over the
+#: sequences: 5.2, 7.0 and 9.1 ms in three processes of one H200, results/2026-11-25-h200-main-job).
+#: The stored-baseline gate applies it to such a call, the A/B gate where both versions' calls
+#: synchronize (paired.py).
 SYNC_THRESHOLD = 1.0
 
 Properties = list[tuple[str, object]]
@@ -216,7 +221,7 @@ class SpeedCheck:
     def _to_measurement(self, impl: str, mode: str, case: Case, reply: Reply) -> SpeedMeasurement:
         return SpeedMeasurement(impl, mode, case, Timing.from_dict(reply.data["timing"]),
                                 reply.data.get("input_sets", 1), reply.data.get("gpu_state", {}),
-                                self._program(impl, mode, case))
+                                self._program(impl, mode, case), reply.data.get("syncs"))
 
     def _first_measurement(self, impl: str, mode: str, case: Case) -> SpeedMeasurement:
         key = EntryKey(impl, mode, case.id)
@@ -418,6 +423,12 @@ class SpeedCheck:
         assert baseline is not None
         factor = 1.0 if key.impl == self.settings.reference else self.machine_factor()
         threshold = noise_threshold(self.threshold(key), baseline)
+        if measurement.syncs:
+            threshold = max(threshold, SYNC_THRESHOLD)
+            self.notes[f"syncs:{key}"] = (
+                f"{key.impl} on {key.case_id} ({key.mode}) synchronizes with the device inside the call "
+                f"({measurement.syncs}): its time follows this process's host speed, so it is gated at "
+                f"{SYNC_THRESHOLD:.0%} (a doubling).")
         decision = decide(baseline.samples_ms, list(measurement.timing.samples_ms), threshold=threshold,
                           machine_factor=factor)
         known = self.store.programs(key)

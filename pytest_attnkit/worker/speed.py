@@ -47,6 +47,7 @@ def measure_speed(impl: AttentionImpl, case: Case, mode: str, *, device: str, se
     take the next of ``input_sets`` copies (default: :func:`input_set_count`). A backward call
     runs the backward of a graph built for it alone (see the module docstring).
 
+    ``syncs`` says whether a call synchronizes the host with the device (:func:`synchronizes`).
     With ``call_limit_ms``, a call whose warm-up took longer is not sampled: the reply says how
     long it took (``over_limit_ms``) instead of a timing (``pytest_attnkit.cases.CALL_LIMIT_MS``)."""
     from pytest_attnkit.worker.timer import warm_up
@@ -56,8 +57,9 @@ def measure_speed(impl: AttentionImpl, case: Case, mode: str, *, device: str, se
     if call_limit_ms is not None and warmed.long_call and warmed.last_ms is not None \
             and warmed.last_ms > call_limit_ms:
         return {"over_limit_ms": round(warmed.last_ms, 1), "input_sets": sets}
+    syncs = synchronizes(call, prepare, device)
     count = warmed.sample_count(budget_ms)
-    return {"timing": warmed.timing(warmed.samples(count)).to_dict(), "input_sets": sets}
+    return {"timing": warmed.timing(warmed.samples(count)).to_dict(), "input_sets": sets, "syncs": syncs}
 
 
 def warm_speed(impl: AttentionImpl, case: Case, mode: str, *, device: str, seed: int,
