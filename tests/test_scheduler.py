@@ -178,31 +178,27 @@ def test_warm_ups_that_compile_nothing_are_dropped(made) -> None:
     assert [reply.message for reply in replies[5:]] == [DROPPED] * 6
 
 
-def test_a_sweep_stops_after_a_point_that_did_not_measure(made) -> None:
-    def behave(message: dict[str, Any], running: int) -> Reply:
-        return Reply(Status.OK, "", {"status": "oom" if message["n"] == 2 else "measured"})
-
-    pool = FakePool(behave=behave)
+def _sweep(made, points: int, data: Any) -> tuple[list[Any], list[Reply], FakePool]:
+    """A sweep of ``points`` chained points whose replies carry ``data(n)``: the statuses, the
+    replies and the pool (its ``order`` is what ran)."""
+    pool = FakePool(behave=lambda message, running: Reply(Status.OK, "", data(message["n"])))
     scheduler = made(pool, jobs=1)
     jobs: list[Any] = []
-    for n in range(5):
+    for n in range(points):
         jobs.append(scheduler.submit("a", "memory", {"n": n}, after=jobs[-1] if jobs else None, needs_ok=bool(jobs)))
-    statuses = [scheduler.wait(job).data.get("status") for job in jobs]
+    replies = [scheduler.wait(job) for job in jobs]
+    return [reply.data.get("status") for reply in replies], replies, pool
+
+
+def test_a_sweep_stops_after_a_point_that_did_not_measure(made) -> None:
+    statuses, replies, pool = _sweep(made, 5, lambda n: {"status": "oom" if n == 2 else "measured"})
     assert statuses == ["measured", "measured", "oom", "not run", "not run"]
-    assert scheduler.wait(jobs[3]).message == NOT_RUN
+    assert replies[3].message == NOT_RUN
     assert pool.order == [0, 1, 2]
 
 
 def test_a_sweep_stops_after_a_point_whose_call_was_over_the_profiles_limit(made) -> None:
-    def behave(message: dict[str, Any], running: int) -> Reply:
-        return Reply(Status.OK, "", {"status": "measured", "stop": "one call took 2300 ms" if message["n"] == 3 else ""})
-
-    pool = FakePool(behave=behave)
-    scheduler = made(pool, jobs=1)
-    jobs: list[Any] = []
-    for n in range(6):
-        jobs.append(scheduler.submit("a", "memory", {"n": n}, after=jobs[-1] if jobs else None, needs_ok=bool(jobs)))
-    statuses = [scheduler.wait(job).data.get("status") for job in jobs]
+    statuses, _, pool = _sweep(made, 6, lambda n: {"status": "measured", "stop": "one call took 2300 ms" if n == 3 else ""})
     assert statuses == ["measured"] * 4 + ["not run"] * 2
     assert pool.order == [0, 1, 2, 3]
 
