@@ -5,6 +5,7 @@ a missing tool and a CPU run say so; the options add the suite."""
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -80,13 +81,17 @@ def fake_site(pytester: pytest.Pytester, fake_dist) -> Path:
     return fake_dist({"good": fake("good")})
 
 
-def _sanitized(fake_site: Path, monkeypatch: pytest.MonkeyPatch, errors: int) -> tuple[SanitizeCheck, WorkerPool]:
+def _sanitized(fake_site: Path, monkeypatch: pytest.MonkeyPatch, errors: int,
+               log_dir: Path | None = None) -> tuple[SanitizeCheck, WorkerPool]:
     monkeypatch.setenv("FAKE_SANITIZER_ERRORS", str(errors))
     monkeypatch.syspath_prepend(str(fake_site))  # the workers see this process's sys.path
+    # The temporary folders the check keeps its logs in, without a report, are the test's, not left in /tmp.
+    (fake_site.parent / "tmp").mkdir(exist_ok=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(fake_site.parent / "tmp"))
     pool = WorkerPool(device="cpu", timeout=120)
     pool.start([EntryPointRef("good", "fake_kernels:good", "fake-kernels")])
     # device "cuda" for the check's own gate only: the fake tool runs the worker on the CPU.
-    return SanitizeCheck(pool, Outcomes(), 0, "cuda", str(FAKE_SANITIZER)), pool
+    return SanitizeCheck(pool, Outcomes(), 0, "cuda", str(FAKE_SANITIZER), log_dir=log_dir), pool
 
 
 def test_an_error_the_tool_reports_fails_the_test_with_the_kernel_and_the_case(
@@ -111,6 +116,56 @@ def test_a_clean_report_passes(fake_site: Path, monkeypatch: pytest.MonkeyPatch)
     finally:
         pool.close()
     assert entry["errors"] == 0 and entry["reported"] == []
+
+
+def test_the_tool_s_log_outlives_the_run(fake_site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a report folder the log is kept in a temporary folder of its own: the pool's folder
+    of worker logs is removed when the run ends, and with it a log the failure pointed at."""
+    check, pool = _sanitized(fake_site, monkeypatch, errors=1)
+    try:
+        with pytest.raises(pytest.fail.Exception) as failure:
+            check.check("good", "memcheck", Case(1, 2, 2, 17, 17, 32, "float16"), backward=False)
+    finally:
+        pool.close()
+    log = Path(check.results[0]["log"])
+    assert f"(the tool's whole log: {log})" in str(failure.value)
+    assert log.is_file() and "ERROR SUMMARY: 1 error" in log.read_text()
+    assert log.parent.parent == Path(tempfile.gettempdir()) and log.parent.name.startswith("attnkit-sanitize-")
+    assert not pool.log_dir.exists()
+
+
+def test_with_a_report_the_logs_go_beside_it_named_after_the_test(fake_site: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    kept = tmp_path / "out" / "sanitize"
+    check, pool = _sanitized(fake_site, monkeypatch, errors=0, log_dir=kept)
+    case = Case(1, 4, 2, 17, 17, 32, "float16")
+    try:
+        for _ in range(2):
+            check.check("good", "memcheck", case, backward=False)
+    finally:
+        pool.close()
+    # The ":" of h4:2 would not do in a file name on Windows or in a CI artifact.
+    assert [entry["log"] for entry in check.results] == [str(kept / "good-b1-h4_2-q17-k17-d32-fp16-memcheck.log"),
+                                                         str(kept / "good-b1-h4_2-q17-k17-d32-fp16-memcheck-2.log")]
+    assert all(Path(entry["log"]).is_file() for entry in check.results)
+
+
+def test_a_log_left_by_an_earlier_run_is_removed_before_the_tool_starts(tmp_path: Path) -> None:
+    """Else a worker that never started under the tool would pass on the old run's clean summary."""
+    stale = tmp_path / "good-b1-h2-q17-k17-d32-fp16-memcheck-backward.log"
+    stale.write_text("========= ERROR SUMMARY: 0 errors\n")
+    check = SanitizeCheck(None, Outcomes(), 0, "cuda", "/usr/bin/true", log_dir=tmp_path)  # type: ignore[arg-type]
+    assert check.log_path("good", "memcheck", Case(1, 2, 2, 17, 17, 32, "float16"), backward=True) == stale
+    assert not stale.exists()
+
+
+def test_the_session_keeps_the_logs_in_the_report_folder(pytester: pytest.Pytester) -> None:
+    from pytest_attnkit.controller.session import SESSION_KEY
+
+    recorder = pytester.inline_run("--attnkit", "-p", "no:cacheprovider", "--attnkit-suite=sanitize",
+                                   "--attnkit-impl=torch_sdpa", "--attnkit-report=out", "--collect-only")
+    [call] = recorder.getcalls("pytest_sessionfinish")
+    assert call.session.config.stash[SESSION_KEY].sanitize.log_dir == pytester.path / "out" / "sanitize"
 
 
 def test_the_options_add_the_suite_with_its_tools(pytester: pytest.Pytester) -> None:
@@ -142,3 +197,4 @@ def test_a_planted_read_past_a_sequence_is_caught_on_the_gpu(pytester: pytest.Py
                                  "*PASSED*test_sanitize[[]honest_varlen-*varlen*",
                                  "*FAILED*test_sanitize[[]one_row_past-*varlen*"])
     result.stdout.fnmatch_lines(["*compute-sanitizer memcheck reported * error(s)*", "*Invalid __global__ read*"])
+    result.stdout.fnmatch_lines(["*sanitize logs:*attnkit-sanitize-*"])  # kept after the run: no report folder

@@ -16,6 +16,15 @@ tool; without the cache each tensor is an allocation of its own. API errors of t
 (``--report-api-errors no``) are left out: libraries probe the device through calls that fail
 by design, and the suite judges kernels.
 
+The tool writes its log straight into a folder that outlives the run, so that the path a failure
+and the report's ``sanitize[].log`` name is there when the user looks, even after a crash or a
+kill mid-test (:meth:`SanitizeCheck.log_path`): with ``--attnkit-report=DIR``, ``DIR/sanitize/``,
+beside the report that names it, one file per test named ``<impl>-<case>-<tool>[-backward].log``
+(characters a file name or a CI artifact cannot hold, such as the ``:`` of ``h4:2``, become ``_``);
+without a report, a folder ``attnkit-sanitize-*`` of its own in the temporary directory, made by
+the first test and never removed. Not the pool's folder of worker logs (``pool.log_dir``), which
+the run removes as it ends.
+
 The tool is ``--attnkit-sanitizer``, else ``compute-sanitizer`` on the PATH, in
 ``$CUDA_HOME/bin`` or ``/usr/local/cuda/bin`` (:func:`find_sanitizer`). Where there is none, or
 no CUDA device, every test is skipped with the reason, and the header says so.
@@ -23,10 +32,10 @@ no CUDA device, every test is skipped with the reason, and the header says so.
 
 from __future__ import annotations
 
-import itertools
 import os
 import re
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +55,8 @@ SHUTDOWN_S = 120.0
 #: Error blocks shown in a failure; the log holds them all.
 SHOWN_ERRORS = 3
 _PREFIX = "========="
+#: What a log file's name keeps of the test's implementation, case and tool; the rest becomes "_".
+_UNSAFE_IN_NAME = re.compile(r"[^A-Za-z0-9._+-]")
 _SUMMARY = re.compile(r"(ERROR|RACECHECK) SUMMARY:\s*(\d+)\s+(error|hazard)", re.IGNORECASE)
 
 
@@ -120,9 +131,12 @@ class SanitizeCheck:
     seed: int
     device: str
     sanitizer: str | None
+    #: Where the tool's logs are kept: the report's ``sanitize/`` folder, or None for a temporary
+    #: folder of their own, made by the first test (see the module docstring).
+    log_dir: Path | None = None
     #: Every test's outcome under the tool, for the report.
     results: list[dict[str, Any]] = field(default_factory=list)
-    _count: Any = field(default_factory=itertools.count)
+    _names: set[str] = field(default_factory=set)
 
     def skip_reason(self) -> str | None:
         if self.device != "cuda":
@@ -131,6 +145,24 @@ class SanitizeCheck:
             return ("compute-sanitizer was not found (looked for --attnkit-sanitizer, on the PATH, in $CUDA_HOME/bin "
                     "and /usr/local/cuda/bin); it comes with the CUDA toolkit")
         return None
+
+    def log_path(self, impl: str, tool: str, case: Case, *, backward: bool) -> Path:
+        """Where the tool writes this test's log: a file that outlives the run (the module docstring
+        says where), named after the test; a test that runs twice in one run gets ``-2``, ``-3``. A
+        file of that name left by an earlier run into the same folder is removed first, so that a
+        worker that never started under the tool cannot pass on the old run's summary."""
+        if self.log_dir is None:
+            self.log_dir = Path(tempfile.mkdtemp(prefix="attnkit-sanitize-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        stem = _UNSAFE_IN_NAME.sub("_", f"{impl}-{case.id}-{tool}{'-backward' if backward else ''}")
+        name, again = f"{stem}.log", 1
+        while name in self._names:
+            again += 1
+            name = f"{stem}-{again}.log"
+        self._names.add(name)
+        log = self.log_dir / name
+        log.unlink(missing_ok=True)
+        return log
 
     def check(self, impl: str, tool: str, case: Case, *, backward: bool,
               properties: list[tuple[str, object]] | None = None) -> dict[str, Any]:
@@ -141,7 +173,7 @@ class SanitizeCheck:
         info = self.pool.info(impl)
         if info.load_error:
             self.outcomes.settle(self.pool.broken_reply(impl), impl=impl, where=case.id, origin=info.origin)
-        log = self.pool.log_dir / f"sanitize-{impl}-{tool}-{next(self._count)}.log"
+        log = self.log_path(impl, tool, case, backward=backward)
         worker = self.pool.worker_under(impl, command(self.sanitizer, tool, log),
                                         env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"},
                                         label=f"{impl}.{tool}", shutdown_timeout=SHUTDOWN_S)
