@@ -57,6 +57,32 @@ def test_the_report_names_the_kernel_and_the_access() -> None:
     assert parse_report("").errors is None
 
 
+RACECHECK_WARNING_LOG = """\
+========= COMPUTE-SANITIZER
+========= Warning: Race reported between Read access at attn_fwd_split+0x7600 in kernels.py:418
+=========     and Write access at attn_fwd_split+0x63d0 in kernels.py:416 [2048 hazards]
+=========
+========= RACECHECK SUMMARY: 1 hazard displayed (0 errors, 1 warning)
+"""
+
+
+def test_racecheck_s_warnings_are_counted_apart_from_its_errors() -> None:
+    """racecheck's summary counts every hazard, warnings among them; only its errors are errors."""
+    report = parse_report(RACECHECK_WARNING_LOG)
+    assert (report.errors, report.warnings, report.blocks) == (0, 1, ())
+    assert report.warning_blocks[0][0].startswith("Warning: Race reported between Read access")
+    both = parse_report(RACECHECK_LOG.replace("(1 error, 0 warnings)", "(1 error, 2 warnings)")
+                        .replace("1 hazard displayed", "3 hazards displayed"))
+    assert (both.errors, both.warnings) == (1, 2)
+    hazards = parse_report("========= ERROR: Potential WAW hazard detected at __shared__ 0x0 in block (0,0,0) :\n"
+                           "=========     Write Thread (0,0,0) at WAW+0x2f0 in race.cu:20\n"
+                           "========= WARNING: Potential RAW hazard detected at __shared__ 0x8 in block (0,0,0) :\n"
+                           "=========     Write Thread (1,0,0) at RAW+0x2f0 in race.cu:20\n"
+                           "========= RACECHECK SUMMARY: 2 hazards displayed (1 error, 1 warning)\n")
+    assert (hazards.errors, len(hazards.blocks), hazards.warnings, len(hazards.warning_blocks)) == (1, 1, 1, 1)
+    assert parse_report("========= RACECHECK SUMMARY: 2 hazards\n").errors == 2  # no brackets: every hazard
+
+
 def test_the_command_runs_the_worker_under_the_tool(tmp_path: Path) -> None:
     line = command("/opt/cuda/bin/compute-sanitizer", "racecheck", tmp_path / "log")
     assert line[:3] == ["/opt/cuda/bin/compute-sanitizer", "--tool", "racecheck"]
@@ -116,6 +142,26 @@ def test_a_clean_report_passes(fake_site: Path, monkeypatch: pytest.MonkeyPatch)
     finally:
         pool.close()
     assert entry["errors"] == 0 and entry["reported"] == []
+
+
+def test_a_racecheck_warning_alone_passes_and_is_reported(fake_site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_SANITIZER_WARNINGS", "1")
+    check, pool = _sanitized(fake_site, monkeypatch, errors=0)
+    case = Case(1, 2, 2, 17, 17, 32, "float16")
+    properties: list[tuple[str, object]] = []
+    try:
+        entry = check.check("good", "racecheck", case, backward=False, properties=properties)
+        monkeypatch.setenv("FAKE_SANITIZER_ERRORS", "1")
+        with pytest.raises(pytest.fail.Exception) as failure:
+            check.check("good", "racecheck", case, backward=False)
+    finally:
+        pool.close()
+    assert (entry["errors"], entry["reported"], entry["warnings"]) == (0, [], 1)
+    assert entry["warned"][0][0].startswith("Warning: Race reported between Write access")
+    assert ("attnkit_racecheck_warnings", 1) in properties
+    text = str(failure.value)
+    assert "compute-sanitizer racecheck reported 1 error(s):\nError: Race reported" in text
+    assert "and 1 warning(s), which alone would not fail the test:\nWarning: Race reported" in text
 
 
 def test_the_tool_s_log_outlives_the_run(fake_site: Path, monkeypatch: pytest.MonkeyPatch) -> None:

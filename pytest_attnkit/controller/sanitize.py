@@ -8,7 +8,11 @@ synccheck misused barriers. Each test starts a worker of the implementation unde
 (``compute-sanitizer --tool TOOL --log-file FILE ... python -m pytest_attnkit.worker``), runs
 the case once (forward, or forward and backward), asks the worker to exit so that the tool writes
 its summary, and reads the tool's report (:func:`parse_report`): an error fails the test with
-the kernel, the access and the case.
+the kernel, the access and the case. A warning does not: racecheck grades each race ERROR (very
+likely to give wrong results) or WARNING (a programming-model hazard that may be meant, such as
+warp-synchronous code), and its summary counts them apart (``RACECHECK SUMMARY: 1 hazard displayed
+(0 errors, 1 warning)``); warnings go into the report entry, the junit properties and, beside an
+error, the failure.
 
 The worker runs with ``PYTORCH_NO_CUDA_MEMORY_CACHING=1``: torch's caching allocator hands out
 pieces of larger blocks, inside which a read past a tensor's end is not out of bounds for the
@@ -57,7 +61,12 @@ SHOWN_ERRORS = 3
 _PREFIX = "========="
 #: What a log file's name keeps of the test's implementation, case and tool; the rest becomes "_".
 _UNSAFE_IN_NAME = re.compile(r"[^A-Za-z0-9._+-]")
-_SUMMARY = re.compile(r"(ERROR|RACECHECK) SUMMARY:\s*(\d+)\s+(error|hazard)", re.IGNORECASE)
+#: memcheck's, initcheck's and synccheck's summary: ``ERROR SUMMARY: 0 errors``, ``... 1 error``.
+_ERROR_SUMMARY = re.compile(r"ERROR SUMMARY:\s*(\d+)\s+errors?", re.IGNORECASE)
+#: racecheck's: ``RACECHECK SUMMARY: 1 hazard displayed (0 errors, 1 warning)``; the hazards are the
+#: errors and warnings together, so without the counts in brackets every hazard counts as an error.
+_RACECHECK_SUMMARY = re.compile(r"RACECHECK SUMMARY:\s*(\d+)\s+hazards?(?:\s+displayed)?"
+                                r"(?:\s*\(\s*(\d+)\s+errors?,\s*(\d+)\s+warnings?\s*\))?", re.IGNORECASE)
 
 
 def find_sanitizer(setting: str) -> str | None:
@@ -82,34 +91,50 @@ def command(sanitizer: str, tool: str, log: Path) -> list[str]:
 @dataclass(frozen=True)
 class SanitizerReport:
     """What the tool reported: its error count (None when it wrote no summary) and each error as
-    the lines that describe it (the message, the kernel and place, the thread, the address)."""
+    the lines that describe it (the message, the kernel and place, the thread, the address); and
+    apart from them the warnings, which do not fail a test: their count (racecheck's summary's,
+    else the warning blocks in the log) and blocks."""
 
     errors: int | None
     blocks: tuple[tuple[str, ...], ...]
+    warnings: int = 0
+    warning_blocks: tuple[tuple[str, ...], ...] = ()
 
-    def describe(self, shown: int = SHOWN_ERRORS) -> str:
+    def describe(self, shown: int = SHOWN_ERRORS, *, warnings: bool = False) -> str:
+        """The first ``shown`` errors (or warnings), each block's lines under its message."""
+        blocks = self.warning_blocks if warnings else self.blocks
         lines = []
-        for block in self.blocks[:shown]:
+        for block in blocks[:shown]:
             lines += [block[0], *(f"    {line}" for line in block[1:])]
-        if len(self.blocks) > shown:
-            lines.append(f"... and {len(self.blocks) - shown} more in the log")
+        if len(blocks) > shown:
+            lines.append(f"... and {len(blocks) - shown} more in the log")
         return "\n".join(lines)
 
 
 def parse_report(text: str) -> SanitizerReport:
-    """compute-sanitizer's log: every error block and the summary's count. A block starts with a
-    message line (``========= Invalid __global__ read of size 4 bytes``) and goes on with the
-    indented lines under it; host backtraces are left out."""
-    errors = None
+    """compute-sanitizer's log: every error and warning block and the summary's counts. A block
+    starts with a message line (``========= Invalid __global__ read of size 4 bytes``) and goes on
+    with the indented lines under it; host backtraces are left out. A message whose first word is
+    racecheck's severity ``Warning`` (``WARNING:`` or ``WARN:`` in hazard reports) starts a warning;
+    every other message an error. Errors are what the summary counts as such: ``ERROR SUMMARY``'s count,
+    and of ``RACECHECK SUMMARY``'s hazards only the errors in its brackets."""
+    errors: int | None = None
+    summary_warnings: int | None = None
     blocks: list[list[str]] = []
+    warning_blocks: list[list[str]] = []
     current: list[str] | None = None
     for raw in text.splitlines():
         if not raw.startswith(_PREFIX):
             continue
         body = raw[len(_PREFIX):]
-        summary = _SUMMARY.search(body)
-        if summary:
-            errors = int(summary.group(2)) if errors is None else errors + int(summary.group(2))
+        race, error_summary = _RACECHECK_SUMMARY.search(body), _ERROR_SUMMARY.search(body)
+        if race or error_summary:
+            if race and race.group(2) is not None:
+                found, warned = int(race.group(2)), int(race.group(3))
+                summary_warnings = (summary_warnings or 0) + warned
+            else:
+                found = int(race.group(1) if race else error_summary.group(1))  # type: ignore[union-attr]
+            errors = found if errors is None else errors + found
             current = None
             continue
         stripped = body.strip()
@@ -118,10 +143,12 @@ def parse_report(text: str) -> SanitizerReport:
             continue
         if not body.startswith("  "):  # a message: a new block
             current = [stripped]
-            blocks.append(current)
+            (warning_blocks if stripped.lower().startswith("warn") else blocks).append(current)
         elif current is not None and len(current) < 6 and not stripped.startswith(("Host Frame", "Saved host")):
             current.append(stripped)
-    return SanitizerReport(errors, tuple(tuple(block) for block in blocks))
+    warnings = summary_warnings if summary_warnings is not None else len(warning_blocks)
+    return SanitizerReport(errors, tuple(tuple(block) for block in blocks), warnings,
+                           tuple(tuple(block) for block in warning_blocks))
 
 
 @dataclass
@@ -185,14 +212,18 @@ class SanitizeCheck:
         report = parse_report(log.read_text(errors="replace") if log.exists() else "")
         where = f"{case.id}{' (forward and backward)' if backward else ' (forward)'}"
         entry = {"impl": impl, "tool": tool, "case": case.id, "backward": backward, "errors": report.errors,
-                 "reported": [list(block) for block in report.blocks[:SHOWN_ERRORS]], "log": str(log)}
+                 "reported": [list(block) for block in report.blocks[:SHOWN_ERRORS]], "warnings": report.warnings,
+                 "warned": [list(block) for block in report.warning_blocks[:SHOWN_ERRORS]], "log": str(log)}
         self.results.append(entry)
         if properties is not None:
             properties.append((f"attnkit_{tool}_errors", report.errors))
+            properties.append((f"attnkit_{tool}_warnings", report.warnings))
         if report.blocks or report.errors:
             count = report.errors if report.errors is not None else len(report.blocks)
+            warned = (f"\nand {report.warnings} warning(s), which alone would not fail the test:\n"
+                      f"{report.describe(warnings=True)}" if report.warnings else "")
             pytest.fail(f"{impl} on {where}: compute-sanitizer {tool} reported {count} error(s):\n"
-                        f"{report.describe()}\n(the tool's whole log: {log})", pytrace=False)
+                        f"{report.describe()}{warned}\n(the tool's whole log: {log})", pytrace=False)
         if reply.status is not Status.OK:
             self.outcomes.settle(reply, impl=impl, where=f"{where} under compute-sanitizer {tool}", origin=info.origin)
         if report.errors is None:
