@@ -43,6 +43,19 @@ def test_determinism_holds_the_declared_and_reports_the_rest(pytester: pytest.Py
     assert entries["honest"]["holds"] is True
 
 
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_the_time_table_counts_property_checks_as_properties(pytester: pytest.Pytester, fake_dist, jobs: str) -> None:
+    """One row name whether the checks run ahead (--attnkit-jobs above 1) or one at a time."""
+    outcomes, _ = _run(pytester, fake_dist, {"honest": "Honest"}, f"--attnkit-jobs={jobs}",
+                       "-k", f"test_determinism and {DENSE}")
+    assert outcomes[f"test_determinism[honest-{DENSE}]"].outcome == "passed"
+    assert outcomes[f"test_determinism_backward[honest-{DENSE}]"].outcome == "passed"
+    import json
+
+    document = json.loads((pytester.path / "out" / "attnkit-report.json").read_text())
+    assert [(row["suite"], row["requests"]) for row in document["time"]["rows"]] == [("properties", 2)]
+
+
 def test_batch_invariance_holds_the_declared(pytester: pytest.Pytester, fake_dist) -> None:
     outcomes, _ = _run(pytester, fake_dist, {"honest": "Honest", "batch_dependent": "BatchDependent"},
                               "-k", "test_batch_invariance")

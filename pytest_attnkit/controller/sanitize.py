@@ -206,7 +206,7 @@ class SanitizeCheck:
                                         label=f"{impl}.{tool}", shutdown_timeout=SHUTDOWN_S)
         try:
             reply = self.pool.request(impl, {"op": "warm", "case": case.to_dict(), "backward": backward,
-                                             "seed": self.seed}, worker=worker)
+                                             "seed": self.seed}, worker=worker, suite="sanitize")
         finally:
             worker.close()  # the tool writes its summary as the worker exits
         report = parse_report(log.read_text(errors="replace") if log.exists() else "")
