@@ -455,9 +455,10 @@ class AttentionImpl:
     supports_paged_kv_backward: ClassVar[bool] = False
     #: Behaviour the properties suite holds the implementation to (pytest_attnkit/worker/
     #: properties.py); what is not declared is still checked, and reported without failing.
-    #: The same inputs give bitwise the same tensors run after run: True (forward and backward),
-    #: "forward", "backward", or False.
-    deterministic: ClassVar["bool | str"] = False
+    #: The same inputs give bitwise the same tensors run after run: True or "both" (the forward's
+    #: output and LSE, and the gradients), "forward" (the forward only), "backward" (the gradients
+    #: only), or False or None (neither).
+    deterministic: ClassVar["bool | str | None"] = False
     #: Each sequence's result has the same bits alone and inside batches of other sizes and orders.
     batch_invariant: ClassVar[bool] = False
     #: A call can be captured in a CUDA graph and replayed on new inputs copied into its buffers
@@ -470,7 +471,8 @@ class AttentionImpl:
     custom_op: ClassVar[str | None] = None
 
     def deterministic_directions(self) -> tuple[str, ...]:
-        """The directions :attr:`deterministic` declares: ("forward", "backward"), one, or none."""
+        """The directions :attr:`deterministic` declares: ("forward", "backward"), one, or none;
+        a value that is none of those it accepts raises ValueError, naming every one of them."""
         value = self.deterministic
         if value is True or value == "both":
             return ("forward", "backward")
@@ -478,7 +480,7 @@ class AttentionImpl:
             return (str(value),)
         if value is False or value is None:
             return ()
-        raise ValueError(f"deterministic must be True, False, 'forward' or 'backward', not {value!r}")
+        raise ValueError(f"deterministic must be True, 'both', 'forward', 'backward', False or None, not {value!r}")
 
     def forward(self, q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | None = None,
                 **variants: Any) -> Any:

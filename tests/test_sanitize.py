@@ -5,6 +5,7 @@ a missing tool and a CPU run say so; the options add the suite."""
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,32 @@ def test_the_report_names_the_kernel_and_the_access() -> None:
     assert parse_report("").errors is None
 
 
+RACECHECK_WARNING_LOG = """\
+========= COMPUTE-SANITIZER
+========= Warning: Race reported between Read access at attn_fwd_split+0x7600 in kernels.py:418
+=========     and Write access at attn_fwd_split+0x63d0 in kernels.py:416 [2048 hazards]
+=========
+========= RACECHECK SUMMARY: 1 hazard displayed (0 errors, 1 warning)
+"""
+
+
+def test_racecheck_s_warnings_are_counted_apart_from_its_errors() -> None:
+    """racecheck's summary counts every hazard, warnings among them; only its errors are errors."""
+    report = parse_report(RACECHECK_WARNING_LOG)
+    assert (report.errors, report.warnings, report.blocks) == (0, 1, ())
+    assert report.warning_blocks[0][0].startswith("Warning: Race reported between Read access")
+    both = parse_report(RACECHECK_LOG.replace("(1 error, 0 warnings)", "(1 error, 2 warnings)")
+                        .replace("1 hazard displayed", "3 hazards displayed"))
+    assert (both.errors, both.warnings) == (1, 2)
+    hazards = parse_report("========= ERROR: Potential WAW hazard detected at __shared__ 0x0 in block (0,0,0) :\n"
+                           "=========     Write Thread (0,0,0) at WAW+0x2f0 in race.cu:20\n"
+                           "========= WARNING: Potential RAW hazard detected at __shared__ 0x8 in block (0,0,0) :\n"
+                           "=========     Write Thread (1,0,0) at RAW+0x2f0 in race.cu:20\n"
+                           "========= RACECHECK SUMMARY: 2 hazards displayed (1 error, 1 warning)\n")
+    assert (hazards.errors, len(hazards.blocks), hazards.warnings, len(hazards.warning_blocks)) == (1, 1, 1, 1)
+    assert parse_report("========= RACECHECK SUMMARY: 2 hazards\n").errors == 2  # no brackets: every hazard
+
+
 def test_the_command_runs_the_worker_under_the_tool(tmp_path: Path) -> None:
     line = command("/opt/cuda/bin/compute-sanitizer", "racecheck", tmp_path / "log")
     assert line[:3] == ["/opt/cuda/bin/compute-sanitizer", "--tool", "racecheck"]
@@ -80,13 +107,17 @@ def fake_site(pytester: pytest.Pytester, fake_dist) -> Path:
     return fake_dist({"good": fake("good")})
 
 
-def _sanitized(fake_site: Path, monkeypatch: pytest.MonkeyPatch, errors: int) -> tuple[SanitizeCheck, WorkerPool]:
+def _sanitized(fake_site: Path, monkeypatch: pytest.MonkeyPatch, errors: int,
+               log_dir: Path | None = None) -> tuple[SanitizeCheck, WorkerPool]:
     monkeypatch.setenv("FAKE_SANITIZER_ERRORS", str(errors))
     monkeypatch.syspath_prepend(str(fake_site))  # the workers see this process's sys.path
+    # The temporary folders the check keeps its logs in, without a report, are the test's, not left in /tmp.
+    (fake_site.parent / "tmp").mkdir(exist_ok=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(fake_site.parent / "tmp"))
     pool = WorkerPool(device="cpu", timeout=120)
     pool.start([EntryPointRef("good", "fake_kernels:good", "fake-kernels")])
     # device "cuda" for the check's own gate only: the fake tool runs the worker on the CPU.
-    return SanitizeCheck(pool, Outcomes(), 0, "cuda", str(FAKE_SANITIZER)), pool
+    return SanitizeCheck(pool, Outcomes(), 0, "cuda", str(FAKE_SANITIZER), log_dir=log_dir), pool
 
 
 def test_an_error_the_tool_reports_fails_the_test_with_the_kernel_and_the_case(
@@ -111,6 +142,78 @@ def test_a_clean_report_passes(fake_site: Path, monkeypatch: pytest.MonkeyPatch)
     finally:
         pool.close()
     assert entry["errors"] == 0 and entry["reported"] == []
+    # The worker is asked to "warm" the case, but the time table counts the run as the suite's own.
+    assert [(row["suite"], row["requests"]) for row in pool.ledger.to_dict()["rows"]] == [("sanitize", 1)]
+
+
+def test_a_racecheck_warning_alone_passes_and_is_reported(fake_site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_SANITIZER_WARNINGS", "1")
+    check, pool = _sanitized(fake_site, monkeypatch, errors=0)
+    case = Case(1, 2, 2, 17, 17, 32, "float16")
+    properties: list[tuple[str, object]] = []
+    try:
+        entry = check.check("good", "racecheck", case, backward=False, properties=properties)
+        monkeypatch.setenv("FAKE_SANITIZER_ERRORS", "1")
+        with pytest.raises(pytest.fail.Exception) as failure:
+            check.check("good", "racecheck", case, backward=False)
+    finally:
+        pool.close()
+    assert (entry["errors"], entry["reported"], entry["warnings"]) == (0, [], 1)
+    assert entry["warned"][0][0].startswith("Warning: Race reported between Write access")
+    assert ("attnkit_racecheck_warnings", 1) in properties
+    text = str(failure.value)
+    assert "compute-sanitizer racecheck reported 1 error(s):\nError: Race reported" in text
+    assert "and 1 warning(s), which alone would not fail the test:\nWarning: Race reported" in text
+
+
+def test_the_tool_s_log_outlives_the_run(fake_site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a report folder the log is kept in a temporary folder of its own: the pool's folder
+    of worker logs is removed when the run ends, and with it a log the failure pointed at."""
+    check, pool = _sanitized(fake_site, monkeypatch, errors=1)
+    try:
+        with pytest.raises(pytest.fail.Exception) as failure:
+            check.check("good", "memcheck", Case(1, 2, 2, 17, 17, 32, "float16"), backward=False)
+    finally:
+        pool.close()
+    log = Path(check.results[0]["log"])
+    assert f"(the tool's whole log: {log})" in str(failure.value)
+    assert log.is_file() and "ERROR SUMMARY: 1 error" in log.read_text()
+    assert log.parent.parent == Path(tempfile.gettempdir()) and log.parent.name.startswith("attnkit-sanitize-")
+    assert not pool.log_dir.exists()
+
+
+def test_with_a_report_the_logs_go_beside_it_named_after_the_test(fake_site: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    kept = tmp_path / "out" / "sanitize"
+    check, pool = _sanitized(fake_site, monkeypatch, errors=0, log_dir=kept)
+    case = Case(1, 4, 2, 17, 17, 32, "float16")
+    try:
+        for _ in range(2):
+            check.check("good", "memcheck", case, backward=False)
+    finally:
+        pool.close()
+    # The ":" of h4:2 would not do in a file name on Windows or in a CI artifact.
+    assert [entry["log"] for entry in check.results] == [str(kept / "good-b1-h4_2-q17-k17-d32-fp16-memcheck.log"),
+                                                         str(kept / "good-b1-h4_2-q17-k17-d32-fp16-memcheck-2.log")]
+    assert all(Path(entry["log"]).is_file() for entry in check.results)
+
+
+def test_a_log_left_by_an_earlier_run_is_removed_before_the_tool_starts(tmp_path: Path) -> None:
+    """Else a worker that never started under the tool would pass on the old run's clean summary."""
+    stale = tmp_path / "good-b1-h2-q17-k17-d32-fp16-memcheck-backward.log"
+    stale.write_text("========= ERROR SUMMARY: 0 errors\n")
+    check = SanitizeCheck(None, Outcomes(), 0, "cuda", "/usr/bin/true", log_dir=tmp_path)  # type: ignore[arg-type]
+    assert check.log_path("good", "memcheck", Case(1, 2, 2, 17, 17, 32, "float16"), backward=True) == stale
+    assert not stale.exists()
+
+
+def test_the_session_keeps_the_logs_in_the_report_folder(pytester: pytest.Pytester) -> None:
+    from pytest_attnkit.controller.session import SESSION_KEY
+
+    recorder = pytester.inline_run("--attnkit", "-p", "no:cacheprovider", "--attnkit-suite=sanitize",
+                                   "--attnkit-impl=torch_sdpa", "--attnkit-report=out", "--collect-only")
+    [call] = recorder.getcalls("pytest_sessionfinish")
+    assert call.session.config.stash[SESSION_KEY].sanitize.log_dir == pytester.path / "out" / "sanitize"
 
 
 def test_the_options_add_the_suite_with_its_tools(pytester: pytest.Pytester) -> None:
@@ -142,3 +245,4 @@ def test_a_planted_read_past_a_sequence_is_caught_on_the_gpu(pytester: pytest.Py
                                  "*PASSED*test_sanitize[[]honest_varlen-*varlen*",
                                  "*FAILED*test_sanitize[[]one_row_past-*varlen*"])
     result.stdout.fnmatch_lines(["*compute-sanitizer memcheck reported * error(s)*", "*Invalid __global__ read*"])
+    result.stdout.fnmatch_lines(["*sanitize logs:*attnkit-sanitize-*"])  # kept after the run: no report folder

@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from pytest_attnkit.controller.ledger import Ledger
-from pytest_attnkit.controller.pool import ImplInfo
+from pytest_attnkit.controller.pool import SUITE_OF_OP, ImplInfo
 from pytest_attnkit.controller.process import WorkerFailure
 from pytest_attnkit.controller.scheduler import DROPPED, NOT_RUN, Scheduler, out_of_memory
+from pytest_attnkit.controller.table import time_lines
 from pytest_attnkit.records import Reply, Status
 
 
@@ -301,3 +302,23 @@ def test_a_sweep_runs_in_one_worker_point_after_point(made) -> None:
         scheduler.wait(job)
     assert filler.worker is not first.worker
     assert second.worker is first.worker
+
+
+def test_the_time_table_has_a_row_per_suite_run_ahead_or_not_in_the_suites_order(made) -> None:
+    """A property check run ahead (the scheduler's "properties" job) and one the pool sends itself
+    (op "property", as with --attnkit-jobs=1) share a row; the table lists the suites in the order
+    they run, each suite's warm-ups before it."""
+    pool = FakePool(names=("a",))
+    scheduler = made(pool, jobs=2)
+    ledger = scheduler.ledger
+    for suite in ("sanitize", "speed", "properties", "memory", "speed (warm)", "correctness", "memory (warm)"):
+        ledger.record(suite, "a", {"wall_s": 1.0}, 0.0, 1.0, counted=False)
+    scheduler.wait(scheduler.submit("a", "properties", {"op": "property", "n": 1}))
+    ledger.record(SUITE_OF_OP["property"], "a", {"wall_s": 1.0}, 0.0, 1.0, counted=False)
+    lines = time_lines({"time": ledger.to_dict()})
+    header = next(index for index, line in enumerate(lines) if line.startswith("suite "))
+    end = next(index for index, line in enumerate(lines) if line.startswith("in all:"))
+    assert [line[:14].strip() for line in lines[header + 1:end]] == [
+        "correctness", "memory (warm)", "memory", "speed (warm)", "speed", "properties", "sanitize"]
+    [properties] = [row for row in ledger.to_dict()["rows"] if row["suite"] == "properties"]
+    assert properties["requests"] == 3

@@ -10,8 +10,9 @@ span from the first to the last; and for the run, the most requests that ran at 
 
 Busy seconds add up across workers running at the same time, so they can exceed the run's wall
 time; that is the point of running them together. "warm" requests compile the memory and speed
-suites' kernels ahead of them (:mod:`pytest_attnkit.controller.scheduler`) and are counted in a
-row of their own.
+suites' kernels ahead of them (:mod:`pytest_attnkit.controller.scheduler`) and are counted in rows
+of their own ("memory (warm)", "speed (warm)"). The sanitize suite's runs under compute-sanitizer
+are "warm" requests to the worker too, but counted as "sanitize": they are its tests, not warm-ups.
 """
 
 from __future__ import annotations

@@ -36,9 +36,11 @@ from pytest_attnkit.registry import EntryPointRef
 if TYPE_CHECKING:
     from pytest_attnkit.controller.scheduler import Scheduler
 
-#: The suite each request op belongs to, for the ledger.
+#: The suite each request op belongs to, for the ledger: the names the scheduler's jobs carry, so that
+#: a suite has one row whether its requests run one at a time or ahead ("property" is the properties
+#: suite's op). A request whose op is not its suite's names the suite itself (:meth:`WorkerPool.request`).
 SUITE_OF_OP = {"correctness": "correctness", "memory": "memory", "speed": "speed", "warm": "warm",
-               "ceilings": "speed"}
+               "ceilings": "speed", "property": "properties"}
 
 
 @dataclass(frozen=True)
@@ -184,9 +186,12 @@ class WorkerPool:
         spent = dict(worker.last_spent) or {"wall_s": time.monotonic() - started}
         return dataclasses.replace(reply, spent=spent)
 
-    def request(self, name: str, message: dict[str, Any], *, worker: Worker | None = None) -> Reply:
+    def request(self, name: str, message: dict[str, Any], *, worker: Worker | None = None,
+                suite: str | None = None) -> Reply:
         """Send a suite request to ``name``'s primary worker (or to ``worker``, one of its
-        workers that has the case warmed up), with the GPU to itself."""
+        workers that has the case warmed up), with the GPU to itself. The ledger counts it under
+        ``suite``, else its op's suite (:data:`SUITE_OF_OP`): the sanitize suite's runs are ``warm``
+        requests, and are not the warm-ups of the memory and speed suites."""
         with self._gpu_alone():
             started = time.monotonic()
             self.ledger.began()
@@ -196,7 +201,7 @@ class WorkerPool:
                 # Other workers share the GPU: what this request cached must not crowd out the next.
                 message = {**message, "release_memory": True}
             reply = self.ask(worker, name, message) if worker is not None else self.broken_reply(name)
-            self.ledger.record(SUITE_OF_OP.get(message["op"], message["op"]), name, reply.spent, started,
+            self.ledger.record(suite or SUITE_OF_OP.get(message["op"], message["op"]), name, reply.spent, started,
                                time.monotonic())
         return reply
 

@@ -125,8 +125,10 @@ class AttnkitSession:
                                   settings.seed, profile=self.profile)
         self.properties = PropertyCheck(self.pool, self.outcomes, settings.seed, self.device)
         if "sanitize" in settings.suite:
+            # The tool's logs go beside the report, else into a temporary folder that is kept.
             self.sanitize = SanitizeCheck(self.pool, self.outcomes, settings.seed, self.device,
-                                          find_sanitizer(settings.sanitizer))
+                                          find_sanitizer(settings.sanitizer),
+                                          log_dir=settings.path("report") / "sanitize" if settings.report else None)
         if "speed" in settings.suite:
             device_name = str(self.environment.get("device_name", "unknown"))
             try:
@@ -498,6 +500,11 @@ class AttnkitSession:
                                  "process (better: another machine of the same GPU)")
         if self.settings.report:
             lines.extend(report.write(self.document, self.settings.path("report")))
+        # Where compute-sanitizer's logs were kept (several folders under pytest-xdist without a report).
+        kept = sorted({os.path.dirname(entry["log"]) for entry in self.document.get("sanitize", [])
+                       if entry.get("log")})
+        if kept:
+            lines.append(f"sanitize logs:{NO_BREAK}{', '.join(kept)}")
         return lines
 
     def add_worker_document(self, text: str) -> None:

@@ -451,8 +451,9 @@ def ab_lines(document: dict[str, Any]) -> list[str]:
     return lines
 
 
-#: The order of the time table's rows: each suite's warm-ups (compiled ahead) before the suite.
-_TIME_ORDER = ("correctness", "memory (warm)", "memory", "speed (warm)", "speed")
+#: The order of the time table's rows: the suites in the order of --attnkit-suite's list, each suite's
+#: warm-ups (compiled ahead) before the suite.
+_TIME_ORDER = ("correctness", "memory (warm)", "memory", "speed (warm)", "speed", "properties", "sanitize")
 
 
 def time_lines(document: dict[str, Any]) -> list[str]:

@@ -41,6 +41,26 @@ class JitteryUndeclared(Jittery):
     deterministic = False
 
 
+class DeterministicBackwardOnly(Honest):
+    """Declares only its backward deterministic: its output jitters from run to run, by noise that
+    autograd takes for a constant, so that the gradients do not."""
+
+    deterministic = "backward"
+
+    def forward(self, q, k, v, *, causal=False, scale=None):
+        out = _per_sequence(q, k, v, causal, scale)
+        return out + (torch.rand_like(out, dtype=torch.float32) * 1e-3).to(out.dtype)
+
+
+class JitteryGradients(DeterministicBackwardOnly):
+    """Declares only its backward deterministic, and scales its output by a factor that changes every
+    run: the gradients move with it."""
+
+    def forward(self, q, k, v, *, causal=False, scale=None):
+        out = _per_sequence(q, k, v, causal, scale)
+        return (out.float() * (1 + torch.rand_like(out, dtype=torch.float32) * 1e-2)).to(out.dtype)
+
+
 class BatchDependent(Honest):
     """Declares batch invariance, and rounds differently in a batch of more than one sequence."""
 
