@@ -12,6 +12,8 @@ import pytest
         (["--attnkit-device", "tpu"], "*argument --attnkit-device: 'tpu' is not one of: auto, cpu, cuda"),
         (["--attnkit-trials", "0"], "*argument --attnkit-trials: '0' must be at least 1"),
         (["--attnkit-timeout", "soon"], "*argument --attnkit-timeout: 'soon' is not a number"),
+        (["--attnkit-sanitizer", "/nowhere/compute-sanitizer"],
+         "*argument --attnkit-sanitizer: '/nowhere/compute-sanitizer' is neither an executable file nor a program on the PATH"),
         (["--attnkit-suite", "speed,colour"], "*unknown suite 'colour' (known: correctness, memory, speed, properties, sanitize, or all)"),
     ],
 )

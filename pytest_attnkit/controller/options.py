@@ -72,6 +72,16 @@ def _tools(text: str) -> list[str]:
     return names
 
 
+def _executable(text: str) -> str:
+    """A program to run: a path to an executable file, or a name on the PATH; empty for the default."""
+    import shutil
+
+    stripped = str(text).strip()
+    if stripped and not (os.path.isfile(stripped) and os.access(stripped, os.X_OK)) and shutil.which(stripped) is None:
+        raise ValueError(f"{stripped!r} is neither an executable file nor a program on the PATH")
+    return stripped
+
+
 def _percent(text: str) -> float:
     """A threshold in percent, as a share: "8%" and "8" are both 0.08. A bare number below 1
     ("0.08") is refused: it could be a share or a percentage, and a gate must not guess."""
@@ -166,7 +176,7 @@ SETTINGS: tuple[Setting, ...] = (
             f"also run the sanitize suite: each of its cases in a worker under compute-sanitizer with these tools "
             f"({', '.join(SANITIZER_TOOLS)}; comma-separated); --attnkit-suite=sanitize alone runs memcheck "
             "(default: off)"),
-    Setting("sanitizer", "PATH", str, "",
+    Setting("sanitizer", "PATH", _executable, "",
             "the compute-sanitizer to run (default: the one on the PATH, in $CUDA_HOME/bin or /usr/local/cuda/bin)"),
     Setting("timeout", "SECONDS", _bounded(float, 0.001), 300.0,
             "deadline for one test in its worker; past it the worker is killed and replaced (default: 300)"),
