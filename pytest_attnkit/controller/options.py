@@ -177,7 +177,8 @@ SETTINGS: tuple[Setting, ...] = (
             f"({', '.join(SANITIZER_TOOLS)}; comma-separated); --attnkit-suite=sanitize alone runs memcheck "
             "(default: off)"),
     Setting("sanitizer", "PATH", _executable, "",
-            "the compute-sanitizer to run (default: the one on the PATH, in $CUDA_HOME/bin or /usr/local/cuda/bin)"),
+            "the compute-sanitizer to run (default: the one on the PATH, in $CUDA_HOME/bin, $CUDA_PATH/bin or "
+            "/usr/local/cuda/bin)"),
     Setting("timeout", "SECONDS", _bounded(float, 0.001), 300.0,
             "deadline for one test in its worker; past it the worker is killed and replaced (default: 300)"),
     Setting("baseline_dir", "DIR", str, "baselines",

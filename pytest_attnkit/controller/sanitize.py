@@ -30,8 +30,8 @@ the first test and never removed. Not the pool's folder of worker logs (``pool.l
 the run removes as it ends.
 
 The tool is ``--attnkit-sanitizer``, else ``compute-sanitizer`` on the PATH, in
-``$CUDA_HOME/bin`` or ``/usr/local/cuda/bin`` (:func:`find_sanitizer`). Where there is none, or
-no CUDA device, every test is skipped with the reason, and the header says so.
+``$CUDA_HOME/bin``, ``$CUDA_PATH/bin`` or ``/usr/local/cuda/bin`` (:func:`find_sanitizer`). Where
+there is none, or no CUDA device, every test is skipped with the reason, and the header says so.
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ class SanitizeCheck:
         if self.device != "cuda":
             return "compute-sanitizer checks CUDA kernels; this run is on the CPU"
         if self.sanitizer is None:
-            return ("compute-sanitizer was not found (looked for --attnkit-sanitizer, on the PATH, in $CUDA_HOME/bin "
+            return ("compute-sanitizer was not found (looked on the PATH, in $CUDA_HOME/bin, $CUDA_PATH/bin "
                     "and /usr/local/cuda/bin); it comes with the CUDA toolkit")
         return None
 
