@@ -286,3 +286,14 @@ def test_a_call_that_synchronizes_is_gated_at_a_doubling_and_says_why(tmp_path: 
     plain.check("ref", "forward", CASE)
     with pytest.raises(pytest.fail.Exception, match="kernel regressed"):
         plain.check("kernel", "forward", CASE)  # the same +50% without a sync is a regression
+
+
+def test_only_a_warning_of_a_synchronizing_operation_counts_not_the_debug_modes_own_notice() -> None:
+    from pytest_attnkit.worker.speed import sync_warning
+
+    notice = ("Synchronization debug mode is a prototype feature and does not yet detect all synchronizing "
+              "operations (Triggered internally at /pytorch/c10/cuda/CUDAFunctions.cpp:123.)")
+    real = "called a synchronizing CUDA operation (Triggered internally at /pytorch/c10/cuda/CUDAFunctions.cpp:160.)"
+    assert sync_warning([notice]) is None
+    assert sync_warning([notice, "an unrelated warning", real]) == real
+    assert sync_warning([]) is None
