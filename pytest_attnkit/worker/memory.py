@@ -180,9 +180,10 @@ def measure_point(impl: AttentionImpl, case: Case, *, backward: bool, seed: int,
 
     The peak counts from what is allocated just before the measured call, so nothing allocated
     before may be freed during it: garbage in reference cycles (a previous request's tensors) is
-    collected first, and the cycle collector is off during the call (with it on, a collection
-    inside the call freed an earlier request's tensors, and a point read 2.1 MiB where its
-    neighbours read 14.4 KB per token: results/2026-11-25-h200-main-job). With
+    collected just before the call, and the cycle collector is off during it. Before this, a
+    point of torch_sdpa's varlen backward sweep read 2.1 MiB in parallel runs, where its
+    neighbours and the serial run read 14.4 KB per token; since, every run reads the latter
+    (results/2026-11-25-h200-main-job; the mechanism was not traced further). With
     ``call_limit_ms``, a point whose measured call took longer says so in ``stop``: the sweep
     ends after it (``pytest_attnkit.cases.MEMORY_CALL_LIMIT_MS``)."""
     import gc
@@ -193,7 +194,6 @@ def measure_point(impl: AttentionImpl, case: Case, *, backward: bool, seed: int,
     from pytest_attnkit.worker.inputs import make_inputs
 
     route_allocations_through_torch()
-    gc.collect()
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     collecting = gc.isenabled()
