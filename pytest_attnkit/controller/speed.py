@@ -182,10 +182,17 @@ class SpeedCheck:
         """Time one case in ``impl``'s worker; a reply other than OK skips or fails the test."""
         reply = self._request(impl, mode, case)
         self.outcomes.settle(reply, impl=impl, where=f"{case.id} ({mode})", origin=self.pool.info(impl).origin)
-        if "over_limit_ms" in reply.data:
-            self.over_limit[EntryKey(impl, mode, case.id)] = float(reply.data["over_limit_ms"])
+        if self._record_over_limit(EntryKey(impl, mode, case.id), reply):
             self._skip_over_limit(impl, mode, case)
         return self._to_measurement(impl, mode, case, reply)
+
+    def _record_over_limit(self, key: EntryKey, reply: Reply) -> bool:
+        """Whether the worker did not time the case because its call was over the profile's limit
+        (then :attr:`over_limit` keeps how long it took)."""
+        if reply.status is not Status.OK or "over_limit_ms" not in reply.data:
+            return False
+        self.over_limit[key] = float(reply.data["over_limit_ms"])
+        return True
 
     def _skip_over_limit(self, impl: str, mode: str, case: Case) -> None:
         took = self.over_limit[EntryKey(impl, mode, case.id)]
@@ -288,12 +295,10 @@ class SpeedCheck:
                 continue
             if problem is not None:  # timed alone, as without REV
                 reply = self._request(name, mode, case)
-                if reply.status is Status.OK and "over_limit_ms" in reply.data:
-                    self.over_limit[name_key] = float(reply.data["over_limit_ms"])
-                elif reply.status is Status.OK:
-                    self._measured[name_key] = self._to_measurement(name, mode, case, reply)
-                else:
+                if reply.status is not Status.OK:
                     self._refused[name_key] = reply
+                elif not self._record_over_limit(name_key, reply):  # over the limit: its test says so
+                    self._measured[name_key] = self._to_measurement(name, mode, case, reply)
                 continue
             first = Timing.from_dict(probes[name].data["timing"])
             samples = tuple(sample for samples in blocks[name] for sample in samples)
