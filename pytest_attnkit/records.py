@@ -27,6 +27,7 @@ class Status(str, Enum):
     OK = "ok"  # passed, or measured
     WRONG = "wrong"  # a result outside the rule, or a breach of the contract
     RAISED = "raised"  # the implementation raised
+    OUT_OF_MEMORY = "out of memory"  # the case did not fit in the device's free memory (worker/out_of_memory.py)
     UNSUPPORTED = "unsupported"  # the implementation declines the case
     UNAVAILABLE = "unavailable"  # the implementation cannot run on this machine
     BROKEN = "broken"  # the implementation could not be loaded
@@ -46,6 +47,14 @@ class Reply:
     @property
     def ok(self) -> bool:
         return self.status is Status.OK
+
+    @property
+    def out_of_memory(self) -> bool:
+        """Whether the request ran out of device memory (or, for a memory point, measured that it
+        did): then it is run again with the GPU to itself before its verdict counts."""
+        if self.status is Status.OK:
+            return self.data.get("status") == "oom"
+        return self.status is Status.OUT_OF_MEMORY
 
     def to_wire(self) -> dict[str, Any]:
         return {"status": self.status.value, "message": self.message, "data": self.data}

@@ -1,6 +1,7 @@
 """The scheduler's rules, with a pool of fake workers (no processes): replies land on their own
 job, no more than ``jobs`` run at once, device-memory estimates decide what runs beside what, an
-out-of-memory beside another is run again alone, the GPU-alone phase waits for everything
+out-of-memory beside another is run again alone and one alone once more with the other workers
+stopped, the GPU-alone phase waits for everything
 submitted, warm-ups that compile nothing are dropped, a sweep stops after a point that did not
 measure, a job remembers its worker, and close() drops what is queued and closes what runs."""
 
@@ -15,7 +16,7 @@ import pytest
 from pytest_attnkit.controller.ledger import Ledger
 from pytest_attnkit.controller.pool import SUITE_OF_OP, ImplInfo
 from pytest_attnkit.controller.process import WorkerFailure
-from pytest_attnkit.controller.scheduler import DROPPED, NOT_RUN, Scheduler, out_of_memory
+from pytest_attnkit.controller.scheduler import DROPPED, NOT_RUN, Scheduler
 from pytest_attnkit.controller.table import time_lines
 from pytest_attnkit.records import Reply, Status
 
@@ -53,6 +54,8 @@ class FakePool:
         self.order: list[Any] = []
         self.release = threading.Event()
         self.scheduler = None
+        #: How many times the scheduler stopped the other workers, and the requests run since.
+        self.stops = 0
 
     def info(self, name: str) -> ImplInfo:
         return self.impls[name]
@@ -67,6 +70,12 @@ class FakePool:
 
     def broken_reply(self, name: str) -> Reply:
         return Reply(Status.BROKEN, "broken")
+
+    def stop_others(self, keep: FakeWorker) -> int:
+        with self.lock:
+            self.stops += 1
+            self.order.append("stopped the others")
+        return len(self.primaries) + len(self.extras) - 1
 
     def serve(self, worker: FakeWorker, message: dict[str, Any]) -> dict[str, Any]:
         with self.lock:
@@ -132,10 +141,13 @@ def test_device_memory_decides_what_runs_beside_what(made) -> None:
         scheduler.wait(job)
 
 
+OUT_OF_MEMORY = Reply(Status.OUT_OF_MEMORY, "CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
 def test_an_out_of_memory_beside_another_runs_again_alone(made) -> None:
     def behave(message: dict[str, Any], running: int) -> Reply:
         if message["n"] == 0 and running > 1:
-            return Reply(Status.RAISED, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB")
+            return OUT_OF_MEMORY
         return Reply(Status.OK, "", {"ran_with": running})
 
     pool = FakePool(behave=behave, seconds=0.05)
@@ -143,14 +155,26 @@ def test_an_out_of_memory_beside_another_runs_again_alone(made) -> None:
     jobs = [scheduler.submit("a", "correctness", {"n": n}) for n in range(4)]
     replies = [scheduler.wait(job) for job in jobs]
     assert replies[0].status is Status.OK and replies[0].data["ran_with"] == 1
-    assert jobs[0].first_oom is not None and out_of_memory(jobs[0].first_oom)
+    assert jobs[0].first_oom is not None and jobs[0].first_oom.out_of_memory
+    assert pool.stops == 0  # alone, it fit: the other workers were left alone
 
 
-def test_an_out_of_memory_alone_is_the_kernels(made) -> None:
-    pool = FakePool(behave=lambda message, running: Reply(Status.RAISED, "CUDA out of memory"))
+def test_an_out_of_memory_alone_runs_once_more_with_the_other_workers_stopped(made) -> None:
+    def behave(message: dict[str, Any], running: int) -> Reply:
+        return Reply(Status.OK, "", {"n": message["n"]}) if pool.stops else OUT_OF_MEMORY
+
+    pool = FakePool(behave=behave)
     scheduler = made(pool, jobs=1)
     reply = scheduler.wait(scheduler.submit("a", "correctness", {"n": 0}))
-    assert reply.status is Status.RAISED and "out of memory" in reply.message
+    assert reply.ok and pool.order == [0, "stopped the others", 0]
+    assert scheduler.ledger.to_dict()["retried_cleared"] == {"a": 1}
+
+
+def test_an_out_of_memory_with_the_other_workers_stopped_is_the_reply(made) -> None:
+    pool = FakePool(behave=lambda message, running: OUT_OF_MEMORY)
+    scheduler = made(pool, jobs=1)
+    reply = scheduler.wait(scheduler.submit("a", "correctness", {"n": 0}))
+    assert reply.status is Status.OUT_OF_MEMORY and pool.order == [0, "stopped the others", 0]
 
 
 def test_the_gpu_alone_waits_for_everything_submitted_and_starts_nothing_meanwhile(made) -> None:
@@ -195,7 +219,7 @@ def test_a_sweep_stops_after_a_point_that_did_not_measure(made) -> None:
     statuses, replies, pool = _sweep(made, 5, lambda n: {"status": "oom" if n == 2 else "measured"})
     assert statuses == ["measured", "measured", "oom", "not run", "not run"]
     assert replies[3].message == NOT_RUN
-    assert pool.order == [0, 1, 2]
+    assert pool.order == [0, 1, 2, "stopped the others", 2]  # out of memory alone: once more, the GPU cleared
 
 
 def test_a_sweep_stops_after_a_point_whose_call_was_over_the_profiles_limit(made) -> None:

@@ -98,3 +98,27 @@ def test_sigterm_stops_the_outstanding_work_and_leaves_no_worker(pytester: pytes
     assert status == pytest.ExitCode.INTERRUPTED, log.read_text()
     assert "received SIGTERM" in log.read_text()
     assert _alive(pids) == []
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_case_that_fits_only_without_the_other_workers_passes(pytester: pytest.Pytester, fake_dist,
+                                                                 jobs: str) -> None:
+    """``crowded_out`` runs out of device memory while any other worker process of the run lives
+    (as a 16k case did on an H100 beside other workers' CUDA contexts): with one request at a time
+    (the pool's own requests) and with the scheduler, it runs once more with the others stopped,
+    and passes. Before issue 41 its tests failed with the out-of-memory."""
+    fake_dist({name: fake(name) for name in ("good", "crowded_out")})
+    outcomes = _outcomes(pytester, "-k", "test_forward and q17-", f"--attnkit-jobs={jobs}")
+    crowded = {name: outcome for name, outcome in outcomes.items() if "crowded_out" in name}
+    assert crowded and set(crowded.values()) == {"passed"}, outcomes
+    assert {outcome for name, outcome in outcomes.items() if "[good-" in name} == {"passed"}
+
+
+def test_a_case_that_does_not_fit_alone_is_skipped_with_the_numbers(pytester: pytest.Pytester, fake_dist) -> None:
+    fake_dist({name: fake(name) for name in ("good", "never_fits")})
+    outcomes, _ = run_attnkit(pytester, "--attnkit-suite=correctness", "-k", "test_forward and q17-")
+    never = [outcome for name, outcome in outcomes.items() if "never_fits" in name]
+    assert never and {outcome.outcome for outcome in never} == {"skipped"}
+    text = never[0].text
+    assert "does not fit on this GPU alone" in text
+    assert "asked for 16.0 GiB more while it held 68.8 GiB and 10.3 GiB were free" in text, text

@@ -65,6 +65,10 @@ class Ledger:
         self.events: list[tuple[str, str, float, float, float, float]] = []
         #: Per implementation: requests run again alone after an out-of-memory beside others.
         self.retried_alone: dict[str, int] = {}
+        #: Per implementation: requests run again after an out-of-memory alone, every other worker
+        #: stopped first; and how many workers were stopped for them.
+        self.retried_cleared: dict[str, int] = {}
+        self.stopped_workers = 0
 
     def began(self) -> None:
         """A request started (for the most that ran at once)."""
@@ -86,6 +90,13 @@ class Ledger:
         """A request of ``impl`` ran out of device memory beside others and goes again, alone."""
         with self._lock:
             self.retried_alone[impl] = self.retried_alone.get(impl, 0) + 1
+
+    def cleared_gpu(self, impl: str, stopped: int) -> None:
+        """A request of ``impl`` that ran out of memory alone goes again, ``stopped`` other workers
+        stopped first."""
+        with self._lock:
+            self.retried_cleared[impl] = self.retried_cleared.get(impl, 0) + 1
+            self.stopped_workers += stopped
 
     def waited(self, seconds: float) -> None:
         """The pytest thread waited this long for a result it needed."""
@@ -111,5 +122,7 @@ class Ledger:
                     "startup_s": {impl: round(seconds, 2) for impl, seconds in sorted(startup.items())},
                     "waited_s": round(self.waited_s, 2), "most_at_once": self.most_at_once,
                     "retried_alone": dict(sorted(self.retried_alone.items())),
+                    "retried_cleared": dict(sorted(self.retried_cleared.items())),
+                    "stopped_workers": self.stopped_workers,
                     "events": [dict(zip(("suite", "impl", "start_s", "wall_s", "compile_s", "queued_s"), event))
                                for event in self.events]}

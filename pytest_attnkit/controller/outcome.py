@@ -2,11 +2,14 @@
 
 Every suite's check sends its request through the pool and hands the reply to
 :meth:`Outcomes.settle`: ``OK`` returns, a refusal skips with the implementation's reasons in
-words, everything else fails with what went wrong. A traceback is shown once per implementation
+words, a case that did not fit on the GPU alone skips with the numbers, everything else fails
+with what went wrong. A traceback is shown once per implementation
 and error; the tests that meet the same error again get a one-line reference to the first.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 
@@ -16,6 +19,33 @@ from pytest_attnkit.records import Reply, Status
 def _last_line(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1].strip() if lines else "?"
+
+
+def describe_out_of_memory(figures: dict[str, Any]) -> str:
+    """The numbers of an out-of-memory reply (:mod:`pytest_attnkit.worker.out_of_memory`) in words:
+    "asked for 16.0 GiB more while it held 68.8 GiB and 10.3 GiB were free (79.2 GiB in all); no
+    other process held memory on the GPU"."""
+
+    def gib(value: Any) -> str:
+        return f"{value / 2**30:.1f} GiB"
+
+    parts = []
+    if figures.get("requested_bytes"):
+        parts.append(f"asked for {gib(figures['requested_bytes'])} more")
+    if "process_at_failure_bytes" in figures:
+        parts.append(f"while it held {gib(figures['process_at_failure_bytes'])}")
+    if "free_at_failure_bytes" in figures:
+        parts.append(f"and {gib(figures['free_at_failure_bytes'])} were free")
+    elif "free_bytes" in figures:
+        parts.append(f"with {gib(figures['free_bytes'])} free once it had let go")
+    text = " ".join(parts) or "the device's figures could not be read"
+    if figures.get("total_bytes"):
+        text += f" ({gib(figures['total_bytes'])} in all)"
+    if figures.get("other_processes"):
+        text += f"; {figures['other_processes']} other process(es) on the GPU held {gib(figures.get('other_bytes', 0))}"
+    elif "other_processes" in figures:
+        text += "; no other process held memory on the GPU"
+    return text
 
 
 class Outcomes:
@@ -43,6 +73,12 @@ class Outcomes:
             pytest.skip(f"{impl} does not support it: {message}")
         if status is Status.UNAVAILABLE:
             pytest.skip(f"{impl} is unavailable: {message}")
+        if status is Status.OUT_OF_MEMORY:
+            # The pool and the scheduler run an out-of-memory again with no other worker on the GPU
+            # before it gets here: the case does not fit on this GPU, which says nothing of the kernel.
+            figures = reply.data.get("out_of_memory", {})
+            pytest.skip(f"{impl} on {where} does not fit on this GPU alone: "
+                        f"{describe_out_of_memory(figures)} ({message})")
         if status is Status.BROKEN:
             if impl not in self._broken_shown:
                 self._broken_shown.add(impl)

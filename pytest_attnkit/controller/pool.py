@@ -12,7 +12,10 @@ that could not be loaded a ``BROKEN`` one. What a reply means for the test is
 Requests the pool sends itself (:meth:`WorkerPool.request`: memory sweeps, speed timing, a
 correctness case nobody submitted ahead) go to the primary with the GPU to itself, when a
 :mod:`~pytest_attnkit.controller.scheduler` runs others beside them; the scheduler sends the rest
-through :meth:`WorkerPool.ask`. Every reply's time goes into the run's
+through :meth:`WorkerPool.ask`. A request of its own that runs out of device memory is sent once
+more after every other worker process is stopped (:meth:`WorkerPool.stop_others`): idle workers
+still hold their CUDA contexts and whatever an implementation keeps, and whether a big case fits
+must not depend on them. Every reply's time goes into the run's
 :mod:`~pytest_attnkit.controller.ledger`.
 """
 
@@ -86,6 +89,8 @@ class WorkerPool:
         #: How each implementation's workers start: (init message, environment), for more of them.
         self._starts: dict[str, tuple[dict[str, Any], dict[str, str] | None]] = {}
         self._extra_count: dict[str, int] = {}
+        #: Every worker of an implementation started so far (primaries and extras), for stop_others.
+        self._all: list[Worker] = []
         #: Environment only the scheduler's extra workers get (their share of the CPU threads).
         self.extra_env: dict[str, str] = {}
         self.ledger = Ledger()
@@ -134,6 +139,7 @@ class WorkerPool:
         self._starts[ref.name] = (init, setup.get("env"))
         worker = self._new_worker(ref.name, init, setup.get("env"))
         self._workers[ref.name] = worker
+        self._all.append(worker)
         try:
             described = worker.request({"op": "describe"}, self.timeout)
         except WorkerFailure as failure:
@@ -156,7 +162,21 @@ class WorkerPool:
         """One more worker for ``name`` (started by its first request), for the scheduler."""
         init, env = self._starts[name]
         self._extra_count[name] = self._extra_count.get(name, 0) + 1
-        return self._new_worker(f"{name}.{self._extra_count[name] + 1}", init, {**(env or {}), **self.extra_env})
+        worker = self._new_worker(f"{name}.{self._extra_count[name] + 1}", init, {**(env or {}), **self.extra_env})
+        self._all.append(worker)
+        return worker
+
+    def stop_others(self, keep: Worker) -> int:
+        """Stop every idle worker process but ``keep`` (each starts again at its next request), so
+        that a request that ran out of device memory can run again with nothing else holding any:
+        a worker hands back what torch and CuPy cache after each request, but its CUDA context,
+        its libraries' workspaces and whatever the implementation keeps stay while it lives. How
+        many processes were stopped."""
+        workers = [worker for worker in self._all if worker is not keep and not getattr(worker, "closed", False)]
+        if len(workers) <= 1:
+            return sum(worker.stop() for worker in workers)
+        with ThreadPoolExecutor(max_workers=len(workers)) as threads:
+            return sum(threads.map(lambda worker: worker.stop(), workers))
 
     def primary_startups(self) -> dict[str, float]:
         """Seconds each primary worker has spent starting so far (a crash starts it again)."""
@@ -201,6 +221,12 @@ class WorkerPool:
                 # Other workers share the GPU: what this request cached must not crowd out the next.
                 message = {**message, "release_memory": True}
             reply = self.ask(worker, name, message) if worker is not None else self.broken_reply(name)
+            if worker is not None and reply.out_of_memory:
+                # Other workers' processes still hold device memory: end them and try once more.
+                stopped = self.stop_others(worker)
+                if stopped:
+                    self.ledger.cleared_gpu(name, stopped)
+                    reply = self.ask(worker, name, message)
             self.ledger.record(suite or SUITE_OF_OP.get(message["op"], message["op"]), name, reply.spent, started,
                                time.monotonic())
         return reply

@@ -39,6 +39,8 @@ class Worker(Protocol):
 
     def request(self, message: dict[str, Any], timeout: float) -> Any: ...
 
+    def stop(self) -> bool: ...
+
     def close(self) -> None: ...
 
 
@@ -137,6 +139,27 @@ class WorkerProcess:
             self._kill()
             return
         try:
+            self._shut_down()
+        finally:
+            self._requests.release()
+
+    def stop(self) -> bool:
+        """End an idle worker's process, handing back everything it held on the device (its CUDA
+        context too); the next request starts a fresh one. A busy worker is left alone. Whether a
+        process was ended: the scheduler stops idle workers this way to give a request that ran
+        out of memory the GPU to itself."""
+        if self.closed or self.busy or not self._requests.acquire(blocking=False):
+            return False
+        try:
+            running = self.process is not None and self.process.poll() is None
+            self._shut_down()
+            return running
+        finally:
+            self._requests.release()
+
+    def _shut_down(self) -> None:
+        """Ask the worker to exit, wait for it, and kill what is left (the caller holds the request lock)."""
+        try:
             if self.process is not None and self.process.poll() is None:
                 self.connection.send_bytes(json.dumps({"op": "shutdown"}).encode())
                 if self.connection.poll(self.shutdown_timeout):
@@ -146,7 +169,6 @@ class WorkerProcess:
             pass
         finally:
             self._kill()
-            self._requests.release()
 
     def _kill(self) -> None:
         with self._state:
@@ -263,6 +285,9 @@ class InProcessWorker:
 
     def request(self, message: dict[str, Any], timeout: float) -> Any:
         return self.handler.handle(message)
+
+    def stop(self) -> bool:
+        return False  # the pytest process itself: nothing to end
 
     def close(self) -> None:
         pass

@@ -147,8 +147,10 @@ def _merge_time(time: dict[str, Any], part: dict[str, Any]) -> None:
     for impl, seconds in part.get("startup_s", {}).items():
         time.setdefault("startup_s", {})[impl] = round(time["startup_s"].get(impl, 0.0) + seconds, 2)
     time["waited_s"] = round(time.get("waited_s", 0.0) + part.get("waited_s", 0.0), 2)
-    for impl, count in part.get("retried_alone", {}).items():
-        time.setdefault("retried_alone", {})[impl] = time["retried_alone"].get(impl, 0) + count
+    for key in ("retried_alone", "retried_cleared"):
+        for impl, count in part.get(key, {}).items():
+            time.setdefault(key, {})[impl] = time[key].get(impl, 0) + count
+    time["stopped_workers"] = time.get("stopped_workers", 0) + part.get("stopped_workers", 0)
     time["most_at_once"] = time.get("most_at_once", 0) + part.get("most_at_once", 0)
     time["jobs"] = max(time.get("jobs", 1), part.get("jobs", 1))
     time["events"] = time.get("events", []) + [{**event, "xdist_worker": time.get("xdist_workers", 0)}

@@ -482,6 +482,11 @@ def time_lines(document: dict[str, Any]) -> list[str]:
     if retried:
         lines += wrap("ran again alone after running out of device memory beside other requests (the second "
                       "reply counts): " + ", ".join(f"{impl} {count}" for impl, count in retried.items()), "  ")
+    cleared = time.get("retried_cleared") or {}
+    if cleared:
+        lines += wrap(f"ran again after running out of device memory alone, {time.get('stopped_workers', 0)} other "
+                      "worker(s) stopped first to hand back their memory (the last reply counts): "
+                      + ", ".join(f"{impl} {count}" for impl, count in cleared.items()), "  ")
     return lines
 
 

@@ -36,6 +36,7 @@ from pytest_attnkit.oracle import forward_and_grads, lse_rows_with_a_key
 from pytest_attnkit.records import Comparison, CorrectnessResult, Reply, Status
 from pytest_attnkit.worker.inputs import (call_implementation, dequantized, expected_shapes, make_inputs,
                                           poison_free_memory, trial_seed)
+from pytest_attnkit.worker.out_of_memory import out_of_memory_reply
 from pytest_attnkit.worker.tolerance import compare, compare_budget, factor_and_extra_floor
 
 
@@ -230,8 +231,9 @@ def run_correctness(
             actual = _run_implementation(impl, case, inputs, device, backward)
         except ContractViolation as violation:
             return Reply(Status.WRONG, str(violation), result.to_dict())
-        except Exception:  # the implementation's own exception: report it whole
-            return Reply(Status.RAISED, traceback.format_exc(), result.to_dict())
+        except Exception as error:  # the implementation's own exception: report it whole
+            return (out_of_memory_reply(error, result.to_dict())
+                    or Reply(Status.RAISED, traceback.format_exc(), result.to_dict()))
         _open_lse_rows_zeroed(case, actual)
         actual = _used_rows(case, actual)
         oracle = _used_rows(case, _references(case, inputs, backward, float64=True))

@@ -33,6 +33,7 @@ from typing import Any, Callable
 from pytest_attnkit.contract import AttentionImpl, Case
 from pytest_attnkit.records import Reply, Status
 from pytest_attnkit.worker.inputs import Inputs, call_implementation, make_inputs
+from pytest_attnkit.worker.out_of_memory import is_out_of_memory
 
 #: How often the determinism check runs a case.
 DETERMINISM_RUNS = 3
@@ -285,6 +286,8 @@ def check_cuda_graph(impl: AttentionImpl, case: Case, *, seed: int, declared: bo
         with torch.no_grad(), torch.cuda.graph(graph):
             captured = call()
     except Exception as error:
+        if is_out_of_memory(error):
+            raise  # not the property's failure: the case did not fit (worker/out_of_memory.py)
         torch.cuda.set_sync_debug_mode(previous)
         torch.cuda.synchronize()
         where = traceback.extract_tb(error.__traceback__)[-1]
@@ -318,6 +321,8 @@ def check_torch_compile(impl: AttentionImpl, case: Case, *, device: str, seed: i
         with torch.no_grad():
             returned = compiled(inputs.q, inputs.k, inputs.v)
     except Exception as error:
+        if is_out_of_memory(error):
+            raise
         explanation = str(error).strip()
         lines = [line for line in explanation.splitlines() if line.strip()][:12]
         return result("torch_compile", declared, False,
@@ -362,6 +367,8 @@ def check_opcheck(impl: AttentionImpl, case: Case, *, device: str, seed: int, op
     try:
         torch.library.opcheck(op, args, kwargs)
     except Exception as error:
+        if is_out_of_memory(error):
+            raise
         return result("opcheck", True, False, f"torch.library.opcheck({op_name}) failed: {_first_line(error)}")
     return result("opcheck", True, True, f"torch.library.opcheck({op_name}) passed on the arguments the forward "
                                          "passes it")

@@ -41,6 +41,7 @@ from typing import Any
 from pytest_attnkit.contract import AttentionImpl, Case
 from pytest_attnkit.records import Reply, Status
 from pytest_attnkit.worker import compile_clock
+from pytest_attnkit.worker.out_of_memory import out_of_memory_reply
 
 CONTEXT_LOST = ("the worker's CUDA context is unusable after this error (a sticky error such as an illegal "
                 "memory access); a fresh worker takes over for the next test")
@@ -184,9 +185,9 @@ class Handler:
             assert self.impl is not None
             try:
                 reply = measure(self.impl, case)
-            except Exception:
+            except Exception as error:
                 self._check_cuda_context()
-                reply = Reply(Status.RAISED, traceback.format_exc())
+                reply = out_of_memory_reply(error) or Reply(Status.RAISED, traceback.format_exc())
         if reply.status in (Status.RAISED, Status.WRONG):
             self._check_cuda_context()
             if self.context_lost:
