@@ -7,6 +7,7 @@ measure, a job remembers its worker, and close() drops what is queued and closes
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from typing import Any
@@ -22,11 +23,14 @@ from pytest_attnkit.records import Reply, Status
 
 
 class FakeWorker:
+    pids = itertools.count(1000)
     def __init__(self, pool: "FakePool", name: str) -> None:
         self.pool, self.name = pool, name
         self.last_spent: dict[str, float] = {}
         self.startup_s = 0.0
         self.closed = False
+        self.pid = next(FakeWorker.pids)
+        self.process = type("Process", (), {"pid": self.pid})()
 
     def request(self, message: dict[str, Any], timeout: float) -> Any:
         if self.closed:
@@ -71,11 +75,21 @@ class FakePool:
     def broken_reply(self, name: str) -> Reply:
         return Reply(Status.BROKEN, "broken")
 
+    @property
+    def names(self) -> list[str]:
+        return list(self.impls)
+
     def stop_others(self, keep: FakeWorker) -> int:
         with self.lock:
             self.stops += 1
             self.order.append("stopped the others")
         return len(self.primaries) + len(self.extras) - 1
+
+    def stop_workers(self, workers: list[FakeWorker]) -> int:
+        with self.lock:
+            self.stops += 1
+            self.order.append(("stopped", tuple(sorted(worker.pid for worker in workers))))
+        return len(workers)
 
     def serve(self, worker: FakeWorker, message: dict[str, Any]) -> dict[str, Any]:
         with self.lock:
@@ -346,3 +360,48 @@ def test_the_time_table_has_a_row_per_suite_run_ahead_or_not_in_the_suites_order
         "correctness", "memory (warm)", "memory", "speed (warm)", "speed", "properties", "sanitize"]
     [properties] = [row for row in ledger.to_dict()["rows"] if row["suite"] == "properties"]
     assert properties["requests"] == 3
+
+
+def test_room_is_made_by_stopping_the_cheapest_workers_until_what_was_lacking_is_free(made) -> None:
+    """An out-of-memory alone that says what it lacked (16 GiB asked, 10 GiB free: 6 GiB) and what
+    each process held stops idle workers that hold no warm-up first, biggest first, only until
+    the lacking bytes (with a margin) are free; the workers that hold warm-ups are kept."""
+    gib = 2**30
+    pool = FakePool(names=("a", "b", "c"))
+    scheduler = made(pool, jobs=2)
+    warm_b = scheduler.submit("b", "speed", {"n": "warm b", "compile_s": 1.0}, warm=True)
+    scheduler.wait(warm_b)
+    scheduler.wait(scheduler.submit("c", "correctness", {"n": "c"}))  # c's primary, idle
+    c_extra = pool.new_worker("c")
+    scheduler._extras["c"].append(c_extra)
+    scheduler._idle["c"] = [pool.primaries["c"], c_extra]
+    held = {pool.primaries["a"].pid: 1 * gib, pool.primaries["c"].pid: 3 * gib, c_extra.pid: 7 * gib,
+            warm_b.worker.pid: 9 * gib}
+    failed = Reply(Status.OUT_OF_MEMORY, "CUDA out of memory", {"out_of_memory": {
+        "requested_bytes": 16 * gib, "free_at_failure_bytes": 10 * gib,
+        "processes": {str(pid): used for pid, used in held.items()}}})
+    keep = pool.primaries["a"]
+    stopped, everyone = scheduler.make_room(keep, failed)
+    # 6 GiB lacking x 1.25 + 1 GiB = 8.5 GiB: c's extra (7) then c's primary (3); b's warm worker stays
+    assert pool.order[-1] == ("stopped", (pool.primaries["c"].pid, c_extra.pid))
+    assert stopped == 2 and not everyone
+    held[pool.primaries["c"].pid] = 1 * gib  # now the cheap ones are not enough: the warm one goes too
+    stopped, everyone = scheduler.make_room(keep, Reply(Status.OUT_OF_MEMORY, "", {"out_of_memory": {
+        **failed.data["out_of_memory"], "processes": {str(pid): used for pid, used in held.items()}}}))
+    assert pool.order[-1] == ("stopped", (warm_b.worker.pid, pool.primaries["c"].pid, c_extra.pid)) and everyone
+
+
+def test_the_gpu_alone_begins_by_closing_the_extra_workers_that_hold_no_warm_up(made) -> None:
+    pool = FakePool(seconds=0.05)
+    scheduler = made(pool, jobs=3)
+    jobs = [scheduler.submit("a", "correctness", {"n": n}) for n in range(6)]
+    warm = [scheduler.submit("b", "speed", {"n": f"w{n}", "compile_s": 1.0}, warm=True) for n in range(3)]
+    for job in jobs + warm:
+        scheduler.wait(job)
+    holders = {job.worker for job in warm}
+    spare = [worker for worker in pool.extras if worker not in holders]
+    assert spare, "the run made no extra worker that holds no warm-up"
+    with scheduler.exclusive():
+        assert all(worker.closed for worker in spare)
+        assert not any(worker.closed for worker in holders)
+        assert not any(worker.closed for worker in pool.primaries.values())

@@ -12,10 +12,11 @@ that could not be loaded a ``BROKEN`` one. What a reply means for the test is
 Requests the pool sends itself (:meth:`WorkerPool.request`: memory sweeps, speed timing, a
 correctness case nobody submitted ahead) go to the primary with the GPU to itself, when a
 :mod:`~pytest_attnkit.controller.scheduler` runs others beside them; the scheduler sends the rest
-through :meth:`WorkerPool.ask`. A request of its own that runs out of device memory is sent once
-more after every other worker process is stopped (:meth:`WorkerPool.stop_others`): idle workers
-still hold their CUDA contexts and whatever an implementation keeps, and whether a big case fits
-must not depend on them. Every reply's time goes into the run's
+through :meth:`WorkerPool.ask`. A request of its own that runs out of device memory is sent again
+after other worker processes are stopped, enough of them to free what it lacked
+(:meth:`pytest_attnkit.controller.scheduler.Scheduler.make_room`), then all of them
+(:meth:`WorkerPool.stop_others`): idle workers still hold their CUDA contexts, the kernels they
+loaded and whatever an implementation keeps, and whether a big case fits must not depend on them. Every reply's time goes into the run's
 :mod:`~pytest_attnkit.controller.ledger`.
 """
 
@@ -172,7 +173,12 @@ class WorkerPool:
         a worker hands back what torch and CuPy cache after each request, but its CUDA context,
         its libraries' workspaces and whatever the implementation keeps stay while it lives. How
         many processes were stopped."""
-        workers = [worker for worker in self._all if worker is not keep and not getattr(worker, "closed", False)]
+        return self.stop_workers([worker for worker in self._all if worker is not keep])
+
+    def stop_workers(self, workers: list[Worker]) -> int:
+        """Stop these idle workers' processes side by side (each takes a second or two to tear down
+        its CUDA context); how many were running."""
+        workers = [worker for worker in workers if not getattr(worker, "closed", False)]
         if len(workers) <= 1:
             return sum(worker.stop() for worker in workers)
         with ThreadPoolExecutor(max_workers=len(workers)) as threads:
@@ -221,12 +227,19 @@ class WorkerPool:
                 # Other workers share the GPU: what this request cached must not crowd out the next.
                 message = {**message, "release_memory": True}
             reply = self.ask(worker, name, message) if worker is not None else self.broken_reply(name)
-            if worker is not None and reply.out_of_memory:
-                # Other workers' processes still hold device memory: end them and try once more.
-                stopped = self.stop_others(worker)
-                if stopped:
-                    self.ledger.cleared_gpu(name, stopped)
-                    reply = self.ask(worker, name, message)
+            tries, everyone = 0, False
+            while worker is not None and reply.out_of_memory and not everyone:
+                # Other workers' processes still hold device memory: end enough of them (then
+                # all) and try again.
+                tries += 1
+                if self.scheduler is not None:
+                    stopped, everyone = self.scheduler.make_room(worker, reply, every=tries > 1)
+                else:
+                    stopped, everyone = self.stop_others(worker), True
+                if not stopped:
+                    break
+                self.ledger.cleared_gpu(name, stopped)
+                reply = self.ask(worker, name, message)
             self.ledger.record(suite or SUITE_OF_OP.get(message["op"], message["op"]), name, reply.spent, started,
                                time.monotonic())
         return reply

@@ -25,11 +25,12 @@ The rules:
   together only while their estimates fit ``budget_bytes``, and one that fits alone runs alone.
   Smaller requests may start ahead of one that waits for room, for at most ``MAX_HOLD_S``; then
   nothing new starts until it has its room. A request that runs out of device memory while
-  another ran beside it is run again alone; one that runs out alone is run once more after every
-  other worker process is stopped (idle workers hand back what torch and CuPy cached, not their
-  CUDA contexts, nor what an implementation keeps), and only that reply counts: an out-of-memory
-  caused by a neighbour is never the kernel's failure, and one with the GPU to itself is a case
-  that does not fit, which its test skips with the numbers
+  another ran beside it is run again alone; one that runs out alone is run again after idle
+  workers are stopped until what it lacked is free (:meth:`Scheduler.make_room`), then after every
+  other worker is stopped (idle workers hand back what torch and CuPy cached, not their CUDA
+  contexts, the kernels they loaded, nor what an implementation keeps), and only the last reply
+  counts: an out-of-memory caused by a neighbour is never the kernel's failure, and one with the
+  GPU to itself is a case that does not fit, which its test skips with the numbers
   (:mod:`pytest_attnkit.worker.out_of_memory`).
 - **Warm-ups only where they compile.** Once an implementation's requests so far (its
   correctness cases come first) compiled nothing (a kernel built ahead of time, a library call,
@@ -38,9 +39,10 @@ The rules:
 - **The GPU alone.** :meth:`exclusive` is for what must have the GPU to itself (speed timing, and
   memory sweeps where the meter sees every process's allocations): it waits until everything
   submitted has finished, and starts nothing else until it ends. The pool takes it for every
-  request it sends itself (:meth:`pytest_attnkit.controller.pool.WorkerPool.request`). Idle
-  workers stay: a speed test is timed in the worker that warmed its case up (``Job.worker``),
-  which has its kernels compiled and loaded.
+  request it sends itself (:meth:`pytest_attnkit.controller.pool.WorkerPool.request`). Extra
+  workers that hold no warm-up are closed as it begins: nothing is left for them, and each holds
+  device memory while it lives. The others stay: a speed test is timed in the worker that warmed
+  its case up (``Job.worker``), which has its kernels compiled and loaded.
 - **Failures stay put.** A worker that crashes or misses its deadline fails the one request it
   was running; the next request on it starts a fresh process.
 - **Stopping.** :meth:`close` (the run ends: normally, after ``-x``, on Ctrl-C or SIGTERM) drops
@@ -66,6 +68,8 @@ from pytest_attnkit.records import Reply, Status
 class Workers(Protocol):
     """What the scheduler asks of the pool (:class:`pytest_attnkit.controller.pool.WorkerPool`)."""
 
+    names: list[str]
+
     def info(self, name: str) -> Any: ...
 
     def primary(self, name: str) -> Worker: ...
@@ -78,12 +82,17 @@ class Workers(Protocol):
 
     def stop_others(self, keep: Worker) -> int: ...
 
+    def stop_workers(self, workers: list[Worker]) -> int: ...
+
 #: How long smaller requests may start ahead of one that waits for device memory.
 MAX_HOLD_S = 20.0
 #: Warm-ups of an implementation whose requests compiled less than this, each, are not worth
 #: their GPU time once this many requests have shown it.
 WARM_COMPILE_S = 0.05
 WARM_EVIDENCE = 3
+#: Room made for a request that ran out of memory alone: what it lacked, times this, plus this.
+ROOM_MARGIN = 1.25
+ROOM_SLACK_BYTES = 1 << 30
 #: What a dropped warm-up replies.
 DROPPED = "not run: this implementation's warm-ups compiled nothing"
 #: What a job replies that needed the job before it to measure, and it did not (a sweep's later
@@ -112,8 +121,9 @@ class Job:
     shared: bool = False
     #: The out-of-memory reply that sent this job to run again alone (the ledger counts them).
     first_oom: Reply | None = None
-    #: Runs alone after every other worker process is stopped: it ran out of memory alone.
-    cleared: bool = False
+    #: How much room it is given after running out of memory alone: 1, other workers are stopped
+    #: until what it lacked is free (:meth:`Scheduler.make_room`); 2, every other worker is stopped.
+    cleared: int = 0
     #: Since when it has waited at the head of the queue for device memory (None: not waiting).
     held_since: float | None = None
     #: Runs only if ``after`` measured (a memory sweep's next point): otherwise it is not run; and
@@ -186,12 +196,22 @@ class Scheduler:
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
-        """The GPU alone: everything submitted finishes first, nothing starts until the end."""
+        """The GPU alone: everything submitted finishes first, nothing starts until the end. The
+        extra workers that hold no warm-up are closed first: nothing submitted is left for them,
+        and each holds device memory while it lives (on an H100, twenty idle workers held 40 GB)."""
         started = time.monotonic()
         with self._cond:
             while (any(self._pending.values()) or self._running) and not self._closed:
                 self._cond.wait()
             self._paused = True
+            spare = [(impl, worker) for impl, workers in self._extras.items() for worker in workers
+                     if worker not in self._warm_holders and worker in self._idle[impl]]
+            for impl, worker in spare:
+                self._extras[impl].remove(worker)
+                self._idle[impl].remove(worker)
+        close_all([worker for _, worker in spare])
+        for impl, worker in spare:
+            self.ledger.started_worker(impl, worker.startup_s)
         self.ledger.waited(time.monotonic() - started)
         try:
             yield
@@ -218,6 +238,38 @@ class Scheduler:
         close_all([worker for _, worker in extras])
         for impl, worker in extras:
             self.ledger.started_worker(impl, worker.startup_s)
+
+    def make_room(self, keep: Worker, failed: Reply | None, *, every: bool = False) -> tuple[int, bool]:
+        """Stop idle workers so that a request that ran out of device memory alone in ``keep`` can
+        run again; how many were stopped, and whether that was every other one. With the failure's figures (what the allocation asked
+        for, what was free, what each process held: :mod:`pytest_attnkit.worker.out_of_memory`),
+        only until what it lacked is free, cheapest first: workers that hold no warm-up, then
+        those that do (their kernels would be loaded again), each group biggest first. Without
+        them, or with ``every``, every other worker."""
+        if every or failed is None:
+            return self.pool.stop_others(keep), True
+        figures = failed.data.get("out_of_memory", {})
+        held = {int(pid): int(used) for pid, used in (figures.get("processes") or {}).items()}
+        lacking = figures.get("requested_bytes", 0) - figures.get("free_at_failure_bytes", 0)
+        if not held or not figures.get("requested_bytes") or "free_at_failure_bytes" not in figures:
+            return self.pool.stop_others(keep), True
+        with self._cond:
+            idle = [worker for workers in self._idle.values() for worker in workers if worker is not keep]
+            warm = set(self._warm_holders)
+        idle += [primary for name in self.pool.names if (primary := self.pool.primary(name)) is not keep
+                 and primary not in idle and not self._is_running(primary)]
+        by_pid = {worker: held.get(getattr(getattr(worker, "process", None), "pid", -1), 0) for worker in idle}
+        chosen, freed = [], 0
+        for worker in sorted(idle, key=lambda worker: (worker in warm, -by_pid[worker])):
+            if freed >= lacking * ROOM_MARGIN + ROOM_SLACK_BYTES:
+                break
+            chosen.append(worker)
+            freed += by_pid[worker]
+        return self.pool.stop_workers(chosen), len(chosen) == len(idle)
+
+    def _is_running(self, worker: Worker) -> bool:
+        with self._cond:
+            return any(running is worker for running in self._running.values())
 
     # -- the dispatcher thread -----------------------------------------------------------------
     def _dispatch_loop(self) -> None:
@@ -357,7 +409,9 @@ class Scheduler:
         if retire is not None:
             self._retire(*retire)
         if job.cleared:
-            self.ledger.cleared_gpu(job.impl, self.pool.stop_others(worker))
+            stopped, everyone = self.make_room(worker, job.first_oom, every=job.cleared > 1)
+            self.ledger.cleared_gpu(job.impl, stopped)
+            job.cleared = 2 if everyone else job.cleared
         started = time.monotonic()
         job.worker = worker
         reply = Reply(Status.CRASHED, "the request was not sent")
@@ -368,7 +422,7 @@ class Scheduler:
         ended = time.monotonic()
         self.ledger.record(job.suite if not job.warm else f"{job.suite} (warm)", job.impl, reply.spent, started,
                            ended, queued_s=started - job.submitted)
-        retry = reply.out_of_memory and not job.cleared
+        retry = reply.out_of_memory and job.cleared < 2
         with self._cond:
             self._running.pop(job, None)
             self._running_bytes -= job.gpu_bytes
@@ -384,8 +438,8 @@ class Scheduler:
                 if job.shared:  # beside others: again, alone
                     job.alone, job.shared, job.first_oom = True, False, reply
                     self.ledger.ran_out_of_memory(job.impl)
-                else:  # alone: once more, with every other worker stopped
-                    job.alone, job.cleared, job.first_oom = True, True, job.first_oom or reply
+                else:  # alone: once more with room made, then with every other worker stopped
+                    job.alone, job.cleared, job.first_oom = True, job.cleared + 1, reply
                 self._pending[job.impl].appendleft(job)
             self._cond.notify_all()
         if self._closed and not job.future.done():

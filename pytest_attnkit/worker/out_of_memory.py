@@ -92,7 +92,8 @@ def device_memory() -> dict[str, Any]:
 
         figures["process_bytes"] = processes.get(os.getpid(), 0)
         others = {pid: used for pid, used in processes.items() if pid != os.getpid()}
-        figures.update(other_processes=len(others), other_bytes=sum(others.values()))
+        figures.update(other_processes=len(others), other_bytes=sum(others.values()),
+                       processes={str(pid): used for pid, used in others.items()})
     return figures
 
 
