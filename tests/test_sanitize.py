@@ -5,6 +5,7 @@ a missing tool and a CPU run say so; the options add the suite."""
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.sanitize import SanitizeCheck, command, find_sanitizer, parse_report
 from pytest_attnkit.registry import EntryPointRef
 
-from helpers import fake
+from helpers import fake, run_attnkit
 
 FAKE_SANITIZER = Path(__file__).with_name("fakes") / "fake_sanitizer.py"
 
@@ -141,9 +142,10 @@ def test_a_clean_report_passes(fake_site: Path, monkeypatch: pytest.MonkeyPatch)
         entry = check.check("good", "memcheck", Case(1, 2, 2, 17, 17, 32, "float16"), backward=False)
     finally:
         pool.close()
-    assert entry["errors"] == 0 and entry["reported"] == []
-    # The worker is asked to "warm" the case, but the time table counts the run as the suite's own.
-    assert [(row["suite"], row["requests"]) for row in pool.ledger.to_dict()["rows"]] == [("sanitize", 1)]
+    assert entry["errors"] == 0 and entry["reported"] == [] and entry["guarded"]
+    # The guarded run outside the tool and the run under it ("warm" in the worker): the time table
+    # counts both as the suite's own.
+    assert [(row["suite"], row["requests"]) for row in pool.ledger.to_dict()["rows"]] == [("sanitize", 2)]
 
 
 def test_a_racecheck_warning_alone_passes_and_is_reported(fake_site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -234,15 +236,51 @@ def _gpu_and_tool() -> bool:
 
 
 @pytest.mark.skipif(not _gpu_and_tool(), reason="needs a CUDA device and compute-sanitizer (a GPU machine)")
-def test_a_planted_read_past_a_sequence_is_caught_on_the_gpu(pytester: pytest.Pytester, fake_dist) -> None:
+def test_planted_reads_past_an_input_and_past_a_kernel_s_own_buffer_are_caught_on_the_gpu(
+        pytester: pytest.Pytester, fake_dist, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planted kernels of tests/fakes/sanitize_kernels.py, each right on every case: one row
+    past k and v (inside the allocation's rounding: the guarded inputs catch it), a tile past k
+    (only into masked scores: memcheck catches it, with the suite's padding), a tile past a copy of
+    k the kernel allocates itself (memcheck again); the honest kernel passes."""
     source = (Path(__file__).with_name("fakes") / "sanitize_kernels.py").read_text()
-    fake_dist({"honest_varlen": "sanitize_kernels:HonestVarlen", "one_row_past": "sanitize_kernels:OneRowPast"},
-              extra_modules={"sanitize_kernels": source})
+    names = {"honest_varlen": "HonestVarlen", "one_row_past": "OneRowPast", "tile_past_k": "TilePastK",
+             "tile_past_own_k": "TilePastOwnK"}
+    site = fake_dist({name: f"sanitize_kernels:{cls}" for name, cls in names.items()},
+                     extra_modules={"sanitize_kernels": source})
+    # The inner run is a subprocess of its own (the GPU's python3 may be another interpreter than
+    # the one the workers start from): the fake distribution must be on its path too.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
     result = pytester.runpytest_subprocess("--attnkit", "-p", "no:cacheprovider", "--attnkit-suite=correctness,sanitize",
-                                           "--attnkit-impl=honest_varlen,one_row_past", "-k", "varlen and test_forward "
+                                           f"--attnkit-impl={','.join(names)}", "-k", "varlen and test_forward "
                                            "or varlen and test_sanitize", "-rA")
     result.stdout.fnmatch_lines(["*PASSED*test_forward[[]one_row_past-*varlen*",  # right numbers on the day
-                                 "*PASSED*test_sanitize[[]honest_varlen-*varlen*",
-                                 "*FAILED*test_sanitize[[]one_row_past-*varlen*"])
-    result.stdout.fnmatch_lines(["*compute-sanitizer memcheck reported * error(s)*", "*Invalid __global__ read*"])
+                                 "*PASSED*test_forward[[]tile_past_k-*varlen*",
+                                 "*PASSED*test_forward[[]tile_past_own_k-*varlen*"])
+    result.stdout.fnmatch_lines(["*PASSED*test_sanitize[[]honest_varlen-*varlen*"])
+    for name in ("one_row_past", "tile_past_k", "tile_past_own_k"):
+        result.stdout.fnmatch_lines([f"*FAILED*test_sanitize[[]{name}-*varlen*"])
+    # Each failure's section, in the tests' order, says what caught it.
+    result.stdout.fnmatch_lines(["*_ test_sanitize[[]one_row_past-*", "*reads past the end (or before the start) of v*",
+                                 "*_ test_sanitize[[]tile_past_k-*", "*compute-sanitizer memcheck reported*",
+                                 "*_ test_sanitize[[]tile_past_own_k-*", "*compute-sanitizer memcheck reported*"])
     result.stdout.fnmatch_lines(["*sanitize logs:*attnkit-sanitize-*"])  # kept after the run: no report folder
+
+
+def test_guarded_inputs_catch_a_read_and_a_write_past_an_input_on_the_cpu(pytester: pytest.Pytester,
+                                                                          fake_dist) -> None:
+    """memcheck's tests run each case on guarded inputs first (pytest_attnkit/worker/guards.py), on
+    the CPU too: a kernel whose numbers are right but that reads one row past the end of v, or
+    writes past the end of q, fails, naming the input; an honest one is skipped only for the tool."""
+    fake_dist({name: fake(name) for name in ("good", "reads_past_v", "writes_past_q")})
+    outcomes, _ = run_attnkit(pytester, "--attnkit-suite=sanitize,correctness", "--attnkit-impl=good,reads_past_v,writes_past_q",
+                              "-k", "q113-k203 and not backward")
+    by_impl = {name.split("[")[1].split("-")[0]: outcome for name, outcome in outcomes.items() if "sanitize" in name}
+    assert by_impl["good"].outcome == "skipped", by_impl["good"].text
+    assert "its inputs were guarded and nothing read or wrote past them" in by_impl["good"].text
+    assert by_impl["reads_past_v"].outcome == "failed"
+    assert "reads past the end (or before the start) of v" in by_impl["reads_past_v"].text
+    assert by_impl["writes_past_q"].outcome == "failed"
+    assert "writes past the end (or before the start) of its input q" in by_impl["writes_past_q"].text
+    # ... while their numbers are right
+    correct = {name: outcome.outcome for name, outcome in outcomes.items() if name.startswith("test_forward[")}
+    assert "passed" in correct.values() and set(correct.values()) <= {"passed", "skipped"}, correct

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 #: a suite has one row whether its requests run one at a time or ahead ("property" is the properties
 #: suite's op). A request whose op is not its suite's names the suite itself (:meth:`WorkerPool.request`).
 SUITE_OF_OP = {"correctness": "correctness", "memory": "memory", "speed": "speed", "warm": "warm",
-               "ceilings": "speed", "property": "properties"}
+               "ceilings": "speed", "property": "properties", "guard": "sanitize"}
 
 
 @dataclass(frozen=True)

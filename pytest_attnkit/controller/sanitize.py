@@ -1,24 +1,38 @@
-"""The sanitize suite's check: each case run once in a worker started under compute-sanitizer.
+"""The sanitize suite's check: each case run on guarded inputs, then in a worker under compute-sanitizer.
 
 A read past the end of a sequence, a page or a tensor that lands in memory the kernel may read
 gives the right numbers and passes every comparison; a race between warps may lose only now and
-then. NVIDIA's compute-sanitizer sees both: its memcheck tool checks every device access against
-the allocations, racecheck the shared-memory hazards, initcheck reads of memory nothing wrote,
-synccheck misused barriers. Each test starts a worker of the implementation under the tool
-(``compute-sanitizer --tool TOOL --log-file FILE ... python -m pytest_attnkit.worker``), runs
-the case once (forward, or forward and backward), asks the worker to exit so that the tool writes
-its summary, and reads the tool's report (:func:`parse_report`): an error fails the test with
-the kernel, the access and the case. A warning does not: racecheck grades each race ERROR (very
-likely to give wrong results) or WARNING (a programming-model hazard that may be meant, such as
-warp-synchronous code), and its summary counts them apart (``RACECHECK SUMMARY: 1 hazard displayed
-(0 errors, 1 warning)``); warnings go into the report entry, the junit properties and, beside an
-error, the failure.
+then. NVIDIA's compute-sanitizer sees much of that: its memcheck tool checks every device access
+against the allocations, racecheck the shared-memory hazards, initcheck reads of memory nothing
+wrote, synccheck misused barriers. Each test runs in two steps:
 
-The worker runs with ``PYTORCH_NO_CUDA_MEMORY_CACHING=1``: torch's caching allocator hands out
-pieces of larger blocks, inside which a read past a tensor's end is not out of bounds for the
-tool; without the cache each tensor is an allocation of its own. API errors of the CUDA runtime
-(``--report-api-errors no``) are left out: libraries probe the device through calls that fail
-by design, and the suite judges kernels.
+1. Outside the tool, in an ordinary worker: memcheck's tests run the case on plain inputs and then
+   on guarded copies of them, each input inside poison (:mod:`pytest_attnkit.worker.guards`), which
+   shows reads and writes past an input's end that stay inside its allocation's rounding, where
+   memcheck cannot see them; the other tools' tests warm the case up. Either way what the
+   implementation compiles and autotunes is then in the disk caches, and the worker under the tool
+   loads it instead of compiling and tuning under the tool (torch.compile's autotuning under
+   memcheck found no valid choice for FlexAttention's decoding kernel).
+2. Under the tool: a worker of the implementation started as ``compute-sanitizer --tool TOOL
+   --log-file FILE ... python -m pytest_attnkit.worker`` runs the case once (forward, or forward
+   and backward) and exits, so that the tool writes its summary, and the tool's report is read
+   (:func:`parse_report`): an error fails the test with the kernel, the access and the case. A
+   warning does not: racecheck grades each race ERROR (very likely to give wrong results) or
+   WARNING (a programming-model hazard that may be meant, such as warp-synchronous code), and its
+   summary counts them apart (``RACECHECK SUMMARY: 1 hazard displayed (0 errors, 1 warning)``);
+   warnings go into the report entry, the junit properties and, beside an error, the failure. A
+   case that ran outside the tool and fails under it with no error reported is "not checked": a
+   skip that says why, neither a pass nor the kernel's failure.
+
+The worker under the tool runs with ``PYTORCH_NO_CUDA_MEMORY_CACHING=1``: torch's caching allocator
+hands out pieces of larger blocks, inside which a read past a tensor's end is not out of bounds for
+the tool; without the cache each tensor is an allocation of its own, which memcheck pads with
+:data:`PADDING_BYTES` it reports any access to (``--padding``): a read that leaves an allocation's
+rounding lands there, not in the next allocation. API errors of the CUDA runtime
+(``--report-api-errors no``) are left out: libraries probe the device through calls that fail by
+design, and the suite judges kernels. Where the scheduler runs requests ahead, the tests' steps
+are gathered ahead too (:meth:`SanitizeCheck.submit`): the first step as a scheduler request,
+the second in up to ``parallel`` workers under the tool at once; the verdict is the test's.
 
 The tool writes its log straight into a folder that outlives the run, so that the path a failure
 and the report's ``sanitize[].log`` name is there when the user looks, even after a crash or a
@@ -31,7 +45,8 @@ the run removes as it ends.
 
 The tool is ``--attnkit-sanitizer``, else ``compute-sanitizer`` on the PATH, in
 ``$CUDA_HOME/bin``, ``$CUDA_PATH/bin`` or ``/usr/local/cuda/bin`` (:func:`find_sanitizer`). Where
-there is none, or no CUDA device, every test is skipped with the reason, and the header says so.
+there is none, or no CUDA device, the tool's step is skipped with the reason, and the header says
+so; memcheck's tests still run the case on guarded inputs, on the CPU too, and fail what they find.
 """
 
 from __future__ import annotations
@@ -40,6 +55,9 @@ import os
 import re
 import shutil
 import tempfile
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,11 +67,15 @@ import pytest
 from pytest_attnkit.contract import Case
 from pytest_attnkit.controller.outcome import Outcomes
 from pytest_attnkit.controller.pool import WorkerPool
-from pytest_attnkit.records import Status
+from pytest_attnkit.records import Reply, Status
 
 TOOLS: tuple[str, ...] = ("memcheck", "racecheck", "initcheck", "synccheck")
 #: Each tool's own options beyond the common ones.
-TOOL_OPTIONS = {"memcheck": [], "racecheck": ["--racecheck-report", "all"], "initcheck": [], "synccheck": []}
+#: memcheck pads every allocation with this many bytes it reports any access to: an access that
+#: leaves an allocation's rounding lands in the padding rather than in the next allocation.
+PADDING_BYTES = 1 << 20
+TOOL_OPTIONS = {"memcheck": ["--padding", str(PADDING_BYTES)], "racecheck": ["--racecheck-report", "all"],
+                "initcheck": [], "synccheck": []}
 #: How long the worker may take to exit under the tool, which writes its report as it does.
 SHUTDOWN_S = 120.0
 #: Error blocks shown in a failure; the log holds them all.
@@ -151,6 +173,19 @@ def parse_report(text: str) -> SanitizerReport:
                            tuple(tuple(block) for block in warning_blocks))
 
 
+@dataclass(frozen=True)
+class SanitizeRun:
+    """What one sanitize test found, gathered ahead of the test or by it: the reply of the run on
+    guarded inputs (memcheck's tests) or of the warm-up outside the tool (the others), and of the
+    run under the tool with the tool's report; or why the tool was not run."""
+
+    before: Reply | None = None
+    reply: Reply | None = None
+    report: SanitizerReport | None = None
+    log: Path | None = None
+    not_run: str | None = None
+
+
 @dataclass
 class SanitizeCheck:
     pool: WorkerPool
@@ -161,9 +196,16 @@ class SanitizeCheck:
     #: Where the tool's logs are kept: the report's ``sanitize/`` folder, or None for a temporary
     #: folder of their own, made by the first test (see the module docstring).
     log_dir: Path | None = None
+    #: Tests gathered ahead at once (each a worker under the tool beside the others).
+    parallel: int = 1
     #: Every test's outcome under the tool, for the report.
     results: list[dict[str, Any]] = field(default_factory=list)
     _names: set[str] = field(default_factory=set)
+    _ahead: dict[tuple[str, str, str, bool], "Future[SanitizeRun]"] = field(default_factory=dict)
+    _executor: ThreadPoolExecutor | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Workers under the tool now running (closed by :meth:`close`, should the run end early).
+    _live: set[Any] = field(default_factory=set)
 
     def skip_reason(self) -> str | None:
         if self.device != "cuda":
@@ -178,42 +220,106 @@ class SanitizeCheck:
         says where), named after the test; a test that runs twice in one run gets ``-2``, ``-3``. A
         file of that name left by an earlier run into the same folder is removed first, so that a
         worker that never started under the tool cannot pass on the old run's summary."""
-        if self.log_dir is None:
-            self.log_dir = Path(tempfile.mkdtemp(prefix="attnkit-sanitize-"))
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        stem = _UNSAFE_IN_NAME.sub("_", f"{impl}-{case.id}-{tool}{'-backward' if backward else ''}")
-        name, again = f"{stem}.log", 1
-        while name in self._names:
-            again += 1
-            name = f"{stem}-{again}.log"
-        self._names.add(name)
+        with self._lock:
+            if self.log_dir is None:
+                self.log_dir = Path(tempfile.mkdtemp(prefix="attnkit-sanitize-"))
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            stem = _UNSAFE_IN_NAME.sub("_", f"{impl}-{case.id}-{tool}{'-backward' if backward else ''}")
+            name, again = f"{stem}.log", 1
+            while name in self._names:
+                again += 1
+                name = f"{stem}-{again}.log"
+            self._names.add(name)
         log = self.log_dir / name
         log.unlink(missing_ok=True)
         return log
 
-    def check(self, impl: str, tool: str, case: Case, *, backward: bool,
-              properties: list[tuple[str, object]] | None = None) -> dict[str, Any]:
+    # -- gathering (ahead of the test, on a thread of its own, or by the test) -------------------
+    def submit(self, impl: str, tool: str, case: Case, *, backward: bool, gpu_bytes: int = 0) -> None:
+        """Gather this test's findings ahead of it: the run outside the tool goes through the
+        scheduler like any request, then a worker under the tool runs beside ``parallel - 1``
+        others. Nothing here decides the verdict: :meth:`check` does, in the test."""
+        key = (impl, tool, case.id, backward)
+        if key in self._ahead or self.pool.info(impl).load_error:
+            return
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=max(1, self.parallel), thread_name_prefix="attnkit-sanitize")
+        self._ahead[key] = self._executor.submit(self._gather, impl, tool, case, backward, gpu_bytes)
+
+    def _outside(self, impl: str, message: dict[str, Any], gpu_bytes: int, ahead: bool) -> Reply:
+        scheduler = self.pool.scheduler
+        if ahead and scheduler is not None:
+            job = scheduler.submit(impl, "sanitize", message, gpu_bytes=gpu_bytes)
+            return job.future.result()
+        return self.pool.request(impl, message, suite="sanitize")
+
+    def _gather(self, impl: str, tool: str, case: Case, backward: bool, gpu_bytes: int = 0, *,
+                ahead: bool = True) -> SanitizeRun:
+        """The run outside the tool, then the run under it (see :class:`SanitizeRun`)."""
+        message = {"case": case.to_dict(), "backward": backward, "seed": self.seed}
         reason = self.skip_reason()
+        if reason and tool != "memcheck":
+            return SanitizeRun(not_run=reason)
+        # memcheck's tests run the case on guarded inputs (pytest_attnkit/worker/guards.py); the
+        # others warm it up. Either way what the implementation compiles and tunes is then in the
+        # disk caches, which the worker under the tool reads instead of compiling under it.
+        before = self._outside(impl, {"op": "guard" if tool == "memcheck" else "warm", **message}, gpu_bytes, ahead)
+        if before.status is not Status.OK:
+            return SanitizeRun(before)
         if reason:
-            pytest.skip(reason)
+            return SanitizeRun(before, not_run=reason)
         assert self.sanitizer is not None
-        info = self.pool.info(impl)
-        if info.load_error:
-            self.outcomes.settle(self.pool.broken_reply(impl), impl=impl, where=case.id, origin=info.origin)
         log = self.log_path(impl, tool, case, backward=backward)
         worker = self.pool.worker_under(impl, command(self.sanitizer, tool, log),
                                         env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"},
                                         label=f"{impl}.{tool}", shutdown_timeout=SHUTDOWN_S)
+        with self._lock:
+            self._live.add(worker)
+        started = time.monotonic()
         try:
-            reply = self.pool.request(impl, {"op": "warm", "case": case.to_dict(), "backward": backward,
-                                             "seed": self.seed}, worker=worker, suite="sanitize")
+            reply = self.pool.ask(worker, impl, {"op": "warm", **message})
         finally:
             worker.close()  # the tool writes its summary as the worker exits
+            with self._lock:
+                self._live.discard(worker)
+        self.pool.ledger.record("sanitize", impl, reply.spent, started, time.monotonic(), counted=False)
         report = parse_report(log.read_text(errors="replace") if log.exists() else "")
+        return SanitizeRun(before, reply, report, log)
+
+    def close(self) -> None:
+        """Drop what has not started and end the workers under the tool that run."""
+        for future in self._ahead.values():
+            future.cancel()
+        with self._lock:
+            live = list(self._live)
+        for worker in live:
+            worker.close()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+
+    # -- the verdict (the test's thread) ---------------------------------------------------------
+    def check(self, impl: str, tool: str, case: Case, *, backward: bool,
+              properties: list[tuple[str, object]] | None = None) -> dict[str, Any] | None:
+        info = self.pool.info(impl)
+        if info.load_error:
+            self.outcomes.settle(self.pool.broken_reply(impl), impl=impl, where=case.id, origin=info.origin)
         where = f"{case.id}{' (forward and backward)' if backward else ' (forward)'}"
+        future = self._ahead.get((impl, tool, case.id, backward))
+        run = future.result() if future is not None else self._gather(impl, tool, case, backward, ahead=False)
+        guarded = tool == "memcheck"
+        if run.before is not None and run.before.status is not Status.OK:
+            self.outcomes.settle(run.before, impl=impl, where=f"{where} {'with guarded inputs' if guarded else ''}".strip(),
+                                 origin=info.origin)
+        if run.not_run is not None:
+            found = ("its inputs were guarded and nothing read or wrote past them (pytest_attnkit/worker/guards.py); "
+                     if guarded else "")
+            pytest.skip(f"{found}compute-sanitizer not run: {run.not_run}")
+        assert run.reply is not None and run.report is not None and run.log is not None
+        report, log, reply = run.report, run.log, run.reply
         entry = {"impl": impl, "tool": tool, "case": case.id, "backward": backward, "errors": report.errors,
                  "reported": [list(block) for block in report.blocks[:SHOWN_ERRORS]], "warnings": report.warnings,
-                 "warned": [list(block) for block in report.warning_blocks[:SHOWN_ERRORS]], "log": str(log)}
+                 "warned": [list(block) for block in report.warning_blocks[:SHOWN_ERRORS]], "log": str(log),
+                 "guarded": bool(guarded and run.before is not None and run.before.ok)}
         self.results.append(entry)
         if properties is not None:
             properties.append((f"attnkit_{tool}_errors", report.errors))
@@ -225,8 +331,17 @@ class SanitizeCheck:
             pytest.fail(f"{impl} on {where}: compute-sanitizer {tool} reported {count} error(s):\n"
                         f"{report.describe()}{warned}\n(the tool's whole log: {log})", pytrace=False)
         if reply.status is not Status.OK:
-            self.outcomes.settle(reply, impl=impl, where=f"{where} under compute-sanitizer {tool}", origin=info.origin)
+            # It ran outside the tool a moment ago: what failed is running under the tool, which
+            # says nothing of the kernel. Neither a pass nor the kernel's failure.
+            entry["not_checked"] = _last_line(reply.message)
+            pytest.skip(f"not checked: {impl} on {where} does not run under compute-sanitizer {tool}, though it ran "
+                        f"outside it: {reply.status.value}: {_last_line(reply.message)} (the tool's log: {log})")
         if report.errors is None:
             pytest.fail(f"{impl} on {where}: compute-sanitizer {tool} wrote no summary (its log: {log}); the worker "
                         "may not have started under it", pytrace=False)
         return entry
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "?"

@@ -128,7 +128,8 @@ class AttnkitSession:
             # The tool's logs go beside the report, else into a temporary folder that is kept.
             self.sanitize = SanitizeCheck(self.pool, self.outcomes, settings.seed, self.device,
                                           find_sanitizer(settings.sanitizer),
-                                          log_dir=settings.path("report") / "sanitize" if settings.report else None)
+                                          log_dir=settings.path("report") / "sanitize" if settings.report else None,
+                                          parallel=max(1, self.jobs // 2))
         if "speed" in settings.suite:
             device_name = str(self.environment.get("device_name", "unknown"))
             try:
@@ -236,6 +237,8 @@ class AttnkitSession:
             )
 
     def close(self) -> None:
+        if self.sanitize is not None:
+            self.sanitize.close()
         self.pool.close()
         if self.revision is not None:
             self.revision.close()
@@ -402,6 +405,10 @@ class AttnkitSession:
                     warm_ups += [("memory", impl, sweep.case(n), backward) for n in sweep.seqlens]
             elif suite == "speed" and self.speed is not None and impl not in self.twin_names:
                 warm_ups.append(("speed", impl, case, backward))
+            elif suite == "sanitize" and self.sanitize is not None:
+                self.sanitize.submit(impl, self._params(item)["attnkit_tool"], case, backward=backward,
+                                     gpu_bytes=3 * footprint.request_bytes(case, backward=backward, references=False,
+                                                                           linear_memory=False))
             elif suite == "properties" and self.properties is not None:
                 self.properties.submit(scheduler, property_check(item), impl, case, backward=backward,
                                        gpu_bytes=footprint.request_bytes(case, backward=backward, references=True,

@@ -81,7 +81,10 @@ def _split_output(case: Case, returned: Any) -> tuple[Any, Any]:
     return returned[0], returned[1]
 
 
-def _run_implementation(impl: AttentionImpl, case: Case, inputs: Any, device: str, backward: bool) -> dict[str, Any]:
+def run_for_results(impl: AttentionImpl, case: Case, inputs: Any, device: str, backward: bool) -> dict[str, Any]:
+    """Call ``impl`` on ``inputs`` (and its backward): the output, the LSE and the gradients by
+    name; raises :class:`~pytest_attnkit.contract.ContractViolation` for a breach of the contract
+    (a wrong shape, a detached output, a modified input) and whatever the implementation raises."""
     import torch
 
     q, k, v = (t.detach().requires_grad_(backward) for t in (inputs.q, inputs.k, inputs.v))
@@ -228,7 +231,7 @@ def run_correctness(
         result = CorrectnessResult(trials, seed, trial, result.comparisons)
         inputs = make_inputs(case, device, seed)
         try:
-            actual = _run_implementation(impl, case, inputs, device, backward)
+            actual = run_for_results(impl, case, inputs, device, backward)
         except ContractViolation as violation:
             return Reply(Status.WRONG, str(violation), result.to_dict())
         except Exception as error:  # the implementation's own exception: report it whole

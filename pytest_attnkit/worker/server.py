@@ -10,7 +10,7 @@ gone, even while an implementation hangs.
 
 Messages are dicts with an ``op``: ``init`` (sys.path, device and which implementation to load),
 ``describe``, ``environment``, ``support``, ``correctness``, ``memory``, ``speed``, ``warm``,
-``property``, ``ceilings`` and ``shutdown``. Replies are ``{"ok": True, "result": ...}``, or ``{"ok": False,
+``guard``, ``property``, ``ceilings`` and ``shutdown``. Replies are ``{"ok": True, "result": ...}``, or ``{"ok": False,
 "error": traceback}`` when the harness itself failed, each with ``spent``: the request's seconds
 in the worker and the part of them spent compiling (:mod:`pytest_attnkit.worker.compile_clock`).
 The suite ops answer with a :class:`~pytest_attnkit.records.Reply`, whose status says what
@@ -266,6 +266,15 @@ class Handler:
             return Reply(Status.OK)
 
         return self._run(message, backward, measure)
+
+    def op_guard(self, message: dict[str, Any]) -> dict[str, Any]:
+        """The case on plain inputs, then on guarded copies of them (the sanitize suite's memcheck
+        tests, :mod:`pytest_attnkit.worker.guards`)."""
+        from pytest_attnkit.worker.guards import check_guarded
+
+        backward = bool(message["backward"])
+        return self._run(message, backward, lambda impl, case: check_guarded(
+            impl, case, device=self.device, seed=message["seed"], backward=backward))
 
     def op_property(self, message: dict[str, Any]) -> dict[str, Any]:
         """One property check (:mod:`pytest_attnkit.worker.properties`) of one case."""

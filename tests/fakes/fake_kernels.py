@@ -114,6 +114,33 @@ def raises(q, k, v, *, causal=False, scale=None):
     raise RuntimeError("kernel launch failed: too many resources requested")
 
 
+def _past_the_end(t, count):
+    """``count`` elements of the memory right after ``t``'s last element, as a kernel with an
+    unmasked load of the last, partial tile reads them. A read past a CPU tensor's storage would be
+    undefined, so this stands in for one: it reads from the storage where the storage goes on past
+    the tensor (the sanitize suite's guarded copies), and zeros where it does not (what lay past
+    the end on the day: the numbers come out right)."""
+    span = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    start = t.storage_offset() + span
+    storage = t.untyped_storage()
+    if storage.nbytes() // t.element_size() - start < count:
+        return torch.zeros(count, dtype=t.dtype, device=t.device)
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(storage, start, (count,), (1,))
+
+
+def reads_past_v(q, k, v, *, causal=False, scale=None):
+    """Right numbers, and a read of one row past the end of v whose values are multiplied by a
+    probability of zero: the commonest out-of-bounds bug of an attention kernel."""
+    out = good(q, k, v, causal=causal, scale=scale)
+    return out + 0 * _past_the_end(v, v.shape[-1]).float().sum().to(out.dtype)
+
+
+def writes_past_q(q, k, v, *, causal=False, scale=None):
+    """Right numbers, and a write of four elements past the end of its input q."""
+    _past_the_end(q, 4).fill_(0)
+    return good(q, k, v, causal=causal, scale=scale)
+
+
 #: torch's own wording, as an H100 gave it for a 16k case (issue 41).
 OUT_OF_MEMORY = ("CUDA out of memory. Tried to allocate 16.00 GiB. GPU 0 has a total capacity of 79.19 GiB of "
                  "which 10.34 GiB is free. Including non-PyTorch memory, this process has 68.84 GiB memory in use.")

@@ -1,8 +1,16 @@
 """Varlen attention kernels for the sanitize suite's GPU test: the same Triton kernel, honest and
-with a planted out-of-bounds read. ``OneRowPast`` loads one key row past the end of each sequence
-and masks it out of the scores: every result is right, and only the last sequence's extra row lies
-outside the packed tensors, where compute-sanitizer's memcheck must see it. Copied into a fake
-distribution by the test (tests/test_sanitize.py); a slow kernel, one program per query row.
+with planted out-of-bounds reads, each with right numbers on every case (the extra rows are masked
+out of the scores, and a probability of zero weighs the extra values). Only the last sequence's
+extra rows lie outside the packed tensors. Copied into a fake distribution by the test
+(tests/test_sanitize.py); a slow kernel, one program per query row.
+
+- ``OneRowPast``: one key and value row past each sequence (a few hundred bytes past k and v: inside
+  the allocation's rounding, where memcheck cannot see it). Its value reaches the result times a
+  probability of zero: the guarded inputs see it (NaN times zero is NaN).
+- ``TilePastK``: a whole tile of keys (32 rows) past each sequence, values read as they should be.
+  A key past the end only feeds a score that is masked: the guards cannot see it, memcheck must.
+- ``TilePastOwnK``: the same read past a copy of k the kernel allocates itself through torch.
+- ``RowPastOwnK``: one row past that copy: the known limit, which nothing here sees.
 """
 
 import torch
@@ -14,7 +22,8 @@ from pytest_attnkit import AttentionImpl
 
 @triton.jit
 def _varlen_rows(Q, K, V, O, CU_Q, CU_K, stride_q, stride_k, stride_v, stride_o, scale, H_Q, GROUP,
-                 HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, EXTRA: tl.constexpr, CAUSAL: tl.constexpr):
+                 HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, EXTRA_K: tl.constexpr, EXTRA_V: tl.constexpr,
+                 EXTRA: tl.constexpr, CAUSAL: tl.constexpr):
     row = tl.program_id(0)
     seq = tl.program_id(1)
     head = tl.program_id(2)
@@ -31,13 +40,13 @@ def _varlen_rows(Q, K, V, O, CU_Q, CU_K, stride_q, stride_k, stride_v, stride_o,
     l = 0.0
     acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
     last = row + n_k - n_q  # bottom-right causal: the last key this row sees
-    for start in range(0, n_k + EXTRA, BLOCK_N):
+    for start in range(0, n_k + EXTRA, BLOCK_N):  # EXTRA = the larger of the two
         keys = start + tl.arange(0, BLOCK_N)
-        readable = keys < n_k + EXTRA  # EXTRA = 1: one row past the sequence is read
+        # EXTRA_K, EXTRA_V = 1: one row past the sequence is read; = BLOCK_N: a whole tile
         k = tl.load(K + (k_start + keys)[:, None] * stride_k + kv_head * HEAD_DIM + dims[None, :],
-                    mask=readable[:, None], other=0.0).to(tl.float32)
+                    mask=(keys < n_k + EXTRA_K)[:, None], other=0.0).to(tl.float32)
         v = tl.load(V + (k_start + keys)[:, None] * stride_v + kv_head * HEAD_DIM + dims[None, :],
-                    mask=readable[:, None], other=0.0).to(tl.float32)
+                    mask=(keys < n_k + EXTRA_V)[:, None], other=0.0).to(tl.float32)
         visible = keys < n_k  # ... and masked out of the result
         if CAUSAL:
             visible = visible & (keys <= last)
@@ -59,7 +68,9 @@ class HonestVarlen(AttentionImpl):
     head_dims = (32, 64, 128)
     supports_backward = False
     supports_varlen = True
-    extra_rows = 0
+    extra_k = 0
+    extra_v = 0
+    own_k = False  # read k from a copy the kernel allocates itself
 
     def not_supported_reasons(self, case, device, *, backward=False):
         reasons = super().not_supported_reasons(case, device, backward=backward)
@@ -70,15 +81,38 @@ class HonestVarlen(AttentionImpl):
     def forward(self, q, k, v, *, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
                 max_seqlen_q=None, max_seqlen_k=None):
         out = torch.zeros_like(q)
+        if self.own_k:
+            k = torch.empty(k.shape, dtype=k.dtype, device=k.device).copy_(k)  # an allocation of its own
         heads_q, head_dim = q.shape[1], q.shape[2]
         grid = (max_seqlen_q, cu_seqlens_q.shape[0] - 1, heads_q)
         _varlen_rows[grid](q, k, v, out, cu_seqlens_q, cu_seqlens_k, q.stride(0), k.stride(0), v.stride(0),
                            out.stride(0), scale or head_dim ** -0.5, heads_q, heads_q // k.shape[1],
-                           HEAD_DIM=head_dim, BLOCK_N=32, EXTRA=self.extra_rows, CAUSAL=causal)
+                           HEAD_DIM=head_dim, BLOCK_N=32, EXTRA_K=self.extra_k, EXTRA_V=self.extra_v,
+                           EXTRA=max(self.extra_k, self.extra_v), CAUSAL=causal)
         return out
 
 
 class OneRowPast(HonestVarlen):
     """Reads one key and value row past each sequence's end (masked out of the scores)."""
 
-    extra_rows = 1
+    extra_k = extra_v = 1
+
+
+class TilePastK(HonestVarlen):
+    """Reads a whole tile of keys (32 rows) past each sequence's end, only into masked scores."""
+
+    extra_k = 32
+
+
+class TilePastOwnK(HonestVarlen):
+    """Reads a whole tile past the end of a copy of k it allocates itself."""
+
+    extra_k = 32
+    own_k = True
+
+
+class RowPastOwnK(HonestVarlen):
+    """Reads one row past the end of a copy of k it allocates itself."""
+
+    extra_k = 1
+    own_k = True
