@@ -9,8 +9,9 @@ under the tool runs). The script runs itself under ``compute-sanitizer --tool me
 suite's options (``pytest_attnkit.controller.sanitize.command``, ``--padding`` included) and again
 without ``--padding``, reads which reads the tool reported (by the allocation each error names),
 and then, outside the tool, reads past guarded copies (``pytest_attnkit.worker.guards``) and
-checks that NaN reaches the output. A child process stops at the first read that fails its
-launch (an error memcheck reports can leave the context unusable); the next child goes on after it.
+checks that NaN reaches the output. Each read under the tool runs in a child process of its own
+(an error memcheck reports fails the launch and leaves the context unusable), up to ``--parallel``
+at once: one child for all of them took over 400 s on an H100 and was cut off (2026-11-25).
 
 Usage (GPU machine, repository root): ``python3 tools/sanitize_reach/reach.py OUT_DIR``. Writes
 ``OUT_DIR/reach.json`` and ``reach.md``, and the tool's logs; prints the table.
@@ -35,8 +36,8 @@ PAIRS = [(size, over) for size in SIZES for over in OVERS]
 _ALLOCATION = re.compile(r"nearest allocation at (0x[0-9a-f]+) of size (\d+) bytes", re.IGNORECASE)
 
 
-def child(start: int, guarded: bool) -> int:
-    """Run the reads from pair ``start`` on; print one JSON line per read."""
+def child(start: int, guarded: bool, only: bool = False) -> int:
+    """Run the reads from pair ``start`` on (``only``: that one); print one JSON line per read."""
     import torch
     import triton
     import triton.language as tl
@@ -49,7 +50,7 @@ def child(start: int, guarded: bool) -> int:
 
     from pytest_attnkit.worker.guards import guarded_copy
 
-    for index in range(start, len(PAIRS)):
+    for index in range(start, start + 1 if only else len(PAIRS)):
         size, over = PAIRS[index]
         elements, extra = size // 4, over // 4
         source = torch.randn(elements, device="cuda")
@@ -71,43 +72,37 @@ def child(start: int, guarded: bool) -> int:
     return 0
 
 
-def _memcheck(out: Path, label: str, padding: bool) -> dict[int, dict]:
+def _memcheck(out: Path, label: str, padding: bool, parallel: int) -> dict[int, dict]:
     """Every read's outcome under memcheck: {index: {"reported": bool, "launch_failed": bool}}."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from pytest_attnkit.controller.sanitize import PADDING_BYTES, command, find_sanitizer
 
     sanitizer = find_sanitizer("")
     if sanitizer is None:
         raise SystemExit("compute-sanitizer not found")
-    results: dict[int, dict] = {}
-    start, run = 0, 0
     env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
-    while start < len(PAIRS):
-        run += 1
-        log = out / f"memcheck-{label}-{run}.log"
+
+    def one(index: int) -> dict:
+        log = out / f"memcheck-{label}-{index:02d}.log"
         launcher = command(sanitizer, "memcheck", log)
         if not padding:
             at = launcher.index("--padding")
             launcher = launcher[:at] + launcher[at + 2:]
         else:
             assert str(PADDING_BYTES) in launcher
-        done = subprocess.run([*launcher, sys.executable, __file__, "--child", str(start)], capture_output=True,
-                              text=True, env=env, timeout=600)
+        done = subprocess.run([*launcher, sys.executable, __file__, "--child", str(index), "--only"],
+                              capture_output=True, text=True, env=env, timeout=300)
         lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-        pointers = {line["ptr"]: line["index"] for line in lines if "ptr" in line}
+        pointers = {line["ptr"] for line in lines if "ptr" in line}
         text = log.read_text(errors="replace") if log.exists() else ""
-        reported = {pointers.get(int(address, 16)) for address, _ in _ALLOCATION.findall(text)}
-        last = start - 1
-        for line in lines:
-            index = line["index"]
-            last = max(last, index)
-            entry = results.setdefault(index, {"reported": False, "launch_failed": False})
-            entry["reported"] = entry["reported"] or index in reported
-            if "failed" in line:
-                entry["launch_failed"] = True
-        if last < start:  # the child died before its first read: say so and stop
-            raise SystemExit(f"the child under memcheck read nothing (exit {done.returncode}):\n{done.stderr[-2000:]}")
-        start = last + 1
-    return results
+        if not pointers:
+            return {"error": f"the child read nothing (exit {done.returncode}): {done.stderr[-500:]}"}
+        return {"reported": any(int(address, 16) in pointers for address, _ in _ALLOCATION.findall(text)),
+                "launch_failed": any("failed" in line for line in lines)}
+
+    with ThreadPoolExecutor(max_workers=parallel) as threads:
+        return dict(enumerate(threads.map(one, range(len(PAIRS)))))
 
 
 def main() -> int:
@@ -115,13 +110,15 @@ def main() -> int:
     parser.add_argument("out", nargs="?")
     parser.add_argument("--child", type=int, default=None)
     parser.add_argument("--guarded", action="store_true")
+    parser.add_argument("--only", action="store_true")
+    parser.add_argument("--parallel", type=int, default=8, help="children under the tool at once (default: 8)")
     args = parser.parse_args()
     if args.child is not None:
-        return child(args.child, args.guarded)
+        return child(args.child, args.guarded, args.only)
     out = Path(args.out or tempfile.mkdtemp(prefix="reach-"))
     out.mkdir(parents=True, exist_ok=True)
-    padded = _memcheck(out, "padding", True)
-    bare = _memcheck(out, "no-padding", False)
+    padded = _memcheck(out, "padding", True, args.parallel)
+    bare = _memcheck(out, "no-padding", False, args.parallel)
     guarded_run = subprocess.run([sys.executable, __file__, "--child", "0", "--guarded"], capture_output=True,
                                  text=True, timeout=600)
     guarded = {line["index"]: line["nan"] for line in map(json.loads, guarded_run.stdout.splitlines())
