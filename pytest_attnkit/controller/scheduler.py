@@ -14,8 +14,9 @@ The rules:
 - **Workers.** Each implementation keeps the worker that described it (its primary) and gets more
   as its requests need them, at most ``jobs`` beyond the primaries in all: to start one for an
   implementation that has work, an idle one of another is closed.
-- **Order.** Each implementation's requests start in the order they were submitted (pytest's
-  order), skipping those that wait for another to end (a memory sweep's next point waits for
+- **Order.** Each implementation's requests start in the order they were submitted (memory
+  sweeps first, then pytest's order: :func:`pytest_attnkit.controller.session.ahead_order`),
+  skipping those that wait for another to end (a memory sweep's next point waits for
   the point before; its other sweeps and requests go ahead meanwhile). A free slot goes to the implementation with the most work left per running request:
   its queued requests times the mean time its requests took so far (the mean over all until it
   has one). So the run ends when the slowest implementation ends, not long after the others:

@@ -43,6 +43,16 @@ from pytest_attnkit.records import EntryKey
 SESSION_KEY = pytest.StashKey["AttnkitSession"]()
 
 
+def ahead_order(items: list[pytest.Item], suite_of: Any) -> list[pytest.Item]:
+    """The tests in the order their requests are submitted ahead: memory sweeps first, then the
+    rest in pytest's order. A sweep is a chain (each point waits for the one before), so its
+    first point must start early for the chain to run beside the other requests; submitted in
+    pytest's order, after every correctness case, torch_flex's sweeps on a cold H100 started at
+    206 s and ran alone until 274 s, the end of the concurrent phase
+    (results/2026-11-25-h100-main-job, B cold)."""
+    return sorted(items, key=lambda item: suite_of(item) != "memory")
+
+
 def property_check(item: pytest.Item) -> str:
     """The check a properties test runs: its name without ``test_`` and ``_backward``
     (suites/test_properties.py: ``test_determinism_backward`` runs "determinism")."""
@@ -381,7 +391,7 @@ class AttnkitSession:
         if scheduler is None or self.correctness is None:
             return
         warm_ups: list[tuple[str, str, Case, bool]] = []
-        for item in items:
+        for item in ahead_order(items, self.suite_of):
             question = self._item_question(item)
             if question is None or item.get_closest_marker("skip") is not None:
                 continue
