@@ -552,8 +552,10 @@ class AttnkitSession:
         sanitize = None
         if self.sanitize is not None:
             reason = self.sanitize.skip_reason()
-            sanitize = (f"sanitize: {self.sanitize.sanitizer} ({', '.join(self.settings.sanitize)})" if reason is None
-                        else f"sanitize: NOT RUN: {reason}")
+            tools = self.settings.sanitize or ["memcheck"]
+            guarded = "memcheck's tests run on guarded inputs; " if "memcheck" in tools else ""
+            sanitize = (f"sanitize: {self.sanitize.sanitizer} ({', '.join(tools)})" if reason is None
+                        else f"sanitize: {guarded}compute-sanitizer NOT RUN: {reason}")
         return header_lines(environment=self.environment, device=self.device, profile=self.profile,
                             suites=self.settings.suite, seed=self.settings.seed, workers=workers,
                             caches=caches.describe(self.cache_root, self.cache_env),
