@@ -27,27 +27,31 @@ TMA drops rows past ``Nq``: no row of another head is read or written.
 
 Partitions (``gl.warp_specialize``), 12 warps per CTA, one CTA per SM:
 
-- producer, the default partition, 4 warps (their registers cut to about 24 by the compiler's
-  ``setmaxnreg``): TMA loads of the two Q halves, then K and V tile by tile into a ring of
-  ``STAGES`` shared-memory stages;
+- producer, the default partition, 4 warps (``setmaxnreg`` cuts them to 24 registers): TMA loads
+  of the two Q halves, then K and V tile by tile into a ring of ``STAGES`` shared-memory stages,
+  K one tile ahead of V (a K stage frees after QK^T, a V stage only after its PV product);
 - consumer 0 and consumer 1, 4 warps each (``CONSUMER_REGS`` registers, 240 by default), rows
   ``[0, 64)`` and ``[64, 128)`` of the tile: the two products on ``wgmma`` and the softmax, then
-  the epilogue (O through shared memory and a TMA store; the LSE by plain stores).
+  the epilogue (O through Q's shared-memory buffer and a TMA store; the LSE by plain stores).
 
-Inside a consumer, tile ``t`` (FlashAttention-3's intra-warpgroup overlap):
+Inside a consumer, tile ``t`` (products asynchronous, ``wait(n)`` = until n groups remain):
 
-    wait K_t; [turn] issue S_t = Q K_t^T; O *= alpha_{t-1}; wait V_{t-1};
-    issue O += P_{t-1} V_{t-1}; [pass the turn]; wait for S_t (one group left in flight);
-    release K_t; softmax(S_t) -> P_t, alpha_t, l; wait for O; release V_{t-1}
+    wait K_t; [turn] issue S_t = Q K_t^T; wait(1): PV_{t-2} done, release V_{t-2};
+    O *= alpha_{t-1}; wait V_{t-1}; issue O += P_{t-1} V_{t-1}; [pass the turn];
+    wait(1): S_t done, release K_t; softmax(S_t) -> P_t, alpha_t, l
 
-so the softmax of tile ``t`` runs while the tensor cores do ``P_{t-1} V_{t-1}``. The turn
-(``PINGPONG``) makes the two consumers issue their products alternately, so one's softmax runs
-under the other's products.
+so the softmax of tile ``t`` runs while the tensor cores do ``P_{t-1} V_{t-1}``, and the turns
+(``PINGPONG``) make the two consumers issue their products alternately, so that one's softmax
+also runs under the other's products. FlashAttention-3 waits for ``PV_{t-1}`` at the end of step
+``t`` instead (``EAGER``); ptxas 12.8 then hoists that wait above the softmax, which loses the
+overlap inside a warp group (NOTES.md, v12). Waiting one QK^T later keeps it: the wait cannot
+move above the QK^T issue without changing its meaning.
 
-Barrier protocol (all ``mbarrier``; an arrive is one elected thread of the arriving partition):
+Barrier protocol (all ``mbarrier``; an arrive is one elected thread of the arriving partition,
+after a partition-wide ``bar.sync`` the compiler inserts):
 
 - ``q_full[c]`` (count 1): the producer's ``expect`` + TMA of Q half ``c``; consumer ``c`` waits
-  phase 0.
+  phase 0 (also when it has no key tile: the buffer later takes O).
 - ``k_full[s]``, ``v_full[s]`` (count 1): ``expect`` + TMA of tile ``t`` into stage
   ``s = t % STAGES``; consumers wait parity ``(t // STAGES) & 1``.
 - ``k_empty[s]``, ``v_empty[s]`` (count 2, one arrive per consumer): a consumer releases K_t after
@@ -60,6 +64,10 @@ Barrier protocol (all ``mbarrier``; an arrive is one elected thread of the arriv
   0 goes first. Both consumers take the same number of turns (the same tiles, plus the last PV),
   and an arrive can only follow the other's wait, so a barrier is never two phases ahead of its
   waiter.
+
+``tools/flash_bench/gluon_model.py`` simulates this protocol under random interleavings (and the
+tile ranges and masks against float64); ``tools/flash_bench/gluon_compile.py`` compiles for sm_90a
+and checks the SASS for instructions that touch registers of an in-flight ``wgmma``.
 
 The host side: :func:`supports` (which calls this kernel takes), :func:`flash_fwd` (the launcher,
 with :func:`.launch.flash_fwd`'s signature for the dense case), :class:`Config` (tiles; the
@@ -83,6 +91,7 @@ try:
         mbarrier,
         tma,
         warpgroup_mma,
+        warpgroup_mma_init,
         warpgroup_mma_wait,
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -113,27 +122,28 @@ class Config:
     stages: int = 2
     pingpong: bool = True
     consumer_regs: int = 240
-    unroll: int = 1
+    eager: bool = False
 
     def __str__(self) -> str:
         return (f"n{self.block_n}s{self.stages}{'' if self.pingpong else '-nopp'}"
-                f"{'-u2' if self.unroll == 2 else ''}-r{self.consumer_regs}")
+                f"{'-eager' if self.eager else ''}-r{self.consumer_regs}")
 
     @staticmethod
     def parse(text: str) -> "Config":
-        """``n128s2``, ``n64s3``, ``n128s2-nopp``, ``n128s2-u2``, ``n128s2-r232``: the form ``str``
-        writes (``-nopp``: no turns; ``-u2``: the whole-tile loop unrolled by two)."""
+        """``n128s2``, ``n64s3``, ``n128s2-nopp``, ``n128s2-eager``, ``n128s2-r232``: the form
+        ``str`` writes (``-nopp``: no turns; ``-eager``: each PV product waited for in its own
+        step, FlashAttention-3's order, instead of one QK^T later)."""
         parts = text.strip().split("-")
         head = parts[0]
         if not (head.startswith("n") and "s" in head):
-            raise ValueError(f"config {text!r}: expected nBLOCKsSTAGES[-nopp][-u2][-rREGS], e.g. n128s2")
+            raise ValueError(f"config {text!r}: expected nBLOCKsSTAGES[-nopp][-eager][-rREGS], e.g. n128s2")
         block_n, stages = head[1:].split("s")
         fields = dict(block_n=int(block_n), stages=int(stages))
         for part in parts[1:]:
             if part == "nopp":
                 fields["pingpong"] = False
-            elif part == "u2":
-                fields["unroll"] = 2
+            elif part == "eager":
+                fields["eager"] = True
             elif part.startswith("r") and part[1:].isdigit():
                 fields["consumer_regs"] = int(part[1:])
             else:
@@ -180,21 +190,26 @@ if gl is not None:
                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr):
         # Q: one half per consumer, each on its own barrier (it stays for the whole CTA).
         q_bytes: gl.constexpr = q_desc.block_type.nbytes
-        kv_bytes: gl.constexpr = k_desc.block_type.nbytes
         for c in gl.static_range(2):
             mbarrier.expect(q_full.index(c), q_bytes)
             tma.async_copy_global_to_shared(q_desc, [off_b, off_h, start_m + c * ROWS, 0], q_full.index(c),
                                             q_smem.index(c))
+        # K runs one tile ahead of V: a K stage frees after QK^T, a V stage only after the PV
+        # product that reads it, which is later; V waiting for its stage must not hold up K.
+        if n_tiles > 0:
+            _load_tile(k_desc, k_smem, k_full, k_empty, off_b, off_hkv, 0, BLOCK_N, STAGES)
         for t in range(n_tiles):
-            s = t % STAGES
-            refill = ((t // STAGES) & 1) ^ 1
-            start_n = t * BLOCK_N
-            mbarrier.wait(k_empty.index(s), refill)
-            mbarrier.expect(k_full.index(s), kv_bytes)
-            tma.async_copy_global_to_shared(k_desc, [off_b, off_hkv, start_n, 0], k_full.index(s), k_smem.index(s))
-            mbarrier.wait(v_empty.index(s), refill)
-            mbarrier.expect(v_full.index(s), kv_bytes)
-            tma.async_copy_global_to_shared(v_desc, [off_b, off_hkv, start_n, 0], v_full.index(s), v_smem.index(s))
+            if t + 1 < n_tiles:
+                _load_tile(k_desc, k_smem, k_full, k_empty, off_b, off_hkv, t + 1, BLOCK_N, STAGES)
+            _load_tile(v_desc, v_smem, v_full, v_empty, off_b, off_hkv, t, BLOCK_N, STAGES)
+
+    @gluon.jit
+    def _load_tile(desc, smem, full, empty, off_b, off_hkv, t, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        # Wait until both consumers released the stage's previous tile, then TMA tile t into it.
+        s = t % STAGES
+        mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)
+        mbarrier.expect(full.index(s), desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc, [off_b, off_hkv, t * BLOCK_N, 0], full.index(s), smem.index(s))
 
     @gluon.jit
     def _softmax(qk, m_i, l_i, rows, start_n, n_k, diag, qk_scale,
@@ -231,17 +246,23 @@ if gl is not None:
 
     @gluon.jit
     def _step(t, q_buf, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
-              qk, o, p_op, alpha, m_i, l_i, rows, n_k, diag, qk_scale,
+              qk, o, p_prev, p_op, alpha, m_i, l_i, rows, n_k, diag, qk_scale,
               s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
-              BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              CID: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr, PINGPONG: gl.constexpr):
-        # Tile t's QK^T and tile t-1's PV on the tensor cores, tile t's softmax in between.
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CID: gl.constexpr, CAUSAL: gl.constexpr,
+              MASKED: gl.constexpr, PINGPONG: gl.constexpr, EAGER: gl.constexpr):
+        # Tile t's QK^T and tile t-1's PV on the tensor cores, tile t's softmax under the PV.
+        # Coming in: P_{t-1} (p_op) and alpha_{t-1}; unless EAGER, PV_{t-2} still in flight, its
+        # P (p_prev) kept alive until the wait that retires it.
         s = t % STAGES
         sp = (t - 1) % STAGES
         mbarrier.wait(k_full.index(s), (t // STAGES) & 1)
         turns = _take_turn(turn, turns, CID, PINGPONG)
         # use_acc=False: the old scores are only the registers the product overwrites.
         qk = warpgroup_mma(q_buf, k_smem.index(s).permute((1, 0)), qk, use_acc=False, is_async=True)
+        if not EAGER:
+            # PV_{t-2} completes (QK^T_t may still run); tile t-2's V stage goes back (none at t = 1).
+            o, p_prev = warpgroup_mma_wait(num_outstanding=1, deps=(o, p_prev))
+            mbarrier.arrive(v_empty.index((t + STAGES - 2) % STAGES), count=1, pred=t >= 2)
         o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         mbarrier.wait(v_full.index(sp), ((t - 1) // STAGES) & 1)
         o = warpgroup_mma(p_op, v_smem.index(sp), o, is_async=True)
@@ -251,17 +272,18 @@ if gl is not None:
         p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, rows, t * BLOCK_N, n_k, diag, qk_scale,
                                       s_layout, BLOCK_N, CAUSAL, MASKED)
         p_next = gl.convert_layout(p.to(q_buf.dtype), p_layout)
-        # P of tile t-1 stays alive (a dependency) until its product is known complete; the new
-        # P is a dependency too, so that it is computed before the wait, in other registers.
-        o, p_op, p_next = warpgroup_mma_wait(num_outstanding=0, deps=(o, p_op, p_next))
-        mbarrier.arrive(v_empty.index(sp), count=1)
-        return qk, o, p_next, alpha, m_i, l_i, turns
+        if EAGER:
+            # FlashAttention-3's order. ptxas 12.8 hoists this wait above the softmax (NOTES v12).
+            # The new P is a dependency too: computed before the wait, in other registers.
+            o, p_op, p_next = warpgroup_mma_wait(num_outstanding=0, deps=(o, p_op, p_next))
+            mbarrier.arrive(v_empty.index(sp), count=1)
+        return qk, o, p_op, p_next, alpha, m_i, l_i, turns
 
     @gluon.jit
     def _consumer(o_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty, turn,
                   lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale,
                   HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr,
-                  CID: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, UNROLL: gl.constexpr):
+                  CID: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, EAGER: gl.constexpr):
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -290,36 +312,26 @@ if gl is not None:
             p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, rows, 0, n_k, diag, qk_scale,
                                           s_layout, BLOCK_N, CAUSAL, True)
             p_op = gl.convert_layout(p.to(q_buf.dtype), p_layout)
+            p_prev = p_op  # no product in flight yet; the first step's wait passes at once
+            if not EAGER:
+                o = warpgroup_mma_init(o)  # o is carried as a product in flight
             # Tiles every row sees whole, then the masked ones (the diagonal, the ragged end).
-            first = 1
-            if UNROLL == 2:
-                # Two tiles an iteration, P alternating between two register sets: with one set,
-                # ptxas writes the new P into the registers the PV product in flight reads, and
-                # then hoists that product's wait above the softmax (NOTES.md, v12).
-                for t2 in range(0, (n_whole - 1) // 2):
-                    t = 1 + 2 * t2
-                    qk, o, p_b, alpha, m_i, l_i, turns = _step(
-                        t, q_buf, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
-                        qk, o, p_op, alpha, m_i, l_i, rows, n_k, diag, qk_scale,
-                        s_layout, o_layout, p_layout, BLOCK_N, STAGES, CID, CAUSAL, False, PINGPONG)
-                    qk, o, p_op, alpha, m_i, l_i, turns = _step(
-                        t + 1, q_buf, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
-                        qk, o, p_b, alpha, m_i, l_i, rows, n_k, diag, qk_scale,
-                        s_layout, o_layout, p_layout, BLOCK_N, STAGES, CID, CAUSAL, False, PINGPONG)
-                first = 1 + 2 * ((n_whole - 1) // 2)
-            for t in range(first, n_whole):
-                qk, o, p_op, alpha, m_i, l_i, turns = _step(
+            for t in range(1, n_whole):
+                qk, o, p_prev, p_op, alpha, m_i, l_i, turns = _step(
                     t, q_buf, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
-                    qk, o, p_op, alpha, m_i, l_i, rows, n_k, diag, qk_scale,
-                    s_layout, o_layout, p_layout, BLOCK_N, STAGES, CID, CAUSAL, False, PINGPONG)
+                    qk, o, p_prev, p_op, alpha, m_i, l_i, rows, n_k, diag, qk_scale,
+                    s_layout, o_layout, p_layout, BLOCK_N, STAGES, CID, CAUSAL, False, PINGPONG, EAGER)
             for t in range(gl.maximum(n_whole, 1), n_tiles):
-                qk, o, p_op, alpha, m_i, l_i, turns = _step(
+                qk, o, p_prev, p_op, alpha, m_i, l_i, turns = _step(
                     t, q_buf, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
-                    qk, o, p_op, alpha, m_i, l_i, rows, n_k, diag, qk_scale,
-                    s_layout, o_layout, p_layout, BLOCK_N, STAGES, CID, CAUSAL, True, PINGPONG)
+                    qk, o, p_prev, p_op, alpha, m_i, l_i, rows, n_k, diag, qk_scale,
+                    s_layout, o_layout, p_layout, BLOCK_N, STAGES, CID, CAUSAL, True, PINGPONG, EAGER)
             # The last tile's PV.
             last = n_tiles - 1
             sl = last % STAGES
+            if not EAGER:
+                o, p_prev = warpgroup_mma_wait(num_outstanding=0, deps=(o, p_prev))
+                mbarrier.arrive(v_empty.index((last + STAGES - 1) % STAGES), count=1, pred=last >= 1)
             o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             mbarrier.wait(v_full.index(sl), (last // STAGES) & 1)
             turns = _take_turn(turn, turns, CID, PINGPONG)
@@ -349,7 +361,7 @@ if gl is not None:
                        H_Q, GROUP, n_q, n_k, qk_scale,
                        HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                        CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                       UNROLL: gl.constexpr):
+                       EAGER: gl.constexpr):
         ROWS: gl.constexpr = 64
         n_m = gl.cdiv(n_q, 2 * ROWS)
         # Causal: the longest row blocks first, so that the grid's tail is short ones.
@@ -402,10 +414,10 @@ if gl is not None:
                          v_empty, off_b, off_h, off_hkv, start_m, n_tiles, BLOCK_N, STAGES, ROWS)),
             (_consumer, (o_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty, turn,
                          lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale,
-                         HEAD_DIM, BLOCK_N, STAGES, ROWS, 0, CAUSAL, PINGPONG, UNROLL)),
+                         HEAD_DIM, BLOCK_N, STAGES, ROWS, 0, CAUSAL, PINGPONG, EAGER)),
             (_consumer, (o_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty, turn,
                          lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale,
-                         HEAD_DIM, BLOCK_N, STAGES, ROWS, 1, CAUSAL, PINGPONG, UNROLL)),
+                         HEAD_DIM, BLOCK_N, STAGES, ROWS, 1, CAUSAL, PINGPONG, EAGER)),
         ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -488,7 +500,7 @@ def launch_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch
             _descriptor(o, ROWS_PER_CONSUMER), lse, lse.stride(0), lse.stride(1),
             heads_q, heads_q // heads_kv, n_q, n_k, scale * _LOG2E)
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.stages, CAUSAL=bool(causal),
-                  PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, UNROLL=config.unroll,
+                  PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, EAGER=config.eager,
                   num_warps=4)
     return args, kwargs, (triton.cdiv(n_q, BLOCK_M), batch * heads_q)
 

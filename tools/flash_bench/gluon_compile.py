@@ -9,8 +9,8 @@ A stand-in driver (``sm90_compile._TargetOnly``) answers Triton's questions abou
   serialization), shared memory;
 - instructions: the PTX's ``wgmma.mma_async`` shapes and TMA (``cp.async.bulk.tensor``) loads and
   stores; in the SASS, HGMMA, UTMALDG/UTMASTG, and the consumer's whole-tile loop: its length
-  and how much of the softmax (MUFU.EX2) ptxas left between the wait for S (``WARPGROUP.DEPBAR.LE
-  gsb0, 0x1``) and the wait for the PV product (``..., 0x0``), i.e. overlapped with that product.
+  and how much of the softmax (MUFU.EX2) ptxas left to run while the warp group's own PV product
+  is in flight (FlashAttention-3's overlap inside a warp group).
 
 Usage: python3 tools/flash_bench/gluon_compile.py [--quick] [--dump DIR] [--config n128s2 ...]
 (``--quick``: the two default configurations, bf16, causal and not; ``--config`` adds others.)
@@ -88,31 +88,96 @@ def _opcode(instruction: str) -> str:
     return words[1] if words and words[0].startswith("@") else (words[0] if words else "")
 
 
-def _whole_tile_loop(sass: list[tuple[int, str]]) -> list[str] | None:
-    """The first consumer loop that issues both products (QK^T from shared memory with no
-    accumulator, PV with P from registers): the whole-tile loop, which the kernel places first."""
-    for index, (address, instruction) in enumerate(sass):
+def _product_loops(sass: list[tuple[int, str]]) -> list[list[str]]:
+    """The consumer loops that issue both products (QK^T from shared memory with no accumulator,
+    PV with P from registers), in address order: per consumer, the whole-tile loop comes first,
+    then the masked one."""
+    loops = []
+    for address, instruction in sass:
         target = re.search(r"BRA (0x[0-9a-f]+)", instruction)
         if not target or int(target[1], 16) >= address:
             continue
         body = [text for at, text in sass if int(target[1], 16) <= at <= address]
-        if len(body) < 3000 and any("!UPT" in t and "HGMMA" in t for t in body) and any(
-                "tnspB" in t for t in body):
-            return body
-    return None
+        if any(t.startswith("USETMAXREG") for t in body):
+            continue  # the partitions' dispatch loop, around everything
+        if any("!UPT" in t and "HGMMA" in t for t in body) and any("tnspB" in t for t in body):
+            loops.append(body)
+    return loops
 
 
 def _overlap(body: list[str]) -> tuple[int, int]:
-    """(MUFU between the waits for S and for PV, MUFU in the loop): how much of the softmax's
-    exp2 ptxas scheduled under the PV product."""
+    """(MUFU issued while a PV product is in flight, MUFU in the loop): how much of the softmax's
+    exp2 ptxas left under this warp group's own PV product. The body is replayed twice, so the
+    second pass starts with what the loop carries in flight; a run of HGMMA ending in ``gsb0`` is
+    one group (PV: P from registers, ``tnspB``), ``WARPGROUP.DEPBAR.LE gsb0, n`` retires all but
+    the newest n."""
     total = sum(_opcode(t).startswith("MUFU") for t in body)
-    inside, between = 0, False
-    for text in body:
-        if text.startswith("WARPGROUP.DEPBAR.LE"):
-            between = text.endswith("0x1")
-        elif between and _opcode(text).startswith("MUFU"):
-            inside += 1
-    return inside, total
+    in_flight: list[bool] = []  # one entry per group, oldest first: is it a PV product?
+    group_is_pv = False
+    under = 0
+    for replay in range(2):
+        for text in body:
+            op = _opcode(text)
+            if op.startswith("HGMMA"):
+                group_is_pv = group_is_pv or "tnspB" in text
+                if "gsb0" in text:
+                    in_flight.append(group_is_pv)
+                    group_is_pv = False
+            elif text.startswith("WARPGROUP.DEPBAR.LE"):
+                keep = int(text.rsplit(",", 1)[1].strip(), 16)
+                in_flight = in_flight[len(in_flight) - keep:] if keep else []
+            elif op.startswith("MUFU") and replay == 1 and any(in_flight):
+                under += 1
+    return under, total
+
+
+_NO_DESTINATION = ("ST", "BAR", "BRA", "SYNCS", "WARPGROUP", "DEPBAR", "RED", "ATOM", "UTMA", "EXIT", "RET",
+                   "MEMBAR", "FENCE", "NOP", "CALL", "ELECT", "ISETP", "FSETP", "PLOP3", "VOTEU", "UISETP")
+
+
+def _registers(operand: str, count: int) -> set[int]:
+    found = re.match(r"-?\|?R(\d+)", operand.strip())
+    return set(range(int(found[1]), int(found[1]) + count)) if found else set()
+
+
+def _hazards(body: list[str]) -> list[str]:
+    """Instructions that write a register an in-flight wgmma group reads (its A fragment or its
+    accumulator) or read an in-flight accumulator, before the ``WARPGROUP.DEPBAR`` that retires it:
+    undefined behaviour in PTX's terms, whoever put it there. The body is replayed twice (what the
+    loop carries in flight). SASS operands are parsed simply: the first operand is the destination
+    of an ALU instruction, a ``.64``/``.128`` access covers 2/4 registers."""
+    groups: list[tuple[set[int], set[int]]] = []  # per in-flight group: (A registers, accumulator)
+    a_regs: set[int] = set()
+    acc_regs: set[int] = set()
+    found = []
+    for replay in range(2):
+        for text in body:
+            op = _opcode(text)
+            words = text.split(None, 2 if text.startswith("@") else 1)
+            operands = [o.strip() for o in (words[-1] if len(words) > 1 else "").split(",")]
+            if op.startswith("HGMMA"):
+                shape = re.search(r"HGMMA\.64x(\d+)x", op)
+                acc_regs |= _registers(operands[0], int(shape[1]) // 2 if shape else 64)
+                if operands[1].startswith("R"):
+                    a_regs |= _registers(operands[1], 4)
+                if "gsb0" in text:
+                    groups.append((a_regs, acc_regs))
+                    a_regs, acc_regs = set(), set()
+                continue
+            if text.startswith("WARPGROUP.DEPBAR.LE"):
+                keep = int(text.rsplit(",", 1)[1].strip(), 16)
+                groups = groups[len(groups) - keep:] if keep else []
+                continue
+            if replay == 0 or not groups:
+                continue
+            busy_a = set().union(*(g[0] for g in groups))
+            busy_acc = set().union(*(g[1] for g in groups))
+            width = 4 if ".128" in op else 2 if (".64" in op or ".WIDE" in op) else 1
+            written = set() if op.startswith(_NO_DESTINATION) else _registers(operands[0], width)
+            read = set().union(*(_registers(o, 1) for o in operands[1:])) if len(operands) > 1 else set()
+            if written & (busy_a | busy_acc) or read & busy_acc:
+                found.append(text)
+    return found
 
 
 def describe(compiled, shared_limit: int) -> tuple[str, bool]:
@@ -128,12 +193,17 @@ def describe(compiled, shared_limit: int) -> tuple[str, bool]:
     ops = [_opcode(text) for _, text in sass]
     hgmma = sum(op.startswith("HGMMA") for op in ops)
     utma = (sum(op.startswith("UTMALDG") for op in ops), sum(op.startswith("UTMASTG") for op in ops))
-    body = _whole_tile_loop(sass)
-    if body is None:
-        loop = "whole-tile loop not found"
+    loops = _product_loops(sass)
+    hazards = [text for body in loops for text in _hazards(body)]
+    if not loops:
+        loop = "product loops not found"
     else:
-        inside, total = _overlap(body)
-        loop = f"whole-tile loop {len(body)} instrs, {inside}/{total} MUFU between the S and PV waits"
+        inside, total = _overlap(loops[0])
+        loop = (f"{len(loops)} product loops, the first (whole tiles) {len(loops[0])} instrs with "
+                f"{inside}/{total} MUFU under the PV product; {len(hazards)} touches of in-flight wgmma "
+                f"registers in them")
+        if hazards:
+            loop += " (" + "; ".join(hazards[:4]) + ")"
     shared = compiled.metadata.shared
     fits = shared <= shared_limit
     line = (f"regs {regs} at launch, setmaxnreg dec {dec} inc {inc}; spills {spills} B; shared "
@@ -141,14 +211,14 @@ def describe(compiled, shared_limit: int) -> tuple[str, bool]:
             f"stores {tma_stores}; SASS HGMMA {hgmma}, UTMALDG {utma[0]}, UTMASTG {utma[1]}; {loop}")
     if warnings:
         line += "; ptxas: " + " | ".join(warnings)
-    return line, spills == 0 and fits and regs > 0
+    return line, spills == 0 and fits and regs > 0 and not hazards
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="only the default configurations, bf16")
     parser.add_argument("--config", action="append", default=[], metavar="CFG",
-                        help="another configuration to compile at d128 and d64 (e.g. n128s3, n128s2-u2)")
+                        help="another configuration to compile at d128 and d64 (e.g. n128s3, n128s2-eager)")
     parser.add_argument("--dump", metavar="DIR", help="write each kernel's PTX, SASS and TTGIR here")
     args = parser.parse_args()
 
@@ -171,7 +241,7 @@ def main() -> int:
         for causal in (False, True):
             for dtype in dtypes:
                 matrix.append((head_dim, causal, dtype, gf.default_config(head_dim, causal)))
-    extra = [] if args.quick else ["n128s3", "n64s2", "n128s2-nopp", "n128s2-u2"]
+    extra = [] if args.quick else ["n128s3", "n128s2", "n64s2", "n128s2-nopp", "n128s2-eager"]
     for text in extra + args.config:
         config = gf.Config.parse(text)
         for head_dim in gf.HEAD_DIMS:
