@@ -70,8 +70,8 @@ tile ranges and masks against float64); ``tools/flash_bench/gluon_compile.py`` c
 and checks the SASS for instructions that touch registers of an in-flight ``wgmma``.
 
 The host side: :func:`supports` (which calls this kernel takes), :func:`flash_fwd` (the launcher,
-with :func:`.launch.flash_fwd`'s signature for the dense case), :class:`Config` (tiles; the
-``ATTNKIT_GLUON_FWD`` environment variable picks one for the bench tools).
+with :func:`.launch.flash_fwd`'s signature for the dense case), :class:`Config` (tiles: the default,
+or one a bench tool passes), :func:`warmup` (compile without launching).
 """
 
 from __future__ import annotations
@@ -169,12 +169,6 @@ def default_config(head_dim: int, causal: bool) -> Config:
     if head_dim == 64:
         return Config(block_n=128, stages=3)
     return Config(block_n=128, stages=2)
-
-
-def config_from_env(head_dim: int, causal: bool) -> Config:
-    """``ATTNKIT_GLUON_FWD`` (for the bench tools: ``n128s3``, ``n64s2-nopp``...) or the default."""
-    text = os.environ.get("ATTNKIT_GLUON_FWD")
-    return Config.parse(text) if text else default_config(head_dim, causal)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -408,7 +402,7 @@ if gl is not None:
 
         lse_ptr = lse_ptr + off_b.to(gl.int64) * stride_lb + off_h.to(gl.int64) * stride_lh
         # The argument tuples stay inline: stored in a variable first, their constexprs became
-        # tensors in 3.6 (GLUON.md).
+        # tensors in triton 3.6 (found by the session that probed Gluon on the H200, NOTES v12).
         gl.warp_specialize([
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty,
                          v_empty, off_b, off_h, off_hkv, start_m, n_tiles, BLOCK_N, STAGES, ROWS)),
@@ -505,19 +499,41 @@ def launch_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch
     return args, kwargs, (triton.cdiv(n_q, BLOCK_M), batch * heads_q)
 
 
+def warmup(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+           config: Config | None = None):
+    """Compile (without launching) the kernel :func:`flash_fwd` would run on these inputs, and
+    return Triton's compiled kernel (its ``asm``: ``ptx``, ``cubin``...; its ``metadata``). Lengths
+    and head counts are not specialized: one kernel serves every shape of a dtype, head dim, causal
+    flag and configuration. The bench tools use it to compile ahead, or for a GPU not present."""
+    batch, heads_q, n_q, head_dim = q.shape
+    config = default_config(head_dim, causal) if config is None else config
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((batch, heads_q, n_q), dtype=torch.float32, device=q.device)
+    args, kwargs, grid = launch_arguments(q, k, v, o, lse, causal, scale, config)
+    return _attn_fwd_sm90.warmup(*args, **kwargs, grid=grid)
+
+
 def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
-              config: Config | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              config: Config | None = None, *,
+              out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(output ``[B, Hq, Nq, D]`` in q's dtype, base-2 LSE float32 ``[B, Hq, Nq]``) for a call that
     :func:`supports` takes, as :func:`.launch.flash_fwd` returns them (its backward reads this LSE;
     the natural one is it times ln 2). ``scale`` multiplies q . k (``1/sqrt(D)`` is the caller's
     default); ``causal`` is bottom-right. ``config`` forces tiles (bench tools); by default
-    :func:`config_from_env`. The caller checks :func:`supports` first: this function does not."""
+    :func:`default_config`. ``out`` hands in the two outputs, contiguous (a check poisons them
+    first). The caller checks :func:`supports` first: this function does not."""
     batch, heads_q, n_q, head_dim = q.shape
-    config = config_from_env(head_dim, causal) if config is None else config
+    config = default_config(head_dim, causal) if config is None else config
     if shared_bytes(config, head_dim) > SHARED_LIMIT:
         raise ValueError(f"config {config} needs {shared_bytes(config, head_dim)} B of shared memory at d{head_dim}")
-    o = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty((batch, heads_q, n_q), dtype=torch.float32, device=q.device)
+    if out is None:
+        o = torch.empty_like(q, memory_format=torch.contiguous_format)
+        lse = torch.empty((batch, heads_q, n_q), dtype=torch.float32, device=q.device)
+    else:
+        o, lse = out
+        if (o.shape != q.shape or o.dtype != q.dtype or not o.is_contiguous() or lse.shape != (batch, heads_q, n_q)
+                or lse.dtype != torch.float32 or not lse.is_contiguous()):
+            raise ValueError("out must be a contiguous output like q and a contiguous float32 [B, Hq, Nq] LSE")
     args, kwargs, grid = launch_arguments(q, k, v, o, lse, causal, scale, config)
     _attn_fwd_sm90[grid](*args, **kwargs)
     return o, lse

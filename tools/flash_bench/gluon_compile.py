@@ -2,7 +2,7 @@
 
 A stand-in driver (``sm90_compile._TargetOnly``) answers Triton's questions about the device, so
 ``warmup`` compiles the kernel exactly as ``gluon_forward.flash_fwd`` would launch it
-(``gluon_forward.launch_arguments``). For each configuration it reports:
+(``gluon_forward.warmup``). For each configuration it reports:
 
 - registers: the launch count (ptxas) and each partition's ``setmaxnreg`` (the producer's
   decrease, the consumers' increase), spills (ptxas ``-v``, its warnings too, e.g. wgmma
@@ -37,10 +37,33 @@ REPO = HERE.parents[1]
 MODULE_PATH = REPO / "implementations" / "triton_flash" / "gluon_forward.py"
 
 
-def load_gluon_forward():
-    """``gluon_forward`` from the installed package, or from this checkout by path (it imports
-    only torch and triton), so that the tools run without ``pip install -e .``."""
+def ensure_package() -> None:
+    """Make ``pytest_attnkit.implementations.triton_flash`` importable from this checkout when the
+    project is not installed (setuptools maps ``implementations/`` there; a GPU machine without
+    ``pip install -e .`` has only the folders)."""
+    import types
+
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
     try:
+        importlib.import_module("pytest_attnkit.implementations.triton_flash")
+        return
+    except ImportError:
+        pass
+    import pytest_attnkit
+
+    package = types.ModuleType("pytest_attnkit.implementations")
+    package.__path__ = [str(REPO / "implementations")]
+    sys.modules["pytest_attnkit.implementations"] = package
+    pytest_attnkit.implementations = package
+
+
+def load_gluon_forward():
+    """``gluon_forward`` as the package's module (installed, or this checkout through
+    :func:`ensure_package`); by path if the package does not import here (it needs only torch and
+    triton)."""
+    try:
+        ensure_package()
         return importlib.import_module("pytest_attnkit.implementations.triton_flash.gluon_forward")
     except ImportError:
         pass
@@ -258,14 +281,10 @@ def main() -> int:
         if need > gf.SHARED_LIMIT:
             print(f"{name}: skipped, needs {need} B of shared memory (limit {gf.SHARED_LIMIT})", flush=True)
             continue
-        batch, heads, n = 1, 2, 1000
-        q = torch.empty(batch, heads, n, head_dim, dtype=dtype)
-        k, v, o = torch.empty_like(q), torch.empty_like(q), torch.empty_like(q)
-        lse = torch.empty(batch, heads, n)
-        launch_args, kwargs, _ = gf.launch_arguments(q, k, v, o, lse, causal, head_dim ** -0.5, config)
+        q = torch.empty(1, 2, 1000, head_dim, dtype=dtype)
         start = time.time()
         try:
-            compiled = gf._attn_fwd_sm90.warmup(*launch_args, **kwargs, grid=(1,))
+            compiled = gf.warmup(q, torch.empty_like(q), torch.empty_like(q), causal, head_dim ** -0.5, config)
         except Exception as exc:  # report and go on: one bad configuration must not hide the rest
             failures += 1
             print(f"{name}: FAILED to compile: {type(exc).__name__}: {str(exc)[:2000]}", flush=True)
