@@ -1,0 +1,539 @@
+"""A FlashAttention forward for Hopper (sm_90a) in Triton's Gluon dialect (triton 3.6), after FlashAttention-3.
+
+Not wired into :mod:`.launch` yet: nothing here has run on a GPU (NOTES.md, v12). The existing
+kernels in :mod:`.kernels` stay the path for every GPU, case and variant until a GPU run shows
+this one right; :func:`supports` says which calls it would take over.
+
+The math. For one (batch, query head) pair, ``o_i = sum_j softmax_j(s_ij) v_j`` with
+``s_ij = scale * q_i . k_j``. A CTA owns 128 query rows and walks the keys in tiles of
+``BLOCK_N``. Per row it keeps the running maximum ``m`` (base 2: of ``x_ij = q_i . k_j * c`` with
+``c = scale * log2(e)``, so each exponential is one ``exp2``) and the running sum ``l``. For a new
+tile: ``m' = max(m, c * max_j(q_i . k_j))`` (the maximum of the raw products, scaled once a row:
+``c > 0`` keeps the order), ``p_ij = exp2(c * q_i . k_j - m')`` (one FFMA and one MUFU a score),
+``alpha = exp2(m - m')``, ``l' = alpha * l + sum_j p_ij`` and ``O' = alpha * O + P V``. At the end
+``o = O / l`` and the log-sum-exp, base 2 as :func:`.launch.flash_fwd` returns it (the caller's
+natural one is this times ln 2), is ``m + log2(l)``. Causal is bottom-right: row ``i`` of ``Nq``
+sees key ``j`` iff ``j <= i + Nk - Nq``. A row that sees no key (causal with ``Nq > Nk``) has
+``l = 0``: it writes zeros and ``lse = +inf``, as the existing kernels do; while such a row's
+``m`` is still ``-inf``, the shift uses 0 instead, so that ``exp2(-inf - -inf)`` never makes a NaN.
+
+Masks. The key tiles ``[0, n_tiles)`` of a CTA split into a prefix that every one of its 128 rows
+sees whole (no mask: ``start + BLOCK_N <= min(Nk, first_row + Nk - Nq + 1)``) and the rest (the
+causal diagonal and the ragged end past ``Nk``), where scores become ``-inf`` by an explicit mask.
+Both consumers walk the same tiles (the CTA's union), so that their turns alternate strictly; a
+consumer whose rows see none of a tile gets ``p = 0`` there. TMA loads past the end of a head
+(rows ``>= N``) come back as zeros (the 4-d descriptors bound each head), and the O store through
+TMA drops rows past ``Nq``: no row of another head is read or written.
+
+Partitions (``gl.warp_specialize``), 12 warps per CTA, one CTA per SM:
+
+- producer, the default partition, 4 warps (``setmaxnreg`` cuts them to 24 registers): TMA loads
+  of the two Q halves, then K and V tile by tile into a ring of ``STAGES`` shared-memory stages,
+  K one tile ahead of V (a K stage frees after QK^T, a V stage only after its PV product);
+- consumer 0 and consumer 1, 4 warps each (``CONSUMER_REGS`` registers, 240 by default), rows
+  ``[0, 64)`` and ``[64, 128)`` of the tile: the two products on ``wgmma`` and the softmax, then
+  the epilogue (O through Q's shared-memory buffer and a TMA store; the LSE by plain stores).
+
+Inside a consumer, tile ``t`` (products asynchronous, ``wait(n)`` = until n groups remain):
+
+    wait K_t; [turn] issue S_t = Q K_t^T; wait(1): PV_{t-2} done, release V_{t-2};
+    O *= alpha_{t-1}; wait V_{t-1}; issue O += P_{t-1} V_{t-1}; [pass the turn];
+    wait(1): S_t done, release K_t; softmax(S_t) -> P_t, alpha_t, l
+
+so the softmax of tile ``t`` runs while the tensor cores do ``P_{t-1} V_{t-1}``, and the turns
+(``PINGPONG``) make the two consumers issue their products alternately, so that one's softmax
+also runs under the other's products. FlashAttention-3 waits for ``PV_{t-1}`` at the end of step
+``t`` instead (``EAGER``); ptxas 12.8 then hoists that wait above the softmax, which loses the
+overlap inside a warp group (NOTES.md, v12). Waiting one QK^T later keeps it: the wait cannot
+move above the QK^T issue without changing its meaning.
+
+Barrier protocol (all ``mbarrier``; an arrive is one elected thread of the arriving partition,
+after a partition-wide ``bar.sync`` the compiler inserts):
+
+- ``q_full[c]`` (count 1): the producer's ``expect`` + TMA of Q half ``c``; consumer ``c`` waits
+  phase 0 (also when it has no key tile: the buffer later takes O).
+- ``k_full[s]``, ``v_full[s]`` (count 1): ``expect`` + TMA of tile ``t`` into stage
+  ``s = t % STAGES``; consumers wait parity ``(t // STAGES) & 1``.
+- ``k_empty[s]``, ``v_empty[s]`` (count 2, one arrive per consumer): a consumer releases K_t after
+  the wait that completes S_t, and V_t after the wait that completes the product that read it
+  (releasing while a ``wgmma`` still reads a stage is a race). The producer waits parity
+  ``((t // STAGES) & 1) ^ 1`` before refilling: a fresh barrier counts as having completed the
+  phase before phase 0, so the first ``STAGES`` tiles go straight in.
+- ``turn[c]`` (count 1): consumer ``c`` waits on ``turn[c]`` before issuing its products and
+  arrives on ``turn[1 - c]`` after; its k-th wait is on parity ``(k & 1) ^ (c == 0)``, so consumer
+  0 goes first. Both consumers take the same number of turns (the same tiles, plus the last PV),
+  and an arrive can only follow the other's wait, so a barrier is never two phases ahead of its
+  waiter.
+
+``tools/flash_bench/gluon_model.py`` simulates this protocol under random interleavings (and the
+tile ranges and masks against float64); ``tools/flash_bench/gluon_compile.py`` compiles for sm_90a
+and checks the SASS for instructions that touch registers of an in-flight ``wgmma``.
+
+The host side: :func:`supports` (which calls this kernel takes), :func:`flash_fwd` (the launcher,
+with :func:`.launch.flash_fwd`'s signature for the dense case), :class:`Config` (tiles: the default,
+or one a bench tool passes), :func:`warmup` (compile without launching).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+
+try:
+    import triton
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_init,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    if not hasattr(gl, "warp_specialize"):
+        raise ImportError("this triton's Gluon has no warp_specialize")
+except Exception as exc:  # the module must import without Gluon, so that supports() can say why
+    GLUON_IMPORT_ERROR: Exception | None = exc
+    gluon = gl = None
+else:
+    GLUON_IMPORT_ERROR = None
+
+_LOG2E = 1.4426950408889634
+#: Rows a consumer warp group owns: wgmma's M is 64 per warp group.
+ROWS_PER_CONSUMER = 64
+#: Query rows per CTA: two consumer warp groups.
+BLOCK_M = 2 * ROWS_PER_CONSUMER
+HEAD_DIMS = (64, 128)
+DTYPES = (torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One tile choice: keys per tile, K/V ring depth, whether the consumers take turns, and the
+    consumers' register budget (the producer keeps what is left: 65536 / 128 - 2 x this)."""
+
+    block_n: int = 128
+    stages: int = 2
+    pingpong: bool = True
+    consumer_regs: int = 240
+    eager: bool = False
+
+    def __str__(self) -> str:
+        return (f"n{self.block_n}s{self.stages}{'' if self.pingpong else '-nopp'}"
+                f"{'-eager' if self.eager else ''}-r{self.consumer_regs}")
+
+    @staticmethod
+    def parse(text: str) -> "Config":
+        """``n128s2``, ``n64s3``, ``n128s2-nopp``, ``n128s2-eager``, ``n128s2-r232``: the form
+        ``str`` writes (``-nopp``: no turns; ``-eager``: each PV product waited for in its own
+        step, FlashAttention-3's order, instead of one QK^T later)."""
+        parts = text.strip().split("-")
+        head = parts[0]
+        if not (head.startswith("n") and "s" in head):
+            raise ValueError(f"config {text!r}: expected nBLOCKsSTAGES[-nopp][-eager][-rREGS], e.g. n128s2")
+        block_n, stages = head[1:].split("s")
+        fields = dict(block_n=int(block_n), stages=int(stages))
+        for part in parts[1:]:
+            if part == "nopp":
+                fields["pingpong"] = False
+            elif part == "eager":
+                fields["eager"] = True
+            elif part.startswith("r") and part[1:].isdigit():
+                fields["consumer_regs"] = int(part[1:])
+            else:
+                raise ValueError(f"config {text!r}: unknown part {part!r}")
+        return Config(**fields)
+
+
+def shared_bytes(config: Config, head_dim: int, element_size: int = 2) -> int:
+    """Shared memory the kernel asks for: Q (two halves, reused for O), the K/V ring, barriers."""
+    q = BLOCK_M * head_dim * element_size
+    kv = 2 * config.stages * config.block_n * head_dim * element_size
+    barriers = 8 * (2 + 4 * config.stages + 2)
+    return q + kv + barriers
+
+
+#: Hopper's shared memory per block (227 KiB).
+SHARED_LIMIT = 232448
+
+
+def default_config(head_dim: int, causal: bool) -> Config:
+    """The tiles used when none is given: FlashAttention-3's 128 x 128 for d128; at d64 the K/V
+    tiles are half the size, so a deeper ring costs little. Not yet chosen by a GPU run."""
+    if head_dim == 64:
+        return Config(block_n=128, stages=3)
+    return Config(block_n=128, stages=2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel
+# ---------------------------------------------------------------------------------------------
+
+if gl is not None:
+
+    @gluon.jit
+    def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
+                  q_full, k_full, v_full, k_empty, v_empty,
+                  off_b, off_h, off_hkv, start_m, n_tiles,
+                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr):
+        # Q: one half per consumer, each on its own barrier (it stays for the whole CTA).
+        q_bytes: gl.constexpr = q_desc.block_type.nbytes
+        for c in gl.static_range(2):
+            mbarrier.expect(q_full.index(c), q_bytes)
+            tma.async_copy_global_to_shared(q_desc, [off_b, off_h, start_m + c * ROWS, 0], q_full.index(c),
+                                            q_smem.index(c))
+        # K runs one tile ahead of V: a K stage frees after QK^T, a V stage only after the PV
+        # product that reads it, which is later; V waiting for its stage must not hold up K.
+        if n_tiles > 0:
+            _load_tile(k_desc, k_smem, k_full, k_empty, off_b, off_hkv, 0, BLOCK_N, STAGES)
+        for t in range(n_tiles):
+            if t + 1 < n_tiles:
+                _load_tile(k_desc, k_smem, k_full, k_empty, off_b, off_hkv, t + 1, BLOCK_N, STAGES)
+            _load_tile(v_desc, v_smem, v_full, v_empty, off_b, off_hkv, t, BLOCK_N, STAGES)
+
+    @gluon.jit
+    def _load_tile(desc, smem, full, empty, off_b, off_hkv, t, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        # Wait until both consumers released the stage's previous tile, then TMA tile t into it.
+        s = t % STAGES
+        mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)
+        mbarrier.expect(full.index(s), desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc, [off_b, off_hkv, t * BLOCK_N, 0], full.index(s), smem.index(s))
+
+    @gluon.jit
+    def _softmax(qk, m_i, l_i, rows, start_n, n_k, diag, qk_scale,
+                 s_layout: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr):
+        # One tile's online-softmax update: (p, alpha, m', l'). In masked tiles, keys past Nk and
+        # (causal) keys past the row's diagonal become -inf before the maximum.
+        if MASKED:
+            cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            visible = cols[None, :] < n_k
+            if CAUSAL:
+                visible = visible & (cols[None, :] <= rows[:, None] + diag)
+            qk = gl.where(visible, qk, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(qk, 1) * qk_scale)
+        if MASKED:
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_use = m_new
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(qk * qk_scale - m_use[:, None])
+        l_i = l_i * alpha + gl.sum(p, 1)
+        return p, alpha, m_new, l_i
+
+    @gluon.jit
+    def _take_turn(turn, turns, CID: gl.constexpr, PINGPONG: gl.constexpr):
+        # Wait until the other consumer has issued its products (consumer 0 goes first).
+        if PINGPONG:
+            mbarrier.wait(turn.index(CID), (turns & 1) ^ (1 if CID == 0 else 0))
+        return turns + 1
+
+    @gluon.jit
+    def _pass_turn(turn, CID: gl.constexpr, PINGPONG: gl.constexpr):
+        if PINGPONG:
+            mbarrier.arrive(turn.index(1 - CID), count=1)
+
+    @gluon.jit
+    def _step(t, q_buf, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
+              qk, o, p_prev, p_op, alpha, m_i, l_i, rows, n_k, diag, qk_scale,
+              s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CID: gl.constexpr, CAUSAL: gl.constexpr,
+              MASKED: gl.constexpr, PINGPONG: gl.constexpr, EAGER: gl.constexpr):
+        # Tile t's QK^T and tile t-1's PV on the tensor cores, tile t's softmax under the PV.
+        # Coming in: P_{t-1} (p_op) and alpha_{t-1}; unless EAGER, PV_{t-2} still in flight, its
+        # P (p_prev) kept alive until the wait that retires it.
+        s = t % STAGES
+        sp = (t - 1) % STAGES
+        mbarrier.wait(k_full.index(s), (t // STAGES) & 1)
+        turns = _take_turn(turn, turns, CID, PINGPONG)
+        # use_acc=False: the old scores are only the registers the product overwrites.
+        qk = warpgroup_mma(q_buf, k_smem.index(s).permute((1, 0)), qk, use_acc=False, is_async=True)
+        if not EAGER:
+            # PV_{t-2} completes (QK^T_t may still run); tile t-2's V stage goes back (none at t = 1).
+            o, p_prev = warpgroup_mma_wait(num_outstanding=1, deps=(o, p_prev))
+            mbarrier.arrive(v_empty.index((t + STAGES - 2) % STAGES), count=1, pred=t >= 2)
+        o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        mbarrier.wait(v_full.index(sp), ((t - 1) // STAGES) & 1)
+        o = warpgroup_mma(p_op, v_smem.index(sp), o, is_async=True)
+        _pass_turn(turn, CID, PINGPONG)
+        qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))
+        mbarrier.arrive(k_empty.index(s), count=1)
+        p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, rows, t * BLOCK_N, n_k, diag, qk_scale,
+                                      s_layout, BLOCK_N, CAUSAL, MASKED)
+        p_next = gl.convert_layout(p.to(q_buf.dtype), p_layout)
+        if EAGER:
+            # FlashAttention-3's order. ptxas 12.8 hoists this wait above the softmax (NOTES v12).
+            # The new P is a dependency too: computed before the wait, in other registers.
+            o, p_op, p_next = warpgroup_mma_wait(num_outstanding=0, deps=(o, p_op, p_next))
+            mbarrier.arrive(v_empty.index(sp), count=1)
+        return qk, o, p_op, p_next, alpha, m_i, l_i, turns
+
+    @gluon.jit
+    def _consumer(o_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty, turn,
+                  lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale,
+                  HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr,
+                  CID: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, EAGER: gl.constexpr):
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HEAD_DIM, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row0 = start_m + CID * ROWS
+        rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
+        diag = n_k - n_q
+        q_buf = q_smem.index(CID)
+
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+        l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
+        o = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
+        # Q is waited for even with no key tile: its load is in flight, and the buffer takes O.
+        mbarrier.wait(q_full.index(CID), 0)
+        if n_tiles > 0:
+            turns = 0
+            qk = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
+            # Tile 0: QK^T alone; the general mask (it is exact on a whole tile too).
+            mbarrier.wait(k_full.index(0), 0)
+            turns = _take_turn(turn, turns, CID, PINGPONG)
+            qk = warpgroup_mma(q_buf, k_smem.index(0).permute((1, 0)), qk, use_acc=False, is_async=True)
+            _pass_turn(turn, CID, PINGPONG)
+            qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
+            mbarrier.arrive(k_empty.index(0), count=1)
+            p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, rows, 0, n_k, diag, qk_scale,
+                                          s_layout, BLOCK_N, CAUSAL, True)
+            p_op = gl.convert_layout(p.to(q_buf.dtype), p_layout)
+            p_prev = p_op  # no product in flight yet; the first step's wait passes at once
+            if not EAGER:
+                o = warpgroup_mma_init(o)  # o is carried as a product in flight
+            # Tiles every row sees whole, then the masked ones (the diagonal, the ragged end).
+            for t in range(1, n_whole):
+                qk, o, p_prev, p_op, alpha, m_i, l_i, turns = _step(
+                    t, q_buf, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
+                    qk, o, p_prev, p_op, alpha, m_i, l_i, rows, n_k, diag, qk_scale,
+                    s_layout, o_layout, p_layout, BLOCK_N, STAGES, CID, CAUSAL, False, PINGPONG, EAGER)
+            for t in range(gl.maximum(n_whole, 1), n_tiles):
+                qk, o, p_prev, p_op, alpha, m_i, l_i, turns = _step(
+                    t, q_buf, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
+                    qk, o, p_prev, p_op, alpha, m_i, l_i, rows, n_k, diag, qk_scale,
+                    s_layout, o_layout, p_layout, BLOCK_N, STAGES, CID, CAUSAL, True, PINGPONG, EAGER)
+            # The last tile's PV.
+            last = n_tiles - 1
+            sl = last % STAGES
+            if not EAGER:
+                o, p_prev = warpgroup_mma_wait(num_outstanding=0, deps=(o, p_prev))
+                mbarrier.arrive(v_empty.index((last + STAGES - 1) % STAGES), count=1, pred=last >= 1)
+            o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            mbarrier.wait(v_full.index(sl), (last // STAGES) & 1)
+            turns = _take_turn(turn, turns, CID, PINGPONG)
+            o = warpgroup_mma(p_op, v_smem.index(sl), o, is_async=True)
+            _pass_turn(turn, CID, PINGPONG)
+            o, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o, p_op))
+            mbarrier.arrive(v_empty.index(sl), count=1)
+
+        # Epilogue: o / l and the base-2 LSE; a row that saw no key writes 0 and +inf.
+        seen = l_i > 0.0
+        l_safe = gl.where(seen, l_i, 1.0)
+        lse = gl.where(seen, m_i + gl.log2(l_safe), float("inf"))
+        inv_l = gl.convert_layout(1.0 / l_safe, gl.SliceLayout(1, o_layout))
+        out = (o * inv_l[:, None]).to(q_buf.dtype)
+        gl.store(lse_ptr + rows, lse, mask=rows < n_q)
+        # Q's buffer holds O on its way out (every product that read Q has completed).
+        fence_async_shared()
+        q_buf.store(out)
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [off_b, off_h, row0, 0], q_buf)
+        tma.store_wait(pendings=0)
+
+    # Lengths and head counts as plain integers: specializing them (== 1, % 16) only multiplies
+    # compilations; nothing here loads along them with pointer arithmetic.
+    @gluon.jit(do_not_specialize=("stride_lb", "stride_lh", "H_Q", "GROUP", "n_q", "n_k"))
+    def _attn_fwd_sm90(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_lh,
+                       H_Q, GROUP, n_q, n_k, qk_scale,
+                       HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                       CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                       EAGER: gl.constexpr):
+        ROWS: gl.constexpr = 64
+        n_m = gl.cdiv(n_q, 2 * ROWS)
+        # Causal: the longest row blocks first, so that the grid's tail is short ones.
+        pid_m = gl.program_id(0)
+        if CAUSAL:
+            pid_m = n_m - 1 - pid_m
+        start_m = pid_m * (2 * ROWS)
+        off_bh = gl.program_id(1)
+        off_b = off_bh // H_Q
+        off_h = off_bh % H_Q
+        off_hkv = off_h // GROUP
+
+        # Key tiles of this CTA: [0, n_tiles), of which [0, n_whole) every row sees whole.
+        diag = n_k - n_q
+        if CAUSAL:
+            last_row = gl.minimum(start_m + 2 * ROWS, n_q) - 1
+            hi = gl.minimum(last_row + diag + 1, n_k)
+            whole = gl.minimum(start_m + diag + 1, n_k)
+        else:
+            hi = n_k
+            whole = n_k
+        n_tiles = gl.cdiv(gl.maximum(hi, 0), BLOCK_N)
+        n_whole = gl.minimum(gl.maximum(whole, 0) // BLOCK_N, n_tiles)
+
+        smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, ROWS, HEAD_DIM], smem_layout)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], smem_layout)
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], smem_layout)
+        q_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for c in gl.static_range(2):
+            mbarrier.init(q_full.index(c), count=1)
+            mbarrier.init(turn.index(c), count=1)
+        for s in gl.static_range(STAGES):
+            mbarrier.init(k_full.index(s), count=1)
+            mbarrier.init(v_full.index(s), count=1)
+            mbarrier.init(k_empty.index(s), count=2)
+            mbarrier.init(v_empty.index(s), count=2)
+        fence_async_shared()
+
+        lse_ptr = lse_ptr + off_b.to(gl.int64) * stride_lb + off_h.to(gl.int64) * stride_lh
+        # The argument tuples stay inline: stored in a variable first, their constexprs became
+        # tensors in triton 3.6 (found by the session that probed Gluon on the H200, NOTES v12).
+        gl.warp_specialize([
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty,
+                         v_empty, off_b, off_h, off_hkv, start_m, n_tiles, BLOCK_N, STAGES, ROWS)),
+            (_consumer, (o_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty, turn,
+                         lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale,
+                         HEAD_DIM, BLOCK_N, STAGES, ROWS, 0, CAUSAL, PINGPONG, EAGER)),
+            (_consumer, (o_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty, turn,
+                         lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale,
+                         HEAD_DIM, BLOCK_N, STAGES, ROWS, 1, CAUSAL, PINGPONG, EAGER)),
+        ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
+
+
+# ---------------------------------------------------------------------------------------------
+# Host side
+# ---------------------------------------------------------------------------------------------
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    # TMA: 16-byte aligned base and strides, the head dim contiguous.
+    size = t.element_size()
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+            and all((stride * size) % 16 == 0 for stride in t.stride()[:-1]))
+
+
+def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                       scale: float | None = None, *, variants: object | None = None,
+                       layout: object | None = None) -> str | None:
+    """Why this kernel does not take the call (None: it does). Covered: dense ``[B, H, N, D]``
+    float16/bfloat16 q, k, v on a Hopper GPU (sm_90), head dim 64 or 128 (V's the same), GQA/MQA
+    (Hq a multiple of Hkv), causal or not, any lengths >= 1, a positive scale, strides TMA can
+    address (head dim contiguous, the rest multiples of 16 bytes). Not: varlen, paged KV, windows,
+    softcap, ALiBi, sinks (``variants`` other than plain causal), float32, FP8, other head dims."""
+    if GLUON_IMPORT_ERROR is not None:
+        return f"Gluon (triton.experimental.gluon, triton >= 3.6) is not available: {GLUON_IMPORT_ERROR}"
+    if layout is not None:
+        return "packed sequences and paged KV caches take the existing kernels"
+    if variants is not None and getattr(variants, "key", None) is not None:
+        plain = (bool(causal), None, False, False, False)
+        if variants.key() != plain:
+            return "variants (window, softcap, ALiBi, sinks) take the existing kernels"
+    tensors = (q, k, v)
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        return "q, k, v must be tensors"
+    if any(t.dim() != 4 for t in tensors):
+        return "dense [batch, heads, seqlen, head_dim] tensors only"
+    if os.environ.get("TRITON_INTERPRET") == "1" or q.device.type != "cuda":
+        return "a CUDA device (not Triton's interpreter)"
+    if any(t.device != q.device for t in tensors):
+        return "q, k, v on one device"
+    if torch.cuda.get_device_capability(q.device)[0] != 9:
+        return "Hopper (sm_90) only: wgmma and this kernel's TMA use are sm_90a"
+    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"float16 or bfloat16 q, k, v of one dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+    batch, heads_q, n_q, head_dim = q.shape
+    if head_dim not in HEAD_DIMS or k.shape[-1] != head_dim or v.shape[-1] != head_dim:
+        return f"head dims {HEAD_DIMS} (V's equal to Q's), got {head_dim}, {k.shape[-1]}, {v.shape[-1]}"
+    if k.shape != v.shape or k.shape[0] != batch or k.shape[1] == 0 or heads_q % k.shape[1]:
+        return f"k, v shapes {tuple(k.shape)}, {tuple(v.shape)} do not fit q {tuple(q.shape)}"
+    if batch * heads_q * n_q == 0 or k.shape[2] == 0:
+        return "empty inputs take the existing path"
+    if scale is not None and not (math.isfinite(scale) and scale > 0):
+        return "a positive finite scale (the row maximum is taken before scaling)"
+    if not all(_aligned(t) for t in tensors):
+        return "strides TMA can address: head dim contiguous, other strides and the base 16-byte aligned"
+    if batch * heads_q > 65535:
+        return "batch x heads above 65535 (the grid's second axis)"
+    return None
+
+
+def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None = None, *,
+             variants: object | None = None, layout: object | None = None) -> bool:
+    """Whether :func:`flash_fwd` takes this call (:func:`unsupported_reason` says why not)."""
+    return unsupported_reason(q, k, v, causal, scale, variants=variants, layout=layout) is None
+
+
+def _descriptor(t: torch.Tensor, rows: int) -> "TensorDescriptor":
+    # 4-d, so that each (batch, head) is bounded: loads past its last row read zeros, stores drop.
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
+    return TensorDescriptor.from_tensor(t, [1, 1, rows, t.shape[-1]], layout)
+
+
+def launch_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                     causal: bool, scale: float, config: Config) -> tuple[tuple, dict, tuple[int, int]]:
+    """(positional arguments, keyword arguments, grid) of one launch: what :func:`flash_fwd` runs
+    and what ``tools/flash_bench/gluon_compile.py`` compiles without a GPU."""
+    batch, heads_q, n_q, head_dim = q.shape
+    heads_kv, n_k = k.shape[1], k.shape[2]
+    args = (_descriptor(q, ROWS_PER_CONSUMER), _descriptor(k, config.block_n), _descriptor(v, config.block_n),
+            _descriptor(o, ROWS_PER_CONSUMER), lse, lse.stride(0), lse.stride(1),
+            heads_q, heads_q // heads_kv, n_q, n_k, scale * _LOG2E)
+    kwargs = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.stages, CAUSAL=bool(causal),
+                  PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, EAGER=config.eager,
+                  num_warps=4)
+    return args, kwargs, (triton.cdiv(n_q, BLOCK_M), batch * heads_q)
+
+
+def warmup(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+           config: Config | None = None):
+    """Compile (without launching) the kernel :func:`flash_fwd` would run on these inputs, and
+    return Triton's compiled kernel (its ``asm``: ``ptx``, ``cubin``...; its ``metadata``). Lengths
+    and head counts are not specialized: one kernel serves every shape of a dtype, head dim, causal
+    flag and configuration. The bench tools use it to compile ahead, or for a GPU not present."""
+    batch, heads_q, n_q, head_dim = q.shape
+    config = default_config(head_dim, causal) if config is None else config
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((batch, heads_q, n_q), dtype=torch.float32, device=q.device)
+    args, kwargs, grid = launch_arguments(q, k, v, o, lse, causal, scale, config)
+    return _attn_fwd_sm90.warmup(*args, **kwargs, grid=grid)
+
+
+def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+              config: Config | None = None, *,
+              out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output ``[B, Hq, Nq, D]`` in q's dtype, base-2 LSE float32 ``[B, Hq, Nq]``) for a call that
+    :func:`supports` takes, as :func:`.launch.flash_fwd` returns them (its backward reads this LSE;
+    the natural one is it times ln 2). ``scale`` multiplies q . k (``1/sqrt(D)`` is the caller's
+    default); ``causal`` is bottom-right. ``config`` forces tiles (bench tools); by default
+    :func:`default_config`. ``out`` hands in the two outputs, contiguous (a check poisons them
+    first). The caller checks :func:`supports` first: this function does not."""
+    batch, heads_q, n_q, head_dim = q.shape
+    config = default_config(head_dim, causal) if config is None else config
+    if shared_bytes(config, head_dim) > SHARED_LIMIT:
+        raise ValueError(f"config {config} needs {shared_bytes(config, head_dim)} B of shared memory at d{head_dim}")
+    if out is None:
+        o = torch.empty_like(q, memory_format=torch.contiguous_format)
+        lse = torch.empty((batch, heads_q, n_q), dtype=torch.float32, device=q.device)
+    else:
+        o, lse = out
+        if (o.shape != q.shape or o.dtype != q.dtype or not o.is_contiguous() or lse.shape != (batch, heads_q, n_q)
+                or lse.dtype != torch.float32 or not lse.is_contiguous()):
+            raise ValueError("out must be a contiguous output like q and a contiguous float32 [B, Hq, Nq] LSE")
+    args, kwargs, grid = launch_arguments(q, k, v, o, lse, causal, scale, config)
+    _attn_fwd_sm90[grid](*args, **kwargs)
+    return o, lse

@@ -1,0 +1,627 @@
+"""One GPU run for triton_flash's Gluon forward (issue 42, step 1): is it right, does it hang, how fast.
+
+Usage, on the Hopper machine, from the repository root (about 3 minutes on an H200):
+
+    python3 tools/flash_bench/gluon_check.py --out DIR [--variants n128s2,n128s3,...] [--case-timeout 60]
+
+Needs torch with CUDA and triton 3.6 (Gluon); the project need not be installed (the checkout's
+folders are imported). Four phases, each in child processes, so that a hung or crashed kernel
+cannot take the run with it:
+
+1. compile: every kernel the run needs (dtype x head dim x causal x configuration), in parallel
+   processes that only compile (one kernel per such combination: lengths are not specialized).
+2. correctness: every combination of bf16/fp16, d64/d128, causal or not, over lengths 1k, 4k,
+   16k, odd ones (113, 1000, 4097), Nq != Nk both ways (rows that see no key under causal), GQA
+   and MQA, batch > 1; each configuration of ``--variants`` on four of them. Inputs are
+   random normal; the outputs are poisoned with NaN first. The rule is the harness's
+   (``pytest_attnkit.worker.tolerance``): the max error against a float64 oracle at most 2x the
+   plain same-precision implementation's plus twice the dtype's rounding, for the output and
+   for the natural LSE (kernel's base-2 LSE times ln 2) on rows that see a key; rows that see
+   none must be exactly 0 with LSE +inf. The kernel also runs twice more and must give the same
+   bits (a race in a warp-specialized kernel tends to show as run-to-run differences).
+3. timing: the issue's cases (bf16; b1-h16-q16384 d128, b4-h16-q4096 d128, b4-h32-q4096 d64,
+   b8-h16-q1024 d128; each causal and not) with ``triton.testing.do_bench`` (median, L2 flushed),
+   for the Gluon forward, SDPA with the cuDNN backend, SDPA with the FLASH backend and the
+   existing triton_flash forward (``launch.flash_fwd``, what Gluon would replace), and the bf16
+   matmul ceiling; then each ``--variants`` configuration of the Gluon forward on the same
+   cases, each first checked against cuDNN's output.
+4. report: the tables, printed and written to DIR.
+
+Each case has a deadline (``--case-timeout``, seconds): a warp-specialized kernel that is wrong
+usually hangs instead of failing. On the first case past it, the child is killed, the case is
+named as hung, and the run stops there (a crash, e.g. an illegal address, is recorded and the
+next case runs in a fresh child). FLOPs are 4 * B * Hq * D * (pairs of a query and a key it
+sees), the harness's count (``pytest_attnkit.counts``); causal counts the visible pairs.
+
+Written to DIR: ``check.json`` (every result, the environment, the command), ``check.md`` (the
+tables), ``compile.log``, and each child's stderr (``*.stderr``). The exit status is 0 when
+everything ran and passed, 1 on a failed case, 2 on a hang, 3 on a compile failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(REPO))
+
+DTYPES = ("bfloat16", "float16")
+HEAD_DIMS = (64, 128)
+DEFAULT_VARIANTS = "n128s3,n128s2-eager,n128s2-nopp,n64s2"
+#: (batch, heads_q, heads_kv, n_q, n_k): every one runs for every dtype, head dim and causal flag.
+CORRECTNESS_SHAPES = (
+    (1, 2, 2, 1024, 1024),
+    (1, 2, 1, 4096, 4096),       # GQA 2:1
+    (1, 1, 1, 16384, 16384),
+    (2, 4, 2, 113, 113),         # batch > 1, a partial tile
+    (1, 2, 2, 1000, 1000),
+    (1, 2, 2, 4097, 4097),       # one row past a whole tile
+    (1, 2, 2, 1000, 4097),       # Nq < Nk
+    (1, 2, 2, 4097, 1000),       # Nq > Nk: under causal, rows that see no key
+    (1, 4, 1, 300, 129),         # MQA, Nq > Nk
+    (1, 2, 2, 1, 1000),          # one query row
+    (1, 2, 2, 64, 1),            # one key
+)
+#: The shapes each --variants configuration is checked on (bf16, both head dims, both causal flags).
+VARIANT_SHAPES = ((1, 2, 2, 1000, 1000), (1, 2, 1, 4097, 4097), (1, 2, 2, 4097, 1000), (2, 4, 2, 113, 113))
+#: The issue's speed cases, bf16, each causal and not.
+BENCH_SHAPES = (
+    (1, 16, 16384, 128),
+    (4, 16, 4096, 128),
+    (4, 32, 4096, 64),
+    (8, 16, 1024, 128),
+)
+IMPLS = ("gluon", "sdpa_cudnn", "sdpa_flash", "triton_flash")
+
+
+# ---------------------------------------------------------------------------------------------
+# Child side (touches CUDA)
+# ---------------------------------------------------------------------------------------------
+
+
+def _emit(event: str, **fields) -> None:
+    print(json.dumps({"event": event, **fields}), flush=True)
+
+
+def _modules():
+    from gluon_compile import ensure_package, load_gluon_forward
+
+    gf = load_gluon_forward()
+    ensure_package()
+    from pytest_attnkit.implementations.triton_flash import launch as tf_launch
+
+    return gf, tf_launch
+
+
+def _hello() -> None:
+    import torch
+    import triton
+
+    props = torch.cuda.get_device_properties(0)
+    _emit("hello", device=props.name, capability=list(torch.cuda.get_device_capability(0)),
+          sms=props.multi_processor_count, torch=torch.__version__, triton=triton.__version__,
+          cuda=torch.version.cuda)
+
+
+def _inputs(shape, dtype_name: str, head_dim: int, seed: int, device: str = "cuda"):
+    import torch
+
+    batch, heads_q, heads_kv, n_q, n_k = shape
+    dtype = getattr(torch, dtype_name)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(batch, heads_q, n_q, head_dim, device=device, dtype=dtype, generator=generator)
+    k = torch.randn(batch, heads_kv, n_k, head_dim, device=device, dtype=dtype, generator=generator)
+    v = torch.randn(batch, heads_kv, n_k, head_dim, device=device, dtype=dtype, generator=generator)
+    return q, k, v
+
+
+def _reference(q, k, v, causal: bool, scale: float, block_rows: int | None = None):
+    """(oracle out, oracle natural LSE, plain out, plain LSE, rows that see a key), by blocks of
+    query rows so that 16k x 16k never materializes: rows [r0, r1) see keys [0, r1 + Nk - Nq)
+    under causal, and the oracle's bottom-right alignment on that block is then the full one's."""
+    import torch
+
+    from pytest_attnkit.oracle import attention_math, rows_with_a_key
+
+    batch, heads_q, n_q, head_dim = q.shape
+    n_k = k.shape[2]
+    outs = {"oracle": [], "plain": []}
+    lses = {"oracle": [], "plain": []}
+    rows = block_rows or max(64, min(n_q, (1 << 25) // max(1, batch * heads_q * n_k)))
+    for r0 in range(0, n_q, rows):
+        r1 = min(n_q, r0 + rows)
+        keys = r1 + n_k - n_q if causal else n_k
+        if keys <= 0:
+            for name, dtype in (("oracle", torch.float64), ("plain", q.dtype)):
+                outs[name].append(torch.zeros(batch, heads_q, r1 - r0, head_dim, device=q.device, dtype=dtype))
+                lses[name].append(torch.zeros(batch, heads_q, r1 - r0, device=q.device, dtype=dtype))
+            continue
+        qb, kb, vb = q[:, :, r0:r1], k[:, :, :keys], v[:, :, :keys]
+        out, lse = attention_math(qb.double(), kb.double(), vb.double(), causal=causal, scale=scale, return_lse=True)
+        outs["oracle"].append(out)
+        lses["oracle"].append(lse)
+        out, lse = attention_math(qb, kb, vb, causal=causal, scale=scale, return_lse=True)
+        outs["plain"].append(out)
+        lses["plain"].append(lse)
+    seen = rows_with_a_key(n_q, n_k, causal=causal, window=None, device=q.device)
+    return (torch.cat(outs["oracle"], 2), torch.cat(lses["oracle"], 2), torch.cat(outs["plain"], 2),
+            torch.cat(lses["plain"], 2), seen)
+
+
+def _check_case(case: dict, gf, device: str = "cuda") -> dict:
+    """One correctness case (``device`` other than cuda: only for testing this check against a
+    stand-in for ``gf`` on the CPU)."""
+    import torch
+
+    from pytest_attnkit.worker.tolerance import FORWARD_FACTOR, compare
+
+    shape, causal, head_dim = tuple(case["shape"]), case["causal"], case["head_dim"]
+    q, k, v = _inputs(shape, case["dtype"], head_dim, case["seed"], device)
+    scale = head_dim ** -0.5
+    reason = gf.unsupported_reason(q, k, v, causal, scale)
+    if reason is not None:
+        return {"passed": False, "error": f"supports() refused: {reason}"}
+    config = gf.Config.parse(case["config"])
+
+    def run():
+        o = torch.full_like(q, float("nan"))
+        lse = torch.full(q.shape[:3], float("nan"), device=q.device, dtype=torch.float32)
+        return gf.flash_fwd(q, k, v, causal, scale, config, out=(o, lse))
+
+    start = time.perf_counter()
+    out, lse2 = run()
+    if q.is_cuda:
+        torch.cuda.synchronize()
+    first_call_s = time.perf_counter() - start
+    repeats_equal = True
+    for _ in range(2):
+        again, again_lse = run()
+        repeats_equal &= bool(torch.equal(again, out) and torch.equal(again_lse.nan_to_num(1.0), lse2.nan_to_num(1.0)))
+    oracle, oracle_lse, plain, plain_lse, seen = _reference(q, k, v, causal, scale)
+    dtype = q.dtype
+    out_cmp = compare("out", out, oracle, plain, dtype=dtype, factor=FORWARD_FACTOR)
+    lse_nat = lse2.double() * math.log(2.0)
+    lse_cmp = compare("lse", lse_nat[:, :, seen], oracle_lse[:, :, seen], plain_lse[:, :, seen], dtype=dtype,
+                      factor=FORWARD_FACTOR)
+    unseen_ok = bool((out[:, :, ~seen] == 0).all() and torch.isinf(lse2[:, :, ~seen]).all()
+                     and (lse2[:, :, ~seen] > 0).all())
+    return {
+        "passed": out_cmp.passed and lse_cmp.passed and unseen_ok and repeats_equal,
+        "out": {"max_error": out_cmp.max_error, "allowed": out_cmp.allowed, "plain_error": out_cmp.plain_error,
+                "nonfinite": out_cmp.nonfinite, "worst_index": list(out_cmp.worst_index),
+                "rel_l1": out_cmp.rel_l1},
+        "lse": {"max_error": lse_cmp.max_error, "allowed": lse_cmp.allowed, "nonfinite": lse_cmp.nonfinite},
+        "rows_without_key": int((~seen).sum().item()), "rows_without_key_ok": unseen_ok,
+        "repeats_bitwise_equal": repeats_equal, "first_call_s": round(first_call_s, 3),
+    }
+
+
+def _flops(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> float:
+    pairs = n * (n + 1) // 2 if causal else n * n
+    return 4.0 * batch * heads * head_dim * pairs
+
+
+def _bench_case(case: dict, gf, tf_launch) -> dict:
+    import torch
+    import triton
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    batch, heads, n, head_dim = case["shape"]
+    causal = case["causal"]
+    q, k, v = _inputs((batch, heads, heads, n, n), "bfloat16", head_dim, 1234)
+    scale = head_dim ** -0.5
+    flops = _flops(batch, heads, n, head_dim, causal)
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        expected = sdpa(q, k, v, is_causal=causal, scale=scale)
+    result = {"flops": flops, "ms": {}, "tflops": {}, "max_diff_vs_cudnn": {}}
+
+    def timed(name, fn, backend=None):
+        try:
+            if backend is None:
+                ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+            else:
+                with sdpa_kernel(backend):
+                    ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+        except Exception as exc:  # one backend refusing must not lose the others
+            result.setdefault("errors", {})[name] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            return
+        result["ms"][name] = ms
+        result["tflops"][name] = flops / ms / 1e9
+
+    configs = case.get("configs") or [None]
+    for text in configs:
+        config = None if text is None else gf.Config.parse(text)
+        name = "gluon" if text is None else f"gluon {text}"
+        got, _ = gf.flash_fwd(q, k, v, causal, scale, config)
+        torch.cuda.synchronize()
+        result["max_diff_vs_cudnn"][name] = float((got.float() - expected.float()).abs().max().item())
+        timed(name, lambda: gf.flash_fwd(q, k, v, causal, scale, config))
+    if case.get("baselines", True):
+        timed("sdpa_cudnn", lambda: sdpa(q, k, v, is_causal=causal, scale=scale), SDPBackend.CUDNN_ATTENTION)
+        timed("sdpa_flash", lambda: sdpa(q, k, v, is_causal=causal, scale=scale), SDPBackend.FLASH_ATTENTION)
+        got, _ = tf_launch.flash_fwd(q, k, v, causal, scale)
+        torch.cuda.synchronize()
+        result["max_diff_vs_cudnn"]["triton_flash"] = float((got.float() - expected.float()).abs().max().item())
+        timed("triton_flash", lambda: tf_launch.flash_fwd(q, k, v, causal, scale))
+    return result
+
+
+def _matmul_ceiling() -> dict:
+    import torch
+    import triton
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = triton.testing.do_bench(lambda: a @ b, warmup=25, rep=100, return_mode="median")
+    return {"ms": ms, "tflops": 2 * 8192 ** 3 / ms / 1e9}
+
+
+def child(mode: str, cases_path: str) -> int:
+    cases = json.loads(Path(cases_path).read_text())
+    if mode == "selftest":  # the parent's deadlines and crash handling, without a GPU
+        _emit("hello", device="none")
+        for case in cases:
+            _emit("start", id=case["id"])
+            if case.get("hang"):
+                time.sleep(3600)
+            if case.get("crash"):
+                os._exit(7)
+            _emit("result", id=case["id"], passed=True, error="selftest")
+        return 0
+    import torch
+
+    gf, tf_launch = _modules()
+    if mode == "compile":
+        for case in cases:
+            q, k, v = _inputs((1, 2, 2, 256, 256), case["dtype"], case["head_dim"], 0)
+            start = time.perf_counter()
+            gf.warmup(q, k, v, case["causal"], 0.1, gf.Config.parse(case["config"]))
+            _emit("compiled", id=case["id"], seconds=round(time.perf_counter() - start, 1))
+        return 0
+    _hello()
+    for case in cases:
+        _emit("start", id=case["id"])
+        try:
+            if mode == "correct":
+                result = _check_case(case, gf)
+            elif case.get("kind") == "ceiling":
+                result = _matmul_ceiling()
+            else:
+                result = _bench_case(case, gf, tf_launch)
+        except Exception as exc:  # the case fails in words; the run goes on
+            _emit("result", id=case["id"], passed=False, error=f"{type(exc).__name__}: {str(exc)[:1500]}")
+            if "CUDA" in str(exc) or "cuda" in type(exc).__module__:
+                return 4  # the context may be poisoned: the parent goes on in a fresh child
+            continue
+        _emit("result", id=case["id"], **result)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Parent side (no CUDA here)
+# ---------------------------------------------------------------------------------------------
+
+
+class Child:
+    """One child process running ``mode`` over ``cases``, read line by line with deadlines."""
+
+    def __init__(self, mode: str, cases: list[dict], out: Path, tag: str) -> None:
+        self.cases_path = out / f"{tag}.cases.json"
+        self.cases_path.write_text(json.dumps(cases))
+        self.stderr = open(out / f"{tag}.stderr", "a")
+        self.process = subprocess.Popen(
+            [sys.executable, "-u", str(Path(__file__).resolve()), "--child", mode, str(self.cases_path)],
+            stdout=subprocess.PIPE, stderr=self.stderr, text=True, start_new_session=True, cwd=str(REPO))
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def next_event(self, timeout: float) -> dict | None:
+        """The next event; None when the child exited; raises queue.Empty past the deadline."""
+        deadline = time.monotonic() + timeout
+        while True:
+            line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            if line is None:
+                return None
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a stray print of a library
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+        self.stderr.close()
+
+    def close(self) -> None:
+        self.process.wait(timeout=60)
+        self.stderr.close()
+
+
+def run_cases(mode: str, cases: list[dict], out: Path, timeout: float, log) -> tuple[dict, dict, str | None]:
+    """Run ``cases`` in children: (results by id, the device's hello, the id of a hung case)."""
+    results: dict = {}
+    hello: dict = {}
+    pending = list(cases)
+    attempt = 0
+    while pending:
+        attempt += 1
+        child_process = Child(mode, pending, out, f"{mode}-{attempt}")
+        current = None
+        while True:
+            try:
+                event = child_process.next_event(timeout if current else max(timeout, 120.0))
+            except queue.Empty:
+                child_process.kill()
+                if current is None:
+                    log(f"  the {mode} child did not start within {max(timeout, 120.0):.0f} s")
+                    return results, hello, "startup"
+                results[current] = {"passed": False, "error": f"HUNG: no result within {timeout:.0f} s"}
+                log(f"  HANG: {current} gave no result within {timeout:.0f} s; the child was killed, the run stops")
+                return results, hello, current
+            if event is None:  # exited: done, or crashed inside `current`
+                child_process.close()
+                break
+            if event["event"] == "hello":
+                hello = event
+            elif event["event"] == "start":
+                current = event["id"]
+            elif event["event"] == "result":
+                results[event["id"]] = event
+                log(_describe(mode, event))
+                current = None
+        done = [case for case in pending if case["id"] in results]
+        if current is not None:
+            results[current] = {"passed": False, "error": f"the child died in this case (exit "
+                                                         f"{child_process.process.returncode}; see {mode}-{attempt}.stderr)"}
+            log(f"  CRASH in {current}: exit {child_process.process.returncode}, see {mode}-{attempt}.stderr")
+        pending = [case for case in pending if case["id"] not in results]
+        if pending and not done and current is None:
+            log(f"  the {mode} child exited before its first case (see {mode}-{attempt}.stderr)")
+            for case in pending:
+                results[case["id"]] = {"passed": False, "error": "the child exited before running it"}
+            break
+    return results, hello, None
+
+
+def _describe(mode: str, event: dict) -> str:
+    if mode == "correct":
+        if "out" not in event:
+            return f"  {event['id']}: FAIL {event.get('error', '')}"
+        verdict = "ok  " if event["passed"] else "FAIL"
+        extra = "" if event["repeats_bitwise_equal"] else " (repeats differ)"
+        if event["rows_without_key"]:
+            extra += f", {event['rows_without_key']} rows see no key ({'ok' if event['rows_without_key_ok'] else 'WRONG'})"
+        return (f"  {verdict} {event['id']}: out {event['out']['max_error']:.2e} <= {event['out']['allowed']:.2e}"
+                f", lse {event['lse']['max_error']:.2e} <= {event['lse']['allowed']:.2e}{extra}")
+    if event.get("error") and "tflops" not in event:
+        return f"  {event['id']}: ERROR {event['error'][:300]}"
+    if "tflops" in event and isinstance(event["tflops"], dict):
+        figures = ", ".join(f"{name} {value:.0f}" for name, value in event["tflops"].items())
+        return f"  {event['id']}: TFLOP/s {figures}" + (f"; errors {event['errors']}" if event.get("errors") else "")
+    return f"  {event['id']}: {event.get('tflops', 0):.0f} TFLOP/s"
+
+
+def correctness_cases(variants: list[str], default_config) -> list[dict]:
+    cases = []
+    for dtype in DTYPES:
+        for head_dim in HEAD_DIMS:
+            for causal in (False, True):
+                config = str(default_config(head_dim, causal))
+                for seed, shape in enumerate(CORRECTNESS_SHAPES):
+                    cases.append(_correctness_case(dtype, head_dim, causal, config, shape, seed))
+    for variant in variants:
+        for head_dim in HEAD_DIMS:
+            for causal in (False, True):
+                for seed, shape in enumerate(VARIANT_SHAPES):
+                    cases.append(_correctness_case("bfloat16", head_dim, causal, variant, shape, 100 + seed))
+    return cases
+
+
+def _correctness_case(dtype, head_dim, causal, config, shape, seed) -> dict:
+    b, hq, hk, nq, nk = shape
+    name = f"{ {'bfloat16': 'bf16', 'float16': 'fp16'}[dtype]} d{head_dim} {'causal' if causal else 'full'} b{b} h{hq}/{hk} q{nq} k{nk} [{config}]"
+    return {"id": name, "dtype": dtype, "head_dim": head_dim, "causal": causal, "config": config,
+            "shape": list(shape), "seed": seed}
+
+
+def bench_cases(variants: list[str]) -> list[dict]:
+    cases = [{"id": "matmul bf16 8192^3", "kind": "ceiling"}]
+    for batch, heads, n, head_dim in BENCH_SHAPES:
+        for causal in (False, True):
+            label = f"b{batch}-h{heads}-q{n} d{head_dim}{' causal' if causal else ''}"
+            cases.append({"id": label, "shape": [batch, heads, n, head_dim], "causal": causal})
+    if variants:
+        for batch, heads, n, head_dim in BENCH_SHAPES:
+            for causal in (False, True):
+                label = f"b{batch}-h{heads}-q{n} d{head_dim}{' causal' if causal else ''} variants"
+                cases.append({"id": label, "shape": [batch, heads, n, head_dim], "causal": causal,
+                              "configs": variants, "baselines": False})
+    return cases
+
+
+def compile_all(specs: list[dict], out: Path, log) -> dict:
+    """Compile every kernel in parallel children (compilation is single-threaded per kernel)."""
+    workers = max(1, min(len(specs), os.cpu_count() or 1, 16))
+    groups = [specs[i::workers] for i in range(workers)]
+    children = [Child("compile", group, out, f"compile-{i}") for i, group in enumerate(groups) if group]
+    seconds = {}
+    deadline = time.monotonic() + 600
+    for child_process, group in zip(children, groups):
+        while True:
+            try:
+                event = child_process.next_event(max(1.0, deadline - time.monotonic()))
+            except queue.Empty:
+                child_process.kill()
+                break
+            if event is None:
+                child_process.close()
+                break
+            if event.get("event") == "compiled":
+                seconds[event["id"]] = event["seconds"]
+        for spec in group:
+            if spec["id"] not in seconds:
+                log(f"  COMPILE FAILED: {spec['id']} (see {Path(child_process.cases_path).stem}.stderr)")
+    return seconds
+
+
+def report(results: dict, bench: dict, variants: list[str], hello: dict) -> str:
+    lines = []
+    correct = results.get("correct", {})
+    passed = sum(1 for r in correct.values() if r.get("passed"))
+    lines.append(f"## Correctness: {passed} of {len(correct)} cases passed")
+    failed = [(case_id, r) for case_id, r in correct.items() if not r.get("passed")]
+    for case_id, r in failed:
+        detail = r.get("error") or (f"out {r['out']['max_error']:.2e} (allowed {r['out']['allowed']:.2e}), "
+                                    f"lse {r['lse']['max_error']:.2e} (allowed {r['lse']['allowed']:.2e}), "
+                                    f"repeats equal {r['repeats_bitwise_equal']}, "
+                                    f"no-key rows ok {r['rows_without_key_ok']}")
+        lines.append(f"- FAIL {case_id}: {detail}")
+    if correct and not failed:
+        worst = max(correct.values(), key=lambda r: r["out"]["max_error"] / r["out"]["allowed"])
+        lines.append(f"- worst headroom (out error / allowed): "
+                     f"{worst['out']['max_error'] / worst['out']['allowed']:.2f} ({worst['id']})")
+    lines.append("")
+    ceiling = bench.get("matmul bf16 8192^3", {})
+    lines.append(f"## Speed (bf16, TFLOP/s, do_bench median; {hello.get('device', '?')}; "
+                 f"bf16 matmul ceiling {ceiling.get('tflops', float('nan')):.0f})")
+    lines.append("")
+    lines.append("| case | gluon | sdpa cuDNN | sdpa FLASH | triton_flash | gluon / cuDNN | triton_flash / cuDNN |")
+    lines.append("|---|---|---|---|---|---|---|")
+    for batch, heads, n, head_dim in BENCH_SHAPES:
+        for causal in (False, True):
+            label = f"b{batch}-h{heads}-q{n} d{head_dim}{' causal' if causal else ''}"
+            t = bench.get(label, {}).get("tflops", {})
+            cells = [f"{t[name]:.0f}" if name in t else "-" for name in IMPLS]
+            ratios = [f"{t[name] / t['sdpa_cudnn']:.2f}" if name in t and "sdpa_cudnn" in t else "-"
+                      for name in ("gluon", "triton_flash")]
+            lines.append(f"| {label} | " + " | ".join(cells + ratios) + " |")
+    if variants:
+        lines.append("")
+        lines.append("Gluon configurations (TFLOP/s; the default is n128s2 at d128, n128s3 at d64; max |out - "
+                     "cuDNN| of each in check.json):")
+        lines.append("")
+        lines.append("| case | default | " + " | ".join(variants) + " |")
+        lines.append("|---|---|" + "---|" * len(variants))
+        for batch, heads, n, head_dim in BENCH_SHAPES:
+            for causal in (False, True):
+                label = f"b{batch}-h{heads}-q{n} d{head_dim}{' causal' if causal else ''}"
+                base = bench.get(label, {}).get("tflops", {})
+                t = bench.get(f"{label} variants", {}).get("tflops", {})
+                cells = [f"{base['gluon']:.0f}" if "gluon" in base else "-"]
+                cells += [f"{t[f'gluon {v}']:.0f}" if f"gluon {v}" in t else "-" for v in variants]
+                lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", metavar="DIR", help="folder for the results (created; required)")
+    parser.add_argument("--variants", default=DEFAULT_VARIANTS, metavar="CFGS",
+                        help=f"comma-separated Gluon configurations to check and time beside the default "
+                             f"(default: {DEFAULT_VARIANTS}; '' for none)")
+    parser.add_argument("--case-timeout", type=float, default=60.0, metavar="S",
+                        help="seconds a case may take before it counts as hung (default 60)")
+    parser.add_argument("--skip-timing", action="store_true", help="correctness only")
+    parser.add_argument("--child", nargs=2, metavar=("MODE", "CASES"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(*args.child)
+    if not args.out:
+        parser.error("--out DIR is required")
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log_lines: list[str] = []
+
+    def log(text: str) -> None:
+        print(text, flush=True)
+        log_lines.append(text)
+
+    from gluon_compile import load_gluon_forward
+
+    gf = load_gluon_forward()  # no CUDA in this process: the Config parser and the defaults only
+    variants = [v for v in args.variants.split(",") if v.strip()]
+    for text in variants:
+        gf.Config.parse(text)  # a typo fails here, not in a child
+    started = time.time()
+    record = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
+              "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "variants": variants}
+
+    log("== compile (parallel children)")
+    specs, seen_specs = [], set()
+    for dtype in DTYPES:
+        for head_dim in HEAD_DIMS:
+            for causal in (False, True):
+                for config in [str(gf.default_config(head_dim, causal))] + (variants if dtype == "bfloat16" else []):
+                    key = (dtype, head_dim, causal, config)
+                    if key not in seen_specs and gf.shared_bytes(gf.Config.parse(config), head_dim) <= gf.SHARED_LIMIT:
+                        seen_specs.add(key)
+                        specs.append({"id": f"{dtype} d{head_dim} {'causal' if causal else 'full'} {config}",
+                                      "dtype": dtype, "head_dim": head_dim, "causal": causal, "config": config})
+    t0 = time.time()
+    compiled = compile_all(specs, out, log)
+    record["compile"] = {"seconds_wall": round(time.time() - t0, 1), "kernels": compiled,
+                         "failed": [s["id"] for s in specs if s["id"] not in compiled]}
+    log(f"  {len(compiled)} of {len(specs)} kernels compiled in {time.time() - t0:.0f} s")
+    (out / "compile.log").write_text(json.dumps(record["compile"], indent=1))
+    status = 3 if record["compile"]["failed"] else 0
+
+    log("== correctness")
+    cases = correctness_cases(variants, gf.default_config)
+    correct, hello, hung = run_cases("correct", cases, out, args.case_timeout, log)
+    record["device"] = hello
+    record["correct"] = correct
+    if hung:
+        status = 2
+    elif any(not r.get("passed") for r in correct.values()):
+        status = max(status, 1)
+
+    bench: dict = {}
+    if hung:
+        log(f"== timing skipped: {hung} hung")
+    elif args.skip_timing:
+        log("== timing skipped (--skip-timing)")
+    else:
+        log("== timing")
+        bench, _, hung_bench = run_cases("time", bench_cases(variants), out, args.case_timeout, log)
+        if hung_bench:
+            status = 2
+    record["bench"] = bench
+    record["seconds"] = round(time.time() - started, 1)
+
+    text = report({"correct": correct}, bench, variants, hello)
+    header = (f"# Gluon forward check ({record['date']})\n\n`{record['command']}` on {hello.get('device', '?')} "
+              f"(torch {hello.get('torch', '?')}, triton {hello.get('triton', '?')}, CUDA {hello.get('cuda', '?')}); "
+              f"{record['seconds']:.0f} s; exit status {status}.\n\n")
+    (out / "check.md").write_text(header + text + "\n")
+    (out / "check.json").write_text(json.dumps(record, indent=1, default=str))
+    log("")
+    log(text)
+    log(f"\n{record['seconds']:.0f} s; results in {out}/check.md and check.json; exit status {status}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,305 @@
+"""Compile triton_flash's Gluon forward for sm_90a without a GPU, and say what came out.
+
+A stand-in driver (``sm90_compile._TargetOnly``) answers Triton's questions about the device, so
+``warmup`` compiles the kernel exactly as ``gluon_forward.flash_fwd`` would launch it
+(``gluon_forward.warmup``). For each configuration it reports:
+
+- registers: the launch count (ptxas) and each partition's ``setmaxnreg`` (the producer's
+  decrease, the consumers' increase), spills (ptxas ``-v``, its warnings too, e.g. wgmma
+  serialization), shared memory;
+- instructions: the PTX's ``wgmma.mma_async`` shapes and TMA (``cp.async.bulk.tensor``) loads and
+  stores; in the SASS, HGMMA, UTMALDG/UTMASTG, and the consumer's whole-tile loop: its length
+  and how much of the softmax (MUFU.EX2) ptxas left to run while the warp group's own PV product
+  is in flight (FlashAttention-3's overlap inside a warp group).
+
+Usage: python3 tools/flash_bench/gluon_compile.py [--quick] [--dump DIR] [--config n128s2 ...]
+(``--quick``: the two default configurations, bf16, causal and not; ``--config`` adds others.)
+Exit status 1 if any configuration fails to compile, spills, or does not fit in shared memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+MODULE_PATH = REPO / "implementations" / "triton_flash" / "gluon_forward.py"
+
+
+def ensure_package() -> None:
+    """Make ``pytest_attnkit.implementations.triton_flash`` importable from this checkout when the
+    project is not installed (setuptools maps ``implementations/`` there; a GPU machine without
+    ``pip install -e .`` has only the folders)."""
+    import types
+
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    try:
+        importlib.import_module("pytest_attnkit.implementations.triton_flash")
+        return
+    except ImportError:
+        pass
+    import pytest_attnkit
+
+    package = types.ModuleType("pytest_attnkit.implementations")
+    package.__path__ = [str(REPO / "implementations")]
+    sys.modules["pytest_attnkit.implementations"] = package
+    pytest_attnkit.implementations = package
+
+
+def load_gluon_forward():
+    """``gluon_forward`` as the package's module (installed, or this checkout through
+    :func:`ensure_package`); by path if the package does not import here (it needs only torch and
+    triton)."""
+    try:
+        ensure_package()
+        return importlib.import_module("pytest_attnkit.implementations.triton_flash.gluon_forward")
+    except ImportError:
+        pass
+    name = "attnkit_gluon_forward"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, MODULE_PATH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and Triton's source lookup need it registered
+    spec.loader.exec_module(module)
+    return module
+
+
+def _tool(name: str) -> str:
+    import triton
+
+    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
+
+
+def _ptxas_report(ptx: str) -> tuple[int, int, list[str]]:
+    """(registers, spilled bytes stored + loaded, warnings) from ptxas -v on the kernel's PTX."""
+    with tempfile.TemporaryDirectory() as folder:
+        source, target = Path(folder) / "k.ptx", Path(folder) / "k.cubin"
+        source.write_text(ptx)
+        run = subprocess.run([_tool("ptxas"), "-v", "--warn-on-spills", "-arch=sm_90a", str(source), "-o",
+                              str(target)], capture_output=True, text=True)
+    text = run.stdout + run.stderr
+    regs = re.search(r"Used (\d+) registers", text)
+    spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", text))
+    warnings = [line.strip() for line in text.splitlines() if "warning" in line.lower()]
+    return (int(regs[1]) if regs else -1), spills, warnings
+
+
+def _sass(cubin: bytes) -> list[tuple[int, str]]:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
+        handle.write(cubin)
+        handle.flush()
+        text = subprocess.run([_tool("cuobjdump"), "-sass", handle.name], capture_output=True, text=True).stdout
+    found = re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", text)
+    return [(int(address, 16), instruction.strip()) for address, instruction in found]
+
+
+def _opcode(instruction: str) -> str:
+    words = instruction.split()
+    return words[1] if words and words[0].startswith("@") else (words[0] if words else "")
+
+
+def _product_loops(sass: list[tuple[int, str]]) -> list[list[str]]:
+    """The consumer loops that issue both products (QK^T from shared memory with no accumulator,
+    PV with P from registers), in address order: per consumer, the whole-tile loop comes first,
+    then the masked one."""
+    loops = []
+    for address, instruction in sass:
+        target = re.search(r"BRA (0x[0-9a-f]+)", instruction)
+        if not target or int(target[1], 16) >= address:
+            continue
+        body = [text for at, text in sass if int(target[1], 16) <= at <= address]
+        if any(t.startswith("USETMAXREG") for t in body):
+            continue  # the partitions' dispatch loop, around everything
+        if any("!UPT" in t and "HGMMA" in t for t in body) and any("tnspB" in t for t in body):
+            loops.append(body)
+    return loops
+
+
+def _overlap(body: list[str]) -> tuple[int, int]:
+    """(MUFU issued while a PV product is in flight, MUFU in the loop): how much of the softmax's
+    exp2 ptxas left under this warp group's own PV product. The body is replayed twice, so the
+    second pass starts with what the loop carries in flight; a run of HGMMA ending in ``gsb0`` is
+    one group (PV: P from registers, ``tnspB``), ``WARPGROUP.DEPBAR.LE gsb0, n`` retires all but
+    the newest n."""
+    total = sum(_opcode(t).startswith("MUFU") for t in body)
+    in_flight: list[bool] = []  # one entry per group, oldest first: is it a PV product?
+    group_is_pv = False
+    under = 0
+    for replay in range(2):
+        for text in body:
+            op = _opcode(text)
+            if op.startswith("HGMMA"):
+                group_is_pv = group_is_pv or "tnspB" in text
+                if "gsb0" in text:
+                    in_flight.append(group_is_pv)
+                    group_is_pv = False
+            elif text.startswith("WARPGROUP.DEPBAR.LE"):
+                keep = int(text.rsplit(",", 1)[1].strip(), 16)
+                in_flight = in_flight[len(in_flight) - keep:] if keep else []
+            elif op.startswith("MUFU") and replay == 1 and any(in_flight):
+                under += 1
+    return under, total
+
+
+_NO_DESTINATION = ("ST", "BAR", "BRA", "SYNCS", "WARPGROUP", "DEPBAR", "RED", "ATOM", "UTMA", "EXIT", "RET",
+                   "MEMBAR", "FENCE", "NOP", "CALL", "ELECT", "ISETP", "FSETP", "PLOP3", "VOTEU", "UISETP")
+
+
+def _registers(operand: str, count: int) -> set[int]:
+    found = re.match(r"-?\|?R(\d+)", operand.strip())
+    return set(range(int(found[1]), int(found[1]) + count)) if found else set()
+
+
+def _hazards(body: list[str]) -> list[str]:
+    """Instructions that write a register an in-flight wgmma group reads (its A fragment or its
+    accumulator) or read an in-flight accumulator, before the ``WARPGROUP.DEPBAR`` that retires it:
+    undefined behaviour in PTX's terms, whoever put it there. The body is replayed twice (what the
+    loop carries in flight). SASS operands are parsed simply: the first operand is the destination
+    of an ALU instruction, a ``.64``/``.128`` access covers 2/4 registers."""
+    groups: list[tuple[set[int], set[int]]] = []  # per in-flight group: (A registers, accumulator)
+    a_regs: set[int] = set()
+    acc_regs: set[int] = set()
+    found = []
+    for replay in range(2):
+        for text in body:
+            op = _opcode(text)
+            words = text.split(None, 2 if text.startswith("@") else 1)
+            operands = [o.strip() for o in (words[-1] if len(words) > 1 else "").split(",")]
+            if op.startswith("HGMMA"):
+                shape = re.search(r"HGMMA\.64x(\d+)x", op)
+                acc_regs |= _registers(operands[0], int(shape[1]) // 2 if shape else 64)
+                if operands[1].startswith("R"):
+                    a_regs |= _registers(operands[1], 4)
+                if "gsb0" in text:
+                    groups.append((a_regs, acc_regs))
+                    a_regs, acc_regs = set(), set()
+                continue
+            if text.startswith("WARPGROUP.DEPBAR.LE"):
+                keep = int(text.rsplit(",", 1)[1].strip(), 16)
+                groups = groups[len(groups) - keep:] if keep else []
+                continue
+            if replay == 0 or not groups:
+                continue
+            busy_a = set().union(*(g[0] for g in groups))
+            busy_acc = set().union(*(g[1] for g in groups))
+            width = 4 if ".128" in op else 2 if (".64" in op or ".WIDE" in op) else 1
+            written = set() if op.startswith(_NO_DESTINATION) else _registers(operands[0], width)
+            read = set().union(*(_registers(o, 1) for o in operands[1:])) if len(operands) > 1 else set()
+            if written & (busy_a | busy_acc) or read & busy_acc:
+                found.append(text)
+    return found
+
+
+def describe(compiled, shared_limit: int) -> tuple[str, bool]:
+    """One line on a compiled kernel, and whether it is acceptable (no spills, fits)."""
+    ptx = compiled.asm["ptx"]
+    regs, spills, warnings = _ptxas_report(ptx)
+    dec = sorted({int(n) for n in re.findall(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+)", ptx)})
+    inc = sorted({int(n) for n in re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", ptx)})
+    wgmma = sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(\S+?)\s", ptx)))
+    tma_loads = len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global", ptx))
+    tma_stores = len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared", ptx))
+    sass = _sass(compiled.asm["cubin"])
+    ops = [_opcode(text) for _, text in sass]
+    hgmma = sum(op.startswith("HGMMA") for op in ops)
+    utma = (sum(op.startswith("UTMALDG") for op in ops), sum(op.startswith("UTMASTG") for op in ops))
+    loops = _product_loops(sass)
+    hazards = [text for body in loops for text in _hazards(body)]
+    if not loops:
+        loop = "product loops not found"
+    else:
+        inside, total = _overlap(loops[0])
+        loop = (f"{len(loops)} product loops, the first (whole tiles) {len(loops[0])} instrs with "
+                f"{inside}/{total} MUFU under the PV product; {len(hazards)} touches of in-flight wgmma "
+                f"registers in them")
+        if hazards:
+            loop += " (" + "; ".join(hazards[:4]) + ")"
+    shared = compiled.metadata.shared
+    fits = shared <= shared_limit
+    line = (f"regs {regs} at launch, setmaxnreg dec {dec} inc {inc}; spills {spills} B; shared "
+            f"{shared} B{'' if fits else ' (OVER THE LIMIT)'}; PTX wgmma {wgmma}, TMA loads {tma_loads} "
+            f"stores {tma_stores}; SASS HGMMA {hgmma}, UTMALDG {utma[0]}, UTMASTG {utma[1]}; {loop}")
+    if warnings:
+        line += "; ptxas: " + " | ".join(warnings)
+    return line, spills == 0 and fits and regs > 0 and not hazards
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="only the default configurations, bf16")
+    parser.add_argument("--config", action="append", default=[], metavar="CFG",
+                        help="another configuration to compile at d128 and d64 (e.g. n128s3, n128s2-eager)")
+    parser.add_argument("--dump", metavar="DIR", help="write each kernel's PTX, SASS and TTGIR here")
+    args = parser.parse_args()
+
+    sys.path.insert(0, str(HERE))
+    import torch
+    from sm90_compile import _TargetOnly
+    from triton.runtime import driver
+
+    driver.set_active(_TargetOnly(90))
+    gf = load_gluon_forward()
+    if gf.GLUON_IMPORT_ERROR is not None:
+        print(f"Gluon is not available: {gf.GLUON_IMPORT_ERROR}")
+        return 1
+    import triton
+
+    print(f"triton {triton.__version__}, torch {torch.__version__}, target sm_90a (no GPU: a stand-in driver)")
+    matrix = []
+    dtypes = (torch.bfloat16,) if args.quick else (torch.bfloat16, torch.float16)
+    for head_dim in gf.HEAD_DIMS:
+        for causal in (False, True):
+            for dtype in dtypes:
+                matrix.append((head_dim, causal, dtype, gf.default_config(head_dim, causal)))
+    extra = [] if args.quick else ["n128s3", "n128s2", "n64s2", "n128s2-nopp", "n128s2-eager"]
+    for text in extra + args.config:
+        config = gf.Config.parse(text)
+        for head_dim in gf.HEAD_DIMS:
+            if config != gf.default_config(head_dim, False):
+                matrix.append((head_dim, False, torch.bfloat16, config))
+
+    failures = 0
+    dump = Path(args.dump) if args.dump else None
+    if dump:
+        dump.mkdir(parents=True, exist_ok=True)
+    for head_dim, causal, dtype, config in matrix:
+        name = f"d{head_dim} {'causal' if causal else 'full'} {str(dtype).split('.')[-1]} {config}"
+        need = gf.shared_bytes(config, head_dim)
+        if need > gf.SHARED_LIMIT:
+            print(f"{name}: skipped, needs {need} B of shared memory (limit {gf.SHARED_LIMIT})", flush=True)
+            continue
+        q = torch.empty(1, 2, 1000, head_dim, dtype=dtype)
+        start = time.time()
+        try:
+            compiled = gf.warmup(q, torch.empty_like(q), torch.empty_like(q), causal, head_dim ** -0.5, config)
+        except Exception as exc:  # report and go on: one bad configuration must not hide the rest
+            failures += 1
+            print(f"{name}: FAILED to compile: {type(exc).__name__}: {str(exc)[:2000]}", flush=True)
+            continue
+        line, ok = describe(compiled, gf.SHARED_LIMIT)
+        failures += not ok
+        print(f"{name} ({time.time() - start:.0f} s): {line}", flush=True)
+        if dump:
+            stem = name.replace(" ", "_")
+            (dump / f"{stem}.ptx").write_text(compiled.asm["ptx"])
+            (dump / f"{stem}.ttgir").write_text(compiled.asm["ttgir"])
+            (dump / f"{stem}.sass").write_text("\n".join(f"/*{a:04x}*/ {t};" for a, t in _sass(compiled.asm["cubin"])))
+    print("OK" if failures == 0 else f"{failures} configuration(s) failed, spilled or did not fit")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
