@@ -13,6 +13,10 @@ come from another thread while a request is in flight, and then kills the worker
 raises a ``WorkerFailure`` of kind "closed". Each reply says how long the worker spent on the
 request and how much of that was compiling (``last_spent``), and the worker's start-up time is
 kept (``startup_s``): :mod:`pytest_attnkit.controller.ledger` adds them up.
+
+Whatever ends a worker ends what it started (:mod:`pytest_attnkit.descendants`): a live worker
+that is killed has its process tree frozen and killed with it, and once a worker has ended, its
+process group and every process that carries its mark in the environment are killed.
 """
 
 from __future__ import annotations
@@ -26,7 +30,10 @@ import sys
 import threading
 import time
 from pathlib import Path
+import uuid
 from typing import Any, Protocol
+
+from pytest_attnkit import descendants
 
 LOG_TAIL_CHARS = 4000
 
@@ -91,6 +98,7 @@ class WorkerProcess:
         self._requests = threading.Lock()  # one request at a time
         self._state = threading.Lock()  # guards process and connection against a concurrent close
         self.closed = False
+        self._mark = ""
 
     # -- life cycle -------------------------------------------------------------------------
     def _start(self) -> None:
@@ -101,7 +109,9 @@ class WorkerProcess:
         self.log_path = self.log_dir / f"{self.label}.{self.starts}.log"
         parent_socket, child_socket = socket.socketpair()
         env = dict(os.environ)
-        env.update(PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", **self.env)
+        # The mark this worker's processes carry, so that none outlives it (pytest_attnkit/descendants.py).
+        self._mark = uuid.uuid4().hex
+        env.update(PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", **self.env, **{descendants.MARK: self._mark})
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
                 [*self.launcher, sys.executable, "-m", "pytest_attnkit.worker", "--fd", str(child_socket.fileno())],
@@ -154,12 +164,17 @@ class WorkerProcess:
             self.process = None
             self.connection = None
             self.busy = False
-        if process is not None and process.poll() is None:
-            try:
+        if process is not None:
+            if process.poll() is None:
+                descendants.kill_tree(process.pid, include_root=True)
+            try:  # also after the worker exited: what it started in its group may still run
                 os.killpg(process.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
+                pass
+            if process.poll() is None:
                 process.kill()
             process.wait()
+            descendants.kill_marked(self._mark)
         if connection is not None:
             connection.close()
 
