@@ -156,6 +156,41 @@ def _merge_time(time: dict[str, Any], part: dict[str, Any]) -> None:
     time["xdist_workers"] = time.get("xdist_workers", 0) + 1
 
 
+#: The lock a run holds on its report folder, from its start to its end (see :func:`claim`).
+RUN_LOCK = ".attnkit-run.lock"
+
+
+class ReportInUse(Exception):
+    """Another live run holds the report folder."""
+
+
+def claim(directory: Path) -> int | None:
+    """Hold the report folder for this run: an exclusive ``flock`` on ``DIR/.attnkit-run.lock``,
+    which says who holds it. Returns the lock's descriptor (close it to let go; a process that
+    dies lets go too), or None where there is no ``flock``; raises :class:`ReportInUse`, naming
+    the run that holds it, when another live run does: its report would be replaced silently."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    directory.mkdir(parents=True, exist_ok=True)
+    handle = os.open(directory / RUN_LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(handle, 4096, 0).decode(errors="replace").strip() or "a run that has not said who it is"
+        os.close(handle)
+        raise ReportInUse(f"the report folder {directory} is in use by another run ({holder}); give this run "
+                          "another --attnkit-report, or let that one end first") from None
+    import datetime
+    import sys
+
+    since = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    os.ftruncate(handle, 0)
+    os.pwrite(handle, f"pid {os.getpid()}, since {since}: {' '.join(sys.argv)}"[:1000].encode() + b"\n", 0)
+    return handle
+
+
 def check_writable(directory: Path) -> None:
     """Raise OSError now, at start-up, if the report cannot be written there later."""
     directory.mkdir(parents=True, exist_ok=True)
