@@ -36,6 +36,14 @@ from typing import Any, Protocol
 from pytest_attnkit import descendants
 
 LOG_TAIL_CHARS = 4000
+#: Every worker process this pytest process started (see :func:`worker_pids`).
+_STARTED: set[int] = set()
+
+
+def worker_pids() -> set[int]:
+    """The pids of every worker process this pytest process started, live or ended: a GPU's list
+    of the processes on it leaves these out as this run's own (the speed check)."""
+    return set(_STARTED)
 
 
 class Worker(Protocol):
@@ -122,6 +130,7 @@ class WorkerProcess:
                 env=env,
                 start_new_session=True,  # so a deadline kill reaches the worker's own children too
             )
+        _STARTED.add(self.process.pid)
         child_socket.close()
         self.connection = Connection(parent_socket.detach())
         self.busy = False

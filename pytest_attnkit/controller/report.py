@@ -98,11 +98,22 @@ def speed_records(document: dict[str, Any]) -> list[tuple[SpeedMeasurement, Deci
             continue  # --attnkit-against's other version: not this version's baseline
         measurement = SpeedMeasurement(m["impl"], m["mode"], Case.from_dict(m["shape"]), Timing.from_dict(m["timing"]),
                                        m.get("input_sets", 1), m.get("gpu_state") or {}, m.get("program"),
-                                       m.get("syncs"))
+                                       m.get("syncs"), tuple(m.get("shared_with") or ()))
         stored = decisions.get((m["impl"], m["mode"], m["case"]))
         decision = Decision(**{f.name: stored[f.name] for f in fields(Decision)}) if stored else None
         records.append((measurement, decision, m.get("ratio_to_reference")))
     return records
+
+
+def shared_gpu(document: dict[str, Any]) -> str | None:
+    """Why this run's timings cannot be saved as a baseline because other processes computed on
+    the GPU while cases were timed (``shared_with``), or None when none did."""
+    shared = [m for m in document["speed"]["measurements"] if m.get("shared_with")]
+    if not shared:
+        return None
+    pids = sorted({pid for m in shared for pid in m["shared_with"]})
+    return (f"the GPU was shared with other processes (pid {', '.join(map(str, pids))}) while {len(shared)} "
+            f"case(s) were timed, so their timings include that work; save again with the GPU to this run alone")
 
 
 def merge(document: dict[str, Any], parts: list[dict[str, Any]]) -> dict[str, Any]:

@@ -485,8 +485,11 @@ class AttnkitSession:
         if self.speed is not None and self.settings.save_baseline:
             records = report.speed_records(self.document)
             counts = None
+            shared = report.shared_gpu(self.document)
             if interrupted:
                 lines.append(f"baseline NOT saved: the run was interrupted ({self.speed.store.path}{NO_BREAK}is unchanged)")
+            elif shared:
+                lines.append(f"baseline NOT saved: {shared} ({self.speed.store.path}{NO_BREAK}is unchanged)")
             elif not records:
                 lines.append("baseline not saved: no speed measurements in this run")
             else:
