@@ -220,9 +220,10 @@ class Handler:
         """Time a case; with ``samples``, take only that many samples of a call kept warm between
         requests (an A/B run alternates such blocks between two workers), and say how many samples
         the budget would give in ``planned_samples``."""
-        from pytest_attnkit.worker.speed import gpu_state, measure_speed
+        from pytest_attnkit.worker.speed import gpu_processes, gpu_state, measure_speed
 
         def measure(impl: AttentionImpl, case: Case) -> Reply:
+            beside = gpu_processes() if self.device == "cuda" else None  # others on the GPU, before and after
             if message.get("samples"):
                 measured = self._speed_block(impl, case, message)
             else:
@@ -230,6 +231,7 @@ class Handler:
                                          budget_ms=message["budget_ms"], call_limit_ms=message.get("call_limit_ms"))
             if self.device == "cuda":
                 measured["gpu_state"] = gpu_state()
+                measured["gpu_processes"] = gpu_processes(beside)
             return Reply(Status.OK, "", measured)
 
         return self._run(message, message["mode"] == "backward", measure)
