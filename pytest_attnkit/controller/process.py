@@ -34,6 +34,7 @@ import uuid
 from typing import Any, Protocol
 
 from pytest_attnkit import descendants
+from pytest_attnkit.controller.worker_log import HEAD_BYTES, WorkerLog
 
 LOG_TAIL_CHARS = 4000
 #: Every worker process this pytest process started (see :func:`worker_pids`).
@@ -95,6 +96,7 @@ class WorkerProcess:
         self.process: subprocess.Popen[bytes] | None = None
         self.connection: Any = None
         self.log_path: Path | None = None
+        self.log: WorkerLog | None = None
         self.starts = 0
         #: A request was sent and its reply not yet read: the worker is still working on it
         #: (the run was interrupted mid-request, by Ctrl-C or SIGTERM) or it hangs.
@@ -120,16 +122,19 @@ class WorkerProcess:
         # The mark this worker's processes carry, so that none outlives it (pytest_attnkit/descendants.py).
         self._mark = uuid.uuid4().hex
         env.update(PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", **self.env, **{descendants.MARK: self._mark})
-        with open(self.log_path, "wb") as log:
+        self.log = WorkerLog(self.log_path)  # capped: its start and its end (controller/worker_log.py)
+        try:
             self.process = subprocess.Popen(
                 [*self.launcher, sys.executable, "-m", "pytest_attnkit.worker", "--fd", str(child_socket.fileno())],
                 pass_fds=(child_socket.fileno(),),
                 stdin=subprocess.DEVNULL,
-                stdout=log,
+                stdout=self.log.writer(),
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,  # so a deadline kill reaches the worker's own children too
             )
+        finally:
+            self.log.started()
         _STARTED.add(self.process.pid)
         child_socket.close()
         self.connection = Connection(parent_socket.detach())
@@ -188,10 +193,9 @@ class WorkerProcess:
             connection.close()
 
     def log_tail(self) -> str:
-        if self.log_path is None or not self.log_path.exists():
+        if self.log is None:
             return ""
-        text = self.log_path.read_bytes()[-LOG_TAIL_CHARS:].decode("utf-8", errors="replace").strip()
-        return text
+        return self.log.tail(LOG_TAIL_CHARS).decode("utf-8", errors="replace").strip()
 
     # -- requests ---------------------------------------------------------------------------
     def request(self, message: dict[str, Any], timeout: float) -> Any:
@@ -267,7 +271,9 @@ class WorkerProcess:
             kind = "crashed"
             what = f"the worker for {self.label} (pid {pid}) died while {doing}: it {describe_exit(returncode)} after {elapsed:.1f} s"
         tail = self.log_tail()
-        detail = f"\n--- last lines of its log ({self.log_path}) ---\n{tail}" if tail else " (its log is empty)"
+        cut = (f"; {self.log.cut} bytes of output were cut from its middle, the first and last {HEAD_BYTES // 1024} KiB "
+               "are kept" if self.log is not None and self.log.cut else "")
+        detail = f"\n--- last lines of its log ({self.log_path}{cut}) ---\n{tail}" if tail else " (its log is empty)"
         raise WorkerFailure(kind, what + "; a fresh worker takes over for the next test" + detail)
 
 

@@ -175,6 +175,19 @@ def starts_children_and_hangs(q, k, v, *, causal=False, scale=None):
     time.sleep(3600)
 
 
+_chatty_calls = 0
+
+
+def chatty_then_segfault(q, k, v, *, causal=False, scale=None):
+    """Right, printing a megabyte per call, until its worker's twelfth call, which segfaults."""
+    global _chatty_calls
+    _chatty_calls += 1
+    sys.stdout.write(("debug: " + "x" * 120 + "\n") * 8192)
+    if _chatty_calls == 12:
+        ctypes.string_at(0)
+    return good(q, k, v, causal=causal, scale=scale)
+
+
 class HeadDim64Only(AttentionImpl):
     head_dims = (64,)
     supports_backward = False
