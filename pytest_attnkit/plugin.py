@@ -224,9 +224,21 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    result = yield
+    attnkit = item.config.stash.get(SESSION_KEY, None)
+    if attnkit is not None and (item.session.shouldfail or item.session.shouldstop):
+        # -x (or --maxfail) stops after this test: the requests run ahead for later tests are dropped
+        # and the running ones' workers killed now, not when the run has been reported.
+        attnkit.stop_ahead()
+    return result
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     attnkit = session.config.stash.get(SESSION_KEY, None)
     if attnkit is not None:
+        attnkit.stop_ahead()  # no test is left to wait for a request (Ctrl-C and SIGTERM come here at once)
         session.config.stash[FINISH_KEY] = attnkit.finish(exitstatus)
 
 

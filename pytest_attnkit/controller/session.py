@@ -235,6 +235,12 @@ class AttnkitSession:
                 f"(torch {self.environment.get('torch')})"
             )
 
+    def stop_ahead(self) -> None:
+        """No test will wait for the requests run ahead any more (``-x`` stops, the run ends or is
+        interrupted): drop those not started and kill the workers of those running."""
+        if self.pool.scheduler is not None:
+            self.pool.scheduler.close()
+
     def close(self) -> None:
         self.pool.close()
         if self.revision is not None:
