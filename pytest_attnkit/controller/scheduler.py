@@ -12,8 +12,9 @@ test asked for it itself.
 The rules:
 
 - **Workers.** Each implementation keeps the worker that described it (its primary) and gets more
-  as its requests need them, at most ``jobs`` beyond the primaries in all: to start one for an
-  implementation that has work, an idle one of another is closed.
+  as its requests need them, at most ``jobs`` beyond the primaries in all (one more for the
+  request a test waits for): to start one for an implementation that has work, an idle one of
+  another is closed.
 - **Order.** Each implementation's requests start in the order they were submitted (pytest's
   order), skipping those that wait for another to end (a memory sweep's next point waits for
   the point before; its other sweeps and requests go ahead meanwhile). A free slot goes to the implementation with the most work left per running request:
