@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 
 import pytest
 
@@ -148,3 +149,47 @@ def test_a_killed_runs_log_folder_is_removed_by_the_next_run(tmp_path, monkeypat
     mine = worker_log.log_folder()
     assert mine.name.startswith(f"attnkit-workers-{os.getpid()}-")
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted([alive.name, unnamed.name, mine.name])
+
+
+SLOW_TO_COMPILE = """
+    import os, time
+    import torch, torch._dynamo  # imported with the implementation, as a compiled kernel's module does
+    from fake_kernels import good
+
+    def _slow_backend(graph_module, example_inputs):
+        # A compiler that takes ATTNKIT_TEST_COMPILE_S seconds for each graph, as one beside other
+        # workers on a busy machine does.
+        time.sleep(float(os.environ["ATTNKIT_TEST_COMPILE_S"]))
+        return graph_module.forward
+
+    def attn(q, k, v, *, causal=False, scale=None):
+        return torch.compile(good, backend=_slow_backend, dynamic=False)(q, k, v, causal=causal, scale=scale)
+"""
+
+
+def test_a_deadline_counts_the_call_not_its_compiling(pytester: pytest.Pytester, fake_dist,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # Compiling takes longer than the deadline (and longer still beside other workers); the call does
+    # not: the verdict is the call's, the same whatever ran beside it.
+    fake_dist({"slow_compile": "slow_compile:attn"}, extra_modules={"slow_compile": SLOW_TO_COMPILE})
+    monkeypatch.setenv("ATTNKIT_TEST_COMPILE_S", "7")
+    verdicts = {}
+    for jobs in ("1", "2"):
+        outcomes, _ = run_attnkit(pytester, "--attnkit-impl=slow_compile", f"--attnkit-jobs={jobs}",
+                                  "--attnkit-timeout=5", "-k", "test_forward and q17-k17")
+        verdicts[jobs] = {name: (outcome.outcome, outcome.text[:300]) for name, outcome in outcomes.items()}
+    assert verdicts["1"] == verdicts["2"] == {f"test_forward[slow_compile-{SMALL}]": ("passed", "")}
+
+
+def test_a_compiler_that_hangs_is_killed_at_its_own_deadline(pytester: pytest.Pytester, fake_dist,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_dist({"slow_compile": "slow_compile:attn"}, extra_modules={"slow_compile": SLOW_TO_COMPILE})
+    monkeypatch.setenv("ATTNKIT_TEST_COMPILE_S", "3600")
+    started = time.monotonic()
+    outcomes, _ = run_attnkit(pytester, "--attnkit-impl=slow_compile", "--attnkit-jobs=1", "--attnkit-timeout=4",
+                              "-k", "test_forward and q17-k17")
+    hung = outcomes[f"test_forward[slow_compile-{SMALL}]"]
+    assert hung.outcome == "failed"
+    assert "compiled for more than 16 s (4 x its deadline of 4 s) while running 'correctness' and was killed" in hung.text
+    assert "in _slow_backend" in hung.text  # faulthandler's dump: stuck in the compiler
+    assert time.monotonic() - started < 60

@@ -14,6 +14,14 @@ raises a ``WorkerFailure`` of kind "closed". Each reply says how long the worker
 request and how much of that was compiling (``last_spent``), and the worker's start-up time is
 kept (``startup_s``): :mod:`pytest_attnkit.controller.ledger` adds them up.
 
+A request's deadline counts the time the worker spends running it, not compiling: the worker
+publishes its compile clock (:mod:`pytest_attnkit.worker.compile_clock`) in a file the pytest
+process reads while it waits, and the seconds spent compiling move the deadline on. Compiling has
+a deadline of its own, :data:`COMPILE_DEADLINE_FACTOR` times the request's, so that a compiler
+that hangs still ends. A compilation takes longer beside other work (``--attnkit-jobs``: other
+workers compile on the same cores, and TorchInductor compiles in the worker itself rather than
+in a pool of processes), and a verdict must not depend on what ran beside it.
+
 Whatever ends a worker ends what it started (:mod:`pytest_attnkit.descendants`): a live worker
 that is killed has its process tree frozen and killed with it, and once a worker has ended, its
 process group and every process that carries its mark in the environment are killed.
@@ -35,6 +43,12 @@ from typing import Any, Protocol
 
 from pytest_attnkit import descendants
 from pytest_attnkit.controller.worker_log import HEAD_BYTES, WorkerLog
+from pytest_attnkit.worker.compile_clock import read_published
+
+#: A request's compiling may take this many times its deadline (see the module docstring).
+COMPILE_DEADLINE_FACTOR = 4.0
+#: How often the deadline is looked at again while a request runs (the compiling moves it on).
+DEADLINE_POLL_S = 0.5
 
 LOG_TAIL_CHARS = 4000
 #: Every worker process this pytest process started (see :func:`worker_pids`).
@@ -109,6 +123,8 @@ class WorkerProcess:
         self._state = threading.Lock()  # guards process and connection against a concurrent close
         self.closed = False
         self._mark = ""
+        #: Where the worker publishes its compile clock (see the module docstring).
+        self._clock: Path | None = None
 
     # -- life cycle -------------------------------------------------------------------------
     def _start(self) -> None:
@@ -121,7 +137,9 @@ class WorkerProcess:
         env = dict(os.environ)
         # The mark this worker's processes carry, so that none outlives it (pytest_attnkit/descendants.py).
         self._mark = uuid.uuid4().hex
-        env.update(PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", **self.env, **{descendants.MARK: self._mark})
+        self._clock = self.log_dir / f"{self.label}.{self.starts}.clock"
+        env.update(PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", **self.env, **{descendants.MARK: self._mark},
+                   ATTNKIT_COMPILE_CLOCK=str(self._clock))
         self.log = WorkerLog(self.log_path)  # capped: its start and its end (controller/worker_log.py)
         try:
             self.process = subprocess.Popen(
@@ -220,9 +238,10 @@ class WorkerProcess:
             self._kill()
             raise WorkerFailure("closed", f"the worker for {self.label} was closed (the run is ending)")
         started = time.monotonic()
+        compiling = 0.0
         try:
             connection.send_bytes(json.dumps(message).encode())
-            ready = connection.poll(timeout)
+            ready, compiling = self._wait_for_reply(connection, timeout)
             reply = json.loads(connection.recv_bytes()) if ready else None
         except (EOFError, OSError):
             reply = None
@@ -234,7 +253,8 @@ class WorkerProcess:
                 self._kill()
                 raise WorkerFailure("closed", f"the worker for {self.label} (pid {process.pid}) was closed while "
                                               f"{doing} (the run is ending)")
-            self._fail(process, doing, timed_out=not ready, timeout=timeout, elapsed=time.monotonic() - started)
+            self._fail(process, doing, timed_out=not ready, timeout=timeout, elapsed=time.monotonic() - started,
+                       compiling=compiling)
         self.last_spent = reply.get("spent") or {}
         if reply.get("restart"):
             # The worker lost its CUDA context and is exiting; wait for it, so the next request
@@ -249,8 +269,26 @@ class WorkerProcess:
                                          f"{reply['error']}")
         return reply["result"]
 
+    def _compiled(self) -> float:
+        """Seconds the worker has spent compiling, by its published clock (0 where it has none)."""
+        return read_published(str(self._clock)) if self._clock is not None else 0.0
+
+    def _wait_for_reply(self, connection: Any, timeout: float) -> tuple[bool, float]:
+        """Wait for the reply until the request has run ``timeout`` seconds, not counting its
+        compiling, or compiled :data:`COMPILE_DEADLINE_FACTOR` times as long: (whether it came,
+        the seconds it compiled meanwhile)."""
+        started, compiled_before = time.monotonic(), self._compiled()
+        while True:
+            compiling = max(0.0, self._compiled() - compiled_before)
+            running = time.monotonic() - started - compiling
+            left = min(timeout - running, COMPILE_DEADLINE_FACTOR * timeout - compiling)
+            if left <= 0:
+                return False, compiling
+            if connection.poll(min(left, DEADLINE_POLL_S)):
+                return True, compiling
+
     def _fail(self, process: subprocess.Popen[bytes], doing: str, *, timed_out: bool, timeout: float,
-              elapsed: float) -> None:
+              elapsed: float, compiling: float = 0.0) -> None:
         pid = process.pid
         if timed_out:
             # Ask faulthandler where the worker is stuck before killing it.
@@ -261,7 +299,14 @@ class WorkerProcess:
                 pass
             self._kill()
             kind = "timeout"
-            what = f"the worker for {self.label} (pid {pid}) passed its deadline of {timeout:g} s while {doing} and was killed"
+            limit = COMPILE_DEADLINE_FACTOR * timeout
+            if compiling >= limit:
+                what = (f"the worker for {self.label} (pid {pid}) compiled for more than {limit:g} s "
+                        f"({COMPILE_DEADLINE_FACTOR:g} x its deadline of {timeout:g} s) while {doing} and was killed")
+            else:
+                what = (f"the worker for {self.label} (pid {pid}) passed its deadline of {timeout:g} s while {doing} "
+                        "and was killed" + (f" (it also compiled for {compiling:.1f} s, which the deadline does not "
+                                            "count)" if compiling >= 0.1 else ""))
         else:
             try:
                 returncode = process.wait(timeout=10)
