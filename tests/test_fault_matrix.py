@@ -22,7 +22,7 @@ def _tool():
 
 
 def test_the_fault_matrix_holds(tmp_path: Path) -> None:
-    ran = subprocess.run([sys.executable, str(TOOL), "--out", str(tmp_path), "--modes", "default,-x", "--timeout", "10",
+    ran = subprocess.run([sys.executable, str(TOOL), "--out", str(tmp_path), "--modes", "default,-x", "--timeout", "20",
                           "--check"], capture_output=True, text=True, timeout=900)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert "| default | 1 |" in ran.stdout and "| -x | 1 |" in ran.stdout

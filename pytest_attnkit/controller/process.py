@@ -37,8 +37,8 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 import uuid
+from pathlib import Path
 from typing import Any, Protocol
 
 from pytest_attnkit import descendants
