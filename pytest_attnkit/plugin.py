@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import os
 import signal
 import threading
 from pathlib import Path
@@ -19,13 +20,14 @@ from typing import Any
 import pytest
 
 from pytest_attnkit.controller import options, xdist
-from pytest_attnkit.controller.report import check_writable
+from pytest_attnkit.controller.report import ReportInUse, check_writable, claim
 from pytest_attnkit.controller.session import SESSION_KEY, AttnkitSession
 from pytest_attnkit.controller.table import summary_sections, wrap
 
 SUITES_PACKAGE = "pytest_attnkit.suites"
 FINISH_KEY = pytest.StashKey[list]()
 SIGTERM_KEY = pytest.StashKey[Any]()
+REPORT_LOCK_KEY = pytest.StashKey[int]()
 
 
 @functools.lru_cache(maxsize=1)
@@ -98,6 +100,13 @@ def pytest_configure(config: pytest.Config) -> None:
             check_writable(settings.path("report"))
         except OSError as error:
             raise pytest.UsageError(f"attnkit: the report directory cannot be written ({settings.sources['report']}): {error}") from None
+        if xdist.xdist_worker(config) is None:  # the process that writes the report holds its folder
+            try:
+                handle = claim(settings.path("report"))
+            except ReportInUse as error:
+                raise pytest.UsageError(f"attnkit: {error} ({settings.sources['report']})") from None
+            if handle is not None:
+                config.stash[REPORT_LOCK_KEY] = handle
     reference = config.hook.pytest_attnkit_reference(config=config)
     if reference:
         settings = dataclasses.replace(settings, reference=reference,
@@ -128,6 +137,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     session = config.stash.get(SESSION_KEY, None)
     if session is not None:
         session.close()
+    lock = config.stash.get(REPORT_LOCK_KEY, None)
+    if lock is not None:
+        os.close(lock)
+        del config.stash[REPORT_LOCK_KEY]
     previous = config.stash.get(SIGTERM_KEY, None)
     if previous is not None:
         signal.signal(signal.SIGTERM, previous)
@@ -211,9 +224,21 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    result = yield
+    attnkit = item.config.stash.get(SESSION_KEY, None)
+    if attnkit is not None and (item.session.shouldfail or item.session.shouldstop):
+        # -x (or --maxfail) stops after this test: the requests run ahead for later tests are dropped
+        # and the running ones' workers killed now, not when the run has been reported.
+        attnkit.stop_ahead()
+    return result
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     attnkit = session.config.stash.get(SESSION_KEY, None)
     if attnkit is not None:
+        attnkit.stop_ahead()  # no test is left to wait for a request (Ctrl-C and SIGTERM come here at once)
         session.config.stash[FINISH_KEY] = attnkit.finish(exitstatus)
 
 

@@ -272,6 +272,10 @@ class SpeedMeasurement:
     #: an ``.item()``), or None: such a call's time follows its process's host speed
     #: (worker/speed.py: synchronizes), and the gate holds it to a doubling.
     syncs: str | None = None
+    #: Processes other than this run's that computed on the GPU while the case was timed (their
+    #: pids, from NVML: worker/speed.py gpu_processes): its timings include their work, and a run
+    #: with such a measurement saves no baseline.
+    shared_with: tuple[int, ...] = ()
 
     @property
     def key(self) -> EntryKey:
@@ -297,4 +301,4 @@ class SpeedMeasurement:
         return {"impl": self.impl, "mode": self.mode, "case": self.case.id, "shape": self.case.to_dict(),
                 "timing": self.timing.to_dict(), "input_sets": self.input_sets, "gpu_state": self.gpu_state,
                 "flops": self.flops, "bytes": self.bytes, "tflops": self.tflops, "gbps": self.gbps,
-                "program": self.program, "syncs": self.syncs}
+                "program": self.program, "syncs": self.syncs, "shared_with": list(self.shared_with)}

@@ -84,3 +84,29 @@ def test_junit_properties_carry_the_figures(pytester: pytest.Pytester, fake_dist
     for name in ("attnkit_out_max_error", "attnkit_out_allowed", "attnkit_dq_max_error", "attnkit_seed",
                  "attnkit_median_ms", "attnkit_tflops", "attnkit_gbps"):
         assert f'name="{name}"' in xml, name
+
+
+def test_a_report_folder_in_use_by_another_live_run_is_refused(pytester: pytest.Pytester) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
+                               "from pytest_attnkit.controller import report; report.claim(Path('out')); "
+                               "print('held', flush=True); time.sleep(300)"],
+                              cwd=pytester.path, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        result = pytester.runpytest("--attnkit", "--attnkit-suite=correctness", "--attnkit-report=out",
+                                    "-k", "nothing_is_called_this")
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        result.stderr.fnmatch_lines([f"ERROR: attnkit: the report folder *out is in use by another run (pid {holder.pid}, "
+                                     "since *: *); give this run another --attnkit-report, or let that one end first "
+                                     "(command line --attnkit-report)"])
+    finally:
+        holder.send_signal(signal.SIGKILL)  # a run that dies lets go of its folder
+        holder.wait()
+    result = pytester.runpytest("--attnkit", "--attnkit-suite=correctness", "--attnkit-report=out",
+                                "-k", "nothing_is_called_this")
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    assert (pytester.path / "out" / "attnkit-report.json").exists()

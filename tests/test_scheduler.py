@@ -415,3 +415,49 @@ def test_memory_sweeps_are_submitted_ahead_of_the_other_tests() -> None:
     items = ["correctness-1", "memory-1", "speed-1", "correctness-2", "memory-2", "properties-1"]
     ordered = ahead_order(items, lambda item: item.split("-")[0])  # type: ignore[arg-type]
     assert ordered == ["memory-1", "memory-2", "correctness-1", "speed-1", "correctness-2", "properties-1"]
+
+
+def test_the_job_a_test_waits_for_starts_at_once_even_with_every_slot_taken(made) -> None:
+    # Both slots hang on b's requests (b has the most work queued); a's request, which pytest waits
+    # for, starts in one slot more instead of waiting behind them.
+    pool = FakePool()
+    scheduler = made(pool, jobs=2)
+    hung = [scheduler.submit("b", "correctness", {"n": f"b{n}", "block": True}) for n in range(6)]
+    while pool.running < 2:
+        time.sleep(0.01)
+    awaited = scheduler.submit("a", "correctness", {"n": "a0"})
+    started = time.monotonic()
+    assert scheduler.wait(awaited).data == {"echo": "a0"}
+    assert time.monotonic() - started < 5
+    assert pool.most == 3 and not any(job.future.done() for job in hung)
+    later = scheduler.submit("a", "correctness", {"n": "a1"})  # not waited for: behind the slots again
+    time.sleep(0.3)
+    assert not later.future.done()
+
+
+def test_a_job_a_waited_one_needs_first_starts_first(made) -> None:
+    pool = FakePool()
+    scheduler = made(pool, jobs=1)
+    hung = scheduler.submit("b", "correctness", {"n": "b0", "block": True})
+    while pool.running < 1:
+        time.sleep(0.01)
+    point = scheduler.submit("a", "memory", {"n": "a0"})
+    after = scheduler.submit("a", "memory", {"n": "a1"}, after=point, needs_ok=True)
+    assert scheduler.wait(after).data == {"echo": "a1"}
+    assert pool.order[-2:] == ["a0", "a1"] and not hung.future.done()
+
+
+def test_close_twice_counts_the_workers_once(made) -> None:
+    pool = FakePool()
+    scheduler = made(pool, jobs=2)
+    scheduler.wait(scheduler.submit("a", "correctness", {"n": 0}))
+    jobs = [scheduler.submit("a", "correctness", {"n": n, "block": True}) for n in range(2)]
+    while pool.running < 2:
+        time.sleep(0.01)
+    for worker in pool.extras:
+        worker.startup_s = 1.5  # each extra worker's start-up goes into the ledger when it is closed
+    scheduler.close()
+    counted = scheduler.ledger.to_dict({})
+    assert counted["startup_s"]
+    scheduler.close()
+    assert scheduler.ledger.to_dict({}) == counted and all(job.future.done() for job in jobs)

@@ -122,3 +122,23 @@ def test_a_case_that_does_not_fit_alone_is_skipped_with_the_numbers(pytester: py
     text = never[0].text
     assert "does not fit on this GPU alone" in text
     assert "asked for 16.0 GiB more while it held 68.8 GiB and 10.3 GiB were free" in text, text
+
+
+def test_x_stops_within_seconds_when_requests_ahead_hang(pytester: pytest.Pytester, fake_dist,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # The first test fails at once, but the scheduler gives both slots to the implementation with the
+    # most work queued, which hangs: the test pytest waits for must not wait for them (before, -x took
+    # the whole deadline here; --attnkit-jobs=1 stops at once).
+    fake_dist({"a_wrong": fake("wrong_scale"), "b_hangs": fake("hangs")})
+    pids = pytester.mkdir("pids")
+    monkeypatch.setenv("ATTNKIT_TEST_PIDS", str(pids))
+    started = time.monotonic()
+    outcomes, recorder = run_attnkit(pytester, "--attnkit-suite=correctness", "--attnkit-impl=a_wrong,b_hangs",
+                                     "--attnkit-jobs=2", "--attnkit-timeout=90", "-x",
+                                     "-k", "(a_wrong and test_forward and q17-k17) or b_hangs")
+    took = time.monotonic() - started
+    assert [(name.split("-")[0], outcome.outcome) for name, outcome in outcomes.items()] == [
+        ("test_forward[a_wrong", "failed")]
+    assert recorder.ret == 1
+    assert took < 45, f"-x took {took:.0f} s"
+    assert list(pids.iterdir()) and _alive(pids) == []

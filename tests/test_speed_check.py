@@ -297,3 +297,77 @@ def test_only_a_warning_of_a_synchronizing_operation_counts_not_the_debug_modes_
     assert sync_warning([notice]) is None
     assert sync_warning([notice, "an unrelated warning", real]) == real
     assert sync_warning([]) is None
+
+
+# -- a GPU shared with another process -------------------------------------------------------------
+# On a GPU the worker lists the other compute processes through NVML around each timing
+# (pytest_attnkit/worker/speed.py: gpu_processes); here a fake NVML stands in for the driver, and
+# the fake pool's replies carry what a worker would report.
+
+class FakeNvml:
+    """NVML's process list for one device: the processes the driver says compute on it."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = pids
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: object) -> list:
+        assert handle == "gpu0"
+        return [type("Process", (), {"pid": pid, "usedGpuMemory": 1 << 30})() for pid in self.pids]
+
+
+def test_the_worker_names_the_other_processes_on_its_gpu() -> None:
+    from pytest_attnkit.worker.speed import other_processes
+
+    # This worker (100), a compile helper it started (101), another run's worker (200), a training job (300).
+    assert other_processes(FakeNvml([100, 101, 200, 300]), "gpu0", 100, {101}) == {"others": [200, 300]}
+    assert other_processes(FakeNvml([100]), "gpu0", 100, set()) == {"others": []}
+    # NVML's ids are the host's and this worker's is not among them (a container): it cannot tell.
+    assert other_processes(FakeNvml([5000, 5001]), "gpu0", 100, set()) is None
+
+
+class SharedPool(FakePool):
+    """Replies as a worker does when NVML lists these processes beside it on the GPU."""
+
+    def __init__(self, script: dict[str, list[float]], others: list[int]) -> None:
+        super().__init__(script)
+        self.others = others
+
+    def request(self, name: str, message: dict) -> Reply:
+        reply = super().request(name, message)
+        return Reply(reply.status, reply.message, {**reply.data, "gpu_processes": {"others": self.others}})
+
+
+def test_a_timing_on_a_shared_gpu_says_so_and_is_never_saved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_attnkit.controller import process, report
+
+    store = save_baseline(tmp_path, {"ref": 1.0, "kernel": 1.0})
+    saved = store.path.read_bytes()
+    ours = 4242  # a worker of this run, idle beside the timing: not another process
+    monkeypatch.setattr(process, "_STARTED", {ours})
+    check = make_check(SharedPool({"ref": [1.0], "kernel": [1.3, 1.3, 1.3]}, [ours, 777]), store)
+    check.check("ref", "forward", CASE)
+    with pytest.raises(pytest.fail.Exception, match=r"kernel regressed on .*the GPU was shared with pid 777 while it "
+                                                    r"was timed"):
+        check.check("kernel", "forward", CASE)
+    assert {result.measurement.shared_with for result in check.results.values()} == {(777,)}
+    assert "the GPU was shared with other processes (pid 777) while 2 case(s) were timed" in check.notes["shared"]
+
+    document = report.build(environment={}, device="cuda", profile="default", impls=[], outcomes=[], memory=[],
+                            speed=check, interrupted=False, baseline={})
+    assert [record[0].shared_with for record in report.speed_records(document)] == [(777,), (777,)]
+    assert report.shared_gpu(document).startswith("the GPU was shared with other processes (pid 777)")
+    assert store.path.read_bytes() == saved
+
+
+def test_a_gpu_with_only_this_runs_workers_on_it_is_not_shared(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_attnkit.controller import process, report
+
+    monkeypatch.setattr(process, "_STARTED", {4242, 4243})
+    check = make_check(SharedPool({"ref": [1.0], "kernel": [1.0]}, [4242, 4243]), BaselineStore(tmp_path, DEVICE))
+    check.check("ref", "forward", CASE)
+    check.check("kernel", "forward", CASE)
+    assert "shared" not in check.notes
+    document = report.build(environment={}, device="cuda", profile="default", impls=[], outcomes=[], memory=[],
+                            speed=check, interrupted=False, baseline={})
+    assert report.shared_gpu(document) is None

@@ -3,6 +3,10 @@ every other implementation's results stand."""
 
 from __future__ import annotations
 
+import os
+import re
+import time
+
 import pytest
 
 from helpers import fake, run_attnkit
@@ -69,3 +73,123 @@ def test_an_implementation_that_breaks_in_a_fresh_worker_says_it_could_not_be_lo
     assert "flaky could not be loaded from entry point flaky_import:attn" in second.text
     assert "ImportError: the second import fails" in second.text
     assert "seed None" not in second.text
+
+
+def test_a_worker_log_keeps_its_start_and_its_end_within_a_size(pytester: pytest.Pytester, fake_dist,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # A kernel that prints a megabyte per call, and crashes on its twelfth: its log keeps the start and
+    # the end (faulthandler's traceback), says what was cut, and never holds the megabytes.
+    import os
+    import threading
+
+    root = fake_dist({"chatty": fake("chatty_then_segfault")})
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+    temporary = pytester.mkdir("tmp")
+    monkeypatch.setenv("TMPDIR", str(temporary))
+    most, done = [0], threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.1):
+            most[0] = max(most[0], sum(os.path.getsize(os.path.join(root, name)) for root, _, names in
+                                       os.walk(temporary) for name in names if os.path.exists(os.path.join(root, name))))
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        result = pytester.runpytest_subprocess("--attnkit", "-p", "no:cacheprovider", "--attnkit-impl=chatty",
+                                               "--attnkit-device=cpu", "--attnkit-suite=speed", "--attnkit-jobs=1",
+                                               "--benchmark-disable", "-k", "speed_forward and not causal")
+    finally:
+        done.set()
+        sampler.join()
+    text = result.stdout.str()
+    assert "killed by SIGSEGV" in text
+    assert re.search(r"last lines of its log \(.*chatty\.1\.log; \d+ bytes of output were cut from its middle, the "
+                     r"first and last 256 KiB are kept\)", text)
+    assert "Fatal Python error: Segmentation fault" in text  # the end of the log is kept
+    assert most[0] < 4 * 2**20, f"the worker logs held {most[0] / 2**20:.1f} MiB at once"
+
+
+def test_the_log_file_keeps_the_head_the_tail_and_says_what_was_cut(tmp_path) -> None:
+    import os
+
+    from pytest_attnkit.controller.worker_log import HEAD_BYTES, TAIL_BYTES, WorkerLog
+
+    log = WorkerLog(tmp_path / "w.log")
+    writer = os.dup(log.writer())
+    log.started()
+    lines = [f"line {index:07d}\n".encode() for index in range(400_000)]  # 5.2 MB
+    for start in range(0, len(lines), 1000):
+        os.write(writer, b"".join(lines[start:start + 1000]))
+    os.close(writer)  # the worker ends
+    assert log.tail(13) == lines[-1]
+    text = (tmp_path / "w.log").read_bytes()
+    cut = len(b"".join(lines)) - HEAD_BYTES - TAIL_BYTES
+    notice = f"[attnkit: {cut} bytes of this worker's output were cut here".encode()
+    assert text.startswith(b"".join(lines[:100])) and text.endswith(b"".join(lines[-100:])) and notice in text
+    assert len(text) < HEAD_BYTES + TAIL_BYTES + 200
+
+
+def test_a_killed_runs_log_folder_is_removed_by_the_next_run(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+    import sys
+    import tempfile
+
+    from pytest_attnkit.controller import worker_log
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    killed = tmp_path / f"attnkit-workers-{dead.stdout.strip()}-abc"  # a run killed with SIGKILL left it
+    (killed / "w.1.log").parent.mkdir()
+    (killed / "w.1.log").write_text("log")
+    alive = tmp_path / f"attnkit-workers-{os.getppid()}-def"  # a live run's
+    alive.mkdir()
+    unnamed = tmp_path / "attnkit-workers-ghi"
+    unnamed.mkdir()
+    mine = worker_log.log_folder()
+    assert mine.name.startswith(f"attnkit-workers-{os.getpid()}-")
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted([alive.name, unnamed.name, mine.name])
+
+
+SLOW_TO_COMPILE = """
+    import os, time
+    import torch, torch._dynamo  # imported with the implementation, as a compiled kernel's module does
+    from fake_kernels import good
+
+    def _slow_backend(graph_module, example_inputs):
+        # A compiler that takes ATTNKIT_TEST_COMPILE_S seconds for each graph, as one beside other
+        # workers on a busy machine does.
+        time.sleep(float(os.environ["ATTNKIT_TEST_COMPILE_S"]))
+        return graph_module.forward
+
+    def attn(q, k, v, *, causal=False, scale=None):
+        return torch.compile(good, backend=_slow_backend, dynamic=False)(q, k, v, causal=causal, scale=scale)
+"""
+
+
+def test_a_deadline_counts_the_call_not_its_compiling(pytester: pytest.Pytester, fake_dist,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # Compiling takes longer than the deadline (and longer still beside other workers); the call does
+    # not: the verdict is the call's, the same whatever ran beside it.
+    fake_dist({"slow_compile": "slow_compile:attn"}, extra_modules={"slow_compile": SLOW_TO_COMPILE})
+    monkeypatch.setenv("ATTNKIT_TEST_COMPILE_S", "7")
+    verdicts = {}
+    for jobs in ("1", "2"):
+        outcomes, _ = run_attnkit(pytester, "--attnkit-impl=slow_compile", f"--attnkit-jobs={jobs}",
+                                  "--attnkit-timeout=5", "-k", "test_forward and q17-k17")
+        verdicts[jobs] = {name: (outcome.outcome, outcome.text[:300]) for name, outcome in outcomes.items()}
+    assert verdicts["1"] == verdicts["2"] == {f"test_forward[slow_compile-{SMALL}]": ("passed", "")}
+
+
+def test_a_compiler_that_hangs_is_killed_at_its_own_deadline(pytester: pytest.Pytester, fake_dist,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_dist({"slow_compile": "slow_compile:attn"}, extra_modules={"slow_compile": SLOW_TO_COMPILE})
+    monkeypatch.setenv("ATTNKIT_TEST_COMPILE_S", "3600")
+    started = time.monotonic()
+    outcomes, _ = run_attnkit(pytester, "--attnkit-impl=slow_compile", "--attnkit-jobs=1", "--attnkit-timeout=4",
+                              "-k", "test_forward and q17-k17")
+    hung = outcomes[f"test_forward[slow_compile-{SMALL}]"]
+    assert hung.outcome == "failed"
+    assert "compiled for more than 16 s (4 x its deadline of 4 s) while running 'correctness' and was killed" in hung.text
+    assert "in _slow_backend" in hung.text  # faulthandler's dump: stuck in the compiler
+    assert time.monotonic() - started < 60

@@ -25,15 +25,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import shutil
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 from pytest_attnkit.controller.ledger import Ledger
 from pytest_attnkit.controller.process import InProcessWorker, Worker, WorkerFailure, WorkerProcess, close_all
+from pytest_attnkit.controller.worker_log import log_folder
 from pytest_attnkit.records import Reply, Status
 from pytest_attnkit.registry import EntryPointRef
 
@@ -84,7 +83,7 @@ class WorkerPool:
         self.timeout = timeout
         self.env = dict(env or {})
         self.inprocess = inprocess
-        self.log_dir = Path(tempfile.mkdtemp(prefix="attnkit-workers-"))
+        self.log_dir = log_folder()  # named by this run; a killed run's is removed by the next
         self.impls: dict[str, ImplInfo] = {}
         self._workers: dict[str, Worker] = {}
         #: How each implementation's workers start: (init message, environment), for more of them.

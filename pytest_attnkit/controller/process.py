@@ -13,6 +13,18 @@ come from another thread while a request is in flight, and then kills the worker
 raises a ``WorkerFailure`` of kind "closed". Each reply says how long the worker spent on the
 request and how much of that was compiling (``last_spent``), and the worker's start-up time is
 kept (``startup_s``): :mod:`pytest_attnkit.controller.ledger` adds them up.
+
+A request's deadline counts the time the worker spends running it, not compiling: the worker
+publishes its compile clock (:mod:`pytest_attnkit.worker.compile_clock`) in a file the pytest
+process reads while it waits, and the seconds spent compiling move the deadline on. Compiling has
+a deadline of its own, :data:`COMPILE_DEADLINE_FACTOR` times the request's, so that a compiler
+that hangs still ends. A compilation takes longer beside other work (``--attnkit-jobs``: other
+workers compile on the same cores, and TorchInductor compiles in the worker itself rather than
+in a pool of processes), and a verdict must not depend on what ran beside it.
+
+Whatever ends a worker ends what it started (:mod:`pytest_attnkit.descendants`): a live worker
+that is killed has its process tree frozen and killed with it, and once a worker has ended, its
+process group and every process that carries its mark in the environment are killed.
 """
 
 from __future__ import annotations
@@ -25,10 +37,28 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Protocol
 
+from pytest_attnkit import descendants
+from pytest_attnkit.controller.worker_log import HEAD_BYTES, WorkerLog
+from pytest_attnkit.worker.compile_clock import read_published
+
+#: A request's compiling may take this many times its deadline (see the module docstring).
+COMPILE_DEADLINE_FACTOR = 4.0
+#: How often the deadline is looked at again while a request runs (the compiling moves it on).
+DEADLINE_POLL_S = 0.5
+
 LOG_TAIL_CHARS = 4000
+#: Every worker process this pytest process started (see :func:`worker_pids`).
+_STARTED: set[int] = set()
+
+
+def worker_pids() -> set[int]:
+    """The pids of every worker process this pytest process started, live or ended: a GPU's list
+    of the processes on it leaves these out as this run's own (the speed check)."""
+    return set(_STARTED)
 
 
 class Worker(Protocol):
@@ -82,6 +112,7 @@ class WorkerProcess:
         self.process: subprocess.Popen[bytes] | None = None
         self.connection: Any = None
         self.log_path: Path | None = None
+        self.log: WorkerLog | None = None
         self.starts = 0
         #: A request was sent and its reply not yet read: the worker is still working on it
         #: (the run was interrupted mid-request, by Ctrl-C or SIGTERM) or it hangs.
@@ -93,6 +124,9 @@ class WorkerProcess:
         self._requests = threading.Lock()  # one request at a time
         self._state = threading.Lock()  # guards process and connection against a concurrent close
         self.closed = False
+        self._mark = ""
+        #: Where the worker publishes its compile clock (see the module docstring).
+        self._clock: Path | None = None
 
     # -- life cycle -------------------------------------------------------------------------
     def _start(self) -> None:
@@ -103,17 +137,25 @@ class WorkerProcess:
         self.log_path = self.log_dir / f"{self.label}.{self.starts}.log"
         parent_socket, child_socket = socket.socketpair()
         env = dict(os.environ)
-        env.update(PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", **self.env)
-        with open(self.log_path, "wb") as log:
+        # The mark this worker's processes carry, so that none outlives it (pytest_attnkit/descendants.py).
+        self._mark = uuid.uuid4().hex
+        self._clock = self.log_dir / f"{self.label}.{self.starts}.clock"
+        env.update(PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", **self.env, **{descendants.MARK: self._mark},
+                   ATTNKIT_COMPILE_CLOCK=str(self._clock))
+        self.log = WorkerLog(self.log_path)  # capped: its start and its end (controller/worker_log.py)
+        try:
             self.process = subprocess.Popen(
                 [*self.launcher, sys.executable, "-m", "pytest_attnkit.worker", "--fd", str(child_socket.fileno())],
                 pass_fds=(child_socket.fileno(),),
                 stdin=subprocess.DEVNULL,
-                stdout=log,
+                stdout=self.log.writer(),
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,  # so a deadline kill reaches the worker's own children too
             )
+        finally:
+            self.log.started()
+        _STARTED.add(self.process.pid)
         child_socket.close()
         self.connection = Connection(parent_socket.detach())
         self.busy = False
@@ -176,20 +218,24 @@ class WorkerProcess:
             self.process = None
             self.connection = None
             self.busy = False
-        if process is not None and process.poll() is None:
-            try:
+        if process is not None:
+            if process.poll() is None:
+                descendants.kill_tree(process.pid, include_root=True)
+            try:  # also after the worker exited: what it started in its group may still run
                 os.killpg(process.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
+                pass
+            if process.poll() is None:
                 process.kill()
             process.wait()
+            descendants.kill_marked(self._mark)
         if connection is not None:
             connection.close()
 
     def log_tail(self) -> str:
-        if self.log_path is None or not self.log_path.exists():
+        if self.log is None:
             return ""
-        text = self.log_path.read_bytes()[-LOG_TAIL_CHARS:].decode("utf-8", errors="replace").strip()
-        return text
+        return self.log.tail(LOG_TAIL_CHARS).decode("utf-8", errors="replace").strip()
 
     # -- requests ---------------------------------------------------------------------------
     def request(self, message: dict[str, Any], timeout: float) -> Any:
@@ -214,9 +260,10 @@ class WorkerProcess:
             self._kill()
             raise WorkerFailure("closed", f"the worker for {self.label} was closed (the run is ending)")
         started = time.monotonic()
+        compiling = 0.0
         try:
             connection.send_bytes(json.dumps(message).encode())
-            ready = connection.poll(timeout)
+            ready, compiling = self._wait_for_reply(connection, timeout)
             reply = json.loads(connection.recv_bytes()) if ready else None
         except (EOFError, OSError):
             reply = None
@@ -228,7 +275,8 @@ class WorkerProcess:
                 self._kill()
                 raise WorkerFailure("closed", f"the worker for {self.label} (pid {process.pid}) was closed while "
                                               f"{doing} (the run is ending)")
-            self._fail(process, doing, timed_out=not ready, timeout=timeout, elapsed=time.monotonic() - started)
+            self._fail(process, doing, timed_out=not ready, timeout=timeout, elapsed=time.monotonic() - started,
+                       compiling=compiling)
         self.last_spent = reply.get("spent") or {}
         if reply.get("restart"):
             # The worker lost its CUDA context and is exiting; wait for it, so the next request
@@ -243,8 +291,26 @@ class WorkerProcess:
                                          f"{reply['error']}")
         return reply["result"]
 
+    def _compiled(self) -> float:
+        """Seconds the worker has spent compiling, by its published clock (0 where it has none)."""
+        return read_published(str(self._clock)) if self._clock is not None else 0.0
+
+    def _wait_for_reply(self, connection: Any, timeout: float) -> tuple[bool, float]:
+        """Wait for the reply until the request has run ``timeout`` seconds, not counting its
+        compiling, or compiled :data:`COMPILE_DEADLINE_FACTOR` times as long: (whether it came,
+        the seconds it compiled meanwhile)."""
+        started, compiled_before = time.monotonic(), self._compiled()
+        while True:
+            compiling = max(0.0, self._compiled() - compiled_before)
+            running = time.monotonic() - started - compiling
+            left = min(timeout - running, COMPILE_DEADLINE_FACTOR * timeout - compiling)
+            if left <= 0:
+                return False, compiling
+            if connection.poll(min(left, DEADLINE_POLL_S)):
+                return True, compiling
+
     def _fail(self, process: subprocess.Popen[bytes], doing: str, *, timed_out: bool, timeout: float,
-              elapsed: float) -> None:
+              elapsed: float, compiling: float = 0.0) -> None:
         pid = process.pid
         if timed_out:
             # Ask faulthandler where the worker is stuck before killing it.
@@ -255,7 +321,14 @@ class WorkerProcess:
                 pass
             self._kill()
             kind = "timeout"
-            what = f"the worker for {self.label} (pid {pid}) passed its deadline of {timeout:g} s while {doing} and was killed"
+            limit = COMPILE_DEADLINE_FACTOR * timeout
+            if compiling >= limit:
+                what = (f"the worker for {self.label} (pid {pid}) compiled for more than {limit:g} s "
+                        f"({COMPILE_DEADLINE_FACTOR:g} x its deadline of {timeout:g} s) while {doing} and was killed")
+            else:
+                what = (f"the worker for {self.label} (pid {pid}) passed its deadline of {timeout:g} s while {doing} "
+                        "and was killed" + (f" (it also compiled for {compiling:.1f} s, which the deadline does not "
+                                            "count)" if compiling >= 0.1 else ""))
         else:
             try:
                 returncode = process.wait(timeout=10)
@@ -265,7 +338,9 @@ class WorkerProcess:
             kind = "crashed"
             what = f"the worker for {self.label} (pid {pid}) died while {doing}: it {describe_exit(returncode)} after {elapsed:.1f} s"
         tail = self.log_tail()
-        detail = f"\n--- last lines of its log ({self.log_path}) ---\n{tail}" if tail else " (its log is empty)"
+        cut = (f"; {self.log.cut} bytes of output were cut from its middle, the first and last {HEAD_BYTES // 1024} KiB "
+               "are kept" if self.log is not None and self.log.cut else "")
+        detail = f"\n--- last lines of its log ({self.log_path}{cut}) ---\n{tail}" if tail else " (its log is empty)"
         raise WorkerFailure(kind, what + "; a fresh worker takes over for the next test" + detail)
 
 

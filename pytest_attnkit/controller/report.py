@@ -98,11 +98,22 @@ def speed_records(document: dict[str, Any]) -> list[tuple[SpeedMeasurement, Deci
             continue  # --attnkit-against's other version: not this version's baseline
         measurement = SpeedMeasurement(m["impl"], m["mode"], Case.from_dict(m["shape"]), Timing.from_dict(m["timing"]),
                                        m.get("input_sets", 1), m.get("gpu_state") or {}, m.get("program"),
-                                       m.get("syncs"))
+                                       m.get("syncs"), tuple(m.get("shared_with") or ()))
         stored = decisions.get((m["impl"], m["mode"], m["case"]))
         decision = Decision(**{f.name: stored[f.name] for f in fields(Decision)}) if stored else None
         records.append((measurement, decision, m.get("ratio_to_reference")))
     return records
+
+
+def shared_gpu(document: dict[str, Any]) -> str | None:
+    """Why this run's timings cannot be saved as a baseline because other processes computed on
+    the GPU while cases were timed (``shared_with``), or None when none did."""
+    shared = [m for m in document["speed"]["measurements"] if m.get("shared_with")]
+    if not shared:
+        return None
+    pids = sorted({pid for m in shared for pid in m["shared_with"]})
+    return (f"the GPU was shared with other processes (pid {', '.join(map(str, pids))}) while {len(shared)} "
+            f"case(s) were timed, so their timings include that work; save again with the GPU to this run alone")
 
 
 def merge(document: dict[str, Any], parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -156,6 +167,41 @@ def _merge_time(time: dict[str, Any], part: dict[str, Any]) -> None:
     time["events"] = time.get("events", []) + [{**event, "xdist_worker": time.get("xdist_workers", 0)}
                                                 for event in part.get("events", [])]
     time["xdist_workers"] = time.get("xdist_workers", 0) + 1
+
+
+#: The lock a run holds on its report folder, from its start to its end (see :func:`claim`).
+RUN_LOCK = ".attnkit-run.lock"
+
+
+class ReportInUse(Exception):
+    """Another live run holds the report folder."""
+
+
+def claim(directory: Path) -> int | None:
+    """Hold the report folder for this run: an exclusive ``flock`` on ``DIR/.attnkit-run.lock``,
+    which says who holds it. Returns the lock's descriptor (close it to let go; a process that
+    dies lets go too), or None where there is no ``flock``; raises :class:`ReportInUse`, naming
+    the run that holds it, when another live run does: its report would be replaced silently."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    directory.mkdir(parents=True, exist_ok=True)
+    handle = os.open(directory / RUN_LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(handle, 4096, 0).decode(errors="replace").strip() or "a run that has not said who it is"
+        os.close(handle)
+        raise ReportInUse(f"the report folder {directory} is in use by another run ({holder}); give this run "
+                          "another --attnkit-report, or let that one end first") from None
+    import datetime
+    import sys
+
+    since = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    os.ftruncate(handle, 0)
+    os.pwrite(handle, f"pid {os.getpid()}, since {since}: {' '.join(sys.argv)}"[:1000].encode() + b"\n", 0)
+    return handle
 
 
 def check_writable(directory: Path) -> None:

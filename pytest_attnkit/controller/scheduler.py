@@ -12,8 +12,9 @@ test asked for it itself.
 The rules:
 
 - **Workers.** Each implementation keeps the worker that described it (its primary) and gets more
-  as its requests need them, at most ``jobs`` beyond the primaries in all: to start one for an
-  implementation that has work, an idle one of another is closed.
+  as its requests need them, at most ``jobs`` beyond the primaries in all (one more for the
+  request a test waits for): to start one for an implementation that has work, an idle one of
+  another is closed.
 - **Order.** Each implementation's requests start in the order they were submitted (memory
   sweeps first, then pytest's order: :func:`pytest_attnkit.controller.session.ahead_order`),
   skipping those that wait for another to end (a memory sweep's next point waits for
@@ -46,8 +47,15 @@ The rules:
   its case up (``Job.worker``), which has its kernels compiled and loaded.
 - **Failures stay put.** A worker that crashes or misses its deadline fails the one request it
   was running; the next request on it starts a fresh process.
+- **The test pytest waits for comes first.** A request whose test waits for it (:meth:`wait`), or
+  a request that one waits for in turn (``after``), starts before every other; if every slot is
+  taken, in one more: a test never waits behind requests of later tests, so with ``-x`` a test
+  that fails at once stops the run at once, however long the requests ahead of it take (a hang
+  runs until its deadline).
 - **Stopping.** :meth:`close` (the run ends: normally, after ``-x``, on Ctrl-C or SIGTERM) drops
-  the requests not yet started and kills the workers of the running ones; no worker is left.
+  the requests not yet started and kills the workers of the running ones; no worker is left. The
+  session closes the scheduler as soon as pytest is stopping (after the test that ``-x`` stops
+  at), not only when the run ends.
 """
 
 from __future__ import annotations
@@ -133,6 +141,8 @@ class Job:
     needs_ok: bool = False
     #: The worker that ran it (a warm-up's: the one to time that case in).
     worker: "Worker | None" = None
+    #: A test waits for its reply now (:meth:`Scheduler.wait`): it starts before any other.
+    awaited: bool = False
 
 
 class Scheduler:
@@ -150,13 +160,15 @@ class Scheduler:
         self._extras: dict[str, list[Worker]] = {}
         self._paused = False
         self._closed = False
+        self._shut = False  # close() has run
         #: Per implementation: (requests finished, seconds they took), for the work left.
         self._done: dict[str, tuple[int, float]] = {}
         #: Per implementation: (requests finished, the most one of them compiled, in seconds).
         self._compiled: dict[str, tuple[int, float]] = {}
         #: Workers that ran a warm-up: their compiled kernels are worth keeping.
         self._warm_holders: set[Worker] = set()
-        self._executor = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="attnkit-job")
+        # One thread more than jobs: the job a test waits for may run beside jobs others.
+        self._executor = ThreadPoolExecutor(max_workers=self.jobs + 1, thread_name_prefix="attnkit-job")
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name="attnkit-scheduler", daemon=True)
         self._dispatcher_started = False
 
@@ -190,6 +202,10 @@ class Scheduler:
     def wait(self, job: Job) -> Reply:
         """The job's reply, once it has one (the pytest thread waits here; Ctrl-C interrupts)."""
         started = time.monotonic()
+        with self._cond:
+            if not job.future.done():
+                job.awaited = True
+                self._cond.notify_all()
         try:
             return job.future.result()
         finally:
@@ -222,8 +238,12 @@ class Scheduler:
                 self._cond.notify_all()
 
     def close(self) -> None:
-        """Drop what has not started, kill the workers of what runs, and stop every thread."""
+        """Drop what has not started, kill the workers of what runs, and stop every thread (once:
+        a second call does nothing)."""
         with self._cond:
+            if self._shut:
+                return
+            self._shut = True
             self._closed = True
             dropped = [job for queue in self._pending.values() for job in queue]
             self._pending.clear()
@@ -345,11 +365,28 @@ class Scheduler:
         """The first job of an implementation's queue that waits for no other."""
         return next((job for job in queue if job.after is None or job.after.future.done()), None)
 
+    def _awaited(self) -> Job | None:
+        """The pending job that a waiting test needs first: the awaited job, or the job it waits
+        for to end (``after``), where that one has not started either."""
+        job = next((job for queue in self._pending.values() for job in queue if job.awaited), None)
+        while job is not None and job.after is not None and not job.after.future.done():
+            if job.after not in self._pending.get(job.after.impl, ()):
+                return None  # what it waits for is running
+            job = job.after
+        return job
+
     def _next(self) -> "tuple[Job, Worker, tuple[str, Worker] | None] | None":
         """The job to start now, its worker and an idle worker to close first to make room; or None."""
-        if self._paused or len(self._running) >= self.jobs:
+        if self._paused:
             return None
         self._drop_pointless()
+        awaited = self._awaited()
+        if awaited is not None and self._fits(awaited) and len(self._running) <= self.jobs:
+            placed = self._worker_for(awaited, room=1)  # one slot more than jobs, for it alone
+            if placed is not None:
+                return (awaited, *placed)
+        if len(self._running) >= self.jobs:
+            return None
         heads = [job for queue in self._pending.values() if (job := self._first_ready(queue)) is not None]
         if not heads:
             return None
@@ -369,7 +406,9 @@ class Scheduler:
                 return (job, *placed)
         return None
 
-    def _worker_for(self, job: Job) -> "tuple[Worker, tuple[str, Worker] | None] | None":
+    def _worker_for(self, job: Job, room: int = 0) -> "tuple[Worker, tuple[str, Worker] | None] | None":
+        """An idle worker of the job's implementation, or a new one: ``room`` more than ``jobs``
+        extra workers may exist (one for the job a test waits for)."""
         primary = self.pool.primary(job.impl)
         idle = self._idle[job.impl]
         if job.needs_ok and job.after is not None and job.after.worker is not None:
@@ -383,7 +422,7 @@ class Scheduler:
             return extras[0], None
         if primary in idle:
             return primary, None
-        if sum(len(workers) for workers in self._extras.values()) < self.jobs:
+        if sum(len(workers) for workers in self._extras.values()) < self.jobs + room:
             return self._new_extra(job.impl), None
         # Full: close an idle extra of an implementation with nothing queued, to start one here.
         spares = [(worker in self._warm_holders, impl, worker) for impl, workers in self._extras.items()

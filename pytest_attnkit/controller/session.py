@@ -246,6 +246,12 @@ class AttnkitSession:
                 f"(torch {self.environment.get('torch')})"
             )
 
+    def stop_ahead(self) -> None:
+        """No test will wait for the requests run ahead any more (``-x`` stops, the run ends or is
+        interrupted): drop those not started and kill the workers of those running."""
+        if self.pool.scheduler is not None:
+            self.pool.scheduler.close()
+
     def close(self) -> None:
         if self.sanitize is not None:
             self.sanitize.close()
@@ -501,13 +507,22 @@ class AttnkitSession:
         lines = []
         if self.speed is not None and self.settings.save_baseline:
             records = report.speed_records(self.document)
+            counts = None
+            shared = report.shared_gpu(self.document)
             if interrupted:
                 lines.append(f"baseline NOT saved: the run was interrupted ({self.speed.store.path}{NO_BREAK}is unchanged)")
+            elif shared:
+                lines.append(f"baseline NOT saved: {shared} ({self.speed.store.path}{NO_BREAK}is unchanged)")
             elif not records:
                 lines.append("baseline not saved: no speed measurements in this run")
             else:
-                counts = self.speed.store.save(records, self.environment, self.document["speed"]["ceilings"],
-                                               platform.node())
+                try:
+                    counts = self.speed.store.save(records, self.environment, self.document["speed"]["ceilings"],
+                                                   platform.node())
+                except BaselineError as error:
+                    counts = None
+                    lines.append(f"baseline NOT saved: {error}")
+            if counts is not None:
                 lines.append(f"baseline{NO_BREAK}saved:{NO_BREAK}{self.speed.store.path}")
                 lines.append(f"  {counts['pooled']} entries pooled with their earlier runs, {counts['restarted']} "
                              f"started afresh (changed beyond noise), {counts['new']} new")
@@ -541,6 +556,9 @@ class AttnkitSession:
                           f"none for {store.device_name}")
                 gate = (f"A/B against {self.revision.description}, interleaved and paired "
                         f"({', '.join(sorted(self.revision.twins.values()))}); stored baseline: {stored}")
+            if store.removed:
+                gate += (f"; removed {len(store.removed)} temporary file(s) that a killed save left in "
+                         f"{store.path.parent}")
         if self.settings.inprocess:
             workers = "in-process"
         elif xdist.is_controller(self.config):

@@ -35,7 +35,7 @@ from pytest_attnkit.controller.gate import Decision, decide, machine_factor, noi
 from pytest_attnkit.controller.outcome import Outcomes
 from pytest_attnkit.controller.paired import MIN_PAIRS, PairedDecision, decide_paired
 from pytest_attnkit.controller.pool import WorkerPool
-from pytest_attnkit.controller.process import WorkerFailure
+from pytest_attnkit.controller.process import WorkerFailure, worker_pids
 from pytest_attnkit.controller.scheduler import Job
 from pytest_attnkit.records import EntryKey, Reply, SpeedMeasurement, Status, Timing
 
@@ -228,7 +228,7 @@ class SpeedCheck:
     def _to_measurement(self, impl: str, mode: str, case: Case, reply: Reply) -> SpeedMeasurement:
         return SpeedMeasurement(impl, mode, case, Timing.from_dict(reply.data["timing"]),
                                 reply.data.get("input_sets", 1), reply.data.get("gpu_state", {}),
-                                self._program(impl, mode, case), reply.data.get("syncs"))
+                                self._program(impl, mode, case), reply.data.get("syncs"), shared_with(reply))
 
     def _first_measurement(self, impl: str, mode: str, case: Case) -> SpeedMeasurement:
         key = EntryKey(impl, mode, case.id)
@@ -306,7 +306,8 @@ class SpeedCheck:
             last = replies[name][-1].data
             self._measured[name_key] = SpeedMeasurement(name, mode, case,
                                                         replace(first, samples_ms=samples, clocks_mhz=clocks),
-                                                        last.get("input_sets", 1), last.get("gpu_state", {}))
+                                                        last.get("input_sets", 1), last.get("gpu_state", {}),
+                                                        shared_with=shared_with(probes[name], *replies[name]))
         threshold = (self.ab_threshold or self.threshold)(key)
         syncs = {name: probes[name].data.get("syncs") for name in names} if problem is None else {}
         note = None
@@ -356,13 +357,16 @@ class SpeedCheck:
                         "(--attnkit-require-baseline)", pytrace=False)
         result = SpeedResult(measurement, ratio, decision)
         self.results[measurement.key] = result
+        self._note_shared()
         if properties is not None:
             properties.extend(self._properties(result))
         if benchmark is not None:
             self._feed_benchmark(benchmark, measurement)
         failures = []
         if decision is not None and decision.verdict == "regression":
-            failures.append(f"{impl} regressed on {case.id} ({mode}): {format_decision(decision)}")
+            failures.append(f"{impl} regressed on {case.id} ({mode}): {format_decision(decision)}"
+                            + (f"; the GPU was shared with pid {', '.join(map(str, measurement.shared_with))} "
+                               "while it was timed" if measurement.shared_with else ""))
         paired = self.ab.get(measurement.key)
         if paired is not None and paired.decision is not None and paired.decision.verdict == "regression":
             failures.append(f"{impl} regressed against {paired.twin} on {case.id} ({mode}): "
@@ -370,6 +374,17 @@ class SpeedCheck:
         if failures:
             pytest.fail("\n".join(failures), pytrace=False)
         return result
+
+    def _note_shared(self) -> None:
+        """Say once, for the whole run, that other processes computed on the GPU during timings."""
+        shared = [result.measurement for result in self.results.values() if result.measurement.shared_with]
+        if shared:
+            pids = sorted({pid for measurement in shared for pid in measurement.shared_with})
+            first = shared[0]
+            self.notes["shared"] = (
+                f"the GPU was shared with other processes (pid {', '.join(map(str, pids))}) while {len(shared)} "
+                f"case(s) were timed (first: {first.impl} on {first.case.id}, {first.mode}): their timings include "
+                "that work, a regression on them may be its doing, and this run saves no baseline")
 
     def _properties(self, result: SpeedResult) -> Properties:
         measurement = result.measurement
@@ -472,6 +487,13 @@ class SpeedCheck:
             if baseline is not None:
                 ratios.append(machine_factor(baseline.samples_ms, list(result.measurement.timing.samples_ms)))
         return statistics.median(ratios) if ratios else 1.0
+
+
+def shared_with(*replies: Reply) -> tuple[int, ...]:
+    """The processes not of this run that computed on the GPU during these speed replies' timings
+    (what the worker saw through NVML, less this run's own workers)."""
+    others = {pid for reply in replies for pid in ((reply.data.get("gpu_processes") or {}).get("others") or ())}
+    return tuple(sorted(others - worker_pids()))
 
 
 def format_decision(decision: Decision) -> str:

@@ -14,6 +14,12 @@ With ``ATTNKIT_COMPILE_LOG`` set to a folder, every Triton JIT compilation is al
 there, a JSON line each (the kernel, its seconds, its constexprs and specialization), for a
 census of what a run compiled (``tools/compile_census.py``).
 
+The pytest process reads the clock while a request runs, so that a request's deadline counts its
+running time and not its compiling (:mod:`pytest_attnkit.controller.process`): with
+``ATTNKIT_COMPILE_CLOCK`` set to a file, the clock keeps two numbers there, the seconds compiled
+so far and when the compilation in progress began (0 when none is), as little-endian doubles
+(``time.monotonic``, the same clock in every process of the machine).
+
 Nested compilations (Inductor building Triton kernels inside a dynamo frame) count once. The
 hooks are installed when the compiler's module is first imported, through an import hook, so a
 worker whose implementation never imports torch._dynamo (an import of almost a second) does not
@@ -26,11 +32,16 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import json
+import mmap
 import os
+import struct
 import sys
 import threading
 import time
 from typing import Any, Callable
+
+#: The published clock (see the module docstring): seconds compiled, and since when compiling now.
+PUBLISHED = struct.Struct("<dd")
 
 class CompileClock:
     """Accumulates compile seconds; ``begin``/``end`` may nest and come from several threads."""
@@ -40,11 +51,34 @@ class CompileClock:
         self._depth = 0
         self._started = 0.0
         self.seconds = 0.0
+        self._published: mmap.mmap | None = None
+
+    def publish(self, path: str) -> None:
+        """Keep the clock in the file ``path`` from now on, for the pytest process to read."""
+        handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            os.ftruncate(handle, PUBLISHED.size)
+            self._published = mmap.mmap(handle, PUBLISHED.size)
+        finally:
+            os.close(handle)
+        with self._lock:
+            self._publish_seconds()
+
+    def _publish_seconds(self) -> None:
+        if self._published is not None:
+            self._published[0:8] = struct.pack("<d", self.seconds)
+
+    def _publish_since(self, since: float) -> None:
+        # Written after the seconds at an end (and alone at a begin): a reader may count a finished
+        # compilation twice for a moment, never miss one.
+        if self._published is not None:
+            self._published[8:16] = struct.pack("<d", since)
 
     def begin(self) -> None:
         with self._lock:
             if self._depth == 0:
                 self._started = time.perf_counter()
+                self._publish_since(time.monotonic())
             self._depth += 1
 
     def end(self) -> None:
@@ -54,6 +88,8 @@ class CompileClock:
             self._depth -= 1
             if self._depth == 0:
                 self.seconds += time.perf_counter() - self._started
+                self._publish_seconds()
+                self._publish_since(0.0)
 
     def total(self) -> float:
         """Seconds so far, including a compilation still in progress."""
@@ -147,8 +183,26 @@ class _Finder(importlib.abc.MetaPathFinder):
         return spec
 
 
+def read_published(path: str) -> float:
+    """Seconds compiled so far, by the clock a worker publishes at ``path`` (the pytest process
+    reads it), the compilation in progress included; 0 when there is none to read."""
+    try:
+        with open(path, "rb") as stream:
+            seconds, since = PUBLISHED.unpack(stream.read(PUBLISHED.size))
+    except (OSError, struct.error):
+        return 0.0
+    return seconds + (max(0.0, time.monotonic() - since) if since else 0.0)
+
+
 def start() -> None:
-    """Time every compilation from now on: hook what is imported, and what will be."""
+    """Time every compilation from now on: hook what is imported, and what will be; publish the
+    clock where ``ATTNKIT_COMPILE_CLOCK`` says (a process this one starts does not inherit it)."""
+    published = os.environ.pop("ATTNKIT_COMPILE_CLOCK", None)
+    if published:
+        try:
+            CLOCK.publish(published)
+        except OSError:  # the deadline then counts compiling as running, as it did
+            pass
     for name in _HOOKS:
         _install(name)
     if not any(isinstance(finder, _Finder) for finder in sys.meta_path):

@@ -6,7 +6,9 @@ messages (:mod:`pytest_attnkit.controller.process`). The worker's stdout and std
 file whose tail the parent shows when the worker dies; with faulthandler on, a segfault leaves a
 Python traceback there, and SIGUSR1 (sent before a deadline kill) dumps where every thread was.
 A watchdog thread ends the worker, and everything it started, as soon as the pytest process is
-gone, even while an implementation hangs.
+gone, even while an implementation hangs. The worker is a subreaper, so what an implementation
+starts stays below it, and it kills all of that before it exits
+(:mod:`pytest_attnkit.descendants`).
 
 Messages are dicts with an ``op``: ``init`` (sys.path, device and which implementation to load),
 ``describe``, ``environment``, ``support``, ``correctness``, ``memory``, ``speed``, ``warm``,
@@ -28,6 +30,7 @@ it is done, for the other workers that share the GPU.
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import json
 import os
@@ -38,6 +41,7 @@ import time
 import traceback
 from typing import Any
 
+from pytest_attnkit import descendants
 from pytest_attnkit.contract import AttentionImpl, Case
 from pytest_attnkit.records import Reply, Status
 from pytest_attnkit.worker import compile_clock
@@ -217,9 +221,10 @@ class Handler:
         """Time a case; with ``samples``, take only that many samples of a call kept warm between
         requests (an A/B run alternates such blocks between two workers), and say how many samples
         the budget would give in ``planned_samples``."""
-        from pytest_attnkit.worker.speed import gpu_state, measure_speed
+        from pytest_attnkit.worker.speed import gpu_processes, gpu_state, measure_speed
 
         def measure(impl: AttentionImpl, case: Case) -> Reply:
+            beside = gpu_processes() if self.device == "cuda" else None  # others on the GPU, before and after
             if message.get("samples"):
                 measured = self._speed_block(impl, case, message)
             else:
@@ -227,6 +232,7 @@ class Handler:
                                          budget_ms=message["budget_ms"], call_limit_ms=message.get("call_limit_ms"))
             if self.device == "cuda":
                 measured["gpu_state"] = gpu_state()
+                measured["gpu_processes"] = gpu_processes(beside)
             return Reply(Status.OK, "", measured)
 
         return self._run(message, message["mode"] == "backward", measure)
@@ -322,6 +328,7 @@ def _die_with_parent() -> None:
             threading.Event().wait(PARENT_POLL_S)
             if os.getppid() != parent:
                 try:
+                    descendants.end_descendants()
                     os.killpg(os.getpgid(0), signal.SIGKILL)
                 finally:
                     os._exit(1)
@@ -332,6 +339,11 @@ def _die_with_parent() -> None:
 def serve(fd: int) -> None:
     from multiprocessing.connection import Connection
 
+    # Whatever this worker starts ends with it: on shutdown, at the end of the socket, after a lost
+    # context. Registered first, so it runs after the exit handlers registered later (the libraries'
+    # own, which shut their helper processes down politely).
+    descendants.become_subreaper()
+    atexit.register(descendants.end_descendants)
     faulthandler.enable()
     compile_clock.start()
     if hasattr(signal, "SIGUSR1"):

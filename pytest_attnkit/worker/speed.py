@@ -213,6 +213,52 @@ def gpu_state() -> dict[str, Any]:
     return state
 
 
+def gpu_processes(earlier: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The other processes that compute on this worker's GPU, as NVML lists them now (joined with
+    ``earlier``, a list taken before the timing): ``{"others": [pid, ...]}``, leaving out this
+    worker and every process it started. A speed run that shares its GPU times the other
+    processes' work too (the pytest side leaves out its other workers: speed timing has the GPU
+    to itself, but their idle CUDA contexts are listed). None where NVML cannot tell: no NVML,
+    or a container whose process ids are not the driver's (this worker is not in the list)."""
+    device = _nvml_device()
+    if device is None:
+        return earlier
+    import os
+
+    from pytest_attnkit.descendants import descendants
+
+    now = other_processes(*device, os.getpid(), set(descendants(os.getpid())))
+    if earlier is None or now is None:
+        return now or earlier
+    return {"others": sorted(set(earlier["others"]) | set(now["others"]))}
+
+
+@functools.lru_cache(maxsize=1)
+def _nvml_device() -> tuple[Any, Any] | None:
+    """(pynvml, the handle of this worker's CUDA device), or None without NVML."""
+    try:
+        import pynvml
+        import torch
+
+        pynvml.nvmlInit()
+        uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+        return pynvml, pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+    except Exception:  # no NVML, or a torch or driver without these calls
+        return None
+
+
+def other_processes(nvml: Any, handle: Any, own_pid: int, started: set[int]) -> dict[str, Any] | None:
+    """The compute processes NVML lists on ``handle``, less ``own_pid`` and the processes it
+    ``started``; None when ``own_pid`` is not among them (NVML's ids are of another namespace)."""
+    try:
+        listed = {int(process.pid) for process in nvml.nvmlDeviceGetComputeRunningProcesses(handle)}
+    except Exception:
+        return None
+    if own_pid not in listed:
+        return None
+    return {"others": sorted(listed - {own_pid} - started)}
+
+
 #: The fields of a kernel launch that say which program ran (from the profiler's trace).
 _LAUNCH_FIELDS = (("grid", "grid"), ("block", "block"), ("smem", "shared memory"), ("regs", "registers per thread"))
 

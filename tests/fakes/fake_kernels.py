@@ -3,7 +3,7 @@ breaks. ``fake_dist`` (tests/conftest.py) copies this file into a fake distribut
 imported by the pytest process that runs the project's tests.
 """
 
-import math, os, time, ctypes
+import math, os, time, ctypes, subprocess, sys
 import torch
 from pytest_attnkit import AttentionImpl
 from pytest_attnkit.oracle import attention_math
@@ -206,6 +206,47 @@ def slow_but_wrong_on_1(q, k, v, *, causal=False, scale=None):
     if q.shape[-2] == 1:
         return good(q, k, v, causal=causal, scale=scale) + 1.0
     time.sleep(float(os.environ.get("ATTNKIT_TEST_SLEEP", "2")))
+    return good(q, k, v, causal=causal, scale=scale)
+
+
+def _start_children():
+    """Two processes that outlive the call: one in the worker's process group, and one that leaves
+    it (setsid) through a parent that exits at once, as a daemon's double fork does."""
+    child = subprocess.Popen(["sleep", "300"])
+    subprocess.Popen([sys.executable, "-c", "import subprocess; subprocess.Popen(['sleep', '300'], "
+                      "start_new_session=True)"]).wait()  # returns once the daemon's sleep runs
+    if os.environ.get("ATTNKIT_TEST_CHILDREN"):  # says that it started them
+        open(os.path.join(os.environ["ATTNKIT_TEST_CHILDREN"], str(child.pid)), "w").close()
+
+
+def starts_children(q, k, v, *, causal=False, scale=None):
+    """Correct, and starts processes that outlive each call (see _start_children)."""
+    _start_children()
+    return good(q, k, v, causal=causal, scale=scale)
+
+
+def starts_children_and_crashes(q, k, v, *, causal=False, scale=None):
+    """Starts processes that outlive the call (see _start_children), then kills its worker."""
+    _start_children()
+    ctypes.string_at(0)
+
+
+def starts_children_and_hangs(q, k, v, *, causal=False, scale=None):
+    """Starts processes that outlive the call (see _start_children), then hangs."""
+    _start_children()
+    time.sleep(3600)
+
+
+_chatty_calls = 0
+
+
+def chatty_then_segfault(q, k, v, *, causal=False, scale=None):
+    """Right, printing a megabyte per call, until its worker's twelfth call, which segfaults."""
+    global _chatty_calls
+    _chatty_calls += 1
+    sys.stdout.write(("debug: " + "x" * 120 + "\n") * 8192)
+    if _chatty_calls == 12:
+        ctypes.string_at(0)
     return good(q, k, v, causal=causal, scale=scale)
 
 
