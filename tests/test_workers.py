@@ -193,3 +193,17 @@ def test_a_compiler_that_hangs_is_killed_at_its_own_deadline(pytester: pytest.Py
     assert "compiled for more than 16 s (4 x its deadline of 4 s) while running 'correctness' and was killed" in hung.text
     assert "in _slow_backend" in hung.text  # faulthandler's dump: stuck in the compiler
     assert time.monotonic() - started < 60
+
+
+def test_a_tight_deadline_is_for_calls_not_for_starting_up(pytester: pytest.Pytester, fake_dist) -> None:
+    """``--attnkit-timeout`` bounds one call of a kernel. Loading an implementation whose module
+    takes longer than that to import (torch and a kernel's module on a busy machine took over 3 s)
+    is start-up work with a deadline of its own: before, it broke the implementation ("passed its
+    deadline ... while running 'describe'"), and the environment probe broke the run."""
+    fake_dist({"slow_to_import": "slow_import:attention"}, extra_modules={"slow_import": """
+        import time
+        time.sleep(4)
+        from fake_kernels import good as attention
+    """})
+    outcomes, _ = run_attnkit(pytester, "--attnkit-impl", "slow_to_import", "--attnkit-timeout", "2", "-k", SMALL)
+    assert outcomes and {outcome.outcome for outcome in outcomes.values()} == {"passed"}, outcomes

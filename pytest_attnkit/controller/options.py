@@ -180,8 +180,8 @@ SETTINGS: tuple[Setting, ...] = (
             "the compute-sanitizer to run (default: the one on the PATH, in $CUDA_HOME/bin, $CUDA_PATH/bin or "
             "/usr/local/cuda/bin)"),
     Setting("timeout", "SECONDS", _bounded(float, 0.001), 300.0,
-            "deadline for one test in its worker, not counting its compiling (which may take 4 times as long); "
-            "past it the worker is killed and replaced (default: 300)"),
+            "deadline for one test in its worker, not counting its compiling (which may take 4 times as long) "
+            "nor starting the worker (at least 180); past it the worker is killed and replaced (default: 300)"),
     Setting("baseline_dir", "DIR", str, "baselines",
             "folder of per-GPU baseline files; relative to the config file's folder when set there or by default, "
             "else to the current folder (default: baselines)"),

@@ -46,6 +46,10 @@ SUITE_OF_OP = {"correctness": "correctness", "memory": "memory", "speed": "speed
                "ceilings": "speed", "property": "properties", "guard": "sanitize"}
 
 
+#: The least deadline of start-up work (:attr:`WorkerPool.start_timeout`).
+START_TIMEOUT_S = 180.0
+
+
 @dataclass(frozen=True)
 class ImplInfo:
     """What the pytest process knows about one implementation, as its worker described it."""
@@ -81,6 +85,10 @@ class WorkerPool:
                  inprocess: bool = False) -> None:
         self.device = device
         self.timeout = timeout
+        #: The deadline of start-up work (probing the environment, loading and describing an
+        #: implementation, measuring the ceilings): importing torch and a kernel's module on a busy
+        #: machine took longer than a tight --attnkit-timeout meant for one call of a kernel.
+        self.start_timeout = max(timeout, START_TIMEOUT_S)
         self.env = dict(env or {})
         self.inprocess = inprocess
         self.log_dir = log_folder()  # named by this run; a killed run's is removed by the next
@@ -118,7 +126,7 @@ class WorkerPool:
         worker = self._new_worker(label, {"device": device or self.device})
         try:
             with self._gpu_alone():
-                return worker.request(message, self.timeout)
+                return worker.request(message, self.start_timeout)
         finally:
             worker.close()
 
@@ -141,7 +149,7 @@ class WorkerPool:
         self._workers[ref.name] = worker
         self._all.append(worker)
         try:
-            described = worker.request({"op": "describe"}, self.timeout)
+            described = worker.request({"op": "describe"}, self.start_timeout)
         except WorkerFailure as failure:
             return ImplInfo(ref.name, ref.value, ref.distribution, load_error=str(failure))
         return ImplInfo(ref.name, ref.value, ref.distribution, load_error=described.get("load_error"),
@@ -247,7 +255,7 @@ class WorkerPool:
         """Why the implementation refuses each query (None where it does not); None when its
         worker could not answer (each test then meets the failure itself, with the details)."""
         try:
-            return self._workers[name].request({"op": "support", "queries": queries}, self.timeout)
+            return self._workers[name].request({"op": "support", "queries": queries}, self.start_timeout)
         except WorkerFailure:
             return None
 
