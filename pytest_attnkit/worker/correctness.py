@@ -21,6 +21,10 @@ the accuracy the pytest side sends (the implementation's declaration, or what th
 ``pytest_attnkit_accuracy`` chose for the case): "exact" is FlashAttention's rule, "quantized" or
 an :class:`~pytest_attnkit.contract.AccuracyBudget` a budget of relative figures.
 
+A failure's message ends with what the result looks like, where one common bug explains it
+(:mod:`pytest_attnkit.worker.diagnosis`: wrong-on-purpose references of the oracle, judged by the
+same rule; computed only after a failure).
+
 Returns a :class:`~pytest_attnkit.records.Reply` whose data is a
 :class:`~pytest_attnkit.records.CorrectnessResult`: the deciding seed and trial, and every comparison.
 """
