@@ -19,9 +19,10 @@ layout and differentiable with respect to the packed tensors.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     import torch
@@ -51,19 +52,22 @@ def causal_mask(seqlen_q: int, seqlen_k: int, device: "torch.device") -> "torch.
 
 
 def visibility_mask(seqlen_q: int, seqlen_k: int, *, causal: bool, window: tuple[int, int] | None,
-                    device: "torch.device | str") -> "torch.Tensor | None":
+                    device: "torch.device | str", key_offset: int | None = None) -> "torch.Tensor | None":
     """Boolean [Nq, Nk] mask, True where query i sees key j, or None when every pair is visible.
 
     With ``d = i + Nk - Nq - j``: causal needs ``d >= 0``; a window ``(left, right)`` needs
     ``-right <= d <= left`` (a side of -1 is unbounded), as FlashAttention's local attention.
+    ``key_offset`` replaces ``Nk - Nq`` (the contract's bottom-right alignment) in ``d``: the
+    diagnosis's wrong-on-purpose references use 0 (top-left, torch's ``is_causal``).
     """
     import torch
 
     if not causal and window is None:
         return None
+    offset = seqlen_k - seqlen_q if key_offset is None else key_offset
     rows = torch.arange(seqlen_q, device=device)[:, None]
     cols = torch.arange(seqlen_k, device=device)[None, :]
-    distance = rows + (seqlen_k - seqlen_q) - cols
+    distance = rows + offset - cols
     visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
     if causal:
         visible &= distance >= 0
@@ -87,13 +91,16 @@ def rows_with_a_key(seqlen_q: int, seqlen_k: int, *, causal: bool, window: tuple
     return visible.any(dim=-1)
 
 
-def alibi_bias(slopes: "torch.Tensor", seqlen_q: int, seqlen_k: int) -> "torch.Tensor":
-    """[Hq, Nq, Nk] bias ``-slope[h] * |i + Nk - Nq - j|`` in the slopes' dtype."""
+def alibi_bias(slopes: "torch.Tensor", seqlen_q: int, seqlen_k: int,
+               key_offset: int | None = None) -> "torch.Tensor":
+    """[Hq, Nq, Nk] bias ``-slope[h] * |i + Nk - Nq - j|`` in the slopes' dtype (``key_offset``
+    in place of ``Nk - Nq``, as :func:`visibility_mask`)."""
     import torch
 
+    offset = seqlen_k - seqlen_q if key_offset is None else key_offset
     rows = torch.arange(seqlen_q, device=slopes.device)[:, None]
     cols = torch.arange(seqlen_k, device=slopes.device)[None, :]
-    distance = (rows + (seqlen_k - seqlen_q) - cols).abs().to(slopes.dtype)
+    distance = (rows + offset - cols).abs().to(slopes.dtype)
     return -slopes[:, None, None] * distance
 
 
@@ -110,12 +117,14 @@ def attention_math(
     sinks: "torch.Tensor | None" = None,
     return_lse: bool = False,
     probs_dtype: "torch.dtype | None" = None,
+    key_offset: int | None = None,
 ) -> "torch.Tensor | tuple[torch.Tensor, torch.Tensor]":
     """Plain attention in the inputs' dtype, differentiable. Tensors are [B, H, N, D]; V's head
     dim may differ. With ``return_lse``, also the natural-log LSE of each row's softmax
     denominator (sinks included), in the scores' dtype; where a row sees no key and has no sink
     its LSE is 0 here (the contract leaves it open). ``probs_dtype`` rounds P to that dtype before
-    the PV product, as FA3's FP8 reference does (``intermediate_dtype``)."""
+    the PV product, as FA3's FP8 reference does (``intermediate_dtype``). ``key_offset`` moves the
+    masks' and ALiBi's diagonal (:func:`visibility_mask`; None is the contract's)."""
     import torch
 
     heads_q, heads_kv = q.shape[1], k.shape[1]
@@ -130,8 +139,9 @@ def attention_math(
     if softcap:
         scores = softcap * torch.tanh(scores / softcap)
     if alibi_slopes is not None:
-        scores = scores + alibi_bias(alibi_slopes, seqlen_q, seqlen_k).to(scores.dtype)
-    visible = visibility_mask(seqlen_q, seqlen_k, causal=causal, window=window, device=q.device)
+        scores = scores + alibi_bias(alibi_slopes, seqlen_q, seqlen_k, key_offset).to(scores.dtype)
+    visible = visibility_mask(seqlen_q, seqlen_k, causal=causal, window=window, device=q.device,
+                              key_offset=key_offset)
     if sinks is not None:
         # The sink column keeps every row's softmax finite, so masked keys stay -inf; FA4's
         # reference concatenates the sink logit and drops its column after the softmax.
@@ -246,6 +256,7 @@ def forward_and_grads(
     dtype: "torch.dtype | None" = None,
     probs_dtype: "torch.dtype | None" = None,
     packing: Packing | None = None,
+    wrap: "Callable[[Callable[..., Any]], Callable[..., Any]] | None" = None,
 ) -> dict[str, "torch.Tensor"]:
     """Run the reference (float64 oracle or plain same-precision) and, with ``dout``, its backward.
 
@@ -256,6 +267,12 @@ def forward_and_grads(
     upstream gradient) for the plain reference, ``probs_dtype`` rounds P (FA3's FP8 reference:
     bf16 on the dequantized inputs, P in e4m3). With ``packing`` the tensors are in its packed
     layout (:func:`packed_attention_math`), and so are the gradients.
+
+    ``wrap`` takes the attention function (:func:`attention_math`, or :func:`packed_attention_math`
+    with ``packing`` bound) and returns the one to differentiate in its place, called the same way:
+    the diagnosis (:mod:`pytest_attnkit.worker.diagnosis`) builds its wrong-on-purpose references
+    so, from this math with altered arguments. A leaf the wrapped function does not use gets a
+    zero gradient.
     """
     import torch
 
@@ -278,10 +295,11 @@ def forward_and_grads(
     with torch.enable_grad():
         options = dict(causal=causal, window=window, softcap=softcap, alibi_slopes=slopes, sinks=sink_leaf,
                        return_lse=return_lse, probs_dtype=probs_dtype)
-        if packing is None:
-            result = attention_math(*leaves[:3], **options)
-        else:
-            result = packed_attention_math(*leaves[:3], packing, **options)
+        math_function: Callable[..., Any] = (attention_math if packing is None
+                                             else functools.partial(packed_attention_math, packing=packing))
+        if wrap is not None:
+            math_function = wrap(math_function)
+        result = math_function(*leaves[:3], **options)
         out, lse = result if return_lse else (result, None)
         results = {"out": out.detach()}
         if lse is not None:
@@ -291,6 +309,7 @@ def forward_and_grads(
             if lse is not None and dlse is not None:
                 outputs.append(lse)
                 upstream.append(cast(dlse).to(lse.dtype))
-            grads = torch.autograd.grad(outputs, leaves, upstream)
-            results.update(zip(names, grads))
+            grads = torch.autograd.grad(outputs, leaves, upstream, allow_unused=True)
+            results.update((name, torch.zeros_like(leaf) if grad is None else grad)
+                           for name, grad, leaf in zip(names, grads, leaves))
     return results

@@ -21,6 +21,10 @@ the accuracy the pytest side sends (the implementation's declaration, or what th
 ``pytest_attnkit_accuracy`` chose for the case): "exact" is FlashAttention's rule, "quantized" or
 an :class:`~pytest_attnkit.contract.AccuracyBudget` a budget of relative figures.
 
+A failure's message ends with what the result looks like, where one common bug explains it
+(:mod:`pytest_attnkit.worker.diagnosis`: wrong-on-purpose references of the oracle, judged by the
+same rule; computed only after a failure).
+
 Returns a :class:`~pytest_attnkit.records.Reply` whose data is a
 :class:`~pytest_attnkit.records.CorrectnessResult`: the deciding seed and trial, and every comparison.
 """
@@ -34,6 +38,7 @@ from typing import Any
 from pytest_attnkit.contract import FP8_OUTPUT_DTYPE, AccuracyBudget, AttentionImpl, Case, accuracy_budget, is_fp8
 from pytest_attnkit.oracle import forward_and_grads, lse_rows_with_a_key
 from pytest_attnkit.records import Comparison, CorrectnessResult, Reply, Status
+from pytest_attnkit.worker.diagnosis import Evidence, Suspect, Wrap, diagnose
 from pytest_attnkit.worker.inputs import (call_implementation, dequantized, expected_shapes, make_inputs,
                                           poison_free_memory, trial_seed)
 from pytest_attnkit.worker.out_of_memory import out_of_memory_reply
@@ -135,9 +140,10 @@ def run_for_results(impl: AttentionImpl, case: Case, inputs: Any, device: str, b
     return results
 
 
-def _references(case: Case, inputs: Any, backward: bool, *, float64: bool) -> dict[str, Any]:
+def _references(case: Case, inputs: Any, backward: bool, *, float64: bool, wrap: Wrap | None = None) -> dict[str, Any]:
     """The float64 oracle, or the plain reference: in the inputs' precision, or for an FP8 case
-    FA3's, bf16 on the dequantized inputs with P rounded to the case's FP8 dtype."""
+    FA3's, bf16 on the dequantized inputs with P rounded to the case's FP8 dtype. ``wrap``: a
+    diagnosis suspect's alteration of the math (:mod:`pytest_attnkit.worker.diagnosis`)."""
     import torch
 
     fp8 = is_fp8(case.dtype)
@@ -147,7 +153,8 @@ def _references(case: Case, inputs: Any, backward: bool, *, float64: bool) -> di
     return forward_and_grads(q, k, v, inputs.dout if backward else None, causal=case.causal,
                              float64=float64, window=case.window, softcap=case.softcap,
                              alibi_slopes=inputs.alibi_slopes, sinks=inputs.sinks, return_lse=case.return_lse,
-                             dlse=inputs.dlse, dtype=plain_dtype, probs_dtype=probs_dtype, packing=inputs.packing)
+                             dlse=inputs.dlse, dtype=plain_dtype, probs_dtype=probs_dtype, packing=inputs.packing,
+                             wrap=wrap)
 
 
 def _used_rows(case: Case, tensors: dict[str, Any]) -> dict[str, Any]:
@@ -162,13 +169,17 @@ def _used_rows(case: Case, tensors: dict[str, Any]) -> dict[str, Any]:
 
 
 def _judge(case: Case, actual: dict[str, Any], oracle: dict[str, Any], inputs: Any, backward: bool,
-           budget: AccuracyBudget | None) -> tuple[Comparison, ...]:
-    """Every comparison of ``actual`` with the oracle, by the rule that applies (module docstring)."""
+           budget: AccuracyBudget | None, *, wrap: Wrap | None = None,
+           plain: dict[str, Any] | None = None) -> tuple[Comparison, ...]:
+    """Every comparison of ``actual`` with the oracle, by the rule that applies (module docstring).
+    A diagnosis judges against a wrong-on-purpose ``oracle`` with the plain reference altered by the
+    same ``wrap``; ``plain``, where given, is that plain reference, already computed."""
     import torch
 
     if budget is not None and not is_fp8(case.dtype):
         return tuple(compare_budget(name, actual[name], oracle[name], budget) for name in oracle)
-    plain = _used_rows(case, _references(case, inputs, backward, float64=False))
+    if plain is None:
+        plain = _used_rows(case, _references(case, inputs, backward, float64=False, wrap=wrap))
     dtype = getattr(torch, FP8_OUTPUT_DTYPE if is_fp8(case.dtype) else case.dtype)
     return tuple(
         compare(name, actual[name], oracle[name], plain[name], dtype=dtype,
@@ -212,6 +223,28 @@ def judge_forward(impl: AttentionImpl, case: Case, inputs: Any, returned: Any,
     return _judge(case, _used_rows(case, actual), oracle, inputs, False, budget)
 
 
+def _diagnosis(case: Case, inputs: Any, backward: bool, budget: AccuracyBudget | None, actual: dict[str, Any],
+               oracle: dict[str, Any], comparisons: tuple[Comparison, ...]) -> "Suspect | None":
+    """The common bug that explains a failed check, if one does (:mod:`pytest_attnkit.worker.diagnosis`);
+    the wrong-on-purpose references are judged by the same rule as the check."""
+    plain: dict[str, Any] = {}
+
+    def judge(result: dict[str, Any], reference: dict[str, Any], wrap: Wrap | None) -> tuple[Comparison, ...]:
+        if wrap is not None:
+            return _judge(case, result, reference, inputs, backward, budget, wrap=wrap)
+        if not plain and (budget is None or is_fp8(case.dtype)):  # the contract's plain reference, once
+            plain.update(_used_rows(case, _references(case, inputs, backward, float64=False)))
+        return _judge(case, result, reference, inputs, backward, budget, plain=plain or None)
+
+    def reference(wrap: Wrap) -> dict[str, Any]:
+        return _used_rows(case, _references(case, inputs, backward, float64=True, wrap=wrap))
+
+    try:
+        return diagnose(Evidence(case, inputs.packing, actual), comparisons, oracle, reference, judge)
+    except Exception:  # noqa: BLE001 - a diagnosis that cannot finish (out of memory, say) names nothing
+        return None
+
+
 def run_correctness(
     impl: AttentionImpl,
     case: Case,
@@ -244,6 +277,10 @@ def run_correctness(
         result = CorrectnessResult(trials, seed, trial, comparisons)
         failed = [comparison for comparison in comparisons if not comparison.passed]
         if failed:
-            return Reply(Status.WRONG, "\n".join(comparison.describe() for comparison in failed), result.to_dict())
+            message = "\n".join(comparison.describe() for comparison in failed)
+            suspect = _diagnosis(case, inputs, backward, budget, actual, oracle, comparisons)
+            if suspect is not None:
+                message += "\n" + suspect.line()
+            return Reply(Status.WRONG, message, result.to_dict())
         del actual, oracle, inputs
     return Reply(Status.OK, "", result.to_dict())
