@@ -4,7 +4,11 @@ nothing it was asked to test, lines too wide, columns that slipped, and a misspe
 
 from __future__ import annotations
 
+import re
+
 import pytest
+
+from helpers import fake
 
 
 # 11. A misspelled implementation name gets a "did you mean", and is still a usage error.
@@ -13,3 +17,78 @@ def test_a_misspelled_implementation_name_gets_a_did_you_mean(pytester: pytest.P
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: attnkit: no implementation matches 'torch_spda'; "
                                  "did you mean 'torch_sdpa'? (known: *torch_sdpa*) (command line --attnkit-impl)"])
+
+
+PICKY = '''
+from fake_kernels import good
+from pytest_attnkit import AttentionImpl
+
+
+class Picky(AttentionImpl):
+    """Refuses the 17-token cases with a reason longer than the summary quotes."""
+
+    def not_supported_reasons(self, case, device, *, backward=False):
+        reasons = super().not_supported_reasons(case, device, backward=backward)
+        if case.seqlen_q == 17:
+            reasons.append(LONG_REASON)
+        return reasons
+
+    def forward(self, q, k, v, *, causal=False, scale=None):
+        return good(q, k, v, causal=causal, scale=scale)
+
+
+LONG_REASON = "its tiles take no sequence of 17 tokens, only lengths that are multiples of sixteen"
+'''
+LONG_REASON = "its tiles take no sequence of 17 tokens, only lengths that are multiples of sixteen"
+LONG_NAME = "a_kernel_with_a_long_name"
+
+
+def _summary(result: pytest.RunResult) -> list[str]:
+    """The attnkit sections of the terminal summary, up to pytest's short summary or final line."""
+    lines = result.outlines
+    start = next(i for i, line in enumerate(lines) if "attnkit summary" in line)
+    end = next((i for i in range(start, len(lines)) if "short test summary info" in lines[i]
+                or re.match(r"=+ .*(passed|failed|skipped|error|deselected|no tests ran).* =+$", lines[i])), len(lines))
+    return lines[start:end]
+
+
+def _label_columns(lines: list[str], labels: tuple[str, ...]) -> dict[str, set[int]]:
+    """Per label of the summary's blocks, the columns it starts at."""
+    found: dict[str, set[int]] = {label: set() for label in labels}
+    for line in lines:
+        for label in labels:
+            match = re.search(rf"(?:^| ){label} ", line)
+            if match and line[:match.start()].strip() in ("", LONG_NAME, "picky"):
+                found[label].add(match.start() + (match.group(0)[0] == " "))
+    return found
+
+
+# 1. A skip reason is shortened at a word, with "...", never cut mid-word.
+# 2. The speed column says what the speed suite did on a CPU, as the speed table below it does.
+# 9. The summary's and the header's columns line up whatever the names' lengths.
+def test_the_summary_quotes_whole_words_counts_timed_cases_and_keeps_its_columns(
+        pytester: pytest.Pytester, fake_dist) -> None:
+    fake_dist({LONG_NAME: fake("good"), "picky": "picky_kernels:Picky"}, extra_modules={"picky_kernels": PICKY})
+    result = pytester.runpytest("--attnkit", "-p", "no:cacheprovider", "--attnkit-suite=correctness,speed",
+                                f"--attnkit-impl={LONG_NAME},picky", f"--attnkit-reference={LONG_NAME}",
+                                "--attnkit-device=cpu", "--benchmark-disable",
+                                "-k", "test_forward and (q17-k17 or q113-k113) or speed_forward and not causal")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    summary = _summary(result)
+    text = " ".join(" ".join(summary).split())
+    # 1.
+    quoted = re.search(r"picky correctness .*?\(mostly: ([^)]*)\)", text)
+    assert quoted, text
+    assert quoted.group(1).endswith(" ..."), quoted.group(1)
+    kept = quoted.group(1).removesuffix(" ...")
+    assert LONG_REASON.startswith(kept) and LONG_REASON[len(kept)] == " ", quoted.group(1)
+    # 2.
+    assert text.count(" speed 1 case timed (1 fwd), in the speed table; none at the headline shape") == 2, text
+    assert sum(1 for line in summary if re.match(rf"({LONG_NAME}|picky) +fwd ", line)) == 2, "\n".join(summary)
+    # 9.
+    blocks = summary[1:next(i for i, line in enumerate(summary) if i and line.startswith("==="))]
+    columns = _label_columns(blocks, ("correctness", "accuracy", "memory", "speed", "gate"))
+    assert all(len(at) == 1 for at in columns.values()) and len(set.union(*columns.values())) == 1, columns
+    states = {line.index(" available") for line in result.outlines if line.startswith("attnkit:   ")
+              and " available" in line}
+    assert len(states) == 1, "\n".join(line for line in result.outlines if line.startswith("attnkit:"))

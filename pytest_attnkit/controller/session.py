@@ -459,7 +459,8 @@ class AttnkitSession:
         text = test_report.longrepr[2] if skipped else str(test_report.longrepr or "")
         reason = None
         if skipped:
-            reason = text.removeprefix("Skipped: ").split(": ", 1)[-1].split(";")[0].strip()[:60]
+            # Whole: the views shorten it where they must, at a word (table.py: correctness_verdict).
+            reason = text.removeprefix("Skipped: ").split(": ", 1)[-1].split(";")[0].strip()
         impl = params["attnkit_impl"]
         self.test_outcomes.append({"test": item.nodeid, "impl": impl, "suite": self.suite_of(item) or "?",
                                    "case": case.id if case is not None else None, "function": item.originalname,
