@@ -22,7 +22,7 @@ import pytest
 from pytest_attnkit.controller import options, xdist
 from pytest_attnkit.controller.report import ReportInUse, check_writable, claim
 from pytest_attnkit.controller.session import SESSION_KEY, AttnkitSession
-from pytest_attnkit.controller.table import summary_sections, wrap
+from pytest_attnkit.controller.table import WIDTH, summary_sections, wrap
 
 SUITES_PACKAGE = "pytest_attnkit.suites"
 FINISH_KEY = pytest.StashKey[list]()
@@ -55,6 +55,32 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     options.add_options(parser)
+
+
+#: pytest-benchmark's warning for a test that requested its fixture and never timed with it.
+BENCHMARK_UNUSED = "Benchmark fixture was not used at all in this test!"
+BENCHMARK_WARNING = "pytest_benchmark.logger.PytestBenchmarkWarning"
+
+
+class BenchmarkHeaderWidth:
+    """Wraps pytest-benchmark's header line (176 columns: its every default) to the width of the
+    attnkit header below it. Registered only in runs with ``--attnkit``."""
+
+    NAME = "attnkit-benchmark-header"
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_report_header(self, config: pytest.Config) -> Any:
+        results = yield
+        return [self._fit(result) for result in results]
+
+    @staticmethod
+    def _fit(result: Any) -> Any:
+        lines = [result] if isinstance(result, str) else result
+        if not isinstance(lines, list) or not any(isinstance(line, str) and line.startswith("benchmark: ")
+                                                  and len(line) > WIDTH for line in lines):
+            return result
+        return [part for line in lines for part in (wrap(line, "benchmark:   ")
+                                                    if line.startswith("benchmark: ") else [line])]
 
 
 def _suite_node_ids(config: pytest.Config) -> list[str] | None:
@@ -111,6 +137,11 @@ def pytest_configure(config: pytest.Config) -> None:
     if reference:
         settings = dataclasses.replace(settings, reference=reference,
                                        sources={**settings.sources, "reference": "hook pytest_attnkit_reference"})
+    if config.pluginmanager.hasplugin("benchmark"):
+        # A speed test that fails or skips before its timings reach pytest-benchmark leaves the
+        # fixture unused; the failure already says why, the warning only repeats it per test.
+        config.addinivalue_line("filterwarnings", f"ignore:{BENCHMARK_UNUSED}:{BENCHMARK_WARNING}")
+        config.pluginmanager.register(BenchmarkHeaderWidth(), BenchmarkHeaderWidth.NAME)
     if hasattr(config.option, "benchmark_quiet") and _benchmark_table_unasked(config):
         # pytest-benchmark's own table repeats the attnkit speed table; asking for its columns
         # (--benchmark-columns=...) brings it back.

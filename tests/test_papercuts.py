@@ -92,3 +92,19 @@ def test_the_summary_quotes_whole_words_counts_timed_cases_and_keeps_its_columns
     states = {line.index(" available") for line in result.outlines if line.startswith("attnkit:   ")
               and " available" in line}
     assert len(states) == 1, "\n".join(line for line in result.outlines if line.startswith("attnkit:"))
+
+
+# 3. pytest-benchmark's header fits in 100 columns, and a speed test that fails before it timed
+# anything brings no "fixture was not used" warning.
+def test_pytest_benchmark_keeps_to_the_width_and_quiet_on_a_failed_speed_test(
+        pytester: pytest.Pytester, fake_dist) -> None:
+    pytest.importorskip("pytest_benchmark")
+    fake_dist({"raises": fake("raises")})
+    result = pytester.runpytest("--attnkit", "-p", "no:cacheprovider", "--attnkit-suite=speed",
+                                "--attnkit-impl=raises", "--attnkit-device=cpu", "-k", "speed_forward and not causal")
+    result.assert_outcomes(failed=1)
+    text = result.stdout.str()
+    assert "Benchmark fixture was not used" not in text and "PytestBenchmarkWarning" not in text, text
+    header = result.outlines[:next(i for i, line in enumerate(result.outlines) if line.startswith("attnkit:"))]
+    assert any(line.startswith("benchmark: ") for line in header), "\n".join(header)
+    assert all(len(line) <= 100 for line in header), "\n".join(header)
