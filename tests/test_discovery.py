@@ -66,8 +66,9 @@ def test_broken_entry_points_fail_alone(pytester: pytest.Pytester, fake_dist) ->
     for name, words in expected.items():
         first = outcomes[f"test_forward[{name}-{SMALL}]"]
         assert first.outcome == "failed" and "could not be loaded from entry point" in first.text and words in first.text
-        later = outcomes[f"test_backward[{name}-{SMALL}]"]
-        assert later.outcome == "failed" and "the first of its tests shows why" in later.text
+        later = outcomes[f"test_backward[{name}-{SMALL}]"]  # one import error, one failure (issue 44)
+        assert later.outcome == "skipped" and f"{name} could not be loaded" in later.text
+        assert f"test_forward[{name}-{SMALL}] fails with the traceback" in later.text
     result = pytester.runpytest("--attnkit", "--attnkit-impl", names, "--collect-only")
     result.stdout.fnmatch_lines(["attnkit:   import_fails     BROKEN: ImportError: libfoo.so.1: cannot open shared object file"])
 

@@ -108,3 +108,18 @@ def test_pytest_benchmark_keeps_to_the_width_and_quiet_on_a_failed_speed_test(
     header = result.outlines[:next(i for i, line in enumerate(result.outlines) if line.startswith("attnkit:"))]
     assert any(line.startswith("benchmark: ") for line in header), "\n".join(header)
     assert all(len(line) <= 100 for line in header), "\n".join(header)
+
+
+# 4. One import error costs a few lines: named once in the header, one failure with the
+# traceback, and the implementation's other tests skipped with a reference to it.
+def test_an_entry_point_that_does_not_import_fails_once(pytester: pytest.Pytester, fake_dist) -> None:
+    fake_dist({"mykern": "mykern.nosuchmodule:attn"})
+    result = pytester.runpytest("--attnkit", "-p", "no:cacheprovider", "--attnkit-impl=mykern",
+                                "--attnkit-suite=correctness,properties")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    outcomes = result.parseoutcomes()
+    assert outcomes["failed"] == 1 and outcomes["skipped"] > 10, outcomes
+    text = result.stdout.str()
+    assert text.count("No module named 'mykern'") <= 3, text  # the header, the failure, its summary line
+    assert len(result.outlines) < 80, text
+    result.stdout.fnmatch_lines(["attnkit:   mykern * BROKEN: ModuleNotFoundError: No module named 'mykern'"])

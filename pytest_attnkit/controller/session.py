@@ -53,6 +53,11 @@ def ahead_order(items: list[pytest.Item], suite_of: Any) -> list[pytest.Item]:
     return sorted(items, key=lambda item: suite_of(item) != "memory")
 
 
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "?"
+
+
 def property_check(item: pytest.Item) -> str:
     """The check a properties test runs: its name without ``test_`` and ``_backward``
     (suites/test_properties.py: ``test_determinism_backward`` runs "determinism")."""
@@ -370,7 +375,13 @@ class AttnkitSession:
         for name, asked in questions.items():
             info = self.pool.info(name)
             if info.load_error:
-                continue  # its tests fail with the load error
+                # One import error, one failure: the first test fails with it, the rest point there.
+                first = asked[0][0]
+                reason = (f"{name} could not be loaded ({_last_line(info.load_error)}); "
+                          f"{first.nodeid} fails with the traceback")
+                for item, _, _ in asked[1:]:
+                    item.add_marker(pytest.mark.skip(reason=reason))
+                continue
             if info.unavailable:
                 for item, _, _ in asked:
                     item.add_marker(pytest.mark.skip(reason=f"{name} is unavailable: {info.unavailable}"))
