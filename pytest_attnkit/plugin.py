@@ -271,6 +271,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if attnkit is not None:
         attnkit.stop_ahead()  # no test is left to wait for a request (Ctrl-C and SIGTERM come here at once)
         session.config.stash[FINISH_KEY] = attnkit.finish(exitstatus)
+        if attnkit.untested and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # all skipped is not green for what was asked
 
 
 def _deals(config: pytest.Config) -> bool:
@@ -325,6 +327,8 @@ def _attnkit_summary(terminalreporter: Any, config: pytest.Config) -> None:
     sections = summary_sections(session.document, verbose=config.getoption("verbose") > 0)
     sections.append(("attnkit baselines and reports",
                      [part for line in config.stash.get(FINISH_KEY, []) for part in wrap(line, "  ")]))
+    sections.append(("attnkit: NOTHING TESTED of what was asked for (the run fails)",
+                     [part for line in session.untested for part in wrap(line, "  ")]))
     for title, lines in sections:
         if any(lines):
             terminalreporter.section(title)

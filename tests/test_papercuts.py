@@ -123,3 +123,45 @@ def test_an_entry_point_that_does_not_import_fails_once(pytester: pytest.Pyteste
     assert text.count("No module named 'mykern'") <= 3, text  # the header, the failure, its summary line
     assert len(result.outlines) < 80, text
     result.stdout.fnmatch_lines(["attnkit:   mykern * BROKEN: ModuleNotFoundError: No module named 'mykern'"])
+
+
+CUDA_ONLY = '''
+from fake_kernels import good
+from pytest_attnkit import AttentionImpl
+
+
+class MyFlash(AttentionImpl):
+    """The README's example class: CUDA only."""
+    devices = ("cuda",)
+    dtypes = ("float16", "bfloat16")
+    head_dims = (64, 128)
+    supports_backward = False
+    memory_class = "linear"
+
+    def forward(self, q, k, v, *, causal=False, scale=None):
+        return good(q, k, v, causal=causal, scale=scale)
+'''
+
+
+# 5. An implementation that --attnkit-impl asked for and that ran nothing, being unavailable,
+# makes the run fail and says what to do; without --attnkit-impl an unavailable one is reported.
+def test_a_run_that_tested_nothing_it_was_asked_for_fails(pytester: pytest.Pytester, fake_dist) -> None:
+    fake_dist({"my_flash": "cuda_only:MyFlash"}, extra_modules={"cuda_only": CUDA_ONLY})
+    result = pytester.runpytest("--attnkit", "-p", "no:cacheprovider", "--attnkit-impl=my_*",
+                                "--attnkit-suite=correctness", "--attnkit-device=cpu")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    assert result.parseoutcomes().get("passed", 0) == 0
+    text = " ".join(" ".join(result.outlines).split())
+    assert ("my_flash was asked for (--attnkit-impl=my_*) and ran no test: it is unavailable here (runs on "
+            "cuda, not cpu). Run it where it is available, or leave it out of --attnkit-impl.") in text, text
+
+
+def test_without_attnkit_impl_an_unavailable_implementation_is_only_reported() -> None:
+    from pytest_attnkit.controller.session import asked_for_but_untested
+
+    document = {"implementations": {"cupy_naive": {"status": "unavailable", "reason": "CUDA only"},
+                                    "torch_sdpa": {"status": "available", "reason": None}},
+                "tests": [{"impl": "torch_sdpa", "outcome": "passed"}, {"impl": "cupy_naive", "outcome": "skipped"}]}
+    assert asked_for_but_untested(document, []) == []
+    [said] = asked_for_but_untested(document, ["cupy_naive", "torch_sdpa"])
+    assert said.startswith("cupy_naive was asked for (--attnkit-impl=cupy_naive,torch_sdpa) and ran no test")

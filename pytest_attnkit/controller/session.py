@@ -58,6 +58,24 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "?"
 
 
+def asked_for_but_untested(document: dict[str, Any], asked: list[str]) -> list[str]:
+    """What to say of each implementation that ``--attnkit-impl`` named or matched (``asked``, its
+    patterns) and that ran no test because it is unavailable here; empty without ``--attnkit-impl``.
+
+    A run that tested nothing of what it was asked to test must not be green. Without
+    ``--attnkit-impl`` a run tests what is installed and can run here, and one that cannot (the
+    bundled cupy_naive on a machine without a GPU) is only reported: CI's main job on the CPU
+    stays green."""
+    if not asked:
+        return []
+    ran = {test["impl"] for test in document["tests"] if test["outcome"] in ("passed", "failed")}
+    return [f"{name} was asked for (--attnkit-impl={','.join(asked)}) and ran no test: it is unavailable here "
+            f"({info.get('reason') or 'no reason given'}). Run it where it is available, or leave it out of "
+            "--attnkit-impl."
+            for name, info in document["implementations"].items()
+            if info["status"] == "unavailable" and name not in ran]
+
+
 def property_check(item: pytest.Item) -> str:
     """The check a properties test runs: its name without ``test_`` and ``_backward``
     (suites/test_properties.py: ``test_determinism_backward`` runs "determinism")."""
@@ -96,6 +114,8 @@ class AttnkitSession:
         self.cache_env = caches.cache_environment(self.cache_root)
         #: Requests that may run at once (1: each test sends its own, when it runs).
         self.jobs = 1
+        #: Implementations --attnkit-impl asked for that ran nothing, in words (set by finish()).
+        self.untested: list[str] = []
 
     # -- start-up ---------------------------------------------------------------------------
     def start(self, only: list[str] | None = None) -> None:
@@ -516,6 +536,7 @@ class AttnkitSession:
         if xdist.xdist_worker(self.config) is not None:
             self.config.workeroutput["attnkit"] = json.dumps(self.document, default=str)  # type: ignore[attr-defined]
             return []
+        self.untested = asked_for_but_untested(self.document, self.settings.impl)
         lines = []
         if self.speed is not None and self.settings.save_baseline:
             records = report.speed_records(self.document)
