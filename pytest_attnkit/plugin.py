@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from pytest_attnkit.controller import options, xdist
+from pytest_attnkit.controller.outcome import FittedMessage
 from pytest_attnkit.controller.report import ReportInUse, check_writable, claim
 from pytest_attnkit.controller.session import SESSION_KEY, AttnkitSession
 from pytest_attnkit.controller.table import WIDTH, summary_sections, wrap
@@ -248,11 +249,31 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
-    report = yield
     session = item.config.stash.get(SESSION_KEY, None)
+    failure = call.excinfo.value if call.excinfo is not None else None
+    report = yield
+    if (session is not None and report.failed and isinstance(failure, pytest.fail.Exception) and not failure.pytrace
+            and isinstance(failure.msg, str) and "attnkit_impl" in getattr(getattr(item, "callspec", None), "params", {})):
+        # Shown within 100 columns; read (str(), the report files, JUnit XML) as it was written.
+        report.longrepr = FittedMessage(failure.msg)
     if session is not None and (report.when == "call" or (report.when == "setup" and not report.passed)):
         session.record(item, report)
     return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_report_from_serializable(config: pytest.Config, data: dict[str, Any]) -> Any:
+    """pytest-xdist: a worker's attnkit failure reaches the controller as its text; shown wrapped there too."""
+    report = yield
+    if (SESSION_KEY in config.stash and isinstance(report, pytest.TestReport) and report.failed
+            and isinstance(report.longrepr, str) and "[" in report.nodeid
+            and report.nodeid.split("::", 1)[0] in _suite_node_paths()):
+        report.longrepr = FittedMessage(report.longrepr)
+    return report
+
+
+def _suite_node_paths() -> set[str]:
+    return {module.replace(".", "/") + ".py" for module in _suite_files().values()}
 
 
 @pytest.hookimpl(wrapper=True)

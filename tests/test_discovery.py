@@ -113,7 +113,7 @@ def test_a_node_id_as_pytest_printed_it_reruns_just_that_test(pytester: pytest.P
     node_id = f"pytest_attnkit/suites/test_correctness.py::test_forward[wrong_scale-{SMALL}]"
     failed = pytester.runpytest("--attnkit", "-k", f"test_forward and {SMALL}")
     failed.stdout.fnmatch_lines([f"FAILED {node_id}*"])
-    failed.stdout.fnmatch_lines(["*rerun with pytest --attnkit --attnkit-impl=wrong_scale --attnkit-seed=0 -k*"])
+    failed.stdout.fnmatch_lines(["*pytest --attnkit --attnkit-impl=wrong_scale --attnkit-seed=0 -k*"])
     again = pytester.runpytest("--attnkit", node_id)
     again.assert_outcomes(failed=1)
     header = "\n".join(line for line in again.outlines if line.startswith("attnkit:   "))

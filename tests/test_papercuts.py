@@ -165,3 +165,22 @@ def test_without_attnkit_impl_an_unavailable_implementation_is_only_reported() -
     assert asked_for_but_untested(document, []) == []
     [said] = asked_for_but_untested(document, ["cupy_naive", "torch_sdpa"])
     assert said.startswith("cupy_naive was asked for (--attnkit-impl=cupy_naive,torch_sdpa) and ran no test")
+
+
+# 6. Failure messages keep to 100 columns, wrapped at words with nothing cut; a rerun command
+# stays on one line so that it pastes back.
+def test_failure_messages_keep_to_100_columns(pytester: pytest.Pytester, fake_dist) -> None:
+    fake_dist({"wrong_scale": fake("wrong_scale"), "raises": fake("raises")})
+    result = pytester.runpytest("--attnkit", "-p", "no:cacheprovider", "--attnkit-suite=correctness",
+                                "--attnkit-impl=wrong_scale,raises", "-k", "test_forward and q113-k113-d64")
+    assert result.parseoutcomes()["failed"] >= 2
+    failures = result.outlines[result.outlines.index(next(line for line in result.outlines if "= FAILURES =" in line)):]
+    # What cannot break stays whole: a path, a rerun command; pytest's own FAILED lines are not attnkit's.
+    wide = [line for line in failures if len(line) > 100 and " " in line.strip()
+            and not line.lstrip().startswith("pytest --attnkit ") and not line.startswith("FAILED ")]
+    assert not wide, "\n".join(wide)
+    text = " ".join(" ".join(failures).split())
+    # Nothing cut: the figures of the comparison are all there, and the rerun command is whole.
+    assert re.search(r"out: max error \S+ exceeds allowed \S+ .* cosine \S+, RMSE \S+", text), text
+    assert re.search(r"^ *pytest --attnkit --attnkit-impl=wrong_scale --attnkit-seed=0 -k 'wrong_scale and "
+                     r"b\S+':$", "\n".join(failures), re.MULTILINE), "\n".join(failures)

@@ -487,7 +487,7 @@ class AttnkitSession:
             return
         case = params.get("attnkit_case")
         skipped = test_report.skipped and isinstance(test_report.longrepr, tuple)
-        text = test_report.longrepr[2] if skipped else str(test_report.longrepr or "")
+        text = (test_report.longrepr[2] if skipped else str(test_report.longrepr or "")).replace(NO_BREAK, " ")
         reason = None
         if skipped:
             # Whole: the views shorten it where they must, at a word (table.py: correctness_verdict).
