@@ -20,9 +20,10 @@ from typing import Any
 import pytest
 
 from pytest_attnkit.controller import options, xdist
+from pytest_attnkit.controller.outcome import FittedMessage
 from pytest_attnkit.controller.report import ReportInUse, check_writable, claim
 from pytest_attnkit.controller.session import SESSION_KEY, AttnkitSession
-from pytest_attnkit.controller.table import summary_sections, wrap
+from pytest_attnkit.controller.table import WIDTH, summary_sections, wrap
 
 SUITES_PACKAGE = "pytest_attnkit.suites"
 FINISH_KEY = pytest.StashKey[list]()
@@ -55,6 +56,32 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     options.add_options(parser)
+
+
+#: pytest-benchmark's warning for a test that requested its fixture and never timed with it.
+BENCHMARK_UNUSED = "Benchmark fixture was not used at all in this test!"
+BENCHMARK_WARNING = "pytest_benchmark.logger.PytestBenchmarkWarning"
+
+
+class BenchmarkHeaderWidth:
+    """Wraps pytest-benchmark's header line (176 columns: its every default) to the width of the
+    attnkit header below it. Registered only in runs with ``--attnkit``."""
+
+    NAME = "attnkit-benchmark-header"
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_report_header(self, config: pytest.Config) -> Any:
+        results = yield
+        return [self._fit(result) for result in results]
+
+    @staticmethod
+    def _fit(result: Any) -> Any:
+        lines = [result] if isinstance(result, str) else result
+        if not isinstance(lines, list) or not any(isinstance(line, str) and line.startswith("benchmark: ")
+                                                  and len(line) > WIDTH for line in lines):
+            return result
+        return [part for line in lines for part in (wrap(line, "benchmark:   ")
+                                                    if line.startswith("benchmark: ") else [line])]
 
 
 def _suite_node_ids(config: pytest.Config) -> list[str] | None:
@@ -111,6 +138,11 @@ def pytest_configure(config: pytest.Config) -> None:
     if reference:
         settings = dataclasses.replace(settings, reference=reference,
                                        sources={**settings.sources, "reference": "hook pytest_attnkit_reference"})
+    if config.pluginmanager.hasplugin("benchmark"):
+        # A speed test that fails or skips before its timings reach pytest-benchmark leaves the
+        # fixture unused; the failure already says why, the warning only repeats it per test.
+        config.addinivalue_line("filterwarnings", f"ignore:{BENCHMARK_UNUSED}:{BENCHMARK_WARNING}")
+        config.pluginmanager.register(BenchmarkHeaderWidth(), BenchmarkHeaderWidth.NAME)
     if hasattr(config.option, "benchmark_quiet") and _benchmark_table_unasked(config):
         # pytest-benchmark's own table repeats the attnkit speed table; asking for its columns
         # (--benchmark-columns=...) brings it back.
@@ -217,11 +249,31 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
-    report = yield
     session = item.config.stash.get(SESSION_KEY, None)
+    failure = call.excinfo.value if call.excinfo is not None else None
+    report = yield
+    if (session is not None and report.failed and isinstance(failure, pytest.fail.Exception) and not failure.pytrace
+            and isinstance(failure.msg, str) and "attnkit_impl" in getattr(getattr(item, "callspec", None), "params", {})):
+        # Shown within 100 columns; read (str(), the report files, JUnit XML) as it was written.
+        report.longrepr = FittedMessage(failure.msg)
     if session is not None and (report.when == "call" or (report.when == "setup" and not report.passed)):
         session.record(item, report)
     return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_report_from_serializable(config: pytest.Config, data: dict[str, Any]) -> Any:
+    """pytest-xdist: a worker's attnkit failure reaches the controller as its text; shown wrapped there too."""
+    report = yield
+    if (SESSION_KEY in config.stash and isinstance(report, pytest.TestReport) and report.failed
+            and isinstance(report.longrepr, str) and "[" in report.nodeid
+            and report.nodeid.split("::", 1)[0] in _suite_node_paths()):
+        report.longrepr = FittedMessage(report.longrepr)
+    return report
+
+
+def _suite_node_paths() -> set[str]:
+    return {module.replace(".", "/") + ".py" for module in _suite_files().values()}
 
 
 @pytest.hookimpl(wrapper=True)
@@ -240,6 +292,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if attnkit is not None:
         attnkit.stop_ahead()  # no test is left to wait for a request (Ctrl-C and SIGTERM come here at once)
         session.config.stash[FINISH_KEY] = attnkit.finish(exitstatus)
+        if attnkit.untested and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # all skipped is not green for what was asked
 
 
 def _deals(config: pytest.Config) -> bool:
@@ -294,6 +348,8 @@ def _attnkit_summary(terminalreporter: Any, config: pytest.Config) -> None:
     sections = summary_sections(session.document, verbose=config.getoption("verbose") > 0)
     sections.append(("attnkit baselines and reports",
                      [part for line in config.stash.get(FINISH_KEY, []) for part in wrap(line, "  ")]))
+    sections.append(("attnkit: NOTHING TESTED of what was asked for (the run fails)",
+                     [part for line in session.untested for part in wrap(line, "  ")]))
     for title, lines in sections:
         if any(lines):
             terminalreporter.section(title)

@@ -8,6 +8,7 @@ importing, breaks only itself.
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import importlib.metadata
 from dataclasses import dataclass
@@ -58,14 +59,20 @@ def discover() -> list[EntryPointRef]:
 def select(refs: list[EntryPointRef], patterns: list[str]) -> list[EntryPointRef]:
     """The refs whose names match any of the glob ``patterns`` (all refs when there are none).
 
-    Raises ``LookupError`` naming the patterns that match nothing and listing the known names.
+    Raises ``LookupError`` naming the patterns that match nothing, suggesting the known names close
+    to each (difflib: a misspelling, as ``torch_spda``), and listing the known names.
     """
     if not patterns:
         return list(refs)
     unmatched = [pattern for pattern in patterns if not any(fnmatch.fnmatchcase(ref.name, pattern) for ref in refs)]
     if unmatched:
-        known = ", ".join(sorted({ref.name for ref in refs})) or "none registered"
-        raise LookupError(f"no implementation matches {', '.join(map(repr, unmatched))} (known: {known})")
+        names = sorted({ref.name for ref in refs})
+        known = ", ".join(names) or "none registered"
+        guesses = [f"did you mean {' or '.join(map(repr, close))}"
+                   + (f" for {pattern!r}" if len(unmatched) > 1 else "") + "?" for pattern in unmatched
+                   if (close := difflib.get_close_matches(pattern, names, n=2, cutoff=0.8))]
+        raise LookupError(f"no implementation matches {', '.join(map(repr, unmatched))}"
+                          + (f"; {' '.join(guesses)}" if guesses else "") + f" (known: {known})")
     return [ref for ref in refs if any(fnmatch.fnmatchcase(ref.name, pattern) for pattern in patterns)]
 
 

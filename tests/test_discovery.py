@@ -66,8 +66,9 @@ def test_broken_entry_points_fail_alone(pytester: pytest.Pytester, fake_dist) ->
     for name, words in expected.items():
         first = outcomes[f"test_forward[{name}-{SMALL}]"]
         assert first.outcome == "failed" and "could not be loaded from entry point" in first.text and words in first.text
-        later = outcomes[f"test_backward[{name}-{SMALL}]"]
-        assert later.outcome == "failed" and "the first of its tests shows why" in later.text
+        later = outcomes[f"test_backward[{name}-{SMALL}]"]  # one import error, one failure (issue 44)
+        assert later.outcome == "skipped" and f"{name} could not be loaded" in later.text
+        assert f"test_forward[{name}-{SMALL}] fails with the traceback" in later.text
     result = pytester.runpytest("--attnkit", "--attnkit-impl", names, "--collect-only")
     result.stdout.fnmatch_lines(["attnkit:   import_fails     BROKEN: ImportError: libfoo.so.1: cannot open shared object file"])
 
@@ -112,7 +113,7 @@ def test_a_node_id_as_pytest_printed_it_reruns_just_that_test(pytester: pytest.P
     node_id = f"pytest_attnkit/suites/test_correctness.py::test_forward[wrong_scale-{SMALL}]"
     failed = pytester.runpytest("--attnkit", "-k", f"test_forward and {SMALL}")
     failed.stdout.fnmatch_lines([f"FAILED {node_id}*"])
-    failed.stdout.fnmatch_lines(["*rerun with pytest --attnkit --attnkit-impl=wrong_scale --attnkit-seed=0 -k*"])
+    failed.stdout.fnmatch_lines(["*pytest --attnkit --attnkit-impl=wrong_scale --attnkit-seed=0 -k*"])
     again = pytester.runpytest("--attnkit", node_id)
     again.assert_outcomes(failed=1)
     header = "\n".join(line for line in again.outlines if line.startswith("attnkit:   "))

@@ -4,7 +4,8 @@ Every suite's check sends its request through the pool and hands the reply to
 :meth:`Outcomes.settle`: ``OK`` returns, a refusal skips with the implementation's reasons in
 words, a case that did not fit on the GPU alone skips with the numbers, everything else fails
 with what went wrong. A traceback is shown once per implementation
-and error; the tests that meet the same error again get a one-line reference to the first.
+and error; the tests that meet the same error again get a one-line reference to the first. What
+the terminal shows of any attnkit failure is wrapped to 100 columns by :func:`fit`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,38 @@ from typing import Any
 
 import pytest
 
+from pytest_attnkit.controller.table import NO_BREAK, WIDTH, wrap
 from pytest_attnkit.records import Reply, Status
+
+
+def fit(text: str, width: int = WIDTH) -> str:
+    """A failure message as the terminal shows it: every line longer than ``width`` wrapped at
+    words, its continuation indented four columns past its own indentation, nothing cut. What
+    cannot break stays whole: a path, and a rerun command (its words joined by ``NO_BREAK``),
+    which must paste back as one line."""
+    lines = []
+    for line in text.splitlines():
+        if len(line) <= width:
+            lines.append(line.replace(NO_BREAK, " "))
+            continue
+        indent = " " * (len(line) - len(line.lstrip()) + 4)
+        lines += wrap(line, indent, width)
+    return "\n".join(lines)
+
+
+class FittedMessage:
+    """A failure's message as a test report's ``longrepr``: the terminal gets it wrapped by
+    :func:`fit`; ``str()`` (the report files, JUnit XML, pytest-xdist) gets it as it was written."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text.replace(NO_BREAK, " ")
+
+    def toterminal(self, out: Any) -> None:
+        for line in fit(self.text).splitlines():
+            out.line(line)
 
 
 def _last_line(text: str) -> str:

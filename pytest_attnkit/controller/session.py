@@ -53,6 +53,29 @@ def ahead_order(items: list[pytest.Item], suite_of: Any) -> list[pytest.Item]:
     return sorted(items, key=lambda item: suite_of(item) != "memory")
 
 
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "?"
+
+
+def asked_for_but_untested(document: dict[str, Any], asked: list[str]) -> list[str]:
+    """What to say of each implementation that ``--attnkit-impl`` named or matched (``asked``, its
+    patterns) and that ran no test because it is unavailable here; empty without ``--attnkit-impl``.
+
+    A run that tested nothing of what it was asked to test must not be green. Without
+    ``--attnkit-impl`` a run tests what is installed and can run here, and one that cannot (the
+    bundled cupy_naive on a machine without a GPU) is only reported: CI's main job on the CPU
+    stays green."""
+    if not asked:
+        return []
+    ran = {test["impl"] for test in document["tests"] if test["outcome"] in ("passed", "failed")}
+    return [f"{name} was asked for (--attnkit-impl={','.join(asked)}) and ran no test: it is unavailable here "
+            f"({info.get('reason') or 'no reason given'}). Run it where it is available, or leave it out of "
+            "--attnkit-impl."
+            for name, info in document["implementations"].items()
+            if info["status"] == "unavailable" and name not in ran]
+
+
 def property_check(item: pytest.Item) -> str:
     """The check a properties test runs: its name without ``test_`` and ``_backward``
     (suites/test_properties.py: ``test_determinism_backward`` runs "determinism")."""
@@ -91,6 +114,8 @@ class AttnkitSession:
         self.cache_env = caches.cache_environment(self.cache_root)
         #: Requests that may run at once (1: each test sends its own, when it runs).
         self.jobs = 1
+        #: Implementations --attnkit-impl asked for that ran nothing, in words (set by finish()).
+        self.untested: list[str] = []
 
     # -- start-up ---------------------------------------------------------------------------
     def start(self, only: list[str] | None = None) -> None:
@@ -370,7 +395,13 @@ class AttnkitSession:
         for name, asked in questions.items():
             info = self.pool.info(name)
             if info.load_error:
-                continue  # its tests fail with the load error
+                # One import error, one failure: the first test fails with it, the rest point there.
+                first = asked[0][0]
+                reason = (f"{name} could not be loaded ({_last_line(info.load_error)}); "
+                          f"{first.nodeid} fails with the traceback")
+                for item, _, _ in asked[1:]:
+                    item.add_marker(pytest.mark.skip(reason=reason))
+                continue
             if info.unavailable:
                 for item, _, _ in asked:
                     item.add_marker(pytest.mark.skip(reason=f"{name} is unavailable: {info.unavailable}"))
@@ -456,10 +487,11 @@ class AttnkitSession:
             return
         case = params.get("attnkit_case")
         skipped = test_report.skipped and isinstance(test_report.longrepr, tuple)
-        text = test_report.longrepr[2] if skipped else str(test_report.longrepr or "")
+        text = (test_report.longrepr[2] if skipped else str(test_report.longrepr or "")).replace(NO_BREAK, " ")
         reason = None
         if skipped:
-            reason = text.removeprefix("Skipped: ").split(": ", 1)[-1].split(";")[0].strip()[:60]
+            # Whole: the views shorten it where they must, at a word (table.py: correctness_verdict).
+            reason = text.removeprefix("Skipped: ").split(": ", 1)[-1].split(";")[0].strip()
         impl = params["attnkit_impl"]
         self.test_outcomes.append({"test": item.nodeid, "impl": impl, "suite": self.suite_of(item) or "?",
                                    "case": case.id if case is not None else None, "function": item.originalname,
@@ -504,6 +536,7 @@ class AttnkitSession:
         if xdist.xdist_worker(self.config) is not None:
             self.config.workeroutput["attnkit"] = json.dumps(self.document, default=str)  # type: ignore[attr-defined]
             return []
+        self.untested = asked_for_but_untested(self.document, self.settings.impl)
         lines = []
         if self.speed is not None and self.settings.save_baseline:
             records = report.speed_records(self.document)

@@ -31,12 +31,28 @@ def wrap(text: str, indent: str = "", width: int = WIDTH) -> list[str]:
     return [line.replace(NO_BREAK, " ") for line in lines]
 
 
+#: The most of a skip reason the summary's correctness line quotes (the report files have it whole).
+REASON_WIDTH = 60
+
+
+def shorten(text: str, width: int) -> str:
+    """``text`` cut to at most ``width`` columns at a word boundary, with "..." where it was cut."""
+    short = textwrap.shorten(text, width=width, placeholder=" ...", break_on_hyphens=False)
+    return text if short == "..." else short  # one word longer than the width: whole, and wrapped
+
+
 def format_bytes(count: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(count) < 1024 or unit == "TiB":
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
         count /= 1024
     raise AssertionError("unreachable")
+
+
+def name_width(names: Iterable[str]) -> int:
+    """The width of a column of implementation names: the longest, and 16 at least, so that
+    the columns after it line up whatever the names."""
+    return max([16, *map(len, names)])
 
 
 # -- the header -------------------------------------------------------------------------------
@@ -68,6 +84,8 @@ def header_lines(*, environment: dict[str, Any], device: str, profile: str, suit
     impls = list(impls)
     if not impls:
         lines.append("attnkit: no implementations selected")
+    width = name_width(info.name for info in impls)
+    indent = "attnkit:" + " " * (width + 4)
     for info in impls:
         if info.load_error:
             text = info.load_error.strip()
@@ -78,12 +96,12 @@ def header_lines(*, environment: dict[str, Any], device: str, profile: str, suit
             caps = info.capabilities
             state = (f"available ({caps.get('memory_class') or 'undeclared'} memory, "
                      f"{'fwd+bwd' if caps.get('backward') else 'fwd only'})")
-        line = f"attnkit:   {info.name:<16} {state}  [{info.origin}]"
+        line = f"attnkit:   {info.name:<{width}} {state}  [{info.origin}]"
         if len(line) <= WIDTH:
             lines.append(line)
         else:  # the entry point on a line of its own
-            lines += wrap(f"attnkit:   {info.name:<16} {state}", "attnkit:" + " " * 20)
-            lines += wrap(f"attnkit:{' ' * 20}[{info.origin}]", "attnkit:" + " " * 20)
+            lines += wrap(f"attnkit:   {info.name:<{width}} {state}", indent)
+            lines += wrap(f"{indent}[{info.origin}]", indent)
     return lines
 
 
@@ -110,7 +128,7 @@ def correctness_verdict(document: dict[str, Any], name: str) -> str:
     if reasons:
         why, _ = reasons.most_common(1)[0]
         if why:
-            coverage += f" (mostly: {why})"
+            coverage += f" (mostly: {shorten(why, REASON_WIDTH)})"
     if counts["failed"]:
         verdict = "FAIL"
     elif document["interrupted"] or sum(counts.values()) < collected:
@@ -159,6 +177,21 @@ def _headline_speed(document: dict[str, Any], name: str) -> str:
             share = f" ({100 * m['tflops'] / ceilings['matmul_bf16_tflops']:.0f}% of matmul)" if ceilings else ""
             figures.append((shape["seqlen_q"], f"{m['tflops']:.0f} TFLOP/s at N={shape['seqlen_q']}{share}"))
     return "; ".join(text for _, text in sorted(figures))
+
+
+def speed_headline(document: dict[str, Any], name: str) -> str:
+    """The summary's speed figures for one implementation: TFLOP/s at the headline shapes, else how
+    many cases the speed table holds for it (the smoke set on the CPU has no headline shape)."""
+    figures = _headline_speed(document, name)
+    if figures:
+        return figures
+    modes = Counter(m["mode"] for m in document["speed"]["measurements"] if m["impl"] == name)
+    if not modes:
+        return "-"
+    count = sum(modes.values())
+    split = ", ".join(f"{modes[mode]} {_MODES.get(mode, mode)}" for mode in ("forward", "backward") if modes[mode])
+    return (f"{count} case{'' if count == 1 else 's'} timed ({split}), in the speed table; none at the "
+            f"headline shape (forward, d128, N={' or '.join(map(str, HEADLINE_LENGTHS))})")
 
 
 def _runs_of(decisions: list[dict[str, Any]]) -> str:
@@ -219,6 +252,7 @@ def headline_lines(document: dict[str, Any]) -> list[str]:
     """A block per implementation: correctness, accuracy, memory, speed, gate and the properties,
     each on its own line."""
     lines = []
+    width = name_width(document["implementations"])
     for name in document["implementations"]:
         memory = ", ".join(f"{sweep['direction']} {memory_figure(sweep)}"
                            for sweep in document["memory"] if sweep["impl"] == name)
@@ -226,13 +260,13 @@ def headline_lines(document: dict[str, Any]) -> list[str]:
         if document["implementations"][name]["status"] == "available":
             rows.append(("accuracy", accuracy_headline(document, name)))
         rows += [("memory", memory or "-"),
-                 ("speed", _headline_speed(document, name) or "-"), ("gate", gate_headline(document, name))]
+                 ("speed", speed_headline(document, name)), ("gate", gate_headline(document, name))]
         verdicts = property_verdicts(document, name)
         if verdicts:
             rows.append(("properties", " · ".join(verdict.replace(" ", NO_BREAK) for verdict in verdicts)))
         first = True
         for label, value in rows:
-            prefix = f"{name if first else '':<16} {label:<12} "
+            prefix = f"{name if first else '':<{width}} {label:<12} "
             lines += wrap(prefix + value, " " * len(prefix))
             first = False
     return lines
@@ -518,7 +552,7 @@ def markdown(document: dict[str, Any]) -> str:
         for name in names:
             memory = ", ".join(f"{s['direction']} {memory_figure(s)}" for s in document["memory"] if s["impl"] == name)
             out.append(f"| {name} | {correctness_verdict(document, name)} | {memory or '-'} | "
-                       f"{_headline_speed(document, name) or '-'} | {gate_headline(document, name)} |")
+                       f"{speed_headline(document, name)} | {gate_headline(document, name)} |")
         out.append("")
     speed = document["speed"]
     if speed["ceilings"]:
