@@ -114,6 +114,15 @@ def raises(q, k, v, *, causal=False, scale=None):
     raise RuntimeError("kernel launch failed: too many resources requested")
 
 
+def _launch(q):
+    raise RuntimeError("kernel launch failed: too many resources requested")
+
+
+def raises_in_helper(q, k, v, *, causal=False, scale=None):
+    """Raises two frames down, inside a helper of its own, as a launcher does."""
+    return _launch(q)
+
+
 def _past_the_end(t, count):
     """``count`` elements of the memory right after ``t``'s last element, as a kernel with an
     unmasked load of the last, partial tile reads them. A read past a CPU tensor's storage would be
