@@ -6,7 +6,8 @@ It imports nothing heavy (no torch), so the pytest process can read it freely.
 An entry point in the group ``attnkit.implementations`` names either
 
 (a) a plain callable ``attn(q, k, v, *, causal=False, scale=None) -> o``, which is taken to
-    support every case on every device, with its backward through autograd; or
+    support every dense case in the standard dtypes on every device, with its backward through
+    autograd, and no variant, layout or FP8 input (:class:`FunctionImpl`); or
 (b) an :class:`AttentionImpl` subclass (or an instance of one) that declares its capabilities
     as class attributes and may refine them in :meth:`AttentionImpl.not_supported_reasons`.
 
@@ -586,8 +587,9 @@ class AttentionImpl:
 
 
 class FunctionImpl(AttentionImpl):
-    """Form (a) of the contract: a plain callable, taken to support everything but FP8 inputs
-    (its signature has no place for the descales).
+    """Form (a) of the contract: a plain callable, taken to support every dense case but FP8 inputs
+    (its signature has no place for the descales), the variants and the two layouts (README.md and
+    docs/contract.md say so, and tests/test_docs.py holds them to this class).
 
     It declares no memory class: the memory suite reports what it measures without failing it,
     and no variant: its signature has no place for one.

@@ -420,3 +420,51 @@ def test_every_file_a_comment_names_exists() -> None:
                     if not _exists(reference, path.parent):
                         problems.append(f"{path.relative_to(REPO)}:{line}: {reference}")
     assert problems == []
+
+
+#: How the README and docs/contract.md name each thing a plain function is not handed: the
+#: contract's variant keywords, V's own head dim, the two layouts and FP8.
+PLAIN_FUNCTION_SKIPS = {"window_size": "a sliding window", "softcap": "softcap", "alibi_slopes": "ALiBi",
+                        "sinks": "sinks", "return_lse": "the LSE", "head_dim_v": "a V\nhead dim of its own",
+                        "varlen": "the packed (varlen)", "paged": "paged-KV layouts", "fp8": "FP8 inputs"}
+
+
+def _plain_function_statement(page: Path) -> str:
+    text = page.read_text(encoding="utf-8")
+    start = text.index("(a) A plain callable")
+    return text[start:text.index("\n\n", start)].split("(b) A class")[0]
+
+
+def _skipped_for(case: Case) -> set[str]:
+    """What of PLAIN_FUNCTION_SKIPS ``case`` uses."""
+    from pytest_attnkit.contract import is_fp8
+
+    used = set(case.variants)
+    if case.head_dim_v is not None:
+        used.add("head_dim_v")
+    if case.kind != "dense":
+        used.add(case.kind)
+    if is_fp8(case.dtype):
+        used.add("fp8")
+    return used
+
+
+@pytest.mark.parametrize("page", [README, DOCS / "contract.md"], ids=lambda page: page.name)
+def test_the_plain_function_statement_is_what_the_registry_does(page: Path) -> None:
+    from pytest_attnkit.cases import correctness_cases
+    from pytest_attnkit.contract import VARIANT_KEYWORDS, FunctionImpl
+
+    statement = _plain_function_statement(page)
+    assert "every\ncase" not in statement and "every case" not in statement
+    assert set(VARIANT_KEYWORDS) <= set(PLAIN_FUNCTION_SKIPS), "a new variant: name it in the statement"
+    for words in PLAIN_FUNCTION_SKIPS.values():
+        normalized = " ".join(statement.split())
+        assert " ".join(words.split()) in normalized, words
+    impl = FunctionImpl(lambda q, k, v, *, causal=False, scale=None: q)
+    smoke = correctness_cases("smoke")
+    runs = [case for case in smoke if not impl.not_supported_reasons(case, "cpu", backward=True)]
+    # What it runs is exactly what uses none of the things named, and the counts are the text's.
+    assert {case.id for case in runs} == {case.id for case in smoke if not _skipped_for(case)}
+    counts = f"runs {len(runs)} of the {len(smoke)} cases, and the other {len(smoke) - len(runs)} skip"
+    assert counts in " ".join(statement.split())
+    assert all(impl.not_supported_reasons(case, "cuda") == [] for case in runs)  # on every device

@@ -23,10 +23,10 @@ FORWARD_FAULTS = {
     "half_written": ((NQ_GT_NK, GQA), "out:"),
     "nan_output": ((NQ_GT_NK, GQA), "NaN/Inf values"),
     "modifies_input": ((NQ_GT_NK, GQA), "modified its input k"),
-    "wrong_shape": ((NQ_GT_NK, GQA), "63) (expected ("),
-    "wrong_dtype": ((NQ_GT_NK, GQA), "wrong dtype torch.float32 (expected torch.float16)"),
-    "wrong_device": ((NQ_GT_NK, GQA), "wrong device meta"),
-    "not_a_tensor": ((NQ_GT_NK, GQA), "output is a list, expected a torch.Tensor"),
+    "wrong_shape": ((NQ_GT_NK, GQA), "63] where the contract asks ["),
+    "wrong_dtype": ((NQ_GT_NK, GQA), "returned dtype torch.float32 where the contract asks torch.float16"),
+    "wrong_device": ((NQ_GT_NK, GQA), "on device meta where the contract asks cpu"),
+    "not_a_tensor": ((NQ_GT_NK, GQA), "output: returned a list where the contract asks a torch.Tensor"),
     "raises": ((NQ_GT_NK, GQA), "kernel launch failed"),
 }
 

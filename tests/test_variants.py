@@ -142,7 +142,7 @@ FORWARD_FAULTS = {
     "SinksIgnored": ((SINKS, EVERYTHING), "out: max error"),
     "LseInLog2": ((LSE, EVERYTHING), "lse: max error"),
     "ScaleFromValueDim": ((MLA,), "out: max error"),
-    "OutputShapedLikeQ": ((MLA,), "output has the wrong shape (1, 2, 64, 192) (expected (1, 2, 64, 128))"),
+    "OutputShapedLikeQ": ((MLA,), "output: returned shape [1, 2, 64, 192] where the contract asks [1, 2, 64, 128]"),
 }
 
 

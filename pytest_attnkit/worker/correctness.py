@@ -32,41 +32,18 @@ Returns a :class:`~pytest_attnkit.records.Reply` whose data is a
 from __future__ import annotations
 
 import math
-import traceback
 from typing import Any
 
 from pytest_attnkit.contract import FP8_OUTPUT_DTYPE, AccuracyBudget, AttentionImpl, Case, accuracy_budget, is_fp8
 from pytest_attnkit.oracle import forward_and_grads, lse_rows_with_a_key
 from pytest_attnkit.records import Comparison, CorrectnessResult, Reply, Status
+from pytest_attnkit.worker.calls import (ContractViolation, InputWatch, check_returned, given_inputs, gradients,
+                                         kernel_traceback)
 from pytest_attnkit.worker.diagnosis import Evidence, Suspect, Wrap, diagnose
 from pytest_attnkit.worker.inputs import (call_implementation, dequantized, expected_shapes, make_inputs,
                                           poison_free_memory, trial_seed)
 from pytest_attnkit.worker.out_of_memory import out_of_memory_reply
 from pytest_attnkit.worker.tolerance import compare, compare_budget, factor_and_extra_floor
-
-
-class ContractViolation(Exception):
-    """The implementation returned something the contract forbids (wrong shape, modified inputs...)."""
-
-
-def _check_tensor(name: str, value: Any, reference: Any, *, shape: tuple[int, ...] | None = None,
-                  dtype: Any = None) -> None:
-    """``value`` must be a tensor with ``reference``'s shape, dtype and device (or those given)."""
-    import torch
-
-    if not isinstance(value, torch.Tensor):
-        raise ContractViolation(f"{name} is a {type(value).__name__}, expected a torch.Tensor")
-    shape = tuple(reference.shape) if shape is None else shape
-    dtype = reference.dtype if dtype is None else dtype
-    problems = []
-    if tuple(value.shape) != shape:
-        problems.append(f"shape {tuple(value.shape)} (expected {shape})")
-    if value.dtype != dtype:
-        problems.append(f"dtype {value.dtype} (expected {dtype})")
-    if value.device != reference.device:
-        problems.append(f"device {value.device} (expected {reference.device})")
-    if problems:
-        raise ContractViolation(f"{name} has the wrong " + " and ".join(problems))
 
 
 def _synchronize(device: str) -> None:
@@ -76,67 +53,46 @@ def _synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _split_output(case: Case, returned: Any) -> tuple[Any, Any]:
-    """(out, lse) from what the implementation returned: ``(out, lse)`` when the case asks for it."""
-    if not case.return_lse:
-        return returned, None
-    if not isinstance(returned, (tuple, list)) or len(returned) != 2:
-        raise ContractViolation(f"return_lse=True: expected (out, lse), got a {type(returned).__name__}"
-                                + (f" of length {len(returned)}" if isinstance(returned, (tuple, list)) else ""))
-    return returned[0], returned[1]
-
-
 def run_for_results(impl: AttentionImpl, case: Case, inputs: Any, device: str, backward: bool) -> dict[str, Any]:
     """Call ``impl`` on ``inputs`` (and its backward): the output, the LSE and the gradients by
-    name; raises :class:`~pytest_attnkit.contract.ContractViolation` for a breach of the contract
-    (a wrong shape, a detached output, a modified input) and whatever the implementation raises."""
+    name; raises :class:`~pytest_attnkit.worker.calls.ContractViolation` for a breach of the
+    contract (a wrong shape, a detached output, a modified input) and whatever the implementation
+    raises."""
     import torch
 
     q, k, v = (t.detach().requires_grad_(backward) for t in (inputs.q, inputs.k, inputs.v))
     sinks = None if inputs.sinks is None else inputs.sinks.detach().requires_grad_(backward)
-    given = {"q": q, "k": k, "v": v, "sinks": sinks, "alibi_slopes": inputs.alibi_slopes,
-             "q_descale": inputs.q_descale, "k_descale": inputs.k_descale, "v_descale": inputs.v_descale}
-    given = {name: tensor for name, tensor in given.items() if tensor is not None}
-    snapshots = {name: t.detach().clone() for name, t in given.items()}
+    watch = InputWatch(given_inputs(q, k, v, inputs, sinks=sinks))
     out_dtype = getattr(torch, FP8_OUTPUT_DTYPE) if is_fp8(case.dtype) else q.dtype
-    out_shape, lse_shape = expected_shapes(case)
+    out_shape, _ = expected_shapes(case)
     out_bytes = math.prod(out_shape) * out_dtype.itemsize
     poison_free_memory(device, [out_bytes] * 2 + ([k.numel() * k.element_size()] * 2 if backward else []))
 
     with torch.set_grad_enabled(backward):
-        out, lse = _split_output(case, call_implementation(impl, case, q, k, v, inputs, sinks=sinks))
+        returned = call_implementation(impl, case, q, k, v, inputs, sinks=sinks)
     _synchronize(device)
-    _check_tensor("output", out, q, shape=out_shape, dtype=out_dtype)
+    out, lse = check_returned(case, returned, q, backward=backward)
     results = {"out": out.detach()}
     if lse is not None:
-        _check_tensor("lse", lse, q, shape=lse_shape, dtype=torch.float32)
         results["lse"] = lse.detach()
     if backward:
-        if not out.requires_grad:
-            raise ContractViolation(
-                "the output is detached from autograd (no grad_fn), but the implementation declares backward support"
-            )
         outputs, upstream = [out], [inputs.dout]
         if lse is not None:
-            if not lse.requires_grad:
-                raise ContractViolation("the lse is detached from autograd (no grad_fn): its gradient must flow")
             outputs.append(lse)
             upstream.append(inputs.dlse)
         leaves = {"dq": q, "dk": k, "dv": v}
         if sinks is not None:
             leaves["dsinks"] = sinks
-        grads = torch.autograd.grad(outputs, tuple(leaves.values()), upstream, allow_unused=True)
+        try:
+            grads = gradients(outputs, upstream, leaves)
+        except ContractViolation:
+            raise
+        except Exception as error:  # autograd's "modified by an inplace operation": the modification is the fault
+            watch.blame(error)
+            raise
         _synchronize(device)
-        for (name, leaf), grad in zip(leaves.items(), grads):
-            if grad is None:
-                raise ContractViolation(f"gradient {name} is missing: the result does not depend on {name[1:]} "
-                                        "through autograd")
-            _check_tensor(f"gradient {name}", grad, leaf)
-            results[name] = grad.detach()
-    for name, tensor in given.items():
-        if not torch.equal(tensor.detach(), snapshots[name]):
-            changed = int((tensor.detach() != snapshots[name]).sum().item())
-            raise ContractViolation(f"the implementation modified its input {name} ({changed} elements changed)")
+        results.update({name: grad.detach() for name, grad in grads.items()})
+    watch.check()
     return results
 
 
@@ -207,15 +163,9 @@ def judge_forward(impl: AttentionImpl, case: Case, inputs: Any, returned: Any,
     implementation gave it) on ``inputs``: for checks that run the kernel some other way than
     :func:`run_correctness` does (replayed from a CUDA graph, compiled by torch.compile).
     Raises :class:`ContractViolation` for a result of the wrong kind or shape."""
-    import torch
-
-    out, lse = _split_output(case, returned)
-    out_dtype = getattr(torch, FP8_OUTPUT_DTYPE) if is_fp8(case.dtype) else inputs.q.dtype
-    out_shape, lse_shape = expected_shapes(case)
-    _check_tensor("output", out, inputs.q, shape=out_shape, dtype=out_dtype)
+    out, lse = check_returned(case, returned, inputs.q)
     actual = {"out": out.detach()}
     if lse is not None:
-        _check_tensor("lse", lse, inputs.q, shape=lse_shape, dtype=torch.float32)
         actual["lse"] = lse.detach()
     _open_lse_rows_zeroed(case, actual)
     oracle = _used_rows(case, _references(case, inputs, False, float64=True))
@@ -267,9 +217,9 @@ def run_correctness(
             actual = run_for_results(impl, case, inputs, device, backward)
         except ContractViolation as violation:
             return Reply(Status.WRONG, str(violation), result.to_dict())
-        except Exception as error:  # the implementation's own exception: report it whole
+        except Exception as error:  # the implementation's own exception: its traceback, not the harness's
             return (out_of_memory_reply(error, result.to_dict())
-                    or Reply(Status.RAISED, traceback.format_exc(), result.to_dict()))
+                    or Reply(Status.RAISED, kernel_traceback(error), result.to_dict()))
         _open_lse_rows_zeroed(case, actual)
         actual = _used_rows(case, actual)
         oracle = _used_rows(case, _references(case, inputs, backward, float64=True))

@@ -230,22 +230,6 @@ def call_implementation(impl: Any, case: Case, q: Any, k: Any, v: Any, inputs: I
     return impl(q, k, v, causal=case.causal, scale=None, **keywords)
 
 
-def warm_call(impl: Any, case: Case, *, device: str, seed: int, backward: bool) -> None:
-    """One call of ``impl`` on ``case`` (and the backward of its output, as the speed suite runs
-    it), the results dropped: whatever the implementation compiles on a first call is compiled."""
-    import torch
-
-    inputs = make_inputs(case, device, seed)
-    q, k, v = (t.detach().requires_grad_(backward) for t in (inputs.q, inputs.k, inputs.v))
-    with torch.set_grad_enabled(backward):
-        returned = call_implementation(impl, case, q, k, v, inputs)
-    if backward:
-        out = returned[0] if case.return_lse else returned
-        torch.autograd.grad(out, (q, k, v), inputs.dout, allow_unused=True)
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 def poison_free_memory(device: str, sizes_in_bytes: list[int]) -> None:
     """Fill and release blocks of these sizes with NaN so an implementation's next allocations
     of those sizes start out holding NaN instead of stale values.

@@ -203,7 +203,8 @@ def measure_point(impl: AttentionImpl, case: Case, *, backward: bool, seed: int,
         dout = inputs.dout if backward else None
         variant_inputs = replace(inputs, q=None, k=None, v=None, dout=None)  # a variant's ALiBi slopes or sinks
         del inputs
-        _run(impl, case, q, k, v, dout, variant_inputs)  # the warm-up: unmeasured; an OOM in it is the point's result
+        # The warm-up: unmeasured, and held to the contract; an OOM in it is the point's result.
+        _run(impl, case, q, k, v, dout, variant_inputs, checked=True)
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         gc.collect()
@@ -244,13 +245,26 @@ def measure_point(impl: AttentionImpl, case: Case, *, backward: bool, seed: int,
             gc.enable()
 
 
-def _run(impl: AttentionImpl, case: Case, q: Any, k: Any, v: Any, dout: Any, inputs: Any) -> list[Any]:
-    """One call: the output, and with ``dout`` the gradients of q, k and v (from a graph of its own)."""
+def _run(impl: AttentionImpl, case: Case, q: Any, k: Any, v: Any, dout: Any, inputs: Any, *,
+         checked: bool = False) -> list[Any]:
+    """One call: the output, and with ``dout`` the gradients of q, k and v (from a graph of its own).
+    ``checked`` holds it to the contract, its inputs compared by checksum: a copy would take
+    memory beside the case that this suite measures (pytest_attnkit/worker/calls.py)."""
     import torch
 
+    from pytest_attnkit.worker.calls import InputWatch, check_gradients, check_returned, given_inputs
+
+    watch = InputWatch(given_inputs(q, k, v, inputs), copy=False) if checked else None
     with torch.set_grad_enabled(dout is not None):
         out = call_implementation(impl, case, q, k, v, inputs)
+        if watch is not None:
+            check_returned(case, out, q, backward=dout is not None)
         returned = [out]
         if dout is not None:
-            returned += list(torch.autograd.grad(out, (q, k, v), dout))
+            grads = torch.autograd.grad(out, (q, k, v), dout, allow_unused=watch is not None)
+            if watch is not None:
+                check_gradients({"dq": q, "dk": k, "dv": v}, grads)
+            returned += list(grads)
+    if watch is not None:
+        watch.check()
     return returned

@@ -5,7 +5,9 @@ although it says ``deterministic``, one sequence's result changes with what else
 it cannot be captured in a CUDA graph, or it breaks ``torch.compile(fullgraph=True)``. Each check
 here runs one case and returns a :class:`~pytest_attnkit.records.Reply` whose data says whether
 the property held and how (:func:`result`); whether that fails the test is the declaration's to
-decide (:mod:`pytest_attnkit.controller.properties`):
+decide (:mod:`pytest_attnkit.controller.properties`). Every check holds its first call to the
+contract (:mod:`pytest_attnkit.worker.calls`): a result of the wrong shape or a modified input is
+WRONG, whatever is declared.
 
 - :func:`check_determinism`: the same inputs, run ``runs`` times (forward, or forward and
   backward), must give bitwise the same tensors; the figures say how far apart they were. A
@@ -32,6 +34,7 @@ from typing import Any, Callable
 
 from pytest_attnkit.contract import AttentionImpl, Case
 from pytest_attnkit.records import Reply, Status
+from pytest_attnkit.worker.calls import InputWatch, check_returned, checked_call, given_inputs, gradients
 from pytest_attnkit.worker.inputs import Inputs, call_implementation, make_inputs
 from pytest_attnkit.worker.out_of_memory import is_out_of_memory
 
@@ -77,20 +80,27 @@ def _spread(a: Any, b: Any) -> tuple[float, int]:
     return largest, differ
 
 
-def _run_once(impl: AttentionImpl, case: Case, inputs: Inputs, backward: bool) -> dict[str, Any]:
-    """One call on copies of the inputs: its outputs and, with backward, the gradients."""
+def _run_once(impl: AttentionImpl, case: Case, inputs: Inputs, backward: bool, *, checked: bool = False) -> dict[str, Any]:
+    """One call on copies of the inputs: its outputs and, with backward, the gradients; ``checked``
+    holds the call to the contract (:mod:`pytest_attnkit.worker.calls`)."""
     import torch
 
     q, k, v = (t.detach().clone().requires_grad_(backward) for t in (inputs.q, inputs.k, inputs.v))
     with torch.set_grad_enabled(backward):
-        tensors = _outputs(case, call_implementation(impl, case, q, k, v, inputs))
+        if checked:
+            tensors = _outputs(case, checked_call(impl, case, q, k, v, inputs, backward=backward))
+        else:
+            tensors = _outputs(case, call_implementation(impl, case, q, k, v, inputs))
     if backward:
         outputs, upstream = [tensors["out"]], [inputs.dout]
         if "lse" in tensors and inputs.dlse is not None:
             outputs.append(tensors["lse"])
             upstream.append(inputs.dlse)
-        grads = torch.autograd.grad(outputs, (q, k, v), upstream, allow_unused=True)
-        tensors.update({name: grad for name, grad in zip(("dq", "dk", "dv"), grads) if grad is not None})
+        if checked:
+            tensors.update(gradients(outputs, upstream, {"dq": q, "dk": k, "dv": v}))
+        else:
+            grads = torch.autograd.grad(outputs, (q, k, v), upstream, allow_unused=True)
+            tensors.update({name: grad for name, grad in zip(("dq", "dk", "dv"), grads) if grad is not None})
     return {name: tensor.detach().clone() for name, tensor in tensors.items()}
 
 
@@ -106,7 +116,7 @@ def check_determinism(impl: AttentionImpl, case: Case, *, device: str, seed: int
     check holds all the same: ``deterministic = "backward"`` promises the gradients, nothing about
     the forward."""
     inputs = make_inputs(case, device, seed)
-    first = _run_once(impl, case, inputs, backward)
+    first = _run_once(impl, case, inputs, backward, checked=True)
     largest: dict[str, float] = {name: 0.0 for name in first}
     differing: dict[str, int] = {name: 0 for name in first}
     for _ in range(runs - 1):
@@ -202,7 +212,7 @@ def check_batch_invariance(impl: AttentionImpl, case: Case, *, device: str, seed
 
     inputs = make_inputs(case, device, seed)
     with torch.no_grad():
-        whole = _outputs(case, call_implementation(impl, case, inputs.q, inputs.k, inputs.v, inputs))
+        whole = _outputs(case, checked_call(impl, case, inputs.q, inputs.k, inputs.v, inputs))
     sequences = list(range(case.batch))
     half = max(1, case.batch // 2)
     compositions = [[i] for i in sequences] + [sequences[::-1], sequences[:half], sequences[half:]]
@@ -245,12 +255,10 @@ def _copy_into(static: Inputs, fresh: Inputs) -> None:
 
 def _judged(check: str, impl: AttentionImpl, case: Case, inputs: Inputs, returned: Any, declared: bool,
             accuracy: Any, how: str) -> Reply:
-    from pytest_attnkit.worker.correctness import ContractViolation, judge_forward
+    from pytest_attnkit.worker.correctness import judge_forward
 
-    try:
-        comparisons = judge_forward(impl, case, inputs, returned, accuracy)
-    except ContractViolation as violation:
-        return result(check, declared, False, f"{how}, and its result breaks the contract: {violation}")
+    # A result that breaks the contract raises ContractViolation: WRONG, declared or not.
+    comparisons = judge_forward(impl, case, inputs, returned, accuracy)
     failed = [comparison for comparison in comparisons if not comparison.passed]
     if failed:
         return result(check, declared, False, f"{how}, and its result is wrong: "
@@ -275,7 +283,8 @@ def check_cuda_graph(impl: AttentionImpl, case: Case, *, seed: int, declared: bo
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.no_grad(), torch.cuda.stream(side):
-        for _ in range(3):  # compilation, autotuning and lazy allocations happen here, not in the capture
+        checked_call(impl, case, static.q, static.k, static.v, static)
+        for _ in range(2):  # compilation, autotuning and lazy allocations happen here, not in the capture
             call()
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
@@ -317,6 +326,7 @@ def check_torch_compile(impl: AttentionImpl, case: Case, *, device: str, seed: i
 
     torch._dynamo.reset()  # a fresh compilation: nothing from an earlier case is reused
     compiled = torch.compile(model, fullgraph=True, dynamic=False)
+    watch = InputWatch(given_inputs(inputs.q, inputs.k, inputs.v, inputs))
     try:
         with torch.no_grad():
             returned = compiled(inputs.q, inputs.k, inputs.v)
@@ -327,6 +337,7 @@ def check_torch_compile(impl: AttentionImpl, case: Case, *, device: str, seed: i
         lines = [line for line in explanation.splitlines() if line.strip()][:12]
         return result("torch_compile", declared, False,
                       f"breaks torch.compile(fullgraph=True): {type(error).__name__}: " + "\n".join(lines))
+    watch.check()
     return _judged("torch_compile", impl, case, inputs, returned, declared, accuracy,
                    "runs inside torch.compile(fullgraph=True)")
 
@@ -359,8 +370,11 @@ def check_opcheck(impl: AttentionImpl, case: Case, *, device: str, seed: int, op
             return func(*args, **kwargs)
 
     inputs = make_inputs(case, device, seed)
+    watch = InputWatch(given_inputs(inputs.q, inputs.k, inputs.v, inputs))
     with Recorder():
-        call_implementation(impl, case, inputs.q, inputs.k, inputs.v, inputs)
+        returned = call_implementation(impl, case, inputs.q, inputs.k, inputs.v, inputs)
+    check_returned(case, returned, inputs.q)
+    watch.check()
     if not recorded:
         return result("opcheck", True, False, f"the forward never called the custom op {op_name} it names (custom_op)")
     args, kwargs = recorded[0]

@@ -16,7 +16,9 @@ Messages are dicts with an ``op``: ``init`` (sys.path, device and which implemen
 "error": traceback}`` when the harness itself failed, each with ``spent``: the request's seconds
 in the worker and the part of them spent compiling (:mod:`pytest_attnkit.worker.compile_clock`).
 The suite ops answer with a :class:`~pytest_attnkit.records.Reply`, whose status says what
-became of the implementation. JSON both ways: a reply can never carry an object whose
+became of the implementation: a breach of the contract is WRONG, in the words of
+:mod:`pytest_attnkit.worker.calls`, in every suite, and what the implementation raised is RAISED
+with its own frames (:func:`~pytest_attnkit.worker.calls.kernel_traceback`). JSON both ways: a reply can never carry an object whose
 unpickling would import torch into the pytest process.
 
 ``warm`` runs one case once (forward, or forward and backward) and keeps nothing but what the
@@ -45,6 +47,7 @@ from pytest_attnkit import descendants
 from pytest_attnkit.contract import AttentionImpl, Case
 from pytest_attnkit.records import Reply, Status
 from pytest_attnkit.worker import compile_clock
+from pytest_attnkit.worker.calls import ContractViolation, kernel_traceback
 from pytest_attnkit.worker.out_of_memory import out_of_memory_reply
 
 CONTEXT_LOST = ("the worker's CUDA context is unusable after this error (a sticky error such as an illegal "
@@ -143,8 +146,8 @@ class Handler:
 
                     take_from_revision(message["revision_site"], message["value"])
                 self.impl = load_implementation(message["name"], message["value"])
-            except BaseException:  # an import that fails in any way breaks only this implementation
-                self.load_error = traceback.format_exc()
+            except BaseException as error:  # an import that fails in any way breaks only this implementation
+                self.load_error = kernel_traceback(error)
         return {"pid": os.getpid()}
 
     def op_environment(self, message: dict[str, Any]) -> dict[str, Any]:
@@ -157,8 +160,8 @@ class Handler:
             return {"load_error": self.load_error or "no implementation loaded"}
         try:
             unavailable = self.impl.unavailable_reason(self.device)
-        except Exception:
-            unavailable = "its availability check raised:\n" + traceback.format_exc()
+        except Exception as error:
+            unavailable = "its availability check raised:\n" + kernel_traceback(error)
         return {"unavailable": unavailable, "capabilities": self.impl.capabilities(), "type": type(self.impl).__qualname__}
 
     def _refusal(self, case: Case, backward: bool) -> Reply | None:
@@ -189,9 +192,11 @@ class Handler:
             assert self.impl is not None
             try:
                 reply = measure(self.impl, case)
+            except ContractViolation as violation:  # the same words in every suite (worker/calls.py)
+                reply = Reply(Status.WRONG, str(violation))
             except Exception as error:
                 self._check_cuda_context()
-                reply = out_of_memory_reply(error) or Reply(Status.RAISED, traceback.format_exc())
+                reply = out_of_memory_reply(error) or Reply(Status.RAISED, kernel_traceback(error))
         if reply.status in (Status.RAISED, Status.WRONG):
             self._check_cuda_context()
             if self.context_lost:
@@ -254,7 +259,7 @@ class Handler:
 
     def op_warm(self, message: dict[str, Any]) -> dict[str, Any]:
         """Run the case once, so that what it compiles is compiled (and in the disk caches)."""
-        from pytest_attnkit.worker.inputs import warm_call
+        from pytest_attnkit.worker.calls import warm_call
 
         backward = bool(message["backward"])
 

@@ -1,7 +1,9 @@
 """Speed, as the worker takes it: one case timed in one mode, and the machine's ceilings.
 
 The inputs are made outside the timed region, and successive calls rotate over copies of them
-(:func:`input_set_count`); the timer is :mod:`pytest_attnkit.worker.timer`.
+(:func:`input_set_count`); the timer is :mod:`pytest_attnkit.worker.timer`. The first call is held
+to the contract (:mod:`pytest_attnkit.worker.calls`) once the warm-up is done: a call that returns
+the wrong shape or modifies its inputs gets no figure, and no timed call carries a check.
 
 A backward sample runs ``torch.autograd.grad`` once on a graph of its own, whose forward ran just
 before, outside the timed region (the timer's ``prepare``): a graph is run backward once and
@@ -50,10 +52,9 @@ def measure_speed(impl: AttentionImpl, case: Case, mode: str, *, device: str, se
     ``syncs`` says whether a call synchronizes the host with the device (:func:`synchronizes`).
     With ``call_limit_ms``, a call whose warm-up took longer is not sampled: the reply says how
     long it took (``over_limit_ms``) instead of a timing (``pytest_attnkit.cases.CALL_LIMIT_MS``)."""
-    from pytest_attnkit.worker.timer import warm_up
-
-    call, prepare, sets = _timed_call(impl, case, mode, device=device, seed=seed, input_sets=input_sets)
-    warmed = warm_up(call, device, hold_stream=hold_stream, prepare=prepare)
+    call, prepare, sets, first = _timed_call(impl, case, mode, device=device, seed=seed, input_sets=input_sets)
+    warmed = first.warm_up(call, device, hold_stream=hold_stream, prepare=prepare)  # checks the first call:
+    # a call that breaks the contract gets no figure
     if call_limit_ms is not None and warmed.long_call and warmed.last_ms is not None \
             and warmed.last_ms > call_limit_ms:
         return {"over_limit_ms": round(warmed.last_ms, 1), "input_sets": sets}
@@ -67,10 +68,8 @@ def warm_speed(impl: AttentionImpl, case: Case, mode: str, *, device: str, seed:
     """The case's call, warmed up and ready to be sampled in blocks (an A/B run), with the number
     of input sets it rotates over (the same inputs, flush and hold as :func:`measure_speed`), and
     what :func:`synchronizes` found."""
-    from pytest_attnkit.worker.timer import warm_up
-
-    call, prepare, sets = _timed_call(impl, case, mode, device=device, seed=seed, input_sets=None)
-    warmed = warm_up(call, device, hold_stream=hold_stream, prepare=prepare)
+    call, prepare, sets, first = _timed_call(impl, case, mode, device=device, seed=seed, input_sets=None)
+    warmed = first.warm_up(call, device, hold_stream=hold_stream, prepare=prepare)
     return warmed, sets, synchronizes(call, prepare, device)
 
 
@@ -113,8 +112,9 @@ def sync_warning(messages: list[str]) -> str | None:
 
 
 def _timed_call(impl: AttentionImpl, case: Case, mode: str, *, device: str, seed: int,
-                input_sets: int | None) -> tuple[Any, Any, int]:
-    """(the timed call, what runs untimed before each call or None, the number of input sets)."""
+                input_sets: int | None) -> tuple[Any, Any, int, "_FirstCallCheck"]:
+    """(the timed call, what runs untimed before each call or None, the number of input sets, and
+    the contract check of the first call, to run once the warm-up is done)."""
     from pytest_attnkit.worker.inputs import make_inputs
 
     backward = mode == "backward"
@@ -123,24 +123,87 @@ def _timed_call(impl: AttentionImpl, case: Case, mode: str, *, device: str, seed
         inputs = make_inputs(case, device, seed)
         q, k, v = (t.detach().requires_grad_(backward) for t in (inputs.q, inputs.k, inputs.v))
         sets.append((q, k, v, inputs))  # inputs: dout, and a variant's ALiBi slopes or sinks
+    first = _FirstCallCheck(case, *sets[0])
     if backward:
-        graphs = _BackwardGraphs(impl, itertools.cycle(sets), case)
-        return graphs.backward, graphs.prepare, len(sets)
+        graphs = _BackwardGraphs(impl, itertools.cycle(sets), case, first)
+        return graphs.backward, graphs.prepare, len(sets), first
     calls = [functools.partial(_forward, impl, case, q, k, v, inputs) for q, k, v, inputs in sets]
     rotation = itertools.cycle(calls)
 
     def call() -> Any:
-        return next(rotation)()
+        returned = next(rotation)()
+        if first.taking:  # the first call, on the first input set: checked after the warm-up
+            first.take(returned)
+        return returned
 
-    return call, None, len(calls)
+    return call, None, len(calls), first
+
+
+class _FirstCallCheck:
+    """The contract held on a request's first call, and no other (pytest_attnkit/worker/calls.py):
+    the first input set is watched from before the first call; what that call returned (a
+    backward: its gradients) is kept and checked with the inputs after the warm-up, so neither the
+    first call's figure nor a sample carries the check. A backward's forward output is checked
+    before its graph is run backward (``check_forward``), untimed as the timer's ``prepare`` is."""
+
+    def __init__(self, case: Case, q: Any, k: Any, v: Any, inputs: Any) -> None:
+        from pytest_attnkit.worker.calls import InputWatch, given_inputs
+
+        self.case, self.q, self.leaves = case, q, {"dq": q, "dk": k, "dv": v}
+        self.watch: Any = InputWatch(given_inputs(q, k, v, inputs))
+        self.returned: Any = None
+        self.taking = True
+        self.forward_checked = False
+
+    def take(self, returned: Any) -> None:
+        self.returned, self.taking = returned, False
+
+    def check_forward(self, returned: Any) -> None:
+        from pytest_attnkit.worker.calls import check_returned
+
+        if not self.forward_checked:
+            self.forward_checked = True
+            check_returned(self.case, returned, self.q, backward=True)
+
+    def warm_up(self, call: Any, device: str, *, hold_stream: bool, prepare: Any) -> Any:
+        """The timer's warm-up of ``call``, then :meth:`check`; where the warm-up raises and the
+        inputs changed, the change is reported (autograd's complaint about an in-place change is
+        its consequence)."""
+        from pytest_attnkit.worker.calls import ContractViolation
+        from pytest_attnkit.worker.timer import warm_up
+
+        try:
+            warmed = warm_up(call, device, hold_stream=hold_stream, prepare=prepare)
+        except ContractViolation:
+            raise
+        except Exception as error:
+            if self.watch is not None:
+                self.watch.blame(error)
+            raise
+        self.check()
+        return warmed
+
+    def check(self) -> None:
+        """Raise :class:`~pytest_attnkit.worker.calls.ContractViolation` for a breach in the first call."""
+        from pytest_attnkit.worker.calls import check_gradients, check_returned
+
+        if self.watch is None:
+            return
+        returned, self.returned = self.returned, None
+        if self.forward_checked:
+            check_gradients(self.leaves, returned)
+        else:
+            check_returned(self.case, returned, self.q)
+        self.watch.check()
+        self.watch = None
 
 
 class _BackwardGraphs:
     """One autograd graph per backward call: ``prepare`` runs the forward on the next input set
     (untimed), ``backward`` runs that graph's backward once, freeing it (timed)."""
 
-    def __init__(self, impl: AttentionImpl, rotation: Any, case: Case) -> None:
-        self.impl, self.rotation, self.case = impl, rotation, case
+    def __init__(self, impl: AttentionImpl, rotation: Any, case: Case, first: _FirstCallCheck) -> None:
+        self.impl, self.rotation, self.case, self.first = impl, rotation, case, first
         self.pending: tuple[Any, tuple[Any, Any, Any], Any] | None = None
 
     def prepare(self) -> None:
@@ -151,7 +214,9 @@ class _BackwardGraphs:
         q, k, v, inputs = next(self.rotation)
         self.pending = None  # a graph left unused (never, with the timer) is dropped before the next is built
         with torch.enable_grad():
-            out = call_implementation(self.impl, self.case, q, k, v, inputs)
+            returned = call_implementation(self.impl, self.case, q, k, v, inputs)
+        self.first.check_forward(returned)
+        out = returned[0] if self.case.return_lse else returned
         self.pending = (out, (q, k, v), inputs.dout)
 
     def backward(self) -> Any:
@@ -161,7 +226,10 @@ class _BackwardGraphs:
             raise RuntimeError("a backward sample without its graph: the timer must call prepare before each call")
         out, inputs, dout = self.pending
         self.pending = None
-        return torch.autograd.grad(out, inputs, dout)
+        grads = torch.autograd.grad(out, inputs, dout, allow_unused=True)
+        if self.first.taking:
+            self.first.take(grads)
+        return grads
 
 
 def _forward(impl: AttentionImpl, case: Case, q: Any, k: Any, v: Any, inputs: Any) -> Any:
@@ -274,10 +342,11 @@ def kernel_program(impl: AttentionImpl, case: Case, mode: str, *, seed: int) -> 
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    call, prepare, _ = _timed_call(impl, case, mode, device="cuda", seed=seed, input_sets=1)
+    call, prepare, _, first = _timed_call(impl, case, mode, device="cuda", seed=seed, input_sets=1)
     if prepare is not None:
         prepare()
     call()  # compiled and loaded before the profile
+    first.check()
     if prepare is not None:
         prepare()
     torch.cuda.synchronize()

@@ -25,6 +25,16 @@ def repeated(q, k, v, *, causal=False, scale=None):
     return out
 
 
+def sleeps(q, k, v, *, causal=False, scale=None):
+    """Correct, after sleeping ATTNKIT_TEST_SLEEP_MS milliseconds: a time that load on the machine
+    can only lengthen by a scheduler's wake-up, where work's time grows with every other process.
+    Its work runs on one thread: torch's threads wait on each other whenever the scheduler keeps one
+    off its core, and a 256-token call then took 50 ms beside two busy processes on two cores."""
+    torch.set_num_threads(1)
+    time.sleep(float(os.environ.get("ATTNKIT_TEST_SLEEP_MS", "0")) / 1000)
+    return good(q, k, v, causal=causal, scale=scale)
+
+
 def wrong_scale(q, k, v, *, causal=False, scale=None):
     return good(q * 1.05, k, v, causal=causal, scale=scale)
 
@@ -112,6 +122,15 @@ def detached(q, k, v, *, causal=False, scale=None):
 
 def raises(q, k, v, *, causal=False, scale=None):
     raise RuntimeError("kernel launch failed: too many resources requested")
+
+
+def _launch(q):
+    raise RuntimeError("kernel launch failed: too many resources requested")
+
+
+def raises_in_helper(q, k, v, *, causal=False, scale=None):
+    """Raises two frames down, inside a helper of its own, as a launcher does."""
+    return _launch(q)
 
 
 def _past_the_end(t, count):

@@ -1,0 +1,135 @@
+"""Every suite holds a kernel to the contract and shows what it raised as its own (issue 44, items
+7 and 8): a wrong shape or a modified input is named as such in the correctness, speed (forward and
+backward, with no figure) and properties suites, and a traceback shows the kernel's frames, not the
+harness's. The worker's requests run here in this process (the worker's loop, without its socket),
+and one inner run checks what the pytest side then says."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from helpers import fake, run_attnkit
+
+torch = pytest.importorskip("torch")
+
+from pytest_attnkit.contract import Case, FunctionImpl  # noqa: E402
+from pytest_attnkit.worker import calls  # noqa: E402
+from pytest_attnkit.worker.server import Handler  # noqa: E402
+
+CASE = Case(2, 2, 2, 17, 17, 32, "float32")
+#: Each request a suite makes of a worker that calls the kernel on the CPU (memory needs a GPU).
+REQUESTS = {
+    "correctness": {"op": "correctness", "backward": False, "base_seed": 0, "trials": 1},
+    "correctness backward": {"op": "correctness", "backward": True, "base_seed": 0, "trials": 1},
+    "speed forward": {"op": "speed", "mode": "forward", "seed": 0, "budget_ms": 5},
+    "speed backward": {"op": "speed", "mode": "backward", "seed": 0, "budget_ms": 5},
+    "warm-up": {"op": "warm", "seed": 0, "backward": True},
+    "determinism": {"op": "property", "check": "determinism", "seed": 0},
+    "determinism backward": {"op": "property", "check": "determinism", "seed": 0, "backward": True},
+    "batch invariance": {"op": "property", "check": "batch_invariance", "seed": 0},
+}
+
+
+def _right(q, k, v, *, causal=False, scale=None):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+
+
+def _launch(q):
+    raise RuntimeError("kernel launch failed: too many resources requested")
+
+
+def raises_in_helper(q, k, v, *, causal=False, scale=None):
+    return _launch(q)
+
+
+def wrong_shape(q, k, v, *, causal=False, scale=None):
+    return _right(q, k, v, causal=causal, scale=scale)[..., :-1]
+
+
+def modifies_k(q, k, v, *, causal=False, scale=None):
+    out = _right(q, k, v, causal=causal, scale=scale)
+    with torch.no_grad():
+        k[0, 0, 0, 0] += 1.0
+    return out
+
+
+def _replies(kernel) -> dict[str, dict]:
+    handler = Handler()
+    handler.impl = FunctionImpl(kernel)
+    return {name: handler.handle({**request, "case": CASE.to_dict()}) for name, request in REQUESTS.items()}
+
+
+def test_a_raising_kernel_shows_its_own_frames_in_every_suite() -> None:
+    for suite, reply in _replies(raises_in_helper).items():
+        assert reply["status"] == "raised", (suite, reply)
+        text = reply["message"]
+        frames = re.findall(r'^  File "([^"]+)", line \d+, in (\w+)$', text, flags=re.MULTILINE)
+        assert [name for _, name in frames] == ["raises_in_helper", "_launch"], (suite, text)
+        assert all(path == __file__ for path, _ in frames), (suite, text)
+        assert text.count("(called by the harness: pytest_attnkit/") == 1, (suite, text)
+        assert text.rstrip().endswith("RuntimeError: kernel launch failed: too many resources requested")
+
+
+@pytest.mark.parametrize("kernel, said", [
+    (wrong_shape, "output: returned shape [2, 2, 17, 31] where the contract asks [2, 2, 17, 32]"),
+    (modifies_k, "the implementation modified its input k (1 element changed)"),
+], ids=["wrong_shape", "modifies_k"])
+def test_a_breach_of_the_contract_is_named_in_every_suite(kernel, said: str) -> None:
+    for suite, reply in _replies(kernel).items():
+        assert (reply["status"], reply["message"]) == ("wrong", said), suite
+        assert "timing" not in reply["data"], suite  # no speed figure for a wrong call
+
+
+def test_the_harness_own_failure_keeps_its_traceback_whole() -> None:
+    def harness() -> None:
+        raise ValueError("a bug of the harness")
+
+    try:
+        harness()
+    except ValueError as error:
+        text = calls.kernel_traceback(error)
+    assert "in harness" in text and "called by the harness" not in text  # no kernel frame: nothing left out
+
+
+def test_inputs_too_big_to_copy_are_compared_by_checksum() -> None:
+    given = {"k": torch.randn(3, 5, 7, dtype=torch.float16).transpose(1, 2), "idx": torch.arange(40, dtype=torch.int32)}
+    watch = calls.InputWatch(given, copy=False)
+    assert watch.copies is None
+    watch.check()  # unchanged
+    given["k"][2, 6, 4] += 1
+    with pytest.raises(calls.ContractViolation, match="modified its input k"):
+        watch.check()
+    # Pieces cover every element once, also a tensor whose rows are each larger than a piece.
+    values = torch.arange(2 * 3 * 10, dtype=torch.int64).reshape(2, 3, 10).transpose(0, 2)
+    pieces = list(calls._pieces(values, 4))
+    assert sum(piece.numel() for piece in pieces) == values.numel() and max(piece.numel() for piece in pieces) <= 4
+    assert sorted(torch.cat([piece.reshape(-1) for piece in pieces]).tolist()) == list(range(60))
+
+
+def test_the_pytest_side_says_it_in_every_suite(pytester: pytest.Pytester, fake_dist) -> None:
+    fake_dist({"raises_in_helper": fake("raises_in_helper"), "wrong_shape": fake("wrong_shape"),
+               "modifies_input": fake("modifies_input")})
+    outcomes, _ = run_attnkit(
+        pytester, "--attnkit-suite=correctness,speed,properties", "--attnkit-device=cpu", "--benchmark-disable",
+        "--attnkit-impl=raises_in_helper,wrong_shape,modifies_input",
+        "-k", "test_forward and b1-h1-q33-k33-d256-fp32 or test_speed and not causal"
+              " or test_determinism and b3-h4:2-q65-k65-d64-fp16-causal and not varlen")
+    said = {"wrong_shape": "output: returned shape [3, 4, 65, 63] where the contract asks [3, 4, 65, 64]",
+            "modifies_input": "the implementation modified its input k"}
+    tests = ("test_forward", "test_speed_forward", "test_speed_backward", "test_determinism", "test_determinism_backward")
+    for impl, words in said.items():
+        for test in tests:
+            [outcome] = [o for name, o in outcomes.items() if name.startswith(f"{test}[{impl}-")]
+            assert outcome.outcome == "failed" and f"{impl} is wrong on" in outcome.text, (impl, test, outcome.text)
+            if impl == "modifies_input" or test.startswith("test_determinism"):
+                assert words in outcome.text, (impl, test, outcome.text)
+            else:
+                assert "output: returned shape [" in outcome.text and "where the contract asks [" in outcome.text
+            assert "TFLOP/s" not in outcome.text
+    raised = [o for name, o in outcomes.items() if "[raises_in_helper-" in name]
+    assert len(raised) == len(tests) and all(o.outcome == "failed" for o in raised)
+    [shown] = [o.text for o in raised if "Traceback (most recent call last)" in o.text]
+    frames = re.findall(r'^  File "[^"]+", line \d+, in (\w+)$', shown, flags=re.MULTILINE)
+    assert frames == ["raises_in_helper", "_launch"], shown
