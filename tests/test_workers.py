@@ -207,3 +207,28 @@ def test_a_tight_deadline_is_for_calls_not_for_starting_up(pytester: pytest.Pyte
     """})
     outcomes, _ = run_attnkit(pytester, "--attnkit-impl", "slow_to_import", "--attnkit-timeout", "2", "-k", SMALL)
     assert outcomes and {outcome.outcome for outcome in outcomes.values()} == {"passed"}, outcomes
+
+
+def test_a_hung_workers_excerpt_keeps_the_frame_it_was_stuck_in() -> None:
+    """The failure shows the innermost frames of a faulthandler dump whatever the paths' length:
+    the last 4000 characters of a 40-frame dump through a long virtual environment's path were its
+    outermost frames only, and test_a_compiler_that_hangs_is_killed_at_its_own_deadline failed
+    where the venv's path was three characters longer."""
+    from pytest_attnkit.controller.worker_log import excerpt
+
+    site = "/home/runner/work/pytest-attnkit/pytest-attnkit/.venv-ci/lib/python3.11/site-packages"
+    dump = ["Thread 0x00007f0000000001 (most recent call first):",
+            *[f'  File "/usr/lib/python3.11/threading.py", line {n} in wait' for n in range(1, 9)],
+            "",
+            "Current thread 0x00007f33685fdb80 (most recent call first):",
+            '  File "/tmp/site/slow_compile.py", line 9 in _slow_backend',
+            *[f'  File "{site}/torch/_dynamo/convert_frame.py", line {n} in frame_{n}' for n in range(40)],
+            '  File "<frozen runpy>", line 198 in _run_module_as_main']
+    text = "importing torch\n" * 500 + "\n".join(dump)
+    assert "_slow_backend" not in text[-4000:]  # what a plain tail showed
+    shown = excerpt(text, 4000)
+    assert len(shown) <= 4000
+    assert "line 9 in _slow_backend" in shown and "Thread 0x00007f0000000001" in shown
+    assert "... 26 outer frame(s) left out" in shown and "... 5 outer frame(s) left out" in shown
+    assert "_run_module_as_main" not in shown
+    assert excerpt("no dump here\n" * 10, 20) == ("no dump here\n" * 10)[-20:]

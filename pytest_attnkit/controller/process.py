@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pytest_attnkit import descendants
-from pytest_attnkit.controller.worker_log import HEAD_BYTES, WorkerLog
+from pytest_attnkit.controller.worker_log import HEAD_BYTES, WorkerLog, excerpt
 from pytest_attnkit.worker.compile_clock import read_published
 
 #: A request's compiling may take this many times its deadline (see the module docstring).
@@ -235,7 +235,8 @@ class WorkerProcess:
     def log_tail(self) -> str:
         if self.log is None:
             return ""
-        return self.log.tail(LOG_TAIL_CHARS).decode("utf-8", errors="replace").strip()
+        return excerpt(self.log.tail(16 * LOG_TAIL_CHARS).decode("utf-8", errors="replace"),
+                                  LOG_TAIL_CHARS).strip()
 
     # -- requests ---------------------------------------------------------------------------
     def request(self, message: dict[str, Any], timeout: float) -> Any:

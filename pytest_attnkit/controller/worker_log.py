@@ -126,3 +126,50 @@ class WorkerLog:
             except OSError:
                 head = b""
             return (head + kept)[-size:]
+
+
+#: A thread's heading in a faulthandler dump.
+_THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$")
+_FRAME = re.compile(r'^\s+File ".*", line \d+ in \S+')
+#: How many of a thread's innermost frames a failure's excerpt keeps: the thread the dump was
+#: taken in (where a hung or crashed worker was), and each other thread.
+CURRENT_FRAMES = 16
+OTHER_FRAMES = 3
+
+
+def excerpt(text: str, size: int) -> str:
+    """The end of a worker's log for a failure's message, at most about ``size`` characters.
+
+    Where the log ends in a faulthandler dump (a hung worker asked where it is, a crashed one),
+    each thread keeps its innermost frames and says how many outer frames it left out: a dump
+    of a thread deep in torch.compile has some 40 frames of 100-odd characters each, and the last
+    ``size`` characters of it were the outermost ones (runpy, the worker's loop), not the frame it
+    was stuck in, which depended on how long the paths of a machine's virtual environment are."""
+    lines = text.splitlines()
+    first = next((i for i, line in enumerate(lines) if _THREAD.match(line) or line.startswith("Fatal Python error")),
+                 None)
+    if first is None:
+        return text[-size:]
+    kept: list[str] = []
+    frames = skipped = 0
+    limit = OTHER_FRAMES
+    for line in lines[first:]:
+        heading = _THREAD.match(line)
+        if heading or not _FRAME.match(line):
+            if skipped:
+                kept.append(f"  ... {skipped} outer frame(s) left out")
+            frames = skipped = 0
+            if heading:
+                limit = CURRENT_FRAMES if line.startswith("Current") else OTHER_FRAMES
+            kept.append(line)
+        elif frames < limit:
+            frames += 1
+            kept.append(line)
+        else:
+            skipped += 1
+    if skipped:
+        kept.append(f"  ... {skipped} outer frame(s) left out")
+    dump = "\n".join(kept)
+    before = "\n".join(lines[:first])
+    room = max(0, size - len(dump))
+    return ((before[-room:] + "\n" if room and before else "") + dump)[-max(size, len(dump)):]
