@@ -5,6 +5,7 @@ nothing it was asked to test, lines too wide, columns that slipped, and a misspe
 from __future__ import annotations
 
 import re
+import shlex
 
 import pytest
 
@@ -177,10 +178,24 @@ def test_failure_messages_keep_to_100_columns(pytester: pytest.Pytester, fake_di
     failures = result.outlines[result.outlines.index(next(line for line in result.outlines if "= FAILURES =" in line)):]
     # What cannot break stays whole: a path, a rerun command; pytest's own FAILED lines are not attnkit's.
     wide = [line for line in failures if len(line) > 100 and " " in line.strip()
-            and not line.lstrip().startswith("pytest --attnkit ") and not line.startswith("FAILED ")]
+            and not line.startswith("rerun: pytest --attnkit ") and not line.startswith("FAILED ")]
     assert not wide, "\n".join(wide)
     text = " ".join(" ".join(failures).split())
     # Nothing cut: the figures of the comparison are all there, and the rerun command is whole.
     assert re.search(r"out: max error \S+ exceeds allowed \S+ .* cosine \S+, RMSE \S+", text), text
-    assert re.search(r"^ *pytest --attnkit --attnkit-impl=wrong_scale --attnkit-seed=0 -k 'wrong_scale and "
-                     r"b\S+':$", "\n".join(failures), re.MULTILINE), "\n".join(failures)
+    # The command is the failure's last line, alone, so that it pastes back as printed.
+    assert re.search(r"^rerun: pytest --attnkit --attnkit-impl=wrong_scale --attnkit-seed=0 -k 'test_forward and "
+                     r"wrong_scale and b\S+'$", "\n".join(failures), re.MULTILINE), "\n".join(failures)
+
+
+# The rerun line pastes back as printed: run it, and the one test it names fails the same way.
+def test_the_rerun_line_reruns_the_failure_as_printed(pytester: pytest.Pytester, fake_dist) -> None:
+    fake_dist({"wrong_scale": fake("wrong_scale")})
+    first = pytester.runpytest("--attnkit", "-p", "no:cacheprovider", "--attnkit-suite=correctness",
+                               "--attnkit-impl=wrong_scale", "-k", "test_forward and q113-k113-d64")
+    [line] = [line for line in first.outlines if line.startswith("rerun: ")]
+    command = shlex.split(line.removeprefix("rerun: "))  # as a shell reads the pasted line
+    assert command[:2] == ["pytest", "--attnkit"], line
+    again = pytester.runpytest(*command[1:], "-p", "no:cacheprovider")
+    assert {k: v for k, v in again.parseoutcomes().items() if k != "deselected"} == {"failed": 1}, again.outlines
+    assert [line for line in again.outlines if line.startswith("rerun: ")] == [line]

@@ -24,7 +24,6 @@ from pytest_attnkit.contract import AccuracyBudget, Case, accuracy_to_wire
 from pytest_attnkit.controller.outcome import Outcomes
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.scheduler import Job, Scheduler
-from pytest_attnkit.controller.table import NO_BREAK
 from pytest_attnkit.records import CorrectnessResult, Reply
 
 Properties = list[tuple[str, object]]
@@ -78,11 +77,12 @@ class CorrectnessCheck:
                 properties.append(("attnkit_accuracy_rule", result.comparisons[0].rule))
             if result.seed is not None:
                 properties.append(("attnkit_seed", result.seed))
-        rerun = ""
+        seed = rerun = ""
         if result.seed is not None:
-            command = f"pytest --attnkit --attnkit-impl={impl} --attnkit-seed={self.seed} -k '{impl} and {case.id}'"
-            # One unbroken line however the message is wrapped (outcome.py: fit), so it pastes back.
-            rerun = (f", seed {result.seed} (trial {(result.trial or 0) + 1} of {result.trials}); rerun{NO_BREAK}with "
-                     + command.replace(" ", NO_BREAK))
-        self.outcomes.settle(reply, impl=impl, where=case.id, rerun=rerun, origin=self.pool.info(impl).origin)
+            seed = f", seed {result.seed} (trial {(result.trial or 0) + 1} of {result.trials})"
+            test = "test_backward" if backward else "test_forward"  # suites/test_correctness.py
+            rerun = (f"pytest --attnkit --attnkit-impl={impl} --attnkit-seed={self.seed} "
+                     f"-k '{test} and {impl} and {case.id}'")
+        self.outcomes.settle(reply, impl=impl, where=case.id, seed=seed, rerun=rerun,
+                             origin=self.pool.info(impl).origin)
         return result

@@ -92,13 +92,17 @@ class Outcomes:
         first = self._shown.setdefault(key, where)
         return None if first == where else first
 
-    def settle(self, reply: Reply, *, impl: str, where: str, rerun: str = "", origin: str = "") -> None:
+    def settle(self, reply: Reply, *, impl: str, where: str, seed: str = "", rerun: str = "",
+               origin: str = "") -> None:
         """Return for an ``OK`` reply; otherwise skip or fail the running test.
 
         ``where`` names what was run ("b1-h2-q17-k17-d32-fp16-causal", "the memory sweep
-        (forward)"); ``rerun`` is appended where a failure can be reproduced; ``origin`` is the
-        implementation's entry point, for an implementation that could not be loaded."""
+        (forward)"); ``seed`` follows it where inputs were drawn (", seed 1946766965 (trial 1 of
+        2)"); ``rerun`` is the command that reproduces a failure, given the failure's last line of
+        its own so that it pastes back as printed; ``origin`` is the implementation's entry point,
+        for an implementation that could not be loaded."""
         status, message = reply.status, reply.message
+        last = f"\nrerun:{NO_BREAK}{rerun.replace(' ', NO_BREAK)}" if rerun else ""
         if status is Status.OK:
             return
         if status is Status.UNSUPPORTED:
@@ -117,12 +121,12 @@ class Outcomes:
                 pytest.fail(f"{impl} could not be loaded from entry point {origin}:\n{message}", pytrace=False)
             pytest.fail(f"{impl} could not be loaded (the first of its tests shows why)", pytrace=False)
         if status is Status.WRONG:
-            pytest.fail(f"{impl} is wrong on {where}{rerun}:\n{message}", pytrace=False)
+            pytest.fail(f"{impl} is wrong on {where}{seed}:\n{message}{last}", pytrace=False)
         if status is Status.RAISED:
             first = self._once(impl, where, message)
             if first is None:
-                pytest.fail(f"{impl} raised on {where}{rerun}:\n{message}", pytrace=False)
-            pytest.fail(f"{impl} raised on {where}{rerun}: {_last_line(message)} "
-                        f"(the traceback is shown once, on {first})", pytrace=False)
+                pytest.fail(f"{impl} raised on {where}{seed}:\n{message}{last}", pytrace=False)
+            pytest.fail(f"{impl} raised on {where}{seed}: {_last_line(message)} "
+                        f"(the traceback is shown once, on {first}){last}", pytrace=False)
         # CRASHED, TIMEOUT: the worker's own account, with the tail of its log.
         pytest.fail(f"{impl} on {where}: {message}", pytrace=False)
