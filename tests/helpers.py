@@ -31,3 +31,19 @@ def run_attnkit(pytester: pytest.Pytester, *args: str) -> tuple[dict[str, Outcom
 def fake(name: str) -> str:
     """The entry-point target of an implementation in tests/fakes/fake_kernels.py."""
     return f"fake_kernels:{name}"
+
+
+def words(text: str) -> str:
+    """``text`` with every run of whitespace made one space: the terminal wraps attnkit's failure
+    messages at 100 columns (controller/outcome.py: fit), so a test reads their words, not their
+    line breaks."""
+    return " ".join(text.split())
+
+
+def said(result: pytest.RunResult, pattern: str) -> bool:
+    """Whether the terminal output of ``result`` says ``pattern`` (``*`` for any words), across the
+    line breaks of wrapped messages."""
+    import re
+
+    glob = ".{0,200}?".join(re.escape(part) for part in words(pattern).split("*"))  # "*": within a message
+    return re.search(glob, words(result.stdout.str())) is not None

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import fake, run_attnkit
+from helpers import fake, run_attnkit, words
 
 try:  # now, before any inline run: numpy cannot be imported again once pytester has dropped it
     from pytest_attnkit.controller import plots
@@ -232,7 +232,7 @@ def test_a_raising_kernel_shows_its_traceback_once(pytester: pytest.Pytester, fa
     # The failures section (under CI=true pytest repeats whole messages in its short summary).
     text = result.stdout.str().split("short test summary info")[0]
     assert text.count("Traceback (most recent call last)") == 1
-    assert text.count("RuntimeError: kernel launch failed: too many resources requested") == outcomes["failed"]
+    assert words(text).count("RuntimeError: kernel launch failed: too many resources requested") == outcomes["failed"]
     # Messages are wrapped to 100 columns (issue 44): read the words, not the line breaks.
     assert " ".join(text.split()).count("(the traceback is shown once, on ") == outcomes["failed"] - 1
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from helpers import fake
+from helpers import fake, said
 
 ARGS = ("--attnkit", "--attnkit-suite", "speed", "--attnkit-impl", "repeated", "--attnkit-device", "cpu",
         "--attnkit-baseline-dir", "bl", "--benchmark-disable", "-k", "speed_forward and not causal")
@@ -29,8 +29,9 @@ def test_save_then_gate_a_real_slowdown(pytester: pytest.Pytester, fake_dist, mo
     monkeypatch.setenv("ATTNKIT_TEST_REPEAT", "6")  # six times the work
     slower = pytester.runpytest(*ARGS)
     assert slower.ret == pytest.ExitCode.TESTS_FAILED
+    assert said(slower, "repeated regressed on b1-h2-q256-k256-d64-fp32 (forward): median * ms -> * ms, +*% "
+                        "*flagged in 3 of 3 independent rounds)"), slower.stdout.str()
     slower.stdout.fnmatch_lines([
-        "*repeated regressed on b1-h2-q256-k256-d64-fp32 (forward): median * ms -> * ms, +*% *flagged in 3 of 3 independent rounds)",
         "implementation*mode*case*base ms*runs*now ms*change*thresh*verdict",
         "repeated *fwd *b1-h2-q256-k256-d64-fp32 * 1 * REGRESSION 3/3",
     ])
@@ -93,7 +94,8 @@ def test_a_required_baseline_that_is_missing_fails(pytester: pytest.Pytester, fa
     fake_dist({"repeated": fake("repeated")})
     result = pytester.runpytest(*ARGS, "--attnkit-require-baseline")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*no baseline file for this device * and a baseline is required (--attnkit-require-baseline)"])
+    assert said(result, "no baseline file for this device * and a baseline is required "
+                        "(--attnkit-require-baseline)"), result.stdout.str()
 
 
 def test_cpu_numbers_are_labelled(pytester: pytest.Pytester, fake_dist) -> None:

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from helpers import fake, run_attnkit
+from helpers import fake, run_attnkit, words
 
 CASES = "test_forward and (q17-k17 or q113-k113)"
 SMALL = "b1-h2-q17-k17-d32-fp16-causal"
@@ -102,7 +102,7 @@ def test_a_worker_log_keeps_its_start_and_its_end_within_a_size(pytester: pytest
     finally:
         done.set()
         sampler.join()
-    text = result.stdout.str()
+    text = words(result.stdout.str())  # the message is wrapped at 100 columns
     assert "killed by SIGSEGV" in text
     assert re.search(r"last lines of its log \(.*chatty\.1\.log; \d+ bytes of output were cut from its middle, the "
                      r"first and last 256 KiB are kept\)", text)
