@@ -148,7 +148,8 @@ FP8_CASES = """
 def test_fp8_inputs_with_descales_judged_by_fa3_rule(pytester: pytest.Pytester, quant_dist) -> None:
     quant_dist("fp8_plain", "fp8_ignores_v_descale")
     pytester.makeconftest(FP8_CASES)
-    outcomes, _ = run_attnkit(pytester, "--attnkit-impl=fp8_plain,fp8_ignores_v_descale,torch_sdpa,torch_flex")
+    outcomes, _ = run_attnkit(pytester, "--attnkit-impl=fp8_plain,fp8_ignores_v_descale,torch_sdpa,torch_flex",
+                              "--attnkit-suite=correctness")
     for case in ("b2-h4:2-q113-k113-d64-e4m3-causal", "b1-h2-q77-k77-d128-e5m2"):
         plain = outcomes[f"test_forward[fp8_plain-{case}]"]
         assert plain.outcome == "passed", plain.text
