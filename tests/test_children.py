@@ -70,8 +70,16 @@ def _start(pytester: pytest.Pytester, root: Path, marker: str, *args: str) -> tu
     with open(log, "wb") as out:
         process = subprocess.Popen([sys.executable, "-m", "pytest", "--attnkit", "-p", "no:cacheprovider",
                                     "--attnkit-device=cpu", "--attnkit-suite=correctness", *args],
-                                   cwd=pytester.path, env=env, stdout=out, stderr=subprocess.STDOUT)
+                                   cwd=pytester.path, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                   preexec_fn=_interruptible)
     return process, log
+
+
+def _interruptible() -> None:
+    # SIGINT as Ctrl-C in a terminal finds it. A shell that starts a job in the background without
+    # job control (`bash .ci/run &`) hands it SIGINT ignored, every process under it inherits that,
+    # and the run rightly went on when this test sent SIGINT (it waited out its 60 s).
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.mark.parametrize("ending", ["end", "-x", "SIGINT", "SIGTERM", "SIGKILL"])

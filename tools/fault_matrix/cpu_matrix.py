@@ -152,7 +152,10 @@ def run_mode(name: str, folder: Path, timeout: float) -> dict:
     started = time.monotonic()
     signalled = failed_at = None
     with open(log_path, "wb") as log, Sampler(temporary) as sampler:
-        process = subprocess.Popen(command, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT)
+        # SIGINT as Ctrl-C finds it, even where this tool runs as a background job (which inherits
+        # SIGINT ignored, and so would the run it sends SIGINT to).
+        process = subprocess.Popen(command, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         while process.poll() is None:
             text = log_path.read_text(errors="replace")
             if failed_at is None and re.search(r" FAILED( |$)", text, re.MULTILINE):
