@@ -48,7 +48,8 @@ class FittedMessage:
             out.line(line)
 
 
-def _last_line(text: str) -> str:
+def last_line(text: str) -> str:
+    """The last line of ``text`` that is not blank, stripped: an error's own line under its traceback."""
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1].strip() if lines else "?"
 
@@ -88,7 +89,7 @@ class Outcomes:
 
     def _once(self, impl: str, where: str, text: str) -> str | None:
         """None the first time this implementation shows this error; else where it was shown."""
-        key = (impl, _last_line(text))
+        key = (impl, last_line(text))
         first = self._shown.setdefault(key, where)
         return None if first == where else first
 
@@ -126,7 +127,7 @@ class Outcomes:
             first = self._once(impl, where, message)
             if first is None:
                 pytest.fail(f"{impl} raised on {where}{seed}:\n{message}{last}", pytrace=False)
-            pytest.fail(f"{impl} raised on {where}{seed}: {_last_line(message)} "
+            pytest.fail(f"{impl} raised on {where}{seed}: {last_line(message)} "
                         f"(the traceback is shown once, on {first}){last}", pytrace=False)
         # CRASHED, TIMEOUT: the worker's own account, with the tail of its log.
         pytest.fail(f"{impl} on {where}: {message}", pytrace=False)

@@ -235,8 +235,7 @@ class WorkerProcess:
     def log_tail(self) -> str:
         if self.log is None:
             return ""
-        return excerpt(self.log.tail(16 * LOG_TAIL_CHARS).decode("utf-8", errors="replace"),
-                                  LOG_TAIL_CHARS).strip()
+        return excerpt(self.log.tail(16 * LOG_TAIL_CHARS).decode("utf-8", errors="replace"), LOG_TAIL_CHARS).strip()
 
     # -- requests ---------------------------------------------------------------------------
     def request(self, message: dict[str, Any], timeout: float) -> Any:

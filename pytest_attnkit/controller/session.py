@@ -30,7 +30,7 @@ from pytest_attnkit.controller.baselines import MIN_RUNS, BaselineError, Baselin
 from pytest_attnkit.controller.correctness import CorrectnessCheck
 from pytest_attnkit.controller.memory import NO_MEMORY_METER_ON_CPU, MemoryCheck, item_sweep
 from pytest_attnkit.controller.options import SUITES, Settings, moved_rootdir
-from pytest_attnkit.controller.outcome import Outcomes
+from pytest_attnkit.controller.outcome import Outcomes, last_line
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.process import WorkerFailure
 from pytest_attnkit.controller.properties import PropertyCheck
@@ -51,11 +51,6 @@ def ahead_order(items: list[pytest.Item], suite_of: Any) -> list[pytest.Item]:
     206 s and ran alone until 274 s, the end of the concurrent phase
     (results/2026-11-25-h100-main-job, B cold)."""
     return sorted(items, key=lambda item: suite_of(item) != "memory")
-
-
-def _last_line(text: str) -> str:
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else "?"
 
 
 def asked_for_but_untested(document: dict[str, Any], asked: list[str]) -> list[str]:
@@ -397,7 +392,7 @@ class AttnkitSession:
             if info.load_error:
                 # One import error, one failure: the first test fails with it, the rest point there.
                 first = asked[0][0]
-                reason = (f"{name} could not be loaded ({_last_line(info.load_error)}); "
+                reason = (f"{name} could not be loaded ({last_line(info.load_error)}); "
                           f"{first.nodeid} fails with the traceback")
                 for item, _, _ in asked[1:]:
                     item.add_marker(pytest.mark.skip(reason=reason))

@@ -171,5 +171,5 @@ def excerpt(text: str, size: int) -> str:
         kept.append(f"  ... {skipped} outer frame(s) left out")
     dump = "\n".join(kept)
     before = "\n".join(lines[:first])
-    room = max(0, size - len(dump))
-    return ((before[-room:] + "\n" if room and before else "") + dump)[-max(size, len(dump)):]
+    room = size - len(dump) - 1  # what the log held before the dump fills what is left, and its newline
+    return before[-room:] + "\n" + dump if room > 0 and before else dump

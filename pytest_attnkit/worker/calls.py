@@ -24,6 +24,7 @@ called it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import traceback
 from typing import TYPE_CHECKING, Any, Iterator
@@ -171,14 +172,22 @@ class InputWatch:
         self.copies = {name: tensor.detach().clone() for name, tensor in given.items()} if copy else None
         self.sums = None if copy else {name: checksum(tensor) for name, tensor in given.items()}
 
-    def blame(self, error: BaseException) -> None:
-        """Raise :class:`ContractViolation` from ``error`` where the inputs changed: autograd's
-        complaint about a tensor "modified by an inplace operation" is then the modification's
-        consequence, and the modification is what to report."""
+    @contextlib.contextmanager
+    def blaming(self) -> Iterator[None]:
+        """Where what runs inside raises (a :class:`ContractViolation` aside) and the inputs
+        changed, raise :class:`ContractViolation` from it: autograd's complaint about a tensor
+        "modified by an inplace operation" is then the modification's consequence, and the
+        modification is what to report."""
         try:
-            self.check()
-        except ContractViolation as violation:
-            raise violation from error
+            yield
+        except ContractViolation:
+            raise
+        except Exception as error:
+            try:
+                self.check()
+            except ContractViolation as violation:
+                raise violation from error
+            raise
 
     def check(self) -> None:
         """Raise :class:`ContractViolation` naming the first input that changed; then let go of the copies."""
@@ -225,11 +234,8 @@ def warm_call(impl: Any, case: Case, *, device: str, seed: int, backward: bool) 
     if backward:
         out = returned[0] if case.return_lse else returned
         watch = InputWatch(given_inputs(q, k, v, inputs))
-        try:
+        with watch.blaming():
             grads = torch.autograd.grad(out, (q, k, v), inputs.dout, allow_unused=True)
-        except Exception as error:
-            watch.blame(error)
-            raise
         check_gradients({"dq": q, "dk": k, "dv": v}, grads)
     if device == "cuda":
         torch.cuda.synchronize()

@@ -83,13 +83,8 @@ def run_for_results(impl: AttentionImpl, case: Case, inputs: Any, device: str, b
         leaves = {"dq": q, "dk": k, "dv": v}
         if sinks is not None:
             leaves["dsinks"] = sinks
-        try:
+        with watch.blaming():  # autograd's "modified by an inplace operation": the modification is the fault
             grads = gradients(outputs, upstream, leaves)
-        except ContractViolation:
-            raise
-        except Exception as error:  # autograd's "modified by an inplace operation": the modification is the fault
-            watch.blame(error)
-            raise
         _synchronize(device)
         results.update({name: grad.detach() for name, grad in grads.items()})
     watch.check()

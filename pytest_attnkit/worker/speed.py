@@ -169,17 +169,10 @@ class _FirstCallCheck:
         """The timer's warm-up of ``call``, then :meth:`check`; where the warm-up raises and the
         inputs changed, the change is reported (autograd's complaint about an in-place change is
         its consequence)."""
-        from pytest_attnkit.worker.calls import ContractViolation
         from pytest_attnkit.worker.timer import warm_up
 
-        try:
+        with self.watch.blaming():
             warmed = warm_up(call, device, hold_stream=hold_stream, prepare=prepare)
-        except ContractViolation:
-            raise
-        except Exception as error:
-            if self.watch is not None:
-                self.watch.blame(error)
-            raise
         self.check()
         return warmed
 
