@@ -371,3 +371,31 @@ def test_a_gpu_with_only_this_runs_workers_on_it_is_not_shared(tmp_path: Path,
     document = report.build(environment={}, device="cuda", profile="default", impls=[], outcomes=[], memory=[],
                             speed=check, interrupted=False, baseline={})
     assert report.shared_gpu(document) is None
+
+
+class WherePool(FakePool):
+    """A pool that records which worker each speed request was sent to (None: the primary)."""
+
+    def __init__(self, script: dict[str, list[float]]) -> None:
+        super().__init__(script)
+        self.sent_to: list[object] = []
+
+    def request(self, name: str, message: dict, worker: object = None) -> Reply:  # type: ignore[override]
+        self.sent_to.append(worker)
+        return super().request(name, message)
+
+
+def test_a_case_is_timed_where_it_was_warmed_up_unless_that_worker_was_stopped(tmp_path: Path) -> None:
+    # On a fresh H100 (2026-11-25) an out-of-memory alone stopped 19 workers; each torch_flex case
+    # then went to its stopped warm-up worker, which started again for that one case: 12-15 s a test.
+    from pytest_attnkit.controller.process import WorkerProcess
+
+    stopped = WorkerProcess("kernel.3", {}, tmp_path)  # never started, as after stop(): no process
+    assert not stopped.alive
+    for warm_worker, expected in ((stopped, None), ("live", "live")):
+        pool = WherePool({"kernel": [1.0]})
+        check = make_check(pool, BaselineStore(tmp_path, DEVICE))
+        _warmed(check, "kernel", "tem_fused grid=[64,16,1] block=[128,1,1]")
+        check.warm_ups[EntryKey("kernel", "forward", CASE.id)].worker = warm_worker
+        check.check("kernel", "forward", CASE)
+        assert pool.sent_to == [expected]

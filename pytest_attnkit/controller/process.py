@@ -69,6 +69,12 @@ class Worker(Protocol):
 
     def request(self, message: dict[str, Any], timeout: float) -> Any: ...
 
+    @property
+    def alive(self) -> bool:
+        """Whether its process runs now: a stopped one starts again at its next request, without
+        the kernels it had loaded."""
+        ...
+
     def stop(self) -> bool: ...
 
     def close(self) -> None: ...
@@ -184,6 +190,11 @@ class WorkerProcess:
             self._shut_down()
         finally:
             self._requests.release()
+
+    @property
+    def alive(self) -> bool:
+        process = self.process
+        return process is not None and process.poll() is None
 
     def stop(self) -> bool:
         """End an idle worker's process, handing back everything it held on the device (its CUDA
@@ -360,6 +371,8 @@ class InProcessWorker:
 
     def request(self, message: dict[str, Any], timeout: float) -> Any:
         return self.handler.handle(message)
+
+    alive = True  # the pytest process itself
 
     def stop(self) -> bool:
         return False  # the pytest process itself: nothing to end

@@ -210,9 +210,12 @@ class SpeedCheck:
         return job
 
     def _where(self, impl: str, mode: str, case: Case) -> dict[str, Any]:
-        """The worker that warmed this case up, where it did and is still there; else the primary."""
+        """The worker that warmed this case up, where it did and its process still runs; else the
+        primary. A worker stopped to make room for an out-of-memory would start again for this one
+        case (about 11 s for torch_flex on an H100, 2026-11-25, results/2026-11-25-h100-session3):
+        the primary, started again once if it was stopped too, loads the kernels from the cache."""
         job = self._warmed(impl, mode, case)
-        return {} if job is None else {"worker": job.worker}
+        return {} if job is None or not getattr(job.worker, "alive", True) else {"worker": job.worker}
 
     def _program(self, impl: str, mode: str, case: Case) -> str | None:
         """The kernels the case's calls launch in the worker that timed it, where its warm-up read them."""
