@@ -15,6 +15,18 @@ import pytest
 
 FAKE_KERNELS = Path(__file__).with_name("fakes") / "fake_kernels.py"
 
+# pytester's in-process runs forget every module first imported inside them. matplotlib (the
+# report's plots) cannot be imported a second time into a process that kept pieces of the first
+# import ("'Figure' object has no attribute 'items'" in the next inner run that draws), so it is
+# imported here, once, where every inner run finds it.
+try:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot  # noqa: F401
+except ImportError:  # the report extra is not installed: no plots are drawn
+    pass
+
 
 @pytest.fixture
 def fake_dist(pytester: pytest.Pytester):
