@@ -499,6 +499,12 @@ class AttentionImpl:
             return f"runs on {', '.join(self.devices)}, not {device}"
         return None
 
+    def path_note(self, device: str) -> str | None:
+        """Optional: one line on which code path runs on ``device`` where that depends on the
+        machine (a kernel for one GPU generation, a fallback), shown under the implementation in
+        the run's header and kept in the report. None (the default) shows nothing."""
+        return None
+
     def not_supported_reasons(self, case: Case, device: str, *, backward: bool = False) -> list[str]:
         """Every reason this implementation refuses ``case``, in words; empty when supported."""
         reasons: list[str] = []

@@ -118,3 +118,37 @@ def test_a_node_id_as_pytest_printed_it_reruns_just_that_test(pytester: pytest.P
     again.assert_outcomes(failed=1)
     header = "\n".join(line for line in again.outlines if line.startswith("attnkit:   "))
     assert "wrong_scale" in header and "good" not in header  # only the implementation it names is started
+
+
+def test_the_header_says_which_path_an_implementation_runs_here(pytester: pytest.Pytester, fake_dist) -> None:
+    # triton_flash's forward is a Gluon kernel on Hopper and Triton kernels elsewhere: the header
+    # and the report say which one this machine ran. A path_note that raises is shown, not fatal.
+    fake_dist({"two_paths": "paths:TwoPaths", "bad_note": "paths:BadNote"}, extra_modules={"paths": """
+        from fake_kernels import good
+        from pytest_attnkit import AttentionImpl
+
+        class TwoPaths(AttentionImpl):
+            def path_note(self, device):
+                return f"forward: the portable kernel on {device} (the fast one needs a GPU)"
+
+            def forward(self, q, k, v, *, causal=False, scale=None):
+                return good(q, k, v, causal=causal, scale=scale)
+
+        class BadNote(TwoPaths):
+            def path_note(self, device):
+                raise RuntimeError("no such GPU query")
+        """})
+    report = pytester.path / "report"
+    result = pytester.runpytest("--attnkit", "--attnkit-impl", "two_paths,bad_note", "-k", SMALL,
+                                f"--attnkit-report={report}")
+    result.stdout.fnmatch_lines([
+        "attnkit:   bad_note * available (linear memory, fwd+bwd)*",
+        "attnkit: * its path_note() raised RuntimeError: no such GPU query",
+        "attnkit:   two_paths * available (linear memory, fwd+bwd)*",
+        "attnkit: * forward: the portable kernel on cpu (the fast one needs a GPU)",
+    ])
+    result.assert_outcomes(passed=4)
+    import json
+
+    document = json.loads((report / "attnkit-report.json").read_text())
+    assert document["implementations"]["two_paths"]["path_note"].startswith("forward: the portable kernel on cpu")

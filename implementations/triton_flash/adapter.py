@@ -8,7 +8,8 @@ from pytest_attnkit.contract import AttentionImpl, Case
 
 from .autograd import flash_attention, flash_attention_varlen, flash_attention_with_kvcache
 from .kernels import TRITON_IMPORT_ERROR
-from .launch import FP8_HEAD_DIMS, MAX_HEAD_DIM, MAX_HEAD_DIM_V, MIN_HEAD_DIM, fp8_unsupported_reason, interpreting
+from .launch import (FP8_HEAD_DIMS, MAX_HEAD_DIM, MAX_HEAD_DIM_V, MIN_HEAD_DIM, fp8_unsupported_reason, interpreting,
+                     path_note)
 
 
 class TritonFlash(AttentionImpl):
@@ -54,6 +55,11 @@ class TritonFlash(AttentionImpl):
         if device == "cuda" and not torch.cuda.is_available():
             return "no CUDA device"
         return None
+
+    def path_note(self, device: str) -> str | None:
+        if device != "cuda":
+            return None  # Triton's interpreter: one path
+        return path_note(torch.device("cuda"))
 
     def not_supported_reasons(self, case: Case, device: str, *, backward: bool = False) -> list[str]:
         reasons = super().not_supported_reasons(case, device, backward=backward)

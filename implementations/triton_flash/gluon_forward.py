@@ -165,10 +165,12 @@ SHARED_LIMIT = 232448
 
 def default_config(head_dim: int, causal: bool) -> Config:
     """The tiles used when none is given: FlashAttention-3's 128 x 128 for d128; at d64 the K/V
-    tiles are half the size, so a deeper ring costs little. Not yet chosen by a GPU run."""
+    tiles are half the size, so a deeper ring costs little. FlashAttention-3's wait order
+    (``eager``): on an H100 it ran 1.3-1.6x the one-QK^T-later order at 4k and 16k (NOTES.md, v13;
+    results/2026-11-25-h100-gluon)."""
     if head_dim == 64:
-        return Config(block_n=128, stages=3)
-    return Config(block_n=128, stages=2)
+        return Config(block_n=128, stages=3, eager=True)
+    return Config(block_n=128, stages=2, eager=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -427,6 +429,18 @@ def _aligned(t: torch.Tensor) -> bool:
             and all((stride * size) % 16 == 0 for stride in t.stride()[:-1]))
 
 
+def device_reason(device: torch.device) -> str | None:
+    """Why no call on ``device`` takes this kernel, whatever its shape (None: some can)."""
+    if GLUON_IMPORT_ERROR is not None:
+        return f"Gluon (triton.experimental.gluon, triton >= 3.6) is not available: {GLUON_IMPORT_ERROR}"
+    if os.environ.get("TRITON_INTERPRET") == "1" or device.type != "cuda":
+        return "a CUDA device (not Triton's interpreter)"
+    capability = torch.cuda.get_device_capability(device)
+    if capability[0] != 9:
+        return f"Hopper (sm_90) only: wgmma and this kernel's TMA use are sm_90a (this GPU is sm{capability[0]}{capability[1]})"
+    return None
+
+
 def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                        scale: float | None = None, *, variants: object | None = None,
                        layout: object | None = None) -> str | None:
@@ -435,8 +449,6 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
     (Hq a multiple of Hkv), causal or not, any lengths >= 1, a positive scale, strides TMA can
     address (head dim contiguous, the rest multiples of 16 bytes). Not: varlen, paged KV, windows,
     softcap, ALiBi, sinks (``variants`` other than plain causal), float32, FP8, other head dims."""
-    if GLUON_IMPORT_ERROR is not None:
-        return f"Gluon (triton.experimental.gluon, triton >= 3.6) is not available: {GLUON_IMPORT_ERROR}"
     if layout is not None:
         return "packed sequences and paged KV caches take the existing kernels"
     if variants is not None and getattr(variants, "key", None) is not None:
@@ -448,12 +460,10 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
         return "q, k, v must be tensors"
     if any(t.dim() != 4 for t in tensors):
         return "dense [batch, heads, seqlen, head_dim] tensors only"
-    if os.environ.get("TRITON_INTERPRET") == "1" or q.device.type != "cuda":
-        return "a CUDA device (not Triton's interpreter)"
+    if (reason := device_reason(q.device)) is not None:
+        return reason
     if any(t.device != q.device for t in tensors):
         return "q, k, v on one device"
-    if torch.cuda.get_device_capability(q.device)[0] != 9:
-        return "Hopper (sm_90) only: wgmma and this kernel's TMA use are sm_90a"
     if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         return f"float16 or bfloat16 q, k, v of one dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
     batch, heads_q, n_q, head_dim = q.shape

@@ -588,11 +588,45 @@ def _launch_decode(p: _Problem, o: torch.Tensor, lse: torch.Tensor, t: Tiles) ->
         )
 
 
+def gluon_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, variants: Variants, layout: object,
+               scale: float) -> str | None:
+    """None where the forward runs the Gluon kernel (:mod:`.gluon_forward`: Hopper, fp16/bf16,
+    d64/d128, plain or causal, dense), else why it takes the Triton kernels. On an H100 it ran
+    0.86-1.13x cuDNN where this module's kernel ran 0.73-0.88x (NOTES.md, v13).
+    ``ATTNKIT_TRITON_FLASH_GLUON=0`` turns it off."""
+    if os.environ.get("ATTNKIT_TRITON_FLASH_GLUON", "1") == "0":
+        return "turned off by ATTNKIT_TRITON_FLASH_GLUON=0"
+    from . import gluon_forward
+
+    return gluon_forward.unsupported_reason(q, k, v, variants.causal, scale, variants=variants, layout=layout)
+
+
+def path_note(device: torch.device) -> str:
+    """The forward's path on ``device``, for the run's header."""
+    from . import gluon_forward
+
+    if os.environ.get("ATTNKIT_TRITON_FLASH_GLUON", "1") == "0":
+        return "forward: Triton kernels (the Gluon forward is turned off by ATTNKIT_TRITON_FLASH_GLUON=0)"
+    reason = gluon_forward.device_reason(device)
+    if reason is not None:
+        return f"forward: Triton kernels (the Gluon forward needs {reason})"
+    return ("forward: Gluon (sm_90) on dense fp16/bf16 d64/d128, causal or not; Triton kernels for the "
+            "rest and the backward")
+
+
+def _launch_gluon(p: _Problem, o: torch.Tensor, lse: torch.Tensor, tiles: Tiles | None) -> None:
+    from . import gluon_forward
+
+    gluon_forward.flash_fwd(p.q, p.k, p.v, p.variants.causal, p.scale, out=(o, lse))
+
+
 def _plan_fwd(p: _Problem, o: torch.Tensor, lse: torch.Tensor) -> tuple[Callable[..., None], Tiles]:
     block_d = max(_block_d(p.head_dim), _block_d(p.head_dim_v))
     waves = tile_candidates("decode", block_d, p.q.dtype)[0].waves
     decode = not isinstance(p.layout, Varlen) and uses_decode_kernel(
         p.n_q, p.group, p.n_k, p.batch * p.heads_kv, _sm_count(p.q.device), waves, isinstance(p.layout, Paged))
+    if not decode and gluon_path(p.q, p.k, p.v, p.variants, p.layout, p.scale) is None:
+        return _launch_gluon, None
     kernel, launch = ("decode", _launch_decode) if decode else ("fwd", _launch_fwd)
     key = (p.q.dtype, p.head_dim, p.head_dim_v, p.variants.key(), p.layout_code, p.page_size,
            _size_class(p.n_q), _size_class(p.n_k), _size_class(p.batch * p.heads_kv) if decode else p.group > 1)

@@ -60,6 +60,8 @@ class ImplInfo:
     load_error: str | None = None
     unavailable: str | None = None
     capabilities: dict[str, Any] = field(default_factory=dict)
+    #: The implementation's line on which code path runs on this machine (``path_note``), or None.
+    path_note: str | None = None
 
     @property
     def status(self) -> str:
@@ -153,7 +155,8 @@ class WorkerPool:
         except WorkerFailure as failure:
             return ImplInfo(ref.name, ref.value, ref.distribution, load_error=str(failure))
         return ImplInfo(ref.name, ref.value, ref.distribution, load_error=described.get("load_error"),
-                        unavailable=described.get("unavailable"), capabilities=described.get("capabilities", {}))
+                        unavailable=described.get("unavailable"), capabilities=described.get("capabilities", {}),
+                        path_note=described.get("path_note"))
 
     @property
     def names(self) -> list[str]:

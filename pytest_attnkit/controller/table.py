@@ -102,6 +102,8 @@ def header_lines(*, environment: dict[str, Any], device: str, profile: str, suit
         else:  # the entry point on a line of its own
             lines += wrap(f"attnkit:   {info.name:<{width}} {state}", indent)
             lines += wrap(f"{indent}[{info.origin}]", indent)
+        if info.path_note and not (info.load_error or info.unavailable):
+            lines += wrap(f"{indent}{info.path_note}", indent)
     return lines
 
 

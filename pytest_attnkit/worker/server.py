@@ -162,7 +162,12 @@ class Handler:
             unavailable = self.impl.unavailable_reason(self.device)
         except Exception as error:
             unavailable = "its availability check raised:\n" + kernel_traceback(error)
-        return {"unavailable": unavailable, "capabilities": self.impl.capabilities(), "type": type(self.impl).__qualname__}
+        try:
+            note = None if unavailable else self.impl.path_note(self.device)
+        except Exception as error:
+            note = f"its path_note() raised {type(error).__name__}: {error}"
+        return {"unavailable": unavailable, "capabilities": self.impl.capabilities(), "type": type(self.impl).__qualname__,
+                "path_note": None if note is None else str(note)}
 
     def _refusal(self, case: Case, backward: bool) -> Reply | None:
         """A reply that ends the request before running anything, or None to go on."""

@@ -60,7 +60,14 @@ sys.path.insert(0, str(REPO))
 
 DTYPES = ("bfloat16", "float16")
 HEAD_DIMS = (64, 128)
-DEFAULT_VARIANTS = "n128s3,n128s2-eager,n128s2-nopp,n64s2"
+DEFAULT_VARIANTS = "n128s2,n128s3-eager,n128s2-nopp-eager,n128s2-eager-r224,n64s2-eager"
+
+
+def _defaults() -> str:
+    """gluon_forward.default_config's choices, for the report's words."""
+    from implementations.triton_flash.gluon_forward import default_config
+
+    return ", ".join(f"{default_config(d, False)} at d{d}" for d in (128, 64))
 #: (batch, heads_q, heads_kv, n_q, n_k): every one runs for every dtype, head dim and causal flag.
 CORRECTNESS_SHAPES = (
     (1, 2, 2, 1024, 1024),
@@ -519,8 +526,8 @@ def report(results: dict, bench: dict, variants: list[str], hello: dict) -> str:
             lines.append(f"| {label} | " + " | ".join(cells + ratios) + " |")
     if variants:
         lines.append("")
-        lines.append("Gluon configurations (TFLOP/s; the default is n128s2 at d128, n128s3 at d64; max |out - "
-                     "cuDNN| of each in check.json):")
+        lines.append("Gluon configurations (TFLOP/s; the default is gluon_forward.default_config's, "
+                     f"{_defaults()}; max |out - cuDNN| of each in check.json):")
         lines.append("")
         lines.append("| case | default | " + " | ".join(variants) + " |")
         lines.append("|---|---|" + "---|" * len(variants))
