@@ -167,7 +167,7 @@ def default_config(head_dim: int, causal: bool) -> Config:
     """The tiles used when none is given: FlashAttention-3's 128 x 128 for d128; at d64 the K/V
     tiles are half the size, so a deeper ring costs little. FlashAttention-3's wait order
     (``eager``): on an H100 it ran 1.3-1.6x the one-QK^T-later order at 4k and 16k (NOTES.md, v13;
-    results/2026-11-25-h100-gluon)."""
+    results/2026-11-25-h100-session3)."""
     if head_dim == 64:
         return Config(block_n=128, stages=3, eager=True)
     return Config(block_n=128, stages=2, eager=True)
