@@ -156,7 +156,7 @@ class AccuracyBudget:
 
 #: The "quantized" class: limits set between what an honest INT8 per-block Q/K kernel
 #: (SageAttention's scheme) makes and what a 5% scale error makes (docs/accuracy.md gives the figures;
-#: tests/test_accuracy.py holds both sides). Large logits (``x8`` cases) defeat INT8 Q/K.
+#: tests/suites/test_accuracy.py holds both sides). Large logits (``x8`` cases) defeat INT8 Q/K.
 QUANTIZED_BUDGET = AccuracyBudget(name="quantized")
 #: FlashInfer's tolerance for FP8 KV caches (``tests/attention``: ``atol=1e-2, rtol=2e-1``), for
 #: kernels that quantize only K and V.
@@ -595,7 +595,7 @@ class AttentionImpl:
 class FunctionImpl(AttentionImpl):
     """Form (a) of the contract: a plain callable, taken to support every dense case but FP8 inputs
     (its signature has no place for the descales), the variants and the two layouts (README.md and
-    docs/contract.md say so, and tests/test_docs.py holds them to this class).
+    docs/contract.md say so, and tests/e2e/test_docs.py holds them to this class).
 
     It declares no memory class: the memory suite reports what it measures without failing it,
     and no variant: its signature has no place for one.

@@ -19,7 +19,7 @@ A page asks for a generated part with a marker on a line of its own:
   recipes have one source.
 
 Nothing here is copied from the code: an attribute, option or hook added later appears at the
-next build. ``tests/test_docs.py`` renders the same parts and compares them with ``pytest
+next build. ``tests/e2e/test_docs.py`` renders the same parts and compares them with ``pytest
 --help`` and with the classes themselves.
 
 A link that leaves ``docs/`` for a file of the repository (``[results/README.md](../results/README.md)``)

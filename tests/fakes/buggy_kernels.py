@@ -1,4 +1,4 @@
-"""Attention kernels with one common bug each, for the diagnosis's tests (tests/test_diagnosis.py).
+"""Attention kernels with one common bug each, for the diagnosis's tests (tests/suites/test_diagnosis.py).
 
 Each is written the way the bug is written in practice: torch's SDPA with ``is_causal``, or
 :func:`eager`, a plain float32 attention of its own (explicit scores, masks and softmax; it does

@@ -1,6 +1,6 @@
 """Implementations for the properties suite's tests: each right on the day (the oracle passes it),
 each honest or lying about one declared property. Copied into a fake distribution by the tests
-(tests/test_properties.py); never imported by the pytest process that runs the project's tests.
+(tests/suites/test_properties.py); never imported by the pytest process that runs the project's tests.
 """
 
 import torch

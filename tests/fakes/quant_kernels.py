@@ -1,4 +1,4 @@
-"""Quantized attention kernels for tests/test_accuracy.py: an honest one and broken ones.
+"""Quantized attention kernels for tests/suites/test_accuracy.py: an honest one and broken ones.
 
 ``int8_attention`` quantizes as SageAttention does: K smoothed (its mean over tokens removed,
 which leaves the softmax unchanged), Q and K in int8 with a scale per block of 64 tokens per

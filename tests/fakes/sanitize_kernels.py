@@ -2,7 +2,7 @@
 with planted out-of-bounds reads, each with right numbers on every case (the extra rows are masked
 out of the scores, and a probability of zero weighs the extra values). Only the last sequence's
 extra rows lie outside the packed tensors. Copied into a fake distribution by the test
-(tests/test_sanitize.py); a slow kernel, one program per query row.
+(tests/suites/test_sanitize.py); a slow kernel, one program per query row.
 
 - ``OneRowPast``: one key and value row past each sequence (a few hundred bytes past k and v: inside
   the allocation's rounding, where memcheck cannot see it). Its value reaches the result times a

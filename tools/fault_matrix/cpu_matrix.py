@@ -14,7 +14,7 @@ Usage: ``python3 tools/fault_matrix/cpu_matrix.py [--out DIR] [--modes default,j
 [--timeout S] [--check]``. It prints two Markdown tables (each fault's verdicts; each mode's exit
 status, time and leftovers) and writes them, with every test's outcome, to ``DIR``. With
 ``--check`` it exits 1 when a fault's verdict, a mode's exit status or time, or a leftover is not
-what the table in docs/workers.md promises (tests/test_fault_matrix.py runs it so in CI).
+what the table in docs/workers.md promises (tests/e2e/test_fault_matrix.py runs it so in CI).
 Standard library only; run it with the interpreter that has pytest-attnkit installed.
 """
 

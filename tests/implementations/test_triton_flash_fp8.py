@@ -29,7 +29,7 @@ torch = pytest.importorskip("torch")
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 #: (batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal, layout, logit_scale)
 CASES = [

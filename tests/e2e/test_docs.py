@@ -27,7 +27,7 @@ from pytest_attnkit import AttentionImpl
 from pytest_attnkit.contract import Case
 from pytest_attnkit.controller import options
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
 README = REPO / "README.md"
 

@@ -9,7 +9,7 @@ import pytest
 
 from helpers import run_attnkit
 
-SOURCE = (Path(__file__).with_name("fakes") / "property_kernels.py").read_text()
+SOURCE = (Path(__file__).parents[1] / "fakes" / "property_kernels.py").read_text()
 #: The smoke set's dense property case: three sequences of 65 rows, causal GQA.
 DENSE = "b3-h4:2-q65-k65-d64-fp16-causal"
 

@@ -18,7 +18,7 @@ from helpers import run_attnkit
 from pytest_attnkit.contract import QUANTIZED_BUDGET, AccuracyBudget, AttentionImpl, Case
 from pytest_attnkit.records import Comparison
 
-QUANT_KERNELS = (Path(__file__).with_name("fakes") / "quant_kernels.py").read_text()
+QUANT_KERNELS = (Path(__file__).parents[1] / "fakes" / "quant_kernels.py").read_text()
 
 GQA = "b2-h4:2-q113-k113-d64-fp16-causal"
 NQ_GT_NK = "b1-h2-q203-k113-d64-fp16-causal"

@@ -19,7 +19,7 @@ from pytest_attnkit.registry import EntryPointRef
 
 from helpers import fake, run_attnkit
 
-FAKE_SANITIZER = Path(__file__).with_name("fakes") / "fake_sanitizer.py"
+FAKE_SANITIZER = Path(__file__).parents[1] / "fakes" / "fake_sanitizer.py"
 
 MEMCHECK_LOG = """\
 ========= COMPUTE-SANITIZER
@@ -242,7 +242,7 @@ def test_planted_reads_past_an_input_and_past_a_kernel_s_own_buffer_are_caught_o
     past k and v (inside the allocation's rounding: the guarded inputs catch it), a tile past k
     (only into masked scores: memcheck catches it, with the suite's padding), a tile past a copy of
     k the kernel allocates itself (memcheck again); the honest kernel passes."""
-    source = (Path(__file__).with_name("fakes") / "sanitize_kernels.py").read_text()
+    source = (Path(__file__).parents[1] / "fakes" / "sanitize_kernels.py").read_text()
     names = {"honest_varlen": "HonestVarlen", "one_row_past": "OneRowPast", "tile_past_k": "TilePastK",
              "tile_past_own_k": "TilePastOwnK"}
     site = fake_dist({name: f"sanitize_kernels:{cls}" for name, cls in names.items()},

@@ -25,7 +25,7 @@ torch = pytest.importorskip("torch")
 from pytest_attnkit.worker.correctness import run_correctness  # noqa: E402
 from pytest_attnkit.worker.diagnosis import SUSPECTS, WIDTH  # noqa: E402
 
-BUGGY_PATH = Path(__file__).with_name("fakes") / "buggy_kernels.py"
+BUGGY_PATH = Path(__file__).parents[1] / "fakes" / "buggy_kernels.py"
 _spec = importlib.util.spec_from_file_location("buggy_kernels", BUGGY_PATH)
 assert _spec is not None and _spec.loader is not None
 buggy = importlib.util.module_from_spec(_spec)
@@ -128,7 +128,7 @@ def test_backward_failures_are_diagnosed_with_the_suspects_gradients(kernel: str
 
 
 def test_each_line_fits_and_links_a_heading_that_exists() -> None:
-    docs = Path(__file__).parents[1]
+    docs = Path(__file__).parents[2]
     for suspect in SUSPECTS:
         assert all(len(line) <= WIDTH for line in suspect.line().splitlines()), suspect.line()
         page, anchor = suspect.anchor.split("#")

@@ -43,7 +43,7 @@ torch = pytest.importorskip("torch")
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DTYPES = ("float32", "float16")
 
 

@@ -57,8 +57,8 @@ def test_a_multiple_of_64_kernel_runs_every_family_of_the_smoke_set(pytester: py
     outcomes, _ = run_attnkit(pytester, "--attnkit-impl=multiple64", "--attnkit-suite=correctness",
                               "-k", "test_forward")
     ran = [name for name, outcome in outcomes.items() if outcome.outcome == "passed"]
-    # The variant and layout cases skip: the kernel declares none (tests/test_variants.py and
-    # tests/test_layouts.py cover them).
+    # The variant and layout cases skip: the kernel declares none (tests/suites/test_variants.py and
+    # tests/suites/test_layouts.py cover them).
     variant = re.compile(r"-(w-?\d+:-?\d+|cap[\d.]+|alibi|sinks|lse|dv\d+|varlen|paged\d+)(-|\])")
     assert ran and not [name for name, outcome in outcomes.items()
                         if outcome.outcome != "passed" and not variant.search(name)], outcomes
