@@ -20,8 +20,8 @@ from typing import Any
 
 from pytest_attnkit.contract import Case
 from pytest_attnkit.controller.gate import Decision
+from pytest_attnkit.controller.impls import ImplInfo
 from pytest_attnkit.controller.memory import MemorySweepResult
-from pytest_attnkit.controller.pool import ImplInfo
 from pytest_attnkit.controller.speed import SpeedCheck
 from pytest_attnkit.controller.table import NO_BREAK, markdown
 from pytest_attnkit.records import SpeedMeasurement, Timing

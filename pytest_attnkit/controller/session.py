@@ -28,6 +28,7 @@ from pytest_attnkit.controller import caches, coverage, footprint, report, xdist
 from pytest_attnkit.controller.against import AgainstError, Revision, materialise, twins_of
 from pytest_attnkit.controller.baselines import MIN_RUNS, BaselineError, BaselineStore
 from pytest_attnkit.controller.correctness import CorrectnessCheck
+from pytest_attnkit.controller.impls import ImplStatus
 from pytest_attnkit.controller.memory import NO_MEMORY_METER_ON_CPU, MemoryCheck, item_sweep
 from pytest_attnkit.controller.options import SUITES, Settings, moved_rootdir
 from pytest_attnkit.controller.outcome import Outcomes, last_line
@@ -68,7 +69,7 @@ def asked_for_but_untested(document: dict[str, Any], asked: list[str]) -> list[s
             f"({info.get('reason') or 'no reason given'}). Run it where it is available, or leave it out of "
             "--attnkit-impl."
             for name, info in document["implementations"].items()
-            if info["status"] == "unavailable" and name not in ran]
+            if info["status"] == ImplStatus.UNAVAILABLE and name not in ran]
 
 
 def property_check(item: pytest.Item) -> str:

@@ -32,6 +32,7 @@ import pytest
 from pytest_attnkit.contract import Case
 from pytest_attnkit.controller.baselines import BaselineStore
 from pytest_attnkit.controller.gate import Decision, decide, machine_factor, noise_threshold
+from pytest_attnkit.controller.impls import ImplStatus
 from pytest_attnkit.controller.outcome import Outcomes
 from pytest_attnkit.controller.paired import MIN_PAIRS, PairedDecision, decide_paired
 from pytest_attnkit.controller.pool import WorkerPool
@@ -327,7 +328,7 @@ class SpeedCheck:
     def _reference_median(self, mode: str, case: Case) -> float | None:
         """The reference's median on this case (timed now if its own test has not run), or None."""
         reference = self.settings.reference
-        if reference not in self.pool.impls or self.pool.info(reference).status != "available":
+        if reference not in self.pool.impls or self.pool.info(reference).status is not ImplStatus.AVAILABLE:
             return None
         try:
             return self._first_measurement(reference, mode, case).timing.median_ms

@@ -13,6 +13,8 @@ import textwrap
 from collections import Counter, defaultdict
 from typing import Any, Iterable
 
+from pytest_attnkit.controller.impls import ImplStatus
+
 WIDTH = 100
 #: The speed figures the summary shows per implementation: the forward at FlashAttention's
 #: shapes with head dim 128 (batch x length = 16k tokens), at these lengths.
@@ -113,7 +115,7 @@ def header_lines(*, environment: dict[str, Any], device: str, profile: str, suit
 def correctness_verdict(document: dict[str, Any], name: str) -> str:
     """pass, FAIL, NOTHING RUN or INCOMPLETE, with the coverage: how many cases ran of how many."""
     info = document["implementations"][name]
-    if info["status"] != "available":
+    if info["status"] != ImplStatus.AVAILABLE:
         return info["status"]
     counts = Counter(test["outcome"] for test in document["tests"]
                      if test["impl"] == name and test["suite"] == "correctness")
@@ -259,7 +261,7 @@ def headline_lines(document: dict[str, Any]) -> list[str]:
         memory = ", ".join(f"{sweep['direction']} {memory_figure(sweep)}"
                            for sweep in document["memory"] if sweep["impl"] == name)
         rows = [("correctness", correctness_verdict(document, name))]
-        if document["implementations"][name]["status"] == "available":
+        if document["implementations"][name]["status"] == ImplStatus.AVAILABLE:
             rows.append(("accuracy", accuracy_headline(document, name)))
         rows += [("memory", memory or "-"),
                  ("speed", speed_headline(document, name)), ("gate", gate_headline(document, name))]
