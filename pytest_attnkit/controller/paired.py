@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from pytest_attnkit.controller.gate import DEFAULT_ALPHA, midranks, verdict_of
+from pytest_attnkit.controller.gate import DEFAULT_ALPHA, GateVerdict, midranks, verdict_of
 
 #: The fewest pairs the A/B gate decides on: with fewer, no result can reach alpha = 0.01.
 MIN_PAIRS = 8
@@ -50,7 +50,7 @@ BOOTSTRAP_SEED = 20
 
 @dataclass(frozen=True)
 class PairedDecision:
-    verdict: str  # "regression", "improvement", "unchanged", "insufficient"
+    verdict: GateVerdict  # REGRESSION, IMPROVEMENT, UNCHANGED or INSUFFICIENT
     ratio: float  # new / old: exp(median of the pairs' log ratios)
     low: float  # the bootstrap interval of the median ratio, at ``confidence``
     high: float
@@ -106,12 +106,13 @@ def decide_paired(new_blocks_ms: list[list[float]], old_blocks_ms: list[list[flo
     old_median = statistics.median([s for block in old_blocks_ms for s in block]) if old_blocks_ms else float("nan")
     if not log_ratios:
         nan = float("nan")
-        return PairedDecision("insufficient", nan, nan, nan, CONFIDENCE, nan, nan, 0, threshold, new_median, old_median)
+        return PairedDecision(GateVerdict.INSUFFICIENT, nan, nan, nan, CONFIDENCE, nan, nan, 0, threshold, new_median,
+                              old_median)
     ratio = math.exp(statistics.median(log_ratios))
     low, high = bootstrap_interval(log_ratios)
     p_slower, p_faster = wilcoxon_p(log_ratios)
     if len(log_ratios) < MIN_PAIRS:
-        verdict = "insufficient"
+        verdict = GateVerdict.INSUFFICIENT
     else:
         verdict = verdict_of(ratio, p_slower, p_faster, threshold=threshold, alpha=alpha)
     return PairedDecision(verdict, ratio, low, high, CONFIDENCE, p_slower, p_faster, len(log_ratios), threshold,

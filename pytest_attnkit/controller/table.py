@@ -13,6 +13,7 @@ import textwrap
 from collections import Counter, defaultdict
 from typing import Any, Iterable
 
+from pytest_attnkit.controller.gate import GateVerdict
 from pytest_attnkit.controller.impls import ImplStatus
 
 WIDTH = 100
@@ -212,12 +213,12 @@ def gate_headline(document: dict[str, Any], name: str) -> str:
     verdicts = Counter(decision["verdict"] for decision in decisions)
     timed = any(m["impl"] == name for m in document["speed"]["measurements"])
     if verdicts:
-        gate = "REGRESSION" if verdicts["regression"] else "ok"
+        gate = "REGRESSION" if verdicts[GateVerdict.REGRESSION] else "ok"
         parts = []
         for verdict, count in sorted(verdicts.items()):
             behind = [decision for decision in decisions if decision["verdict"] == verdict]
             parts.append(f"{count} {verdict}" + (f" against entries of {_runs_of(behind)}"
-                                                 if verdict == "regression" else ""))
+                                                 if verdict == GateVerdict.REGRESSION else ""))
         return gate + " (" + ", ".join(parts) + f"; baselines of {_runs_of(decisions)})"
     if timed:
         return "NOT GATED: " + ("no baseline file for this device" if not document["speed"].get("baseline_found")
@@ -430,7 +431,7 @@ def gate_lines(document: dict[str, Any]) -> list[str]:
                   "threshold, raised where saved runs disagreed", "  ")
     rows = [["implementation", "mode", "case", "base ms", "runs", "now ms", "change", "thresh", "verdict"]]
     for d in sorted(speed["gate"], key=lambda d: (d["impl"], d["mode"], d["case"])):
-        verdict = d["verdict"].upper() if d["verdict"] == "regression" else d["verdict"]
+        verdict = d["verdict"].upper() if d["verdict"] == GateVerdict.REGRESSION else d["verdict"]
         if d["rounds"] > 1:
             verdict += f" {d['rounds_flagged']}/{d['rounds']}"
         rows.append([d["impl"], _MODES.get(d["mode"], d["mode"]), d["case"],
@@ -449,7 +450,7 @@ def gate_lines(document: dict[str, Any]) -> list[str]:
 
 def _ab_verdict(entry: dict[str, Any]) -> str:
     verdict = entry["verdict"]
-    verdict = verdict.upper() if verdict == "regression" else verdict
+    verdict = verdict.upper() if verdict == GateVerdict.REGRESSION else verdict
     if entry.get("syncs"):
         both = entry["syncs"].startswith("both")
         verdict = f"{verdict} (syncs: {100 * entry['threshold']:.0f}%)" if both else f"{verdict} (new sync)"
@@ -467,15 +468,15 @@ def ab_lines(document: dict[str, Any]) -> list[str]:
     entries = sorted(document.get("ab", []), key=lambda e: (e["impl"], e["mode"], e["case"]))
     if not entries:
         return lines + wrap("NOTHING GATED against it: no speed case was timed in both versions")
-    pairs = sorted({e["pairs"] for e in entries if e["verdict"] != "not compared"})
+    pairs = sorted({e["pairs"] for e in entries if e["verdict"] != GateVerdict.NOT_COMPARED})
     if pairs:
         lines += wrap(f"  {pairs[0]}{'' if len(pairs) == 1 else f' to {pairs[-1]}'} pairs of blocks per case; "
                       "interval: seeded bootstrap of the median ratio new/old", "  ")
     rows = [["implementation", "mode", "case", "old ms", "new/old", "99% interval", "verdict"]]
     for e in entries:
         mode = _MODES.get(e["mode"], e["mode"])
-        if e["verdict"] == "not compared":
-            rows.append([e["impl"], mode, e["case"], "-", "-", "-", "not compared"])
+        if e["verdict"] == GateVerdict.NOT_COMPARED:
+            rows.append([e["impl"], mode, e["case"], "-", "-", "-", GateVerdict.NOT_COMPARED.value])
             continue
         rows.append([e["impl"], mode, e["case"], f"{e['old_median_ms']:.4f}", f"{e['ratio']:.3f}",
                      f"{e['low']:.3f}-{e['high']:.3f}", _ab_verdict(e)])
@@ -589,7 +590,7 @@ def markdown(document: dict[str, Any]) -> str:
                 "| implementation | mode | case | old ms | new ms | new/old | 99% interval | pairs | p slower | verdict |",
                 "|---|---|---|---|---|---|---|---|---|---|"]
         for e in sorted(document.get("ab", []), key=lambda e: (e["impl"], e["mode"], e["case"])):
-            if e["verdict"] == "not compared":
+            if e["verdict"] == GateVerdict.NOT_COMPARED:
                 out.append(f"| {e['impl']} | {e['mode']} | {e['case']} | - | - | - | - | - | - | "
                            f"not compared: {e.get('problem') or ''} |")
                 continue
