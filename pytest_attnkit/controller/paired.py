@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import asdict, dataclass
+from enum import Enum
 from typing import Any
 
 import numpy as np
@@ -46,6 +47,25 @@ MIN_PAIRS = 8
 CONFIDENCE = 0.99
 BOOTSTRAP_RESAMPLES = 4000
 BOOTSTRAP_SEED = 20
+
+
+class SyncKind(str, Enum):
+    """Which versions' calls synchronize the host with the device inside (see the module docstring)."""
+
+    __str__ = str.__str__  # f"{kind}" and str(kind) give the value
+
+    BOTH = "both"  # the case is gated at a doubling (speed.SYNC_THRESHOLD)
+    NEW_ONLY = "new only"  # the change added the sync: the case is gated as any other
+
+
+def sync_kind(new: str | None, old: str | None) -> SyncKind | None:
+    """What the two versions' workers said of syncs inside their calls (``new``, ``old``: the first
+    sync torch saw, or None), as a :class:`SyncKind`; None where the new version's call does not sync."""
+    if new and old:
+        return SyncKind.BOTH
+    if new:
+        return SyncKind.NEW_ONLY
+    return None
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from pytest_attnkit.controller.baselines import BaselineStore
 from pytest_attnkit.controller.gate import Decision, GateVerdict, decide, machine_factor, noise_threshold
 from pytest_attnkit.controller.impls import ImplStatus
 from pytest_attnkit.controller.outcome import Outcomes
-from pytest_attnkit.controller.paired import MIN_PAIRS, PairedDecision, decide_paired
+from pytest_attnkit.controller.paired import MIN_PAIRS, PairedDecision, SyncKind, decide_paired, sync_kind
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.process import WorkerFailure, worker_pids
 from pytest_attnkit.controller.scheduler import Job
@@ -116,14 +116,26 @@ class ABResult:
     case: Case
     decision: PairedDecision | None
     problem: str | None = None  # why the case could not be compared (one side skipped or failed)
-    #: What the worker found of host syncs inside the calls (controller/paired.py), or None: both
-    #: versions sync (the case is gated at SYNC_THRESHOLD), or only the new one does.
-    syncs: str | None = None
+    #: Which versions' calls synchronize with the device inside (controller/paired.py), or None:
+    #: both (the case is gated at SYNC_THRESHOLD), or only the new one.
+    syncs: SyncKind | None = None
+    #: The new version's sync as its worker saw it (torch's first sync warning), where ``syncs`` is set.
+    sync_detail: str | None = None
+
+    @property
+    def sync_note(self) -> str | None:
+        """:attr:`syncs` in words, as the report and the A/B table show it."""
+        if self.syncs == SyncKind.BOTH:
+            return f"both versions' calls synchronize with the device ({self.sync_detail})"
+        if self.syncs == SyncKind.NEW_ONLY:
+            return ("the new version's call synchronizes with the device and the old one's does not "
+                    f"({self.sync_detail})")
+        return None
 
     def to_dict(self, revision: str) -> dict[str, Any]:
         return {"impl": self.impl, "against": self.twin, "revision": revision, "mode": self.mode,
                 "case": self.case.id, "shape": self.case.to_dict(), "problem": self.problem,
-                "syncs": self.syncs,
+                "syncs": self.sync_note, "sync_kind": self.syncs,
                 **(self.decision.to_dict() if self.decision else {"verdict": GateVerdict.NOT_COMPARED})}
 
 
@@ -311,16 +323,13 @@ class SpeedCheck:
                                                         shared_with=shared_with(probes[name], *replies[name]))
         threshold = (self.ab_threshold or self.threshold)(key)
         syncs = {name: probes[name].data.get("syncs") for name in names} if problem is None else {}
-        note = None
-        if syncs.get(impl) and syncs.get(twin):
+        kind = sync_kind(syncs.get(impl), syncs.get(twin))
+        if kind == SyncKind.BOTH:
             # Both versions' times follow their processes' host speed (controller/paired.py):
             # only a doubling stands out of that noise.
             threshold = max(threshold, SYNC_THRESHOLD)
-            note = f"both versions' calls synchronize with the device ({syncs[impl]})"
-        elif syncs.get(impl):
-            note = f"the new version's call synchronizes with the device and the old one's does not ({syncs[impl]})"
         decision = None if problem is not None else decide_paired(blocks[impl], blocks[twin], threshold=threshold)
-        self.ab[key] = ABResult(impl, twin, mode, case, decision, problem, note)
+        self.ab[key] = ABResult(impl, twin, mode, case, decision, problem, kind, syncs.get(impl) if kind else None)
 
     def _reference_median(self, mode: str, case: Case) -> float | None:
         """The reference's median on this case (timed now if its own test has not run), or None."""

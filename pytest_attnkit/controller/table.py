@@ -15,6 +15,7 @@ from typing import Any, Iterable
 
 from pytest_attnkit.controller.gate import GateVerdict
 from pytest_attnkit.controller.impls import ImplStatus
+from pytest_attnkit.controller.paired import SyncKind
 
 WIDTH = 100
 #: The speed figures the summary shows per implementation: the forward at FlashAttention's
@@ -451,9 +452,11 @@ def gate_lines(document: dict[str, Any]) -> list[str]:
 def _ab_verdict(entry: dict[str, Any]) -> str:
     verdict = entry["verdict"]
     verdict = verdict.upper() if verdict == GateVerdict.REGRESSION else verdict
-    if entry.get("syncs"):
-        both = entry["syncs"].startswith("both")
-        verdict = f"{verdict} (syncs: {100 * entry['threshold']:.0f}%)" if both else f"{verdict} (new sync)"
+    kind = entry.get("sync_kind")
+    if kind == SyncKind.BOTH:
+        verdict = f"{verdict} (syncs: {100 * entry['threshold']:.0f}%)"
+    elif kind == SyncKind.NEW_ONLY:
+        verdict = f"{verdict} (new sync)"
     return verdict
 
 
