@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from pytest_attnkit import cases as case_sets
-from pytest_attnkit.contract import AccuracyBudget, Case, accuracy_budget
+from pytest_attnkit.contract import AccuracyBudget, Case, MemoryClass, accuracy_budget
 from pytest_attnkit.controller import caches, coverage, footprint, report, xdist
 from pytest_attnkit.controller.against import AgainstError, Revision, materialise, twins_of
 from pytest_attnkit.controller.baselines import MIN_RUNS, BaselineError, BaselineStore
@@ -412,7 +412,7 @@ class AttnkitSession:
         return xdist.share_of_this_worker(self.config, items)
 
     def _linear_memory(self, impl: str) -> bool:
-        return self.pool.info(impl).capabilities.get("memory_class") == "linear"
+        return self.pool.info(impl).capabilities.get("memory_class") == MemoryClass.LINEAR
 
     def submit_ahead(self, items: list[pytest.Item]) -> None:
         """Submit the selected tests' requests to the scheduler, in pytest's order: each correctness

@@ -13,6 +13,7 @@ import textwrap
 from collections import Counter, defaultdict
 from typing import Any, Iterable
 
+from pytest_attnkit.contract import MemoryClass
 from pytest_attnkit.controller.gate import GateVerdict
 from pytest_attnkit.controller.impls import ImplStatus
 from pytest_attnkit.controller.paired import SyncKind
@@ -229,8 +230,8 @@ def gate_headline(document: dict[str, Any], name: str) -> str:
 
 def memory_figure(sweep: dict[str, Any]) -> str:
     """A sweep in a few words: its exponent, or that no power law describes it."""
-    if sweep.get("verdict") == "unclear":
-        return "unclear" + (f" (N^{sweep['slope']:.2f})" if sweep["slope"] is not None else "")
+    if sweep.get("verdict") == MemoryClass.UNCLEAR:
+        return f"{MemoryClass.UNCLEAR}" + (f" (N^{sweep['slope']:.2f})" if sweep["slope"] is not None else "")
     return "flat" if sweep["slope"] is None else f"N^{sweep['slope']:.2f}"
 
 
@@ -288,7 +289,7 @@ def memory_table(name: str, direction: str, points: list[dict[str, Any]], slope:
     quality = ""
     if r2 is not None and worst is not None:
         quality = f"R^2 {r2:.3f}, worst point {worst:.2f}x off the line" + (f" at N={worst_n}" if worst_n else "")
-    if verdict == "unclear":
+    if verdict == MemoryClass.UNCLEAR:
         head = (f"{name} ({direction}): unclear, no class: {reason or 'the fit is poor'}; fitted exponent {exponent}"
                 + (f", {quality}" if quality else "")
                 + (f"; declared {declared} not enforced" if declared else ""))
@@ -303,7 +304,7 @@ def memory_table(name: str, direction: str, points: list[dict[str, Any]], slope:
             continue
         model = format_bytes(point["expected_bytes"]) if point.get("expected_bytes") is not None else "-"
         notes = [f"unmetered {format_bytes(point['unmetered_bytes'])}"] if point.get("unmetered_bytes") else []
-        if verdict == "unclear" and worst is not None and point["seqlen"] == worst_n:
+        if verdict == MemoryClass.UNCLEAR and worst is not None and point["seqlen"] == worst_n:
             notes.append(f"{worst:.2f}x off the line")
         lines.append(f"  {point['seqlen']:>7}  {format_bytes(point['extra_bytes']):>14}  "
                      f"{point['extra_bytes'] / point['seqlen']:>12.1f}  {model:>12}  {', '.join(notes)}".rstrip())
