@@ -33,7 +33,7 @@ from pytest_attnkit.controller.outcome import Outcomes
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.scheduler import Job, Scheduler
 from pytest_attnkit.controller.table import memory_table
-from pytest_attnkit.records import MemoryPoint, Status
+from pytest_attnkit.records import MemoryPoint, PointStatus, Status
 
 LINEAR_MAX_SLOPE = 1.3
 QUADRATIC_SLOPE = (1.7, 2.3)
@@ -134,7 +134,7 @@ def memory_problems(declared: MemoryClass | str | None, points: list[MemoryPoint
     read off it: the declared one is then not enforced); no allocation may escape the meter; and
     where the implementation gives an analytic model, each measurement is within 10% of it.
     """
-    measured = [point for point in points if point.status == "measured"]
+    measured = [point for point in points if point.status == PointStatus.MEASURED]
     problems = []
     if len(measured) < 3:
         problems.append(f"only {len(measured)} lengths could be measured; at least 3 are needed to fit an exponent")
@@ -171,7 +171,7 @@ class MemorySweepResult:
 
     @property
     def measured(self) -> list[MemoryPoint]:
-        return [point for point in self.points if point.status == "measured"]
+        return [point for point in self.points if point.status == PointStatus.MEASURED]
 
     @property
     def fit(self) -> Fit | None:
@@ -202,9 +202,11 @@ class MemorySweepResult:
     def stopped(self) -> str | None:
         """Why the sweep ended before its last length, or None."""
         last = self.points[-1] if self.points else None
-        if last is not None and last.status == "measured" and last.stop:
+        if last is not None and last.status == PointStatus.MEASURED and last.stop:
             return f"the sweep stopped after N={last.seqlen}: {last.stop}"
-        return None if last is None or last.status == "measured" else f"the sweep stopped at N={last.seqlen}: {last.status}"
+        if last is None or last.status == PointStatus.MEASURED:
+            return None
+        return f"the sweep stopped at N={last.seqlen}: {last.status}"
 
     def to_dict(self) -> dict[str, Any]:
         fit = self.fit
@@ -292,12 +294,12 @@ class MemoryCheck:
             else:
                 reply = self.pool.request(impl, self._message(case, backward, index))
             if reply.status in (Status.CRASHED, Status.TIMEOUT):
-                points.append(MemoryPoint(seqlen, "error", message=reply.message.splitlines()[0]))
+                points.append(MemoryPoint(seqlen, PointStatus.ERROR, message=reply.message.splitlines()[0]))
                 break
             self.outcomes.settle(reply, impl=impl, where=f"the memory sweep ({direction}) at {case.id}",
                                  origin=info.origin)
             points.append(MemoryPoint.from_dict(reply.data))
-            if points[-1].status == "oom" or points[-1].stop:
+            if points[-1].status == PointStatus.OOM or points[-1].stop:
                 break
         result = MemorySweepResult(impl, direction, info.capabilities.get("memory_class"), tuple(points), sweep)
         self.results.append(result)

@@ -17,6 +17,7 @@ from pytest_attnkit.contract import MemoryClass
 from pytest_attnkit.controller.gate import GateVerdict
 from pytest_attnkit.controller.impls import ImplStatus
 from pytest_attnkit.controller.paired import SyncKind
+from pytest_attnkit.records import PointStatus
 
 WIDTH = 100
 #: The speed figures the summary shows per implementation: the forward at FlashAttention's
@@ -298,7 +299,7 @@ def memory_table(name: str, direction: str, points: list[dict[str, Any]], slope:
     lines = wrap(head, "    ")
     lines.append(f"  {'N':>7}  {'extra (peak)':>14}  {'bytes/token':>12}  {'model':>12}  note")
     for point in points:
-        if point["status"] != "measured":
+        if point["status"] != PointStatus.MEASURED:
             lines += wrap(f"  {point['seqlen']:>7}  {'-':>14}  {'-':>12}  {'-':>12}  {point['status']}: {point['message']}",
                           " " * 55)
             continue
@@ -610,8 +611,9 @@ def markdown(document: dict[str, Any]) -> str:
                     f"{sweep['verdict']}; largest N that fit {sweep['largest_n']}", "",
                     "| N | extra bytes | bytes per token | note |", "|---|---|---|---|"]
             for point in sweep["points"]:
-                per_token = f"{point['extra_bytes'] / point['seqlen']:.1f}" if point["status"] == "measured" else "-"
-                note = point["message"] if point["status"] != "measured" else ""
+                measured = point["status"] == PointStatus.MEASURED
+                per_token = f"{point['extra_bytes'] / point['seqlen']:.1f}" if measured else "-"
+                note = "" if measured else point["message"]
                 out.append(f"| {point['seqlen']} | {point['extra_bytes']} | {per_token} | {note} |")
             out.append("")
     failures = [test for test in document["tests"] if test["outcome"] == "failed"]
