@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from pytest_attnkit.controller.table import NO_BREAK, WIDTH, wrap
+from pytest_attnkit.controller.terminal import NO_BREAK, WIDTH, wrap
 from pytest_attnkit.records import Reply, Status
 
 

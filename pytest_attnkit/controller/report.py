@@ -23,7 +23,8 @@ from pytest_attnkit.controller.gate import Decision, GateVerdict
 from pytest_attnkit.controller.impls import ImplInfo
 from pytest_attnkit.controller.memory import MemorySweepResult
 from pytest_attnkit.controller.speed import SpeedCheck
-from pytest_attnkit.controller.table import NO_BREAK, markdown
+from pytest_attnkit.controller.table import markdown
+from pytest_attnkit.controller.terminal import NO_BREAK
 from pytest_attnkit.records import SpeedMeasurement, Timing
 
 SCHEMA = "pytest-attnkit/report"

@@ -38,7 +38,8 @@ from pytest_attnkit.controller.properties import PropertyCheck
 from pytest_attnkit.controller.sanitize import SanitizeCheck, find_sanitizer
 from pytest_attnkit.controller.scheduler import Scheduler
 from pytest_attnkit.controller.speed import CPU_THRESHOLD, SpeedCheck, SpeedSettings
-from pytest_attnkit.controller.table import NO_BREAK, header_lines
+from pytest_attnkit.controller.table import header_lines
+from pytest_attnkit.controller.terminal import NO_BREAK
 from pytest_attnkit.records import EntryKey
 
 SESSION_KEY = pytest.StashKey["AttnkitSession"]()

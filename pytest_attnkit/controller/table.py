@@ -3,8 +3,8 @@
 The summary and the Markdown render from the report document
 (:func:`pytest_attnkit.controller.report.build`), never from the live session, so the terminal,
 the report files and the job summary of a CI run always agree. Terminal lines stay within
-:data:`WIDTH` columns: long values wrap, and detail that does not fit (IQR, launch time) shows
-with ``-v`` and in the report files.
+:data:`~pytest_attnkit.controller.terminal.WIDTH` columns: long values wrap, and detail that does
+not fit (IQR, launch time) shows with ``-v`` and in the report files.
 """
 
 from __future__ import annotations
@@ -17,24 +17,12 @@ from pytest_attnkit.contract import MemoryClass
 from pytest_attnkit.controller.gate import GateVerdict
 from pytest_attnkit.controller.impls import ImplStatus
 from pytest_attnkit.controller.paired import SyncKind
+from pytest_attnkit.controller.terminal import NO_BREAK, WIDTH, wrap
 from pytest_attnkit.records import PointStatus
 
-WIDTH = 100
 #: The speed figures the summary shows per implementation: the forward at FlashAttention's
 #: shapes with head dim 128 (batch x length = 16k tokens), at these lengths.
 HEADLINE_LENGTHS = (4096, 16384)
-
-
-#: Joins words that must stay on one line ("report: /a/long/path"): a break there reads badly.
-NO_BREAK = "\u00a0"
-
-
-def wrap(text: str, indent: str = "", width: int = WIDTH) -> list[str]:
-    """``text`` wrapped to ``width`` columns, continuation lines indented by ``indent``; a path
-    longer than the width stays whole, and words joined by :data:`NO_BREAK` stay together."""
-    lines = textwrap.wrap(text, width=width, subsequent_indent=indent, break_on_hyphens=False,
-                          break_long_words=False) or [""]
-    return [line.replace(NO_BREAK, " ") for line in lines]
 
 
 #: The most of a skip reason the summary's correctness line quotes (the report files have it whole).
