@@ -31,7 +31,7 @@ from pytest_attnkit.controller.correctness import CorrectnessCheck
 from pytest_attnkit.controller.impls import ImplStatus
 from pytest_attnkit.controller.memory import NO_MEMORY_METER_ON_CPU, MemoryCheck, item_sweep
 from pytest_attnkit.controller.options import SUITES, Settings, moved_rootdir
-from pytest_attnkit.controller.outcome import Outcomes, last_line
+from pytest_attnkit.controller.outcome import Outcomes, Verdict, last_line
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.process import WorkerFailure
 from pytest_attnkit.controller.properties import PropertyCheck
@@ -65,7 +65,7 @@ def asked_for_but_untested(document: dict[str, Any], asked: list[str]) -> list[s
     stays green."""
     if not asked:
         return []
-    ran = {test["impl"] for test in document["tests"] if test["outcome"] in ("passed", "failed")}
+    ran = {test["impl"] for test in document["tests"] if test["outcome"] in (Verdict.PASSED, Verdict.FAILED)}
     return [f"{name} was asked for (--attnkit-impl={','.join(asked)}) and ran no test: it is unavailable here "
             f"({info.get('reason') or 'no reason given'}). Run it where it is available, or leave it out of "
             "--attnkit-impl."
@@ -493,7 +493,7 @@ class AttnkitSession:
         self.test_outcomes.append({"test": item.nodeid, "impl": impl, "suite": self.suite_of(item) or "?",
                                    "case": case.id if case is not None else None, "function": item.originalname,
                                    "twin_of": self.twins.get((impl, case.id)) if case is not None else None,
-                                   "outcome": test_report.outcome, "reason": reason, "message": text[:4000]})
+                                   "outcome": Verdict(test_report.outcome), "reason": reason, "message": text[:4000]})
         if self.correctness is not None and case is not None and self.suite_of(item) == "correctness":
             backward = item.get_closest_marker("attnkit_backward") is not None
             result = self.correctness.results.get((impl, case.id, backward))

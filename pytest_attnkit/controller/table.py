@@ -16,6 +16,7 @@ from typing import Any, Iterable
 from pytest_attnkit.contract import MemoryClass
 from pytest_attnkit.controller.gate import GateVerdict
 from pytest_attnkit.controller.impls import ImplStatus
+from pytest_attnkit.controller.outcome import Verdict
 from pytest_attnkit.controller.paired import SyncKind
 from pytest_attnkit.controller.terminal import NO_BREAK, WIDTH, wrap
 from pytest_attnkit.records import PointStatus
@@ -114,18 +115,19 @@ def correctness_verdict(document: dict[str, Any], name: str) -> str:
     collected = document.get("collected", {}).get(name, {}).get("correctness", sum(counts.values()))
     if not collected:
         return "not run"
-    ran = counts["passed"] + counts["failed"]
+    passed, failed, skipped = counts[Verdict.PASSED], counts[Verdict.FAILED], counts[Verdict.SKIPPED]
+    ran = passed + failed
     twins = sum(1 for test in document["tests"] if test["impl"] == name and test["suite"] == "correctness"
-                and test.get("twin_of") and test["outcome"] in ("passed", "failed"))
-    coverage = (f"{ran} of {collected} cases run ({counts['passed']} passed, {counts['failed']} failed"
-                + (f"; {twins} as in-contract twins" if twins else "") + f"), {counts['skipped']} skipped")
+                and test.get("twin_of") and test["outcome"] in (Verdict.PASSED, Verdict.FAILED))
+    coverage = (f"{ran} of {collected} cases run ({passed} passed, {failed} failed"
+                + (f"; {twins} as in-contract twins" if twins else "") + f"), {skipped} skipped")
     reasons = Counter(test.get("reason") for test in document["tests"]
-                      if test["impl"] == name and test["suite"] == "correctness" and test["outcome"] == "skipped")
+                      if test["impl"] == name and test["suite"] == "correctness" and test["outcome"] == Verdict.SKIPPED)
     if reasons:
         why, _ = reasons.most_common(1)[0]
         if why:
             coverage += f" (mostly: {shorten(why, REASON_WIDTH)})"
-    if counts["failed"]:
+    if failed:
         verdict = "FAIL"
     elif document["interrupted"] or sum(counts.values()) < collected:
         verdict = "INCOMPLETE"
@@ -604,7 +606,7 @@ def markdown(document: dict[str, Any]) -> str:
                 note = "" if measured else point["message"]
                 out.append(f"| {point['seqlen']} | {point['extra_bytes']} | {per_token} | {note} |")
             out.append("")
-    failures = [test for test in document["tests"] if test["outcome"] == "failed"]
+    failures = [test for test in document["tests"] if test["outcome"] == Verdict.FAILED]
     if failures:
         out += ["## Failures", ""]
         out += [f"- `{test['test']}`: {test['message'].splitlines()[0] if test['message'] else ''}" for test in failures[:200]]
