@@ -64,6 +64,7 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import asdict, dataclass
+from enum import Enum
 from typing import Any, Callable, ClassVar, Collection
 
 #: FP8 inputs (FlashAttention-3's e4m3 forward, FlashInfer's e4m3 and e5m2 KV caches): q, k and v
@@ -84,7 +85,24 @@ FP8_OUTPUT_DTYPE = "bfloat16"
 #: "Accuracy classes". "exact" is FlashAttention's rule; "quantized" is :data:`QUANTIZED_BUDGET`.
 ACCURACY_CLASSES: tuple[str, ...] = ("exact", "quantized")
 LAYOUTS: tuple[str, ...] = ("bhsd", "bshd")
-MEMORY_CLASSES: tuple[str, ...] = ("linear", "quadratic")
+
+
+class MemoryClass(str, Enum):
+    """How an implementation's extra device memory grows with the sequence length. An
+    implementation declares LINEAR or QUADRATIC (:attr:`AttentionImpl.memory_class`; the plain
+    strings "linear" and "quadratic" are the same values); the memory suite's fit
+    (controller/memory.py) also finds NEITHER, or UNCLEAR where no power law describes the sweep."""
+
+    __str__ = str.__str__  # f"{memory_class}" and str(memory_class) give the value
+
+    LINEAR = "linear"
+    QUADRATIC = "quadratic"
+    NEITHER = "neither"
+    UNCLEAR = "unclear"
+
+
+#: The memory classes an implementation may declare (:attr:`AttentionImpl.memory_class`).
+MEMORY_CLASSES: tuple[str, ...] = (MemoryClass.LINEAR.value, MemoryClass.QUADRATIC.value)
 #: The keyword arguments a variant case adds to the call (FlashAttention's names).
 VARIANT_KEYWORDS: tuple[str, ...] = ("window_size", "softcap", "alibi_slopes", "sinks", "return_lse")
 #: The keyword arguments of the two layouts (FlashAttention's names): varlen, then paged KV.
@@ -438,8 +456,9 @@ class AttentionImpl:
     #: in-contract twin of each case it would refuse for its lengths alone (lengths rounded up).
     seqlen_multiple: ClassVar[int] = 1
     #: How the implementation's extra memory grows with sequence length: "linear" or "quadratic"
-    #: (None: undeclared, as for a plain function; the memory suite then only reports).
-    memory_class: ClassVar[str | None] = "linear"
+    #: (a :class:`MemoryClass` or its value; None: undeclared, as for a plain function; the memory
+    #: suite then only reports).
+    memory_class: ClassVar[MemoryClass | str | None] = MemoryClass.LINEAR
     #: Variants (see the module docstring); an implementation is handed only those it declares.
     supports_window: ClassVar[bool] = False
     supports_softcap: ClassVar[bool] = False

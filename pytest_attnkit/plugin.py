@@ -23,7 +23,8 @@ from pytest_attnkit.controller import options, xdist
 from pytest_attnkit.controller.outcome import FittedMessage
 from pytest_attnkit.controller.report import ReportInUse, check_writable, claim
 from pytest_attnkit.controller.session import SESSION_KEY, AttnkitSession
-from pytest_attnkit.controller.table import WIDTH, summary_sections, wrap
+from pytest_attnkit.controller.table import summary_sections
+from pytest_attnkit.controller.terminal import WIDTH, wrap
 
 SUITES_PACKAGE = "pytest_attnkit.suites"
 FINISH_KEY = pytest.StashKey[list]()

@@ -53,7 +53,7 @@ class Reply:
         """Whether the request ran out of device memory (or, for a memory point, measured that it
         did): then it is run again with the GPU to itself before its verdict counts."""
         if self.status is Status.OK:
-            return self.data.get("status") == "oom"
+            return self.data.get("status") == PointStatus.OOM
         return self.status is Status.OUT_OF_MEMORY
 
     def to_wire(self) -> dict[str, Any]:
@@ -169,10 +169,21 @@ class CorrectnessResult:
 # -- memory -----------------------------------------------------------------------------------
 
 
+class PointStatus(str, Enum):
+    """What became of one length of a memory sweep; its value is what the report writes."""
+
+    __str__ = str.__str__  # f"{status}" and str(status) give the value, as the plain strings did
+
+    MEASURED = "measured"
+    OOM = "oom"  # the call ran out of device memory (the worker's meter): the sweep ends there
+    ERROR = "error"  # the worker crashed or missed its deadline on it (set by the pytest process)
+    NOT_RUN = "not run"  # the point before it did not measure, so it was not asked (the scheduler)
+
+
 @dataclass(frozen=True)
 class MemoryPoint:
     seqlen: int
-    status: str  # "measured", "oom", "error"
+    status: PointStatus
     extra_bytes: int = 0
     peak_bytes: int = 0
     retained_bytes: int = 0
@@ -191,7 +202,8 @@ class MemoryPoint:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "MemoryPoint":
         known = {f.name for f in fields(cls)}
-        return cls(**{key: value for key, value in values.items() if key in known})
+        return cls(**{**{key: value for key, value in values.items() if key in known},
+                      "status": PointStatus(values["status"])})
 
 
 # -- speed ------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import enum
 import html
 import inspect
 import logging
@@ -315,12 +316,14 @@ def declarations(cls: type) -> list[Declaration]:
 
 
 def _default_cell(declaration: Declaration) -> str:
-    """The default as written in the code, and its value when the code names it."""
+    """The default as written in the code, and its value when the code names it (an enum member's
+    value: what an implementation may declare in its place, ``MemoryClass.LINEAR`` = ``'linear'``)."""
     written = declaration.default_source
+    value = declaration.default.value if isinstance(declaration.default, enum.Enum) else declaration.default
     try:
         ast.literal_eval(written)
     except (ValueError, SyntaxError):
-        return f"{code(written)} = {code(repr(declaration.default))}" if written else code(repr(declaration.default))
+        return f"{code(written)} = {code(repr(value))}" if written else code(repr(value))
     return code(written)
 
 

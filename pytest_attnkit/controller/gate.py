@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import asdict, dataclass
+from enum import Enum
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,23 @@ DEFAULT_THRESHOLD = 0.08
 #: 99% interval on an H200 spanned 0.996-1.003 (results/2026-11-23-h200-final).
 DEFAULT_AGAINST_THRESHOLD = 0.02
 NOISE_MULTIPLIER = 2.5
+
+
+class GateVerdict(str, Enum):
+    """A speed case's verdict, from the stored-baseline gate or the A/B gate (controller/paired.py).
+    Its value is what the report, the baseline files and the tables write."""
+
+    __str__ = str.__str__  # f"{verdict}" and str(verdict) give the value, as the plain strings did
+
+    REGRESSION = "regression"  # slower beyond noise: the test fails
+    IMPROVEMENT = "improvement"
+    UNCHANGED = "unchanged"
+    INSUFFICIENT = "insufficient"  # too few samples (or pairs) to decide: shown, never failed
+    #: The measurement ran a program (the kernels a call launched) that no saved run of its entry
+    #: timed: shown, never failed (controller/speed.py: SpeedCheck._gate).
+    OTHER_PROGRAM = "other program"
+    #: An A/B case one of whose versions was not timed (controller/speed.py: ABResult).
+    NOT_COMPARED = "not compared"
 
 
 @dataclass(frozen=True)
@@ -79,7 +97,7 @@ def noise_threshold(threshold: float, baseline: Pool) -> float:
 
 @dataclass(frozen=True)
 class Decision:
-    verdict: str  # "regression", "improvement", "unchanged", "insufficient"
+    verdict: GateVerdict  # REGRESSION, IMPROVEMENT, UNCHANGED, INSUFFICIENT or (the speed check's) OTHER_PROGRAM
     ratio: float  # median now / median baseline, after the machine factor
     raw_ratio: float
     machine_factor: float
@@ -162,14 +180,14 @@ def _exact_p(ranks: list[float], n1: int) -> float:
     return float(tail / math.comb(len(ranks), size))
 
 
-def verdict_of(ratio: float, p_slower: float, p_faster: float, *, threshold: float, alpha: float) -> str:
+def verdict_of(ratio: float, p_slower: float, p_faster: float, *, threshold: float, alpha: float) -> GateVerdict:
     """The gate's rule, whatever test gave the p-values: a change is a regression (or an
     improvement) only when it is both statistically clear and past the practical threshold."""
     if p_slower < alpha and ratio > 1 + threshold:
-        return "regression"
+        return GateVerdict.REGRESSION
     if p_faster < alpha and ratio < 1 / (1 + threshold):
-        return "improvement"
-    return "unchanged"
+        return GateVerdict.IMPROVEMENT
+    return GateVerdict.UNCHANGED
 
 
 def decide(baseline_ms: list[float], now_ms: list[float], *, threshold: float = DEFAULT_THRESHOLD,
@@ -181,8 +199,8 @@ def decide(baseline_ms: list[float], now_ms: list[float], *, threshold: float = 
     adjusted = [value / machine_factor for value in now_ms]
     ratio = raw_ratio / machine_factor
     if len(baseline_ms) < MIN_SAMPLES or len(now_ms) < MIN_SAMPLES:
-        return Decision("insufficient", ratio, raw_ratio, machine_factor, float("nan"), float("nan"), threshold,
-                        baseline_median, now_median)
+        return Decision(GateVerdict.INSUFFICIENT, ratio, raw_ratio, machine_factor, float("nan"), float("nan"),
+                        threshold, baseline_median, now_median)
     p_slower = mann_whitney_p(adjusted, baseline_ms)
     p_faster = mann_whitney_p(baseline_ms, adjusted)
     verdict = verdict_of(ratio, p_slower, p_faster, threshold=threshold, alpha=alpha)
@@ -203,6 +221,6 @@ RESTART_FACTOR = 3.0
 
 
 def changed_beyond_noise(decision: Decision) -> bool:
-    if decision.verdict not in ("regression", "improvement") or not decision.ratio > 0:
+    if decision.verdict not in (GateVerdict.REGRESSION, GateVerdict.IMPROVEMENT) or not decision.ratio > 0:
         return False
     return abs(math.log(decision.ratio)) > RESTART_FACTOR * math.log1p(decision.threshold)

@@ -5,7 +5,7 @@ lengths, ``fit_power_law`` fits ``log(extra) = a + b log(N)`` by least squares a
 the line fits (R^2, and the point farthest from it as a factor); ``classify`` turns ``b`` into a
 class: at most linear (``b <= 1.3``), quadratic (``1.7 <= b <= 2.3``), or neither.
 
-A sweep that no power law describes gets the verdict "unclear" instead of a class
+A sweep that no power law describes gets the verdict ``MemoryClass.UNCLEAR`` instead of a class
 (:func:`unclear_reason`), and a declared class is then not enforced: a class read off such a
 sweep would be noise (the compiled kernel whose first call counted its compilation read N^-0.23,
 "linear"). Unclear is a first point more than 2x above the line through the others (a
@@ -28,12 +28,12 @@ from typing import Any, Callable
 import pytest
 
 from pytest_attnkit.cases import MEMORY_CALL_LIMIT_MS, MIN_SWEEP_POINTS, MemorySweep, named_memory_sweep
-from pytest_attnkit.contract import Case
+from pytest_attnkit.contract import Case, MemoryClass
 from pytest_attnkit.controller.outcome import Outcomes
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.scheduler import Job, Scheduler
 from pytest_attnkit.controller.table import memory_table
-from pytest_attnkit.records import MemoryPoint, Status
+from pytest_attnkit.records import MemoryPoint, PointStatus, Status
 
 LINEAR_MAX_SLOPE = 1.3
 QUADRATIC_SLOPE = (1.7, 2.3)
@@ -111,37 +111,37 @@ def unclear_reason(fit: Fit | None) -> str | None:
     return None
 
 
-def verdict(fit: Fit | None) -> str:
-    """'unclear' where :func:`unclear_reason` gives a reason, else the class of the fitted slope."""
+def verdict(fit: Fit | None) -> MemoryClass:
+    """UNCLEAR where :func:`unclear_reason` gives a reason, else the class of the fitted slope."""
     if unclear_reason(fit) is not None:
-        return "unclear"
+        return MemoryClass.UNCLEAR
     return classify(None if fit is None else fit.slope)
 
 
-def classify(slope: float | None) -> str:
-    """'linear' (at most linear, including no extra memory), 'quadratic', or 'neither'."""
+def classify(slope: float | None) -> MemoryClass:
+    """LINEAR (at most linear, including no extra memory), QUADRATIC, or NEITHER."""
     if slope is None or slope <= LINEAR_MAX_SLOPE:
-        return "linear"
+        return MemoryClass.LINEAR
     if QUADRATIC_SLOPE[0] <= slope <= QUADRATIC_SLOPE[1]:
-        return "quadratic"
-    return "neither"
+        return MemoryClass.QUADRATIC
+    return MemoryClass.NEITHER
 
 
-def memory_problems(declared: str | None, points: list[MemoryPoint]) -> list[str]:
+def memory_problems(declared: MemoryClass | str | None, points: list[MemoryPoint]) -> list[str]:
     """Every way the sweep contradicts the implementation's claims; empty when it holds.
 
     The fitted class must match the declared one, unless the sweep is unclear (no class can be
     read off it: the declared one is then not enforced); no allocation may escape the meter; and
     where the implementation gives an analytic model, each measurement is within 10% of it.
     """
-    measured = [point for point in points if point.status == "measured"]
+    measured = [point for point in points if point.status == PointStatus.MEASURED]
     problems = []
     if len(measured) < 3:
         problems.append(f"only {len(measured)} lengths could be measured; at least 3 are needed to fit an exponent")
     else:
         fit = fit_power_law([p.seqlen for p in measured], [p.extra_bytes for p in measured])
         found = verdict(fit)
-        if declared is not None and found not in (declared, "unclear"):
+        if declared is not None and found not in (declared, MemoryClass.UNCLEAR):
             problems.append(f"declares {declared} memory but its extra memory grows as N^{fit.slope:.2f} ({found})")
     for point in measured:
         if point.unmetered_bytes:
@@ -165,13 +165,13 @@ class MemorySweepResult:
 
     impl: str
     direction: str  # "forward" or "forward+backward"
-    declared: str | None
+    declared: MemoryClass | str | None  # as the implementation declared it (a plain string is the same value)
     points: tuple[MemoryPoint, ...]
     sweep: MemorySweep
 
     @property
     def measured(self) -> list[MemoryPoint]:
-        return [point for point in self.points if point.status == "measured"]
+        return [point for point in self.points if point.status == PointStatus.MEASURED]
 
     @property
     def fit(self) -> Fit | None:
@@ -195,16 +195,18 @@ class MemorySweepResult:
         return memory_problems(self.declared, list(self.points))
 
     @property
-    def verdict(self) -> str:
+    def verdict(self) -> MemoryClass:
         return verdict(self.fit)
 
     @property
     def stopped(self) -> str | None:
         """Why the sweep ended before its last length, or None."""
         last = self.points[-1] if self.points else None
-        if last is not None and last.status == "measured" and last.stop:
+        if last is not None and last.status == PointStatus.MEASURED and last.stop:
             return f"the sweep stopped after N={last.seqlen}: {last.stop}"
-        return None if last is None or last.status == "measured" else f"the sweep stopped at N={last.seqlen}: {last.status}"
+        if last is None or last.status == PointStatus.MEASURED:
+            return None
+        return f"the sweep stopped at N={last.seqlen}: {last.status}"
 
     def to_dict(self) -> dict[str, Any]:
         fit = self.fit
@@ -292,18 +294,18 @@ class MemoryCheck:
             else:
                 reply = self.pool.request(impl, self._message(case, backward, index))
             if reply.status in (Status.CRASHED, Status.TIMEOUT):
-                points.append(MemoryPoint(seqlen, "error", message=reply.message.splitlines()[0]))
+                points.append(MemoryPoint(seqlen, PointStatus.ERROR, message=reply.message.splitlines()[0]))
                 break
             self.outcomes.settle(reply, impl=impl, where=f"the memory sweep ({direction}) at {case.id}",
                                  origin=info.origin)
             points.append(MemoryPoint.from_dict(reply.data))
-            if points[-1].status == "oom" or points[-1].stop:
+            if points[-1].status == PointStatus.OOM or points[-1].stop:
                 break
         result = MemorySweepResult(impl, direction, info.capabilities.get("memory_class"), tuple(points), sweep)
         self.results.append(result)
         if properties is not None:
             properties.append(("attnkit_memory_exponent", result.slope))
-            properties.append(("attnkit_memory_verdict", result.verdict))
+            properties.append(("attnkit_memory_verdict", result.verdict.value))  # plain data: xdist sends it on
             fit = result.fit
             properties.append(("attnkit_memory_r2", None if fit is None else fit.r2))
             properties.append(("attnkit_memory_worst_residual", None if fit is None else fit.worst_factor))

@@ -10,12 +10,23 @@ the terminal shows of any attnkit failure is wrapped to 100 columns by :func:`fi
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any
 
 import pytest
 
-from pytest_attnkit.controller.table import NO_BREAK, WIDTH, wrap
+from pytest_attnkit.controller.terminal import NO_BREAK, WIDTH, wrap
 from pytest_attnkit.records import Reply, Status
+
+
+class Verdict(str, Enum):
+    """A test's outcome as the report keeps it, in pytest's words (``TestReport.outcome``)."""
+
+    __str__ = str.__str__  # f"{verdict}" and str(verdict) give the value
+
+    PASSED = "passed"
+    FAILED = "failed"
+    SKIPPED = "skipped"
 
 
 def fit(text: str, width: int = WIDTH) -> str:

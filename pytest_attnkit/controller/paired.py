@@ -35,11 +35,12 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import asdict, dataclass
+from enum import Enum
 from typing import Any
 
 import numpy as np
 
-from pytest_attnkit.controller.gate import DEFAULT_ALPHA, midranks, verdict_of
+from pytest_attnkit.controller.gate import DEFAULT_ALPHA, GateVerdict, midranks, verdict_of
 
 #: The fewest pairs the A/B gate decides on: with fewer, no result can reach alpha = 0.01.
 MIN_PAIRS = 8
@@ -48,9 +49,28 @@ BOOTSTRAP_RESAMPLES = 4000
 BOOTSTRAP_SEED = 20
 
 
+class SyncKind(str, Enum):
+    """Which versions' calls synchronize the host with the device inside (see the module docstring)."""
+
+    __str__ = str.__str__  # f"{kind}" and str(kind) give the value
+
+    BOTH = "both"  # the case is gated at a doubling (speed.SYNC_THRESHOLD)
+    NEW_ONLY = "new only"  # the change added the sync: the case is gated as any other
+
+
+def sync_kind(new: str | None, old: str | None) -> SyncKind | None:
+    """What the two versions' workers said of syncs inside their calls (``new``, ``old``: the first
+    sync torch saw, or None), as a :class:`SyncKind`; None where the new version's call does not sync."""
+    if new and old:
+        return SyncKind.BOTH
+    if new:
+        return SyncKind.NEW_ONLY
+    return None
+
+
 @dataclass(frozen=True)
 class PairedDecision:
-    verdict: str  # "regression", "improvement", "unchanged", "insufficient"
+    verdict: GateVerdict  # REGRESSION, IMPROVEMENT, UNCHANGED or INSUFFICIENT
     ratio: float  # new / old: exp(median of the pairs' log ratios)
     low: float  # the bootstrap interval of the median ratio, at ``confidence``
     high: float
@@ -106,12 +126,13 @@ def decide_paired(new_blocks_ms: list[list[float]], old_blocks_ms: list[list[flo
     old_median = statistics.median([s for block in old_blocks_ms for s in block]) if old_blocks_ms else float("nan")
     if not log_ratios:
         nan = float("nan")
-        return PairedDecision("insufficient", nan, nan, nan, CONFIDENCE, nan, nan, 0, threshold, new_median, old_median)
+        return PairedDecision(GateVerdict.INSUFFICIENT, nan, nan, nan, CONFIDENCE, nan, nan, 0, threshold, new_median,
+                              old_median)
     ratio = math.exp(statistics.median(log_ratios))
     low, high = bootstrap_interval(log_ratios)
     p_slower, p_faster = wilcoxon_p(log_ratios)
     if len(log_ratios) < MIN_PAIRS:
-        verdict = "insufficient"
+        verdict = GateVerdict.INSUFFICIENT
     else:
         verdict = verdict_of(ratio, p_slower, p_faster, threshold=threshold, alpha=alpha)
     return PairedDecision(verdict, ratio, low, high, CONFIDENCE, p_slower, p_faster, len(log_ratios), threshold,

@@ -13,6 +13,7 @@ from typing import Any
 import matplotlib
 
 from pytest_attnkit.contract import Case
+from pytest_attnkit.records import PointStatus
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -97,14 +98,15 @@ def draw_memory(document: dict[str, Any], path: Path) -> bool:
     names = sorted({sweep["impl"] for sweep in document["memory"]})
     figure, axis = plt.subplots(figsize=(7.5, 5))
     for sweep in document["memory"]:
-        points = [(p["seqlen"], p["extra_bytes"]) for p in sweep["points"] if p["status"] == "measured" and p["extra_bytes"] > 0]
+        points = [(p["seqlen"], p["extra_bytes"]) for p in sweep["points"]
+                  if p["status"] == PointStatus.MEASURED and p["extra_bytes"] > 0]
         if not points:
             continue
         slope = "flat" if sweep["slope"] is None else f"N^{sweep['slope']:.2f}"
         style = "-" if sweep["direction"] == "forward" else "--"
         axis.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", color=_colour(names, sweep["impl"]),
                   label=f"{sweep['impl']} {sweep['direction']}: {slope} (declared {sweep['declared']})")
-        stopped = [p for p in sweep["points"] if p["status"] == "oom"]
+        stopped = [p for p in sweep["points"] if p["status"] == PointStatus.OOM]
         if stopped:
             axis.annotate(f"out of memory at N={stopped[0]['seqlen']}", (points[-1][0], points[-1][1]),
                           textcoords="offset points", xytext=(-120, 8), fontsize=8)

@@ -2,11 +2,11 @@
 
 The pool is the only way the pytest process talks to an implementation. It starts one worker
 per implementation (in parallel: each one imports its implementation), its *primary*, keeps what
-each one said about itself (:class:`ImplInfo`), starts more workers of an implementation when the
-scheduler asks (:meth:`WorkerPool.new_worker`), and turns every request into a
-:class:`~pytest_attnkit.records.Reply`: a worker that died or missed its deadline becomes a
-``CRASHED`` or ``TIMEOUT`` reply (the next request starts a fresh worker), an implementation
-that could not be loaded a ``BROKEN`` one. What a reply means for the test is
+each one said about itself (:class:`~pytest_attnkit.controller.impls.ImplInfo`), starts more
+workers of an implementation when the scheduler asks (:meth:`WorkerPool.new_worker`), and turns
+every request into a :class:`~pytest_attnkit.records.Reply`: a worker that died or missed its
+deadline becomes a ``CRASHED`` or ``TIMEOUT`` reply (the next request starts a fresh worker), an
+implementation that could not be loaded a ``BROKEN`` one. What a reply means for the test is
 :func:`pytest_attnkit.controller.outcome.settle`'s to say.
 
 Requests the pool sends itself (:meth:`WorkerPool.request`: memory sweeps, speed timing, a
@@ -27,9 +27,9 @@ import dataclasses
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
+from pytest_attnkit.controller.impls import ImplInfo
 from pytest_attnkit.controller.ledger import Ledger
 from pytest_attnkit.controller.process import InProcessWorker, Worker, WorkerFailure, WorkerProcess, close_all
 from pytest_attnkit.controller.worker_log import log_folder
@@ -48,32 +48,6 @@ SUITE_OF_OP = {"correctness": "correctness", "memory": "memory", "speed": "speed
 
 #: The least deadline of start-up work (:attr:`WorkerPool.start_timeout`).
 START_TIMEOUT_S = 180.0
-
-
-@dataclass(frozen=True)
-class ImplInfo:
-    """What the pytest process knows about one implementation, as its worker described it."""
-
-    name: str
-    entry_point: str
-    distribution: str | None = None
-    load_error: str | None = None
-    unavailable: str | None = None
-    capabilities: dict[str, Any] = field(default_factory=dict)
-    #: The implementation's line on which code path runs on this machine (``path_note``), or None.
-    path_note: str | None = None
-
-    @property
-    def status(self) -> str:
-        if self.load_error:
-            return "broken"
-        if self.unavailable:
-            return "unavailable"
-        return "available"
-
-    @property
-    def origin(self) -> str:
-        return self.entry_point + (f" from {self.distribution}" if self.distribution else "")
 
 
 class WorkerPool:

@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from pytest_attnkit.contract import Case
-from pytest_attnkit.controller.gate import Decision
+from pytest_attnkit.controller.gate import Decision, GateVerdict
+from pytest_attnkit.controller.impls import ImplInfo
 from pytest_attnkit.controller.memory import MemorySweepResult
-from pytest_attnkit.controller.pool import ImplInfo
 from pytest_attnkit.controller.speed import SpeedCheck
-from pytest_attnkit.controller.table import NO_BREAK, markdown
+from pytest_attnkit.controller.table import markdown
+from pytest_attnkit.controller.terminal import NO_BREAK
 from pytest_attnkit.records import SpeedMeasurement, Timing
 
 SCHEMA = "pytest-attnkit/report"
@@ -101,7 +102,8 @@ def speed_records(document: dict[str, Any]) -> list[tuple[SpeedMeasurement, Deci
                                        m.get("input_sets", 1), m.get("gpu_state") or {}, m.get("program"),
                                        m.get("syncs"), tuple(m.get("shared_with") or ()))
         stored = decisions.get((m["impl"], m["mode"], m["case"]))
-        decision = Decision(**{f.name: stored[f.name] for f in fields(Decision)}) if stored else None
+        decision = (Decision(**{**{f.name: stored[f.name] for f in fields(Decision)},
+                                "verdict": GateVerdict(stored["verdict"])}) if stored else None)
         records.append((measurement, decision, m.get("ratio_to_reference")))
     return records
 

@@ -71,7 +71,7 @@ from typing import Any, Iterator, Protocol
 
 from pytest_attnkit.controller.ledger import Ledger
 from pytest_attnkit.controller.process import Worker, close_all
-from pytest_attnkit.records import Reply, Status
+from pytest_attnkit.records import PointStatus, Reply, Status
 
 
 class Workers(Protocol):
@@ -345,7 +345,8 @@ class Scheduler:
         if job.after.future.cancelled():
             return True
         before = job.after.future.result()
-        return (before.status is not Status.OK or before.data.get("status", "measured") != "measured"
+        return (before.status is not Status.OK
+                or before.data.get("status", PointStatus.MEASURED) != PointStatus.MEASURED
                 or bool(before.data.get("stop")))
 
     def _drop_pointless(self) -> None:
@@ -357,7 +358,7 @@ class Scheduler:
                     queue.remove(job)
                     stopped = self._stopped(job)
                     job.future.set_result(Reply(Status.OK, NOT_RUN if stopped else DROPPED,
-                                                {"status": "not run"} if stopped else {}))
+                                                {"status": PointStatus.NOT_RUN} if stopped else {}))
                 self._cond.notify_all()  # exclusive() may be waiting for the queue to empty
 
     @staticmethod

@@ -23,21 +23,23 @@ from typing import Any
 import pytest
 
 from pytest_attnkit import cases as case_sets
-from pytest_attnkit.contract import AccuracyBudget, Case, accuracy_budget
+from pytest_attnkit.contract import AccuracyBudget, Case, MemoryClass, accuracy_budget
 from pytest_attnkit.controller import caches, coverage, footprint, report, xdist
 from pytest_attnkit.controller.against import AgainstError, Revision, materialise, twins_of
 from pytest_attnkit.controller.baselines import MIN_RUNS, BaselineError, BaselineStore
 from pytest_attnkit.controller.correctness import CorrectnessCheck
+from pytest_attnkit.controller.impls import ImplStatus
 from pytest_attnkit.controller.memory import NO_MEMORY_METER_ON_CPU, MemoryCheck, item_sweep
 from pytest_attnkit.controller.options import SUITES, Settings, moved_rootdir
-from pytest_attnkit.controller.outcome import Outcomes, last_line
+from pytest_attnkit.controller.outcome import Outcomes, Verdict, last_line
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.process import WorkerFailure
 from pytest_attnkit.controller.properties import PropertyCheck
 from pytest_attnkit.controller.sanitize import SanitizeCheck, find_sanitizer
 from pytest_attnkit.controller.scheduler import Scheduler
 from pytest_attnkit.controller.speed import CPU_THRESHOLD, SpeedCheck, SpeedSettings
-from pytest_attnkit.controller.table import NO_BREAK, header_lines
+from pytest_attnkit.controller.table import header_lines
+from pytest_attnkit.controller.terminal import NO_BREAK
 from pytest_attnkit.records import EntryKey
 
 SESSION_KEY = pytest.StashKey["AttnkitSession"]()
@@ -63,12 +65,12 @@ def asked_for_but_untested(document: dict[str, Any], asked: list[str]) -> list[s
     stays green."""
     if not asked:
         return []
-    ran = {test["impl"] for test in document["tests"] if test["outcome"] in ("passed", "failed")}
+    ran = {test["impl"] for test in document["tests"] if test["outcome"] in (Verdict.PASSED, Verdict.FAILED)}
     return [f"{name} was asked for (--attnkit-impl={','.join(asked)}) and ran no test: it is unavailable here "
             f"({info.get('reason') or 'no reason given'}). Run it where it is available, or leave it out of "
             "--attnkit-impl."
             for name, info in document["implementations"].items()
-            if info["status"] == "unavailable" and name not in ran]
+            if info["status"] == ImplStatus.UNAVAILABLE and name not in ran]
 
 
 def property_check(item: pytest.Item) -> str:
@@ -411,7 +413,7 @@ class AttnkitSession:
         return xdist.share_of_this_worker(self.config, items)
 
     def _linear_memory(self, impl: str) -> bool:
-        return self.pool.info(impl).capabilities.get("memory_class") == "linear"
+        return self.pool.info(impl).capabilities.get("memory_class") == MemoryClass.LINEAR
 
     def submit_ahead(self, items: list[pytest.Item]) -> None:
         """Submit the selected tests' requests to the scheduler, in pytest's order: each correctness
@@ -491,7 +493,7 @@ class AttnkitSession:
         self.test_outcomes.append({"test": item.nodeid, "impl": impl, "suite": self.suite_of(item) or "?",
                                    "case": case.id if case is not None else None, "function": item.originalname,
                                    "twin_of": self.twins.get((impl, case.id)) if case is not None else None,
-                                   "outcome": test_report.outcome, "reason": reason, "message": text[:4000]})
+                                   "outcome": Verdict(test_report.outcome), "reason": reason, "message": text[:4000]})
         if self.correctness is not None and case is not None and self.suite_of(item) == "correctness":
             backward = item.get_closest_marker("attnkit_backward") is not None
             result = self.correctness.results.get((impl, case.id, backward))

@@ -31,9 +31,10 @@ import pytest
 
 from pytest_attnkit.contract import Case
 from pytest_attnkit.controller.baselines import BaselineStore
-from pytest_attnkit.controller.gate import Decision, decide, machine_factor, noise_threshold
+from pytest_attnkit.controller.gate import Decision, GateVerdict, decide, machine_factor, noise_threshold
+from pytest_attnkit.controller.impls import ImplStatus
 from pytest_attnkit.controller.outcome import Outcomes
-from pytest_attnkit.controller.paired import MIN_PAIRS, PairedDecision, decide_paired
+from pytest_attnkit.controller.paired import MIN_PAIRS, PairedDecision, SyncKind, decide_paired, sync_kind
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.process import WorkerFailure, worker_pids
 from pytest_attnkit.controller.scheduler import Job
@@ -56,9 +57,6 @@ BANDWIDTH_SLACK = 2.5
 #: GPU-bound cases stay within a few tenths of a percent.
 BLOCK_SAMPLES = 4
 MAX_PAIRS = 20
-#: The gate's verdict for a measurement of a program (the kernels a call launched) that no saved run
-#: of its entry timed: shown, never failed (see SpeedCheck._gate).
-OTHER_PROGRAM = "other program"
 #: The gate's threshold on the CPU unless one is set: only a doubling is a regression there.
 CPU_THRESHOLD = 1.0
 #: The gates' least threshold for a call that synchronizes the host with the device inside (a
@@ -118,15 +116,27 @@ class ABResult:
     case: Case
     decision: PairedDecision | None
     problem: str | None = None  # why the case could not be compared (one side skipped or failed)
-    #: What the worker found of host syncs inside the calls (controller/paired.py), or None: both
-    #: versions sync (the case is gated at SYNC_THRESHOLD), or only the new one does.
-    syncs: str | None = None
+    #: Which versions' calls synchronize with the device inside (controller/paired.py), or None:
+    #: both (the case is gated at SYNC_THRESHOLD), or only the new one.
+    syncs: SyncKind | None = None
+    #: The new version's sync as its worker saw it (torch's first sync warning), where ``syncs`` is set.
+    sync_detail: str | None = None
+
+    @property
+    def sync_note(self) -> str | None:
+        """:attr:`syncs` in words, as the report and the A/B table show it."""
+        if self.syncs == SyncKind.BOTH:
+            return f"both versions' calls synchronize with the device ({self.sync_detail})"
+        if self.syncs == SyncKind.NEW_ONLY:
+            return ("the new version's call synchronizes with the device and the old one's does not "
+                    f"({self.sync_detail})")
+        return None
 
     def to_dict(self, revision: str) -> dict[str, Any]:
         return {"impl": self.impl, "against": self.twin, "revision": revision, "mode": self.mode,
                 "case": self.case.id, "shape": self.case.to_dict(), "problem": self.problem,
-                "syncs": self.syncs,
-                **(self.decision.to_dict() if self.decision else {"verdict": "not compared"})}
+                "syncs": self.sync_note, "sync_kind": self.syncs,
+                **(self.decision.to_dict() if self.decision else {"verdict": GateVerdict.NOT_COMPARED})}
 
 
 @dataclass
@@ -313,21 +323,18 @@ class SpeedCheck:
                                                         shared_with=shared_with(probes[name], *replies[name]))
         threshold = (self.ab_threshold or self.threshold)(key)
         syncs = {name: probes[name].data.get("syncs") for name in names} if problem is None else {}
-        note = None
-        if syncs.get(impl) and syncs.get(twin):
+        kind = sync_kind(syncs.get(impl), syncs.get(twin))
+        if kind == SyncKind.BOTH:
             # Both versions' times follow their processes' host speed (controller/paired.py):
             # only a doubling stands out of that noise.
             threshold = max(threshold, SYNC_THRESHOLD)
-            note = f"both versions' calls synchronize with the device ({syncs[impl]})"
-        elif syncs.get(impl):
-            note = f"the new version's call synchronizes with the device and the old one's does not ({syncs[impl]})"
         decision = None if problem is not None else decide_paired(blocks[impl], blocks[twin], threshold=threshold)
-        self.ab[key] = ABResult(impl, twin, mode, case, decision, problem, note)
+        self.ab[key] = ABResult(impl, twin, mode, case, decision, problem, kind, syncs.get(impl) if kind else None)
 
     def _reference_median(self, mode: str, case: Case) -> float | None:
         """The reference's median on this case (timed now if its own test has not run), or None."""
         reference = self.settings.reference
-        if reference not in self.pool.impls or self.pool.info(reference).status != "available":
+        if reference not in self.pool.impls or self.pool.info(reference).status is not ImplStatus.AVAILABLE:
             return None
         try:
             return self._first_measurement(reference, mode, case).timing.median_ms
@@ -348,7 +355,7 @@ class SpeedCheck:
         elif self.store.found and measurement.key in self.store.entries:
             decision, measurement = self._gate(measurement)
             ratio = measurement.timing.median_ms / reference_ms if reference_ms else None
-            if decision.verdict == OTHER_PROGRAM:
+            if decision.verdict == GateVerdict.OTHER_PROGRAM:
                 self.notes[f"program:{measurement.key}"] = (
                     f"{impl} on {case.id} ({mode}) ran another program than every saved run of its baseline entry "
                     f"(now: {measurement.program}; saved: {'; '.join(sorted(self.store.programs(measurement.key)))}): "
@@ -366,12 +373,12 @@ class SpeedCheck:
         if benchmark is not None:
             self._feed_benchmark(benchmark, measurement)
         failures = []
-        if decision is not None and decision.verdict == "regression":
+        if decision is not None and decision.verdict == GateVerdict.REGRESSION:
             failures.append(f"{impl} regressed on {case.id} ({mode}): {format_decision(decision)}"
                             + (f"; the GPU was shared with pid {', '.join(map(str, measurement.shared_with))} "
                                "while it was timed" if measurement.shared_with else ""))
         paired = self.ab.get(measurement.key)
-        if paired is not None and paired.decision is not None and paired.decision.verdict == "regression":
+        if paired is not None and paired.decision is not None and paired.decision.verdict == GateVerdict.REGRESSION:
             failures.append(f"{impl} regressed against {paired.twin} on {case.id} ({mode}): "
                             f"{format_paired(paired.decision)}")
         if failures:
@@ -439,7 +446,7 @@ class SpeedCheck:
     # -- gating ------------------------------------------------------------------------------
     def _gate(self, measurement: SpeedMeasurement) -> tuple[Decision, SpeedMeasurement]:
         """The verdict against the stored baseline, and the measurement of the round it used. A
-        measurement of a program no saved run timed gets the verdict :data:`OTHER_PROGRAM`:
+        measurement of a program no saved run timed gets the verdict ``GateVerdict.OTHER_PROGRAM``:
         its time says how the compiler chose in this process, not what the code's change did."""
         key = measurement.key
         baseline = self.store.pooled(key, measurement.program)
@@ -456,8 +463,8 @@ class SpeedCheck:
                           machine_factor=factor)
         known = self.store.programs(key)
         if measurement.program and known and measurement.program not in known:
-            return replace(decision, verdict=OTHER_PROGRAM, baseline_runs=baseline.runs), measurement
-        if decision.verdict == "regression":
+            return replace(decision, verdict=GateVerdict.OTHER_PROGRAM, baseline_runs=baseline.runs), measurement
+        if decision.verdict == GateVerdict.REGRESSION:
             decision, measurement = self._confirm(measurement, baseline.samples_ms, decision, threshold, factor)
         return replace(decision, baseline_runs=baseline.runs), measurement
 
@@ -474,9 +481,9 @@ class SpeedCheck:
             measurement = self._measure(impl, mode, first_measurement.case)
             rounds.append((decide(baseline_ms, list(measurement.timing.samples_ms), threshold=threshold,
                                   machine_factor=factor), measurement))
-        flagged = sum(decision.verdict == "regression" for decision, _ in rounds)
+        flagged = sum(decision.verdict == GateVerdict.REGRESSION for decision, _ in rounds)
         chosen, measurement = sorted(rounds, key=lambda pair: pair[0].ratio)[len(rounds) // 2]
-        verdict = "regression" if flagged * 2 > len(rounds) else "unchanged"
+        verdict = GateVerdict.REGRESSION if flagged * 2 > len(rounds) else GateVerdict.UNCHANGED
         return replace(chosen, verdict=verdict, rounds=len(rounds), rounds_flagged=flagged), measurement
 
     def machine_factor(self) -> float:

@@ -3,8 +3,8 @@
 The summary and the Markdown render from the report document
 (:func:`pytest_attnkit.controller.report.build`), never from the live session, so the terminal,
 the report files and the job summary of a CI run always agree. Terminal lines stay within
-:data:`WIDTH` columns: long values wrap, and detail that does not fit (IQR, launch time) shows
-with ``-v`` and in the report files.
+:data:`~pytest_attnkit.controller.terminal.WIDTH` columns: long values wrap, and detail that does
+not fit (IQR, launch time) shows with ``-v`` and in the report files.
 """
 
 from __future__ import annotations
@@ -13,22 +13,17 @@ import textwrap
 from collections import Counter, defaultdict
 from typing import Any, Iterable
 
-WIDTH = 100
+from pytest_attnkit.contract import MemoryClass
+from pytest_attnkit.controller.gate import GateVerdict
+from pytest_attnkit.controller.impls import ImplStatus
+from pytest_attnkit.controller.outcome import Verdict
+from pytest_attnkit.controller.paired import SyncKind
+from pytest_attnkit.controller.terminal import NO_BREAK, WIDTH, wrap
+from pytest_attnkit.records import PointStatus
+
 #: The speed figures the summary shows per implementation: the forward at FlashAttention's
 #: shapes with head dim 128 (batch x length = 16k tokens), at these lengths.
 HEADLINE_LENGTHS = (4096, 16384)
-
-
-#: Joins words that must stay on one line ("report: /a/long/path"): a break there reads badly.
-NO_BREAK = "\u00a0"
-
-
-def wrap(text: str, indent: str = "", width: int = WIDTH) -> list[str]:
-    """``text`` wrapped to ``width`` columns, continuation lines indented by ``indent``; a path
-    longer than the width stays whole, and words joined by :data:`NO_BREAK` stay together."""
-    lines = textwrap.wrap(text, width=width, subsequent_indent=indent, break_on_hyphens=False,
-                          break_long_words=False) or [""]
-    return [line.replace(NO_BREAK, " ") for line in lines]
 
 
 #: The most of a skip reason the summary's correctness line quotes (the report files have it whole).
@@ -113,25 +108,26 @@ def header_lines(*, environment: dict[str, Any], device: str, profile: str, suit
 def correctness_verdict(document: dict[str, Any], name: str) -> str:
     """pass, FAIL, NOTHING RUN or INCOMPLETE, with the coverage: how many cases ran of how many."""
     info = document["implementations"][name]
-    if info["status"] != "available":
+    if info["status"] != ImplStatus.AVAILABLE:
         return info["status"]
     counts = Counter(test["outcome"] for test in document["tests"]
                      if test["impl"] == name and test["suite"] == "correctness")
     collected = document.get("collected", {}).get(name, {}).get("correctness", sum(counts.values()))
     if not collected:
         return "not run"
-    ran = counts["passed"] + counts["failed"]
+    passed, failed, skipped = counts[Verdict.PASSED], counts[Verdict.FAILED], counts[Verdict.SKIPPED]
+    ran = passed + failed
     twins = sum(1 for test in document["tests"] if test["impl"] == name and test["suite"] == "correctness"
-                and test.get("twin_of") and test["outcome"] in ("passed", "failed"))
-    coverage = (f"{ran} of {collected} cases run ({counts['passed']} passed, {counts['failed']} failed"
-                + (f"; {twins} as in-contract twins" if twins else "") + f"), {counts['skipped']} skipped")
+                and test.get("twin_of") and test["outcome"] in (Verdict.PASSED, Verdict.FAILED))
+    coverage = (f"{ran} of {collected} cases run ({passed} passed, {failed} failed"
+                + (f"; {twins} as in-contract twins" if twins else "") + f"), {skipped} skipped")
     reasons = Counter(test.get("reason") for test in document["tests"]
-                      if test["impl"] == name and test["suite"] == "correctness" and test["outcome"] == "skipped")
+                      if test["impl"] == name and test["suite"] == "correctness" and test["outcome"] == Verdict.SKIPPED)
     if reasons:
         why, _ = reasons.most_common(1)[0]
         if why:
             coverage += f" (mostly: {shorten(why, REASON_WIDTH)})"
-    if counts["failed"]:
+    if failed:
         verdict = "FAIL"
     elif document["interrupted"] or sum(counts.values()) < collected:
         verdict = "INCOMPLETE"
@@ -210,12 +206,12 @@ def gate_headline(document: dict[str, Any], name: str) -> str:
     verdicts = Counter(decision["verdict"] for decision in decisions)
     timed = any(m["impl"] == name for m in document["speed"]["measurements"])
     if verdicts:
-        gate = "REGRESSION" if verdicts["regression"] else "ok"
+        gate = "REGRESSION" if verdicts[GateVerdict.REGRESSION] else "ok"
         parts = []
         for verdict, count in sorted(verdicts.items()):
             behind = [decision for decision in decisions if decision["verdict"] == verdict]
             parts.append(f"{count} {verdict}" + (f" against entries of {_runs_of(behind)}"
-                                                 if verdict == "regression" else ""))
+                                                 if verdict == GateVerdict.REGRESSION else ""))
         return gate + " (" + ", ".join(parts) + f"; baselines of {_runs_of(decisions)})"
     if timed:
         return "NOT GATED: " + ("no baseline file for this device" if not document["speed"].get("baseline_found")
@@ -225,8 +221,8 @@ def gate_headline(document: dict[str, Any], name: str) -> str:
 
 def memory_figure(sweep: dict[str, Any]) -> str:
     """A sweep in a few words: its exponent, or that no power law describes it."""
-    if sweep.get("verdict") == "unclear":
-        return "unclear" + (f" (N^{sweep['slope']:.2f})" if sweep["slope"] is not None else "")
+    if sweep.get("verdict") == MemoryClass.UNCLEAR:
+        return f"{MemoryClass.UNCLEAR}" + (f" (N^{sweep['slope']:.2f})" if sweep["slope"] is not None else "")
     return "flat" if sweep["slope"] is None else f"N^{sweep['slope']:.2f}"
 
 
@@ -259,7 +255,7 @@ def headline_lines(document: dict[str, Any]) -> list[str]:
         memory = ", ".join(f"{sweep['direction']} {memory_figure(sweep)}"
                            for sweep in document["memory"] if sweep["impl"] == name)
         rows = [("correctness", correctness_verdict(document, name))]
-        if document["implementations"][name]["status"] == "available":
+        if document["implementations"][name]["status"] == ImplStatus.AVAILABLE:
             rows.append(("accuracy", accuracy_headline(document, name)))
         rows += [("memory", memory or "-"),
                  ("speed", speed_headline(document, name)), ("gate", gate_headline(document, name))]
@@ -284,7 +280,7 @@ def memory_table(name: str, direction: str, points: list[dict[str, Any]], slope:
     quality = ""
     if r2 is not None and worst is not None:
         quality = f"R^2 {r2:.3f}, worst point {worst:.2f}x off the line" + (f" at N={worst_n}" if worst_n else "")
-    if verdict == "unclear":
+    if verdict == MemoryClass.UNCLEAR:
         head = (f"{name} ({direction}): unclear, no class: {reason or 'the fit is poor'}; fitted exponent {exponent}"
                 + (f", {quality}" if quality else "")
                 + (f"; declared {declared} not enforced" if declared else ""))
@@ -293,13 +289,13 @@ def memory_table(name: str, direction: str, points: list[dict[str, Any]], slope:
     lines = wrap(head, "    ")
     lines.append(f"  {'N':>7}  {'extra (peak)':>14}  {'bytes/token':>12}  {'model':>12}  note")
     for point in points:
-        if point["status"] != "measured":
+        if point["status"] != PointStatus.MEASURED:
             lines += wrap(f"  {point['seqlen']:>7}  {'-':>14}  {'-':>12}  {'-':>12}  {point['status']}: {point['message']}",
                           " " * 55)
             continue
         model = format_bytes(point["expected_bytes"]) if point.get("expected_bytes") is not None else "-"
         notes = [f"unmetered {format_bytes(point['unmetered_bytes'])}"] if point.get("unmetered_bytes") else []
-        if verdict == "unclear" and worst is not None and point["seqlen"] == worst_n:
+        if verdict == MemoryClass.UNCLEAR and worst is not None and point["seqlen"] == worst_n:
             notes.append(f"{worst:.2f}x off the line")
         lines.append(f"  {point['seqlen']:>7}  {format_bytes(point['extra_bytes']):>14}  "
                      f"{point['extra_bytes'] / point['seqlen']:>12.1f}  {model:>12}  {', '.join(notes)}".rstrip())
@@ -428,7 +424,7 @@ def gate_lines(document: dict[str, Any]) -> list[str]:
                   "threshold, raised where saved runs disagreed", "  ")
     rows = [["implementation", "mode", "case", "base ms", "runs", "now ms", "change", "thresh", "verdict"]]
     for d in sorted(speed["gate"], key=lambda d: (d["impl"], d["mode"], d["case"])):
-        verdict = d["verdict"].upper() if d["verdict"] == "regression" else d["verdict"]
+        verdict = d["verdict"].upper() if d["verdict"] == GateVerdict.REGRESSION else d["verdict"]
         if d["rounds"] > 1:
             verdict += f" {d['rounds_flagged']}/{d['rounds']}"
         rows.append([d["impl"], _MODES.get(d["mode"], d["mode"]), d["case"],
@@ -447,10 +443,12 @@ def gate_lines(document: dict[str, Any]) -> list[str]:
 
 def _ab_verdict(entry: dict[str, Any]) -> str:
     verdict = entry["verdict"]
-    verdict = verdict.upper() if verdict == "regression" else verdict
-    if entry.get("syncs"):
-        both = entry["syncs"].startswith("both")
-        verdict = f"{verdict} (syncs: {100 * entry['threshold']:.0f}%)" if both else f"{verdict} (new sync)"
+    verdict = verdict.upper() if verdict == GateVerdict.REGRESSION else verdict
+    kind = entry.get("sync_kind")
+    if kind == SyncKind.BOTH:
+        verdict = f"{verdict} (syncs: {100 * entry['threshold']:.0f}%)"
+    elif kind == SyncKind.NEW_ONLY:
+        verdict = f"{verdict} (new sync)"
     return verdict
 
 
@@ -465,15 +463,15 @@ def ab_lines(document: dict[str, Any]) -> list[str]:
     entries = sorted(document.get("ab", []), key=lambda e: (e["impl"], e["mode"], e["case"]))
     if not entries:
         return lines + wrap("NOTHING GATED against it: no speed case was timed in both versions")
-    pairs = sorted({e["pairs"] for e in entries if e["verdict"] != "not compared"})
+    pairs = sorted({e["pairs"] for e in entries if e["verdict"] != GateVerdict.NOT_COMPARED})
     if pairs:
         lines += wrap(f"  {pairs[0]}{'' if len(pairs) == 1 else f' to {pairs[-1]}'} pairs of blocks per case; "
                       "interval: seeded bootstrap of the median ratio new/old", "  ")
     rows = [["implementation", "mode", "case", "old ms", "new/old", "99% interval", "verdict"]]
     for e in entries:
         mode = _MODES.get(e["mode"], e["mode"])
-        if e["verdict"] == "not compared":
-            rows.append([e["impl"], mode, e["case"], "-", "-", "-", "not compared"])
+        if e["verdict"] == GateVerdict.NOT_COMPARED:
+            rows.append([e["impl"], mode, e["case"], "-", "-", "-", GateVerdict.NOT_COMPARED.value])
             continue
         rows.append([e["impl"], mode, e["case"], f"{e['old_median_ms']:.4f}", f"{e['ratio']:.3f}",
                      f"{e['low']:.3f}-{e['high']:.3f}", _ab_verdict(e)])
@@ -587,7 +585,7 @@ def markdown(document: dict[str, Any]) -> str:
                 "| implementation | mode | case | old ms | new ms | new/old | 99% interval | pairs | p slower | verdict |",
                 "|---|---|---|---|---|---|---|---|---|---|"]
         for e in sorted(document.get("ab", []), key=lambda e: (e["impl"], e["mode"], e["case"])):
-            if e["verdict"] == "not compared":
+            if e["verdict"] == GateVerdict.NOT_COMPARED:
                 out.append(f"| {e['impl']} | {e['mode']} | {e['case']} | - | - | - | - | - | - | "
                            f"not compared: {e.get('problem') or ''} |")
                 continue
@@ -603,11 +601,12 @@ def markdown(document: dict[str, Any]) -> str:
                     f"{sweep['verdict']}; largest N that fit {sweep['largest_n']}", "",
                     "| N | extra bytes | bytes per token | note |", "|---|---|---|---|"]
             for point in sweep["points"]:
-                per_token = f"{point['extra_bytes'] / point['seqlen']:.1f}" if point["status"] == "measured" else "-"
-                note = point["message"] if point["status"] != "measured" else ""
+                measured = point["status"] == PointStatus.MEASURED
+                per_token = f"{point['extra_bytes'] / point['seqlen']:.1f}" if measured else "-"
+                note = "" if measured else point["message"]
                 out.append(f"| {point['seqlen']} | {point['extra_bytes']} | {per_token} | {note} |")
             out.append("")
-    failures = [test for test in document["tests"] if test["outcome"] == "failed"]
+    failures = [test for test in document["tests"] if test["outcome"] == Verdict.FAILED]
     if failures:
         out += ["## Failures", ""]
         out += [f"- `{test['test']}`: {test['message'].splitlines()[0] if test['message'] else ''}" for test in failures[:200]]

@@ -31,7 +31,7 @@ from dataclasses import replace
 from typing import Any
 
 from pytest_attnkit.contract import AttentionImpl, Case
-from pytest_attnkit.records import MemoryPoint
+from pytest_attnkit.records import MemoryPoint, PointStatus
 from pytest_attnkit.worker.inputs import call_implementation
 
 #: Driver-seen growth beyond torch's reserved memory that counts as unmetered: above this many
@@ -230,15 +230,16 @@ def measure_point(impl: AttentionImpl, case: Case, *, backward: bool, seed: int,
         if call_limit_ms is not None and call_ms > call_limit_ms:
             stop = (f"one call took {call_ms:.0f} ms, longer than this profile repeats ({call_limit_ms:.0f} ms); "
                     "--attnkit-profile=full goes on")
-        return MemoryPoint(case.sweep_length, "measured", extra_bytes=max(0, peak - retained), peak_bytes=peak,
-                           retained_bytes=retained, unmetered_bytes=unmetered, expected_bytes=expected,
-                           call_ms=round(call_ms, 1), stop=stop)
+        return MemoryPoint(case.sweep_length, PointStatus.MEASURED, extra_bytes=max(0, peak - retained),
+                           peak_bytes=peak, retained_bytes=retained, unmetered_bytes=unmetered,
+                           expected_bytes=expected, call_ms=round(call_ms, 1), stop=stop)
     except torch.cuda.OutOfMemoryError as error:
         # torch's message goes on about allocator settings; the first two sentences say it all.
-        return MemoryPoint(case.sweep_length, "oom", message=". ".join(str(error).split(". ")[:2]).strip())
+        return MemoryPoint(case.sweep_length, PointStatus.OOM, message=". ".join(str(error).split(". ")[:2]).strip())
     except Exception as error:  # CuPy's OutOfMemoryError is not torch's
         if "out of memory" in str(error).lower() or type(error).__name__ == "OutOfMemoryError":
-            return MemoryPoint(case.sweep_length, "oom", message=f"{type(error).__name__}: {str(error).splitlines()[0]}")
+            return MemoryPoint(case.sweep_length, PointStatus.OOM,
+                               message=f"{type(error).__name__}: {str(error).splitlines()[0]}")
         raise
     finally:
         if collecting:

@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
+from pytest_attnkit.controller.impls import ImplInfo
 from pytest_attnkit.controller.ledger import Ledger
-from pytest_attnkit.controller.pool import SUITE_OF_OP, ImplInfo
+from pytest_attnkit.controller.pool import SUITE_OF_OP
 from pytest_attnkit.controller.process import WorkerFailure
 from pytest_attnkit.controller.scheduler import DROPPED, NOT_RUN, Scheduler
 from pytest_attnkit.controller.table import time_lines

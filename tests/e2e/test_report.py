@@ -1,4 +1,5 @@
-"""Report files, the step summary, an unwritable report directory, and an interrupted run."""
+"""Report files, the step summary, an unwritable report directory, an interrupted run, and the words
+the report writes for verdicts and statuses."""
 
 from __future__ import annotations
 
@@ -9,6 +10,12 @@ import stat
 import pytest
 
 from helpers import fake
+from pytest_attnkit.contract import MemoryClass
+from pytest_attnkit.controller.gate import GateVerdict
+from pytest_attnkit.controller.impls import ImplStatus
+from pytest_attnkit.controller.outcome import Verdict
+from pytest_attnkit.controller.paired import SyncKind
+from pytest_attnkit.records import PointStatus
 
 SPEED = ("--attnkit", "--attnkit-impl", "repeated", "--attnkit-device", "cpu", "--benchmark-disable",
          "--attnkit-baseline-dir=bl", "-k", "q17-k17 or (speed_forward and not causal)")
@@ -110,3 +117,23 @@ def test_a_report_folder_in_use_by_another_live_run_is_refused(pytester: pytest.
                                 "-k", "nothing_is_called_this")
     assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
     assert (pytester.path / "out" / "attnkit-report.json").exists()
+
+
+#: The words the report, the baseline files, the junit properties and the tables wrote before
+#: these became enums (issue 45): they must not change.
+WORDS = {Verdict: ["passed", "failed", "skipped"],
+         GateVerdict: ["regression", "improvement", "unchanged", "insufficient", "other program", "not compared"],
+         SyncKind: ["both", "new only"],
+         MemoryClass: ["linear", "quadratic", "neither", "unclear"],
+         PointStatus: ["measured", "oom", "error", "not run"],
+         ImplStatus: ["available", "unavailable", "broken"]}
+
+
+@pytest.mark.parametrize("kind", list(WORDS), ids=lambda kind: kind.__name__)
+def test_verdicts_and_statuses_are_written_as_the_words_they_were(kind) -> None:
+    assert [member.value for member in kind] == WORDS[kind]
+    for member in kind:
+        assert member == member.value and hash(member) == hash(member.value)
+        assert str(member) == f"{member}" == f"{member:<4}".strip() == "%s" % member == member.value
+        assert json.dumps({member: [member]}) == json.dumps({member.value: [member.value]})
+        assert kind(member.value) is member  # what a report or a worker wrote reads back

@@ -186,7 +186,7 @@ def test_a_point_over_the_default_profiles_call_limit_ends_the_sweep_and_says_wh
     from pytest_attnkit.cases import MEMORY_CALL_LIMIT_MS, MIN_SWEEP_POINTS
     from pytest_attnkit.controller.memory import MemoryCheck
     from pytest_attnkit.controller.outcome import Outcomes
-    from pytest_attnkit.controller.pool import ImplInfo
+    from pytest_attnkit.controller.impls import ImplInfo
     from pytest_attnkit.records import Reply, Status
 
     asked: list[dict] = []

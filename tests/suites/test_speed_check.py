@@ -13,8 +13,8 @@ import pytest
 
 from pytest_attnkit.contract import Case
 from pytest_attnkit.controller.baselines import BaselineStore, key_string
+from pytest_attnkit.controller.impls import ImplInfo
 from pytest_attnkit.controller.outcome import Outcomes
-from pytest_attnkit.controller.pool import ImplInfo
 from pytest_attnkit.controller.speed import SpeedCheck, SpeedSettings
 from pytest_attnkit.records import EntryKey, Reply, SpeedMeasurement, Status, Timing
 
