@@ -46,7 +46,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable
 
 from pytest_attnkit.contract import AttentionImpl, Case
-from pytest_attnkit.oracle import rows_with_a_key
+from pytest_attnkit.masks import rows_with_a_key
 
 if TYPE_CHECKING:
     import torch

@@ -24,10 +24,15 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from pytest_attnkit.masks import rows_with_a_key, visibility_mask
+
 if TYPE_CHECKING:
     import torch
 
     from pytest_attnkit.contract import Case
+
+__all__ = ["Packing", "alibi_bias", "attention_math", "forward_and_grads", "lse_rows_with_a_key",
+           "packed_attention_math", "rows_with_a_key", "visibility_mask"]
 
 
 @dataclass(frozen=True)
@@ -44,51 +49,6 @@ class Packing:
     @property
     def batch(self) -> int:
         return len(self.cache_seqlens) if self.kind == "paged" else len(self.cu_seqlens_q) - 1
-
-
-def causal_mask(seqlen_q: int, seqlen_k: int, device: "torch.device") -> "torch.Tensor":
-    """Boolean [Nq, Nk] mask, True where query i may see key j: ``j <= i + Nk - Nq``."""
-    return visibility_mask(seqlen_q, seqlen_k, causal=True, window=None, device=device)
-
-
-def visibility_mask(seqlen_q: int, seqlen_k: int, *, causal: bool, window: tuple[int, int] | None,
-                    device: "torch.device | str", key_offset: int | None = None) -> "torch.Tensor | None":
-    """Boolean [Nq, Nk] mask, True where query i sees key j, or None when every pair is visible.
-
-    With ``d = i + Nk - Nq - j``: causal needs ``d >= 0``; a window ``(left, right)`` needs
-    ``-right <= d <= left`` (a side of -1 is unbounded), as FlashAttention's local attention.
-    ``key_offset`` replaces ``Nk - Nq`` (the contract's bottom-right alignment) in ``d``: the
-    diagnosis's wrong-on-purpose references use 0 (top-left, torch's ``is_causal``).
-    """
-    import torch
-
-    if not causal and window is None:
-        return None
-    offset = seqlen_k - seqlen_q if key_offset is None else key_offset
-    rows = torch.arange(seqlen_q, device=device)[:, None]
-    cols = torch.arange(seqlen_k, device=device)[None, :]
-    distance = rows + offset - cols
-    visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
-    if causal:
-        visible &= distance >= 0
-    if window is not None:
-        left, right = window
-        if left >= 0:
-            visible &= distance <= left
-        if right >= 0:
-            visible &= distance >= -right
-    return visible
-
-
-def rows_with_a_key(seqlen_q: int, seqlen_k: int, *, causal: bool, window: tuple[int, int] | None,
-                    device: "torch.device | str") -> "torch.Tensor":
-    """Boolean [Nq]: True for the query rows that see at least one key."""
-    import torch
-
-    visible = visibility_mask(seqlen_q, seqlen_k, causal=causal, window=window, device=device)
-    if visible is None:
-        return torch.ones(seqlen_q, dtype=torch.bool, device=device)
-    return visible.any(dim=-1)
 
 
 def alibi_bias(slopes: "torch.Tensor", seqlen_q: int, seqlen_k: int,
@@ -230,13 +190,6 @@ def lse_rows_with_a_key(case: "Case", device: "torch.device | str") -> "torch.Te
         return torch.stack([rows(queries, keys) for queries, keys in case.sequences])[:, None, :]
     return torch.cat([rows(queries, keys) for queries, keys in case.sequences]
                      + [torch.zeros(case.unused_tokens, dtype=torch.bool, device=device)])
-
-
-def oracle_attention(
-    q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", *, causal: bool, scale: float | None = None
-) -> "torch.Tensor":
-    """Attention on float64 copies of the inputs; the result is float64."""
-    return attention_math(q.double(), k.double(), v.double(), causal=causal, scale=scale)
 
 
 def forward_and_grads(

@@ -212,7 +212,7 @@ def judge(name: str, actual: "torch.Tensor", oracle: "torch.Tensor", plain: "tor
 
 def _sees_a_key(n_q: int, n_k: int, case: dict) -> "torch.Tensor":
     """Boolean [n_q]: the rows that see at least one of n_k keys."""
-    from pytest_attnkit.oracle import rows_with_a_key
+    from pytest_attnkit.masks import rows_with_a_key
 
     if n_k == 0:
         return torch.zeros(n_q, dtype=torch.bool)

@@ -141,7 +141,8 @@ def _reference(q, k, v, causal: bool, scale: float, block_rows: int | None = Non
     under causal, and the oracle's bottom-right alignment on that block is then the full one's."""
     import torch
 
-    from pytest_attnkit.oracle import attention_math, rows_with_a_key
+    from pytest_attnkit.masks import rows_with_a_key
+    from pytest_attnkit.oracle import attention_math
 
     batch, heads_q, n_q, head_dim = q.shape
     n_k = k.shape[2]
