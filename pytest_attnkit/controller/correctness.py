@@ -24,7 +24,8 @@ from pytest_attnkit.contract import AccuracyBudget, Case, accuracy_to_wire
 from pytest_attnkit.controller.outcome import Outcomes
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.scheduler import Job, Scheduler
-from pytest_attnkit.records import CorrectnessResult, Reply
+from pytest_attnkit.records import CorrectnessResult
+from pytest_attnkit.messages import Reply
 
 Properties = list[tuple[str, object]]
 #: (implementation, case id, backward): the key of one correctness test's result.

@@ -33,7 +33,8 @@ from pytest_attnkit.controller.outcome import Outcomes
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.scheduler import Job, Scheduler
 from pytest_attnkit.controller.table import memory_table
-from pytest_attnkit.records import MemoryPoint, PointStatus, Status
+from pytest_attnkit.records import MemoryPoint, PointStatus
+from pytest_attnkit.messages import Status
 
 LINEAR_MAX_SLOPE = 1.3
 QUADRATIC_SLOPE = (1.7, 2.3)

@@ -4,7 +4,7 @@ The pool is the only way the pytest process talks to an implementation. It start
 per implementation (in parallel: each one imports its implementation), its *primary*, keeps what
 each one said about itself (:class:`~pytest_attnkit.controller.impls.ImplInfo`), starts more
 workers of an implementation when the scheduler asks (:meth:`WorkerPool.new_worker`), and turns
-every request into a :class:`~pytest_attnkit.records.Reply`: a worker that died or missed its
+every request into a :class:`~pytest_attnkit.messages.Reply`: a worker that died or missed its
 deadline becomes a ``CRASHED`` or ``TIMEOUT`` reply (the next request starts a fresh worker), an
 implementation that could not be loaded a ``BROKEN`` one. What a reply means for the test is
 :func:`pytest_attnkit.controller.outcome.settle`'s to say.
@@ -33,7 +33,7 @@ from pytest_attnkit.controller.impls import ImplInfo
 from pytest_attnkit.controller.ledger import Ledger
 from pytest_attnkit.controller.process import InProcessWorker, Worker, WorkerFailure, WorkerProcess, close_all
 from pytest_attnkit.controller.worker_log import log_folder
-from pytest_attnkit.records import Reply, Status
+from pytest_attnkit.messages import Reply, Status
 from pytest_attnkit.registry import EntryPointRef
 
 if TYPE_CHECKING:

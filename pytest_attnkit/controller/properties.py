@@ -24,7 +24,7 @@ from pytest_attnkit.contract import Case
 from pytest_attnkit.controller.outcome import Outcomes
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.scheduler import Job, Scheduler
-from pytest_attnkit.records import Reply, Status
+from pytest_attnkit.messages import Reply, Status
 
 #: The checks, in the order the summary shows them.
 TITLES = {"determinism": "deterministic", "batch_invariance": "batch-invariant", "cuda_graph": "CUDA graphs",

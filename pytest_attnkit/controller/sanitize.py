@@ -67,7 +67,7 @@ import pytest
 from pytest_attnkit.contract import Case
 from pytest_attnkit.controller.outcome import Outcomes
 from pytest_attnkit.controller.pool import WorkerPool
-from pytest_attnkit.records import Reply, Status
+from pytest_attnkit.messages import Reply, Status
 
 TOOLS: tuple[str, ...] = ("memcheck", "racecheck", "initcheck", "synccheck")
 #: Each tool's own options beyond the common ones.

@@ -71,7 +71,8 @@ from typing import Any, Iterator, Protocol
 
 from pytest_attnkit.controller.ledger import Ledger
 from pytest_attnkit.controller.process import Worker, close_all
-from pytest_attnkit.records import PointStatus, Reply, Status
+from pytest_attnkit.records import PointStatus
+from pytest_attnkit.messages import Reply, Status
 
 
 class Workers(Protocol):

@@ -38,7 +38,8 @@ from pytest_attnkit.controller.paired import MIN_PAIRS, PairedDecision, SyncKind
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.process import WorkerFailure, worker_pids
 from pytest_attnkit.controller.scheduler import Job
-from pytest_attnkit.records import EntryKey, Reply, SpeedMeasurement, Status, Timing
+from pytest_attnkit.records import EntryKey, SpeedMeasurement, Timing
+from pytest_attnkit.messages import Reply, Status
 
 CONFIRMATION_ROUNDS = 2
 #: A call is suspected of escaping the timed stream when, after issuing it, the host waits for the

@@ -45,7 +45,7 @@ from typing import Any
 
 from pytest_attnkit import descendants
 from pytest_attnkit.contract import AttentionImpl, Case
-from pytest_attnkit.records import Reply, Status
+from pytest_attnkit.messages import Reply, Status
 from pytest_attnkit.worker import compile_clock
 from pytest_attnkit.worker.calls import ContractViolation, kernel_traceback
 from pytest_attnkit.worker.out_of_memory import out_of_memory_reply

@@ -20,7 +20,7 @@ from pytest_attnkit.controller.pool import SUITE_OF_OP
 from pytest_attnkit.controller.process import WorkerFailure
 from pytest_attnkit.controller.scheduler import DROPPED, NOT_RUN, Scheduler
 from pytest_attnkit.controller.table import time_lines
-from pytest_attnkit.records import Reply, Status
+from pytest_attnkit.messages import Reply, Status
 
 
 class FakeWorker:

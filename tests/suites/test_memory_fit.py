@@ -187,7 +187,7 @@ def test_a_point_over_the_default_profiles_call_limit_ends_the_sweep_and_says_wh
     from pytest_attnkit.controller.memory import MemoryCheck
     from pytest_attnkit.controller.outcome import Outcomes
     from pytest_attnkit.controller.impls import ImplInfo
-    from pytest_attnkit.records import Reply, Status
+    from pytest_attnkit.messages import Reply, Status
 
     asked: list[dict] = []
 

@@ -16,7 +16,8 @@ from pytest_attnkit.controller.baselines import BaselineStore, key_string
 from pytest_attnkit.controller.impls import ImplInfo
 from pytest_attnkit.controller.outcome import Outcomes
 from pytest_attnkit.controller.speed import SpeedCheck, SpeedSettings
-from pytest_attnkit.records import EntryKey, Reply, SpeedMeasurement, Status, Timing
+from pytest_attnkit.records import EntryKey, SpeedMeasurement, Timing
+from pytest_attnkit.messages import Reply, Status
 
 CASE = Case(1, 2, 2, 256, 256, 64, "float32")
 DEVICE = "NVIDIA H200"
