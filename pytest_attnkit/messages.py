@@ -119,9 +119,7 @@ class Reply:
     status: Status
     message: str = ""
     data: dict[str, Any] = field(default_factory=dict)
-    #: The worker's account of the request ({"wall_s", "compile_s"}); set by the pytest side's
-    #: pool (it becomes a :class:`Spent` once both ends send one).
-    spent: dict[str, float] = field(default_factory=dict, compare=False)
+    spent: Spent = field(default_factory=Spent, compare=False)
     #: The worker's CUDA context is lost: it exits after this reply, and the next request starts a
     #: fresh one.
     restart: bool = False
@@ -141,9 +139,9 @@ class Reply:
 
     def to_wire(self) -> dict[str, Any]:
         return {"status": self.status.value, "message": self.message, "data": self.data,
-                "spent": dict(self.spent), "restart": self.restart}
+                "spent": self.spent.to_wire(), "restart": self.restart}
 
     @classmethod
     def from_wire(cls, values: Mapping[str, Any]) -> "Reply":
         return cls(Status(values["status"]), values.get("message", ""), values.get("data") or {},
-                   dict(values.get("spent") or {}), bool(values.get("restart")))
+                   Spent.from_wire(values.get("spent")), bool(values.get("restart")))

@@ -36,8 +36,8 @@ from typing import Any
 
 from pytest_attnkit.contract import FP8_OUTPUT_DTYPE, AccuracyBudget, AttentionImpl, Case, accuracy_budget, is_fp8
 from pytest_attnkit.oracle import forward_and_grads, lse_rows_with_a_key
-from pytest_attnkit.records import Comparison, CorrectnessResult
 from pytest_attnkit.messages import Reply, Status
+from pytest_attnkit.records import Comparison, CorrectnessResult
 from pytest_attnkit.worker.calls import (ContractViolation, InputWatch, check_returned, given_inputs, gradients,
                                          kernel_traceback)
 from pytest_attnkit.worker.diagnosis import Evidence, Suspect, Wrap, diagnose
