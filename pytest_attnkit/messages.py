@@ -1,5 +1,5 @@
-"""The two envelopes between the pytest process and a worker: a :class:`Request` each way in, a
-:class:`Reply` each way out, for every op.
+"""The two envelopes between the pytest process and a worker, one each way: a :class:`Request` to
+the worker and a :class:`Reply` back, for every op.
 
 Both ends are this package, always the same version, so the wire format is whatever
 :meth:`Request.to_wire` and :meth:`Reply.to_wire` write: plain JSON (a reply can never carry an
