@@ -1,8 +1,8 @@
-"""The records both processes share: a worker's reply and the measurements it carries.
+"""The records both processes share: the measurements a worker's reply carries.
 
-A worker answers every request about one implementation with a :class:`Reply`: a
-:class:`Status` and, where something was measured, the data as a plain dict that travels as
-JSON. The pytest process turns the data back into the frozen records below (never by parsing a
+A worker answers every request with a :class:`~pytest_attnkit.messages.Reply`: a
+:class:`~pytest_attnkit.messages.Status` and, where something was measured, the data as a plain
+dict that travels as JSON. The pytest process turns the data back into the frozen records below (never by parsing a
 string), and turns the status into a pytest outcome in one place
 (:func:`pytest_attnkit.controller.outcome.settle`). Figures that follow from a record (TFLOP/s,
 GB/s, the median) are properties, so they can never disagree with the samples they come from.
@@ -19,49 +19,6 @@ from typing import Any, NamedTuple
 
 from pytest_attnkit.contract import Case
 from pytest_attnkit.counts import byte_count, flop_count
-
-
-class Status(str, Enum):
-    """What became of one request about one implementation."""
-
-    OK = "ok"  # passed, or measured
-    WRONG = "wrong"  # a result outside the rule, or a breach of the contract
-    RAISED = "raised"  # the implementation raised
-    OUT_OF_MEMORY = "out of memory"  # the case did not fit in the device's free memory (worker/out_of_memory.py)
-    UNSUPPORTED = "unsupported"  # the implementation declines the case
-    UNAVAILABLE = "unavailable"  # the implementation cannot run on this machine
-    BROKEN = "broken"  # the implementation could not be loaded
-    CRASHED = "crashed"  # the worker process died (set by the pytest process)
-    TIMEOUT = "timeout"  # the worker missed its deadline and was killed (set by the pytest process)
-
-
-@dataclass(frozen=True)
-class Reply:
-    status: Status
-    message: str = ""
-    data: dict[str, Any] = field(default_factory=dict)
-    #: The worker's account of the request ({"wall_s", "compile_s"}); set by the pytest side's
-    #: pool, never sent over the wire as part of the reply.
-    spent: dict[str, float] = field(default_factory=dict, compare=False)
-
-    @property
-    def ok(self) -> bool:
-        return self.status is Status.OK
-
-    @property
-    def out_of_memory(self) -> bool:
-        """Whether the request ran out of device memory (or, for a memory point, measured that it
-        did): then it is run again with the GPU to itself before its verdict counts."""
-        if self.status is Status.OK:
-            return self.data.get("status") == PointStatus.OOM
-        return self.status is Status.OUT_OF_MEMORY
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"status": self.status.value, "message": self.message, "data": self.data}
-
-    @classmethod
-    def from_wire(cls, values: dict[str, Any]) -> "Reply":
-        return cls(Status(values["status"]), values.get("message", ""), values.get("data") or {})
 
 
 class EntryKey(NamedTuple):

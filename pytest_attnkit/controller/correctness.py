@@ -24,7 +24,8 @@ from pytest_attnkit.contract import AccuracyBudget, Case, accuracy_to_wire
 from pytest_attnkit.controller.outcome import Outcomes
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.scheduler import Job, Scheduler
-from pytest_attnkit.records import CorrectnessResult, Reply
+from pytest_attnkit.messages import Op, Reply, Request
+from pytest_attnkit.records import CorrectnessResult
 
 Properties = list[tuple[str, object]]
 #: (implementation, case id, backward): the key of one correctness test's result.
@@ -46,13 +47,12 @@ class CorrectnessCheck:
     #: The requests submitted ahead of their tests, in the order the tests will ask for them.
     ahead: dict[ResultKey, list[Job]] = field(default_factory=dict)
 
-    def _request(self, impl: str, case: Case, backward: bool) -> dict[str, Any]:
-        request = {"op": "correctness", "case": case.to_dict(), "backward": backward, "base_seed": self.seed,
-                   "trials": self.trials}
+    def _request(self, impl: str, case: Case, backward: bool) -> Request:
+        options: dict[str, Any] = {"trials": self.trials}
         chosen = self.accuracy(impl, case) if self.accuracy is not None else None
         if chosen is not None:
-            request["accuracy"] = accuracy_to_wire(chosen)
-        return request
+            options["accuracy"] = accuracy_to_wire(chosen)
+        return Request(Op.CORRECTNESS, case, backward, self.seed, options)
 
     def submit(self, scheduler: Scheduler, impl: str, case: Case, *, backward: bool, gpu_bytes: int) -> None:
         """Queue the test's request now; :meth:`check` then waits for its reply."""

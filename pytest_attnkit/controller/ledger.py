@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_attnkit.messages import Spent
+
 
 @dataclass
 class Account:
@@ -34,10 +36,10 @@ class Account:
     first_start: float | None = None
     last_end: float | None = None
 
-    def add(self, spent: dict[str, float], started: float, ended: float, queued_s: float) -> None:
+    def add(self, spent: Spent, started: float, ended: float, queued_s: float) -> None:
         self.requests += 1
-        self.busy_s += float(spent.get("wall_s", ended - started))
-        self.compile_s += float(spent.get("compile_s", 0.0))
+        self.busy_s += float(ended - started if spent.wall_s is None else spent.wall_s)
+        self.compile_s += float(spent.compile_s)
         self.queued_s += queued_s
         self.first_start = started if self.first_start is None else min(self.first_start, started)
         self.last_end = ended if self.last_end is None else max(self.last_end, ended)
@@ -76,7 +78,7 @@ class Ledger:
             self._running += 1
             self.most_at_once = max(self.most_at_once, self._running)
 
-    def record(self, suite: str, impl: str, spent: dict[str, float], started: float, ended: float, *,
+    def record(self, suite: str, impl: str, spent: Spent, started: float, ended: float, *,
                queued_s: float = 0.0, counted: bool = True) -> None:
         """A request ended; ``counted`` False when :meth:`began` was not called for it."""
         with self._lock:
@@ -84,7 +86,7 @@ class Ledger:
                 self._running = max(0, self._running - 1)
             self.accounts.setdefault((suite, impl), Account()).add(spent, started, ended, queued_s)
             self.events.append((suite, impl, round(started - self.started, 3), round(ended - started, 3),
-                                round(float(spent.get("compile_s", 0.0)), 3), round(queued_s, 3)))
+                                round(float(spent.compile_s), 3), round(queued_s, 3)))
 
     def ran_out_of_memory(self, impl: str) -> None:
         """A request of ``impl`` ran out of device memory beside others and goes again, alone."""

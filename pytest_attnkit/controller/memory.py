@@ -33,7 +33,8 @@ from pytest_attnkit.controller.outcome import Outcomes
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.scheduler import Job, Scheduler
 from pytest_attnkit.controller.table import memory_table
-from pytest_attnkit.records import MemoryPoint, PointStatus, Status
+from pytest_attnkit.messages import Op, Request, Status
+from pytest_attnkit.records import MemoryPoint, PointStatus
 
 LINEAR_MAX_SLOPE = 1.3
 QUADRATIC_SLOPE = (1.7, 2.3)
@@ -245,12 +246,11 @@ class MemoryCheck:
     #: The points submitted ahead of their tests, per (implementation, sweep, backward).
     ahead: dict[tuple[str, MemorySweep, bool], list[Job]] = field(default_factory=dict)
 
-    def _message(self, case: Case, backward: bool, index: int) -> dict[str, Any]:
+    def _message(self, case: Case, backward: bool, index: int) -> Request:
         """A point's request; from the ``MIN_SWEEP_POINTS``-th point on it carries the profile's
         sweep call limit, past which the point ends the sweep (``cases.MEMORY_CALL_LIMIT_MS``)."""
         limit = MEMORY_CALL_LIMIT_MS.get(self.profile) if index + 1 >= MIN_SWEEP_POINTS else None
-        return {"op": "memory", "case": case.to_dict(), "backward": backward, "seed": self.seed,
-                "call_limit_ms": limit}
+        return Request(Op.MEMORY, case, backward, self.seed, {"call_limit_ms": limit})
 
     def submit(self, scheduler: Scheduler, impl: str, sweep: MemorySweep, *, backward: bool,
                gpu_bytes: Callable[[Case], int]) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from pytest_attnkit.controller.terminal import NO_BREAK, WIDTH, wrap
-from pytest_attnkit.records import Reply, Status
+from pytest_attnkit.messages import Reply, Status
 
 
 class Verdict(str, Enum):

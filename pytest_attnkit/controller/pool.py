@@ -4,7 +4,7 @@ The pool is the only way the pytest process talks to an implementation. It start
 per implementation (in parallel: each one imports its implementation), its *primary*, keeps what
 each one said about itself (:class:`~pytest_attnkit.controller.impls.ImplInfo`), starts more
 workers of an implementation when the scheduler asks (:meth:`WorkerPool.new_worker`), and turns
-every request into a :class:`~pytest_attnkit.records.Reply`: a worker that died or missed its
+every request into a :class:`~pytest_attnkit.messages.Reply`: a worker that died or missed its
 deadline becomes a ``CRASHED`` or ``TIMEOUT`` reply (the next request starts a fresh worker), an
 implementation that could not be loaded a ``BROKEN`` one. What a reply means for the test is
 :func:`pytest_attnkit.controller.outcome.settle`'s to say.
@@ -33,7 +33,7 @@ from pytest_attnkit.controller.impls import ImplInfo
 from pytest_attnkit.controller.ledger import Ledger
 from pytest_attnkit.controller.process import InProcessWorker, Worker, WorkerFailure, WorkerProcess, close_all
 from pytest_attnkit.controller.worker_log import log_folder
-from pytest_attnkit.records import Reply, Status
+from pytest_attnkit.messages import Op, Reply, Request, Spent, Status
 from pytest_attnkit.registry import EntryPointRef
 
 if TYPE_CHECKING:
@@ -42,8 +42,8 @@ if TYPE_CHECKING:
 #: The suite each request op belongs to, for the ledger: the names the scheduler's jobs carry, so that
 #: a suite has one row whether its requests run one at a time or ahead ("property" is the properties
 #: suite's op). A request whose op is not its suite's names the suite itself (:meth:`WorkerPool.request`).
-SUITE_OF_OP = {"correctness": "correctness", "memory": "memory", "speed": "speed", "warm": "warm",
-               "ceilings": "speed", "property": "properties", "guard": "sanitize"}
+SUITE_OF_OP = {Op.CORRECTNESS: "correctness", Op.MEMORY: "memory", Op.SPEED: "speed", Op.WARM: "warm",
+               Op.CEILINGS: "speed", Op.PROPERTY: "properties", Op.GUARD: "sanitize"}
 
 
 #: The least deadline of start-up work (:attr:`WorkerPool.start_timeout`).
@@ -96,13 +96,13 @@ class WorkerPool:
                 yield
 
     # -- one-off workers ----------------------------------------------------------------------
-    def run_once(self, label: str, message: dict[str, Any], *, device: str | None = None) -> Any:
-        """Start a worker with no implementation, send one request, stop it; raises
-        :class:`WorkerFailure` when it dies."""
+    def run_once(self, label: str, request: Request, *, device: str | None = None) -> dict[str, Any]:
+        """Start a worker with no implementation, send one request, stop it: the reply's data;
+        raises :class:`WorkerFailure` when it dies."""
         worker = self._new_worker(label, {"device": device or self.device})
         try:
             with self._gpu_alone():
-                return worker.request(message, self.start_timeout)
+                return worker.request(request, self.start_timeout).data
         finally:
             worker.close()
 
@@ -125,7 +125,7 @@ class WorkerPool:
         self._workers[ref.name] = worker
         self._all.append(worker)
         try:
-            described = worker.request({"op": "describe"}, self.start_timeout)
+            described = worker.request(Request(Op.DESCRIBE), self.start_timeout).data
         except WorkerFailure as failure:
             return ImplInfo(ref.name, ref.value, ref.distribution, load_error=str(failure))
         return ImplInfo(ref.name, ref.value, ref.distribution, load_error=described.get("load_error"),
@@ -182,21 +182,22 @@ class WorkerPool:
     def broken_reply(self, name: str) -> Reply:
         return Reply(Status.BROKEN, self.impls[name].load_error or "")
 
-    def ask(self, worker: Worker, name: str, message: dict[str, Any]) -> Reply:
+    def ask(self, worker: Worker, name: str, request: Request) -> Reply:
         """Send a suite request to one of ``name``'s workers; every outcome comes back as a Reply,
         with the worker's account of its time (``Reply.spent``)."""
         if self.impls[name].load_error:
             return self.broken_reply(name)
         started = time.monotonic()
         try:
-            reply = Reply.from_wire(worker.request(message, self.timeout))
+            reply = worker.request(request, self.timeout)
         except WorkerFailure as failure:
             status = Status.TIMEOUT if failure.kind == "timeout" else Status.CRASHED
             reply = Reply(status, str(failure))
-        spent = dict(worker.last_spent) or {"wall_s": time.monotonic() - started}
-        return dataclasses.replace(reply, spent=spent)
+        if reply.spent.wall_s is None:  # no worker's account (it died, or it runs in this process)
+            reply = dataclasses.replace(reply, spent=Spent(time.monotonic() - started, reply.spent.compile_s))
+        return reply
 
-    def request(self, name: str, message: dict[str, Any], *, worker: Worker | None = None,
+    def request(self, name: str, request: Request, *, worker: Worker | None = None,
                 suite: str | None = None) -> Reply:
         """Send a suite request to ``name``'s primary worker (or to ``worker``, one of its
         workers that has the case warmed up), with the GPU to itself. The ledger counts it under
@@ -209,8 +210,8 @@ class WorkerPool:
                 worker = self._workers[name]
             if self.scheduler is not None:
                 # Other workers share the GPU: what this request cached must not crowd out the next.
-                message = {**message, "release_memory": True}
-            reply = self.ask(worker, name, message) if worker is not None else self.broken_reply(name)
+                request = dataclasses.replace(request, release_memory=True)
+            reply = self.ask(worker, name, request) if worker is not None else self.broken_reply(name)
             tries, everyone = 0, False
             while worker is not None and reply.out_of_memory and not everyone:
                 # Other workers' processes still hold device memory: end enough of them (then
@@ -223,8 +224,8 @@ class WorkerPool:
                 if not stopped:
                     break
                 self.ledger.cleared_gpu(name, stopped)
-                reply = self.ask(worker, name, message)
-            self.ledger.record(suite or SUITE_OF_OP.get(message["op"], message["op"]), name, reply.spent, started,
+                reply = self.ask(worker, name, request)
+            self.ledger.record(suite or SUITE_OF_OP.get(request.op, request.op.value), name, reply.spent, started,
                                time.monotonic())
         return reply
 
@@ -232,9 +233,10 @@ class WorkerPool:
         """Why the implementation refuses each query (None where it does not); None when its
         worker could not answer (each test then meets the failure itself, with the details)."""
         try:
-            return self._workers[name].request({"op": "support", "queries": queries}, self.start_timeout)
+            reply = self._workers[name].request(Request(Op.SUPPORT, options={"queries": queries}), self.start_timeout)
         except WorkerFailure:
             return None
+        return reply.data["refusals"]
 
     def close(self) -> None:
         if self.scheduler is not None:

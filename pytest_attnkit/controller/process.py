@@ -10,9 +10,11 @@ the tail of the worker's log) and the next request starts a fresh worker. An
 One thread at a time sends requests to a worker (a lock sees to it: the scheduler's threads and
 the pytest thread share the workers, :mod:`pytest_attnkit.controller.scheduler`); ``close`` may
 come from another thread while a request is in flight, and then kills the worker, whose request
-raises a ``WorkerFailure`` of kind "closed". Each reply says how long the worker spent on the
-request and how much of that was compiling (``last_spent``), and the worker's start-up time is
-kept (``startup_s``): :mod:`pytest_attnkit.controller.ledger` adds them up.
+raises a ``WorkerFailure`` of kind "closed". A request is a :class:`~pytest_attnkit.messages.Request`
+and its answer a :class:`~pytest_attnkit.messages.Reply`, which says how long the worker spent on
+the request and how much of that was compiling (``Reply.spent``); a ``HARNESS_ERROR`` reply (the
+harness failed in the worker) raises a ``WorkerFailure`` of kind "error". The worker's start-up
+time is kept (``startup_s``): :mod:`pytest_attnkit.controller.ledger` adds them up.
 
 A request's deadline counts the time the worker spends running it, not compiling: the worker
 publishes its compile clock (:mod:`pytest_attnkit.worker.compile_clock`) in a file the pytest
@@ -43,6 +45,7 @@ from typing import Any, Protocol
 
 from pytest_attnkit import descendants
 from pytest_attnkit.controller.worker_log import HEAD_BYTES, WorkerLog, excerpt
+from pytest_attnkit.messages import Op, Reply, Request, Status
 from pytest_attnkit.worker.compile_clock import read_published
 
 #: A request's compiling may take this many times its deadline (see the module docstring).
@@ -64,10 +67,9 @@ def worker_pids() -> set[int]:
 class Worker(Protocol):
     """What the pool and the scheduler ask of a worker: a process's or the in-process one."""
 
-    last_spent: dict[str, float]
     startup_s: float
 
-    def request(self, message: dict[str, Any], timeout: float) -> Any: ...
+    def request(self, request: Request, timeout: float) -> Reply: ...
 
     @property
     def alive(self) -> bool:
@@ -123,8 +125,6 @@ class WorkerProcess:
         #: A request was sent and its reply not yet read: the worker is still working on it
         #: (the run was interrupted mid-request, by Ctrl-C or SIGTERM) or it hangs.
         self.busy = False
-        #: The worker's account of the last request: {"wall_s", "compile_s"}.
-        self.last_spent: dict[str, float] = {}
         #: Seconds spent starting this worker's processes (interpreter, imports, the implementation).
         self.startup_s = 0.0
         self._requests = threading.Lock()  # one request at a time
@@ -170,7 +170,7 @@ class WorkerProcess:
         init = {key: value for key, value in self.init.items() if key != "sys_path_first"}
         sys_path = [*self.init.get("sys_path_first", []), *sys.path]
         try:
-            self._exchange({"op": "init", "sys_path": sys_path, **init}, self.startup_timeout, "starting")
+            self._exchange(Request(Op.INIT, options={"sys_path": sys_path, **init}), self.startup_timeout, "starting")
         finally:
             self.startup_s += time.monotonic() - started
 
@@ -214,7 +214,7 @@ class WorkerProcess:
         """Ask the worker to exit, wait for it, and kill what is left (the caller holds the request lock)."""
         try:
             if self.process is not None and self.process.poll() is None:
-                self.connection.send_bytes(json.dumps({"op": "shutdown"}).encode())
+                self.connection.send_bytes(json.dumps(Request(Op.SHUTDOWN).to_wire()).encode())
                 if self.connection.poll(self.shutdown_timeout):
                     self.connection.recv_bytes()
                 self.process.wait(timeout=self.shutdown_timeout)
@@ -249,18 +249,17 @@ class WorkerProcess:
         return excerpt(self.log.tail(16 * LOG_TAIL_CHARS).decode("utf-8", errors="replace"), LOG_TAIL_CHARS).strip()
 
     # -- requests ---------------------------------------------------------------------------
-    def request(self, message: dict[str, Any], timeout: float) -> Any:
-        """Send ``message`` and return the worker's result, or raise :class:`WorkerFailure`."""
+    def request(self, request: Request, timeout: float) -> Reply:
+        """Send ``request`` and return the worker's reply, or raise :class:`WorkerFailure`."""
         with self._requests:
-            self.last_spent = {}
             if self.closed:
                 raise WorkerFailure("closed", f"the worker for {self.label} was closed (the run is ending)")
             if self.process is None or self.process.poll() is not None:
                 self._kill()
                 self._start()
-            return self._exchange(message, timeout, f"running {message['op']!r}")
+            return self._exchange(request, timeout, f"running {request.op.value!r}")
 
-    def _exchange(self, message: dict[str, Any], timeout: float, doing: str) -> Any:
+    def _exchange(self, request: Request, timeout: float, doing: str) -> Reply:
         with self._state:
             process, connection = self.process, self.connection
             closed = process is None or self.closed
@@ -273,9 +272,9 @@ class WorkerProcess:
         started = time.monotonic()
         compiling = 0.0
         try:
-            connection.send_bytes(json.dumps(message).encode())
+            connection.send_bytes(json.dumps(request.to_wire()).encode())
             ready, compiling = self._wait_for_reply(connection, timeout)
-            reply = json.loads(connection.recv_bytes()) if ready else None
+            reply = Reply.from_wire(json.loads(connection.recv_bytes())) if ready else None
         except (EOFError, OSError):
             reply = None
             ready = True
@@ -288,8 +287,7 @@ class WorkerProcess:
                                               f"{doing} (the run is ending)")
             self._fail(process, doing, timed_out=not ready, timeout=timeout, elapsed=time.monotonic() - started,
                        compiling=compiling)
-        self.last_spent = reply.get("spent") or {}
-        if reply.get("restart"):
+        if reply.restart:
             # The worker lost its CUDA context and is exiting; wait for it, so the next request
             # starts a fresh one instead of writing into a closing socket.
             try:
@@ -297,10 +295,10 @@ class WorkerProcess:
             except subprocess.TimeoutExpired:
                 pass
             self._kill()
-        if not reply["ok"]:
+        if reply.status is Status.HARNESS_ERROR:
             raise WorkerFailure("error", f"the worker for {self.label} (pid {process.pid}) raised while {doing}:\n"
-                                         f"{reply['error']}")
-        return reply["result"]
+                                         f"{reply.message}")
+        return reply
 
     def _compiled(self) -> float:
         """Seconds the worker has spent compiling, by its published clock (0 where it has none)."""
@@ -362,15 +360,16 @@ class InProcessWorker:
         from pytest_attnkit.worker.server import Handler
 
         self.label = label
-        self.last_spent: dict[str, float] = {}
         self.startup_s = 0.0
         for key, value in (env or {}).items():
             os.environ.setdefault(key, value)
         self.handler = Handler()
-        self.handler.handle({"op": "init", "sys_path": [], **init})
+        self.handler.handle(Request(Op.INIT, options={"sys_path": [], **init}))
 
-    def request(self, message: dict[str, Any], timeout: float) -> Any:
-        return self.handler.handle(message)
+    def request(self, request: Request, timeout: float) -> Reply:
+        """The handler's reply; what the harness raises propagates, on the test's own thread (pdb).
+        The reply's ``spent`` is left unmeasured: the pool counts the time it waited."""
+        return self.handler.handle(request)
 
     alive = True  # the pytest process itself
 

@@ -24,7 +24,7 @@ from pytest_attnkit.contract import Case
 from pytest_attnkit.controller.outcome import Outcomes
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.scheduler import Job, Scheduler
-from pytest_attnkit.records import Reply, Status
+from pytest_attnkit.messages import Op, Reply, Request, Status
 
 #: The checks, in the order the summary shows them.
 TITLES = {"determinism": "deterministic", "batch_invariance": "batch-invariant", "cuda_graph": "CUDA graphs",
@@ -59,8 +59,8 @@ class PropertyCheck:
             return "a batch of one sequence has no other composition"
         return None
 
-    def _message(self, check: str, case: Case, backward: bool) -> dict[str, Any]:
-        return {"op": "property", "check": check, "case": case.to_dict(), "backward": backward, "seed": self.seed}
+    def _message(self, check: str, case: Case, backward: bool) -> Request:
+        return Request(Op.PROPERTY, case, backward, self.seed, {"check": check})
 
     def submit(self, scheduler: Scheduler, check: str, impl: str, case: Case, *, backward: bool,
                gpu_bytes: int) -> None:

@@ -51,6 +51,7 @@ so; memcheck's tests still run the case on guarded inputs, on the CPU too, and f
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -67,7 +68,7 @@ import pytest
 from pytest_attnkit.contract import Case
 from pytest_attnkit.controller.outcome import Outcomes
 from pytest_attnkit.controller.pool import WorkerPool
-from pytest_attnkit.records import Reply, Status
+from pytest_attnkit.messages import Op, Reply, Request, Status
 
 TOOLS: tuple[str, ...] = ("memcheck", "racecheck", "initcheck", "synccheck")
 #: Each tool's own options beyond the common ones.
@@ -246,24 +247,25 @@ class SanitizeCheck:
             self._executor = ThreadPoolExecutor(max_workers=max(1, self.parallel), thread_name_prefix="attnkit-sanitize")
         self._ahead[key] = self._executor.submit(self._gather, impl, tool, case, backward, gpu_bytes)
 
-    def _outside(self, impl: str, message: dict[str, Any], gpu_bytes: int, ahead: bool) -> Reply:
+    def _outside(self, impl: str, request: Request, gpu_bytes: int, ahead: bool) -> Reply:
         scheduler = self.pool.scheduler
         if ahead and scheduler is not None:
-            job = scheduler.submit(impl, "sanitize", message, gpu_bytes=gpu_bytes)
+            job = scheduler.submit(impl, "sanitize", request, gpu_bytes=gpu_bytes)
             return job.future.result()
-        return self.pool.request(impl, message, suite="sanitize")
+        return self.pool.request(impl, request, suite="sanitize")
 
     def _gather(self, impl: str, tool: str, case: Case, backward: bool, gpu_bytes: int = 0, *,
                 ahead: bool = True) -> SanitizeRun:
         """The run outside the tool, then the run under it (see :class:`SanitizeRun`)."""
-        message = {"case": case.to_dict(), "backward": backward, "seed": self.seed}
+        warm = Request(Op.WARM, case, backward, self.seed)
         reason = self.skip_reason()
         if reason and tool != "memcheck":
             return SanitizeRun(not_run=reason)
         # memcheck's tests run the case on guarded inputs (pytest_attnkit/worker/guards.py); the
         # others warm it up. Either way what the implementation compiles and tunes is then in the
         # disk caches, which the worker under the tool reads instead of compiling under it.
-        before = self._outside(impl, {"op": "guard" if tool == "memcheck" else "warm", **message}, gpu_bytes, ahead)
+        before = self._outside(impl, dataclasses.replace(warm, op=Op.GUARD) if tool == "memcheck" else warm,
+                               gpu_bytes, ahead)
         if before.status is not Status.OK:
             return SanitizeRun(before)
         if reason:
@@ -277,7 +279,7 @@ class SanitizeCheck:
             self._live.add(worker)
         started = time.monotonic()
         try:
-            reply = self.pool.ask(worker, impl, {"op": "warm", **message})
+            reply = self.pool.ask(worker, impl, warm)
         finally:
             worker.close()  # the tool writes its summary as the worker exits
             with self._lock:

@@ -61,6 +61,7 @@ The rules:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import threading
 import time
@@ -71,7 +72,8 @@ from typing import Any, Iterator, Protocol
 
 from pytest_attnkit.controller.ledger import Ledger
 from pytest_attnkit.controller.process import Worker, close_all
-from pytest_attnkit.records import PointStatus, Reply, Status
+from pytest_attnkit.messages import Reply, Request, Status
+from pytest_attnkit.records import PointStatus
 
 
 class Workers(Protocol):
@@ -87,7 +89,7 @@ class Workers(Protocol):
 
     def broken_reply(self, name: str) -> Reply: ...
 
-    def ask(self, worker: Worker, name: str, message: dict[str, Any]) -> Reply: ...
+    def ask(self, worker: Worker, name: str, request: Request) -> Reply: ...
 
     def stop_others(self, keep: Worker) -> int: ...
 
@@ -115,7 +117,7 @@ class Job:
 
     impl: str
     suite: str
-    message: dict[str, Any]
+    request: Request
     gpu_bytes: int
     seq: int
     #: A warm-up request (``warm``): nobody waits for its reply.
@@ -173,11 +175,11 @@ class Scheduler:
         self._dispatcher_started = False
 
     # -- the pytest thread's side --------------------------------------------------------------
-    def submit(self, impl: str, suite: str, message: dict[str, Any], *, gpu_bytes: int = 0, warm: bool = False,
+    def submit(self, impl: str, suite: str, request: Request, *, gpu_bytes: int = 0, warm: bool = False,
                after: Job | None = None, needs_ok: bool = False) -> Job:
-        """Queue ``message`` for ``impl``; its reply comes through :meth:`wait`. ``after``: start
+        """Queue ``request`` for ``impl``; its reply comes through :meth:`wait`. ``after``: start
         only once that job has ended; with ``needs_ok``, only if it measured (see :data:`NOT_RUN`)."""
-        job = Job(impl, suite, {**message, "release_memory": True}, int(gpu_bytes), next(self._seq), warm=warm,
+        job = Job(impl, suite, dataclasses.replace(request, release_memory=True), int(gpu_bytes), next(self._seq), warm=warm,
                   after=after, needs_ok=needs_ok)
         info = self.pool.info(impl)
         if info.load_error:  # no worker to ask: the reply is the load error
@@ -457,7 +459,7 @@ class Scheduler:
         job.worker = worker
         reply = Reply(Status.CRASHED, "the request was not sent")
         try:
-            reply = self.pool.ask(worker, job.impl, job.message)
+            reply = self.pool.ask(worker, job.impl, job.request)
         except BaseException as error:  # a bug of the harness must not leave the test waiting forever
             reply = Reply(Status.CRASHED, f"the scheduler failed to run the request: {error!r}")
         ended = time.monotonic()
@@ -472,7 +474,7 @@ class Scheduler:
             if job.warm:
                 self._warm_holders.add(worker)
             count, most = self._compiled.get(job.impl, (0, 0.0))
-            self._compiled[job.impl] = (count + 1, max(most, float(reply.spent.get("compile_s", 0.0))))
+            self._compiled[job.impl] = (count + 1, max(most, float(reply.spent.compile_s)))
             if worker in self._extras.get(job.impl, ()) or worker is self.pool.primary(job.impl):
                 self._idle[job.impl].append(worker)
             if retry and not self._closed:

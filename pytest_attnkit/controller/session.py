@@ -40,6 +40,7 @@ from pytest_attnkit.controller.scheduler import Scheduler
 from pytest_attnkit.controller.speed import CPU_THRESHOLD, SpeedCheck, SpeedSettings
 from pytest_attnkit.controller.table import header_lines
 from pytest_attnkit.controller.terminal import NO_BREAK
+from pytest_attnkit.messages import Op, Request
 from pytest_attnkit.records import EntryKey
 
 SESSION_KEY = pytest.StashKey["AttnkitSession"]()
@@ -256,7 +257,7 @@ class AttnkitSession:
         probe = WorkerPool(device=requested, timeout=self.settings.timeout, env={"TRITON_INTERPRET": "1"},
                            inprocess=self.settings.inprocess)
         try:
-            self.environment = probe.run_once("environment", {"op": "environment"})
+            self.environment = probe.run_once("environment", Request(Op.ENVIRONMENT))
         except WorkerFailure as failure:
             raise pytest.UsageError(f"attnkit: could not probe the environment: {failure}") from None
         finally:
@@ -462,9 +463,8 @@ class AttnkitSession:
                                                linear_memory=self._linear_memory(impl))
             if scheduler.budget_bytes is not None and estimate > scheduler.budget_bytes:
                 continue
-            message = {"op": "warm", "case": case.to_dict(), "backward": backward, "seed": self.settings.seed,
-                       "program": suite == "speed"}
-            job = scheduler.submit(impl, suite, message, gpu_bytes=estimate, warm=True)
+            warm = Request(Op.WARM, case, backward, self.settings.seed, {"program": suite == "speed"})
+            job = scheduler.submit(impl, suite, warm, gpu_bytes=estimate, warm=True)
             if suite == "speed" and self.speed is not None:
                 self.speed.warm_ups[EntryKey(impl, "backward" if backward else "forward", case.id)] = job
 

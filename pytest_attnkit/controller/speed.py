@@ -38,7 +38,8 @@ from pytest_attnkit.controller.paired import MIN_PAIRS, PairedDecision, SyncKind
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.process import WorkerFailure, worker_pids
 from pytest_attnkit.controller.scheduler import Job
-from pytest_attnkit.records import EntryKey, Reply, SpeedMeasurement, Status, Timing
+from pytest_attnkit.messages import Op, Reply, Request, Status
+from pytest_attnkit.records import EntryKey, SpeedMeasurement, Timing
 
 CONFIRMATION_ROUNDS = 2
 #: A call is suspected of escaping the timed stream when, after issuing it, the host waits for the
@@ -183,7 +184,7 @@ class SpeedCheck:
             return
         self._ceilings_asked = True
         try:
-            reply = self.pool.run_once("ceilings", {"op": "ceilings"})
+            reply = self.pool.run_once("ceilings", Request(Op.CEILINGS))
             self.ceilings, self.gpu_state = reply["ceilings"], reply["gpu_state"]
         except WorkerFailure as failure:
             self.notes["ceilings"] = f"the machine's ceilings could not be measured: {failure}"
@@ -233,9 +234,9 @@ class SpeedCheck:
         return None if job is None else job.future.result().data.get("program")
 
     def _request(self, impl: str, mode: str, case: Case) -> Reply:
-        return self.pool.request(impl, {"op": "speed", "case": case.to_dict(), "mode": mode,
-                                        "seed": self.settings.seed, "budget_ms": self.settings.budget_ms,
-                                        "call_limit_ms": self.settings.call_limit_ms},
+        return self.pool.request(impl, Request(Op.SPEED, case, mode == "backward", self.settings.seed,
+                                               {"mode": mode, "budget_ms": self.settings.budget_ms,
+                                                "call_limit_ms": self.settings.call_limit_ms}),
                                  **self._where(impl, mode, case))
 
     def _to_measurement(self, impl: str, mode: str, case: Case, reply: Reply) -> SpeedMeasurement:
@@ -263,8 +264,9 @@ class SpeedCheck:
         return next((base for base, twin in self.twins.items() if twin == impl), impl)
 
     def _block(self, impl: str, mode: str, case: Case, samples: int) -> Reply:
-        return self.pool.request(impl, {"op": "speed", "case": case.to_dict(), "mode": mode, "samples": samples,
-                                        "seed": self.settings.seed, "budget_ms": self.settings.budget_ms},
+        return self.pool.request(impl, Request(Op.SPEED, case, mode == "backward", self.settings.seed,
+                                               {"mode": mode, "samples": samples,
+                                                "budget_ms": self.settings.budget_ms}),
                                  **self._where(impl, mode, case))
 
     def _measure_pair(self, impl: str, twin: str, mode: str, case: Case) -> None:

@@ -25,7 +25,7 @@ A failure's message ends with what the result looks like, where one common bug e
 (:mod:`pytest_attnkit.worker.diagnosis`: wrong-on-purpose references of the oracle, judged by the
 same rule; computed only after a failure).
 
-Returns a :class:`~pytest_attnkit.records.Reply` whose data is a
+Returns a :class:`~pytest_attnkit.messages.Reply` whose data is a
 :class:`~pytest_attnkit.records.CorrectnessResult`: the deciding seed and trial, and every comparison.
 """
 
@@ -36,7 +36,8 @@ from typing import Any
 
 from pytest_attnkit.contract import FP8_OUTPUT_DTYPE, AccuracyBudget, AttentionImpl, Case, accuracy_budget, is_fp8
 from pytest_attnkit.oracle import forward_and_grads, lse_rows_with_a_key
-from pytest_attnkit.records import Comparison, CorrectnessResult, Reply, Status
+from pytest_attnkit.messages import Reply, Status
+from pytest_attnkit.records import Comparison, CorrectnessResult
 from pytest_attnkit.worker.calls import (ContractViolation, InputWatch, check_returned, given_inputs, gradients,
                                          kernel_traceback)
 from pytest_attnkit.worker.diagnosis import Evidence, Suspect, Wrap, diagnose

@@ -151,7 +151,7 @@ def check_guarded(impl: Any, case: Any, *, device: str, seed: int, backward: boo
     inputs and not on guarded ones, guards that changed, a call that fails only when guarded; each
     traced to the input whose guard alone gives it. ``OK`` with the inputs guarded otherwise. What
     the implementation raises on plain inputs propagates (its correctness tests say more)."""
-    from pytest_attnkit.records import Reply, Status
+    from pytest_attnkit.messages import Reply, Status
     from pytest_attnkit.worker.correctness import run_for_results
     from pytest_attnkit.worker.inputs import make_inputs
 

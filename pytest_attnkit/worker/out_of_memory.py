@@ -23,7 +23,7 @@ import sys
 import traceback
 from typing import Any
 
-from pytest_attnkit.records import Reply, Status
+from pytest_attnkit.messages import Reply, Status
 
 _DRIVER_OUT_OF_MEMORY = re.compile(r"CUDA out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation"
                                    r"|cudaMalloc.*out of memory", re.IGNORECASE)

@@ -3,7 +3,7 @@
 A kernel can give the right numbers and still be unusable: its backward differs from run to run
 although it says ``deterministic``, one sequence's result changes with what else is in the batch,
 it cannot be captured in a CUDA graph, or it breaks ``torch.compile(fullgraph=True)``. Each check
-here runs one case and returns a :class:`~pytest_attnkit.records.Reply` whose data says whether
+here runs one case and returns a :class:`~pytest_attnkit.messages.Reply` whose data says whether
 the property held and how (:func:`result`); whether that fails the test is the declaration's to
 decide (:mod:`pytest_attnkit.controller.properties`). Every check holds its first call to the
 contract (:mod:`pytest_attnkit.worker.calls`): a result of the wrong shape or a modified input is
@@ -33,7 +33,7 @@ import traceback
 from typing import Any, Callable
 
 from pytest_attnkit.contract import AttentionImpl, Case
-from pytest_attnkit.records import Reply, Status
+from pytest_attnkit.messages import Reply, Status
 from pytest_attnkit.worker.calls import InputWatch, check_returned, checked_call, given_inputs, gradients
 from pytest_attnkit.worker.inputs import Inputs, call_implementation, make_inputs
 from pytest_attnkit.worker.out_of_memory import is_out_of_memory

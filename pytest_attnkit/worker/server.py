@@ -10,16 +10,17 @@ gone, even while an implementation hangs. The worker is a subreaper, so what an 
 starts stays below it, and it kills all of that before it exits
 (:mod:`pytest_attnkit.descendants`).
 
-Messages are dicts with an ``op``: ``init`` (sys.path, device and which implementation to load),
-``describe``, ``environment``, ``support``, ``correctness``, ``memory``, ``speed``, ``warm``,
-``guard``, ``property``, ``ceilings`` and ``shutdown``. Replies are ``{"ok": True, "result": ...}``, or ``{"ok": False,
-"error": traceback}`` when the harness itself failed, each with ``spent``: the request's seconds
-in the worker and the part of them spent compiling (:mod:`pytest_attnkit.worker.compile_clock`).
-The suite ops answer with a :class:`~pytest_attnkit.records.Reply`, whose status says what
-became of the implementation: a breach of the contract is WRONG, in the words of
+Each request is a :class:`~pytest_attnkit.messages.Request` (its :class:`~pytest_attnkit.messages.Op`:
+``init`` (sys.path, device and which implementation to load), ``describe``, ``environment``,
+``support``, ``correctness``, ``memory``, ``speed``, ``warm``, ``guard``, ``property``,
+``ceilings`` and ``shutdown``), dispatched through :attr:`Handler.ops`, and every op answers one
+:class:`~pytest_attnkit.messages.Reply`, with ``spent``: the request's seconds in the worker and
+the part of them spent compiling (:mod:`pytest_attnkit.worker.compile_clock`). When the harness
+itself fails, the reply is ``HARNESS_ERROR`` with the traceback. For the suite ops the status says
+what became of the implementation: a breach of the contract is WRONG, in the words of
 :mod:`pytest_attnkit.worker.calls`, in every suite, and what the implementation raised is RAISED
-with its own frames (:func:`~pytest_attnkit.worker.calls.kernel_traceback`). JSON both ways: a reply can never carry an object whose
-unpickling would import torch into the pytest process.
+with its own frames (:func:`~pytest_attnkit.worker.calls.kernel_traceback`). JSON both ways: a reply can never carry an
+object whose unpickling would import torch into the pytest process.
 
 ``warm`` runs one case once (forward, or forward and backward) and keeps nothing but what the
 implementation compiled: the scheduler sends it ahead of the memory and speed suites, so their
@@ -33,6 +34,7 @@ it is done, for the other workers that share the GPU.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import faulthandler
 import json
 import os
@@ -41,11 +43,11 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any
+from typing import Any, Callable, Mapping
 
 from pytest_attnkit import descendants
 from pytest_attnkit.contract import AttentionImpl, Case
-from pytest_attnkit.records import Reply, Status
+from pytest_attnkit.messages import Op, Reply, Request, Spent, Status
 from pytest_attnkit.worker import compile_clock
 from pytest_attnkit.worker.calls import ContractViolation, kernel_traceback
 from pytest_attnkit.worker.out_of_memory import out_of_memory_reply
@@ -68,23 +70,47 @@ class Handler:
         self._warm_call: Any = None
         self._warm_sets = 1
         self._warm_syncs: str | None = None
+        #: A shutdown was asked: the loop exits after replying.
+        self.stopping = False
+        #: Each op's handler; a request's op is an :class:`Op`, so it names one of these or none.
+        self.ops: dict[Op, Callable[[Request], Reply]] = {
+            Op.INIT: self.op_init, Op.DESCRIBE: self.op_describe, Op.ENVIRONMENT: self.op_environment,
+            Op.SUPPORT: self.op_support, Op.CORRECTNESS: self.op_correctness, Op.MEMORY: self.op_memory,
+            Op.SPEED: self.op_speed, Op.WARM: self.op_warm, Op.GUARD: self.op_guard, Op.PROPERTY: self.op_property,
+            Op.CEILINGS: self.op_ceilings, Op.SHUTDOWN: self.op_shutdown,
+        }
 
-    def handle(self, message: dict[str, Any]) -> Any:
-        op = message["op"]
-        if not (op == "speed" and message.get("samples")):
+    def handle(self, request: Request) -> Reply:
+        """Run one request; what the harness raises propagates (in the pytest process, with
+        ``--attnkit-inprocess``, it meets the test as it is: pdb stops there)."""
+        if not (request.op is Op.SPEED and request.option("samples")):
             self._warm_key, self._warm_call = None, None  # its inputs must not weigh on other measurements
-        handler = getattr(self, f"op_{op}", None)
+        handler = self.ops.get(request.op)
         if handler is None:
-            raise ValueError(f"unknown worker op {op!r}")
-        held_before = self._bytes_held() if message.get("release_memory") else None
+            raise ValueError(f"unknown worker op {request.op!r}")
+        held_before = self._bytes_held() if request.release_memory else None
         try:
-            return handler(message)
+            return handler(request)
         except BaseException:
             self._check_cuda_context()
             raise
         finally:
-            if message.get("release_memory"):
+            if request.release_memory:
                 self._release_memory(held_before)
+
+    def answer(self, wire: Mapping[str, Any]) -> Reply:
+        """The one reply to a request as it came over the wire: what :meth:`handle` answers, or
+        ``HARNESS_ERROR`` with the traceback when the harness failed (an op this version does
+        not know, too); with the request's time and whether the worker is exiting after it."""
+        started, compiled = time.perf_counter(), compile_clock.CLOCK.total()
+        try:
+            reply = self.handle(Request.from_wire(wire))
+        except BaseException:
+            error = traceback.format_exc()
+            reply = Reply(Status.HARNESS_ERROR, error + (f"\n{CONTEXT_LOST}" if self.context_lost else ""))
+        return dataclasses.replace(reply, spent=Spent(time.perf_counter() - started,
+                                                      compile_clock.CLOCK.total() - compiled),
+                                   restart=self.context_lost)
 
     def _cuda_ready(self) -> bool:
         if self.device != "cuda" or "torch" not in sys.modules or self.context_lost:
@@ -132,32 +158,36 @@ class Handler:
         except Exception:
             self.context_lost = True
 
-    def op_init(self, message: dict[str, Any]) -> dict[str, Any]:
-        for entry in reversed(message.get("sys_path", [])):
+    def op_init(self, request: Request) -> Reply:
+        for entry in reversed(request.option("sys_path", [])):
             if entry not in sys.path:
                 sys.path.insert(0, entry)
-        self.device = message["device"]
-        if message.get("name"):
+        self.device = request.options["device"]
+        if request.option("name"):
             from pytest_attnkit.registry import load_implementation
 
             try:
-                if message.get("revision_site"):
+                if request.option("revision_site"):
                     from pytest_attnkit.worker.revision import take_from_revision
 
-                    take_from_revision(message["revision_site"], message["value"])
-                self.impl = load_implementation(message["name"], message["value"])
+                    take_from_revision(request.options["revision_site"], request.options["value"])
+                self.impl = load_implementation(request.options["name"], request.options["value"])
             except BaseException as error:  # an import that fails in any way breaks only this implementation
                 self.load_error = kernel_traceback(error)
-        return {"pid": os.getpid()}
+        return Reply(Status.OK, data={"pid": os.getpid()})
 
-    def op_environment(self, message: dict[str, Any]) -> dict[str, Any]:
+    def op_shutdown(self, request: Request) -> Reply:
+        self.stopping = True
+        return Reply(Status.OK)
+
+    def op_environment(self, request: Request) -> Reply:
         from pytest_attnkit.worker.environment import describe_environment
 
-        return describe_environment(self.device)
+        return Reply(Status.OK, data=describe_environment(self.device))
 
-    def op_describe(self, message: dict[str, Any]) -> dict[str, Any]:
+    def op_describe(self, request: Request) -> Reply:
         if self.load_error is not None or self.impl is None:
-            return {"load_error": self.load_error or "no implementation loaded"}
+            return Reply(Status.OK, data={"load_error": self.load_error or "no implementation loaded"})
         try:
             unavailable = self.impl.unavailable_reason(self.device)
         except Exception as error:
@@ -166,8 +196,8 @@ class Handler:
             note = None if unavailable else self.impl.path_note(self.device)
         except Exception as error:
             note = f"its path_note() raised {type(error).__name__}: {error}"
-        return {"unavailable": unavailable, "capabilities": self.impl.capabilities(), "type": type(self.impl).__qualname__,
-                "path_note": None if note is None else str(note)}
+        return Reply(Status.OK, data={"unavailable": unavailable, "capabilities": self.impl.capabilities(),
+                                      "type": type(self.impl).__qualname__, "path_note": None if note is None else str(note)})
 
     def _refusal(self, case: Case, backward: bool) -> Reply | None:
         """A reply that ends the request before running anything, or None to go on."""
@@ -181,17 +211,20 @@ class Handler:
             return Reply(Status.UNSUPPORTED, "; ".join(reasons))
         return None
 
-    def op_support(self, message: dict[str, Any]) -> list[str | None]:
-        """For each ``{"case", "backward"}`` query: why it is refused, or None when supported."""
+    def op_support(self, request: Request) -> Reply:
+        """For each ``{"case", "backward"}`` query: why it is refused, or None when supported
+        (``data["refusals"]``)."""
         refusals = []
-        for query in message["queries"]:
+        for query in request.options["queries"]:
             refusal = self._refusal(Case.from_dict(query["case"]), bool(query["backward"]))
             refusals.append(None if refusal is None or refusal.status is Status.BROKEN else refusal.message)
-        return refusals
+        return Reply(Status.OK, data={"refusals": refusals})
 
-    def _run(self, message: dict[str, Any], backward: bool, measure: Any) -> dict[str, Any]:
+    def _run(self, request: Request, backward: bool, measure: Any) -> Reply:
         """Refuse, or run ``measure(impl, case)``; what the implementation raises is a RAISED reply."""
-        case = Case.from_dict(message["case"])
+        case = request.case
+        if case is None:
+            raise ValueError(f"a {request.op.value!r} request names no case")
         reply = self._refusal(case, backward)
         if reply is None:
             assert self.impl is not None
@@ -206,28 +239,28 @@ class Handler:
             self._check_cuda_context()
             if self.context_lost:
                 reply = Reply(reply.status, f"{reply.message}\n{CONTEXT_LOST}", reply.data)
-        return reply.to_wire()
+        return reply
 
-    def op_correctness(self, message: dict[str, Any]) -> dict[str, Any]:
+    def op_correctness(self, request: Request) -> Reply:
         from pytest_attnkit.worker.correctness import run_correctness
 
-        backward = bool(message["backward"])
-        return self._run(message, backward, lambda impl, case: run_correctness(
-            impl, case, device=self.device, base_seed=message["base_seed"], trials=message["trials"],
-            backward=backward, accuracy=message.get("accuracy")))
+        backward = request.backward
+        return self._run(request, backward, lambda impl, case: run_correctness(
+            impl, case, device=self.device, base_seed=request.seed, trials=request.options["trials"],
+            backward=backward, accuracy=request.option("accuracy")))
 
-    def op_memory(self, message: dict[str, Any]) -> dict[str, Any]:
+    def op_memory(self, request: Request) -> Reply:
         from pytest_attnkit.worker.memory import measure_point, release_device_memory
 
         def measure(impl: AttentionImpl, case: Case) -> Reply:
-            point = measure_point(impl, case, backward=bool(message["backward"]), seed=message["seed"],
-                                  call_limit_ms=message.get("call_limit_ms"))
+            point = measure_point(impl, case, backward=request.backward, seed=request.seed,
+                                  call_limit_ms=request.option("call_limit_ms"))
             release_device_memory()
             return Reply(Status.OK, "", point.to_dict())
 
-        return self._run(message, bool(message["backward"]), measure)
+        return self._run(request, request.backward, measure)
 
-    def op_speed(self, message: dict[str, Any]) -> dict[str, Any]:
+    def op_speed(self, request: Request) -> Reply:
         """Time a case; with ``samples``, take only that many samples of a call kept warm between
         requests (an A/B run alternates such blocks between two workers), and say how many samples
         the budget would give in ``planned_samples``."""
@@ -235,71 +268,73 @@ class Handler:
 
         def measure(impl: AttentionImpl, case: Case) -> Reply:
             beside = gpu_processes() if self.device == "cuda" else None  # others on the GPU, before and after
-            if message.get("samples"):
-                measured = self._speed_block(impl, case, message)
+            if request.option("samples"):
+                measured = self._speed_block(impl, case, request)
             else:
-                measured = measure_speed(impl, case, message["mode"], device=self.device, seed=message["seed"],
-                                         budget_ms=message["budget_ms"], call_limit_ms=message.get("call_limit_ms"))
+                measured = measure_speed(impl, case, request.options["mode"], device=self.device, seed=request.seed,
+                                         budget_ms=request.options["budget_ms"],
+                                         call_limit_ms=request.option("call_limit_ms"))
             if self.device == "cuda":
                 measured["gpu_state"] = gpu_state()
                 measured["gpu_processes"] = gpu_processes(beside)
             return Reply(Status.OK, "", measured)
 
-        return self._run(message, message["mode"] == "backward", measure)
+        return self._run(request, request.options["mode"] == "backward", measure)
 
-    def _speed_block(self, impl: AttentionImpl, case: Case, message: dict[str, Any]) -> dict[str, Any]:
+    def _speed_block(self, impl: AttentionImpl, case: Case, request: Request) -> dict[str, Any]:
         from pytest_attnkit.worker.speed import warm_speed
 
-        key = (case.id, json.dumps(case.to_dict(), sort_keys=True), message["mode"], message["seed"])
+        mode = request.options["mode"]
+        key = (case.id, json.dumps(case.to_dict(), sort_keys=True), mode, request.seed)
         if self._warm_key != key:
             self._warm_call = None  # frees the previous case's inputs before making this one's
             self._warm_call, self._warm_sets, self._warm_syncs = warm_speed(
-                impl, case, message["mode"], device=self.device, seed=message["seed"])
+                impl, case, mode, device=self.device, seed=request.seed)
             self._warm_key = key
         warmed = self._warm_call
-        planned = warmed.sample_count(message["budget_ms"])
-        timing = warmed.timing(warmed.samples(int(message["samples"])))
+        planned = warmed.sample_count(request.options["budget_ms"])
+        timing = warmed.timing(warmed.samples(int(request.options["samples"])))
         return {"timing": timing.to_dict(), "input_sets": self._warm_sets, "planned_samples": planned,
                 "long_call": warmed.long_call, "syncs": self._warm_syncs}
 
-    def op_warm(self, message: dict[str, Any]) -> dict[str, Any]:
+    def op_warm(self, request: Request) -> Reply:
         """Run the case once, so that what it compiles is compiled (and in the disk caches)."""
         from pytest_attnkit.worker.calls import warm_call
 
-        backward = bool(message["backward"])
+        backward = request.backward
 
         def measure(impl: AttentionImpl, case: Case) -> Reply:
-            warm_call(impl, case, device=self.device, seed=message["seed"], backward=backward)
-            if message.get("program") and self.device == "cuda":
+            warm_call(impl, case, device=self.device, seed=request.seed, backward=backward)
+            if request.option("program") and self.device == "cuda":
                 from pytest_attnkit.worker.speed import kernel_program
 
                 try:
-                    program = kernel_program(impl, case, "backward" if backward else "forward", seed=message["seed"])
+                    program = kernel_program(impl, case, "backward" if backward else "forward", seed=request.seed)
                 except Exception as error:  # a profiler that cannot start: the program stays unknown
                     program = None
                     print(f"attnkit: the kernels of {case.id} could not be read: {error!r}", file=sys.stderr)
                 return Reply(Status.OK, "", {"program": program})
             return Reply(Status.OK)
 
-        return self._run(message, backward, measure)
+        return self._run(request, backward, measure)
 
-    def op_guard(self, message: dict[str, Any]) -> dict[str, Any]:
+    def op_guard(self, request: Request) -> Reply:
         """The case on plain inputs, then on guarded copies of them (the sanitize suite's memcheck
         tests, :mod:`pytest_attnkit.worker.guards`)."""
         from pytest_attnkit.worker.guards import check_guarded
 
-        backward = bool(message["backward"])
-        return self._run(message, backward, lambda impl, case: check_guarded(
-            impl, case, device=self.device, seed=message["seed"], backward=backward))
+        backward = request.backward
+        return self._run(request, backward, lambda impl, case: check_guarded(
+            impl, case, device=self.device, seed=request.seed, backward=backward))
 
-    def op_property(self, message: dict[str, Any]) -> dict[str, Any]:
+    def op_property(self, request: Request) -> Reply:
         """One property check (:mod:`pytest_attnkit.worker.properties`) of one case."""
         from pytest_attnkit.worker import properties
 
-        check, backward = message["check"], bool(message.get("backward"))
+        check, backward = request.options["check"], request.backward
 
         def measure(impl: AttentionImpl, case: Case) -> Reply:
-            seed = message["seed"]
+            seed = request.seed
             if check == "determinism":
                 directions = impl.deterministic_directions()
                 declared = ("backward" if backward else "forward") in directions
@@ -311,21 +346,22 @@ class Handler:
                                                          declared=bool(impl.batch_invariant))
             if check == "cuda_graph":
                 return properties.check_cuda_graph(impl, case, seed=seed, declared=bool(impl.supports_cuda_graphs),
-                                                   accuracy=message.get("accuracy"))
+                                                   accuracy=request.option("accuracy"))
             if check == "torch_compile":
                 return properties.check_torch_compile(impl, case, device=self.device, seed=seed,
                                                       declared=bool(impl.supports_torch_compile),
-                                                      accuracy=message.get("accuracy"))
+                                                      accuracy=request.option("accuracy"))
             if check == "opcheck":
                 return properties.check_opcheck(impl, case, device=self.device, seed=seed, op_name=str(impl.custom_op))
             raise ValueError(f"unknown property check {check!r}")
 
-        return self._run(message, backward, measure)
+        return self._run(request, backward, measure)
 
-    def op_ceilings(self, message: dict[str, Any]) -> dict[str, Any]:
+    def op_ceilings(self, request: Request) -> Reply:
         from pytest_attnkit.worker.speed import gpu_state, measure_ceilings
 
-        return {"ceilings": measure_ceilings(self.device), "gpu_state": gpu_state() if self.device == "cuda" else {}}
+        return Reply(Status.OK, data={"ceilings": measure_ceilings(self.device),
+                                      "gpu_state": gpu_state() if self.device == "cuda" else {}})
 
 
 def _die_with_parent() -> None:
@@ -365,27 +401,17 @@ def serve(fd: int) -> None:
     handler = Handler()
     while True:
         try:
-            message = json.loads(connection.recv_bytes())
+            wire = json.loads(connection.recv_bytes())
         except EOFError:
             return  # the pytest process went away
-        if message.get("op") == "shutdown":
-            connection.send_bytes(json.dumps({"ok": True, "result": None}).encode())
-            return
-        started, compiled = time.perf_counter(), compile_clock.CLOCK.total()
-        try:
-            reply = {"ok": True, "result": handler.handle(message)}
-        except BaseException:
-            error = traceback.format_exc()
-            reply = {"ok": False, "error": error + (f"\n{CONTEXT_LOST}" if handler.context_lost else "")}
-        reply["spent"] = {"wall_s": time.perf_counter() - started,
-                          "compile_s": compile_clock.CLOCK.total() - compiled}
-        reply["restart"] = handler.context_lost
+        reply = handler.answer(wire)
         sys.stdout.flush()
         sys.stderr.flush()
         try:
-            payload = json.dumps(reply)
+            payload = json.dumps(reply.to_wire())
         except (TypeError, ValueError) as error:
-            payload = json.dumps({"ok": False, "error": f"the worker's reply is not plain data: {error}"})
+            payload = json.dumps(Reply(Status.HARNESS_ERROR, f"the worker's reply is not plain data: {error}",
+                                       spent=reply.spent, restart=reply.restart).to_wire())
         connection.send_bytes(payload.encode())
-        if handler.context_lost:
-            return  # the next request starts a fresh worker with a clean CUDA context
+        if handler.stopping or handler.context_lost:
+            return  # asked to exit; or the next request starts a fresh worker with a clean CUDA context

@@ -20,23 +20,28 @@ from pytest_attnkit.controller.pool import SUITE_OF_OP
 from pytest_attnkit.controller.process import WorkerFailure
 from pytest_attnkit.controller.scheduler import DROPPED, NOT_RUN, Scheduler
 from pytest_attnkit.controller.table import time_lines
-from pytest_attnkit.records import Reply, Status
+from pytest_attnkit.messages import Op, Reply, Request, Spent, Status
+
+
+def work(fields: dict[str, Any], op: Op = Op.CORRECTNESS) -> Request:
+    """A request whose options drive the fake pool: ``n`` names it, ``block`` holds it until the
+    pool's release, ``seconds`` is how long it runs, ``compile_s`` how long it says it compiled."""
+    return Request(op, options=fields)
 
 
 class FakeWorker:
     pids = itertools.count(1000)
     def __init__(self, pool: "FakePool", name: str) -> None:
         self.pool, self.name = pool, name
-        self.last_spent: dict[str, float] = {}
         self.startup_s = 0.0
         self.closed = False
         self.pid = next(FakeWorker.pids)
         self.process = type("Process", (), {"pid": self.pid})()
 
-    def request(self, message: dict[str, Any], timeout: float) -> Any:
+    def request(self, request: Request, timeout: float) -> Reply:
         if self.closed:
             raise WorkerFailure("closed", "closed")
-        return self.pool.serve(self, message)
+        return self.pool.serve(self, request)
 
     def close(self) -> None:
         self.closed = True
@@ -44,7 +49,7 @@ class FakeWorker:
 
 
 class FakePool:
-    """Answers each request with ``behave(message, running)``, where ``running`` counts the
+    """Answers each request with ``behave(options, running)`` (the request's options), where ``running`` counts the
     requests in flight at that moment; records how many ran at once."""
 
     def __init__(self, names: tuple[str, ...] = ("a", "b"), behave: Any = None, seconds: float = 0.02) -> None:
@@ -92,7 +97,8 @@ class FakePool:
             self.order.append(("stopped", tuple(sorted(worker.pid for worker in workers))))
         return len(workers)
 
-    def serve(self, worker: FakeWorker, message: dict[str, Any]) -> dict[str, Any]:
+    def serve(self, worker: FakeWorker, request: Request) -> Reply:
+        message = request.options
         with self.lock:
             self.running += 1
             self.most = max(self.most, self.running)
@@ -109,15 +115,13 @@ class FakePool:
         finally:
             with self.lock:
                 self.running -= 1
-        worker.last_spent = {"wall_s": 0.01, "compile_s": message.get("compile_s", 0.0)}
-        return reply.to_wire()
+        return Reply(reply.status, reply.message, reply.data, spent=Spent(0.01, message.get("compile_s", 0.0)))
 
-    def ask(self, worker: FakeWorker, name: str, message: dict[str, Any]) -> Reply:
+    def ask(self, worker: FakeWorker, name: str, request: Request) -> Reply:
         try:
-            reply = Reply.from_wire(worker.request(message, 10))
+            return worker.request(request, 10)
         except WorkerFailure as failure:
             return Reply(Status.CRASHED, str(failure))
-        return Reply(reply.status, reply.message, reply.data, spent=dict(worker.last_spent))
 
 
 @pytest.fixture
@@ -137,7 +141,7 @@ def made():
 def test_each_reply_lands_on_its_own_job_and_at_most_jobs_run_at_once(made) -> None:
     pool = FakePool(seconds=0.03)
     scheduler = made(pool, jobs=3)
-    jobs = [scheduler.submit("ab"[n % 2], "correctness", {"n": n}) for n in range(24)]
+    jobs = [scheduler.submit("ab"[n % 2], "correctness", work({"n": n})) for n in range(24)]
     assert [scheduler.wait(job).data["echo"] for job in jobs] == list(range(24))
     assert pool.most == 3
 
@@ -145,12 +149,12 @@ def test_each_reply_lands_on_its_own_job_and_at_most_jobs_run_at_once(made) -> N
 def test_device_memory_decides_what_runs_beside_what(made) -> None:
     pool = FakePool(seconds=0.05)
     scheduler = made(pool, jobs=4, budget_bytes=100)
-    jobs = [scheduler.submit("a", "correctness", {"n": n}, gpu_bytes=60) for n in range(4)]
+    jobs = [scheduler.submit("a", "correctness", work({"n": n}), gpu_bytes=60) for n in range(4)]
     for job in jobs:
         scheduler.wait(job)
     assert pool.most == 1  # two of 60 do not fit in 100
-    big = scheduler.submit("a", "correctness", {"n": "big"}, gpu_bytes=500)
-    small = [scheduler.submit("b", "correctness", {"n": n}, gpu_bytes=10) for n in range(3)]
+    big = scheduler.submit("a", "correctness", work({"n": "big"}), gpu_bytes=500)
+    small = [scheduler.submit("b", "correctness", work({"n": n}), gpu_bytes=10) for n in range(3)]
     assert big.alone
     for job in (big, *small):
         scheduler.wait(job)
@@ -167,7 +171,7 @@ def test_an_out_of_memory_beside_another_runs_again_alone(made) -> None:
 
     pool = FakePool(behave=behave, seconds=0.05)
     scheduler = made(pool, jobs=4)
-    jobs = [scheduler.submit("a", "correctness", {"n": n}) for n in range(4)]
+    jobs = [scheduler.submit("a", "correctness", work({"n": n})) for n in range(4)]
     replies = [scheduler.wait(job) for job in jobs]
     assert replies[0].status is Status.OK and replies[0].data["ran_with"] == 1
     assert jobs[0].first_oom is not None and jobs[0].first_oom.out_of_memory
@@ -180,7 +184,7 @@ def test_an_out_of_memory_alone_runs_once_more_with_the_other_workers_stopped(ma
 
     pool = FakePool(behave=behave)
     scheduler = made(pool, jobs=1)
-    reply = scheduler.wait(scheduler.submit("a", "correctness", {"n": 0}))
+    reply = scheduler.wait(scheduler.submit("a", "correctness", work({"n": 0})))
     assert reply.ok and pool.order == [0, "stopped the others", 0]
     assert scheduler.ledger.to_dict()["retried_cleared"] == {"a": 1}
 
@@ -188,17 +192,17 @@ def test_an_out_of_memory_alone_runs_once_more_with_the_other_workers_stopped(ma
 def test_an_out_of_memory_with_the_other_workers_stopped_is_the_reply(made) -> None:
     pool = FakePool(behave=lambda message, running: OUT_OF_MEMORY)
     scheduler = made(pool, jobs=1)
-    reply = scheduler.wait(scheduler.submit("a", "correctness", {"n": 0}))
+    reply = scheduler.wait(scheduler.submit("a", "correctness", work({"n": 0})))
     assert reply.status is Status.OUT_OF_MEMORY and pool.order == [0, "stopped the others", 0]
 
 
 def test_the_gpu_alone_waits_for_everything_submitted_and_starts_nothing_meanwhile(made) -> None:
     pool = FakePool(seconds=0.05)
     scheduler = made(pool, jobs=4)
-    jobs = [scheduler.submit("a", "correctness", {"n": n}) for n in range(8)]
+    jobs = [scheduler.submit("a", "correctness", work({"n": n})) for n in range(8)]
     with scheduler.exclusive():
         assert all(job.future.done() for job in jobs)
-        late = scheduler.submit("b", "correctness", {"n": "late"})
+        late = scheduler.submit("b", "correctness", work({"n": "late"}))
         time.sleep(0.1)
         assert not late.future.done() and pool.running == 0
     assert scheduler.wait(late).ok
@@ -208,10 +212,10 @@ def test_warm_ups_that_compile_nothing_are_dropped(made) -> None:
     pool = FakePool(seconds=0.01)
     scheduler = made(pool, jobs=1)
     for n in range(3):  # each implementation's correctness cases first: "a" compiles, "b" does not
-        scheduler.wait(scheduler.submit("a", "correctness", {"n": n, "compile_s": 1.0}))
-        scheduler.wait(scheduler.submit("b", "correctness", {"n": n}))
-    compiling = [scheduler.submit("a", "speed", {"n": n, "compile_s": 1.0}, warm=True) for n in range(5)]
-    idle = [scheduler.submit("b", "speed", {"n": f"b{n}"}, warm=True) for n in range(6)]
+        scheduler.wait(scheduler.submit("a", "correctness", work({"n": n, "compile_s": 1.0})))
+        scheduler.wait(scheduler.submit("b", "correctness", work({"n": n})))
+    compiling = [scheduler.submit("a", "speed", work({"n": n, "compile_s": 1.0}), warm=True) for n in range(5)]
+    idle = [scheduler.submit("b", "speed", work({"n": f"b{n}"}), warm=True) for n in range(6)]
     replies = [scheduler.wait(job) for job in compiling + idle]
     assert all(reply.ok for reply in replies)
     assert [reply.message for reply in replies[:5]] == [""] * 5
@@ -225,7 +229,7 @@ def _sweep(made, points: int, data: Any) -> tuple[list[Any], list[Reply], FakePo
     scheduler = made(pool, jobs=1)
     jobs: list[Any] = []
     for n in range(points):
-        jobs.append(scheduler.submit("a", "memory", {"n": n}, after=jobs[-1] if jobs else None, needs_ok=bool(jobs)))
+        jobs.append(scheduler.submit("a", "memory", work({"n": n}), after=jobs[-1] if jobs else None, needs_ok=bool(jobs)))
     replies = [scheduler.wait(job) for job in jobs]
     return [reply.data.get("status") for reply in replies], replies, pool
 
@@ -247,14 +251,14 @@ def test_a_broken_implementation_answers_at_once(made) -> None:
     pool = FakePool()
     pool.impls["a"] = ImplInfo("a", "fake:a", load_error="ImportError: no module")
     scheduler = made(pool)
-    assert scheduler.wait(scheduler.submit("a", "correctness", {"n": 0})).status is Status.BROKEN
+    assert scheduler.wait(scheduler.submit("a", "correctness", work({"n": 0}))).status is Status.BROKEN
 
 
 def test_close_drops_the_queue_and_closes_the_running_workers(made) -> None:
     pool = FakePool()
     scheduler = made(pool, jobs=2)
-    running = [scheduler.submit("a", "correctness", {"n": n, "block": True}) for n in range(2)]
-    queued = [scheduler.submit("a", "correctness", {"n": n}) for n in range(2, 6)]
+    running = [scheduler.submit("a", "correctness", work({"n": n, "block": True})) for n in range(2)]
+    queued = [scheduler.submit("a", "correctness", work({"n": n})) for n in range(2, 6)]
     while pool.running < 2:
         time.sleep(0.01)
     started = time.monotonic()
@@ -269,7 +273,7 @@ def test_the_gpu_alone_is_not_kept_waiting_by_dropped_warm_ups(made) -> None:
     pool = FakePool(seconds=0.01)
     scheduler = made(pool, jobs=2)
     for n in range(8):
-        scheduler.submit("a", "speed", {"n": n}, warm=True)
+        scheduler.submit("a", "speed", work({"n": n}), warm=True)
     entered = threading.Event()
 
     def take_the_gpu() -> None:
@@ -283,7 +287,7 @@ def test_the_gpu_alone_is_not_kept_waiting_by_dropped_warm_ups(made) -> None:
 def test_a_job_remembers_the_worker_that_ran_it(made) -> None:
     pool = FakePool()
     scheduler = made(pool, jobs=2)
-    jobs = [scheduler.submit("a", "speed", {"n": n, "compile_s": 1.0}, warm=True) for n in range(4)]
+    jobs = [scheduler.submit("a", "speed", work({"n": n, "compile_s": 1.0}), warm=True) for n in range(4)]
     for job in jobs:
         scheduler.wait(job)
     workers = {id(job.worker) for job in jobs}
@@ -297,7 +301,7 @@ def test_a_job_waiting_for_another_does_not_hold_up_the_ones_behind_it(made) -> 
     for sweep in range(3):  # three chains of three: the chains run side by side
         chain: list[Any] = []
         for point in range(3):
-            chain.append(scheduler.submit("a", "memory", {"n": (sweep, point)}, after=chain[-1] if chain else None,
+            chain.append(scheduler.submit("a", "memory", work({"n": (sweep, point)}), after=chain[-1] if chain else None,
                                           needs_ok=bool(chain)))
         sweeps.append(chain)
     for chain in sweeps:
@@ -315,12 +319,12 @@ def test_a_request_that_needs_the_gpu_alone_gets_it_and_the_rest_go_on_beside_it
     monkeypatch.setattr("pytest_attnkit.controller.scheduler.MAX_HOLD_S", 0.2)
     pool = FakePool(seconds=0.05)
     scheduler = made(pool, jobs=4, budget_bytes=100)
-    busy = [scheduler.submit("b", "correctness", {"n": f"b{n}", "block": True}) for n in range(2)]
+    busy = [scheduler.submit("b", "correctness", work({"n": f"b{n}", "block": True})) for n in range(2)]
     while pool.running < 2:
         time.sleep(0.01)
-    big = scheduler.submit("a", "memory", {"n": "big"}, gpu_bytes=1000)
-    later_a = [scheduler.submit("a", "correctness", {"n": f"a{n}"}) for n in range(3)]
-    later_b = [scheduler.submit("b", "correctness", {"n": f"b{n + 2}"}) for n in range(20)]
+    big = scheduler.submit("a", "memory", work({"n": "big"}), gpu_bytes=1000)
+    later_a = [scheduler.submit("a", "correctness", work({"n": f"a{n}"})) for n in range(3)]
+    later_b = [scheduler.submit("b", "correctness", work({"n": f"b{n + 2}"})) for n in range(20)]
     time.sleep(0.5)
     assert not big.future.done()
     pool.release.set()  # the two that held the GPU end
@@ -334,9 +338,9 @@ def test_a_request_that_needs_the_gpu_alone_gets_it_and_the_rest_go_on_beside_it
 def test_a_sweep_runs_in_one_worker_point_after_point(made) -> None:
     pool = FakePool(behave=lambda message, running: Reply(Status.OK, "", {"status": "measured"}))
     scheduler = made(pool, jobs=2)
-    first = scheduler.submit("a", "memory", {"n": "p0", "seconds": 0.3})  # on the primary
-    filler = scheduler.submit("a", "correctness", {"n": "filler", "seconds": 0.01})  # on a new worker, idle first
-    second = scheduler.submit("a", "memory", {"n": "p1"}, after=first, needs_ok=True)
+    first = scheduler.submit("a", "memory", work({"n": "p0", "seconds": 0.3}))  # on the primary
+    filler = scheduler.submit("a", "correctness", work({"n": "filler", "seconds": 0.01}))  # on a new worker, idle first
+    second = scheduler.submit("a", "memory", work({"n": "p1"}), after=first, needs_ok=True)
     for job in (first, filler, second):
         scheduler.wait(job)
     assert filler.worker is not first.worker
@@ -351,9 +355,9 @@ def test_the_time_table_has_a_row_per_suite_run_ahead_or_not_in_the_suites_order
     scheduler = made(pool, jobs=2)
     ledger = scheduler.ledger
     for suite in ("sanitize", "speed", "properties", "memory", "speed (warm)", "correctness", "memory (warm)"):
-        ledger.record(suite, "a", {"wall_s": 1.0}, 0.0, 1.0, counted=False)
-    scheduler.wait(scheduler.submit("a", "properties", {"op": "property", "n": 1}))
-    ledger.record(SUITE_OF_OP["property"], "a", {"wall_s": 1.0}, 0.0, 1.0, counted=False)
+        ledger.record(suite, "a", Spent(1.0), 0.0, 1.0, counted=False)
+    scheduler.wait(scheduler.submit("a", "properties", work({"n": 1}, Op.PROPERTY)))
+    ledger.record(SUITE_OF_OP[Op.PROPERTY], "a", Spent(1.0), 0.0, 1.0, counted=False)
     lines = time_lines({"time": ledger.to_dict()})
     header = next(index for index, line in enumerate(lines) if line.startswith("suite "))
     end = next(index for index, line in enumerate(lines) if line.startswith("in all:"))
@@ -370,9 +374,9 @@ def test_room_is_made_by_stopping_the_cheapest_workers_until_what_was_lacking_is
     gib = 2**30
     pool = FakePool(names=("a", "b", "c"))
     scheduler = made(pool, jobs=2)
-    warm_b = scheduler.submit("b", "speed", {"n": "warm b", "compile_s": 1.0}, warm=True)
+    warm_b = scheduler.submit("b", "speed", work({"n": "warm b", "compile_s": 1.0}), warm=True)
     scheduler.wait(warm_b)
-    scheduler.wait(scheduler.submit("c", "correctness", {"n": "c"}))  # c's primary, idle
+    scheduler.wait(scheduler.submit("c", "correctness", work({"n": "c"})))  # c's primary, idle
     c_extra = pool.new_worker("c")
     scheduler._extras["c"].append(c_extra)
     scheduler._idle["c"] = [pool.primaries["c"], c_extra]
@@ -395,8 +399,8 @@ def test_room_is_made_by_stopping_the_cheapest_workers_until_what_was_lacking_is
 def test_the_gpu_alone_begins_by_closing_the_extra_workers_that_hold_no_warm_up(made) -> None:
     pool = FakePool(seconds=0.05)
     scheduler = made(pool, jobs=3)
-    jobs = [scheduler.submit("a", "correctness", {"n": n}) for n in range(6)]
-    warm = [scheduler.submit("b", "speed", {"n": f"w{n}", "compile_s": 1.0}, warm=True) for n in range(3)]
+    jobs = [scheduler.submit("a", "correctness", work({"n": n})) for n in range(6)]
+    warm = [scheduler.submit("b", "speed", work({"n": f"w{n}", "compile_s": 1.0}), warm=True) for n in range(3)]
     for job in jobs + warm:
         scheduler.wait(job)
     holders = {job.worker for job in warm}
@@ -423,15 +427,15 @@ def test_the_job_a_test_waits_for_starts_at_once_even_with_every_slot_taken(made
     # for, starts in one slot more instead of waiting behind them.
     pool = FakePool()
     scheduler = made(pool, jobs=2)
-    hung = [scheduler.submit("b", "correctness", {"n": f"b{n}", "block": True}) for n in range(6)]
+    hung = [scheduler.submit("b", "correctness", work({"n": f"b{n}", "block": True})) for n in range(6)]
     while pool.running < 2:
         time.sleep(0.01)
-    awaited = scheduler.submit("a", "correctness", {"n": "a0"})
+    awaited = scheduler.submit("a", "correctness", work({"n": "a0"}))
     started = time.monotonic()
     assert scheduler.wait(awaited).data == {"echo": "a0"}
     assert time.monotonic() - started < 5
     assert pool.most == 3 and not any(job.future.done() for job in hung)
-    later = scheduler.submit("a", "correctness", {"n": "a1"})  # not waited for: behind the slots again
+    later = scheduler.submit("a", "correctness", work({"n": "a1"}))  # not waited for: behind the slots again
     time.sleep(0.3)
     assert not later.future.done()
 
@@ -439,11 +443,11 @@ def test_the_job_a_test_waits_for_starts_at_once_even_with_every_slot_taken(made
 def test_a_job_a_waited_one_needs_first_starts_first(made) -> None:
     pool = FakePool()
     scheduler = made(pool, jobs=1)
-    hung = scheduler.submit("b", "correctness", {"n": "b0", "block": True})
+    hung = scheduler.submit("b", "correctness", work({"n": "b0", "block": True}))
     while pool.running < 1:
         time.sleep(0.01)
-    point = scheduler.submit("a", "memory", {"n": "a0"})
-    after = scheduler.submit("a", "memory", {"n": "a1"}, after=point, needs_ok=True)
+    point = scheduler.submit("a", "memory", work({"n": "a0"}))
+    after = scheduler.submit("a", "memory", work({"n": "a1"}), after=point, needs_ok=True)
     assert scheduler.wait(after).data == {"echo": "a1"}
     assert pool.order[-2:] == ["a0", "a1"] and not hung.future.done()
 
@@ -451,8 +455,8 @@ def test_a_job_a_waited_one_needs_first_starts_first(made) -> None:
 def test_close_twice_counts_the_workers_once(made) -> None:
     pool = FakePool()
     scheduler = made(pool, jobs=2)
-    scheduler.wait(scheduler.submit("a", "correctness", {"n": 0}))
-    jobs = [scheduler.submit("a", "correctness", {"n": n, "block": True}) for n in range(2)]
+    scheduler.wait(scheduler.submit("a", "correctness", work({"n": 0})))
+    jobs = [scheduler.submit("a", "correctness", work({"n": n, "block": True})) for n in range(2)]
     while pool.running < 2:
         time.sleep(0.01)
     for worker in pool.extras:

@@ -18,7 +18,7 @@ import pytest
 
 from helpers import run_attnkit
 from pytest_attnkit.contract import AttentionImpl, Case, FunctionImpl
-from pytest_attnkit.records import Status
+from pytest_attnkit.messages import Status
 
 torch = pytest.importorskip("torch")
 

@@ -187,9 +187,9 @@ def test_a_point_over_the_default_profiles_call_limit_ends_the_sweep_and_says_wh
     from pytest_attnkit.controller.memory import MemoryCheck
     from pytest_attnkit.controller.outcome import Outcomes
     from pytest_attnkit.controller.impls import ImplInfo
-    from pytest_attnkit.records import Reply, Status
+    from pytest_attnkit.messages import Reply, Request, Status
 
-    asked: list[dict] = []
+    asked: list[Request] = []
 
     class Pool:
         scheduler = None
@@ -197,20 +197,20 @@ def test_a_point_over_the_default_profiles_call_limit_ends_the_sweep_and_says_wh
         def info(self, name: str) -> ImplInfo:
             return ImplInfo(name, "fake:naive", capabilities={"memory_class": "quadratic"})
 
-        def request(self, name: str, message: dict) -> Reply:
-            asked.append(message)
-            n = message["case"]["seqlen_q"]
+        def request(self, name: str, request: Request) -> Reply:
+            asked.append(request)
+            n = request.case.seqlen_q
             stop = "one call took 2300 ms" if n == 16384 else ""
             return Reply(Status.OK, "", MemoryPoint(n, "measured", extra_bytes=n * n * 64, peak_bytes=n * n * 64,
                                                     call_ms=2300.0 if stop else 10.0, stop=stop).to_dict())
 
     check = MemoryCheck(Pool(), Outcomes(), MemorySweep(seqlens=tuple(SEQLENS)), "cuda", 0, profile="default")
     result = check.check("naive", backward=False)
-    assert [m["case"]["seqlen_q"] for m in asked] == SEQLENS[:-1]  # 32768 never asked for
+    assert [m.case.seqlen_q for m in asked] == SEQLENS[:-1]  # 32768 never asked for
     limit = MEMORY_CALL_LIMIT_MS["default"]
-    assert [m["call_limit_ms"] for m in asked] == [None] * (MIN_SWEEP_POINTS - 1) + [limit] * 2
+    assert [m.options["call_limit_ms"] for m in asked] == [None] * (MIN_SWEEP_POINTS - 1) + [limit] * 2
     assert result.largest_n == 16384 and result.verdict == "quadratic"
     assert result.stopped == "the sweep stopped after N=16384: one call took 2300 ms"
     full = MemoryCheck(Pool(), Outcomes(), MemorySweep(seqlens=tuple(SEQLENS)), "cuda", 0, profile="full")
     asked.clear()
-    assert full._message(MemorySweep(seqlens=(1024,)).case(1024), False, 5)["call_limit_ms"] is None
+    assert full._message(MemorySweep(seqlens=(1024,)).case(1024), False, 5).options["call_limit_ms"] is None

@@ -16,7 +16,8 @@ from pytest_attnkit.controller.baselines import BaselineStore, key_string
 from pytest_attnkit.controller.impls import ImplInfo
 from pytest_attnkit.controller.outcome import Outcomes
 from pytest_attnkit.controller.speed import SpeedCheck, SpeedSettings
-from pytest_attnkit.records import EntryKey, Reply, SpeedMeasurement, Status, Timing
+from pytest_attnkit.messages import Reply, Request, Status
+from pytest_attnkit.records import EntryKey, SpeedMeasurement, Timing
 
 CASE = Case(1, 2, 2, 256, 256, 64, "float32")
 DEVICE = "NVIDIA H200"
@@ -40,12 +41,12 @@ class FakePool:
     def info(self, name: str) -> ImplInfo:
         return self.impls[name]
 
-    def request(self, name: str, message: dict) -> Reply:
+    def request(self, name: str, request: Request) -> Reply:
         self.asked.append(name)
         median = self.script[name].pop(0)
         return Reply(Status.OK, "", {"timing": timing(median).to_dict(), "input_sets": 1})
 
-    def run_once(self, label: str, message: dict) -> dict:
+    def run_once(self, label: str, request: Request) -> dict:
         return {"ceilings": self.ceilings, "gpu_state": {}}
 
 
@@ -133,7 +134,7 @@ def test_no_baseline_gates_nothing_unless_one_is_required(tmp_path: Path) -> Non
 
 def test_a_refusal_skips_with_the_reason(tmp_path: Path) -> None:
     pool = FakePool({"ref": [1.0], "kernel": []})
-    pool.request = lambda name, message: Reply(Status.UNSUPPORTED, "head_dim=64 (supported: 128)")  # type: ignore[method-assign]
+    pool.request = lambda name, request: Reply(Status.UNSUPPORTED, "head_dim=64 (supported: 128)")  # type: ignore[method-assign]
     with pytest.raises(pytest.skip.Exception, match="kernel does not support it: head_dim=64"):
         make_check(pool, BaselineStore(tmp_path, DEVICE)).check("kernel", "forward", CASE)
 
@@ -141,8 +142,8 @@ def test_a_refusal_skips_with_the_reason(tmp_path: Path) -> None:
 class ProgramPool(FakePool):
     """A pool whose speed requests may name the worker that warmed the case up."""
 
-    def request(self, name: str, message: dict, worker: object = None) -> Reply:  # type: ignore[override]
-        return super().request(name, message)
+    def request(self, name: str, request: Request, worker: object = None) -> Reply:  # type: ignore[override]
+        return super().request(name, request)
 
 
 def _warmed(check: SpeedCheck, impl: str, program: str) -> None:
@@ -241,8 +242,8 @@ def test_a_case_over_the_limit_skips_with_the_time_its_call_took(tmp_path: Path)
     pool = FakePool({"ref": [1.0], "kernel": []})
     asked = []
 
-    def request(name: str, message: dict) -> Reply:
-        asked.append(message)
+    def request(name: str, request: Request) -> Reply:
+        asked.append(request)
         if name == "kernel":
             return Reply(Status.OK, "", {"over_limit_ms": 2313.4, "input_sets": 1})
         return Reply(Status.OK, "", {"timing": timing(1.0).to_dict(), "input_sets": 1})
@@ -254,7 +255,7 @@ def test_a_case_over_the_limit_skips_with_the_time_its_call_took(tmp_path: Path)
         with pytest.raises(pytest.skip.Exception, match=r"kernel on .*: one call took 2313 ms, longer than this "
                                                         r"profile times \(1000 ms.*--attnkit-profile=full times it"):
             check.check("kernel", "forward", CASE)
-    assert [m["call_limit_ms"] for m in asked] == [1000.0]
+    assert [m.options["call_limit_ms"] for m in asked] == [1000.0]
     assert check.over_limit == {EntryKey("kernel", "forward", CASE.id): 2313.4}
     assert check.check("ref", "forward", CASE).measurement.timing.median_ms == pytest.approx(1.0)
 
@@ -262,8 +263,8 @@ def test_a_case_over_the_limit_skips_with_the_time_its_call_took(tmp_path: Path)
 class SyncingPool(FakePool):
     """A pool whose kernel's calls synchronize with the host (a ``.tolist()`` inside)."""
 
-    def request(self, name: str, message: dict) -> Reply:
-        reply = super().request(name, message)
+    def request(self, name: str, request: Request) -> Reply:
+        reply = super().request(name, request)
         if name == "kernel":
             reply.data["syncs"] = "called a synchronizing CUDA operation"
         return reply
@@ -332,8 +333,8 @@ class SharedPool(FakePool):
         super().__init__(script)
         self.others = others
 
-    def request(self, name: str, message: dict) -> Reply:
-        reply = super().request(name, message)
+    def request(self, name: str, request: Request) -> Reply:
+        reply = super().request(name, request)
         return Reply(reply.status, reply.message, {**reply.data, "gpu_processes": {"others": self.others}})
 
 
@@ -380,9 +381,9 @@ class WherePool(FakePool):
         super().__init__(script)
         self.sent_to: list[object] = []
 
-    def request(self, name: str, message: dict, worker: object = None) -> Reply:  # type: ignore[override]
+    def request(self, name: str, request: Request, worker: object = None) -> Reply:  # type: ignore[override]
         self.sent_to.append(worker)
-        return super().request(name, message)
+        return super().request(name, request)
 
 
 def test_a_case_is_timed_where_it_was_warmed_up_unless_that_worker_was_stopped(tmp_path: Path) -> None:

@@ -15,20 +15,21 @@ from helpers import fake, run_attnkit
 torch = pytest.importorskip("torch")
 
 from pytest_attnkit.contract import Case, FunctionImpl  # noqa: E402
+from pytest_attnkit.messages import Op, Reply, Request, Status  # noqa: E402
 from pytest_attnkit.worker import calls  # noqa: E402
 from pytest_attnkit.worker.server import Handler  # noqa: E402
 
 CASE = Case(2, 2, 2, 17, 17, 32, "float32")
 #: Each request a suite makes of a worker that calls the kernel on the CPU (memory needs a GPU).
 REQUESTS = {
-    "correctness": {"op": "correctness", "backward": False, "base_seed": 0, "trials": 1},
-    "correctness backward": {"op": "correctness", "backward": True, "base_seed": 0, "trials": 1},
-    "speed forward": {"op": "speed", "mode": "forward", "seed": 0, "budget_ms": 5},
-    "speed backward": {"op": "speed", "mode": "backward", "seed": 0, "budget_ms": 5},
-    "warm-up": {"op": "warm", "seed": 0, "backward": True},
-    "determinism": {"op": "property", "check": "determinism", "seed": 0},
-    "determinism backward": {"op": "property", "check": "determinism", "seed": 0, "backward": True},
-    "batch invariance": {"op": "property", "check": "batch_invariance", "seed": 0},
+    "correctness": Request(Op.CORRECTNESS, CASE, False, 0, {"trials": 1}),
+    "correctness backward": Request(Op.CORRECTNESS, CASE, True, 0, {"trials": 1}),
+    "speed forward": Request(Op.SPEED, CASE, False, 0, {"mode": "forward", "budget_ms": 5}),
+    "speed backward": Request(Op.SPEED, CASE, True, 0, {"mode": "backward", "budget_ms": 5}),
+    "warm-up": Request(Op.WARM, CASE, True, 0),
+    "determinism": Request(Op.PROPERTY, CASE, False, 0, {"check": "determinism"}),
+    "determinism backward": Request(Op.PROPERTY, CASE, True, 0, {"check": "determinism"}),
+    "batch invariance": Request(Op.PROPERTY, CASE, False, 0, {"check": "batch_invariance"}),
 }
 
 
@@ -55,16 +56,16 @@ def modifies_k(q, k, v, *, causal=False, scale=None):
     return out
 
 
-def _replies(kernel) -> dict[str, dict]:
+def _replies(kernel) -> dict[str, Reply]:
     handler = Handler()
     handler.impl = FunctionImpl(kernel)
-    return {name: handler.handle({**request, "case": CASE.to_dict()}) for name, request in REQUESTS.items()}
+    return {name: handler.handle(request) for name, request in REQUESTS.items()}
 
 
 def test_a_raising_kernel_shows_its_own_frames_in_every_suite() -> None:
     for suite, reply in _replies(raises_in_helper).items():
-        assert reply["status"] == "raised", (suite, reply)
-        text = reply["message"]
+        assert reply.status is Status.RAISED, (suite, reply)
+        text = reply.message
         frames = re.findall(r'^  File "([^"]+)", line \d+, in (\w+)$', text, flags=re.MULTILINE)
         assert [name for _, name in frames] == ["raises_in_helper", "_launch"], (suite, text)
         assert all(path == __file__ for path, _ in frames), (suite, text)
@@ -78,8 +79,8 @@ def test_a_raising_kernel_shows_its_own_frames_in_every_suite() -> None:
 ], ids=["wrong_shape", "modifies_k"])
 def test_a_breach_of_the_contract_is_named_in_every_suite(kernel, said: str) -> None:
     for suite, reply in _replies(kernel).items():
-        assert (reply["status"], reply["message"]) == ("wrong", said), suite
-        assert "timing" not in reply["data"], suite  # no speed figure for a wrong call
+        assert (reply.status, reply.message) == (Status.WRONG, said), suite
+        assert "timing" not in reply.data, suite  # no speed figure for a wrong call
 
 
 def test_the_harness_own_failure_keeps_its_traceback_whole() -> None:
