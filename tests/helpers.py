@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -47,3 +49,14 @@ def said(result: pytest.RunResult, pattern: str) -> bool:
 
     glob = ".{0,200}?".join(re.escape(part) for part in words(pattern).split("*"))  # "*": within a message
     return re.search(glob, words(result.stdout.str())) is not None
+
+
+@contextmanager
+def judged(verdict: str, match: str | None = None) -> Iterator[pytest.ExceptionInfo]:
+    """A check raised :class:`Judged` with this verdict ("failed", "skipped"), its message matching
+    ``match``: what the test then settles as its outcome."""
+    from pytest_attnkit.controller.outcome import Judged
+
+    with pytest.raises(Judged, match=match) as raised:
+        yield raised
+    assert raised.value.judgement.verdict == verdict, raised.value.judgement

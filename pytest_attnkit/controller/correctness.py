@@ -83,6 +83,6 @@ class CorrectnessCheck:
             test = "test_backward" if backward else "test_forward"  # suites/test_correctness.py
             rerun = (f"pytest --attnkit --attnkit-impl={impl} --attnkit-seed={self.seed} "
                      f"-k '{test} and {impl} and {case.id}'")
-        self.outcomes.settle(reply, impl=impl, where=case.id, seed=seed, rerun=rerun,
+        self.outcomes.check(reply, impl=impl, where=case.id, seed=seed, rerun=rerun,
                              origin=self.pool.info(impl).origin)
         return result

@@ -29,7 +29,7 @@ import pytest
 
 from pytest_attnkit.cases import MEMORY_CALL_LIMIT_MS, MIN_SWEEP_POINTS, MemorySweep, named_memory_sweep
 from pytest_attnkit.contract import Case, MemoryClass
-from pytest_attnkit.controller.outcome import Outcomes
+from pytest_attnkit.controller.outcome import Judged, Outcomes, failed, skipped
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.scheduler import Job, Scheduler
 from pytest_attnkit.controller.table import memory_table
@@ -283,7 +283,7 @@ class MemoryCheck:
         if sweep.layout != "dense":
             direction += f", {sweep.layout} (N: total tokens)"
         if self.device != "cuda":
-            pytest.skip(NO_MEMORY_METER_ON_CPU)
+            raise Judged(skipped(NO_MEMORY_METER_ON_CPU))
         info = self.pool.info(impl)
         points: list[MemoryPoint] = []
         submitted = self.ahead.pop((impl, sweep, backward), None) if self.pool.scheduler is not None else None
@@ -296,7 +296,7 @@ class MemoryCheck:
             if reply.status in (Status.CRASHED, Status.TIMEOUT):
                 points.append(MemoryPoint(seqlen, PointStatus.ERROR, message=reply.message.splitlines()[0]))
                 break
-            self.outcomes.settle(reply, impl=impl, where=f"the memory sweep ({direction}) at {case.id}",
+            self.outcomes.check(reply, impl=impl, where=f"the memory sweep ({direction}) at {case.id}",
                                  origin=info.origin)
             points.append(MemoryPoint.from_dict(reply.data))
             if points[-1].status == PointStatus.OOM or points[-1].stop:
@@ -312,6 +312,5 @@ class MemoryCheck:
             properties.append(("attnkit_largest_n", result.largest_n))
         problems = result.problems
         if problems:
-            pytest.fail(f"{impl} memory ({direction}):\n" + "\n".join(problems) + "\n" + "\n".join(result.table()),
-                        pytrace=False)
+            raise Judged(failed(f"{impl} memory ({direction}):\n" + "\n".join(problems) + "\n" + "\n".join(result.table())))
         return result

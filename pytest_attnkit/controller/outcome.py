@@ -10,6 +10,8 @@ the terminal shows of any attnkit failure is wrapped to 100 columns by :func:`fi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -27,6 +29,49 @@ class Verdict(str, Enum):
     PASSED = "passed"
     FAILED = "failed"
     SKIPPED = "skipped"
+
+
+def reason_of(message: str) -> str:
+    """The short reason the report keeps of a skip: the words after its first ": ", up to a
+    ";" ("unavailable: no CUDA device; ..." -> "no CUDA device"). Whole: the views shorten it
+    where they must, at a word (table.py: correctness_verdict)."""
+    return message.removeprefix("Skipped: ").split(": ", 1)[-1].split(";")[0].strip()
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """What a suite decided of one test: the only input of :meth:`Outcomes.settle`."""
+
+    verdict: Verdict
+    message: str = ""  # the failure or skip text, as pytest shows it
+    reason: str = ""  # the short reason the report keeps of a skip (reason_of(message) if not given)
+    properties: tuple[tuple[str, object], ...] = ()  # junit properties (attnkit_...)
+    record: Mapping[str, Any] | None = None  # the suite's report entry for this test, if any
+
+    def __post_init__(self) -> None:
+        if self.verdict is Verdict.SKIPPED and not self.reason:
+            object.__setattr__(self, "reason", reason_of(self.message))
+
+
+def skipped(message: str, **fields: Any) -> Judgement:
+    return Judgement(Verdict.SKIPPED, message, **fields)
+
+
+def failed(message: str, **fields: Any) -> Judgement:
+    return Judgement(Verdict.FAILED, message, **fields)
+
+
+class Judged(Exception):
+    """Raised with a judgement deep inside a check; the test settles it (plugin.py's
+    ``pytest_runtest_call``)."""
+
+    def __init__(self, judgement: Judgement) -> None:
+        super().__init__(judgement.message)
+        self.judgement = judgement
+
+
+#: Where a settled or collection-time judgement waits for :meth:`AttnkitSession.record`.
+JUDGEMENT_KEY = pytest.StashKey[Judgement]()
 
 
 def fit(text: str, width: int = WIDTH) -> str:
@@ -104,9 +149,9 @@ class Outcomes:
         first = self._shown.setdefault(key, where)
         return None if first == where else first
 
-    def settle(self, reply: Reply, *, impl: str, where: str, seed: str = "", rerun: str = "",
-               origin: str = "") -> None:
-        """Return for an ``OK`` reply; otherwise skip or fail the running test.
+    def from_reply(self, reply: Reply, *, impl: str, where: str, seed: str = "", rerun: str = "",
+                   origin: str = "") -> Judgement | None:
+        """None for an ``OK`` reply; otherwise the judgement that skips or fails the running test.
 
         ``where`` names what was run ("b1-h2-q17-k17-d32-fp16-causal", "the memory sweep
         (forward)"); ``seed`` follows it where inputs were drawn (", seed 1946766965 (trial 1 of
@@ -116,29 +161,55 @@ class Outcomes:
         status, message = reply.status, reply.message
         last = f"\nrerun:{NO_BREAK}{rerun.replace(' ', NO_BREAK)}" if rerun else ""
         if status is Status.OK:
-            return
+            return None
         if status is Status.UNSUPPORTED:
-            pytest.skip(f"{impl} does not support it: {message}")
+            return skipped(f"{impl} does not support it: {message}")
         if status is Status.UNAVAILABLE:
-            pytest.skip(f"{impl} is unavailable: {message}")
+            return skipped(f"{impl} is unavailable: {message}")
         if status is Status.OUT_OF_MEMORY:
             # The pool and the scheduler run an out-of-memory again with no other worker on the GPU
             # before it gets here: the case does not fit on this GPU, which says nothing of the kernel.
             figures = reply.data.get("out_of_memory", {})
-            pytest.skip(f"{impl} on {where} does not fit on this GPU alone: "
-                        f"{describe_out_of_memory(figures)} ({message})")
+            return skipped(f"{impl} on {where} does not fit on this GPU alone: "
+                           f"{describe_out_of_memory(figures)} ({message})")
         if status is Status.BROKEN:
             if impl not in self._broken_shown:
                 self._broken_shown.add(impl)
-                pytest.fail(f"{impl} could not be loaded from entry point {origin}:\n{message}", pytrace=False)
-            pytest.fail(f"{impl} could not be loaded (the first of its tests shows why)", pytrace=False)
+                return failed(f"{impl} could not be loaded from entry point {origin}:\n{message}")
+            return failed(f"{impl} could not be loaded (the first of its tests shows why)")
         if status is Status.WRONG:
-            pytest.fail(f"{impl} is wrong on {where}{seed}:\n{message}{last}", pytrace=False)
+            return failed(f"{impl} is wrong on {where}{seed}:\n{message}{last}")
         if status is Status.RAISED:
             first = self._once(impl, where, message)
             if first is None:
-                pytest.fail(f"{impl} raised on {where}{seed}:\n{message}{last}", pytrace=False)
-            pytest.fail(f"{impl} raised on {where}{seed}: {last_line(message)} "
-                        f"(the traceback is shown once, on {first}){last}", pytrace=False)
+                return failed(f"{impl} raised on {where}{seed}:\n{message}{last}")
+            return failed(f"{impl} raised on {where}{seed}: {last_line(message)} "
+                          f"(the traceback is shown once, on {first}){last}")
         # CRASHED, TIMEOUT: the worker's own account, with the tail of its log.
-        pytest.fail(f"{impl} on {where}: {message}", pytrace=False)
+        return failed(f"{impl} on {where}: {message}")
+
+    def check(self, reply: Reply, **where: Any) -> None:
+        """Return for an ``OK`` reply; otherwise raise :class:`Judged` with :meth:`from_reply`'s
+        judgement, for the test's :meth:`settle` to make it its outcome."""
+        judgement = self.from_reply(reply, **where)
+        if judgement is not None:
+            raise Judged(judgement)
+
+    @staticmethod
+    def settle(item: pytest.Item, judgement: Judgement) -> None:
+        """Make ``judgement`` the running test's outcome: the package's one ``pytest.skip`` and
+        ``pytest.fail`` (besides the fixture's own skip without ``--attnkit``). Its junit properties
+        join the item's; the item keeps the judgement (:data:`JUDGEMENT_KEY`) for the report."""
+        item.user_properties.extend(judgement.properties)
+        item.stash[JUDGEMENT_KEY] = judgement
+        if judgement.verdict is Verdict.SKIPPED:
+            pytest.skip(judgement.message)
+        if judgement.verdict is Verdict.FAILED:
+            pytest.fail(judgement.message, pytrace=False)
+
+    @staticmethod
+    def skip_at_collection(item: pytest.Item, judgement: Judgement) -> None:
+        """Mark ``item`` skipped before it runs (a refusal known at collection): the package's one
+        skip marker. The item keeps the judgement (:data:`JUDGEMENT_KEY`) for the report."""
+        item.stash[JUDGEMENT_KEY] = judgement
+        item.add_marker(pytest.mark.skip(reason=judgement.message))

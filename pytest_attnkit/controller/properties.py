@@ -18,10 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import pytest
 
 from pytest_attnkit.contract import Case
-from pytest_attnkit.controller.outcome import Outcomes
+from pytest_attnkit.controller.outcome import Judged, Outcomes, failed, skipped
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.scheduler import Job, Scheduler
 from pytest_attnkit.messages import Op, Reply, Request, Status
@@ -79,7 +78,7 @@ class PropertyCheck:
         """Run one check; fails the test when a declared property does not hold."""
         reason = self.skip_reason(check, impl, case)
         if reason:
-            pytest.skip(reason)
+            raise Judged(skipped(reason))
         reply = self._reply(check, impl, case, backward)
         where = f"{case.id}{' (backward)' if backward else ''}"
         found = reply.data if reply.data.get("check") == check else None
@@ -91,7 +90,7 @@ class PropertyCheck:
                 properties.append((f"attnkit_{check}", "holds" if found["holds"] else "does not hold"))
                 properties.append((f"attnkit_{check}_declared", found["declared"]))
         if found is not None and reply.status is Status.WRONG:
-            pytest.fail(f"{impl} declares {DECLARATIONS[check]}, and on {where}: {found['detail']}", pytrace=False)
-        self.outcomes.settle(reply, impl=impl, where=f"{where} ({TITLES[check]} check)",
+            raise Judged(failed(f"{impl} declares {DECLARATIONS[check]}, and on {where}: {found['detail']}"))
+        self.outcomes.check(reply, impl=impl, where=f"{where} ({TITLES[check]} check)",
                              origin=self.pool.info(impl).origin)
         return found

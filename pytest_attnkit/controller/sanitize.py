@@ -63,10 +63,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
 
 from pytest_attnkit.contract import Case
-from pytest_attnkit.controller.outcome import Outcomes
+from pytest_attnkit.controller.outcome import Judged, Outcomes, failed, skipped
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.messages import Op, Reply, Request, Status
 
@@ -304,18 +303,18 @@ class SanitizeCheck:
               properties: list[tuple[str, object]] | None = None) -> dict[str, Any] | None:
         info = self.pool.info(impl)
         if info.load_error:
-            self.outcomes.settle(self.pool.broken_reply(impl), impl=impl, where=case.id, origin=info.origin)
+            self.outcomes.check(self.pool.broken_reply(impl), impl=impl, where=case.id, origin=info.origin)
         where = f"{case.id}{' (forward and backward)' if backward else ' (forward)'}"
         future = self._ahead.get((impl, tool, case.id, backward))
         run = future.result() if future is not None else self._gather(impl, tool, case, backward, ahead=False)
         guarded = tool == "memcheck"
         if run.before is not None and run.before.status is not Status.OK:
-            self.outcomes.settle(run.before, impl=impl, where=f"{where} {'with guarded inputs' if guarded else ''}".strip(),
+            self.outcomes.check(run.before, impl=impl, where=f"{where} {'with guarded inputs' if guarded else ''}".strip(),
                                  origin=info.origin)
         if run.not_run is not None:
             found = ("its inputs were guarded and nothing read or wrote past them (pytest_attnkit/worker/guards.py); "
                      if guarded else "")
-            pytest.skip(f"{found}compute-sanitizer not run: {run.not_run}")
+            raise Judged(skipped(f"{found}compute-sanitizer not run: {run.not_run}"))
         assert run.reply is not None and run.report is not None and run.log is not None
         report, log, reply = run.report, run.log, run.reply
         entry = {"impl": impl, "tool": tool, "case": case.id, "backward": backward, "errors": report.errors,
@@ -330,17 +329,17 @@ class SanitizeCheck:
             count = report.errors if report.errors is not None else len(report.blocks)
             warned = (f"\nand {report.warnings} warning(s), which alone would not fail the test:\n"
                       f"{report.describe(warnings=True)}" if report.warnings else "")
-            pytest.fail(f"{impl} on {where}: compute-sanitizer {tool} reported {count} error(s):\n"
-                        f"{report.describe()}{warned}\n(the tool's whole log: {log})", pytrace=False)
+            raise Judged(failed(f"{impl} on {where}: compute-sanitizer {tool} reported {count} error(s):\n"
+                        f"{report.describe()}{warned}\n(the tool's whole log: {log})"))
         if reply.status is not Status.OK:
             # It ran outside the tool a moment ago: what failed is running under the tool, which
             # says nothing of the kernel. Neither a pass nor the kernel's failure.
             entry["not_checked"] = _last_line(reply.message)
-            pytest.skip(f"not checked: {impl} on {where} does not run under compute-sanitizer {tool}, though it ran "
-                        f"outside it: {reply.status.value}: {_last_line(reply.message)} (the tool's log: {log})")
+            raise Judged(skipped(f"not checked: {impl} on {where} does not run under compute-sanitizer {tool}, though it ran "
+                        f"outside it: {reply.status.value}: {_last_line(reply.message)} (the tool's log: {log})"))
         if report.errors is None:
-            pytest.fail(f"{impl} on {where}: compute-sanitizer {tool} wrote no summary (its log: {log}); the worker "
-                        "may not have started under it", pytrace=False)
+            raise Judged(failed(f"{impl} on {where}: compute-sanitizer {tool} wrote no summary (its log: {log}); the worker "
+                        "may not have started under it"))
         return entry
 
 

@@ -27,13 +27,12 @@ import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-import pytest
 
 from pytest_attnkit.contract import Case
 from pytest_attnkit.controller.baselines import BaselineStore
 from pytest_attnkit.controller.gate import Decision, GateVerdict, decide, machine_factor, noise_threshold
 from pytest_attnkit.controller.impls import ImplStatus
-from pytest_attnkit.controller.outcome import Outcomes
+from pytest_attnkit.controller.outcome import Judged, Outcomes, failed, skipped
 from pytest_attnkit.controller.paired import MIN_PAIRS, PairedDecision, SyncKind, decide_paired, sync_kind
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.process import WorkerFailure, worker_pids
@@ -192,7 +191,7 @@ class SpeedCheck:
     def _measure(self, impl: str, mode: str, case: Case) -> SpeedMeasurement:
         """Time one case in ``impl``'s worker; a reply other than OK skips or fails the test."""
         reply = self._request(impl, mode, case)
-        self.outcomes.settle(reply, impl=impl, where=f"{case.id} ({mode})", origin=self.pool.info(impl).origin)
+        self.outcomes.check(reply, impl=impl, where=f"{case.id} ({mode})", origin=self.pool.info(impl).origin)
         if self._record_over_limit(EntryKey(impl, mode, case.id), reply):
             self._skip_over_limit(impl, mode, case)
         return self._to_measurement(impl, mode, case, reply)
@@ -207,9 +206,9 @@ class SpeedCheck:
 
     def _skip_over_limit(self, impl: str, mode: str, case: Case) -> None:
         took = self.over_limit[EntryKey(impl, mode, case.id)]
-        pytest.skip(f"{impl} on {case.id} ({mode}): one call took {took:.0f} ms, longer than this profile "
+        raise Judged(skipped(f"{impl} on {case.id} ({mode}): one call took {took:.0f} ms, longer than this profile "
                     f"times ({self.settings.call_limit_ms:.0f} ms: eight such calls with the GPU alone); "
-                    "--attnkit-profile=full times it")
+                    "--attnkit-profile=full times it"))
 
     def _warmed(self, impl: str, mode: str, case: Case) -> Job | None:
         """The warm-up of this case, where it ran and its worker is still there."""
@@ -255,7 +254,7 @@ class SpeedCheck:
             else:
                 self._measured[key] = self._measure(impl, mode, case)
         if key in self._refused:
-            self.outcomes.settle(self._refused[key], impl=impl, where=f"{case.id} ({mode})",
+            self.outcomes.check(self._refused[key], impl=impl, where=f"{case.id} ({mode})",
                                  origin=self.pool.info(impl).origin)
         return self._measured[key]
 
@@ -340,7 +339,7 @@ class SpeedCheck:
             return None
         try:
             return self._first_measurement(reference, mode, case).timing.median_ms
-        except (pytest.skip.Exception, pytest.fail.Exception):
+        except Judged:
             return None  # the reference's own test reports why
 
     def check(self, impl: str, mode: str, case: Case, *, properties: Properties | None = None,
@@ -365,8 +364,8 @@ class SpeedCheck:
                     "that read the device); save a baseline from this run to add this program to the entry.")
         elif self.settings.require_baseline:
             where = "no baseline file for this device" if not self.store.found else "no baseline entry"
-            pytest.fail(f"{impl} on {case.id} ({mode}): {where} ({self.store.path}) and a baseline is required "
-                        "(--attnkit-require-baseline)", pytrace=False)
+            raise Judged(failed(f"{impl} on {case.id} ({mode}): {where} ({self.store.path}) and a baseline is required "
+                        "(--attnkit-require-baseline)"))
         result = SpeedResult(measurement, ratio, decision)
         self.results[measurement.key] = result
         self._note_shared()
@@ -384,7 +383,7 @@ class SpeedCheck:
             failures.append(f"{impl} regressed against {paired.twin} on {case.id} ({mode}): "
                             f"{format_paired(paired.decision)}")
         if failures:
-            pytest.fail("\n".join(failures), pytrace=False)
+            raise Judged(failed("\n".join(failures)))
         return result
 
     def _note_shared(self) -> None:
@@ -418,16 +417,16 @@ class SpeedCheck:
         impl, mode, case_id = measurement.key
         timing = measurement.timing
         if timing.wait_ms is not None and timing.wait_ms > ESCAPE_FACTOR * timing.median_ms + ESCAPE_SLACK_MS:
-            pytest.fail(f"{impl} on {case_id} ({mode}): its work escapes the timed stream: CUDA events on the "
+            raise Judged(failed(f"{impl} on {case_id} ({mode}): its work escapes the timed stream: CUDA events on the "
                         f"current stream saw {timing.median_ms:.4f} ms per call, but after issuing a call the "
                         f"host waited {timing.wait_ms:.4f} ms for the device (a kernel launched on another stream, "
-                        "not joined back?)", pytrace=False)
+                        "not joined back?)"))
         if impl != self.settings.reference and ratio is not None and ratio * SUSPICIOUS_SPEEDUP < 1 \
                 and self._beyond_the_machine(measurement):
-            pytest.fail(f"{impl} on {case_id} ({mode}) is suspiciously fast: {1 / ratio:.0f}x faster than "
+            raise Judged(failed(f"{impl} on {case_id} ({mode}) is suspiciously fast: {1 / ratio:.0f}x faster than "
                         f"{self.settings.reference} on the same inputs, at {measurement.tflops:.0f} TFLOP/s and "
                         f"{measurement.gbps:.0f} GB/s (KernelBench flags speedups beyond {SUSPICIOUS_SPEEDUP:g}x: "
-                        "cached results, skipped work, timing on another stream)", pytrace=False)
+                        "cached results, skipped work, timing on another stream)"))
 
     def _beyond_the_machine(self, measurement: SpeedMeasurement) -> bool:
         """Whether a figure passes what this machine can do (always, when its ceilings are not

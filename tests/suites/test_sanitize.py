@@ -17,7 +17,7 @@ from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.sanitize import SanitizeCheck, command, find_sanitizer, parse_report
 from pytest_attnkit.registry import EntryPointRef
 
-from helpers import fake, run_attnkit
+from helpers import fake, judged, run_attnkit
 
 FAKE_SANITIZER = Path(__file__).parents[1] / "fakes" / "fake_sanitizer.py"
 
@@ -126,7 +126,7 @@ def test_an_error_the_tool_reports_fails_the_test_with_the_kernel_and_the_case(
     check, pool = _sanitized(fake_site, monkeypatch, errors=2)
     case = Case(1, 2, 2, 17, 17, 32, "float16", causal=True)
     try:
-        with pytest.raises(pytest.fail.Exception) as failure:
+        with judged("failed") as failure:
             check.check("good", "memcheck", case, backward=False)
     finally:
         pool.close()
@@ -156,7 +156,7 @@ def test_a_racecheck_warning_alone_passes_and_is_reported(fake_site: Path, monke
     try:
         entry = check.check("good", "racecheck", case, backward=False, properties=properties)
         monkeypatch.setenv("FAKE_SANITIZER_ERRORS", "1")
-        with pytest.raises(pytest.fail.Exception) as failure:
+        with judged("failed") as failure:
             check.check("good", "racecheck", case, backward=False)
     finally:
         pool.close()
@@ -173,7 +173,7 @@ def test_the_tool_s_log_outlives_the_run(fake_site: Path, monkeypatch: pytest.Mo
     of worker logs is removed when the run ends, and with it a log the failure pointed at."""
     check, pool = _sanitized(fake_site, monkeypatch, errors=1)
     try:
-        with pytest.raises(pytest.fail.Exception) as failure:
+        with judged("failed") as failure:
             check.check("good", "memcheck", Case(1, 2, 2, 17, 17, 32, "float16"), backward=False)
     finally:
         pool.close()

@@ -18,6 +18,7 @@ from pytest_attnkit.controller.outcome import Outcomes
 from pytest_attnkit.controller.speed import SpeedCheck, SpeedSettings
 from pytest_attnkit.messages import Reply, Request, Status
 from pytest_attnkit.records import EntryKey, SpeedMeasurement, Timing
+from helpers import judged
 
 CASE = Case(1, 2, 2, 256, 256, 64, "float32")
 DEVICE = "NVIDIA H200"
@@ -76,7 +77,7 @@ def test_a_slowdown_that_recurs_fails_and_keeps_the_round_the_verdict_used(tmp_p
     pool = FakePool({"ref": [1.0], "kernel": [1.20, 1.30, 1.25]})
     check = make_check(pool, store)
     check.check("ref", "forward", CASE)
-    with pytest.raises(pytest.fail.Exception, match=r"kernel regressed on .*flagged in 3 of 3 independent rounds"):
+    with judged("failed", r"kernel regressed on .*flagged in 3 of 3 independent rounds"):
         check.check("kernel", "forward", CASE)
     result = check.results[EntryKey("kernel", "forward", CASE.id)]
     assert result.measurement.timing.median_ms == pytest.approx(1.25)
@@ -101,7 +102,7 @@ def test_a_one_off_shift_does_not_fail(tmp_path: Path) -> None:
 def test_a_slower_machine_is_divided_out(tmp_path: Path) -> None:
     store = save_baseline(tmp_path, {"ref": 1.0, "kernel": 1.0})
     check = make_check(FakePool({"ref": [1.3, 1.3, 1.3], "kernel": [1.3]}), store, threshold=0.08)
-    with pytest.raises(pytest.fail.Exception, match="ref regressed"):  # the reference is gated as it is
+    with judged("failed", "ref regressed"):  # the reference is gated as it is
         check.check("ref", "forward", CASE)
     assert check.machine_factor() == pytest.approx(1.3, rel=1e-3)
     result = check.check("kernel", "forward", CASE)
@@ -112,7 +113,7 @@ def test_a_speedup_too_good_to_be_true_fails(tmp_path: Path) -> None:
     # A machine whose ceilings the case's figures pass: the speedup cannot be real.
     pool = FakePool({"ref": [1.0], "kernel": [0.05]}, {"matmul_bf16_tflops": 0.01, "copy_gbps": 10.0})
     check = make_check(pool, BaselineStore(tmp_path, DEVICE))
-    with pytest.raises(pytest.fail.Exception, match="suspiciously fast: 20x faster than ref"):
+    with judged("failed", "suspiciously fast: 20x faster than ref"):
         check.check("kernel", "forward", CASE)
 
 
@@ -128,14 +129,14 @@ def test_no_baseline_gates_nothing_unless_one_is_required(tmp_path: Path) -> Non
     assert result.decision is None
     required = SpeedCheck(FakePool({"ref": [1.0], "kernel": [1.0]}), Outcomes(), SpeedSettings("ref", 0, 400.0, True),
                           store, lambda key: 0.08, "cuda")
-    with pytest.raises(pytest.fail.Exception, match="no baseline file for this device .* a baseline is required"):
+    with judged("failed", "no baseline file for this device .* a baseline is required"):
         required.check("kernel", "forward", CASE)
 
 
 def test_a_refusal_skips_with_the_reason(tmp_path: Path) -> None:
     pool = FakePool({"ref": [1.0], "kernel": []})
     pool.request = lambda name, request: Reply(Status.UNSUPPORTED, "head_dim=64 (supported: 128)")  # type: ignore[method-assign]
-    with pytest.raises(pytest.skip.Exception, match="kernel does not support it: head_dim=64"):
+    with judged("skipped", "kernel does not support it: head_dim=64"):
         make_check(pool, BaselineStore(tmp_path, DEVICE)).check("kernel", "forward", CASE)
 
 
@@ -181,7 +182,7 @@ def test_the_same_program_is_gated_against_the_runs_of_that_program(tmp_path: Pa
     check = make_check(ProgramPool({"ref": [1.0], "kernel": [1.3, 1.3, 1.3]}), store)
     _warmed(check, "kernel", program)
     check.check("ref", "forward", CASE)
-    with pytest.raises(pytest.fail.Exception, match="kernel regressed"):
+    with judged("failed", "kernel regressed"):
         check.check("kernel", "forward", CASE)
     assert store.programs(EntryKey("kernel", "forward", CASE.id)) == {program}
 
@@ -252,7 +253,7 @@ def test_a_case_over_the_limit_skips_with_the_time_its_call_took(tmp_path: Path)
     check = SpeedCheck(pool, Outcomes(), SpeedSettings("ref", 0, 400.0, False, 1000.0), BaselineStore(tmp_path, DEVICE),
                        lambda key: 0.08, "cuda")
     for _ in range(2):  # asked once; the second test of the same case skips from what the first learned
-        with pytest.raises(pytest.skip.Exception, match=r"kernel on .*: one call took 2313 ms, longer than this "
+        with judged("skipped", r"kernel on .*: one call took 2313 ms, longer than this "
                                                         r"profile times \(1000 ms.*--attnkit-profile=full times it"):
             check.check("kernel", "forward", CASE)
     assert [m.options["call_limit_ms"] for m in asked] == [1000.0]
@@ -280,12 +281,12 @@ def test_a_call_that_synchronizes_is_gated_at_a_doubling_and_says_why(tmp_path: 
     slower = make_check(SyncingPool({"ref": [1.0], "kernel": [2.5, 2.5, 2.5]}),
                         save_baseline(tmp_path / "b", {"ref": 1.0, "kernel": 1.0}))
     slower.check("ref", "forward", CASE)
-    with pytest.raises(pytest.fail.Exception, match="kernel regressed"):
+    with judged("failed", "kernel regressed"):
         slower.check("kernel", "forward", CASE)  # 2.5x: past a doubling
     plain = make_check(FakePool({"ref": [1.0], "kernel": [1.5, 1.5, 1.5]}),
                        save_baseline(tmp_path / "c", {"ref": 1.0, "kernel": 1.0}))
     plain.check("ref", "forward", CASE)
-    with pytest.raises(pytest.fail.Exception, match="kernel regressed"):
+    with judged("failed", "kernel regressed"):
         plain.check("kernel", "forward", CASE)  # the same +50% without a sync is a regression
 
 
@@ -347,7 +348,7 @@ def test_a_timing_on_a_shared_gpu_says_so_and_is_never_saved(tmp_path: Path, mon
     monkeypatch.setattr(process, "_STARTED", {ours})
     check = make_check(SharedPool({"ref": [1.0], "kernel": [1.3, 1.3, 1.3]}, [ours, 777]), store)
     check.check("ref", "forward", CASE)
-    with pytest.raises(pytest.fail.Exception, match=r"kernel regressed on .*the GPU was shared with pid 777 while it "
+    with judged("failed", r"kernel regressed on .*the GPU was shared with pid 777 while it "
                                                     r"was timed"):
         check.check("kernel", "forward", CASE)
     assert {result.measurement.shared_with for result in check.results.values()} == {(777,)}
