@@ -31,7 +31,7 @@ from pytest_attnkit.controller.correctness import CorrectnessCheck
 from pytest_attnkit.controller.impls import ImplStatus
 from pytest_attnkit.controller.memory import NO_MEMORY_METER_ON_CPU, MemoryCheck, item_sweep
 from pytest_attnkit.controller.options import SUITES, Settings, moved_rootdir
-from pytest_attnkit.controller.outcome import Outcomes, Verdict, last_line
+from pytest_attnkit.controller.outcome import JUDGEMENT_KEY, Outcomes, Verdict, last_line, reason_of, skipped
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.process import WorkerFailure
 from pytest_attnkit.controller.properties import PropertyCheck
@@ -381,10 +381,10 @@ class AttnkitSession:
         parallel = xdist.parallel_timing_problem(self.config, self.device, self._cuda_device_count())
         for item in items:
             if self.device != "cuda" and item.get_closest_marker("attnkit_memory") is not None:
-                item.add_marker(pytest.mark.skip(reason=NO_MEMORY_METER_ON_CPU))
+                self.outcomes.skip_at_collection(item, skipped(NO_MEMORY_METER_ON_CPU))
                 continue
             if parallel and item.get_closest_marker("attnkit_speed"):
-                item.add_marker(pytest.mark.skip(reason=parallel))
+                self.outcomes.skip_at_collection(item, skipped(parallel))
                 continue
             question = self._item_question(item)
             if question is not None:
@@ -398,16 +398,16 @@ class AttnkitSession:
                 reason = (f"{name} could not be loaded ({last_line(info.load_error)}); "
                           f"{first.nodeid} fails with the traceback")
                 for item, _, _ in asked[1:]:
-                    item.add_marker(pytest.mark.skip(reason=reason))
+                    self.outcomes.skip_at_collection(item, skipped(reason))
                 continue
             if info.unavailable:
                 for item, _, _ in asked:
-                    item.add_marker(pytest.mark.skip(reason=f"{name} is unavailable: {info.unavailable}"))
+                    self.outcomes.skip_at_collection(item, skipped(f"{name} is unavailable: {info.unavailable}"))
                 continue
             refusals = self.pool.support(name, [{"case": case.to_dict(), "backward": backward} for _, case, backward in asked])
             for (item, _, _), refusal in zip(asked, refusals or []):
                 if refusal:
-                    item.add_marker(pytest.mark.skip(reason=f"{name} does not support it: {refusal}"))
+                    self.outcomes.skip_at_collection(item, skipped(f"{name} does not support it: {refusal}"))
 
     def items_to_run(self, items: list[pytest.Item]) -> list[pytest.Item]:
         """The tests this process runs: all of them, or under pytest-xdist this worker's share."""
@@ -483,12 +483,21 @@ class AttnkitSession:
         if "attnkit_impl" not in params:
             return
         case = params.get("attnkit_case")
-        skipped = test_report.skipped and isinstance(test_report.longrepr, tuple)
-        text = (test_report.longrepr[2] if skipped else str(test_report.longrepr or "")).replace(NO_BREAK, " ")
+        judgement = item.stash.get(JUDGEMENT_KEY, None)
         reason = None
-        if skipped:
-            # Whole: the views shorten it where they must, at a word (table.py: correctness_verdict).
-            reason = text.removeprefix("Skipped: ").split(": ", 1)[-1].split(";")[0].strip()
+        if judgement is not None and judgement.verdict == test_report.outcome:
+            # The judgement the test was settled (or skipped at collection) with: no text parsed.
+            if judgement.verdict is Verdict.SKIPPED:
+                text, reason = f"Skipped: {judgement.message}", judgement.reason
+            else:
+                text = judgement.message
+            text = text.replace(NO_BREAK, " ")
+        else:
+            # A skip pytest made itself, or an outcome no judgement made (an error in the test's code).
+            skipped = test_report.skipped and isinstance(test_report.longrepr, tuple)
+            text = (test_report.longrepr[2] if skipped else str(test_report.longrepr or "")).replace(NO_BREAK, " ")
+            if skipped:
+                reason = reason_of(text)
         impl = params["attnkit_impl"]
         self.test_outcomes.append({"test": item.nodeid, "impl": impl, "suite": self.suite_of(item) or "?",
                                    "case": case.id if case is not None else None, "function": item.originalname,
