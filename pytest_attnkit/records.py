@@ -4,7 +4,7 @@ A worker answers every request with a :class:`~pytest_attnkit.messages.Reply`: a
 :class:`~pytest_attnkit.messages.Status` and, where something was measured, the data as a plain
 dict that travels as JSON. The pytest process turns the data back into the frozen records below (never by parsing a
 string), and turns the status into a pytest outcome in one place
-(:func:`pytest_attnkit.controller.outcome.settle`). Figures that follow from a record (TFLOP/s,
+(:meth:`pytest_attnkit.controller.outcome.Outcomes.from_reply`). Figures that follow from a record (TFLOP/s,
 GB/s, the median) are properties, so they can never disagree with the samples they come from.
 Nothing heavy is imported here: both processes read this module.
 """

@@ -1,9 +1,12 @@
 """From a worker's reply to a pytest outcome: one function, one wording, for every suite.
 
 Every suite's check sends its request through the pool and hands the reply to
-:meth:`Outcomes.settle`: ``OK`` returns, a refusal skips with the implementation's reasons in
-words, a case that did not fit on the GPU alone skips with the numbers, everything else fails
-with what went wrong. A traceback is shown once per implementation
+:meth:`Outcomes.from_reply` (or :meth:`Outcomes.check`, which raises it as :class:`Judged`): ``OK``
+is no judgement, a refusal skips with the implementation's reasons in words, a case that did not
+fit on the GPU alone skips with the numbers, everything else fails with what went wrong. A
+:class:`Judgement` becomes the test's outcome in one place only, :meth:`Outcomes.settle` (or, for
+a refusal known at collection, :meth:`Outcomes.skip_at_collection`); the item keeps it for the
+report (:data:`JUDGEMENT_KEY`). A traceback is shown once per implementation
 and error; the tests that meet the same error again get a one-line reference to the first. What
 the terminal shows of any attnkit failure is wrapped to 100 columns by :func:`fit`.
 """

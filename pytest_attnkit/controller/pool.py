@@ -7,7 +7,7 @@ workers of an implementation when the scheduler asks (:meth:`WorkerPool.new_work
 every request into a :class:`~pytest_attnkit.messages.Reply`: a worker that died or missed its
 deadline becomes a ``CRASHED`` or ``TIMEOUT`` reply (the next request starts a fresh worker), an
 implementation that could not be loaded a ``BROKEN`` one. What a reply means for the test is
-:func:`pytest_attnkit.controller.outcome.settle`'s to say.
+:meth:`pytest_attnkit.controller.outcome.Outcomes.from_reply`'s to say.
 
 Requests the pool sends itself (:meth:`WorkerPool.request`: memory sweeps, speed timing, a
 correctness case nobody submitted ahead) go to the primary with the GPU to itself, when a

@@ -4,7 +4,7 @@ An out-of-memory error says nothing about whether the kernel is right: it says t
 not fit on this GPU at that moment, perhaps because other processes (the scheduler's other
 workers) held memory. So the worker does not report it as the implementation raising: it replies
 ``Status.OUT_OF_MEMORY`` with what the pytest side needs to decide (run it again alone, or skip the
-case with the numbers, :func:`pytest_attnkit.controller.outcome.Outcomes.settle`): how much the
+case with the numbers, :meth:`pytest_attnkit.controller.outcome.Outcomes.from_reply`): how much the
 failed allocation asked for, what the device had free and in all once this request's own memory
 was handed back, and what this process and the others on the GPU held.
 
