@@ -71,6 +71,11 @@ class Request:
     #: other workers share the GPU).
     release_memory: bool = False
 
+    @property
+    def mode(self) -> str:
+        """"backward" or "forward": the speed suite's word for :attr:`backward`."""
+        return "backward" if self.backward else "forward"
+
     def option(self, name: str, default: Any = None) -> Any:
         return self.options.get(name, default)
 

@@ -588,13 +588,17 @@ def _launch_decode(p: _Problem, o: torch.Tensor, lse: torch.Tensor, t: Tiles) ->
         )
 
 
+def _gluon_off() -> bool:
+    return os.environ.get("ATTNKIT_TRITON_FLASH_GLUON", "1") == "0"
+
+
 def gluon_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, variants: Variants, layout: object,
                scale: float) -> str | None:
     """None where the forward runs the Gluon kernel (:mod:`.gluon_forward`: Hopper, fp16/bf16,
     d64/d128, plain or causal, dense), else why it takes the Triton kernels. On an H100 it ran
     0.86-1.13x cuDNN where this module's kernel ran 0.73-0.88x (NOTES.md, v13).
     ``ATTNKIT_TRITON_FLASH_GLUON=0`` turns it off."""
-    if os.environ.get("ATTNKIT_TRITON_FLASH_GLUON", "1") == "0":
+    if _gluon_off():
         return "turned off by ATTNKIT_TRITON_FLASH_GLUON=0"
     from . import gluon_forward
 
@@ -605,7 +609,7 @@ def path_note(device: torch.device) -> str:
     """The forward's path on ``device``, for the run's header."""
     from . import gluon_forward
 
-    if os.environ.get("ATTNKIT_TRITON_FLASH_GLUON", "1") == "0":
+    if _gluon_off():
         return "forward: Triton kernels (the Gluon forward is turned off by ATTNKIT_TRITON_FLASH_GLUON=0)"
     reason = gluon_forward.device_reason(device)
     if reason is not None:

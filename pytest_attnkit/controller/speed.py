@@ -27,7 +27,6 @@ import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-
 from pytest_attnkit.contract import Case
 from pytest_attnkit.controller.baselines import BaselineStore
 from pytest_attnkit.controller.gate import Decision, GateVerdict, decide, machine_factor, noise_threshold
@@ -206,9 +205,9 @@ class SpeedCheck:
 
     def _skip_over_limit(self, impl: str, mode: str, case: Case) -> None:
         took = self.over_limit[EntryKey(impl, mode, case.id)]
-        raise Judged(skipped(f"{impl} on {case.id} ({mode}): one call took {took:.0f} ms, longer than this profile "
-                    f"times ({self.settings.call_limit_ms:.0f} ms: eight such calls with the GPU alone); "
-                    "--attnkit-profile=full times it"))
+        raise Judged(skipped(f"{impl} on {case.id} ({mode}): one call took {took:.0f} ms, longer than this "
+                             f"profile times ({self.settings.call_limit_ms:.0f} ms: eight such calls with the GPU "
+                             "alone); --attnkit-profile=full times it"))
 
     def _warmed(self, impl: str, mode: str, case: Case) -> Job | None:
         """The warm-up of this case, where it ran and its worker is still there."""
@@ -234,7 +233,7 @@ class SpeedCheck:
 
     def _request(self, impl: str, mode: str, case: Case) -> Reply:
         return self.pool.request(impl, Request(Op.SPEED, case, mode == "backward", self.settings.seed,
-                                               {"mode": mode, "budget_ms": self.settings.budget_ms,
+                                               {"budget_ms": self.settings.budget_ms,
                                                 "call_limit_ms": self.settings.call_limit_ms}),
                                  **self._where(impl, mode, case))
 
@@ -264,7 +263,7 @@ class SpeedCheck:
 
     def _block(self, impl: str, mode: str, case: Case, samples: int) -> Reply:
         return self.pool.request(impl, Request(Op.SPEED, case, mode == "backward", self.settings.seed,
-                                               {"mode": mode, "samples": samples,
+                                               {"samples": samples,
                                                 "budget_ms": self.settings.budget_ms}),
                                  **self._where(impl, mode, case))
 

@@ -271,7 +271,7 @@ class Handler:
             if request.option("samples"):
                 measured = self._speed_block(impl, case, request)
             else:
-                measured = measure_speed(impl, case, request.options["mode"], device=self.device, seed=request.seed,
+                measured = measure_speed(impl, case, request.mode, device=self.device, seed=request.seed,
                                          budget_ms=request.options["budget_ms"],
                                          call_limit_ms=request.option("call_limit_ms"))
             if self.device == "cuda":
@@ -279,12 +279,12 @@ class Handler:
                 measured["gpu_processes"] = gpu_processes(beside)
             return Reply(Status.OK, "", measured)
 
-        return self._run(request, request.options["mode"] == "backward", measure)
+        return self._run(request, request.backward, measure)
 
     def _speed_block(self, impl: AttentionImpl, case: Case, request: Request) -> dict[str, Any]:
         from pytest_attnkit.worker.speed import warm_speed
 
-        mode = request.options["mode"]
+        mode = request.mode
         key = (case.id, json.dumps(case.to_dict(), sort_keys=True), mode, request.seed)
         if self._warm_key != key:
             self._warm_call = None  # frees the previous case's inputs before making this one's

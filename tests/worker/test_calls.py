@@ -24,8 +24,8 @@ CASE = Case(2, 2, 2, 17, 17, 32, "float32")
 REQUESTS = {
     "correctness": Request(Op.CORRECTNESS, CASE, False, 0, {"trials": 1}),
     "correctness backward": Request(Op.CORRECTNESS, CASE, True, 0, {"trials": 1}),
-    "speed forward": Request(Op.SPEED, CASE, False, 0, {"mode": "forward", "budget_ms": 5}),
-    "speed backward": Request(Op.SPEED, CASE, True, 0, {"mode": "backward", "budget_ms": 5}),
+    "speed forward": Request(Op.SPEED, CASE, False, 0, {"budget_ms": 5}),
+    "speed backward": Request(Op.SPEED, CASE, True, 0, {"budget_ms": 5}),
     "warm-up": Request(Op.WARM, CASE, True, 0),
     "determinism": Request(Op.PROPERTY, CASE, False, 0, {"check": "determinism"}),
     "determinism backward": Request(Op.PROPERTY, CASE, True, 0, {"check": "determinism"}),

@@ -41,7 +41,7 @@ REQUESTS = {
     Op.ENVIRONMENT: (Request(Op.ENVIRONMENT), None),
     Op.SUPPORT: (Request(Op.SUPPORT, options={"queries": [{"case": CASE.to_dict(), "backward": False}]}), "refusals"),
     Op.CORRECTNESS: (Request(Op.CORRECTNESS, CASE, False, 0, {"trials": 1}), "comparisons"),
-    Op.SPEED: (Request(Op.SPEED, CASE, False, 0, {"mode": "forward", "budget_ms": 5}), "timing"),
+    Op.SPEED: (Request(Op.SPEED, CASE, False, 0, {"budget_ms": 5}), "timing"),
     Op.WARM: (Request(Op.WARM, CASE, True, 0), None),
     Op.GUARD: (Request(Op.GUARD, CASE, False, 0), None),
     Op.PROPERTY: (Request(Op.PROPERTY, CASE, False, 0, {"check": "determinism"}), None),
