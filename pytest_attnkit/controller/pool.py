@@ -14,7 +14,8 @@ correctness case nobody submitted ahead) go to the primary with the GPU to itsel
 :mod:`~pytest_attnkit.controller.scheduler` runs others beside them; the scheduler sends the rest
 through :meth:`WorkerPool.ask`. A request of its own that runs out of device memory is sent again
 after other worker processes are stopped, enough of them to free what it lacked
-(:meth:`pytest_attnkit.controller.scheduler.Scheduler.make_room`), then all of them
+(:meth:`pytest_attnkit.controller.scheduler.Scheduler.make_room`, a few rounds, each by the latest
+failure's figures), then all of them
 (:meth:`WorkerPool.stop_others`): idle workers still hold their CUDA contexts, the kernels they
 loaded and whatever an implementation keeps, and whether a big case fits must not depend on them. Every reply's time goes into the run's
 :mod:`~pytest_attnkit.controller.ledger`.
@@ -218,7 +219,7 @@ class WorkerPool:
                 # all) and try again.
                 tries += 1
                 if self.scheduler is not None:
-                    stopped, everyone = self.scheduler.make_room(worker, reply, every=tries > 1)
+                    stopped, everyone = self.scheduler.make_room(worker, reply, attempt=tries)
                 else:
                     stopped, everyone = self.stop_others(worker), True
                 if not stopped:

@@ -396,6 +396,53 @@ def test_room_is_made_by_stopping_the_cheapest_workers_until_what_was_lacking_is
     assert pool.order[-1] == ("stopped", (warm_b.worker.pid, pool.primaries["c"].pid, c_extra.pid)) and everyone
 
 
+def test_room_is_made_again_by_the_next_failure_s_figures_before_every_worker_is_stopped(made) -> None:
+    """A case whose first allocation fits once room is made and whose next one does not: the
+    second failure's figures stop one more worker, not all of them (a fresh H100 stopped all 19
+    idle workers for one such case, and every primary started again: issue 41)."""
+    gib = 2**30
+    pool = FakePool(names=("a", "b", "c"))
+    scheduler = made(pool, jobs=1)
+    for name in ("b", "c"):
+        scheduler.wait(scheduler.submit(name, "correctness", work({"n": name})))
+    extra = pool.new_worker("c")
+    scheduler._extras["c"].append(extra)
+    scheduler._idle["c"].append(extra)
+    held = {pool.primaries["b"].pid: 4 * gib, pool.primaries["c"].pid: 5 * gib, extra.pid: 6 * gib}
+
+    def behave(message: dict[str, Any], running: int) -> Reply:
+        if message.get("n") != "big" or pool.stops >= 2:
+            return Reply(Status.OK, "", {"n": message.get("n")})
+        free = 10 * gib + sum(held[pid] for pid in stopped_pids())  # what was stopped is free
+        asked = 15 * gib if not pool.stops else free + 2 * gib  # a later, bigger allocation
+        return Reply(Status.OUT_OF_MEMORY, "CUDA out of memory", {"out_of_memory": {
+            "requested_bytes": asked, "free_at_failure_bytes": free,
+            "processes": {str(pid): used for pid, used in held.items() if pid not in stopped_pids()}}})
+
+    def stopped_pids() -> set[int]:
+        return {pid for entry in pool.order if isinstance(entry, tuple) for pid in entry[1]}
+
+    pool.behave = behave
+    reply = scheduler.wait(scheduler.submit("a", "correctness", work({"n": "big"})))
+    assert reply.ok
+    # 5 GiB lacking x 1.25 + 1 GiB: the two biggest; then 2 GiB lacking: the last one, by its figures
+    assert pool.order[-5:] == ["big", ("stopped", (pool.primaries["c"].pid, extra.pid)), "big",
+                               ("stopped", (pool.primaries["b"].pid,)), "big"]
+    assert "stopped the others" not in pool.order
+
+
+def test_room_is_made_by_stopping_every_worker_when_the_figures_say_nothing_was_lacking(made) -> None:
+    """Free memory above what was asked, and yet out of memory (fragmentation): the figures cannot
+    say whom to stop, so all of them go, rather than none and a "does not fit" skip."""
+    pool = FakePool(names=("a", "b"))
+    scheduler = made(pool, jobs=1)
+    scheduler.wait(scheduler.submit("b", "correctness", work({"n": "b"})))
+    failed = Reply(Status.OUT_OF_MEMORY, "CUDA out of memory", {"out_of_memory": {
+        "requested_bytes": 2**30, "free_at_failure_bytes": 2**31, "processes": {str(pool.primaries["b"].pid): 2**30}}})
+    assert scheduler.make_room(pool.primaries["a"], failed) == (1, True)
+    assert pool.order[-1] == "stopped the others"
+
+
 def test_the_gpu_alone_begins_by_closing_the_extra_workers_that_hold_no_warm_up(made) -> None:
     pool = FakePool(seconds=0.05)
     scheduler = made(pool, jobs=3)
