@@ -84,7 +84,9 @@ _PREFIX = "========="
 #: What a log file's name keeps of the test's implementation, case and tool; the rest becomes "_".
 _UNSAFE_IN_NAME = re.compile(r"[^A-Za-z0-9._+-]")
 #: memcheck's, initcheck's and synccheck's summary: ``ERROR SUMMARY: 0 errors``, ``... 1 error``.
-_ERROR_SUMMARY = re.compile(r"ERROR SUMMARY:\s*(\d+)\s+errors?", re.IGNORECASE)
+#: Beyond ``--print-limit`` it adds ``ERROR SUMMARY: 8172 errors were not printed ...``, which is
+#: not a second count (seen on an H200, 2026-11-26).
+_ERROR_SUMMARY = re.compile(r"ERROR SUMMARY:\s*(\d+)\s+errors?\s*$", re.IGNORECASE)
 #: racecheck's: ``RACECHECK SUMMARY: 1 hazard displayed (0 errors, 1 warning)``; the hazards are the
 #: errors and warnings together, so without the counts in brackets every hazard counts as an error.
 _RACECHECK_SUMMARY = re.compile(r"RACECHECK SUMMARY:\s*(\d+)\s+hazards?(?:\s+displayed)?"
@@ -160,7 +162,7 @@ def parse_report(text: str) -> SanitizerReport:
             current = None
             continue
         stripped = body.strip()
-        if not stripped or stripped.startswith("COMPUTE-SANITIZER"):
+        if not stripped or stripped.startswith(("COMPUTE-SANITIZER", "ERROR SUMMARY")):
             current = None
             continue
         if not body.startswith("  "):  # a message: a new block

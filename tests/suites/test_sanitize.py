@@ -58,6 +58,16 @@ def test_the_report_names_the_kernel_and_the_access() -> None:
     assert parse_report("").errors is None
 
 
+def test_errors_past_the_print_limit_are_counted_once_and_not_taken_for_an_error() -> None:
+    """Over ``--print-limit`` memcheck adds a line that starts like the summary (H200, 2026-11-26)."""
+    log = MEMCHECK_LOG.replace("ERROR SUMMARY: 1 error", "ERROR SUMMARY: 8192 errors\n"
+                               "========= ERROR SUMMARY: 8191 errors were not printed. Use --print-limit option to "
+                               "adjust the number of printed errors")
+    report = parse_report(log)
+    assert report.errors == 8192
+    assert [block[0] for block in report.blocks] == ["Invalid __global__ read of size 4 bytes"]
+
+
 RACECHECK_WARNING_LOG = """\
 ========= COMPUTE-SANITIZER
 ========= Warning: Race reported between Read access at attn_fwd_split+0x7600 in kernels.py:418

@@ -33,7 +33,9 @@ SIZES = (3616, 4000, 4096, 65552, 1 << 20)
 #: Bytes read past the end: from one float to a quarter of a MiB.
 OVERS = (4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144)
 PAIRS = [(size, over) for size in SIZES for over in OVERS]
-_ALLOCATION = re.compile(r"nearest allocation at (0x[0-9a-f]+) of size (\d+) bytes", re.IGNORECASE)
+#: ``... is 1 bytes after the nearest allocation at 0x7f0656800000 of size 3,616 bytes``: the tool
+#: writes sizes with thousands separators (a ``\d+`` here read every report as none: 2026-11-26).
+_ALLOCATION = re.compile(r"nearest allocation at (0x[0-9a-f]+) of size ([\d,]+) bytes", re.IGNORECASE)
 
 
 def child(start: int, guarded: bool, only: bool = False) -> int:
