@@ -375,6 +375,30 @@ def test_a_gpu_with_only_this_runs_workers_on_it_is_not_shared(tmp_path: Path,
     assert report.shared_gpu(document) is None
 
 
+class EscapingPool(SharedPool):
+    """Replies as a worker whose host waited three times what the events timed for each call."""
+
+    def request(self, name: str, request: Request) -> Reply:
+        reply = super().request(name, request)
+        data = dict(reply.data)
+        data["timing"] = {**data["timing"], "wait_ms": 3.5 * data["timing"]["median_ms"] + 1.0}
+        return Reply(reply.status, reply.message, data)
+
+
+def test_work_that_escapes_the_timed_stream_fails_and_on_a_shared_gpu_is_not_judged(tmp_path: Path) -> None:
+    """On an H200 beside a matmul loop in another process, torch_sdpa itself "escaped the timed
+    stream" (0.90 ms by events, 2.94 ms waited): the host waits for the other process's kernels
+    too. There the check cannot tell, and says so; alone on the GPU it fails the kernel."""
+    alone = make_check(EscapingPool({"kernel": [1.0]}, []), BaselineStore(tmp_path, DEVICE))
+    with judged("failed", r"kernel on .* \(forward\): its work escapes the timed stream: CUDA events on the "
+                          r"current stream saw 1\.0000 ms per call, but after issuing a call the host waited 4\.5000 ms"):
+        alone.check("kernel", "forward", CASE)
+    shared = make_check(EscapingPool({"kernel": [1.0]}, [777]), BaselineStore(tmp_path, DEVICE))
+    with judged("skipped", r"kernel on .* \(forward\): not judged: after issuing a call the host waited 4\.5000 ms "
+                           r"for the device where CUDA events saw 1\.0000 ms, and the GPU was shared with pid 777"):
+        shared.check("kernel", "forward", CASE)
+
+
 class WherePool(FakePool):
     """A pool that records which worker each speed request was sent to (None: the primary)."""
 
