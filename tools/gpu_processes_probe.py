@@ -93,8 +93,14 @@ def main() -> int:
     free0, total = torch.cuda.mem_get_info()
     print(json.dumps({"me": os.getpid(), "free_bytes": free0, "total_bytes": total, **nvml_processes()}))
     print(json.dumps(smi_processes()))
+    # Triton's @jit reads its function's source: the child must be a file, not ``-c`` (2026-11-26).
+    import tempfile
+
+    script = os.path.join(tempfile.mkdtemp(prefix="probe-"), "child.py")
+    with open(script, "w") as handle:
+        handle.write(CHILD)
     for step in STEPS:
-        children = [subprocess.Popen([sys.executable, "-c", CHILD, step, "20"], stdout=subprocess.PIPE, text=True)
+        children = [subprocess.Popen([sys.executable, script, step, "20"], stdout=subprocess.PIPE, text=True)
                     for _ in range(args.idle_workers)]
         said = [json.loads(child.stdout.readline()) for child in children]
         time.sleep(1.0)
