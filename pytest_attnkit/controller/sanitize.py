@@ -8,8 +8,8 @@ wrote, synccheck misused barriers. Each test runs in two steps:
 
 1. Outside the tool, in an ordinary worker: memcheck's tests run the case on plain inputs and then
    on guarded copies of them, each input inside poison (:mod:`pytest_attnkit.worker.guards`), which
-   shows reads and writes past an input's end that stay inside its allocation's rounding, where
-   memcheck cannot see them; the other tools' tests warm the case up. Either way what the
+   shows reads and writes past an input's end without the tool (on the CPU too) and names the
+   input; the other tools' tests warm the case up. Either way what the
    implementation compiles and autotunes is then in the disk caches, and the worker under the tool
    loads it instead of compiling and tuning under the tool (torch.compile's autotuning under
    memcheck found no valid choice for FlexAttention's decoding kernel).

@@ -1,13 +1,15 @@
 """Guarded inputs: every input of a call inside a buffer whose bytes before and after it are poison.
 
-compute-sanitizer's memcheck checks each access against the allocations, and the allocator rounds
-them up: a read of a few hundred bytes past a tensor's end lands inside its own allocation's
-rounding and is not reported (memcheck 2025.3.1 on an H200 and an H100, 2026-11-25: 480 bytes past
-a 3616-byte tensor, 96 past a 4000-byte one). That is the commonest out-of-bounds bug of an
-attention kernel: an unmasked load of the last, partial tile of keys or values, whose extra rows
-the scores then mask out, so every number is right.
+compute-sanitizer's memcheck checks each access against the allocations. Inside torch's caching
+allocator a tensor is a piece of a larger block, and a read of a few hundred bytes past its end is
+not out of bounds for the tool; the suite's worker under the tool turns the cache off and pads
+each allocation, and then memcheck reported every read from 4 bytes to 256 KiB past tensors of
+3616 bytes to 1 MiB (H100 2026-11-25, H200 2026-11-26: docs/properties.md, "What it sees"). That
+is the commonest out-of-bounds bug of an attention kernel: an unmasked load of the last, partial
+tile of keys or values, whose extra rows the scores then mask out, so every number is right.
 
-So the sanitize suite also runs each case with its inputs guarded. Each input tensor (q, k, v, the
+The sanitize suite also runs each case with its inputs guarded: a second net that does not
+depend on the tool (it runs on the CPU, and without compute-sanitizer), and that names the input. Each input tensor (q, k, v, the
 upstream gradient, a variant's slopes, sinks and LSE gradient, FP8 descales, and the integer
 offsets, block tables and cache lengths of packed and paged cases) is copied into the middle of a
 buffer of its own, :data:`GUARD_BYTES` of poison on each side: NaN for a floating-point tensor,
@@ -24,9 +26,9 @@ values, strides and alignment (a guard is a whole number of 256-byte blocks), an
 - a write past an input's end, or before its start, changes the guard.
 
 Once something is found, each input is guarded alone to say which one it was. What this cannot
-see: reads and writes out of bounds of the buffers the kernel allocates itself (memcheck sees those
-past the allocation's rounding, :mod:`pytest_attnkit.controller.sanitize`), and reads further from
-the input than the guard reaches.
+see: reads and writes out of bounds of the buffers the kernel allocates itself (memcheck's, through
+torch's allocator: :mod:`pytest_attnkit.controller.sanitize`), and reads further from the input
+than the guard reaches.
 """
 
 from __future__ import annotations

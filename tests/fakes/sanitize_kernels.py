@@ -1,12 +1,13 @@
 """Varlen attention kernels for the sanitize suite's GPU test: the same Triton kernel, honest and
-with planted out-of-bounds reads, each with right numbers on every case (the extra rows are masked
-out of the scores, and a probability of zero weighs the extra values). Only the last sequence's
+with planted out-of-bounds reads, each with right numbers on the suite's case (the extra rows are
+masked out of the scores, and a probability of zero weighs the extra values; OneRowPast's row past
+v may land on the NaN the harness leaves in freed memory, and fail a correctness case). Only the last sequence's
 extra rows lie outside the packed tensors. Copied into a fake distribution by the test
 (tests/suites/test_sanitize.py); a slow kernel, one program per query row.
 
-- ``OneRowPast``: one key and value row past each sequence (a few hundred bytes past k and v: inside
-  the allocation's rounding, where memcheck cannot see it). Its value reaches the result times a
-  probability of zero: the guarded inputs see it (NaN times zero is NaN).
+- ``OneRowPast``: one key and value row past each sequence (a few hundred bytes past k and v). Its
+  value reaches the result times a probability of zero: the guarded inputs see it (NaN times zero
+  is NaN), and they run first.
 - ``TilePastK``: a whole tile of keys (32 rows) past each sequence, values read as they should be.
   A key past the end only feeds a score that is masked: the guards cannot see it, memcheck must.
 - ``TilePastOwnK``: the same read past a copy of k the kernel allocates itself through torch.
