@@ -35,9 +35,11 @@ run() {  # label extra [pytest args]
   { echo "=== $label (ATTNKIT_EXTRA_WORK=$extra) exit $status"
     echo "$text" | sed -n '/^gate against/,/^===/p;/^baseline saved/p' | grep -v '^===='
     echo "$text" | tail -n 1; } >>"$log"
-  table=$(echo "$text" | sed -n '/^gate against/,$p' | grep -E '^slowable_flash +forward ')  # the gate's rows
+  # The gate's rows: a line naming the case, then one with its figures ("base ms ... change +9.5%
+  # ... verdict REGRESSION 3/3").
+  table=$(echo "$text" | sed -n '/^gate against/,$p' | grep -A1 -E '^slowable_flash +fwd ' | grep -E '^ +base ms')
   cases_flagged=$(echo "$table" | grep -c 'REGRESSION' || true)
-  change=$(echo "$table" | awk '{printf "%s ", $7}')
+  change=$(echo "$table" | awk '{for (i = 1; i < NF; i++) if ($i == "change") printf "%s ", $(i + 1)}')
   printf '%-12s extra=%-5s exit=%s  slowable_flash cases flagged %s of %s  change after the machine factor: %s\n' \
     "$label" "$extra" "$status" "$cases_flagged" "$(echo "$table" | grep -c . || true)" "$change" | tee -a "$summary"
   last_flagged=$cases_flagged
