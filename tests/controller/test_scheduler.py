@@ -169,9 +169,12 @@ def test_an_out_of_memory_beside_another_runs_again_alone(made) -> None:
             return OUT_OF_MEMORY
         return Reply(Status.OK, "", {"ran_with": running})
 
-    pool = FakePool(behave=behave, seconds=0.05)
+    pool = FakePool(behave=behave, seconds=0.3)
     scheduler = made(pool, jobs=4)
-    jobs = [scheduler.submit("a", "correctness", work({"n": n})) for n in range(4)]
+    # n=0 last, so that it starts while the others run, however loaded the machine (with all four
+    # submitted at once and short, CI once saw it run alone first: 2026-11-26).
+    others = [scheduler.submit("a", "correctness", work({"n": n})) for n in (1, 2, 3)]
+    jobs = [scheduler.submit("a", "correctness", work({"n": 0})), *others]
     replies = [scheduler.wait(job) for job in jobs]
     assert replies[0].status is Status.OK and replies[0].data["ran_with"] == 1
     assert jobs[0].first_oom is not None and jobs[0].first_oom.out_of_memory

@@ -84,9 +84,14 @@ def test_every_backward_sample_runs_a_graph_of_its_own_and_accumulates_nothing()
     case = Case(1, 2, 2, 32, 32, 16, "float32")
     measured = measure_speed(counted, case, "backward", device="cpu", seed=0, budget_ms=5, input_sets=2)
     samples = len(measured["timing"]["samples_ms"])
-    assert measured["input_sets"] == 2 and samples >= 15
+    # On a loaded machine a warm-up call can pass the timer's long-call mark (100 ms, seen in CI
+    # 2026-11-26): then the warm-up stops after its second or third call, the estimate is its
+    # last call, and the floor is 6 samples.
+    long_call = samples < 15
+    assert measured["input_sets"] == 2 and samples >= (6 if long_call else 15)
     # Warm-up (3), the estimate (1) and the samples: each a forward of its own, run backward once.
-    assert backwards == forwards == list(range(3 + 1 + samples))
+    assert backwards == forwards == list(range(len(forwards)))
+    assert len(forwards) - samples in ((2, 3) if long_call else (3 + 1,))
     first, second = (id(q) for q, _, _ in seen[:2])
     assert first != second and [id(q) for q, _, _ in seen] == [first, second] * (len(seen) // 2) + [first] * (len(seen) % 2)
     assert all(t.grad is None for inputs in seen for t in inputs)
