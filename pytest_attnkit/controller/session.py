@@ -29,15 +29,18 @@ from pytest_attnkit.controller.against import AgainstError, Revision, materialis
 from pytest_attnkit.controller.baselines import MIN_RUNS, BaselineError, BaselineStore
 from pytest_attnkit.controller.correctness import CorrectnessCheck
 from pytest_attnkit.controller.impls import ImplStatus
+from pytest_attnkit.controller.items import ITEM_KEY, mark_items
 from pytest_attnkit.controller.memory import NO_MEMORY_METER_ON_CPU, MemoryCheck, item_sweep
 from pytest_attnkit.controller.options import SUITES, Settings, moved_rootdir
 from pytest_attnkit.controller.outcome import JUDGEMENT_KEY, Outcomes, Verdict, last_line, reason_of, skipped
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.process import WorkerFailure
 from pytest_attnkit.controller.properties import PropertyCheck
+from pytest_attnkit.controller.runner import Runner
 from pytest_attnkit.controller.sanitize import SanitizeCheck, find_sanitizer
 from pytest_attnkit.controller.scheduler import Scheduler
 from pytest_attnkit.controller.speed import CPU_THRESHOLD, SpeedCheck, SpeedSettings
+from pytest_attnkit.controller.suite import Suite
 from pytest_attnkit.controller.table import header_lines
 from pytest_attnkit.controller.terminal import NO_BREAK
 from pytest_attnkit.messages import Op, Request
@@ -74,10 +77,8 @@ def asked_for_but_untested(document: dict[str, Any], asked: list[str]) -> list[s
             if info["status"] == ImplStatus.UNAVAILABLE and name not in ran]
 
 
-def property_check(item: pytest.Item) -> str:
-    """The check a properties test runs: its name without ``test_`` and ``_backward``
-    (suites/test_properties.py: ``test_determinism_backward`` runs "determinism")."""
-    return item.originalname.removeprefix("test_").removesuffix("_backward")
+#: The bundled suites by name, for working out each collected test's SuiteItem.
+SUITE_TYPES: dict[str, type[Suite]] = {suite.name: suite for suite in (CorrectnessCheck, PropertyCheck)}
 
 
 class AttnkitSession:
@@ -89,10 +90,12 @@ class AttnkitSession:
         self.profile = "smoke"
         self.pool = WorkerPool(device="cpu", timeout=settings.timeout, inprocess=settings.inprocess)
         self.outcomes = Outcomes()
-        self.correctness: CorrectnessCheck | None = None
+        #: The suites of this run, by name (built by start()).
+        self.suites: dict[str, Suite] = {}
+        #: Runs every suite test (built by start()).
+        self.runner: Runner | None = None
         self.memory: MemoryCheck | None = None
         self.speed: SpeedCheck | None = None
-        self.properties: PropertyCheck | None = None
         self.sanitize: SanitizeCheck | None = None
         #: Per test: implementation, suite, outcome and the failure or skip text, for the report.
         self.test_outcomes: list[dict[str, Any]] = []
@@ -152,11 +155,11 @@ class AttnkitSession:
         else:
             self._start_scheduler()
         settings = self.settings
-        self.correctness = CorrectnessCheck(self.pool, self.outcomes, settings.seed, settings.trials,
-                                            accuracy=self.accuracy)
+        self.suites["correctness"] = CorrectnessCheck(self.pool, self.outcomes, settings.seed, settings.trials,
+                                                      accuracy=self.accuracy)
         self.memory = MemoryCheck(self.pool, self.outcomes, case_sets.memory_sweep(self.profile), self.device,
                                   settings.seed, profile=self.profile)
-        self.properties = PropertyCheck(self.pool, self.outcomes, settings.seed, self.device)
+        self.suites["properties"] = PropertyCheck(self.pool, self.outcomes, settings.seed, self.device)
         if "sanitize" in settings.suite:
             # The tool's logs go beside the report, else into a temporary folder that is kept.
             self.sanitize = SanitizeCheck(self.pool, self.outcomes, settings.seed, self.device,
@@ -176,6 +179,7 @@ class AttnkitSession:
                                     store, self.threshold, self.device,
                                     twins=dict(self.revision.twins) if self.revision else {},
                                     ab_threshold=self.ab_threshold)
+        self.runner = Runner(self.suites, self.pool, self.outcomes, self.pool.scheduler)
 
     def _usable_cores(self) -> int:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -379,6 +383,7 @@ class AttnkitSession:
         skips that share a reason."""
         questions: dict[str, list[tuple[pytest.Item, Case, bool]]] = {}
         parallel = xdist.parallel_timing_problem(self.config, self.device, self._cuda_device_count())
+        mark_items(items, SUITE_TYPES)
         for item in items:
             if self.device != "cuda" and item.get_closest_marker("attnkit_memory") is not None:
                 self.outcomes.skip_at_collection(item, skipped(NO_MEMORY_METER_ON_CPU))
@@ -389,6 +394,12 @@ class AttnkitSession:
             question = self._item_question(item)
             if question is not None:
                 name, case, backward = question
+                suite_item = item.stash.get(ITEM_KEY, None)
+                if suite_item is not None and suite_item.suite in self.suites:
+                    query = self.suites[suite_item.suite].support_query(suite_item)
+                    if query is None:
+                        continue
+                    case, backward = query
                 questions.setdefault(name, []).append((item, case, backward))
         for name, asked in questions.items():
             info = self.pool.info(name)
@@ -423,7 +434,7 @@ class AttnkitSession:
         in the worker that later times it. A warm-up estimated to need the GPU alone is left to
         the test."""
         scheduler = self.pool.scheduler
-        if scheduler is None or self.correctness is None:
+        if scheduler is None or self.runner is None:
             return
         warm_ups: list[tuple[str, str, Case, bool]] = []
         for item in ahead_order(items, self.suite_of):
@@ -432,13 +443,9 @@ class AttnkitSession:
                 continue
             impl, case, backward = question
             suite = self.suite_of(item)
-            if suite == "correctness":
-                estimate = footprint.request_bytes(case, backward=backward, references=True,
-                                                   linear_memory=self._linear_memory(impl))
-                try:
-                    self.correctness.submit(scheduler, impl, case, backward=backward, gpu_bytes=estimate)
-                except pytest.UsageError:
-                    pass  # a hook's bad answer: the test asks again when it runs, and fails with it
+            suite_item = item.stash.get(ITEM_KEY, None)
+            if suite_item is not None and suite_item.suite in self.suites:
+                self.runner.submit(suite_item)
             elif suite == "memory" and self.device == "cuda" and self.memory is not None:
                 sweep = item_sweep(item, self.profile)
                 if self.environment.get("memory_meter") == "process":
@@ -454,10 +461,6 @@ class AttnkitSession:
                 self.sanitize.submit(impl, self._params(item)["attnkit_tool"], case, backward=backward,
                                      gpu_bytes=3 * footprint.request_bytes(case, backward=backward, references=False,
                                                                            linear_memory=False))
-            elif suite == "properties" and self.properties is not None:
-                self.properties.submit(scheduler, property_check(item), impl, case, backward=backward,
-                                       gpu_bytes=footprint.request_bytes(case, backward=backward, references=True,
-                                                                         linear_memory=self._linear_memory(impl)))
         for suite, impl, case, backward in dict.fromkeys(warm_ups):
             estimate = footprint.request_bytes(case, backward=backward, references=False,
                                                linear_memory=self._linear_memory(impl))
@@ -503,11 +506,8 @@ class AttnkitSession:
                                    "case": case.id if case is not None else None, "function": item.originalname,
                                    "twin_of": self.twins.get((impl, case.id)) if case is not None else None,
                                    "outcome": Verdict(test_report.outcome), "reason": reason, "message": text[:4000]})
-        if self.correctness is not None and case is not None and self.suite_of(item) == "correctness":
-            backward = item.get_closest_marker("attnkit_backward") is not None
-            result = self.correctness.results.get((impl, case.id, backward))
-            if result is not None and result.comparisons:
-                self.test_outcomes[-1]["comparisons"] = [comparison.to_dict() for comparison in result.comparisons]
+        if judgement is not None and judgement.record:
+            self.test_outcomes[-1].update(judgement.record)
 
     def baseline_state(self) -> dict[str, Any]:
         if self.speed is None:
@@ -534,7 +534,7 @@ class AttnkitSession:
             impls=list(self.pool.impls.values()), outcomes=self.test_outcomes,
             memory=self.memory.results if self.memory else [], speed=self.speed, interrupted=interrupted,
             baseline=self.baseline_state(), against=self.against_state(),
-            properties=self.properties.results if self.properties else [],
+            properties=self.suites["properties"].results if "properties" in self.suites else [],
             sanitize=self.sanitize.results if self.sanitize else [])
         self.document["collected"] = {name: dict(suites) for name, suites in self.collected.items()}
         self.document["time"] = {**self.pool.ledger.to_dict(self.pool.primary_startups()), "jobs": self.jobs}
