@@ -116,8 +116,6 @@ def _interrupt_on_sigterm(signum: int, frame: Any) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "attnkit_cases(family): parametrize attnkit_case with that family's case set")
     config.addinivalue_line("markers", "attnkit_backward: the test runs the implementation's backward pass")
-    config.addinivalue_line("markers", "attnkit_sweep(name): the memory sweep a memory test runs (dense, window, "
-                                       "varlen, paged)")
     for suite in options.SUITES:
         config.addinivalue_line("markers", f"attnkit_{suite}: a test of the attnkit {suite} suite")
     if not config.getoption("attnkit"):

@@ -30,7 +30,7 @@ from pytest_attnkit.controller.baselines import MIN_RUNS, BaselineError, Baselin
 from pytest_attnkit.controller.correctness import CorrectnessCheck
 from pytest_attnkit.controller.impls import ImplStatus
 from pytest_attnkit.controller.items import ITEM_KEY, mark_items
-from pytest_attnkit.controller.memory import NO_MEMORY_METER_ON_CPU, MemoryCheck, item_sweep
+from pytest_attnkit.controller.memory import MemoryCheck
 from pytest_attnkit.controller.options import SUITES, Settings, moved_rootdir
 from pytest_attnkit.controller.outcome import JUDGEMENT_KEY, Outcomes, Verdict, last_line, reason_of, skipped
 from pytest_attnkit.controller.pool import WorkerPool
@@ -47,16 +47,6 @@ from pytest_attnkit.messages import Op, Request
 from pytest_attnkit.records import EntryKey
 
 SESSION_KEY = pytest.StashKey["AttnkitSession"]()
-
-
-def ahead_order(items: list[pytest.Item], suite_of: Any) -> list[pytest.Item]:
-    """The tests in the order their requests are submitted ahead: memory sweeps first, then the
-    rest in pytest's order. A sweep is a chain (each point waits for the one before), so its
-    first point must start early for the chain to run beside the other requests; submitted in
-    pytest's order, after every correctness case, torch_flex's sweeps on a cold H100 started at
-    206 s and ran alone until 274 s, the end of the concurrent phase
-    (results/2026-11-25-h100-main-job, B cold)."""
-    return sorted(items, key=lambda item: suite_of(item) != "memory")
 
 
 def asked_for_but_untested(document: dict[str, Any], asked: list[str]) -> list[str]:
@@ -78,7 +68,7 @@ def asked_for_but_untested(document: dict[str, Any], asked: list[str]) -> list[s
 
 
 #: The bundled suites by name, for working out each collected test's SuiteItem.
-SUITE_TYPES: dict[str, type[Suite]] = {suite.name: suite for suite in (CorrectnessCheck, PropertyCheck)}
+SUITE_TYPES: dict[str, type[Suite]] = {suite.name: suite for suite in (CorrectnessCheck, MemoryCheck, PropertyCheck)}
 
 
 class AttnkitSession:
@@ -94,7 +84,6 @@ class AttnkitSession:
         self.suites: dict[str, Suite] = {}
         #: Runs every suite test (built by start()).
         self.runner: Runner | None = None
-        self.memory: MemoryCheck | None = None
         self.speed: SpeedCheck | None = None
         self.sanitize: SanitizeCheck | None = None
         #: Per test: implementation, suite, outcome and the failure or skip text, for the report.
@@ -157,8 +146,8 @@ class AttnkitSession:
         settings = self.settings
         self.suites["correctness"] = CorrectnessCheck(self.pool, self.outcomes, settings.seed, settings.trials,
                                                       accuracy=self.accuracy)
-        self.memory = MemoryCheck(self.pool, self.outcomes, case_sets.memory_sweep(self.profile), self.device,
-                                  settings.seed, profile=self.profile)
+        self.suites["memory"] = MemoryCheck(self.pool, self.outcomes, self.device, settings.seed, profile=self.profile,
+                                            meter=str(self.environment.get("memory_meter") or "device"))
         self.suites["properties"] = PropertyCheck(self.pool, self.outcomes, settings.seed, self.device)
         if "sanitize" in settings.suite:
             # The tool's logs go beside the report, else into a temporary folder that is kept.
@@ -370,9 +359,6 @@ class AttnkitSession:
         backward = item.get_closest_marker("attnkit_backward") is not None
         if "attnkit_case" in params:
             return params["attnkit_impl"], params["attnkit_case"], backward
-        if item.get_closest_marker("attnkit_memory") is not None:
-            sweep = item_sweep(item, self.profile)
-            return params["attnkit_impl"], sweep.case(sweep.seqlens[0]), backward
         return None
 
     def mark_refusals(self, items: list[pytest.Item]) -> None:
@@ -385,8 +371,16 @@ class AttnkitSession:
         parallel = xdist.parallel_timing_problem(self.config, self.device, self._cuda_device_count())
         mark_items(items, SUITE_TYPES)
         for item in items:
-            if self.device != "cuda" and item.get_closest_marker("attnkit_memory") is not None:
-                self.outcomes.skip_at_collection(item, skipped(NO_MEMORY_METER_ON_CPU))
+            suite_item = item.stash.get(ITEM_KEY, None)
+            suite = self.suites.get(suite_item.suite) if suite_item is not None else None
+            refusal = suite.refusal(suite_item) if suite is not None and suite_item is not None else None
+            if refusal is not None:
+                self.outcomes.skip_at_collection(item, refusal)
+                continue
+            if suite is not None and suite_item is not None:
+                query = suite.support_query(suite_item)
+                if query is not None:
+                    questions.setdefault(suite_item.impl, []).append((item, *query))
                 continue
             if parallel and item.get_closest_marker("attnkit_speed"):
                 self.outcomes.skip_at_collection(item, skipped(parallel))
@@ -394,12 +388,6 @@ class AttnkitSession:
             question = self._item_question(item)
             if question is not None:
                 name, case, backward = question
-                suite_item = item.stash.get(ITEM_KEY, None)
-                if suite_item is not None and suite_item.suite in self.suites:
-                    query = self.suites[suite_item.suite].support_query(suite_item)
-                    if query is None:
-                        continue
-                    case, backward = query
                 questions.setdefault(name, []).append((item, case, backward))
         for name, asked in questions.items():
             info = self.pool.info(name)
@@ -437,25 +425,15 @@ class AttnkitSession:
         if scheduler is None or self.runner is None:
             return
         warm_ups: list[tuple[str, str, Case, bool]] = []
-        for item in ahead_order(items, self.suite_of):
+        running = [item for item in items if item.get_closest_marker("skip") is None]
+        self.runner.submit_all(item.stash[ITEM_KEY] for item in running if ITEM_KEY in item.stash)
+        for item in running:
             question = self._item_question(item)
-            if question is None or item.get_closest_marker("skip") is not None:
+            if question is None or item.stash.get(ITEM_KEY, None) is not None and item.stash[ITEM_KEY].suite in self.suites:
                 continue
             impl, case, backward = question
             suite = self.suite_of(item)
-            suite_item = item.stash.get(ITEM_KEY, None)
-            if suite_item is not None and suite_item.suite in self.suites:
-                self.runner.submit(suite_item)
-            elif suite == "memory" and self.device == "cuda" and self.memory is not None:
-                sweep = item_sweep(item, self.profile)
-                if self.environment.get("memory_meter") == "process":
-                    # Each worker's meter is its own: the sweep runs beside other work.
-                    linear = self._linear_memory(impl)
-                    self.memory.submit(scheduler, impl, sweep, backward=backward, gpu_bytes=lambda case: 2 * (
-                        footprint.request_bytes(case, backward=backward, references=False, linear_memory=linear)))
-                else:
-                    warm_ups += [("memory", impl, sweep.case(n), backward) for n in sweep.seqlens]
-            elif suite == "speed" and self.speed is not None and impl not in self.twin_names:
+            if suite == "speed" and self.speed is not None and impl not in self.twin_names:
                 warm_ups.append(("speed", impl, case, backward))
             elif suite == "sanitize" and self.sanitize is not None:
                 self.sanitize.submit(impl, self._params(item)["attnkit_tool"], case, backward=backward,
@@ -532,7 +510,7 @@ class AttnkitSession:
         self.document = report.build(
             environment=self.environment, device=self.device, profile=self.profile,
             impls=list(self.pool.impls.values()), outcomes=self.test_outcomes,
-            memory=self.memory.results if self.memory else [], speed=self.speed, interrupted=interrupted,
+            memory=self.suites["memory"].results if "memory" in self.suites else [], speed=self.speed, interrupted=interrupted,
             baseline=self.baseline_state(), against=self.against_state(),
             properties=self.suites["properties"].results if "properties" in self.suites else [],
             sanitize=self.sanitize.results if self.sanitize else [])

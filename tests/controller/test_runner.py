@@ -1,7 +1,8 @@
 """The runner, with fake suites, a fake scheduler and a fake pool (no processes): a plan sent ahead
 is sent once and its replies reach the suite's judge, without a scheduler each request is sent
 when the suite reads its reply (a warm-up never), a cancelled or unsent request reads None, a
-judgement raised as Judged is settled like one returned, and each collected test's SuiteItem is worked out from its marker, function and parameters."""
+judgement raised as Judged is settled like one returned, plans go out in their suites' order, and
+each collected test's SuiteItem is worked out from its marker, function and parameters."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pytest_attnkit.contract import Case
 from pytest_attnkit.controller.correctness import CorrectnessCheck
 from pytest_attnkit.controller.impls import ImplInfo
 from pytest_attnkit.controller.items import ITEM_KEY, suite_item
+from pytest_attnkit.controller.memory import MemoryCheck
 from pytest_attnkit.controller.outcome import JUDGEMENT_KEY, Judged, Judgement, Outcomes, Verdict, failed
 from pytest_attnkit.controller.runner import Runner
 from pytest_attnkit.controller.scheduler import Job
@@ -167,6 +169,29 @@ def test_a_test_of_a_suite_not_selected_skips_saying_so() -> None:
         Runner({}, FakePool(), Outcomes()).run(node)  # type: ignore[arg-type]
 
 
+def test_memory_sweeps_are_submitted_ahead_of_the_other_tests_and_chained() -> None:
+    """A sweep is a chain of points: submitted after every correctness case, its first point would
+    wait for them and the chain would run alone at the end of the concurrent phase."""
+    pool, scheduler = FakePool({"memory_class": "linear"}), FakeScheduler()
+    suites: dict[str, Suite] = {
+        "correctness": CorrectnessCheck(pool, Outcomes(), 0, 2),  # type: ignore[arg-type]
+        "memory": MemoryCheck(pool, Outcomes(), "cuda", 0, profile="smoke", meter="process")}  # type: ignore[arg-type]
+    forward, backward = CorrectnessCheck.tests
+    items = [item_of("correctness", spec=forward), SuiteItem("memory", MemoryCheck.tests[0], "kernel", None),
+             item_of("correctness", spec=backward)]
+    Runner(suites, pool, Outcomes(), scheduler).submit_all(items)  # type: ignore[arg-type]
+    ops = [job.request.op for job in scheduler.jobs]
+    points = ops.count(Op.MEMORY)
+    assert points >= 3 and ops == [Op.MEMORY] * points + [Op.CORRECTNESS] * 2
+    chain = scheduler.jobs[:points]
+    assert chain[0].after is None and all(job.after is chain[i] and job.needs_ok for i, job in enumerate(chain[1:]))
+    assert [job.request.backward for job in scheduler.jobs[points:]] == [False, True]
+    # With a meter that sees the whole device, the sweep's points are only warmed up ahead, last.
+    device_wide = MemoryCheck(pool, Outcomes(), "cuda", 0, profile="smoke", meter="device")  # type: ignore[arg-type]
+    assert device_wide.order(items[1]) > suites["correctness"].order(items[0])
+    assert all(planned.warm and planned.request.op is Op.WARM for planned in device_wide.plan(items[1]))
+
+
 class Marked:
     """A collected test as items.suite_item reads it: its marker, function and parameters."""
 
@@ -179,7 +204,11 @@ class Marked:
 
 
 def test_a_collected_test_becomes_its_suite_item_once() -> None:
-    suites = {"correctness": CorrectnessCheck}
+    suites = {"correctness": CorrectnessCheck, "memory": MemoryCheck}
+    memory = suite_item(Marked("attnkit_memory", "test_memory_window_backward", {"attnkit_impl": "kernel"}),
+                        suites)  # type: ignore[arg-type]
+    assert memory is not None and (memory.impl, memory.case, memory.backward) == ("kernel", None, True)
+    assert memory.spec.params == {"sweep": "window"}
     forward = suite_item(Marked("attnkit_correctness", "test_forward", {"attnkit_impl": "kernel",
                                                                         "attnkit_case": CASE}), suites)  # type: ignore[arg-type]
     assert forward == SuiteItem("correctness", CorrectnessCheck.tests[0], "kernel", CASE)
