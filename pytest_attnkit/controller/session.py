@@ -68,7 +68,7 @@ def asked_for_but_untested(document: dict[str, Any], asked: list[str]) -> list[s
 
 
 #: The bundled suites by name, for working out each collected test's SuiteItem.
-SUITE_TYPES: dict[str, type[Suite]] = {suite.name: suite for suite in (CorrectnessCheck, MemoryCheck, PropertyCheck)}
+SUITE_TYPES: dict[str, type[Suite]] = {suite.name: suite for suite in (CorrectnessCheck, MemoryCheck, SpeedCheck, PropertyCheck)}
 
 
 class AttnkitSession:
@@ -84,7 +84,6 @@ class AttnkitSession:
         self.suites: dict[str, Suite] = {}
         #: Runs every suite test (built by start()).
         self.runner: Runner | None = None
-        self.speed: SpeedCheck | None = None
         self.sanitize: SanitizeCheck | None = None
         #: Per test: implementation, suite, outcome and the failure or skip text, for the report.
         self.test_outcomes: list[dict[str, Any]] = []
@@ -144,6 +143,7 @@ class AttnkitSession:
         else:
             self._start_scheduler()
         settings = self.settings
+        self.runner = Runner(self.suites, self.pool, self.outcomes, self.pool.scheduler)
         self.suites["correctness"] = CorrectnessCheck(self.pool, self.outcomes, settings.seed, settings.trials,
                                                       accuracy=self.accuracy)
         self.suites["memory"] = MemoryCheck(self.pool, self.outcomes, self.device, settings.seed, profile=self.profile,
@@ -161,14 +161,13 @@ class AttnkitSession:
                 store = BaselineStore(settings.path("baseline_dir"), device_name)
             except BaselineError as error:
                 raise pytest.UsageError(f"attnkit: {error}") from None
-            self.speed = SpeedCheck(self.pool, self.outcomes,
-                                    SpeedSettings(settings.reference, settings.seed, settings.budget_ms,
-                                                  settings.require_baseline,
-                                                  case_sets.CALL_LIMIT_MS.get(self.profile)),
-                                    store, self.threshold, self.device,
-                                    twins=dict(self.revision.twins) if self.revision else {},
-                                    ab_threshold=self.ab_threshold)
-        self.runner = Runner(self.suites, self.pool, self.outcomes, self.pool.scheduler)
+            self.suites["speed"] = SpeedCheck(
+                self.pool, self.outcomes, SpeedSettings(settings.reference, settings.seed, settings.budget_ms,
+                                                        settings.require_baseline,
+                                                        case_sets.CALL_LIMIT_MS.get(self.profile)),
+                store, self.threshold, self.device, twins=dict(self.revision.twins) if self.revision else {},
+                ab_threshold=self.ab_threshold, sent=self.runner.sent,
+                parallel_problem=xdist.parallel_timing_problem(self.config, self.device, self._cuda_device_count()))
 
     def _usable_cores(self) -> int:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -368,7 +367,6 @@ class AttnkitSession:
         The reason leaves the case out (the test id has it), so pytest's summary groups the
         skips that share a reason."""
         questions: dict[str, list[tuple[pytest.Item, Case, bool]]] = {}
-        parallel = xdist.parallel_timing_problem(self.config, self.device, self._cuda_device_count())
         mark_items(items, SUITE_TYPES)
         for item in items:
             suite_item = item.stash.get(ITEM_KEY, None)
@@ -381,9 +379,6 @@ class AttnkitSession:
                 query = suite.support_query(suite_item)
                 if query is not None:
                     questions.setdefault(suite_item.impl, []).append((item, *query))
-                continue
-            if parallel and item.get_closest_marker("attnkit_speed"):
-                self.outcomes.skip_at_collection(item, skipped(parallel))
                 continue
             question = self._item_question(item)
             if question is not None:
@@ -424,7 +419,6 @@ class AttnkitSession:
         scheduler = self.pool.scheduler
         if scheduler is None or self.runner is None:
             return
-        warm_ups: list[tuple[str, str, Case, bool]] = []
         running = [item for item in items if item.get_closest_marker("skip") is None]
         self.runner.submit_all(item.stash[ITEM_KEY] for item in running if ITEM_KEY in item.stash)
         for item in running:
@@ -433,21 +427,10 @@ class AttnkitSession:
                 continue
             impl, case, backward = question
             suite = self.suite_of(item)
-            if suite == "speed" and self.speed is not None and impl not in self.twin_names:
-                warm_ups.append(("speed", impl, case, backward))
-            elif suite == "sanitize" and self.sanitize is not None:
+            if suite == "sanitize" and self.sanitize is not None:
                 self.sanitize.submit(impl, self._params(item)["attnkit_tool"], case, backward=backward,
                                      gpu_bytes=3 * footprint.request_bytes(case, backward=backward, references=False,
                                                                            linear_memory=False))
-        for suite, impl, case, backward in dict.fromkeys(warm_ups):
-            estimate = footprint.request_bytes(case, backward=backward, references=False,
-                                               linear_memory=self._linear_memory(impl))
-            if scheduler.budget_bytes is not None and estimate > scheduler.budget_bytes:
-                continue
-            warm = Request(Op.WARM, case, backward, self.settings.seed, {"program": suite == "speed"})
-            job = scheduler.submit(impl, suite, warm, gpu_bytes=estimate, warm=True)
-            if suite == "speed" and self.speed is not None:
-                self.speed.warm_ups[EntryKey(impl, "backward" if backward else "forward", case.id)] = job
 
     # -- the run's record -------------------------------------------------------------------
     def count_collected(self, items: list[pytest.Item]) -> None:
@@ -488,9 +471,10 @@ class AttnkitSession:
             self.test_outcomes[-1].update(judgement.record)
 
     def baseline_state(self) -> dict[str, Any]:
-        if self.speed is None:
+        speed = self.suites.get("speed")
+        if not isinstance(speed, SpeedCheck):
             return {"baseline_file": None, "baseline_found": False}
-        return {"baseline_file": str(self.speed.store.path), "baseline_found": self.speed.store.found}
+        return {"baseline_file": str(speed.store.path), "baseline_found": speed.store.found}
 
     def against_state(self) -> dict[str, Any] | None:
         if self.revision is None:
@@ -507,10 +491,11 @@ class AttnkitSession:
         worker hands its document to the controller (:meth:`add_worker_document`), which saves
         and reports for the whole run."""
         interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
+        speed = self.suites.get("speed")
         self.document = report.build(
             environment=self.environment, device=self.device, profile=self.profile,
             impls=list(self.pool.impls.values()), outcomes=self.test_outcomes,
-            memory=self.suites["memory"].results if "memory" in self.suites else [], speed=self.speed, interrupted=interrupted,
+            memory=self.suites["memory"].results if "memory" in self.suites else [], speed=speed, interrupted=interrupted,
             baseline=self.baseline_state(), against=self.against_state(),
             properties=self.suites["properties"].results if "properties" in self.suites else [],
             sanitize=self.sanitize.results if self.sanitize else [])
@@ -522,25 +507,25 @@ class AttnkitSession:
             return []
         self.untested = asked_for_but_untested(self.document, self.settings.impl)
         lines = []
-        if self.speed is not None and self.settings.save_baseline:
+        if isinstance(speed, SpeedCheck) and self.settings.save_baseline:
             records = report.speed_records(self.document)
             counts = None
             shared = report.shared_gpu(self.document)
             if interrupted:
-                lines.append(f"baseline NOT saved: the run was interrupted ({self.speed.store.path}{NO_BREAK}is unchanged)")
+                lines.append(f"baseline NOT saved: the run was interrupted ({speed.store.path}{NO_BREAK}is unchanged)")
             elif shared:
-                lines.append(f"baseline NOT saved: {shared} ({self.speed.store.path}{NO_BREAK}is unchanged)")
+                lines.append(f"baseline NOT saved: {shared} ({speed.store.path}{NO_BREAK}is unchanged)")
             elif not records:
                 lines.append("baseline not saved: no speed measurements in this run")
             else:
                 try:
-                    counts = self.speed.store.save(records, self.environment, self.document["speed"]["ceilings"],
+                    counts = speed.store.save(records, self.environment, self.document["speed"]["ceilings"],
                                                    platform.node())
                 except BaselineError as error:
                     counts = None
                     lines.append(f"baseline NOT saved: {error}")
             if counts is not None:
-                lines.append(f"baseline{NO_BREAK}saved:{NO_BREAK}{self.speed.store.path}")
+                lines.append(f"baseline{NO_BREAK}saved:{NO_BREAK}{speed.store.path}")
                 lines.append(f"  {counts['pooled']} entries pooled with their earlier runs, {counts['restarted']} "
                              f"started afresh (changed beyond noise), {counts['new']} new")
                 if counts["thin"]:
@@ -563,8 +548,9 @@ class AttnkitSession:
     # -- the header -------------------------------------------------------------------------
     def header_lines(self) -> list[str]:
         gate = None
-        if self.speed is not None:
-            store = self.speed.store
+        speed = self.suites.get("speed")
+        if isinstance(speed, SpeedCheck):
+            store = speed.store
             gate = (f"speed is gated against {store.path} ({len(store.entries)} entries)" if store.found else
                     f"NOTHING WILL BE GATED: no baseline for {store.device_name} ({store.path} does not exist)"
                     + ("; required, so every speed test fails" if self.settings.require_baseline else ""))
