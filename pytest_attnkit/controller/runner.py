@@ -107,6 +107,7 @@ class Runner:
                                               warm=planned.warm, needs_ok=planned.needs_ok,
                                               after=jobs[planned.after] if planned.after is not None else None))
         self._ahead[item] = (plan, jobs)
+        suite.sent_ahead(item, jobs)
 
     def submit_all(self, items: Iterable[SuiteItem]) -> None:
         """Submit the items' plans in their suites' order (:meth:`Suite.order`), pytest's among equals."""

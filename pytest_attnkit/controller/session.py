@@ -4,12 +4,16 @@ One :class:`AttnkitSession` lives in ``config.stash`` for a run with ``--attnkit
 environment in a worker (the pytest process itself never imports torch or touches CUDA), picks the
 device and the case set, starts the worker pool (:mod:`pytest_attnkit.controller.pool`) and, unless
 ``--attnkit-jobs=1``, the scheduler that runs requests ahead of the tests
-(:mod:`pytest_attnkit.controller.scheduler`), and builds one check per selected suite
-(:mod:`~pytest_attnkit.controller.correctness`, :mod:`~pytest_attnkit.controller.memory`,
-:mod:`~pytest_attnkit.controller.speed`), which the suites call. Once pytest has selected the tests
-it submits their requests (:meth:`AttnkitSession.submit_ahead`). At the end it builds the report
-document once (:mod:`pytest_attnkit.controller.report`), from which the terminal summary and the
-report files are rendered.
+(:mod:`pytest_attnkit.controller.scheduler`), builds one suite per selected kind
+(:class:`~pytest_attnkit.controller.suite.Suite`: :mod:`~pytest_attnkit.controller.correctness`,
+:mod:`~pytest_attnkit.controller.memory`, :mod:`~pytest_attnkit.controller.speed`,
+:mod:`~pytest_attnkit.controller.properties`, :mod:`~pytest_attnkit.controller.sanitize`) and the
+runner that runs their tests (:mod:`pytest_attnkit.controller.runner`). At collection it works out
+each test's :class:`~pytest_attnkit.controller.suite.SuiteItem` and asks each implementation once
+what it refuses (:meth:`AttnkitSession.mark_refusals`); once pytest has selected the tests the
+runner sends their plans ahead (:meth:`AttnkitSession.submit_ahead`). At the end it builds the
+report document once (:mod:`pytest_attnkit.controller.report`), from which the terminal summary and
+the report files are rendered.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Any
 import pytest
 
 from pytest_attnkit import cases as case_sets
-from pytest_attnkit.contract import AccuracyBudget, Case, MemoryClass, accuracy_budget
+from pytest_attnkit.contract import AccuracyBudget, Case, accuracy_budget
 from pytest_attnkit.controller import caches, coverage, footprint, report, xdist
 from pytest_attnkit.controller.against import AgainstError, Revision, materialise, twins_of
 from pytest_attnkit.controller.baselines import MIN_RUNS, BaselineError, BaselineStore
@@ -31,7 +35,7 @@ from pytest_attnkit.controller.correctness import CorrectnessCheck
 from pytest_attnkit.controller.impls import ImplStatus
 from pytest_attnkit.controller.items import ITEM_KEY, mark_items
 from pytest_attnkit.controller.memory import MemoryCheck
-from pytest_attnkit.controller.options import SUITES, Settings, moved_rootdir
+from pytest_attnkit.controller.options import Settings, moved_rootdir
 from pytest_attnkit.controller.outcome import JUDGEMENT_KEY, Outcomes, Verdict, last_line, reason_of, skipped
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.process import WorkerFailure
@@ -68,7 +72,8 @@ def asked_for_but_untested(document: dict[str, Any], asked: list[str]) -> list[s
 
 
 #: The bundled suites by name, for working out each collected test's SuiteItem.
-SUITE_TYPES: dict[str, type[Suite]] = {suite.name: suite for suite in (CorrectnessCheck, MemoryCheck, SpeedCheck, PropertyCheck)}
+SUITE_TYPES: dict[str, type[Suite]] = {suite.name: suite for suite in (CorrectnessCheck, MemoryCheck, SpeedCheck, PropertyCheck,
+                                                                     SanitizeCheck)}
 
 
 class AttnkitSession:
@@ -84,7 +89,6 @@ class AttnkitSession:
         self.suites: dict[str, Suite] = {}
         #: Runs every suite test (built by start()).
         self.runner: Runner | None = None
-        self.sanitize: SanitizeCheck | None = None
         #: Per test: implementation, suite, outcome and the failure or skip text, for the report.
         self.test_outcomes: list[dict[str, Any]] = []
         #: implementation -> suite -> how many of its tests were collected.
@@ -151,10 +155,10 @@ class AttnkitSession:
         self.suites["properties"] = PropertyCheck(self.pool, self.outcomes, settings.seed, self.device)
         if "sanitize" in settings.suite:
             # The tool's logs go beside the report, else into a temporary folder that is kept.
-            self.sanitize = SanitizeCheck(self.pool, self.outcomes, settings.seed, self.device,
-                                          find_sanitizer(settings.sanitizer),
-                                          log_dir=settings.path("report") / "sanitize" if settings.report else None,
-                                          parallel=max(1, self.jobs // 2))
+            self.suites["sanitize"] = SanitizeCheck(
+                self.pool, self.outcomes, settings.seed, self.device, find_sanitizer(settings.sanitizer),
+                log_dir=settings.path("report") / "sanitize" if settings.report else None,
+                parallel=max(1, self.jobs // 2))
         if "speed" in settings.suite:
             device_name = str(self.environment.get("device_name", "unknown"))
             try:
@@ -268,8 +272,8 @@ class AttnkitSession:
             self.pool.scheduler.close()
 
     def close(self) -> None:
-        if self.sanitize is not None:
-            self.sanitize.close()
+        for suite in self.suites.values():
+            suite.close()
         self.pool.close()
         if self.revision is not None:
             self.revision.close()
@@ -342,48 +346,26 @@ class AttnkitSession:
                                     f"{case.id}: {error}") from None
         return chosen
 
-    @staticmethod
-    def _params(item: pytest.Item) -> dict[str, Any]:
-        return getattr(getattr(item, "callspec", None), "params", {})
-
-    @staticmethod
-    def suite_of(item: pytest.Item) -> str | None:
-        return next((name for name in SUITES if item.get_closest_marker(f"attnkit_{name}")), None)
-
-    def _item_question(self, item: pytest.Item) -> tuple[str, Case, bool] | None:
-        """(implementation, case, backward) that an attnkit item runs, or None for other items."""
-        params = self._params(item)
-        if "attnkit_impl" not in params:
-            return None
-        backward = item.get_closest_marker("attnkit_backward") is not None
-        if "attnkit_case" in params:
-            return params["attnkit_impl"], params["attnkit_case"], backward
-        return None
-
     def mark_refusals(self, items: list[pytest.Item]) -> None:
-        """Mark the items an implementation refuses (unavailable, or an unsupported case) as
-        skipped, with its reasons in words. One question per implementation, at collection.
+        """Work out each suite test's SuiteItem, then mark the items skipped that their suite
+        refuses (:meth:`Suite.refusal`) or the implementation does (unavailable, or an unsupported
+        case: :meth:`Suite.support_query`), with the reasons in words. One question per
+        implementation, at collection.
 
         The reason leaves the case out (the test id has it), so pytest's summary groups the
         skips that share a reason."""
         questions: dict[str, list[tuple[pytest.Item, Case, bool]]] = {}
-        mark_items(items, SUITE_TYPES)
-        for item in items:
-            suite_item = item.stash.get(ITEM_KEY, None)
-            suite = self.suites.get(suite_item.suite) if suite_item is not None else None
-            refusal = suite.refusal(suite_item) if suite is not None and suite_item is not None else None
+        for node, item in mark_items(items, SUITE_TYPES):
+            suite = self.suites.get(item.suite)
+            if suite is None:
+                continue  # a suite not selected: its tests say so when they run
+            refusal = suite.refusal(item)
             if refusal is not None:
-                self.outcomes.skip_at_collection(item, refusal)
+                self.outcomes.skip_at_collection(node, refusal)
                 continue
-            if suite is not None and suite_item is not None:
-                query = suite.support_query(suite_item)
-                if query is not None:
-                    questions.setdefault(suite_item.impl, []).append((item, *query))
-                continue
-            question = self._item_question(item)
-            if question is not None:
-                name, case, backward = question
-                questions.setdefault(name, []).append((item, case, backward))
+            query = suite.support_query(item)
+            if query is not None:
+                questions.setdefault(item.impl, []).append((node, *query))
         for name, asked in questions.items():
             info = self.pool.info(name)
             if info.load_error:
@@ -407,46 +389,27 @@ class AttnkitSession:
         """The tests this process runs: all of them, or under pytest-xdist this worker's share."""
         return xdist.share_of_this_worker(self.config, items)
 
-    def _linear_memory(self, impl: str) -> bool:
-        return self.pool.info(impl).capabilities.get("memory_class") == MemoryClass.LINEAR
-
     def submit_ahead(self, items: list[pytest.Item]) -> None:
-        """Submit the selected tests' requests to the scheduler, in pytest's order: each correctness
-        test's check; each memory sweep where each worker meters its own memory (else a warm-up
-        of its points); a warm-up of every speed case, compiled now while the GPU has other work,
-        in the worker that later times it. A warm-up estimated to need the GPU alone is left to
-        the test."""
-        scheduler = self.pool.scheduler
-        if scheduler is None or self.runner is None:
-            return
-        running = [item for item in items if item.get_closest_marker("skip") is None]
-        self.runner.submit_all(item.stash[ITEM_KEY] for item in running if ITEM_KEY in item.stash)
-        for item in running:
-            question = self._item_question(item)
-            if question is None or item.stash.get(ITEM_KEY, None) is not None and item.stash[ITEM_KEY].suite in self.suites:
-                continue
-            impl, case, backward = question
-            suite = self.suite_of(item)
-            if suite == "sanitize" and self.sanitize is not None:
-                self.sanitize.submit(impl, self._params(item)["attnkit_tool"], case, backward=backward,
-                                     gpu_bytes=3 * footprint.request_bytes(case, backward=backward, references=False,
-                                                                           linear_memory=False))
+        """Send the selected tests' plans ahead of them, in their suites' order (the runner; nothing
+        without a scheduler). A test skipped at collection sends nothing."""
+        if self.runner is not None:
+            self.runner.submit_all(item.stash[ITEM_KEY] for item in items
+                                   if ITEM_KEY in item.stash and item.get_closest_marker("skip") is None)
 
     # -- the run's record -------------------------------------------------------------------
     def count_collected(self, items: list[pytest.Item]) -> None:
         """How many tests each implementation has in each suite, after selection (-k, -m)."""
-        for item in items:
-            params = self._params(item)
-            suite = self.suite_of(item)
-            if "attnkit_impl" in params and suite:
-                self.collected[params["attnkit_impl"]][suite] += 1
+        for node in items:
+            item = node.stash.get(ITEM_KEY, None)
+            if item is not None:
+                self.collected[item.impl][item.suite] += 1
 
     def record(self, item: pytest.Item, test_report: pytest.TestReport) -> None:
         """Keep the outcome of an attnkit test for the summary and the report files."""
-        params = self._params(item)
-        if "attnkit_impl" not in params:
+        suite_item = item.stash.get(ITEM_KEY, None)
+        if suite_item is None:
             return
-        case = params.get("attnkit_case")
+        impl, case = suite_item.impl, suite_item.case
         judgement = item.stash.get(JUDGEMENT_KEY, None)
         reason = None
         if judgement is not None and judgement.verdict == test_report.outcome:
@@ -462,8 +425,7 @@ class AttnkitSession:
             text = (test_report.longrepr[2] if skipped else str(test_report.longrepr or "")).replace(NO_BREAK, " ")
             if skipped:
                 reason = reason_of(text)
-        impl = params["attnkit_impl"]
-        self.test_outcomes.append({"test": item.nodeid, "impl": impl, "suite": self.suite_of(item) or "?",
+        self.test_outcomes.append({"test": item.nodeid, "impl": impl, "suite": suite_item.suite,
                                    "case": case.id if case is not None else None, "function": item.originalname,
                                    "twin_of": self.twins.get((impl, case.id)) if case is not None else None,
                                    "outcome": Verdict(test_report.outcome), "reason": reason, "message": text[:4000]})
@@ -498,7 +460,7 @@ class AttnkitSession:
             memory=self.suites["memory"].results if "memory" in self.suites else [], speed=speed, interrupted=interrupted,
             baseline=self.baseline_state(), against=self.against_state(),
             properties=self.suites["properties"].results if "properties" in self.suites else [],
-            sanitize=self.sanitize.results if self.sanitize else [])
+            sanitize=self.suites["sanitize"].results if "sanitize" in self.suites else [])
         self.document["collected"] = {name: dict(suites) for name, suites in self.collected.items()}
         self.document["time"] = {**self.pool.ledger.to_dict(self.pool.primary_startups()), "jobs": self.jobs}
         report.merge(self.document, self.worker_documents)
@@ -571,11 +533,12 @@ class AttnkitSession:
         else:
             workers = "one request at a time (--attnkit-jobs=1)"
         sanitize = None
-        if self.sanitize is not None:
-            reason = self.sanitize.skip_reason()
+        sanitizer = self.suites.get("sanitize")
+        if isinstance(sanitizer, SanitizeCheck):
+            reason = sanitizer.skip_reason()
             tools = self.settings.sanitize or ["memcheck"]
             guarded = "memcheck's tests run on guarded inputs; " if "memcheck" in tools else ""
-            sanitize = (f"sanitize: {self.sanitize.sanitizer} ({', '.join(tools)})" if reason is None
+            sanitize = (f"sanitize: {sanitizer.sanitizer} ({', '.join(tools)})" if reason is None
                         else f"sanitize: {guarded}compute-sanitizer NOT RUN: {reason}")
         return header_lines(environment=self.environment, device=self.device, profile=self.profile,
                             suites=self.settings.suite, seed=self.settings.seed, workers=workers,

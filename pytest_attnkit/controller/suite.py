@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 
 from pytest_attnkit.contract import Case
 from pytest_attnkit.controller.outcome import Judged, Judgement, Verdict
+from pytest_attnkit.controller.scheduler import Job
 from pytest_attnkit.messages import Reply, Request
 
 Properties = list[tuple[str, object]]
@@ -104,6 +105,11 @@ class Suite:
     def plan(self, item: SuiteItem) -> list[Planned]:
         """The requests the item needs, sent ahead of it or, with ``--attnkit-jobs=1``, as it runs."""
         raise NotImplementedError
+
+    def sent_ahead(self, item: SuiteItem, jobs: Sequence[Job | None]) -> None:
+        """Called once the item's plan is submitted (``jobs[i]``: the scheduler's job of
+        ``plan[i]``, None where it was not sent), for a suite that gathers more ahead of the test
+        on threads of its own (sanitize's run under the tool, until the pool owns such workers)."""
 
     def judge(self, item: SuiteItem, replies: Sequence[Reply | None], **fixtures: Any) -> Judgement:
         """The item's outcome from the replies to its plan (``replies[i]`` answers ``plan[i]``;
