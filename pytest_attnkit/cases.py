@@ -326,7 +326,7 @@ def sanitize_cases(profile: str) -> list[Case]:
     ]
 
 
-#: The memory suite's sweeps by name: each memory test names its own (``attnkit_sweep``).
+#: The memory suite's sweeps by name: each memory test names its own (MemoryCheck.tests, controller/memory.py).
 MEMORY_SWEEPS: tuple[str, ...] = ("dense", "window", "varlen", "paged")
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from pytest_attnkit.controller import options, xdist
-from pytest_attnkit.controller.outcome import FittedMessage, Judged, Outcomes
+from pytest_attnkit.controller.outcome import FittedMessage
 from pytest_attnkit.controller.report import ReportInUse, check_writable, claim
 from pytest_attnkit.controller.session import SESSION_KEY, AttnkitSession
 from pytest_attnkit.controller.table import summary_sections
@@ -116,8 +116,6 @@ def _interrupt_on_sigterm(signum: int, frame: Any) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "attnkit_cases(family): parametrize attnkit_case with that family's case set")
     config.addinivalue_line("markers", "attnkit_backward: the test runs the implementation's backward pass")
-    config.addinivalue_line("markers", "attnkit_sweep(name): the memory sweep a memory test runs (dense, window, "
-                                       "varlen, paged)")
     for suite in options.SUITES:
         config.addinivalue_line("markers", f"attnkit_{suite}: a test of the attnkit {suite} suite")
     if not config.getoption("attnkit"):
@@ -246,16 +244,6 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
     session = config.stash.get(SESSION_KEY, None)
     return session.header_lines() if session is not None else None
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item: pytest.Item) -> Any:
-    """A check's :class:`Judged` becomes the test's outcome here, through :meth:`Outcomes.settle`."""
-    try:
-        return (yield)
-    except Judged as judged:
-        Outcomes.settle(item, judged.judgement)
-        return None
 
 
 @pytest.hookimpl(wrapper=True)

@@ -4,7 +4,8 @@ The rule (pytest_attnkit/worker/tolerance.py): the worst error may be at most 2x
 gradients) the error of a plain same-precision implementation, plus a rounding floor. Each check
 runs in the implementation's worker; see pytest_attnkit/worker/correctness.py for the order of
 operations that keeps unwritten outputs and modified inputs from passing, and
-pytest_attnkit/controller/correctness.py for the pytest side.
+pytest_attnkit/controller/correctness.py for the pytest side (each test's body: the runner,
+pytest_attnkit/controller/runner.py).
 """
 
 import pytest
@@ -14,10 +15,10 @@ pytestmark = pytest.mark.attnkit_correctness
 
 @pytest.mark.attnkit_cases("correctness")
 def test_forward(attnkit, attnkit_impl, attnkit_case, request):
-    attnkit.correctness.check(attnkit_impl, attnkit_case, backward=False, properties=request.node.user_properties)
+    attnkit.runner.run(request.node)
 
 
 @pytest.mark.attnkit_cases("correctness")
 @pytest.mark.attnkit_backward
 def test_backward(attnkit, attnkit_impl, attnkit_case, request):
-    attnkit.correctness.check(attnkit_impl, attnkit_case, backward=True, properties=request.node.user_properties)
+    attnkit.runner.run(request.node)

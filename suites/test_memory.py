@@ -7,8 +7,9 @@ pytest_attnkit/controller/memory.py), and fails when the fitted exponent contrad
 implementation's declared memory class, when memory escapes the meter, or when the measurement
 misses the implementation's own analytic model by more than 10%. CUDA only.
 
-Each test names its sweep (``attnkit_sweep``); an implementation that does not declare what a
-sweep needs (windows, varlen, paged KV) is skipped at collection with its reasons.
+Each test's sweep is named by the suite (pytest_attnkit/controller/memory.py: MemoryCheck.tests); an
+implementation that does not declare what a sweep needs (windows, varlen, paged KV) is skipped at
+collection with its reasons.
 ``test_memory_window`` sweeps again with a sliding window (pytest_attnkit/cases.py:
 memory_window_sweep) for the implementations that declare windows: each query sees a bounded
 number of keys, so a kernel that still allocates N x N scores under a window fails its class.
@@ -23,39 +24,32 @@ import pytest
 pytestmark = pytest.mark.attnkit_memory
 
 
-@pytest.mark.attnkit_sweep("dense")
 def test_memory_forward(attnkit, attnkit_impl, request):
-    attnkit.memory.check_item(attnkit_impl, request.node)
+    attnkit.runner.run(request.node)
 
 
-@pytest.mark.attnkit_sweep("dense")
 @pytest.mark.attnkit_backward
 def test_memory_backward(attnkit, attnkit_impl, request):
-    attnkit.memory.check_item(attnkit_impl, request.node)
+    attnkit.runner.run(request.node)
 
 
-@pytest.mark.attnkit_sweep("window")
 def test_memory_window(attnkit, attnkit_impl, request):
-    attnkit.memory.check_item(attnkit_impl, request.node)
+    attnkit.runner.run(request.node)
 
 
-@pytest.mark.attnkit_sweep("window")
 @pytest.mark.attnkit_backward
 def test_memory_window_backward(attnkit, attnkit_impl, request):
-    attnkit.memory.check_item(attnkit_impl, request.node)
+    attnkit.runner.run(request.node)
 
 
-@pytest.mark.attnkit_sweep("varlen")
 def test_memory_varlen(attnkit, attnkit_impl, request):
-    attnkit.memory.check_item(attnkit_impl, request.node)
+    attnkit.runner.run(request.node)
 
 
-@pytest.mark.attnkit_sweep("varlen")
 @pytest.mark.attnkit_backward
 def test_memory_varlen_backward(attnkit, attnkit_impl, request):
-    attnkit.memory.check_item(attnkit_impl, request.node)
+    attnkit.runner.run(request.node)
 
 
-@pytest.mark.attnkit_sweep("paged")
 def test_memory_paged(attnkit, attnkit_impl, request):
-    attnkit.memory.check_item(attnkit_impl, request.node)
+    attnkit.runner.run(request.node)

@@ -16,31 +16,30 @@ pytestmark = pytest.mark.attnkit_properties
 
 @pytest.mark.attnkit_cases("properties")
 def test_determinism(attnkit, attnkit_impl, attnkit_case, request):
-    attnkit.properties.check("determinism", attnkit_impl, attnkit_case, properties=request.node.user_properties)
+    attnkit.runner.run(request.node)
 
 
 @pytest.mark.attnkit_cases("properties")
 @pytest.mark.attnkit_backward
 def test_determinism_backward(attnkit, attnkit_impl, attnkit_case, request):
-    attnkit.properties.check("determinism", attnkit_impl, attnkit_case, backward=True,
-                             properties=request.node.user_properties)
+    attnkit.runner.run(request.node)
 
 
 @pytest.mark.attnkit_cases("properties")
 def test_batch_invariance(attnkit, attnkit_impl, attnkit_case, request):
-    attnkit.properties.check("batch_invariance", attnkit_impl, attnkit_case, properties=request.node.user_properties)
+    attnkit.runner.run(request.node)
 
 
 @pytest.mark.attnkit_cases("properties")
 def test_cuda_graph(attnkit, attnkit_impl, attnkit_case, request):
-    attnkit.properties.check("cuda_graph", attnkit_impl, attnkit_case, properties=request.node.user_properties)
+    attnkit.runner.run(request.node)
 
 
 @pytest.mark.attnkit_cases("properties")
 def test_torch_compile(attnkit, attnkit_impl, attnkit_case, request):
-    attnkit.properties.check("torch_compile", attnkit_impl, attnkit_case, properties=request.node.user_properties)
+    attnkit.runner.run(request.node)
 
 
 @pytest.mark.attnkit_cases("properties")
 def test_opcheck(attnkit, attnkit_impl, attnkit_case, request):
-    attnkit.properties.check("opcheck", attnkit_impl, attnkit_case, properties=request.node.user_properties)
+    attnkit.runner.run(request.node)

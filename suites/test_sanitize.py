@@ -12,12 +12,10 @@ pytestmark = pytest.mark.attnkit_sanitize
 
 @pytest.mark.attnkit_cases("sanitize")
 def test_sanitize(attnkit, attnkit_impl, attnkit_case, attnkit_tool, request):
-    attnkit.sanitize.check(attnkit_impl, attnkit_tool, attnkit_case, backward=False,
-                           properties=request.node.user_properties)
+    attnkit.runner.run(request.node)
 
 
 @pytest.mark.attnkit_cases("sanitize")
 @pytest.mark.attnkit_backward
 def test_sanitize_backward(attnkit, attnkit_impl, attnkit_case, attnkit_tool, request):
-    attnkit.sanitize.check(attnkit_impl, attnkit_tool, attnkit_case, backward=True,
-                           properties=request.node.user_properties)
+    attnkit.runner.run(request.node)

@@ -14,22 +14,20 @@ import pytest
 pytestmark = pytest.mark.attnkit_speed
 
 
-def _check(attnkit, impl, case, mode, request):
-    if attnkit.speed is None:
-        pytest.skip("the speed suite is not selected (--attnkit-suite)")
+def _benchmark(request):
+    """pytest-benchmark's fixture, which the suite hands the samples to; None where it is not installed."""
     try:
-        benchmark = request.getfixturevalue("benchmark")
+        return request.getfixturevalue("benchmark")
     except pytest.FixtureLookupError:
-        benchmark = None  # pytest-benchmark is not installed
-    attnkit.speed.check(impl, mode, case, properties=request.node.user_properties, benchmark=benchmark)
+        return None
 
 
 @pytest.mark.attnkit_cases("speed-forward")
 def test_speed_forward(attnkit, attnkit_impl, attnkit_case, request):
-    _check(attnkit, attnkit_impl, attnkit_case, "forward", request)
+    attnkit.runner.run(request.node, benchmark=_benchmark(request))
 
 
 @pytest.mark.attnkit_cases("speed-backward")
 @pytest.mark.attnkit_backward
 def test_speed_backward(attnkit, attnkit_impl, attnkit_case, request):
-    _check(attnkit, attnkit_impl, attnkit_case, "backward", request)
+    attnkit.runner.run(request.node, benchmark=_benchmark(request))

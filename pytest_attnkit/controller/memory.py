@@ -1,4 +1,4 @@
-"""The memory suite's check: sweep the length in the worker, fit the exponent, judge the class.
+"""The memory suite: sweep the length in the worker, fit the exponent, judge the class.
 
 The worker measures each point (:mod:`pytest_attnkit.worker.memory`). Over a sweep of
 lengths, ``fit_power_law`` fits ``log(extra) = a + b log(N)`` by least squares and says how well
@@ -17,23 +17,28 @@ error over six points, ``b * sqrt((1 - R^2) / (R^2 (n - 2)))``, is a sixth of th
 of a near-flat sweep (a constant workspace plus a small linear part reads R^2 0.83 with every
 point within 1% of the line), hence the second condition. The pure functions here are tested on
 the CPU with synthetic measurements.
+
+:class:`MemoryCheck` is the suite (:class:`~pytest_attnkit.controller.suite.Suite`). Where each
+worker meters its own memory (the environment's ``memory_meter`` is "process"), a test's plan is
+its sweep's points, each after the one before and only if that one measured, in one worker, sent
+ahead beside other work; where the meter sees the whole device, the plan is a warm-up of each
+point, and the test measures the points itself with the GPU alone.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
-
-import pytest
+from typing import Any, ClassVar, Sequence
 
 from pytest_attnkit.cases import MEMORY_CALL_LIMIT_MS, MIN_SWEEP_POINTS, MemorySweep, named_memory_sweep
 from pytest_attnkit.contract import Case, MemoryClass
-from pytest_attnkit.controller.outcome import Judged, Outcomes, failed, skipped
+from pytest_attnkit.controller import footprint
+from pytest_attnkit.controller.outcome import Judged, Judgement, Outcomes, failed, skipped
 from pytest_attnkit.controller.pool import WorkerPool
-from pytest_attnkit.controller.scheduler import Job, Scheduler
+from pytest_attnkit.controller.suite import Planned, Suite, SuiteItem, TestSpec, verdict_of
 from pytest_attnkit.controller.table import memory_table
-from pytest_attnkit.messages import Op, Request, Status
+from pytest_attnkit.messages import Op, Reply, Request, Status
 from pytest_attnkit.records import MemoryPoint, PointStatus
 
 LINEAR_MAX_SLOPE = 1.3
@@ -228,23 +233,49 @@ class MemorySweepResult:
             f"  largest N that fit: {self.largest_n}" + (f" ({self.stopped})" if self.stopped else "")]
 
 
-def item_sweep(item: pytest.Item, profile: str) -> MemorySweep:
-    """The sweep a memory test names with its ``attnkit_sweep`` marker (the dense one without)."""
-    marker = item.get_closest_marker("attnkit_sweep")
-    return named_memory_sweep(profile, marker.args[0] if marker is not None else "dense")
-
-
 @dataclass
-class MemoryCheck:
+class MemoryCheck(Suite):
+    """The memory suite: one sweep per test, named by the test (``params["sweep"]``)."""
+
+    name: ClassVar[str] = "memory"
+    tests: ClassVar[tuple[TestSpec, ...]] = tuple(
+        TestSpec(function, backward=backward, params={"sweep": sweep})
+        for function, sweep, backward in (("test_memory_forward", "dense", False),
+                                          ("test_memory_backward", "dense", True),
+                                          ("test_memory_window", "window", False),
+                                          ("test_memory_window_backward", "window", True),
+                                          ("test_memory_varlen", "varlen", False),
+                                          ("test_memory_varlen_backward", "varlen", True),
+                                          ("test_memory_paged", "paged", False)))
+
     pool: WorkerPool
     outcomes: Outcomes
-    sweep: MemorySweep
     device: str
     seed: int
     results: list[MemorySweepResult] = field(default_factory=list)
     profile: str = "default"
-    #: The points submitted ahead of their tests, per (implementation, sweep, backward).
-    ahead: dict[tuple[str, MemorySweep, bool], list[Job]] = field(default_factory=dict)
+    #: The environment's ``memory_meter``: "process" where each worker's meter sees its own
+    #: allocations only (the sweep runs beside other work), else "device" (the GPU alone).
+    meter: str = "device"
+
+    def sweep_of(self, item: SuiteItem) -> MemorySweep:
+        return named_memory_sweep(self.profile, item.spec.params["sweep"])
+
+    def refusal(self, item: SuiteItem) -> Judgement | None:
+        return skipped(NO_MEMORY_METER_ON_CPU) if self.device != "cuda" else None
+
+    def support_query(self, item: SuiteItem) -> tuple[Case, bool] | None:
+        """The sweep's first point: what the implementation does not support there, it refuses throughout."""
+        sweep = self.sweep_of(item)
+        return sweep.case(sweep.seqlens[0]), item.backward
+
+    def order(self, item: SuiteItem) -> int:
+        """A sweep first: it is a chain (each point waits for the one before), so its first point
+        must start early for the chain to run beside the other requests; submitted in pytest's
+        order, after every correctness case, torch_flex's sweeps on a cold H100 started at 206 s
+        and ran alone until 274 s, the end of the concurrent phase (results/2026-11-25-h100-main-job,
+        B cold). Its warm-ups (a device-wide meter) last, after the requests tests wait for."""
+        return -1 if self.meter == "process" else 1
 
     def _message(self, case: Case, backward: bool, index: int) -> Request:
         """A point's request; from the ``MIN_SWEEP_POINTS``-th point on it carries the profile's
@@ -252,52 +283,58 @@ class MemoryCheck:
         limit = MEMORY_CALL_LIMIT_MS.get(self.profile) if index + 1 >= MIN_SWEEP_POINTS else None
         return Request(Op.MEMORY, case, backward, self.seed, {"call_limit_ms": limit})
 
-    def submit(self, scheduler: Scheduler, impl: str, sweep: MemorySweep, *, backward: bool,
-               gpu_bytes: Callable[[Case], int]) -> None:
-        """Queue a sweep's points now, each after the one before and only if that one measured
-        (an out-of-memory ends a sweep); :meth:`check` then reads their replies."""
-        jobs: list[Job] = []
-        for index, seqlen in enumerate(sweep.seqlens):
-            case = sweep.case(seqlen)
-            jobs.append(scheduler.submit(impl, "memory", self._message(case, backward, index),
-                                         gpu_bytes=gpu_bytes(case), after=jobs[-1] if jobs else None,
-                                         needs_ok=bool(jobs)))
-        self.ahead[(impl, sweep, backward)] = jobs
+    def plan(self, item: SuiteItem) -> list[Planned]:
+        """With a process meter, the sweep's points, each after the one before and only if that one
+        measured (an out-of-memory ends a sweep); with a device-wide meter, a warm-up of each point."""
+        if self.device != "cuda":
+            return []
+        sweep, backward = self.sweep_of(item), item.backward
+        linear = self.pool.info(item.impl).capabilities.get("memory_class") == MemoryClass.LINEAR
 
-    def check_item(self, impl: str, item: pytest.Item) -> MemorySweepResult:
-        """Run the sweep a memory test names, forward or (``attnkit_backward``) with backward."""
-        return self.check(impl, backward=item.get_closest_marker("attnkit_backward") is not None,
-                          properties=item.user_properties, sweep=item_sweep(item, self.profile))
+        def estimate(case: Case) -> int:
+            return footprint.request_bytes(case, backward=backward, references=False, linear_memory=linear)
 
-    def check(self, impl: str, *, backward: bool, properties: list[tuple[str, object]] | None = None,
-              sweep: MemorySweep | None = None) -> MemorySweepResult:
+        cases = [sweep.case(seqlen) for seqlen in sweep.seqlens]
+        if self.meter == "process":
+            return [Planned(self._message(case, backward, index), 2 * estimate(case),
+                            after=index - 1 if index else None, needs_ok=bool(index))
+                    for index, case in enumerate(cases)]
+        return [Planned(Request(Op.WARM, case, backward, self.seed, {"program": False}), estimate(case), warm=True)
+                for case in cases]
+
+    def judge(self, item: SuiteItem, replies: Sequence[Reply | None], **fixtures: Any) -> Judgement:
+        """The sweep's verdict, from the replies to its points (a process meter) or from points
+        measured now with the GPU alone (a device-wide meter: the plan only warmed them up)."""
+        return verdict_of(lambda properties: self.check(
+            item.impl, backward=item.backward, properties=properties, sweep=self.sweep_of(item),
+            replies=replies if self.meter == "process" else None))
+
+    def check(self, impl: str, *, backward: bool, sweep: MemorySweep, properties: list[tuple[str, object]] | None = None,
+              replies: Sequence[Reply | None] | None = None) -> MemorySweepResult:
         """Sweep the sequence length in the implementation's worker, fit the exponent of its extra
         memory, and fail when it contradicts the declared class or the implementation's own model.
         An unclear sweep enforces no class: it passes, with the verdict and its reason in the
-        summary's table and in the junit properties. ``sweep`` replaces the session's sweep (the
-        windowed one)."""
-        sweep = sweep or self.sweep
+        summary's table and in the junit properties. ``replies``: the points' replies (None where
+        one was not run); without them each point is asked for now, with the GPU alone."""
         direction = "forward+backward" if backward else "forward"
         if sweep.window is not None:
             direction += f", window {sweep.window}"
         if sweep.layout != "dense":
             direction += f", {sweep.layout} (N: total tokens)"
-        if self.device != "cuda":
-            raise Judged(skipped(NO_MEMORY_METER_ON_CPU))
         info = self.pool.info(impl)
         points: list[MemoryPoint] = []
-        submitted = self.ahead.pop((impl, sweep, backward), None) if self.pool.scheduler is not None else None
         for index, seqlen in enumerate(sweep.seqlens):
             case = sweep.case(seqlen)
-            if submitted:
-                reply = self.pool.scheduler.wait(submitted[index])
-            else:
-                reply = self.pool.request(impl, self._message(case, backward, index))
+            reply = replies[index] if replies is not None else self.pool.request(impl, self._message(case, backward,
+                                                                                                     index))
+            if reply is None:  # cancelled: the run is stopping
+                points.append(MemoryPoint(seqlen, PointStatus.NOT_RUN))
+                break
             if reply.status in (Status.CRASHED, Status.TIMEOUT):
                 points.append(MemoryPoint(seqlen, PointStatus.ERROR, message=reply.message.splitlines()[0]))
                 break
             self.outcomes.check(reply, impl=impl, where=f"the memory sweep ({direction}) at {case.id}",
-                                 origin=info.origin)
+                                origin=info.origin)
             points.append(MemoryPoint.from_dict(reply.data))
             if points[-1].status == PointStatus.OOM or points[-1].stop:
                 break

@@ -65,8 +65,8 @@ def failed(message: str, **fields: Any) -> Judgement:
 
 
 class Judged(Exception):
-    """Raised with a judgement deep inside a check; the test settles it (plugin.py's
-    ``pytest_runtest_call``)."""
+    """Raised with a judgement deep inside a suite's judging; the runner settles it
+    (:meth:`pytest_attnkit.controller.runner.Runner.run`)."""
 
     def __init__(self, judgement: Judgement) -> None:
         super().__init__(judgement.message)

@@ -1,4 +1,4 @@
-"""The properties suite's check: behaviour the oracle cannot see, held to what is declared.
+"""The properties suite: behaviour the oracle cannot see, held to what is declared.
 
 Each test asks the implementation's worker to run one property check on one case
 (:mod:`pytest_attnkit.worker.properties`): determinism (forward, and backward), batch invariance,
@@ -10,19 +10,20 @@ declare is checked all the same and reported (the summary's ``properties`` line,
 ``properties`` section), without failing: an author sees what to declare, or what to fix.
 
 Like correctness cases, property checks run ahead of their tests, beside each other, when a
-:mod:`~pytest_attnkit.controller.scheduler` runs (:meth:`PropertyCheck.submit`).
+:mod:`~pytest_attnkit.controller.scheduler` runs: each test's plan (:meth:`PropertyCheck.plan`) is its
+one request, which the runner (:mod:`pytest_attnkit.controller.runner`) sends.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Sequence
 
-
-from pytest_attnkit.contract import Case
-from pytest_attnkit.controller.outcome import Judged, Outcomes, failed, skipped
+from pytest_attnkit.contract import Case, MemoryClass
+from pytest_attnkit.controller import footprint
+from pytest_attnkit.controller.outcome import Judged, Judgement, Outcomes, failed, skipped
 from pytest_attnkit.controller.pool import WorkerPool
-from pytest_attnkit.controller.scheduler import Job, Scheduler
+from pytest_attnkit.controller.suite import Planned, Properties, Suite, SuiteItem, TestSpec, verdict_of
 from pytest_attnkit.messages import Op, Reply, Request, Status
 
 #: The checks, in the order the summary shows them.
@@ -33,19 +34,24 @@ DECLARATIONS = {"determinism": "deterministic", "batch_invariance": "batch_invar
                 "cuda_graph": "supports_cuda_graphs = True", "torch_compile": "supports_torch_compile = True",
                 "opcheck": "custom_op"}
 
-#: (check, implementation, case id, backward): one test's question.
-Key = tuple[str, str, str, bool]
-
 
 @dataclass
-class PropertyCheck:
+class PropertyCheck(Suite):
+    """The properties suite: one request per test, a check of one property on one case."""
+
+    name: ClassVar[str] = "properties"
+    tests: ClassVar[tuple[TestSpec, ...]] = tuple(
+        TestSpec(f"test_{check}{'_backward' if backward else ''}", "properties", backward=backward,
+                 params={"check": check})
+        for check, backward in (("determinism", False), ("determinism", True), ("batch_invariance", False),
+                                ("cuda_graph", False), ("torch_compile", False), ("opcheck", False)))
+
     pool: WorkerPool
     outcomes: Outcomes
     seed: int
     device: str
     #: Every check's result, for the report and the summary.
     results: list[dict[str, Any]] = field(default_factory=list)
-    ahead: dict[Key, list[Job]] = field(default_factory=dict)
 
     def skip_reason(self, check: str, impl: str, case: Case) -> str | None:
         """Why this check does not apply to this implementation and case, or None."""
@@ -58,39 +64,39 @@ class PropertyCheck:
             return "a batch of one sequence has no other composition"
         return None
 
-    def _message(self, check: str, case: Case, backward: bool) -> Request:
-        return Request(Op.PROPERTY, case, backward, self.seed, {"check": check})
+    def plan(self, item: SuiteItem) -> list[Planned]:
+        """The test's check, where it applies (none where :meth:`skip_reason` has a reason)."""
+        check, case = item.spec.params["check"], item.case
+        assert case is not None
+        if self.skip_reason(check, item.impl, case) is not None:
+            return []
+        linear = self.pool.info(item.impl).capabilities.get("memory_class") == MemoryClass.LINEAR
+        return [Planned(Request(Op.PROPERTY, case, item.backward, self.seed, {"check": check}),
+                        footprint.request_bytes(case, backward=item.backward, references=True, linear_memory=linear))]
 
-    def submit(self, scheduler: Scheduler, check: str, impl: str, case: Case, *, backward: bool,
-               gpu_bytes: int) -> None:
-        if self.skip_reason(check, impl, case) is None:
-            job = scheduler.submit(impl, "properties", self._message(check, case, backward), gpu_bytes=gpu_bytes)
-            self.ahead.setdefault((check, impl, case.id, backward), []).append(job)
-
-    def _reply(self, check: str, impl: str, case: Case, backward: bool) -> Reply:
-        submitted = self.ahead.get((check, impl, case.id, backward))
-        if submitted and self.pool.scheduler is not None:
-            return self.pool.scheduler.wait(submitted.pop(0))
-        return self.pool.request(impl, self._message(check, case, backward))
-
-    def check(self, check: str, impl: str, case: Case, *, backward: bool = False,
-              properties: list[tuple[str, object]] | None = None) -> dict[str, Any] | None:
-        """Run one check; fails the test when a declared property does not hold."""
+    def judge(self, item: SuiteItem, replies: Sequence[Reply | None], **fixtures: Any) -> Judgement:
+        """Skip a check that does not apply; fail a declared property that does not hold; report
+        one that is not declared, passed."""
+        check, impl, case = item.spec.params["check"], item.impl, item.case
+        assert case is not None
         reason = self.skip_reason(check, impl, case)
         if reason:
-            raise Judged(skipped(reason))
-        reply = self._reply(check, impl, case, backward)
+            return skipped(reason)
+        reply = replies[0]
+        assert reply is not None  # not a warm-up: always sent
+        return verdict_of(lambda properties: self._check(check, impl, case, item.backward, reply, properties))
+
+    def _check(self, check: str, impl: str, case: Case, backward: bool, reply: Reply,
+               properties: Properties) -> None:
         where = f"{case.id}{' (backward)' if backward else ''}"
         found = reply.data if reply.data.get("check") == check else None
         if found is not None:
             self.results.append({"impl": impl, "check": check, "case": case.id, "backward": backward,
                                  "declared": found["declared"], "holds": found["holds"], "detail": found["detail"],
                                  "figures": found.get("figures", {})})
-            if properties is not None:
-                properties.append((f"attnkit_{check}", "holds" if found["holds"] else "does not hold"))
-                properties.append((f"attnkit_{check}_declared", found["declared"]))
+            properties.append((f"attnkit_{check}", "holds" if found["holds"] else "does not hold"))
+            properties.append((f"attnkit_{check}_declared", found["declared"]))
         if found is not None and reply.status is Status.WRONG:
             raise Judged(failed(f"{impl} declares {DECLARATIONS[check]}, and on {where}: {found['detail']}"))
         self.outcomes.check(reply, impl=impl, where=f"{where} ({TITLES[check]} check)",
-                             origin=self.pool.info(impl).origin)
-        return found
+                            origin=self.pool.info(impl).origin)

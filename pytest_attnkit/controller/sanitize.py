@@ -1,4 +1,4 @@
-"""The sanitize suite's check: each case run on guarded inputs, then in a worker under compute-sanitizer.
+"""The sanitize suite: each case run on guarded inputs, then in a worker under compute-sanitizer.
 
 A read past the end of a sequence, a page or a tensor that lands in memory the kernel may read
 gives the right numbers and passes every comparison; a race between warps may lose only now and
@@ -31,8 +31,10 @@ the tool; without the cache each tensor is an allocation of its own, which memch
 rounding lands there, not in the next allocation. API errors of the CUDA runtime
 (``--report-api-errors no``) are left out: libraries probe the device through calls that fail by
 design, and the suite judges kernels. Where the scheduler runs requests ahead, the tests' steps
-are gathered ahead too (:meth:`SanitizeCheck.submit`): the first step as a scheduler request,
-the second in up to ``parallel`` workers under the tool at once; the verdict is the test's.
+are gathered ahead too: the first step is the test's plan (:meth:`SanitizeCheck.plan`), which the
+runner submits to the scheduler; once it is submitted (:meth:`SanitizeCheck.sent_ahead`), the
+second waits for it on a thread of the suite's own and runs in up to ``parallel`` workers under
+the tool at once; the verdict is the test's (:meth:`SanitizeCheck.judge`).
 
 The tool writes its log straight into a folder that outlives the run, so that the path a failure
 and the report's ``sanitize[].log`` name is there when the user looks, even after a crash or a
@@ -51,7 +53,6 @@ so; memcheck's tests still run the case on guarded inputs, on the CPU too, and f
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import shutil
@@ -61,12 +62,14 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
+from typing import Any, Callable, ClassVar, Sequence
 
 from pytest_attnkit.contract import Case
-from pytest_attnkit.controller.outcome import Judged, Outcomes, failed, skipped
+from pytest_attnkit.controller import footprint
+from pytest_attnkit.controller.outcome import Judged, Judgement, Outcomes, failed, skipped
 from pytest_attnkit.controller.pool import WorkerPool
+from pytest_attnkit.controller.scheduler import Job
+from pytest_attnkit.controller.suite import Planned, Suite, SuiteItem, TestSpec, verdict_of
 from pytest_attnkit.messages import Op, Reply, Request, Status
 
 TOOLS: tuple[str, ...] = ("memcheck", "racecheck", "initcheck", "synccheck")
@@ -189,7 +192,14 @@ class SanitizeRun:
 
 
 @dataclass
-class SanitizeCheck:
+class SanitizeCheck(Suite):
+    """The sanitize suite: per test, a run outside the tool, then one under it."""
+
+    name: ClassVar[str] = "sanitize"
+    tests: ClassVar[tuple[TestSpec, ...]] = (
+        TestSpec("test_sanitize", "sanitize", per_tool=True),
+        TestSpec("test_sanitize_backward", "sanitize", backward=True, per_tool=True))
+
     pool: WorkerPool
     outcomes: Outcomes
     seed: int
@@ -203,7 +213,7 @@ class SanitizeCheck:
     #: Every test's outcome under the tool, for the report.
     results: list[dict[str, Any]] = field(default_factory=list)
     _names: set[str] = field(default_factory=set)
-    _ahead: dict[tuple[str, str, str, bool], "Future[SanitizeRun]"] = field(default_factory=dict)
+    _ahead: dict[SuiteItem, "Future[SanitizeRun]"] = field(default_factory=dict)
     _executor: ThreadPoolExecutor | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     #: Workers under the tool now running (closed by :meth:`close`, should the run end early).
@@ -236,41 +246,56 @@ class SanitizeCheck:
         log.unlink(missing_ok=True)
         return log
 
-    # -- gathering (ahead of the test, on a thread of its own, or by the test) -------------------
-    def submit(self, impl: str, tool: str, case: Case, *, backward: bool, gpu_bytes: int = 0) -> None:
-        """Gather this test's findings ahead of it: the run outside the tool goes through the
-        scheduler like any request, then a worker under the tool runs beside ``parallel - 1``
-        others. Nothing here decides the verdict: :meth:`check` does, in the test."""
-        key = (impl, tool, case.id, backward)
-        if key in self._ahead or self.pool.info(impl).load_error:
+    # -- the suite ---------------------------------------------------------------------------
+    def _first_step(self, tool: str, case: Case, backward: bool) -> Request:
+        """memcheck's tests run the case on guarded inputs (pytest_attnkit/worker/guards.py); the
+        others warm it up. Either way what the implementation compiles and tunes is then in the
+        disk caches, which the worker under the tool reads instead of compiling under it."""
+        return Request(Op.GUARD if tool == "memcheck" else Op.WARM, case, backward, self.seed)
+
+    def plan(self, item: SuiteItem) -> list[Planned]:
+        """The run outside the tool (none where the tool's step is not run and there is nothing to
+        guard, nor for an implementation that could not be loaded)."""
+        assert item.case is not None
+        if self.pool.info(item.impl).load_error or (self.skip_reason() and item.tool != "memcheck"):
+            return []
+        estimate = footprint.request_bytes(item.case, backward=item.backward, references=False, linear_memory=False)
+        return [Planned(self._first_step(item.tool or "memcheck", item.case, item.backward), 3 * estimate)]
+
+    def sent_ahead(self, item: SuiteItem, jobs: Sequence[Job | None]) -> None:
+        """Gather the rest of the test's findings ahead of it: once its run outside the tool has
+        ended, a worker under the tool runs beside ``parallel - 1`` others. Nothing here decides the
+        verdict: :meth:`judge` does, in the test."""
+        if not jobs or jobs[0] is None or item in self._ahead:
             return
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=max(1, self.parallel), thread_name_prefix="attnkit-sanitize")
-        self._ahead[key] = self._executor.submit(self._gather, impl, tool, case, backward, gpu_bytes)
+        self._ahead[item] = self._executor.submit(self._gather, item.impl, item.tool or "memcheck", item.case,
+                                                  item.backward, jobs[0].future.result)
 
-    def _outside(self, impl: str, request: Request, gpu_bytes: int, ahead: bool) -> Reply:
-        scheduler = self.pool.scheduler
-        if ahead and scheduler is not None:
-            job = scheduler.submit(impl, "sanitize", request, gpu_bytes=gpu_bytes)
-            return job.future.result()
-        return self.pool.request(impl, request, suite="sanitize")
+    def judge(self, item: SuiteItem, replies: Sequence[Reply | None], **fixtures: Any) -> Judgement:
+        """The test's verdict from what was gathered ahead of it, or from the two steps run now
+        (the first one's reply read from the plan's)."""
+        assert item.case is not None and item.tool is not None
+        ahead = self._ahead.pop(item, None)
+        return verdict_of(lambda properties: self.check(
+            item.impl, item.tool, item.case, backward=item.backward, properties=properties,
+            gathered=ahead.result if ahead is not None else None, before=lambda: replies[0]))
 
-    def _gather(self, impl: str, tool: str, case: Case, backward: bool, gpu_bytes: int = 0, *,
-                ahead: bool = True) -> SanitizeRun:
-        """The run outside the tool, then the run under it (see :class:`SanitizeRun`)."""
-        warm = Request(Op.WARM, case, backward, self.seed)
+    # -- gathering (ahead of the test, on a thread of its own, or by the test) -------------------
+    def _gather(self, impl: str, tool: str, case: Case, backward: bool,
+                before: Callable[[], Reply | None]) -> SanitizeRun:
+        """The run outside the tool (``before`` gives its reply), then the run under it (see
+        :class:`SanitizeRun`)."""
         reason = self.skip_reason()
         if reason and tool != "memcheck":
             return SanitizeRun(not_run=reason)
-        # memcheck's tests run the case on guarded inputs (pytest_attnkit/worker/guards.py); the
-        # others warm it up. Either way what the implementation compiles and tunes is then in the
-        # disk caches, which the worker under the tool reads instead of compiling under it.
-        before = self._outside(impl, dataclasses.replace(warm, op=Op.GUARD) if tool == "memcheck" else warm,
-                               gpu_bytes, ahead)
-        if before.status is not Status.OK:
-            return SanitizeRun(before)
+        outside = before()
+        assert outside is not None  # not a warm-up: always sent
+        if outside.status is not Status.OK:
+            return SanitizeRun(outside)
         if reason:
-            return SanitizeRun(before, not_run=reason)
+            return SanitizeRun(outside, not_run=reason)
         assert self.sanitizer is not None
         log = self.log_path(impl, tool, case, backward=backward)
         worker = self.pool.worker_under(impl, command(self.sanitizer, tool, log),
@@ -280,14 +305,14 @@ class SanitizeCheck:
             self._live.add(worker)
         started = time.monotonic()
         try:
-            reply = self.pool.ask(worker, impl, warm)
+            reply = self.pool.ask(worker, impl, Request(Op.WARM, case, backward, self.seed))
         finally:
             worker.close()  # the tool writes its summary as the worker exits
             with self._lock:
                 self._live.discard(worker)
         self.pool.ledger.record("sanitize", impl, reply.spent, started, time.monotonic(), counted=False)
         report = parse_report(log.read_text(errors="replace") if log.exists() else "")
-        return SanitizeRun(before, reply, report, log)
+        return SanitizeRun(outside, reply, report, log)
 
     def close(self) -> None:
         """Drop what has not started and end the workers under the tool that run."""
@@ -302,13 +327,20 @@ class SanitizeCheck:
 
     # -- the verdict (the test's thread) ---------------------------------------------------------
     def check(self, impl: str, tool: str, case: Case, *, backward: bool,
-              properties: list[tuple[str, object]] | None = None) -> dict[str, Any] | None:
+              properties: list[tuple[str, object]] | None = None, gathered: Callable[[], SanitizeRun] | None = None,
+              before: Callable[[], Reply | None] | None = None) -> dict[str, Any] | None:
+        """Judge one test: ``gathered`` gives what was gathered ahead of it; without it both steps
+        run now, the first one's reply from ``before`` (else asked of the pool now)."""
         info = self.pool.info(impl)
         if info.load_error:
             self.outcomes.check(self.pool.broken_reply(impl), impl=impl, where=case.id, origin=info.origin)
         where = f"{case.id}{' (forward and backward)' if backward else ' (forward)'}"
-        future = self._ahead.get((impl, tool, case.id, backward))
-        run = future.result() if future is not None else self._gather(impl, tool, case, backward, ahead=False)
+        if gathered is not None:
+            run = gathered()
+        else:
+            first = self._first_step(tool, case, backward)
+            run = self._gather(impl, tool, case, backward,
+                               before or (lambda: self.pool.request(impl, first, suite="sanitize")))
         guarded = tool == "memcheck"
         if run.before is not None and run.before.status is not Status.OK:
             self.outcomes.check(run.before, impl=impl, where=f"{where} {'with guarded inputs' if guarded else ''}".strip(),

@@ -16,7 +16,7 @@ The rules:
   request a test waits for): to start one for an implementation that has work, an idle one of
   another is closed.
 - **Order.** Each implementation's requests start in the order they were submitted (memory
-  sweeps first, then pytest's order: :func:`pytest_attnkit.controller.session.ahead_order`),
+  sweeps first, then pytest's order, warm-ups last: :meth:`pytest_attnkit.controller.suite.Suite.order`),
   skipping those that wait for another to end (a memory sweep's next point waits for
   the point before; its other sweeps and requests go ahead meanwhile). A free slot goes to the implementation with the most work left per running request:
   its queued requests times the mean time its requests took so far (the mean over all until it

@@ -4,12 +4,16 @@ One :class:`AttnkitSession` lives in ``config.stash`` for a run with ``--attnkit
 environment in a worker (the pytest process itself never imports torch or touches CUDA), picks the
 device and the case set, starts the worker pool (:mod:`pytest_attnkit.controller.pool`) and, unless
 ``--attnkit-jobs=1``, the scheduler that runs requests ahead of the tests
-(:mod:`pytest_attnkit.controller.scheduler`), and builds one check per selected suite
-(:mod:`~pytest_attnkit.controller.correctness`, :mod:`~pytest_attnkit.controller.memory`,
-:mod:`~pytest_attnkit.controller.speed`), which the suites call. Once pytest has selected the tests
-it submits their requests (:meth:`AttnkitSession.submit_ahead`). At the end it builds the report
-document once (:mod:`pytest_attnkit.controller.report`), from which the terminal summary and the
-report files are rendered.
+(:mod:`pytest_attnkit.controller.scheduler`), builds one suite per selected kind
+(:class:`~pytest_attnkit.controller.suite.Suite`: :mod:`~pytest_attnkit.controller.correctness`,
+:mod:`~pytest_attnkit.controller.memory`, :mod:`~pytest_attnkit.controller.speed`,
+:mod:`~pytest_attnkit.controller.properties`, :mod:`~pytest_attnkit.controller.sanitize`) and the
+runner that runs their tests (:mod:`pytest_attnkit.controller.runner`). At collection it works out
+each test's :class:`~pytest_attnkit.controller.suite.SuiteItem` and asks each implementation once
+what it refuses (:meth:`AttnkitSession.mark_refusals`); once pytest has selected the tests the
+runner sends their plans ahead (:meth:`AttnkitSession.submit_ahead`). At the end it builds the
+report document once (:mod:`pytest_attnkit.controller.report`), from which the terminal summary and
+the report files are rendered.
 """
 
 from __future__ import annotations
@@ -23,37 +27,30 @@ from typing import Any
 import pytest
 
 from pytest_attnkit import cases as case_sets
-from pytest_attnkit.contract import AccuracyBudget, Case, MemoryClass, accuracy_budget
+from pytest_attnkit.contract import AccuracyBudget, Case, accuracy_budget
 from pytest_attnkit.controller import caches, coverage, footprint, report, xdist
 from pytest_attnkit.controller.against import AgainstError, Revision, materialise, twins_of
 from pytest_attnkit.controller.baselines import MIN_RUNS, BaselineError, BaselineStore
 from pytest_attnkit.controller.correctness import CorrectnessCheck
 from pytest_attnkit.controller.impls import ImplStatus
-from pytest_attnkit.controller.memory import NO_MEMORY_METER_ON_CPU, MemoryCheck, item_sweep
-from pytest_attnkit.controller.options import SUITES, Settings, moved_rootdir
+from pytest_attnkit.controller.items import ITEM_KEY, mark_items
+from pytest_attnkit.controller.memory import MemoryCheck
+from pytest_attnkit.controller.options import Settings, moved_rootdir
 from pytest_attnkit.controller.outcome import JUDGEMENT_KEY, Outcomes, Verdict, last_line, reason_of, skipped
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.process import WorkerFailure
 from pytest_attnkit.controller.properties import PropertyCheck
+from pytest_attnkit.controller.runner import Runner
 from pytest_attnkit.controller.sanitize import SanitizeCheck, find_sanitizer
 from pytest_attnkit.controller.scheduler import Scheduler
 from pytest_attnkit.controller.speed import CPU_THRESHOLD, SpeedCheck, SpeedSettings
+from pytest_attnkit.controller.suite import Suite
 from pytest_attnkit.controller.table import header_lines
 from pytest_attnkit.controller.terminal import NO_BREAK
 from pytest_attnkit.messages import Op, Request
 from pytest_attnkit.records import EntryKey
 
 SESSION_KEY = pytest.StashKey["AttnkitSession"]()
-
-
-def ahead_order(items: list[pytest.Item], suite_of: Any) -> list[pytest.Item]:
-    """The tests in the order their requests are submitted ahead: memory sweeps first, then the
-    rest in pytest's order. A sweep is a chain (each point waits for the one before), so its
-    first point must start early for the chain to run beside the other requests; submitted in
-    pytest's order, after every correctness case, torch_flex's sweeps on a cold H100 started at
-    206 s and ran alone until 274 s, the end of the concurrent phase
-    (results/2026-11-25-h100-main-job, B cold)."""
-    return sorted(items, key=lambda item: suite_of(item) != "memory")
 
 
 def asked_for_but_untested(document: dict[str, Any], asked: list[str]) -> list[str]:
@@ -74,10 +71,9 @@ def asked_for_but_untested(document: dict[str, Any], asked: list[str]) -> list[s
             if info["status"] == ImplStatus.UNAVAILABLE and name not in ran]
 
 
-def property_check(item: pytest.Item) -> str:
-    """The check a properties test runs: its name without ``test_`` and ``_backward``
-    (suites/test_properties.py: ``test_determinism_backward`` runs "determinism")."""
-    return item.originalname.removeprefix("test_").removesuffix("_backward")
+#: The bundled suites by name, for working out each collected test's SuiteItem.
+SUITE_TYPES: dict[str, type[Suite]] = {suite.name: suite for suite in (CorrectnessCheck, MemoryCheck, SpeedCheck, PropertyCheck,
+                                                                     SanitizeCheck)}
 
 
 class AttnkitSession:
@@ -89,11 +85,10 @@ class AttnkitSession:
         self.profile = "smoke"
         self.pool = WorkerPool(device="cpu", timeout=settings.timeout, inprocess=settings.inprocess)
         self.outcomes = Outcomes()
-        self.correctness: CorrectnessCheck | None = None
-        self.memory: MemoryCheck | None = None
-        self.speed: SpeedCheck | None = None
-        self.properties: PropertyCheck | None = None
-        self.sanitize: SanitizeCheck | None = None
+        #: The suites of this run, by name (built by start()).
+        self.suites: dict[str, Suite] = {}
+        #: Runs every suite test (built by start()).
+        self.runner: Runner | None = None
         #: Per test: implementation, suite, outcome and the failure or skip text, for the report.
         self.test_outcomes: list[dict[str, Any]] = []
         #: implementation -> suite -> how many of its tests were collected.
@@ -152,30 +147,31 @@ class AttnkitSession:
         else:
             self._start_scheduler()
         settings = self.settings
-        self.correctness = CorrectnessCheck(self.pool, self.outcomes, settings.seed, settings.trials,
-                                            accuracy=self.accuracy)
-        self.memory = MemoryCheck(self.pool, self.outcomes, case_sets.memory_sweep(self.profile), self.device,
-                                  settings.seed, profile=self.profile)
-        self.properties = PropertyCheck(self.pool, self.outcomes, settings.seed, self.device)
+        self.runner = Runner(self.suites, self.pool, self.outcomes, self.pool.scheduler)
+        self.suites["correctness"] = CorrectnessCheck(self.pool, self.outcomes, settings.seed, settings.trials,
+                                                      accuracy=self.accuracy)
+        self.suites["memory"] = MemoryCheck(self.pool, self.outcomes, self.device, settings.seed, profile=self.profile,
+                                            meter=str(self.environment.get("memory_meter") or "device"))
+        self.suites["properties"] = PropertyCheck(self.pool, self.outcomes, settings.seed, self.device)
         if "sanitize" in settings.suite:
             # The tool's logs go beside the report, else into a temporary folder that is kept.
-            self.sanitize = SanitizeCheck(self.pool, self.outcomes, settings.seed, self.device,
-                                          find_sanitizer(settings.sanitizer),
-                                          log_dir=settings.path("report") / "sanitize" if settings.report else None,
-                                          parallel=max(1, self.jobs // 2))
+            self.suites["sanitize"] = SanitizeCheck(
+                self.pool, self.outcomes, settings.seed, self.device, find_sanitizer(settings.sanitizer),
+                log_dir=settings.path("report") / "sanitize" if settings.report else None,
+                parallel=max(1, self.jobs // 2))
         if "speed" in settings.suite:
             device_name = str(self.environment.get("device_name", "unknown"))
             try:
                 store = BaselineStore(settings.path("baseline_dir"), device_name)
             except BaselineError as error:
                 raise pytest.UsageError(f"attnkit: {error}") from None
-            self.speed = SpeedCheck(self.pool, self.outcomes,
-                                    SpeedSettings(settings.reference, settings.seed, settings.budget_ms,
-                                                  settings.require_baseline,
-                                                  case_sets.CALL_LIMIT_MS.get(self.profile)),
-                                    store, self.threshold, self.device,
-                                    twins=dict(self.revision.twins) if self.revision else {},
-                                    ab_threshold=self.ab_threshold)
+            self.suites["speed"] = SpeedCheck(
+                self.pool, self.outcomes, SpeedSettings(settings.reference, settings.seed, settings.budget_ms,
+                                                        settings.require_baseline,
+                                                        case_sets.CALL_LIMIT_MS.get(self.profile)),
+                store, self.threshold, self.device, twins=dict(self.revision.twins) if self.revision else {},
+                ab_threshold=self.ab_threshold, sent=self.runner.sent,
+                parallel_problem=xdist.parallel_timing_problem(self.config, self.device, self._cuda_device_count()))
 
     def _usable_cores(self) -> int:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -276,8 +272,8 @@ class AttnkitSession:
             self.pool.scheduler.close()
 
     def close(self) -> None:
-        if self.sanitize is not None:
-            self.sanitize.close()
+        for suite in self.suites.values():
+            suite.close()
         self.pool.close()
         if self.revision is not None:
             self.revision.close()
@@ -350,46 +346,26 @@ class AttnkitSession:
                                     f"{case.id}: {error}") from None
         return chosen
 
-    @staticmethod
-    def _params(item: pytest.Item) -> dict[str, Any]:
-        return getattr(getattr(item, "callspec", None), "params", {})
-
-    @staticmethod
-    def suite_of(item: pytest.Item) -> str | None:
-        return next((name for name in SUITES if item.get_closest_marker(f"attnkit_{name}")), None)
-
-    def _item_question(self, item: pytest.Item) -> tuple[str, Case, bool] | None:
-        """(implementation, case, backward) that an attnkit item runs, or None for other items."""
-        params = self._params(item)
-        if "attnkit_impl" not in params:
-            return None
-        backward = item.get_closest_marker("attnkit_backward") is not None
-        if "attnkit_case" in params:
-            return params["attnkit_impl"], params["attnkit_case"], backward
-        if item.get_closest_marker("attnkit_memory") is not None:
-            sweep = item_sweep(item, self.profile)
-            return params["attnkit_impl"], sweep.case(sweep.seqlens[0]), backward
-        return None
-
     def mark_refusals(self, items: list[pytest.Item]) -> None:
-        """Mark the items an implementation refuses (unavailable, or an unsupported case) as
-        skipped, with its reasons in words. One question per implementation, at collection.
+        """Work out each suite test's SuiteItem, then mark the items skipped that their suite
+        refuses (:meth:`Suite.refusal`) or the implementation does (unavailable, or an unsupported
+        case: :meth:`Suite.support_query`), with the reasons in words. One question per
+        implementation, at collection.
 
         The reason leaves the case out (the test id has it), so pytest's summary groups the
         skips that share a reason."""
         questions: dict[str, list[tuple[pytest.Item, Case, bool]]] = {}
-        parallel = xdist.parallel_timing_problem(self.config, self.device, self._cuda_device_count())
-        for item in items:
-            if self.device != "cuda" and item.get_closest_marker("attnkit_memory") is not None:
-                self.outcomes.skip_at_collection(item, skipped(NO_MEMORY_METER_ON_CPU))
+        for node, item in mark_items(items, SUITE_TYPES):
+            suite = self.suites.get(item.suite)
+            if suite is None:
+                continue  # a suite not selected: its tests say so when they run
+            refusal = suite.refusal(item)
+            if refusal is not None:
+                self.outcomes.skip_at_collection(node, refusal)
                 continue
-            if parallel and item.get_closest_marker("attnkit_speed"):
-                self.outcomes.skip_at_collection(item, skipped(parallel))
-                continue
-            question = self._item_question(item)
-            if question is not None:
-                name, case, backward = question
-                questions.setdefault(name, []).append((item, case, backward))
+            query = suite.support_query(item)
+            if query is not None:
+                questions.setdefault(item.impl, []).append((node, *query))
         for name, asked in questions.items():
             info = self.pool.info(name)
             if info.load_error:
@@ -413,76 +389,27 @@ class AttnkitSession:
         """The tests this process runs: all of them, or under pytest-xdist this worker's share."""
         return xdist.share_of_this_worker(self.config, items)
 
-    def _linear_memory(self, impl: str) -> bool:
-        return self.pool.info(impl).capabilities.get("memory_class") == MemoryClass.LINEAR
-
     def submit_ahead(self, items: list[pytest.Item]) -> None:
-        """Submit the selected tests' requests to the scheduler, in pytest's order: each correctness
-        test's check; each memory sweep where each worker meters its own memory (else a warm-up
-        of its points); a warm-up of every speed case, compiled now while the GPU has other work,
-        in the worker that later times it. A warm-up estimated to need the GPU alone is left to
-        the test."""
-        scheduler = self.pool.scheduler
-        if scheduler is None or self.correctness is None:
-            return
-        warm_ups: list[tuple[str, str, Case, bool]] = []
-        for item in ahead_order(items, self.suite_of):
-            question = self._item_question(item)
-            if question is None or item.get_closest_marker("skip") is not None:
-                continue
-            impl, case, backward = question
-            suite = self.suite_of(item)
-            if suite == "correctness":
-                estimate = footprint.request_bytes(case, backward=backward, references=True,
-                                                   linear_memory=self._linear_memory(impl))
-                try:
-                    self.correctness.submit(scheduler, impl, case, backward=backward, gpu_bytes=estimate)
-                except pytest.UsageError:
-                    pass  # a hook's bad answer: the test asks again when it runs, and fails with it
-            elif suite == "memory" and self.device == "cuda" and self.memory is not None:
-                sweep = item_sweep(item, self.profile)
-                if self.environment.get("memory_meter") == "process":
-                    # Each worker's meter is its own: the sweep runs beside other work.
-                    linear = self._linear_memory(impl)
-                    self.memory.submit(scheduler, impl, sweep, backward=backward, gpu_bytes=lambda case: 2 * (
-                        footprint.request_bytes(case, backward=backward, references=False, linear_memory=linear)))
-                else:
-                    warm_ups += [("memory", impl, sweep.case(n), backward) for n in sweep.seqlens]
-            elif suite == "speed" and self.speed is not None and impl not in self.twin_names:
-                warm_ups.append(("speed", impl, case, backward))
-            elif suite == "sanitize" and self.sanitize is not None:
-                self.sanitize.submit(impl, self._params(item)["attnkit_tool"], case, backward=backward,
-                                     gpu_bytes=3 * footprint.request_bytes(case, backward=backward, references=False,
-                                                                           linear_memory=False))
-            elif suite == "properties" and self.properties is not None:
-                self.properties.submit(scheduler, property_check(item), impl, case, backward=backward,
-                                       gpu_bytes=footprint.request_bytes(case, backward=backward, references=True,
-                                                                         linear_memory=self._linear_memory(impl)))
-        for suite, impl, case, backward in dict.fromkeys(warm_ups):
-            estimate = footprint.request_bytes(case, backward=backward, references=False,
-                                               linear_memory=self._linear_memory(impl))
-            if scheduler.budget_bytes is not None and estimate > scheduler.budget_bytes:
-                continue
-            warm = Request(Op.WARM, case, backward, self.settings.seed, {"program": suite == "speed"})
-            job = scheduler.submit(impl, suite, warm, gpu_bytes=estimate, warm=True)
-            if suite == "speed" and self.speed is not None:
-                self.speed.warm_ups[EntryKey(impl, "backward" if backward else "forward", case.id)] = job
+        """Send the selected tests' plans ahead of them, in their suites' order (the runner; nothing
+        without a scheduler). A test skipped at collection sends nothing."""
+        if self.runner is not None:
+            self.runner.submit_all(item.stash[ITEM_KEY] for item in items
+                                   if ITEM_KEY in item.stash and item.get_closest_marker("skip") is None)
 
     # -- the run's record -------------------------------------------------------------------
     def count_collected(self, items: list[pytest.Item]) -> None:
         """How many tests each implementation has in each suite, after selection (-k, -m)."""
-        for item in items:
-            params = self._params(item)
-            suite = self.suite_of(item)
-            if "attnkit_impl" in params and suite:
-                self.collected[params["attnkit_impl"]][suite] += 1
+        for node in items:
+            item = node.stash.get(ITEM_KEY, None)
+            if item is not None:
+                self.collected[item.impl][item.suite] += 1
 
     def record(self, item: pytest.Item, test_report: pytest.TestReport) -> None:
         """Keep the outcome of an attnkit test for the summary and the report files."""
-        params = self._params(item)
-        if "attnkit_impl" not in params:
+        suite_item = item.stash.get(ITEM_KEY, None)
+        if suite_item is None:
             return
-        case = params.get("attnkit_case")
+        impl, case = suite_item.impl, suite_item.case
         judgement = item.stash.get(JUDGEMENT_KEY, None)
         reason = None
         if judgement is not None and judgement.verdict == test_report.outcome:
@@ -498,21 +425,18 @@ class AttnkitSession:
             text = (test_report.longrepr[2] if skipped else str(test_report.longrepr or "")).replace(NO_BREAK, " ")
             if skipped:
                 reason = reason_of(text)
-        impl = params["attnkit_impl"]
-        self.test_outcomes.append({"test": item.nodeid, "impl": impl, "suite": self.suite_of(item) or "?",
+        self.test_outcomes.append({"test": item.nodeid, "impl": impl, "suite": suite_item.suite,
                                    "case": case.id if case is not None else None, "function": item.originalname,
                                    "twin_of": self.twins.get((impl, case.id)) if case is not None else None,
                                    "outcome": Verdict(test_report.outcome), "reason": reason, "message": text[:4000]})
-        if self.correctness is not None and case is not None and self.suite_of(item) == "correctness":
-            backward = item.get_closest_marker("attnkit_backward") is not None
-            result = self.correctness.results.get((impl, case.id, backward))
-            if result is not None and result.comparisons:
-                self.test_outcomes[-1]["comparisons"] = [comparison.to_dict() for comparison in result.comparisons]
+        if judgement is not None and judgement.record:
+            self.test_outcomes[-1].update(judgement.record)
 
     def baseline_state(self) -> dict[str, Any]:
-        if self.speed is None:
+        speed = self.suites.get("speed")
+        if not isinstance(speed, SpeedCheck):
             return {"baseline_file": None, "baseline_found": False}
-        return {"baseline_file": str(self.speed.store.path), "baseline_found": self.speed.store.found}
+        return {"baseline_file": str(speed.store.path), "baseline_found": speed.store.found}
 
     def against_state(self) -> dict[str, Any] | None:
         if self.revision is None:
@@ -529,13 +453,14 @@ class AttnkitSession:
         worker hands its document to the controller (:meth:`add_worker_document`), which saves
         and reports for the whole run."""
         interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
+        speed = self.suites.get("speed")
         self.document = report.build(
             environment=self.environment, device=self.device, profile=self.profile,
             impls=list(self.pool.impls.values()), outcomes=self.test_outcomes,
-            memory=self.memory.results if self.memory else [], speed=self.speed, interrupted=interrupted,
+            memory=self.suites["memory"].results if "memory" in self.suites else [], speed=speed, interrupted=interrupted,
             baseline=self.baseline_state(), against=self.against_state(),
-            properties=self.properties.results if self.properties else [],
-            sanitize=self.sanitize.results if self.sanitize else [])
+            properties=self.suites["properties"].results if "properties" in self.suites else [],
+            sanitize=self.suites["sanitize"].results if "sanitize" in self.suites else [])
         self.document["collected"] = {name: dict(suites) for name, suites in self.collected.items()}
         self.document["time"] = {**self.pool.ledger.to_dict(self.pool.primary_startups()), "jobs": self.jobs}
         report.merge(self.document, self.worker_documents)
@@ -544,25 +469,25 @@ class AttnkitSession:
             return []
         self.untested = asked_for_but_untested(self.document, self.settings.impl)
         lines = []
-        if self.speed is not None and self.settings.save_baseline:
+        if isinstance(speed, SpeedCheck) and self.settings.save_baseline:
             records = report.speed_records(self.document)
             counts = None
             shared = report.shared_gpu(self.document)
             if interrupted:
-                lines.append(f"baseline NOT saved: the run was interrupted ({self.speed.store.path}{NO_BREAK}is unchanged)")
+                lines.append(f"baseline NOT saved: the run was interrupted ({speed.store.path}{NO_BREAK}is unchanged)")
             elif shared:
-                lines.append(f"baseline NOT saved: {shared} ({self.speed.store.path}{NO_BREAK}is unchanged)")
+                lines.append(f"baseline NOT saved: {shared} ({speed.store.path}{NO_BREAK}is unchanged)")
             elif not records:
                 lines.append("baseline not saved: no speed measurements in this run")
             else:
                 try:
-                    counts = self.speed.store.save(records, self.environment, self.document["speed"]["ceilings"],
+                    counts = speed.store.save(records, self.environment, self.document["speed"]["ceilings"],
                                                    platform.node())
                 except BaselineError as error:
                     counts = None
                     lines.append(f"baseline NOT saved: {error}")
             if counts is not None:
-                lines.append(f"baseline{NO_BREAK}saved:{NO_BREAK}{self.speed.store.path}")
+                lines.append(f"baseline{NO_BREAK}saved:{NO_BREAK}{speed.store.path}")
                 lines.append(f"  {counts['pooled']} entries pooled with their earlier runs, {counts['restarted']} "
                              f"started afresh (changed beyond noise), {counts['new']} new")
                 if counts["thin"]:
@@ -585,8 +510,9 @@ class AttnkitSession:
     # -- the header -------------------------------------------------------------------------
     def header_lines(self) -> list[str]:
         gate = None
-        if self.speed is not None:
-            store = self.speed.store
+        speed = self.suites.get("speed")
+        if isinstance(speed, SpeedCheck):
+            store = speed.store
             gate = (f"speed is gated against {store.path} ({len(store.entries)} entries)" if store.found else
                     f"NOTHING WILL BE GATED: no baseline for {store.device_name} ({store.path} does not exist)"
                     + ("; required, so every speed test fails" if self.settings.require_baseline else ""))
@@ -607,11 +533,12 @@ class AttnkitSession:
         else:
             workers = "one request at a time (--attnkit-jobs=1)"
         sanitize = None
-        if self.sanitize is not None:
-            reason = self.sanitize.skip_reason()
+        sanitizer = self.suites.get("sanitize")
+        if isinstance(sanitizer, SanitizeCheck):
+            reason = sanitizer.skip_reason()
             tools = self.settings.sanitize or ["memcheck"]
             guarded = "memcheck's tests run on guarded inputs; " if "memcheck" in tools else ""
-            sanitize = (f"sanitize: {self.sanitize.sanitizer} ({', '.join(tools)})" if reason is None
+            sanitize = (f"sanitize: {sanitizer.sanitizer} ({', '.join(tools)})" if reason is None
                         else f"sanitize: {guarded}compute-sanitizer NOT RUN: {reason}")
         return header_lines(environment=self.environment, device=self.device, profile=self.profile,
                             suites=self.settings.suite, seed=self.settings.seed, workers=workers,

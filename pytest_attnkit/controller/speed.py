@@ -1,4 +1,4 @@
-"""The speed suite's check: time a case in the worker, judge the timing, gate it.
+"""The speed suite: time a case in the worker, judge the timing, gate it.
 
 Each speed test asks the implementation's worker to time one case (:mod:`pytest_attnkit.worker.speed`,
 :mod:`pytest_attnkit.worker.timer`) and gets a :class:`~pytest_attnkit.records.SpeedMeasurement`
@@ -18,6 +18,11 @@ On the CPU the numbers check the plumbing and give a rough figure, nothing more:
 by tens of percent between processes (and by far more when the machine is busy), so there the
 suspicious-speedup check is off and the gate's default threshold is a doubling
 (:data:`CPU_THRESHOLD`), which only a real change crosses.
+
+As a :class:`~pytest_attnkit.controller.suite.Suite`, a test's plan is a warm-up of its case,
+compiled ahead while the GPU has other work (none for REV's twins); the test then times the case
+with the GPU alone in the worker that warmed it up, asking the pool itself (the timing, the
+reference's, the confirmation rounds and the A/B blocks are the judgement's own requests).
 """
 
 from __future__ import annotations
@@ -25,17 +30,19 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar, Sequence
 
-from pytest_attnkit.contract import Case
+from pytest_attnkit.contract import Case, MemoryClass
+from pytest_attnkit.controller import footprint
 from pytest_attnkit.controller.baselines import BaselineStore
 from pytest_attnkit.controller.gate import Decision, GateVerdict, decide, machine_factor, noise_threshold
 from pytest_attnkit.controller.impls import ImplStatus
-from pytest_attnkit.controller.outcome import Judged, Outcomes, failed, skipped
+from pytest_attnkit.controller.outcome import Judged, Judgement, Outcomes, failed, skipped
 from pytest_attnkit.controller.paired import MIN_PAIRS, PairedDecision, SyncKind, decide_paired, sync_kind
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.process import WorkerFailure, worker_pids
 from pytest_attnkit.controller.scheduler import Job
+from pytest_attnkit.controller.suite import Planned, Suite, SuiteItem, TestSpec, verdict_of
 from pytest_attnkit.messages import Op, Reply, Request, Status
 from pytest_attnkit.records import EntryKey, SpeedMeasurement, Timing
 
@@ -149,8 +156,12 @@ class SpeedSettings:
 
 
 @dataclass
-class SpeedCheck:
+class SpeedCheck(Suite):
     """Times and gates every speed test of a run; ``threshold`` gives a case's practical threshold."""
+
+    name: ClassVar[str] = "speed"
+    tests: ClassVar[tuple[TestSpec, ...]] = (TestSpec("test_speed_forward", "speed-forward"),
+                                             TestSpec("test_speed_backward", "speed-backward", backward=True))
 
     pool: WorkerPool
     outcomes: Outcomes
@@ -167,14 +178,41 @@ class SpeedCheck:
     ab: dict[EntryKey, ABResult] = field(default_factory=dict)
     #: The A/B gate's threshold per case (None: ``threshold``'s).
     ab_threshold: Callable[[EntryKey], float] | None = None
-    #: The warm-up of each case (the scheduler's), whose worker then times it: its kernels are
-    #: compiled and loaded there already.
-    warm_ups: dict[EntryKey, Job] = field(default_factory=dict)
+    #: The jobs the runner sent ahead for a speed test's plan (:meth:`Runner.sent`): a case's
+    #: warm-up, whose worker then times it, its kernels compiled and loaded there already.
+    sent: Callable[[SuiteItem], Sequence[Job | None]] = lambda item: ()
+    #: Why speed tests cannot run here (timing beside another pytest-xdist worker on one device), or None.
+    parallel_problem: str | None = None
     _measured: dict[EntryKey, SpeedMeasurement] = field(default_factory=dict)
     _refused: dict[EntryKey, Reply] = field(default_factory=dict)
     #: Cases whose call took longer than the profile times (settings.call_limit_ms), and how long.
     over_limit: dict[EntryKey, float] = field(default_factory=dict)
     _ceilings_asked: bool = False
+
+    # -- the suite ---------------------------------------------------------------------------
+    def refusal(self, item: SuiteItem) -> Judgement | None:
+        return skipped(self.parallel_problem) if self.parallel_problem else None
+
+    def order(self, item: SuiteItem) -> int:
+        """After the requests tests wait for: a warm-up only saves its test's compile time."""
+        return 1
+
+    def plan(self, item: SuiteItem) -> list[Planned]:
+        """A warm-up of the case, which also reads the kernels its calls launch (the gate's
+        program); none for REV's twins (their current implementation's test times the pair)."""
+        if item.case is None or self.base_of(item.impl) != item.impl:
+            return []
+        linear = self.pool.info(item.impl).capabilities.get("memory_class") == MemoryClass.LINEAR
+        return [Planned(Request(Op.WARM, item.case, item.backward, self.settings.seed, {"program": True}),
+                        footprint.request_bytes(item.case, backward=item.backward, references=False,
+                                                linear_memory=linear), warm=True)]
+
+    def judge(self, item: SuiteItem, replies: Sequence[Reply | None], **fixtures: Any) -> Judgement:
+        """Time and gate the case (:meth:`check`); ``fixtures`` may hold pytest-benchmark's ``benchmark``."""
+        assert item.case is not None
+        mode = "backward" if item.backward else "forward"
+        return verdict_of(lambda properties: self.check(item.impl, mode, item.case, properties=properties,
+                                                        benchmark=fixtures.get("benchmark")))
 
     # -- measuring ---------------------------------------------------------------------------
     def _measure_ceilings(self) -> None:
@@ -211,7 +249,8 @@ class SpeedCheck:
 
     def _warmed(self, impl: str, mode: str, case: Case) -> Job | None:
         """The warm-up of this case, where it ran and its worker is still there."""
-        job = self.warm_ups.get(EntryKey(impl, mode, case.id))
+        spec = self.tests[1] if mode == "backward" else self.tests[0]
+        job = next(iter(self.sent(SuiteItem(self.name, spec, impl, case))), None)
         if job is None or not job.future.done() or job.future.cancelled() or job.worker is None:
             return None
         if not job.future.result().ok or getattr(job.worker, "closed", False):

@@ -462,16 +462,6 @@ def test_the_gpu_alone_begins_by_closing_the_extra_workers_that_hold_no_warm_up(
         assert not any(worker.closed for worker in pool.primaries.values())
 
 
-def test_memory_sweeps_are_submitted_ahead_of_the_other_tests() -> None:
-    """A sweep is a chain of points: submitted after every correctness case, its first point waits
-    for them and the chain runs alone at the end of the concurrent phase."""
-    from pytest_attnkit.controller.session import ahead_order
-
-    items = ["correctness-1", "memory-1", "speed-1", "correctness-2", "memory-2", "properties-1"]
-    ordered = ahead_order(items, lambda item: item.split("-")[0])  # type: ignore[arg-type]
-    assert ordered == ["memory-1", "memory-2", "correctness-1", "speed-1", "correctness-2", "properties-1"]
-
-
 def test_the_job_a_test_waits_for_starts_at_once_even_with_every_slot_taken(made) -> None:
     # Both slots hang on b's requests (b has the most work queued); a's request, which pytest waits
     # for, starts in one slot more instead of waiting behind them.

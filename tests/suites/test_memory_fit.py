@@ -192,8 +192,6 @@ def test_a_point_over_the_default_profiles_call_limit_ends_the_sweep_and_says_wh
     asked: list[Request] = []
 
     class Pool:
-        scheduler = None
-
         def info(self, name: str) -> ImplInfo:
             return ImplInfo(name, "fake:naive", capabilities={"memory_class": "quadratic"})
 
@@ -204,13 +202,13 @@ def test_a_point_over_the_default_profiles_call_limit_ends_the_sweep_and_says_wh
             return Reply(Status.OK, "", MemoryPoint(n, "measured", extra_bytes=n * n * 64, peak_bytes=n * n * 64,
                                                     call_ms=2300.0 if stop else 10.0, stop=stop).to_dict())
 
-    check = MemoryCheck(Pool(), Outcomes(), MemorySweep(seqlens=tuple(SEQLENS)), "cuda", 0, profile="default")
-    result = check.check("naive", backward=False)
+    check = MemoryCheck(Pool(), Outcomes(), "cuda", 0, profile="default")
+    result = check.check("naive", backward=False, sweep=MemorySweep(seqlens=tuple(SEQLENS)))
     assert [m.case.seqlen_q for m in asked] == SEQLENS[:-1]  # 32768 never asked for
     limit = MEMORY_CALL_LIMIT_MS["default"]
     assert [m.options["call_limit_ms"] for m in asked] == [None] * (MIN_SWEEP_POINTS - 1) + [limit] * 2
     assert result.largest_n == 16384 and result.verdict == "quadratic"
     assert result.stopped == "the sweep stopped after N=16384: one call took 2300 ms"
-    full = MemoryCheck(Pool(), Outcomes(), MemorySweep(seqlens=tuple(SEQLENS)), "cuda", 0, profile="full")
+    full = MemoryCheck(Pool(), Outcomes(), "cuda", 0, profile="full")
     asked.clear()
     assert full._message(MemorySweep(seqlens=(1024,)).case(1024), False, 5).options["call_limit_ms"] is None

@@ -225,7 +225,7 @@ def test_the_session_keeps_the_logs_in_the_report_folder(pytester: pytest.Pytest
     recorder = pytester.inline_run("--attnkit", "-p", "no:cacheprovider", "--attnkit-suite=sanitize",
                                    "--attnkit-impl=torch_sdpa", "--attnkit-report=out", "--collect-only")
     [call] = recorder.getcalls("pytest_sessionfinish")
-    assert call.session.config.stash[SESSION_KEY].sanitize.log_dir == pytester.path / "out" / "sanitize"
+    assert call.session.config.stash[SESSION_KEY].suites["sanitize"].log_dir == pytester.path / "out" / "sanitize"
 
 
 def test_the_options_add_the_suite_with_its_tools(pytester: pytest.Pytester) -> None:

@@ -15,7 +15,9 @@ from pytest_attnkit.contract import Case
 from pytest_attnkit.controller.baselines import BaselineStore, key_string
 from pytest_attnkit.controller.impls import ImplInfo
 from pytest_attnkit.controller.outcome import Outcomes
+from pytest_attnkit.controller.scheduler import Job
 from pytest_attnkit.controller.speed import SpeedCheck, SpeedSettings
+from pytest_attnkit.controller.suite import SuiteItem
 from pytest_attnkit.messages import Reply, Request, Status
 from pytest_attnkit.records import EntryKey, SpeedMeasurement, Timing
 from helpers import judged
@@ -147,13 +149,14 @@ class ProgramPool(FakePool):
         return super().request(name, request)
 
 
-def _warmed(check: SpeedCheck, impl: str, program: str) -> None:
-    from pytest_attnkit.controller.scheduler import Job
-
+def _warmed(check: SpeedCheck, impl: str, program: str) -> Job:
+    """A warm-up of ``impl``'s forward test on CASE, as the runner sent it ahead (``check.sent``)."""
     job = Job(impl, "speed", {}, 0, 0, warm=True)
     job.worker = object()
     job.future.set_result(Reply(Status.OK, "", {"program": program}))
-    check.warm_ups[EntryKey(impl, "forward", CASE.id)] = job
+    warmed = SuiteItem("speed", SpeedCheck.tests[0], impl, CASE)
+    check.sent = lambda item: [job] if item == warmed else []
+    return job
 
 
 def _save_program(tmp_path: Path, medians: dict[str, float], programs: dict[str, str]) -> BaselineStore:
@@ -421,7 +424,6 @@ def test_a_case_is_timed_where_it_was_warmed_up_unless_that_worker_was_stopped(t
     for warm_worker, expected in ((stopped, None), ("live", "live")):
         pool = WherePool({"kernel": [1.0]})
         check = make_check(pool, BaselineStore(tmp_path, DEVICE))
-        _warmed(check, "kernel", "tem_fused grid=[64,16,1] block=[128,1,1]")
-        check.warm_ups[EntryKey("kernel", "forward", CASE.id)].worker = warm_worker
+        _warmed(check, "kernel", "tem_fused grid=[64,16,1] block=[128,1,1]").worker = warm_worker
         check.check("kernel", "forward", CASE)
         assert pool.sent_to == [expected]

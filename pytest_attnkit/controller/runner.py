@@ -1,0 +1,143 @@
+"""The runner: the body of every suite test, and the one map of the requests sent ahead of them.
+
+Once pytest has selected the tests, the session hands each one's :class:`SuiteItem` to
+:meth:`Runner.submit`, which asks its suite for the plan (:meth:`Suite.plan`) and submits each
+planned request to the scheduler (:mod:`pytest_attnkit.controller.scheduler`), keyed by the item.
+When the test runs, :meth:`Runner.run` hands the suite the replies to its plan
+(:class:`Replies`: each one waited for when the suite reads it) and settles the suite's judgement
+through :meth:`Outcomes.settle`, the one place a verdict is made. Without a scheduler
+(``--attnkit-jobs=1``, ``--attnkit-inprocess``) or for a test whose plan was not sent ahead, each
+planned request is sent on the test's own thread when the suite reads its reply, and a warm-up
+is not sent at all: the test's own request compiles what it needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import CancelledError
+from typing import TYPE_CHECKING, Any, overload
+
+import pytest
+
+from pytest_attnkit.controller.items import ITEM_KEY
+from pytest_attnkit.controller.outcome import Judged, Outcomes, skipped
+from pytest_attnkit.controller.scheduler import Job, Scheduler
+from pytest_attnkit.controller.suite import Planned, Suite, SuiteItem
+from pytest_attnkit.messages import Reply
+
+if TYPE_CHECKING:
+    from pytest_attnkit.controller.pool import WorkerPool
+
+
+class Replies(Sequence["Reply | None"]):
+    """The replies to one item's plan, in its order; each is fetched when first read, so a suite
+    that stops reading (a memory sweep that ended) waits for, or sends, nothing more."""
+
+    def __init__(self, item: SuiteItem, plan: list[Planned], jobs: list[Job | None] | None,
+                 scheduler: Scheduler | None, pool: "WorkerPool") -> None:
+        self._item, self._plan, self._jobs = item, plan, jobs
+        self._scheduler, self._pool = scheduler, pool
+        self._read: dict[int, Reply | None] = {}
+
+    def __len__(self) -> int:
+        return len(self._plan)
+
+    @overload
+    def __getitem__(self, index: int) -> Reply | None: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Reply | None]: ...
+
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self))[index]]
+        if not -len(self) <= index < len(self):
+            raise IndexError(index)
+        index %= len(self)
+        if index not in self._read:
+            self._read[index] = self._fetch(index)
+        return self._read[index]
+
+    def _fetch(self, index: int) -> Reply | None:
+        if self._jobs is not None:
+            job = self._jobs[index]
+            if job is None or job.future.cancelled() or self._scheduler is None:
+                return None
+            try:
+                return self._scheduler.wait(job)
+            except CancelledError:  # the run is stopping: nobody ran it
+                return None
+        planned = self._plan[index]
+        if planned.warm:
+            return None
+        return self._pool.request(self._item.impl, planned.request, suite=self._item.suite)
+
+
+class Runner:
+    """Sends each item's plan ahead of it and settles each test from its replies."""
+
+    def __init__(self, suites: Mapping[str, Suite], pool: "WorkerPool", outcomes: Outcomes,
+                 scheduler: Scheduler | None = None) -> None:
+        self.suites = suites
+        self.pool = pool
+        self.outcomes = outcomes
+        self.scheduler = scheduler
+        #: Per item: its plan and the scheduler's job of each planned request (None: not sent).
+        self._ahead: dict[SuiteItem, tuple[list[Planned], list[Job | None]]] = {}
+
+    def submit(self, item: SuiteItem) -> None:
+        """Submit the item's plan to the scheduler now (nothing without one, or for an item
+        already submitted). A warm-up estimated to need more than the scheduler's whole budget is
+        left out: it would run alone, ahead of tests that wait. A plan that cannot be made now (a
+        hook's bad answer) is made again when the test runs, which fails with the error."""
+        suite = self.suites.get(item.suite)
+        if self.scheduler is None or suite is None or item in self._ahead:
+            return
+        try:
+            plan = suite.plan(item)
+        except pytest.UsageError:
+            return
+        budget = self.scheduler.budget_bytes
+        jobs: list[Job | None] = []
+        for planned in plan:
+            if planned.warm and budget is not None and planned.gpu_bytes > budget:
+                jobs.append(None)
+                continue
+            jobs.append(self.scheduler.submit(item.impl, item.suite, planned.request, gpu_bytes=planned.gpu_bytes,
+                                              warm=planned.warm, needs_ok=planned.needs_ok,
+                                              after=jobs[planned.after] if planned.after is not None else None))
+        self._ahead[item] = (plan, jobs)
+        suite.sent_ahead(item, jobs)
+
+    def submit_all(self, items: Iterable[SuiteItem]) -> None:
+        """Submit the items' plans in their suites' order (:meth:`Suite.order`), pytest's among equals."""
+        known = [item for item in items if item.suite in self.suites]
+        for item in sorted(known, key=lambda item: self.suites[item.suite].order(item)):
+            self.submit(item)
+
+    def sent(self, item: SuiteItem) -> Sequence[Job | None]:
+        """The jobs submitted for ``item``'s plan that its test has not finished with (empty
+        otherwise), for a suite that needs another item's warm-up (speed times a case in the
+        worker that warmed it up)."""
+        return self._ahead.get(item, ((), ()))[1]
+
+    def run(self, node: pytest.Item, **fixtures: Any) -> None:
+        """The body of every suite test: the replies to the item's plan, judged by its suite,
+        settled. ``fixtures`` go to :meth:`Suite.judge`."""
+        item = node.stash.get(ITEM_KEY, None)
+        if item is None:
+            raise LookupError(f"{node.nodeid} is no test of an attnkit suite (no attnkit_<suite> marker "
+                              "or a function its suite does not name)")
+        suite = self.suites.get(item.suite)
+        if suite is None:
+            self.outcomes.settle(node, skipped(f"the {item.suite} suite is not selected (--attnkit-suite)"))
+            return
+        plan, jobs = self._ahead.get(item) or (suite.plan(item), None)
+        replies = Replies(item, plan, jobs, self.scheduler, self.pool)
+        try:
+            judgement = suite.judge(item, replies, **fixtures)
+        except Judged as judged:
+            judgement = judged.judgement
+        finally:
+            self._ahead.pop(item, None)
+        self.outcomes.settle(node, judgement)

@@ -1,0 +1,132 @@
+"""What a suite is to the session and the runner: :class:`Suite`, its :class:`TestSpec` per test
+function, the :class:`SuiteItem` every collected test becomes, and the :class:`Planned` requests
+an item needs.
+
+A suite says, for one collected test (a :class:`SuiteItem`, worked out once at collection by
+:func:`pytest_attnkit.controller.items.suite_item`), what the implementation is asked at
+collection (:meth:`Suite.support_query`), what it refuses before anything runs
+(:meth:`Suite.refusal`), which requests the test needs (:meth:`Suite.plan`) and, once their
+replies are in, what the test's outcome is (:meth:`Suite.judge`). It never sends a planned request
+itself, nor decides when: the runner (:mod:`pytest_attnkit.controller.runner`) sends the plan ahead
+of the test through the scheduler, or on the test's own thread with ``--attnkit-jobs=1``, and
+settles the judgement (:meth:`pytest_attnkit.controller.outcome.Outcomes.settle`). Follow-up
+requests a judgement needs (speed's timing and confirmation rounds) the suite still sends through
+the pool while it judges.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
+
+from pytest_attnkit.contract import Case
+from pytest_attnkit.controller.outcome import Judged, Judgement, Verdict
+from pytest_attnkit.controller.scheduler import Job
+from pytest_attnkit.messages import Reply, Request
+
+Properties = list[tuple[str, object]]
+
+
+@dataclass(frozen=True)
+class TestSpec:
+    """One test function of a suite, by the function name its node id keeps."""
+
+    __test__ = False  # not a pytest test class, whatever its name
+
+    function: str  # "test_forward", "test_determinism_backward", "test_memory_window"
+    cases: str | None = None  # its case family ("correctness", "speed-forward"); None: no attnkit_case (memory)
+    backward: bool = False
+    #: What is fixed per test function: {"check": "determinism"}, {"sweep": "window"}.
+    params: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    per_tool: bool = False  # parametrized by attnkit_tool (sanitize)
+
+
+@dataclass(frozen=True)
+class SuiteItem:
+    """One collected test of a suite: the key of every map of the tests' requests and results,
+    worked out once at collection instead of from markers, function names and test arguments."""
+
+    suite: str
+    spec: TestSpec
+    impl: str
+    case: Case | None
+    tool: str | None = None
+
+    @property
+    def backward(self) -> bool:
+        return self.spec.backward
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One request an item needs, as the runner hands it to the scheduler
+    (:meth:`pytest_attnkit.controller.scheduler.Scheduler.submit`)."""
+
+    request: Request
+    gpu_bytes: int = 0  # the footprint estimate the scheduler admits it by
+    #: A warm-up: nobody needs its reply, only what it compiles. Not sent when nothing runs ahead,
+    #: nor when it alone is over the scheduler's memory budget; its reply then reads None.
+    warm: bool = False
+    #: The index, in the same plan, of the request it starts after...
+    after: int | None = None
+    #: ...and only if that one measured, in the worker that ran it (a memory sweep's next point).
+    needs_ok: bool = False
+
+
+class Suite:
+    """The contract of a suite, as the session and the runner use it.
+
+    A subclass names itself (``name``: its ``--attnkit-suite`` name and ``attnkit_<name>`` marker)
+    and its test functions (``tests``), and gives :meth:`plan` and :meth:`judge`; the other
+    methods have defaults that fit a suite whose tests each run one case."""
+
+    name: ClassVar[str]
+    tests: ClassVar[tuple[TestSpec, ...]]
+
+    @classmethod
+    def spec(cls, function: str) -> TestSpec | None:
+        """The test function of this suite named ``function``, or None."""
+        return next((spec for spec in cls.tests if spec.function == function), None)
+
+    def refusal(self, item: SuiteItem) -> Judgement | None:
+        """A skip decided at collection, before the implementation is asked anything; None to run it."""
+        return None
+
+    def support_query(self, item: SuiteItem) -> tuple[Case, bool] | None:
+        """The (case, backward) the implementation is asked at collection whether it supports."""
+        return None if item.case is None else (item.case, item.backward)
+
+    def order(self, item: SuiteItem) -> int:
+        """Where the item's requests go in the order they are sent ahead (lower first; pytest's
+        order among equals)."""
+        return 0
+
+    def plan(self, item: SuiteItem) -> list[Planned]:
+        """The requests the item needs, sent ahead of it or, with ``--attnkit-jobs=1``, as it runs."""
+        raise NotImplementedError
+
+    def sent_ahead(self, item: SuiteItem, jobs: Sequence[Job | None]) -> None:
+        """Called once the item's plan is submitted (``jobs[i]``: the scheduler's job of
+        ``plan[i]``, None where it was not sent), for a suite that gathers more ahead of the test
+        on threads of its own (sanitize's run under the tool, until the pool owns such workers)."""
+
+    def judge(self, item: SuiteItem, replies: Sequence[Reply | None], **fixtures: Any) -> Judgement:
+        """The item's outcome from the replies to its plan (``replies[i]`` answers ``plan[i]``;
+        None where it was not run: a dropped warm-up, a cancelled request). ``fixtures``: what the
+        test function passes on (the speed suite's pytest-benchmark fixture)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """End whatever the suite keeps running (the run is over, or stopped)."""
+
+
+def verdict_of(check: Callable[[Properties], object]) -> Judgement:
+    """Run ``check``, which appends the test's junit properties to the list it is given and raises
+    :class:`Judged` for a skip or a failure: its judgement, with those properties, or a pass."""
+    properties: Properties = []
+    try:
+        check(properties)
+    except Judged as judged:
+        return replace(judged.judgement, properties=(*properties, *judged.judgement.properties))
+    return Judgement(Verdict.PASSED, properties=tuple(properties))
