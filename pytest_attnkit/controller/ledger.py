@@ -67,8 +67,9 @@ class Ledger:
         self.events: list[tuple[str, str, float, float, float, float]] = []
         #: Per implementation: requests run again alone after an out-of-memory beside others.
         self.retried_alone: dict[str, int] = {}
-        #: Per implementation: requests run again after an out-of-memory alone, every other worker
-        #: stopped first; and how many workers were stopped for them.
+        #: Per implementation: rounds of room made for a request that ran out of memory alone (idle
+        #: workers stopped by the failure's figures, then every other one); and how many workers
+        #: were stopped for them in all.
         self.retried_cleared: dict[str, int] = {}
         self.stopped_workers = 0
 

@@ -59,7 +59,7 @@ import shutil
 import tempfile
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Sequence
@@ -270,8 +270,16 @@ class SanitizeCheck(Suite):
             return
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=max(1, self.parallel), thread_name_prefix="attnkit-sanitize")
+        first = jobs[0]
+
+        def before() -> Reply | None:  # None: cancelled, as the run stops (-x, Ctrl-C)
+            try:
+                return first.future.result()
+            except CancelledError:
+                return None
+
         self._ahead[item] = self._executor.submit(self._gather, item.impl, item.tool or "memcheck", item.case,
-                                                  item.backward, jobs[0].future.result)
+                                                  item.backward, before)
 
     def judge(self, item: SuiteItem, replies: Sequence[Reply | None], **fixtures: Any) -> Judgement:
         """The test's verdict from what was gathered ahead of it, or from the two steps run now
@@ -291,7 +299,8 @@ class SanitizeCheck(Suite):
         if reason and tool != "memcheck":
             return SanitizeRun(not_run=reason)
         outside = before()
-        assert outside is not None  # not a warm-up: always sent
+        if outside is None:
+            return SanitizeRun(not_run="the run outside the tool was cancelled: the run is stopping")
         if outside.status is not Status.OK:
             return SanitizeRun(outside)
         if reason:
@@ -347,7 +356,7 @@ class SanitizeCheck(Suite):
                                  origin=info.origin)
         if run.not_run is not None:
             found = ("its inputs were guarded and nothing read or wrote past them (pytest_attnkit/worker/guards.py); "
-                     if guarded else "")
+                     if guarded and run.before is not None else "")
             raise Judged(skipped(f"{found}compute-sanitizer not run: {run.not_run}"))
         assert run.reply is not None and run.report is not None and run.log is not None
         report, log, reply = run.report, run.log, run.reply

@@ -276,8 +276,9 @@ class Scheduler:
         other one. With the failure's figures (what the allocation asked for, what was free, what
         each process held: :mod:`pytest_attnkit.worker.out_of_memory`), only until what it lacked
         is free, cheapest first: workers that hold no warm-up, then those that do (their kernels
-        would be loaded again), each group biggest first. Without them, when they say nothing
-        was lacking, or after ``ROOM_ROUNDS`` rounds, every other worker."""
+        would be loaded again), each group biggest first. Without them, when they name no worker
+        to stop (what was free already covered the request with the margin: fragmentation, or
+        memory the figures do not show), or after ``ROOM_ROUNDS`` rounds, every other worker."""
         if attempt > ROOM_ROUNDS or failed is None:
             return self.pool.stop_others(keep), True
         figures = failed.data.get("out_of_memory", {})
@@ -297,7 +298,7 @@ class Scheduler:
                 break
             chosen.append(worker)
             freed += by_pid[worker]
-        if not chosen:  # the figures say enough was free, and it failed (fragmentation): all of them
+        if not chosen:  # the figures name no one (enough was free, yet it failed): all of them
             return self.pool.stop_others(keep), True
         return self.pool.stop_workers(chosen), len(chosen) == len(idle)
 

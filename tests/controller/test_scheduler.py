@@ -169,12 +169,16 @@ def test_an_out_of_memory_beside_another_runs_again_alone(made) -> None:
             return OUT_OF_MEMORY
         return Reply(Status.OK, "", {"ran_with": running})
 
-    pool = FakePool(behave=behave, seconds=0.3)
+    pool = FakePool(behave=behave, seconds=0.05)
     scheduler = made(pool, jobs=4)
-    # n=0 last, so that it starts while the others run, however loaded the machine (with all four
-    # submitted at once and short, CI once saw it run alone first: 2026-11-26).
-    others = [scheduler.submit("a", "correctness", work({"n": n})) for n in (1, 2, 3)]
+    # The others hold their slots until n=0 has run out of memory beside them, however loaded the
+    # machine (all four short and submitted at once, CI once saw n=0 run alone first: 2026-11-26).
+    others = [scheduler.submit("a", "correctness", work({"n": n, "block": True})) for n in (1, 2, 3)]
     jobs = [scheduler.submit("a", "correctness", work({"n": 0})), *others]
+    deadline = time.monotonic() + 10
+    while jobs[0].first_oom is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    pool.release.set()
     replies = [scheduler.wait(job) for job in jobs]
     assert replies[0].status is Status.OK and replies[0].data["ran_with"] == 1
     assert jobs[0].first_oom is not None and jobs[0].first_oom.out_of_memory
@@ -432,6 +436,35 @@ def test_room_is_made_again_by_the_next_failure_s_figures_before_every_worker_is
     assert pool.order[-5:] == ["big", ("stopped", (pool.primaries["c"].pid, extra.pid)), "big",
                                ("stopped", (pool.primaries["b"].pid,)), "big"]
     assert "stopped the others" not in pool.order
+
+
+def test_after_the_rounds_by_figures_every_other_worker_is_stopped(made) -> None:
+    """Each failure's figures name a worker to stop, and the case still does not fit: after
+    ``ROOM_ROUNDS`` rounds by the figures, the next stops every other worker, and that reply is the
+    last."""
+    from pytest_attnkit.controller.scheduler import ROOM_ROUNDS
+
+    gib = 2**30
+    pool = FakePool(names=("a", "b", "c", "d", "e", "f"))
+    scheduler = made(pool, jobs=1)
+    for name in pool.names[1:]:
+        scheduler.wait(scheduler.submit(name, "correctness", work({"n": name})))
+    held = {pool.primaries[name].pid: 1 * gib for name in pool.names[1:]}
+
+    def behave(message: dict[str, Any], running: int) -> Reply:
+        if message.get("n") != "big":
+            return Reply(Status.OK, "", {})
+        return Reply(Status.OUT_OF_MEMORY, "CUDA out of memory", {"out_of_memory": {
+            "requested_bytes": 2 * gib, "free_at_failure_bytes": 2 * gib - 1,
+            "processes": {str(pid): used for pid, used in held.items()}}})
+
+    pool.behave = behave
+    reply = scheduler.wait(scheduler.submit("a", "correctness", work({"n": "big"})))
+    assert reply.status is Status.OUT_OF_MEMORY
+    rounds = [entry for entry in pool.order if isinstance(entry, tuple) or entry == "stopped the others"]
+    assert len(rounds) == ROOM_ROUNDS + 1 and rounds[-1] == "stopped the others"
+    assert all(isinstance(entry, tuple) and len(entry[1]) == 2 for entry in rounds[:-1])  # 1 B x 1.25 + 1 GiB: two
+    assert pool.order.count("big") == ROOM_ROUNDS + 2
 
 
 def test_room_is_made_by_stopping_every_worker_when_the_figures_say_nothing_was_lacking(made) -> None:
