@@ -74,7 +74,10 @@ def _logged(key):
     with open(log, encoding="utf-8") as stream:
         for line in stream:
             entry = json.loads(line)
-            if entry["device"] == device and all(entry.get(name) == value for name, value in key.items()):
+            # Every row (see the module docstring): a calibration over fewer rows, logged before
+            # 2026-11-26, would make the slowed call another program; calibrate again instead.
+            if entry["device"] == device and all(entry.get(name) == value for name, value in key.items()) \
+                    and entry["rows"] == entry["of_rows"]:
                 return entry["rows"], entry["keys"]
     return None
 
