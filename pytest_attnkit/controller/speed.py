@@ -249,7 +249,7 @@ class SpeedCheck(Suite):
 
     def _warmed(self, impl: str, mode: str, case: Case) -> Job | None:
         """The warm-up of this case, where it ran and its worker is still there."""
-        spec = self.tests[1] if mode == "backward" else self.tests[0]
+        spec = next(spec for spec in self.tests if spec.backward == (mode == "backward"))
         job = next(iter(self.sent(SuiteItem(self.name, spec, impl, case))), None)
         if job is None or not job.future.done() or job.future.cancelled() or job.worker is None:
             return None
