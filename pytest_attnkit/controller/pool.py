@@ -27,7 +27,7 @@ import contextlib
 import dataclasses
 import shutil
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Iterator
 
 from pytest_attnkit.controller.impls import ImplInfo
@@ -81,6 +81,9 @@ class WorkerPool:
         self.ledger = Ledger()
         #: Set by the session when requests run ahead of the tests, several at a time.
         self.scheduler: "Scheduler | None" = None
+        #: One-off workers started ahead (:meth:`start_once`), by label, with their start-up's future.
+        self._once: dict[str, tuple[Worker, Future[Reply]]] = {}
+        self._once_threads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnkit-once")
 
     def _new_worker(self, label: str, init: dict[str, Any], env: dict[str, str] | None = None) -> Worker:
         env = {**self.env, **(env or {})}
@@ -97,10 +100,29 @@ class WorkerPool:
                 yield
 
     # -- one-off workers ----------------------------------------------------------------------
+    def start_once(self, label: str) -> None:
+        """Start the one-off worker that :meth:`run_once` will use for ``label`` now, in a thread of
+        its own: its interpreter, torch and its CUDA context (an environment request) load while
+        other work runs, not in the GPU-alone phase that the ceilings open, where every second of
+        start-up was a second of an idle GPU (5.7 s on an H200, results/2026-11-26-gpus). Nothing
+        to do in-process: the request would import torch into the pytest process."""
+        if self.inprocess or label in self._once:
+            return
+        worker = self._new_worker(label, {"device": self.device})
+        self._once[label] = (worker, self._once_threads.submit(worker.request, Request(Op.ENVIRONMENT),
+                                                               self.start_timeout))
+
     def run_once(self, label: str, request: Request, *, device: str | None = None) -> dict[str, Any]:
-        """Start a worker with no implementation, send one request, stop it: the reply's data;
-        raises :class:`WorkerFailure` when it dies."""
-        worker = self._new_worker(label, {"device": device or self.device})
+        """Start a worker with no implementation (or take the one :meth:`start_once` started),
+        send one request, stop it: the reply's data; raises :class:`WorkerFailure` when it dies
+        (a worker that died while starting ahead is started again by the request)."""
+        started = self._once.pop(label, None) if device in (None, self.device) else None
+        if started is not None:
+            worker, starting = started
+            with contextlib.suppress(Exception):
+                starting.result()
+        else:
+            worker = self._new_worker(label, {"device": device or self.device})
         try:
             with self._gpu_alone():
                 return worker.request(request, self.start_timeout).data
@@ -243,6 +265,9 @@ class WorkerPool:
         if self.scheduler is not None:
             self.scheduler.close()
             self.scheduler = None
-        close_all(list(self._workers.values()))
+        once = [worker for worker, _ in self._once.values()]
+        self._once.clear()
+        close_all([*self._workers.values(), *once])  # a worker still starting is killed
+        self._once_threads.shutdown(wait=False, cancel_futures=True)
         self._workers.clear()
         shutil.rmtree(self.log_dir, ignore_errors=True)

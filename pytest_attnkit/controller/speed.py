@@ -199,9 +199,13 @@ class SpeedCheck(Suite):
 
     def plan(self, item: SuiteItem) -> list[Planned]:
         """A warm-up of the case, which also reads the kernels its calls launch (the gate's
-        program); none for REV's twins (their current implementation's test times the pair)."""
+        program); none for REV's twins (their current implementation's test times the pair). The
+        worker that measures the ceilings starts now, so that the GPU-alone phase does not wait
+        for its start-up."""
         if item.case is None or self.base_of(item.impl) != item.impl:
             return []
+        if self.device == "cuda" and not self._ceilings_asked:
+            self.pool.start_once("ceilings")  # its start-up then runs beside other work
         linear = self.pool.info(item.impl).capabilities.get("memory_class") == MemoryClass.LINEAR
         return [Planned(Request(Op.WARM, item.case, item.backward, self.settings.seed, {"program": True}),
                         footprint.request_bytes(item.case, backward=item.backward, references=False,

@@ -100,3 +100,26 @@ def test_a_closed_worker_ends_and_takes_no_more_requests(start) -> None:
         worker.request(Request(Op.DESCRIBE), 60)
     assert failure.value.kind == "closed"
     assert worker.process is None  # not started again
+
+
+def test_a_worker_closed_while_it_starts_does_not_run_on(tmp_path) -> None:
+    """A worker may be closed while another thread starts it (the pool ending beside a worker
+    it started ahead): the process spawned after the close is ended at once, not left running."""
+    worker = WorkerProcess("late", {"device": "cpu"}, tmp_path, startup_timeout=60)
+    worker.close()  # before any process exists
+    worker.closed = False  # as if the close came between the request's check and the spawn:
+    original_start = worker._start
+
+    def start_then_closed():
+        worker.closed = True
+        original_start()
+
+    worker._start = start_then_closed
+    try:
+        worker.request(Request(Op.ENVIRONMENT), 60)
+    except WorkerFailure as failure:
+        assert failure.kind == "closed"
+    else:
+        raise AssertionError("a worker closed while starting answered a request")
+    assert worker.process is None
+
