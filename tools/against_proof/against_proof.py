@@ -236,8 +236,8 @@ class Proof:
         report = self.work / "reports" / label
         command = self.command(kind, report)
         self.checkout("slow" if kind == "slow" else "base")
-        env = dict(os.environ, ATTNKIT_EXTRA_WORK=str(extra), ATTNKIT_EXTRA_WORK_LOG=str(self.calibration),
-                   PYTHONUNBUFFERED="1")
+        env = dict(os.environ, ATTNKIT_EXTRA_WORK=str(extra), ATTNKIT_EXTRA_WORK_BASE="plain",
+                   ATTNKIT_EXTRA_WORK_LOG=str(self.calibration), PYTHONUNBUFFERED="1")
         if self.no_plots is not None:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.no_plots), os.environ.get("PYTHONPATH")]))
         first = not self.runs

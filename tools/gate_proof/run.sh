@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The gate's proof on a GPU, on four forward cases: save fresh baselines (two runs, pooled, as the
 # README advises), then 5 clean runs, 10 runs 10% slower and 10 runs 25% slower, counting the
-# regressions the gate reports. The slower runs use slowable_flash (tools/gate_proof/site): real
-# extra work, calibrated on the GPU to that share of the kernel's time by the first run that needs
-# it and reused by the rest, so all ten runs time one implementation (calibration.jsonl shows it).
+# regressions the gate reports. Every run times slowable_flash (tools/gate_proof/site): triton_flash
+# and a companion launch of the same program; the slower runs give the companion more work,
+# calibrated on the GPU to that share of the clean call's time by the first run that needs it and
+# reused by the rest, so all ten runs time one implementation (calibration.jsonl shows it).
 # Usage: tools/gate_proof/run.sh OUT [GROUP...], a GROUP being NAME:EXTRA:RUNS (default: clean:0:5
 # slower10:0.10:10 slower25:0.25:10). With DEADLINE_S set, a run starts only while the longest run
 # so far still ends within that many seconds of the start.
@@ -76,7 +77,7 @@ for line in open(sys.argv[1], encoding="utf-8"):
     e = json.loads(line)
     attempts = ", ".join(f"{a['rows']}x{a['keys']} {100 * a['measured_slowdown']:+.1f}%" for a in e["attempts"])
     print(f"  extra {e['extra']:.2f} q{e['q']} k{e['k']}: {e['rows']} of {e['of_rows']} rows against {e['keys']} of "
-          f"{e['of_keys']} keys, kernel {e['kernel_ms']:.4f} ms, measured {100 * e['measured_slowdown']:+.1f}% "
+          f"{e['of_keys']} keys, base {e['kernel_ms']:.4f} ms, measured {100 * e['measured_slowdown']:+.1f}% "
           f"(attempts, rows x keys: {attempts})")
 EOF
 cp "$bl"/*.json "$out/" 2>/dev/null
