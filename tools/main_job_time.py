@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gzip
 import json
 import os
 import shutil
@@ -110,7 +111,8 @@ def compare(args: argparse.Namespace) -> int:
     """Outcomes case for case; speed tests are compared too (their verdict is the gate's)."""
     runs = []
     for path in (args.first, args.second):
-        document = json.loads(Path(path).read_text())
+        raw = Path(path).read_bytes()
+        document = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)  # a committed .json.gz too
         runs.append({test["test"]: test["outcome"] for test in document["tests"]})
     first, second = runs
     common = sorted(set(first) & set(second))

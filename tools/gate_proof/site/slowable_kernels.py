@@ -19,6 +19,10 @@ results/2026-11-26-session2). An earlier one gave the companion fewer rows: anot
 "another program" (H200, 2026-11-26, results/2026-11-26-gpus). With the fixed part in the base,
 keys move every block's work together, in steps of 16 keys, and the slowdown follows them closely.
 
+The calibration runs in the first call of a shape, which is the speed suite's warm-up of the
+case: run the proof with ``--attnkit-jobs=1`` (run.sh does), so that it has the GPU alone. Beside
+other warm-ups it timed a 16k call at 8.3 ms against 3.3 ms alone, and its choices were noise.
+
 A bisection over keys sets the count, each step timed against the base right before and after it.
 The choice is then timed again with the suite's budget, alternating the base and the slowed call,
 and corrected along the line through the ends of the search until it measures within one point
