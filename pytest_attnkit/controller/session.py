@@ -140,7 +140,9 @@ class AttnkitSession:
         self.pool.env = {**self._worker_env(), **self.cache_env, **compile_threads}
         twins = self._materialise_against([ref.name for ref in refs])
         setups = {ref.name: self.revision.worker_setup() for ref in twins} if self.revision else {}
-        self.pool.start(refs + twins, setups)
+        # Every bundled suite's handler: the few this run does not build cost a worker the import
+        # of a light module.
+        self.pool.start(refs + twins, setups, handlers={name: suite.handler for name, suite in SUITE_TYPES.items()})
         self._check_twins_loaded(twins)
         if xdist.is_controller(self.config):
             self.pool.close()  # the xdist workers run the tests; the descriptions stay for the header
@@ -381,9 +383,11 @@ class AttnkitSession:
                     self.outcomes.skip_at_collection(item, skipped(f"{name} is unavailable: {info.unavailable}"))
                 continue
             refusals = self.pool.support(name, [{"case": case.to_dict(), "backward": backward} for _, case, backward in asked])
-            for (item, _, _), refusal in zip(asked, refusals or []):
+            for (item, case, backward), refusal in zip(asked, refusals or []):
                 if refusal:
                     self.outcomes.skip_at_collection(item, skipped(f"{name} does not support it: {refusal}"))
+                elif self.runner is not None:
+                    self.runner.accept(item.stash[ITEM_KEY], case, backward)  # its worker need not ask again
 
     def items_to_run(self, items: list[pytest.Item]) -> list[pytest.Item]:
         """The tests this process runs: all of them, or under pytest-xdist this worker's share."""

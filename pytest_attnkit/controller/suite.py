@@ -77,11 +77,16 @@ class Planned:
 class Suite:
     """The contract of a suite, as the session and the runner use it.
 
-    A subclass names itself (``name``: its ``--attnkit-suite`` name and ``attnkit_<name>`` marker)
-    and its test functions (``tests``), and gives :meth:`plan` and :meth:`judge`; the other
+    A subclass names itself (``name``: its ``--attnkit-suite`` name and ``attnkit_<name>`` marker),
+    its worker handler (``handler``) and its test functions (``tests``), and gives :meth:`plan` and
+    :meth:`judge`; the other
     methods have defaults that fit a suite whose tests each run one case."""
 
     name: ClassVar[str]
+    #: Its worker handler, ``"package.module:Class"`` (a
+    #: :class:`~pytest_attnkit.worker.suite.SuiteHandler`): imported in the worker processes only,
+    #: where it answers the suite's :attr:`~pytest_attnkit.messages.Op.RUN` requests.
+    handler: ClassVar[str]
     tests: ClassVar[tuple[TestSpec, ...]]
 
     @classmethod
