@@ -267,6 +267,7 @@ def test_the_session_marks_an_item_accepted_only_where_the_implementation_said_s
     session = AttnkitSession.__new__(AttnkitSession)
     session.pool, session.outcomes = pool, Outcomes()  # type: ignore[assignment]
     session.suites = {"correctness": CorrectnessCheck(pool, session.outcomes, 0, 1)}  # type: ignore[arg-type]
+    session.suite_types = {"correctness": CorrectnessCheck}
     session.runner = Runner(session.suites, pool, session.outcomes, FakeScheduler())  # type: ignore[arg-type]
     long = Case(1, 2, 2, 4097, 4097, 32, "float16", causal=True)
     nodes = [Collected(CASE), Collected(long)]
