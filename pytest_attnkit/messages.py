@@ -23,18 +23,17 @@ from pytest_attnkit.contract import Case
 
 
 class Op(str, Enum):
-    """What a request asks a worker to do (pytest_attnkit/worker/server.py has one handler each)."""
+    """What a request asks a worker to do: one of the worker's core ops
+    (pytest_attnkit/worker/server.py has one handler each), or :attr:`RUN`, a suite's request,
+    which the handler of the suite :attr:`Request.suite` names answers
+    (:mod:`pytest_attnkit.worker.handlers`)."""
 
-    INIT = "init"  # sys.path, the device and which implementation to load
+    INIT = "init"  # sys.path, the device, the suites' handlers and which implementation to load
     DESCRIBE = "describe"  # the implementation's availability and capabilities
     ENVIRONMENT = "environment"  # the machine: torch, CUDA, the GPU
     SUPPORT = "support"  # which (case, backward) queries the implementation refuses
-    CORRECTNESS = "correctness"
-    MEMORY = "memory"  # one point of a memory sweep
-    SPEED = "speed"  # time a case, or a block of samples of it (an A/B run)
+    RUN = "run"  # a suite's request: Request.suite names its handler
     WARM = "warm"  # run a case once, for what it compiles (warm-ups, the sanitize suite)
-    GUARD = "guard"  # a case on guarded inputs (the sanitize suite's memcheck tests)
-    PROPERTY = "property"  # one property check of one case
     CEILINGS = "ceilings"  # the machine's compute and bandwidth ceilings
     SHUTDOWN = "shutdown"  # exit after replying
 
@@ -56,6 +55,11 @@ class Status(str, Enum):
     HARNESS_ERROR = "harness error"
 
 
+#: Suites whose requests a failure names in the words of the op they were sent as before the suites
+#: had handlers (so a crash in a property check still says "while running 'property'").
+_DOING = {"properties": "property", "sanitize": "guard"}
+
+
 @dataclass(frozen=True)
 class Request:
     """The pytest process's envelope to a worker."""
@@ -70,6 +74,20 @@ class Request:
     #: Hand the device memory torch cached back to the driver after the request (set where
     #: other workers share the GPU).
     release_memory: bool = False
+    #: The suite whose handler answers an :attr:`Op.RUN` request (None for the core ops).
+    suite: str | None = None
+    #: The implementation accepted this (case, backward) when it was asked at collection: the
+    #: worker does not ask ``not_supported_reasons`` again (set by the runner).
+    checked: bool = False
+
+    @property
+    def doing(self) -> str:
+        """What the worker is doing, in the words of a failure ("died while running 'correctness'"):
+        the op, or for a suite's request its suite; the bundled properties and sanitize suites'
+        requests keep the words they were said in before they were suites' requests."""
+        if self.op is Op.RUN and self.suite:
+            return _DOING.get(self.suite, self.suite)
+        return self.op.value
 
     @property
     def mode(self) -> str:
@@ -85,7 +103,7 @@ class Request:
     def to_wire(self) -> dict[str, Any]:
         return {"op": self.op.value, "case": None if self.case is None else self.case.to_dict(),
                 "backward": self.backward, "seed": self.seed, "options": dict(self.options),
-                "release_memory": self.release_memory}
+                "release_memory": self.release_memory, "suite": self.suite, "checked": self.checked}
 
     @classmethod
     def from_wire(cls, values: Mapping[str, Any]) -> "Request":
@@ -93,7 +111,7 @@ class Request:
         case = values.get("case")
         return cls(Op(values["op"]), None if case is None else Case.from_dict(case), bool(values.get("backward")),
                    int(values.get("seed") or 0), dict(values.get("options") or {}),
-                   bool(values.get("release_memory")))
+                   bool(values.get("release_memory")), values.get("suite"), bool(values.get("checked")))
 
 
 @dataclass(frozen=True)

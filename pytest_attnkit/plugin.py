@@ -14,6 +14,7 @@ import importlib
 import os
 import signal
 import threading
+import types
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,8 @@ from pytest_attnkit.controller.table import summary_sections
 from pytest_attnkit.controller.terminal import WIDTH, wrap
 
 SUITES_PACKAGE = "pytest_attnkit.suites"
+#: The installed suites' module files (what pytest collects their tests from) -> suite name.
+INSTALLED_KEY = pytest.StashKey[dict]()
 FINISH_KEY = pytest.StashKey[list]()
 SIGTERM_KEY = pytest.StashKey[Any]()
 REPORT_LOCK_KEY = pytest.StashKey[int]()
@@ -47,6 +50,57 @@ class SuiteModule(pytest.Module):
 
     def _getobj(self) -> Any:
         return importlib.import_module(_suite_files()[self.path.resolve()])
+
+
+def node_path(name: str) -> str:
+    """The path part of a suite's node ids, wherever it is installed (the bundled suites' files
+    and the installed suites' made-up modules alike)."""
+    return f"{SUITES_PACKAGE.replace('.', '/')}/test_{name}.py"
+
+
+class InstalledSuiteModule(pytest.Module):
+    """A suite installed through the ``attnkit.suites`` entry points: a test module made from its
+    ``Suite.tests``, a function per TestSpec (named ``spec.function``, marked ``attnkit_<suite>``,
+    ``attnkit_cases(spec.cases)`` and ``attnkit_backward`` as it says), whose body is the runner's,
+    as every bundled suite test's. Collected from the file of the suite's class."""
+
+    suite: Any = None
+
+    def _getobj(self) -> Any:
+        return tests_module(self.suite, self.path)
+
+
+def tests_module(suite: Any, path: Path) -> types.ModuleType:
+    module = types.ModuleType(f"{SUITES_PACKAGE}.test_{suite.name}")
+    module.__file__ = str(path)
+    module.pytestmark = [getattr(pytest.mark, f"attnkit_{suite.name}")]
+    for spec in suite.tests:
+        arguments = ["attnkit", "attnkit_impl", *(["attnkit_case"] if spec.cases else []),
+                     *(["attnkit_tool"] if spec.per_tool else []), "request"]
+        namespace: dict[str, Any] = {}
+        source = f"def {spec.function}({', '.join(arguments)}):\n    attnkit.runner.run(request.node)\n"
+        exec(compile(source, str(path), "exec"), namespace)
+        function = namespace[spec.function]
+        function.attnkit_spec = (suite.name, spec)
+        if spec.cases:
+            function = pytest.mark.attnkit_cases(spec.cases)(function)
+        if spec.backward:
+            function = pytest.mark.attnkit_backward(function)
+        setattr(module, spec.function, function)
+    return module
+
+
+def _installed_suite_files() -> dict[Path, str]:
+    """The module file of each installed suite's class -> its name, from entry-point metadata
+    (the modules are not imported)."""
+    from pytest_attnkit.controller.discovery import installed_suites, suite_file
+
+    files: dict[Path, str] = {}
+    for ref in installed_suites():
+        path = suite_file(ref)
+        if path is not None:
+            files.setdefault(path, ref.name)
+    return files
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -93,6 +147,7 @@ def _suite_node_ids(config: pytest.Config) -> list[str] | None:
     parametrization ids when every argument is such a node id, so that only the implementations
     they name are started."""
     suite_files = {module.replace(".", "/") + ".py": path for path, module in _suite_files().items()}
+    suite_files.update({node_path(name): path for path, name in config.stash.get(INSTALLED_KEY, {}).items()})
     params: list[str] = []
     every_one_a_node_id = True
     for index, arg in enumerate(config.args):
@@ -116,11 +171,12 @@ def _interrupt_on_sigterm(signum: int, frame: Any) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "attnkit_cases(family): parametrize attnkit_case with that family's case set")
     config.addinivalue_line("markers", "attnkit_backward: the test runs the implementation's backward pass")
-    for suite in options.SUITES:
+    for suite in options.known_suites():
         config.addinivalue_line("markers", f"attnkit_{suite}: a test of the attnkit {suite} suite")
     if not config.getoption("attnkit"):
         return
     settings = options.resolve(config)
+    config.stash[INSTALLED_KEY] = _installed_suite_files()
     if settings.report:
         try:
             check_writable(settings.path("report"))
@@ -162,6 +218,8 @@ def pytest_configure(config: pytest.Config) -> None:
         suite_files = _suite_files()
         config.args[:] = [str(path) for path, module in suite_files.items()
                           if module.rsplit("_", 1)[-1] in settings.suite]
+        config.args += [str(path) for path, name in config.stash[INSTALLED_KEY].items()
+                         if name in settings.suite and name in session.suite_types]
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -191,6 +249,12 @@ def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector) -> 
         # A stable node id wherever the package is installed: pytest_attnkit/suites/test_x.py.
         nodeid = module.replace(".", "/") + ".py"
         return SuiteModule.from_parent(parent, path=module_path, nodeid=nodeid)
+    name = parent.config.stash.get(INSTALLED_KEY, {}).get(module_path.resolve())
+    session = parent.config.stash.get(SESSION_KEY, None)
+    if name is not None and session is not None and name in session.suite_types:
+        collector = InstalledSuiteModule.from_parent(parent, path=module_path, nodeid=node_path(name))
+        collector.suite = session.suite_types[name]
+        return collector
     return None
 
 
@@ -204,6 +268,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             raise pytest.UsageError(f"{metafunc.definition.nodeid} uses attnkit_case without @pytest.mark.attnkit_cases(family)")
         if "attnkit_impl" in metafunc.fixturenames:
             pairs = session.pairs(marker.args[0])
+            installed = getattr(metafunc.function, "attnkit_spec", None)
+            suite = session.suites.get(installed[0]) if installed else None
+            if suite is not None:  # an installed suite's test: the cases of the family it accepts
+                pairs = [(name, case) for name, case in pairs if suite.accepts(installed[1], case)]
             metafunc.parametrize(("attnkit_impl", "attnkit_case"), pairs,
                                  ids=[f"{name}-{case.id}" for name, case in pairs])
         else:
@@ -266,13 +334,14 @@ def pytest_report_from_serializable(config: pytest.Config, data: dict[str, Any])
     report = yield
     if (SESSION_KEY in config.stash and isinstance(report, pytest.TestReport) and report.failed
             and isinstance(report.longrepr, str) and "[" in report.nodeid
-            and report.nodeid.split("::", 1)[0] in _suite_node_paths()):
+            and report.nodeid.split("::", 1)[0] in _suite_node_paths(config)):
         report.longrepr = FittedMessage(report.longrepr)
     return report
 
 
-def _suite_node_paths() -> set[str]:
-    return {module.replace(".", "/") + ".py" for module in _suite_files().values()}
+def _suite_node_paths(config: pytest.Config) -> set[str]:
+    installed = {node_path(name) for name in config.stash.get(INSTALLED_KEY, {}).values()}
+    return {module.replace(".", "/") + ".py" for module in _suite_files().values()} | installed
 
 
 @pytest.hookimpl(wrapper=True)

@@ -17,6 +17,8 @@ from typing import Any
 from pytest_attnkit.contract import AttentionImpl, FunctionImpl
 
 GROUP = "attnkit.implementations"
+#: The entry-point group of suites (pytest_attnkit/controller/discovery.py).
+SUITE_GROUP = "attnkit.suites"
 
 
 @dataclass(frozen=True)
@@ -30,15 +32,16 @@ class EntryPointRef:
     problem: str | None = None
 
 
-def discover() -> list[EntryPointRef]:
-    """Every implementation registered in the environment, sorted by name.
+def discover(group: str = GROUP) -> list[EntryPointRef]:
+    """Every implementation (or, with ``group``, every entry point of that group: the suites)
+    registered in the environment, sorted by name.
 
     Two distributions that register the same name are both kept, the later ones with a problem,
     so the run shows the clash instead of silently picking one.
     """
     refs: dict[str, EntryPointRef] = {}
     extras: list[EntryPointRef] = []
-    for entry_point in importlib.metadata.entry_points(group=GROUP):
+    for entry_point in importlib.metadata.entry_points(group=group):
         dist = getattr(entry_point, "dist", None)
         dist_name = dist.metadata["Name"] if dist is not None else None
         ref = EntryPointRef(entry_point.name, entry_point.value, dist_name)

@@ -30,9 +30,11 @@ except ImportError:  # the report extra is not installed: no plots are drawn
 
 @pytest.fixture
 def fake_dist(pytester: pytest.Pytester):
-    """Register ``{name: "module:attr"}`` entry points from a fake distribution ``fake-kernels``."""
+    """Register ``{name: "module:attr"}`` entry points from a fake distribution ``fake-kernels``
+    (``groups``: entry points of other groups, ``{"attnkit.suites": {...}}``)."""
 
-    def register(entry_points: dict[str, str], *, extra_modules: dict[str, str] | None = None) -> Path:
+    def register(entry_points: dict[str, str], *, extra_modules: dict[str, str] | None = None,
+                 groups: dict[str, dict[str, str]] | None = None) -> Path:
         root = pytester.path / "site"
         root.mkdir(exist_ok=True)
         (root / "fake_kernels.py").write_text(FAKE_KERNELS.read_text())
@@ -41,8 +43,10 @@ def fake_dist(pytester: pytest.Pytester):
         info = root / "fake_kernels-0.1.dist-info"
         info.mkdir(exist_ok=True)
         (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-kernels\nVersion: 0.1\n")
-        lines = "\n".join(f"{name} = {target}" for name, target in entry_points.items())
-        (info / "entry_points.txt").write_text(f"[attnkit.implementations]\n{lines}\n")
+        sections = {"attnkit.implementations": entry_points, **(groups or {})}
+        (info / "entry_points.txt").write_text("".join(
+            f"[{group}]\n" + "".join(f"{name} = {target}\n" for name, target in found.items())
+            for group, found in sections.items()))
         pytester.syspathinsert(root)
         return root
 

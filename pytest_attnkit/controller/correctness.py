@@ -36,6 +36,7 @@ class CorrectnessCheck(Suite):
     """The correctness suite: one request per test, judged by the worker's rule."""
 
     name: ClassVar[str] = "correctness"
+    handler: ClassVar[str] = "pytest_attnkit.worker.suites.correctness:CorrectnessHandler"
     tests: ClassVar[tuple[TestSpec, ...]] = (TestSpec("test_forward", "correctness"),
                                              TestSpec("test_backward", "correctness", backward=True))
 
@@ -51,7 +52,7 @@ class CorrectnessCheck(Suite):
         chosen = self.accuracy(impl, case) if self.accuracy is not None else None
         if chosen is not None:
             options["accuracy"] = accuracy_to_wire(chosen)
-        return Request(Op.CORRECTNESS, case, backward, self.seed, options)
+        return Request(Op.RUN, case, backward, self.seed, options, suite=self.name)
 
     def plan(self, item: SuiteItem) -> list[Planned]:
         """The test's check, estimated with the references it builds (the float64 oracle's scores)."""

@@ -238,6 +238,7 @@ class MemoryCheck(Suite):
     """The memory suite: one sweep per test, named by the test (``params["sweep"]``)."""
 
     name: ClassVar[str] = "memory"
+    handler: ClassVar[str] = "pytest_attnkit.worker.suites.memory:MemoryHandler"
     tests: ClassVar[tuple[TestSpec, ...]] = tuple(
         TestSpec(function, backward=backward, params={"sweep": sweep})
         for function, sweep, backward in (("test_memory_forward", "dense", False),
@@ -281,7 +282,7 @@ class MemoryCheck(Suite):
         """A point's request; from the ``MIN_SWEEP_POINTS``-th point on it carries the profile's
         sweep call limit, past which the point ends the sweep (``cases.MEMORY_CALL_LIMIT_MS``)."""
         limit = MEMORY_CALL_LIMIT_MS.get(self.profile) if index + 1 >= MIN_SWEEP_POINTS else None
-        return Request(Op.MEMORY, case, backward, self.seed, {"call_limit_ms": limit})
+        return Request(Op.RUN, case, backward, self.seed, {"call_limit_ms": limit}, suite=self.name)
 
     def plan(self, item: SuiteItem) -> list[Planned]:
         """With a process meter, the sweep's points, each after the one before and only if that one

@@ -53,13 +53,22 @@ def _choices(allowed: tuple[str, ...]) -> Callable[[str], str]:
     return parse
 
 
+def known_suites() -> list[str]:
+    """The bundled suites, then those other distributions register through the ``attnkit.suites``
+    entry points (their metadata only: nothing is imported)."""
+    from pytest_attnkit.registry import SUITE_GROUP, discover
+
+    return [*SUITES, *sorted({ref.name for ref in discover(SUITE_GROUP)} - set(SUITES))]
+
+
 def _suites(text: str) -> list[str]:
     names = _names(text)
+    known = known_suites()
     if names == ["all"]:
-        return list(SUITES)
-    unknown = [name for name in names if name not in SUITES]
+        return known
+    unknown = [name for name in names if name not in known]
     if unknown:
-        raise ValueError(f"unknown suite {', '.join(map(repr, unknown))} (known: {', '.join(SUITES)}, or all)")
+        raise ValueError(f"unknown suite {', '.join(map(repr, unknown))} (known: {', '.join(known)}, or all)")
     return names
 
 
@@ -157,7 +166,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("impl", "NAMES", _names, [],
             "comma-separated implementation names or glob patterns to run (default: every one discovered)"),
     Setting("suite", "NAMES", _suites, list(DEFAULT_SUITES),
-            f"comma-separated suites to run: {', '.join(SUITES)} or all (default: {', '.join(DEFAULT_SUITES)})"),
+            f"comma-separated suites to run: {', '.join(SUITES)}, a suite installed through the attnkit.suites "
+            f"entry points, or all (default: {', '.join(DEFAULT_SUITES)})"),
     Setting("profile", "NAME", _choices(PROFILE_CHOICES), "auto",
             "case set: smoke (minutes on a CPU), default (one GPU), full; auto picks smoke on the CPU and default on a GPU (default: auto)"),
     Setting("device", "NAME", _choices(DEVICE_CHOICES), "auto", "device to test on: cpu, cuda, or auto (CUDA when present; default: auto)"),

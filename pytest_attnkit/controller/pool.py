@@ -40,11 +40,16 @@ from pytest_attnkit.registry import EntryPointRef
 if TYPE_CHECKING:
     from pytest_attnkit.controller.scheduler import Scheduler
 
-#: The suite each request op belongs to, for the ledger: the names the scheduler's jobs carry, so that
-#: a suite has one row whether its requests run one at a time or ahead ("property" is the properties
-#: suite's op). A request whose op is not its suite's names the suite itself (:meth:`WorkerPool.request`).
-SUITE_OF_OP = {Op.CORRECTNESS: "correctness", Op.MEMORY: "memory", Op.SPEED: "speed", Op.WARM: "warm",
-               Op.CEILINGS: "speed", Op.PROPERTY: "properties", Op.GUARD: "sanitize"}
+#: The suite each core request op belongs to, for the ledger: the names the scheduler's jobs carry, so
+#: that a suite has one row whether its requests run one at a time or ahead. A suite's own request
+#: (``Op.RUN``) names its suite; a request whose op is not its suite's is named by the caller
+#: (:meth:`WorkerPool.request`).
+SUITE_OF_OP = {Op.WARM: "warm", Op.CEILINGS: "speed"}
+
+
+def suite_of(request: Request) -> str:
+    """The ledger row of a request the pool sends itself when its caller names none."""
+    return request.suite or SUITE_OF_OP.get(request.op, request.op.value)
 
 
 #: The least deadline of start-up work (:attr:`WorkerPool.start_timeout`).
@@ -130,19 +135,24 @@ class WorkerPool:
             worker.close()
 
     # -- the implementations' workers ---------------------------------------------------------
-    def start(self, refs: list[EntryPointRef], setups: dict[str, dict[str, Any]] | None = None) -> None:
+    def start(self, refs: list[EntryPointRef], setups: dict[str, dict[str, Any]] | None = None, *,
+              handlers: dict[str, str] | None = None) -> None:
         """Start one worker per implementation and ask each to describe itself. ``setups`` gives
         some implementations more for their workers: ``init`` entries (another version's sys.path)
-        and ``env`` entries (its own compile caches); see :mod:`pytest_attnkit.controller.against`."""
+        and ``env`` entries (its own compile caches); see :mod:`pytest_attnkit.controller.against`.
+        ``handlers``: each suite's worker handler (``Suite.handler``), which every worker of an
+        implementation imports at start to answer the suite's requests."""
         setups = setups or {}
+        handlers = dict(handlers or {})
         with ThreadPoolExecutor(max_workers=max(1, len(refs))) as threads:
-            infos = list(threads.map(lambda ref: self._describe(ref, setups.get(ref.name, {})), refs))
+            infos = list(threads.map(lambda ref: self._describe(ref, setups.get(ref.name, {}), handlers), refs))
         self.impls = {info.name: info for info in infos}
 
-    def _describe(self, ref: EntryPointRef, setup: dict[str, Any]) -> ImplInfo:
+    def _describe(self, ref: EntryPointRef, setup: dict[str, Any], handlers: dict[str, str]) -> ImplInfo:
         if ref.problem:
             return ImplInfo(ref.name, ref.value, ref.distribution, load_error=ref.problem)
-        init = {"device": self.device, "name": ref.name, "value": ref.value, **setup.get("init", {})}
+        init = {"device": self.device, "name": ref.name, "value": ref.value, "handlers": handlers,
+                **setup.get("init", {})}
         self._starts[ref.name] = (init, setup.get("env"))
         worker = self._new_worker(ref.name, init, setup.get("env"))
         self._workers[ref.name] = worker
@@ -248,7 +258,7 @@ class WorkerPool:
                     break
                 self.ledger.cleared_gpu(name, stopped)
                 reply = self.ask(worker, name, request)
-            self.ledger.record(suite or SUITE_OF_OP.get(request.op, request.op.value), name, reply.spent, started,
+            self.ledger.record(suite or suite_of(request), name, reply.spent, started,
                                time.monotonic())
         return reply
 

@@ -257,7 +257,7 @@ class WorkerProcess:
             if self.process is None or self.process.poll() is not None:
                 self._kill()
                 self._start()
-            return self._exchange(request, timeout, f"running {request.op.value!r}")
+            return self._exchange(request, timeout, f"running {request.doing!r}")
 
     def _exchange(self, request: Request, timeout: float, doing: str) -> Reply:
         with self._state:

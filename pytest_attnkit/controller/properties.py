@@ -40,6 +40,7 @@ class PropertyCheck(Suite):
     """The properties suite: one request per test, a check of one property on one case."""
 
     name: ClassVar[str] = "properties"
+    handler: ClassVar[str] = "pytest_attnkit.worker.suites.properties:PropertiesHandler"
     tests: ClassVar[tuple[TestSpec, ...]] = tuple(
         TestSpec(f"test_{check}{'_backward' if backward else ''}", "properties", backward=backward,
                  params={"check": check})
@@ -71,7 +72,7 @@ class PropertyCheck(Suite):
         if self.skip_reason(check, item.impl, case) is not None:
             return []
         linear = self.pool.info(item.impl).capabilities.get("memory_class") == MemoryClass.LINEAR
-        return [Planned(Request(Op.PROPERTY, case, item.backward, self.seed, {"check": check}),
+        return [Planned(Request(Op.RUN, case, item.backward, self.seed, {"check": check}, suite=self.name),
                         footprint.request_bytes(case, backward=item.backward, references=True, linear_memory=linear))]
 
     def judge(self, item: SuiteItem, replies: Sequence[Reply | None], **fixtures: Any) -> Judgement:

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import CancelledError
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, overload
 
 import pytest
 
+from pytest_attnkit.contract import Case
 from pytest_attnkit.controller.items import ITEM_KEY
 from pytest_attnkit.controller.outcome import Judged, Outcomes, skipped
 from pytest_attnkit.controller.scheduler import Job, Scheduler
@@ -84,6 +86,24 @@ class Runner:
         self.scheduler = scheduler
         #: Per item: its plan and the scheduler's job of each planned request (None: not sent).
         self._ahead: dict[SuiteItem, tuple[list[Planned], list[Job | None]]] = {}
+        #: Per item the implementation accepted at collection: the (case, backward) it was asked.
+        self._accepted: dict[SuiteItem, tuple[Case, bool]] = {}
+
+    def accept(self, item: SuiteItem, case: Case, backward: bool) -> None:
+        """The implementation said at collection that it supports ``case`` (``backward``) for
+        ``item`` (:meth:`Suite.support_query`): the item's planned requests of that case and
+        direction are sent ``checked``, and the worker does not ask again."""
+        self._accepted[item] = (case, backward)
+
+    def _plan(self, suite: Suite, item: SuiteItem) -> list[Planned]:
+        """The suite's plan for ``item``, each request of the case and direction accepted at
+        collection marked ``checked`` (a memory sweep's later points are other cases: asked)."""
+        plan = suite.plan(item)
+        query = self._accepted.get(item)
+        if query is None:
+            return plan
+        return [replace(planned, request=replace(planned.request, checked=True))
+                if (planned.request.case, planned.request.backward) == query else planned for planned in plan]
 
     def submit(self, item: SuiteItem) -> None:
         """Submit the item's plan to the scheduler now (nothing without one, or for an item
@@ -94,7 +114,7 @@ class Runner:
         if self.scheduler is None or suite is None or item in self._ahead:
             return
         try:
-            plan = suite.plan(item)
+            plan = self._plan(suite, item)
         except pytest.UsageError:
             return
         budget = self.scheduler.budget_bytes
@@ -132,7 +152,7 @@ class Runner:
         if suite is None:
             self.outcomes.settle(node, skipped(f"the {item.suite} suite is not selected (--attnkit-suite)"))
             return
-        plan, jobs = self._ahead.get(item) or (suite.plan(item), None)
+        plan, jobs = self._ahead.get(item) or (self._plan(suite, item), None)
         replies = Replies(item, plan, jobs, self.scheduler, self.pool)
         try:
             judgement = suite.judge(item, replies, **fixtures)

@@ -196,6 +196,7 @@ class SanitizeCheck(Suite):
     """The sanitize suite: per test, a run outside the tool, then one under it."""
 
     name: ClassVar[str] = "sanitize"
+    handler: ClassVar[str] = "pytest_attnkit.worker.suites.sanitize:SanitizeHandler"
     tests: ClassVar[tuple[TestSpec, ...]] = (
         TestSpec("test_sanitize", "sanitize", per_tool=True),
         TestSpec("test_sanitize_backward", "sanitize", backward=True, per_tool=True))
@@ -251,7 +252,9 @@ class SanitizeCheck(Suite):
         """memcheck's tests run the case on guarded inputs (pytest_attnkit/worker/guards.py); the
         others warm it up. Either way what the implementation compiles and tunes is then in the
         disk caches, which the worker under the tool reads instead of compiling under it."""
-        return Request(Op.GUARD if tool == "memcheck" else Op.WARM, case, backward, self.seed)
+        if tool == "memcheck":
+            return Request(Op.RUN, case, backward, self.seed, suite=self.name)
+        return Request(Op.WARM, case, backward, self.seed)
 
     def plan(self, item: SuiteItem) -> list[Planned]:
         """The run outside the tool (none where the tool's step is not run and there is nothing to

@@ -32,6 +32,7 @@ from pytest_attnkit.controller import caches, coverage, footprint, report, xdist
 from pytest_attnkit.controller.against import AgainstError, Revision, materialise, twins_of
 from pytest_attnkit.controller.baselines import MIN_RUNS, BaselineError, BaselineStore
 from pytest_attnkit.controller.correctness import CorrectnessCheck
+from pytest_attnkit.controller.discovery import BUNDLED, load_selected
 from pytest_attnkit.controller.impls import ImplStatus
 from pytest_attnkit.controller.items import ITEM_KEY, mark_items
 from pytest_attnkit.controller.memory import MemoryCheck
@@ -44,7 +45,7 @@ from pytest_attnkit.controller.runner import Runner
 from pytest_attnkit.controller.sanitize import SanitizeCheck, find_sanitizer
 from pytest_attnkit.controller.scheduler import Scheduler
 from pytest_attnkit.controller.speed import CPU_THRESHOLD, SpeedCheck, SpeedSettings
-from pytest_attnkit.controller.suite import Suite
+from pytest_attnkit.controller.suite import Suite, SuiteContext
 from pytest_attnkit.controller.table import header_lines
 from pytest_attnkit.controller.terminal import NO_BREAK
 from pytest_attnkit.messages import Op, Request
@@ -71,9 +72,8 @@ def asked_for_but_untested(document: dict[str, Any], asked: list[str]) -> list[s
             if info["status"] == ImplStatus.UNAVAILABLE and name not in ran]
 
 
-#: The bundled suites by name, for working out each collected test's SuiteItem.
-SUITE_TYPES: dict[str, type[Suite]] = {suite.name: suite for suite in (CorrectnessCheck, MemoryCheck, SpeedCheck, PropertyCheck,
-                                                                     SanitizeCheck)}
+#: The bundled suites by name.
+SUITE_TYPES: dict[str, type[Suite]] = BUNDLED
 
 
 class AttnkitSession:
@@ -87,6 +87,9 @@ class AttnkitSession:
         self.outcomes = Outcomes()
         #: The suites of this run, by name (built by start()).
         self.suites: dict[str, Suite] = {}
+        #: Every suite a collected test may belong to: the bundled ones and the installed ones
+        #: selected (imported by start()).
+        self.suite_types: dict[str, type[Suite]] = dict(BUNDLED)
         #: Runs every suite test (built by start()).
         self.runner: Runner | None = None
         #: Per test: implementation, suite, outcome and the failure or skip text, for the report.
@@ -140,7 +143,11 @@ class AttnkitSession:
         self.pool.env = {**self._worker_env(), **self.cache_env, **compile_threads}
         twins = self._materialise_against([ref.name for ref in refs])
         setups = {ref.name: self.revision.worker_setup() for ref in twins} if self.revision else {}
-        self.pool.start(refs + twins, setups)
+        installed = load_selected(self.settings.suite)  # a bad entry point is a usage error, before any worker
+        self.suite_types = {**BUNDLED, **installed}
+        # Every bundled suite's handler (the few this run does not build cost a worker the import
+        # of a light module) and the selected installed suites'.
+        self.pool.start(refs + twins, setups, handlers={name: suite.handler for name, suite in self.suite_types.items()})
         self._check_twins_loaded(twins)
         if xdist.is_controller(self.config):
             self.pool.close()  # the xdist workers run the tests; the descriptions stay for the header
@@ -172,6 +179,9 @@ class AttnkitSession:
                 store, self.threshold, self.device, twins=dict(self.revision.twins) if self.revision else {},
                 ab_threshold=self.ab_threshold, sent=self.runner.sent,
                 parallel_problem=xdist.parallel_timing_problem(self.config, self.device, self._cuda_device_count()))
+        context = SuiteContext(settings, self.device, self.profile, self.outcomes, self.pool.info, self.config)
+        for name, suite_type in installed.items():
+            self.suites[name] = suite_type(context)
 
     def _usable_cores(self) -> int:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -355,7 +365,7 @@ class AttnkitSession:
         The reason leaves the case out (the test id has it), so pytest's summary groups the
         skips that share a reason."""
         questions: dict[str, list[tuple[pytest.Item, Case, bool]]] = {}
-        for node, item in mark_items(items, SUITE_TYPES):
+        for node, item in mark_items(items, self.suite_types):
             suite = self.suites.get(item.suite)
             if suite is None:
                 continue  # a suite not selected: its tests say so when they run
@@ -381,9 +391,11 @@ class AttnkitSession:
                     self.outcomes.skip_at_collection(item, skipped(f"{name} is unavailable: {info.unavailable}"))
                 continue
             refusals = self.pool.support(name, [{"case": case.to_dict(), "backward": backward} for _, case, backward in asked])
-            for (item, _, _), refusal in zip(asked, refusals or []):
+            for (item, case, backward), refusal in zip(asked, refusals or []):
                 if refusal:
                     self.outcomes.skip_at_collection(item, skipped(f"{name} does not support it: {refusal}"))
+                elif self.runner is not None:
+                    self.runner.accept(item.stash[ITEM_KEY], case, backward)  # its worker need not ask again
 
     def items_to_run(self, items: list[pytest.Item]) -> list[pytest.Item]:
         """The tests this process runs: all of them, or under pytest-xdist this worker's share."""

@@ -160,6 +160,7 @@ class SpeedCheck(Suite):
     """Times and gates every speed test of a run; ``threshold`` gives a case's practical threshold."""
 
     name: ClassVar[str] = "speed"
+    handler: ClassVar[str] = "pytest_attnkit.worker.suites.speed:SpeedHandler"
     tests: ClassVar[tuple[TestSpec, ...]] = (TestSpec("test_speed_forward", "speed-forward"),
                                              TestSpec("test_speed_backward", "speed-backward", backward=True))
 
@@ -275,9 +276,9 @@ class SpeedCheck(Suite):
         return None if job is None else job.future.result().data.get("program")
 
     def _request(self, impl: str, mode: str, case: Case) -> Reply:
-        return self.pool.request(impl, Request(Op.SPEED, case, mode == "backward", self.settings.seed,
+        return self.pool.request(impl, Request(Op.RUN, case, mode == "backward", self.settings.seed,
                                                {"budget_ms": self.settings.budget_ms,
-                                                "call_limit_ms": self.settings.call_limit_ms}),
+                                                "call_limit_ms": self.settings.call_limit_ms}, suite=self.name),
                                  **self._where(impl, mode, case))
 
     def _to_measurement(self, impl: str, mode: str, case: Case, reply: Reply) -> SpeedMeasurement:
@@ -305,9 +306,9 @@ class SpeedCheck(Suite):
         return next((base for base, twin in self.twins.items() if twin == impl), impl)
 
     def _block(self, impl: str, mode: str, case: Case, samples: int) -> Reply:
-        return self.pool.request(impl, Request(Op.SPEED, case, mode == "backward", self.settings.seed,
+        return self.pool.request(impl, Request(Op.RUN, case, mode == "backward", self.settings.seed,
                                                {"samples": samples,
-                                                "budget_ms": self.settings.budget_ms}),
+                                                "budget_ms": self.settings.budget_ms}, suite=self.name),
                                  **self._where(impl, mode, case))
 
     def _measure_pair(self, impl: str, twin: str, mode: str, case: Case) -> None:

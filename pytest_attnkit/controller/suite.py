@@ -18,12 +18,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pytest_attnkit.contract import Case
 from pytest_attnkit.controller.outcome import Judged, Judgement, Verdict
 from pytest_attnkit.controller.scheduler import Job
 from pytest_attnkit.messages import Reply, Request
+
+if TYPE_CHECKING:
+    from pytest_attnkit.controller.impls import ImplInfo
+    from pytest_attnkit.controller.options import Settings
 
 Properties = list[tuple[str, object]]
 
@@ -74,20 +78,53 @@ class Planned:
     needs_ok: bool = False
 
 
+@dataclass(frozen=True)
+class SuiteContext:
+    """What the session hands a suite installed through the ``attnkit.suites`` entry points when
+    it builds it (``Suite(context)``): the run's settings and device, the wording of outcomes
+    (:meth:`Outcomes.from_reply`), what each implementation said about itself, pytest's config."""
+
+    settings: "Settings"
+    device: str  # "cpu" or "cuda"
+    profile: str  # the case set: "smoke", "default", ...
+    outcomes: Outcomes
+    info: Callable[[str], "ImplInfo"]  # an implementation's name -> its description (capabilities, availability)
+    config: Any  # pytest.Config, for a suite's own hooks and options
+
+    @property
+    def seed(self) -> int:
+        return self.settings.seed
+
+
 class Suite:
     """The contract of a suite, as the session and the runner use it.
 
-    A subclass names itself (``name``: its ``--attnkit-suite`` name and ``attnkit_<name>`` marker)
-    and its test functions (``tests``), and gives :meth:`plan` and :meth:`judge`; the other
+    A subclass names itself (``name``: its ``--attnkit-suite`` name and ``attnkit_<name>`` marker),
+    its worker handler (``handler``) and its test functions (``tests``), and gives :meth:`plan` and
+    :meth:`judge`; the other
     methods have defaults that fit a suite whose tests each run one case."""
 
     name: ClassVar[str]
+    #: Its worker handler, ``"package.module:Class"`` (a
+    #: :class:`~pytest_attnkit.worker.suite.SuiteHandler`): imported in the worker processes only,
+    #: where it answers the suite's :attr:`~pytest_attnkit.messages.Op.RUN` requests.
+    handler: ClassVar[str]
     tests: ClassVar[tuple[TestSpec, ...]]
+
+    def __init__(self, context: SuiteContext) -> None:
+        """An installed suite is built with the run's :class:`SuiteContext` (the bundled suites
+        take what they need one by one)."""
+        self.context = context
 
     @classmethod
     def spec(cls, function: str) -> TestSpec | None:
         """The test function of this suite named ``function``, or None."""
         return next((spec for spec in cls.tests if spec.function == function), None)
+
+    def accepts(self, spec: TestSpec, case: Case) -> bool:
+        """Whether the test function ``spec`` runs on ``case`` of its family (an installed suite's
+        tests are made for the cases it accepts; the bundled suites' modules take the whole family)."""
+        return True
 
     def refusal(self, item: SuiteItem) -> Judgement | None:
         """A skip decided at collection, before the implementation is asked anything; None to run it."""

@@ -11,9 +11,12 @@ starts stays below it, and it kills all of that before it exits
 (:mod:`pytest_attnkit.descendants`).
 
 Each request is a :class:`~pytest_attnkit.messages.Request` (its :class:`~pytest_attnkit.messages.Op`:
-``init`` (sys.path, device and which implementation to load), ``describe``, ``environment``,
-``support``, ``correctness``, ``memory``, ``speed``, ``warm``, ``guard``, ``property``,
-``ceilings`` and ``shutdown``), dispatched through :attr:`Handler.ops`, and every op answers one
+``init`` (sys.path, device, the suites' handlers and which implementation to load), ``describe``,
+``environment``, ``support``, ``run``, ``warm``, ``ceilings`` and ``shutdown``), dispatched
+through :attr:`Handler.ops`. A ``run`` request is a suite's: the handler its init named for
+``Request.suite`` answers it (:mod:`pytest_attnkit.worker.handlers`,
+:class:`~pytest_attnkit.worker.suite.SuiteHandler`; the bundled suites' are in
+:mod:`pytest_attnkit.worker.suites`), after the worker has refused what cannot run. Every op answers one
 :class:`~pytest_attnkit.messages.Reply`, with ``spent``: the request's seconds in the worker and
 the part of them spent compiling (:mod:`pytest_attnkit.worker.compile_clock`). When the harness
 itself fails, the reply is ``HARNESS_ERROR`` with the traceback. For the suite ops the status says
@@ -50,7 +53,9 @@ from pytest_attnkit.contract import AttentionImpl, Case
 from pytest_attnkit.messages import Op, Reply, Request, Spent, Status
 from pytest_attnkit.worker import compile_clock
 from pytest_attnkit.worker.calls import ContractViolation, kernel_traceback
+from pytest_attnkit.worker.handlers import Handlers
 from pytest_attnkit.worker.out_of_memory import out_of_memory_reply
+from pytest_attnkit.worker.suite import WorkerContext
 
 CONTEXT_LOST = ("the worker's CUDA context is unusable after this error (a sticky error such as an illegal "
                 "memory access); a fresh worker takes over for the next test")
@@ -65,26 +70,23 @@ class Handler:
         self.impl: AttentionImpl | None = None
         self.load_error: str | None = None
         self.context_lost = False
-        #: The call an A/B run samples in blocks (see :meth:`op_speed`), kept warm between requests.
-        self._warm_key: tuple[Any, ...] | None = None
-        self._warm_call: Any = None
-        self._warm_sets = 1
-        self._warm_syncs: str | None = None
+        #: The suites' handlers the init request named (:mod:`pytest_attnkit.worker.handlers`).
+        self.handlers = Handlers()
         #: A shutdown was asked: the loop exits after replying.
         self.stopping = False
         #: Each op's handler; a request's op is an :class:`Op`, so it names one of these or none.
         self.ops: dict[Op, Callable[[Request], Reply]] = {
             Op.INIT: self.op_init, Op.DESCRIBE: self.op_describe, Op.ENVIRONMENT: self.op_environment,
-            Op.SUPPORT: self.op_support, Op.CORRECTNESS: self.op_correctness, Op.MEMORY: self.op_memory,
-            Op.SPEED: self.op_speed, Op.WARM: self.op_warm, Op.GUARD: self.op_guard, Op.PROPERTY: self.op_property,
+            Op.SUPPORT: self.op_support, Op.RUN: self.op_run, Op.WARM: self.op_warm,
             Op.CEILINGS: self.op_ceilings, Op.SHUTDOWN: self.op_shutdown,
         }
 
     def handle(self, request: Request) -> Reply:
         """Run one request; what the harness raises propagates (in the pytest process, with
         ``--attnkit-inprocess``, it meets the test as it is: pdb stops there)."""
-        if not (request.op is Op.SPEED and request.option("samples")):
-            self._warm_key, self._warm_call = None, None  # its inputs must not weigh on other measurements
+        for suite, suite_handler in self.handlers.items():
+            if not (request.op is Op.RUN and request.suite == suite):
+                suite_handler.forget()  # what a suite's handler keeps must not weigh on other requests
         handler = self.ops.get(request.op)
         if handler is None:
             raise ValueError(f"unknown worker op {request.op!r}")
@@ -163,6 +165,9 @@ class Handler:
             if entry not in sys.path:
                 sys.path.insert(0, entry)
         self.device = request.options["device"]
+        # This version's handlers, imported before the implementation (whose other version's site,
+        # for a --attnkit-against twin, comes first on sys.path from here on).
+        self.handlers = Handlers(request.option("handlers"))
         if request.option("name"):
             from pytest_attnkit.registry import load_implementation
 
@@ -199,14 +204,15 @@ class Handler:
         return Reply(Status.OK, data={"unavailable": unavailable, "capabilities": self.impl.capabilities(),
                                       "type": type(self.impl).__qualname__, "path_note": None if note is None else str(note)})
 
-    def _refusal(self, case: Case, backward: bool) -> Reply | None:
-        """A reply that ends the request before running anything, or None to go on."""
+    def _refusal(self, case: Case, backward: bool, *, checked: bool = False) -> Reply | None:
+        """A reply that ends the request before running anything, or None to go on. ``checked``:
+        the implementation accepted the case at collection, so it is not asked again."""
         if self.load_error is not None or self.impl is None:
             return Reply(Status.BROKEN, self.load_error or "no implementation loaded")
         unavailable = self.impl.unavailable_reason(self.device)
         if unavailable:
             return Reply(Status.UNAVAILABLE, unavailable)
-        reasons = self.impl.not_supported_reasons(case, self.device, backward=backward)
+        reasons = [] if checked else self.impl.not_supported_reasons(case, self.device, backward=backward)
         if reasons:
             return Reply(Status.UNSUPPORTED, "; ".join(reasons))
         return None
@@ -224,8 +230,8 @@ class Handler:
         """Refuse, or run ``measure(impl, case)``; what the implementation raises is a RAISED reply."""
         case = request.case
         if case is None:
-            raise ValueError(f"a {request.op.value!r} request names no case")
-        reply = self._refusal(case, backward)
+            raise ValueError(f"a {request.doing!r} request names no case")
+        reply = self._refusal(case, backward, checked=request.checked)
         if reply is None:
             assert self.impl is not None
             try:
@@ -241,61 +247,15 @@ class Handler:
                 reply = Reply(reply.status, f"{reply.message}\n{CONTEXT_LOST}", reply.data)
         return reply
 
-    def op_correctness(self, request: Request) -> Reply:
-        from pytest_attnkit.worker.correctness import run_correctness
-
-        backward = request.backward
-        return self._run(request, backward, lambda impl, case: run_correctness(
-            impl, case, device=self.device, base_seed=request.seed, trials=request.options["trials"],
-            backward=backward, accuracy=request.option("accuracy")))
-
-    def op_memory(self, request: Request) -> Reply:
-        from pytest_attnkit.worker.memory import measure_point, release_device_memory
+    def op_run(self, request: Request) -> Reply:
+        """A suite's request, answered by its handler (:class:`~pytest_attnkit.worker.suite.SuiteHandler`),
+        once the worker has refused what cannot run."""
+        suite_handler = self.handlers.get(request.suite)
 
         def measure(impl: AttentionImpl, case: Case) -> Reply:
-            point = measure_point(impl, case, backward=request.backward, seed=request.seed,
-                                  call_limit_ms=request.option("call_limit_ms"))
-            release_device_memory()
-            return Reply(Status.OK, "", point.to_dict())
+            return suite_handler.handle(WorkerContext(self.device, impl), request)
 
         return self._run(request, request.backward, measure)
-
-    def op_speed(self, request: Request) -> Reply:
-        """Time a case; with ``samples``, take only that many samples of a call kept warm between
-        requests (an A/B run alternates such blocks between two workers), and say how many samples
-        the budget would give in ``planned_samples``."""
-        from pytest_attnkit.worker.speed import gpu_processes, gpu_state, measure_speed
-
-        def measure(impl: AttentionImpl, case: Case) -> Reply:
-            beside = gpu_processes() if self.device == "cuda" else None  # others on the GPU, before and after
-            if request.option("samples"):
-                measured = self._speed_block(impl, case, request)
-            else:
-                measured = measure_speed(impl, case, request.mode, device=self.device, seed=request.seed,
-                                         budget_ms=request.options["budget_ms"],
-                                         call_limit_ms=request.option("call_limit_ms"))
-            if self.device == "cuda":
-                measured["gpu_state"] = gpu_state()
-                measured["gpu_processes"] = gpu_processes(beside)
-            return Reply(Status.OK, "", measured)
-
-        return self._run(request, request.backward, measure)
-
-    def _speed_block(self, impl: AttentionImpl, case: Case, request: Request) -> dict[str, Any]:
-        from pytest_attnkit.worker.speed import warm_speed
-
-        mode = request.mode
-        key = (case.id, json.dumps(case.to_dict(), sort_keys=True), mode, request.seed)
-        if self._warm_key != key:
-            self._warm_call = None  # frees the previous case's inputs before making this one's
-            self._warm_call, self._warm_sets, self._warm_syncs = warm_speed(
-                impl, case, mode, device=self.device, seed=request.seed)
-            self._warm_key = key
-        warmed = self._warm_call
-        planned = warmed.sample_count(request.options["budget_ms"])
-        timing = warmed.timing(warmed.samples(int(request.options["samples"])))
-        return {"timing": timing.to_dict(), "input_sets": self._warm_sets, "planned_samples": planned,
-                "long_call": warmed.long_call, "syncs": self._warm_syncs}
 
     def op_warm(self, request: Request) -> Reply:
         """Run the case once, so that what it compiles is compiled (and in the disk caches)."""
@@ -315,45 +275,6 @@ class Handler:
                     print(f"attnkit: the kernels of {case.id} could not be read: {error!r}", file=sys.stderr)
                 return Reply(Status.OK, "", {"program": program})
             return Reply(Status.OK)
-
-        return self._run(request, backward, measure)
-
-    def op_guard(self, request: Request) -> Reply:
-        """The case on plain inputs, then on guarded copies of them (the sanitize suite's memcheck
-        tests, :mod:`pytest_attnkit.worker.guards`)."""
-        from pytest_attnkit.worker.guards import check_guarded
-
-        backward = request.backward
-        return self._run(request, backward, lambda impl, case: check_guarded(
-            impl, case, device=self.device, seed=request.seed, backward=backward))
-
-    def op_property(self, request: Request) -> Reply:
-        """One property check (:mod:`pytest_attnkit.worker.properties`) of one case."""
-        from pytest_attnkit.worker import properties
-
-        check, backward = request.options["check"], request.backward
-
-        def measure(impl: AttentionImpl, case: Case) -> Reply:
-            seed = request.seed
-            if check == "determinism":
-                directions = impl.deterministic_directions()
-                declared = ("backward" if backward else "forward") in directions
-                # A backward run's output and LSE are held only where the forward is declared too.
-                return properties.check_determinism(impl, case, device=self.device, seed=seed, backward=backward,
-                                                    declared=declared, hold_forward="forward" in directions)
-            if check == "batch_invariance":
-                return properties.check_batch_invariance(impl, case, device=self.device, seed=seed,
-                                                         declared=bool(impl.batch_invariant))
-            if check == "cuda_graph":
-                return properties.check_cuda_graph(impl, case, seed=seed, declared=bool(impl.supports_cuda_graphs),
-                                                   accuracy=request.option("accuracy"))
-            if check == "torch_compile":
-                return properties.check_torch_compile(impl, case, device=self.device, seed=seed,
-                                                      declared=bool(impl.supports_torch_compile),
-                                                      accuracy=request.option("accuracy"))
-            if check == "opcheck":
-                return properties.check_opcheck(impl, case, device=self.device, seed=seed, op_name=str(impl.custom_op))
-            raise ValueError(f"unknown property check {check!r}")
 
         return self._run(request, backward, measure)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_attnkit.controller.correctness import CorrectnessCheck
 from pytest_attnkit.controller.process import WorkerFailure, WorkerProcess
 from pytest_attnkit.messages import Op, Request, Status
 
@@ -36,7 +37,8 @@ def start(tmp_path: Path):
     workers: list[WorkerProcess] = []
 
     def start(impl: str | None = None) -> WorkerProcess:
-        init = {"device": "cpu", "sys_path_first": [str(tmp_path)]}
+        init = {"device": "cpu", "sys_path_first": [str(tmp_path)], "handlers": {
+            "correctness": CorrectnessCheck.handler, "broken": "attnkit_no_such_module:Handler"}}
         if impl is not None:
             init.update(name=impl.lower(), value=f"attnkit_fake_impls:{impl}")
         worker = WorkerProcess(impl or "probe", init, tmp_path, startup_timeout=60)
@@ -81,7 +83,7 @@ def test_a_crash_says_how_the_worker_died_with_its_log(start) -> None:
 def test_a_harness_error_raises_with_the_workers_traceback_and_the_worker_goes_on(start) -> None:
     worker = start()
     with pytest.raises(WorkerFailure) as failure:
-        worker.request(Request(Op.CORRECTNESS, options={"trials": 1}), 60)  # no case: the harness's bug
+        worker.request(Request(Op.RUN, options={"trials": 1}, suite="correctness"), 60)  # no case: the harness's bug
     assert failure.value.kind == "error"
     assert "raised while running 'correctness'" in str(failure.value)
     assert "Traceback" in str(failure.value) and "names no case" in str(failure.value)
@@ -123,3 +125,15 @@ def test_a_worker_closed_while_it_starts_does_not_run_on(tmp_path) -> None:
         raise AssertionError("a worker closed while starting answered a request")
     assert worker.process is None
 
+
+def test_a_suite_whose_handler_cannot_be_imported_fails_its_requests_and_the_worker_goes_on(start) -> None:
+    worker = start()
+    with pytest.raises(WorkerFailure) as failure:
+        worker.request(Request(Op.RUN, options={"trials": 1}, suite="broken"), 60)
+    assert failure.value.kind == "error"
+    assert "raised while running 'broken'" in str(failure.value)
+    assert ("the broken suite's worker handler attnkit_no_such_module:Handler could not be made" in str(failure.value)
+            and "No module named 'attnkit_no_such_module'" in str(failure.value))
+    pid = worker.process.pid
+    assert worker.request(Request(Op.DESCRIBE), 60).status is Status.OK
+    assert worker.process.pid == pid

@@ -24,8 +24,8 @@ from pytest_attnkit.messages import Op, Reply, Request, Status
 CASE = Case(1, 2, 2, 17, 17, 32, "float16", causal=True)
 
 
-def request(n: int, op: Op = Op.CORRECTNESS) -> Request:
-    return Request(op, CASE, options={"n": n})
+def request(n: int, op: Op = Op.RUN) -> Request:
+    return Request(op, CASE, options={"n": n}, suite="echo" if op is Op.RUN else None)
 
 
 class FakeScheduler:
@@ -180,9 +180,10 @@ def test_memory_sweeps_are_submitted_ahead_of_the_other_tests_and_chained() -> N
     items = [item_of("correctness", spec=forward), SuiteItem("memory", MemoryCheck.tests[0], "kernel", None),
              item_of("correctness", spec=backward)]
     Runner(suites, pool, Outcomes(), scheduler).submit_all(items)  # type: ignore[arg-type]
-    ops = [job.request.op for job in scheduler.jobs]
-    points = ops.count(Op.MEMORY)
-    assert points >= 3 and ops == [Op.MEMORY] * points + [Op.CORRECTNESS] * 2
+    assert all(job.request.op is Op.RUN for job in scheduler.jobs)
+    ops = [job.request.suite for job in scheduler.jobs]
+    points = ops.count("memory")
+    assert points >= 3 and ops == ["memory"] * points + ["correctness"] * 2
     chain = scheduler.jobs[:points]
     assert chain[0].after is None and all(job.after is chain[i] and job.needs_ok for i, job in enumerate(chain[1:]))
     assert [job.request.backward for job in scheduler.jobs[points:]] == [False, True]
@@ -216,3 +217,60 @@ def test_a_collected_test_becomes_its_suite_item_once() -> None:
     # A project's own test that uses the attnkit fixture, and a function its suite does not name: none.
     assert suite_item(Marked("attnkit_correctness", "test_mine", {"attnkit_impl": "kernel"}), suites) is None  # type: ignore[arg-type]
     assert suite_item(Marked("", "test_forward", {}), suites) is None  # type: ignore[arg-type]
+
+
+def test_requests_of_the_case_accepted_at_collection_are_sent_checked_and_no_others() -> None:
+    """The implementation was asked at collection about the item's (case, backward): its worker is
+    not asked again for those requests; a memory sweep's later points are other cases, and an item
+    nobody asked about (or whose support query failed) is asked in the worker as before."""
+    other = Case(1, 2, 2, 33, 33, 32, "float16", causal=True)
+    backward = Request(Op.RUN, CASE, True, options={"n": 2}, suite="echo")
+    plan = [Planned(request(0, Op.WARM), warm=True), Planned(request(1)), Planned(backward),
+            Planned(Request(Op.RUN, other, options={"n": 3}, suite="echo"))]
+    scheduler = FakeScheduler()
+    runner = Runner({"echo": Echo(plan)}, FakePool(), Outcomes(), scheduler)  # type: ignore[arg-type]
+    accepted, unasked = item_of(), item_of(impl="other")
+    runner.accept(accepted, CASE, False)
+    runner.submit(accepted)
+    runner.submit(unasked)
+    assert [job.request.checked for job in scheduler.jobs] == [True, True, False, False] + [False] * 4
+    # Sent on the test's own thread (no scheduler), the same.
+    suite, pool = Echo(plan[1:]), FakePool()
+    inline = Runner({"echo": suite}, pool, Outcomes())  # type: ignore[arg-type]
+    inline.accept(accepted, CASE, False)
+    inline.run(Node(accepted))  # type: ignore[arg-type]
+    assert [sent.checked for sent in pool.sent] == [True, False, False]
+
+
+def test_the_session_marks_an_item_accepted_only_where_the_implementation_said_so() -> None:
+    """mark_refusals: a refused item is skipped and not accepted, a supported one accepted."""
+    from pytest_attnkit.controller.session import AttnkitSession
+
+    class Pool(FakePool):
+        def support(self, name: str, queries: list[dict[str, Any]]) -> list[str | None]:
+            return [None if query["case"]["seqlen_q"] == CASE.seqlen_q else "too long" for query in queries]
+
+    class Collected:
+        def __init__(self, case: Case) -> None:
+            self.nodeid, self.name, self.originalname = f"x[kernel-{case.id}]", "test_forward", "test_forward"
+            self.callspec = type("Callspec", (), {"params": {"attnkit_impl": "kernel", "attnkit_case": case}})()
+            self.stash = pytest.Stash()
+            self.markers: list[Any] = []
+
+        def get_closest_marker(self, name: str) -> Any:
+            return object() if name == "attnkit_correctness" else None
+
+        def add_marker(self, marker: Any) -> None:
+            self.markers.append(marker)
+
+    pool = Pool()
+    session = AttnkitSession.__new__(AttnkitSession)
+    session.pool, session.outcomes = pool, Outcomes()  # type: ignore[assignment]
+    session.suites = {"correctness": CorrectnessCheck(pool, session.outcomes, 0, 1)}  # type: ignore[arg-type]
+    session.suite_types = {"correctness": CorrectnessCheck}
+    session.runner = Runner(session.suites, pool, session.outcomes, FakeScheduler())  # type: ignore[arg-type]
+    long = Case(1, 2, 2, 4097, 4097, 32, "float16", causal=True)
+    nodes = [Collected(CASE), Collected(long)]
+    session.mark_refusals(nodes)  # type: ignore[arg-type]
+    assert [bool(node.markers) for node in nodes] == [False, True]
+    assert set(session.runner._accepted) == {nodes[0].stash[ITEM_KEY]}

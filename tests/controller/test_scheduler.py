@@ -16,17 +16,17 @@ import pytest
 
 from pytest_attnkit.controller.impls import ImplInfo
 from pytest_attnkit.controller.ledger import Ledger
-from pytest_attnkit.controller.pool import SUITE_OF_OP
+from pytest_attnkit.controller.pool import suite_of
 from pytest_attnkit.controller.process import WorkerFailure
 from pytest_attnkit.controller.scheduler import DROPPED, NOT_RUN, Scheduler
 from pytest_attnkit.controller.table import time_lines
 from pytest_attnkit.messages import Op, Reply, Request, Spent, Status
 
 
-def work(fields: dict[str, Any], op: Op = Op.CORRECTNESS) -> Request:
+def work(fields: dict[str, Any], op: Op = Op.RUN, suite: str | None = "correctness") -> Request:
     """A request whose options drive the fake pool: ``n`` names it, ``block`` holds it until the
     pool's release, ``seconds`` is how long it runs, ``compile_s`` how long it says it compiled."""
-    return Request(op, options=fields)
+    return Request(op, options=fields, suite=suite if op is Op.RUN else None)
 
 
 class FakeWorker:
@@ -356,15 +356,15 @@ def test_a_sweep_runs_in_one_worker_point_after_point(made) -> None:
 
 def test_the_time_table_has_a_row_per_suite_run_ahead_or_not_in_the_suites_order(made) -> None:
     """A property check run ahead (the scheduler's "properties" job) and one the pool sends itself
-    (op "property", as with --attnkit-jobs=1) share a row; the table lists the suites in the order
+    (a request of the suite "properties", as with --attnkit-jobs=1) share a row; the table lists the suites in the order
     they run, each suite's warm-ups before it."""
     pool = FakePool(names=("a",))
     scheduler = made(pool, jobs=2)
     ledger = scheduler.ledger
     for suite in ("sanitize", "speed", "properties", "memory", "speed (warm)", "correctness", "memory (warm)"):
         ledger.record(suite, "a", Spent(1.0), 0.0, 1.0, counted=False)
-    scheduler.wait(scheduler.submit("a", "properties", work({"n": 1}, Op.PROPERTY)))
-    ledger.record(SUITE_OF_OP[Op.PROPERTY], "a", Spent(1.0), 0.0, 1.0, counted=False)
+    scheduler.wait(scheduler.submit("a", "properties", work({"n": 1}, suite="properties")))
+    ledger.record(suite_of(work({"n": 2}, suite="properties")), "a", Spent(1.0), 0.0, 1.0, counted=False)
     lines = time_lines({"time": ledger.to_dict()})
     header = next(index for index, line in enumerate(lines) if line.startswith("suite "))
     end = next(index for index, line in enumerate(lines) if line.startswith("in all:"))

@@ -126,7 +126,7 @@ def _sanitized(fake_site: Path, monkeypatch: pytest.MonkeyPatch, errors: int,
     (fake_site.parent / "tmp").mkdir(exist_ok=True)
     monkeypatch.setattr(tempfile, "tempdir", str(fake_site.parent / "tmp"))
     pool = WorkerPool(device="cpu", timeout=120)
-    pool.start([EntryPointRef("good", "fake_kernels:good", "fake-kernels")])
+    pool.start([EntryPointRef("good", "fake_kernels:good", "fake-kernels")], handlers={"sanitize": SanitizeCheck.handler})
     # device "cuda" for the check's own gate only: the fake tool runs the worker on the CPU.
     return SanitizeCheck(pool, Outcomes(), 0, "cuda", str(FAKE_SANITIZER), log_dir=log_dir), pool
 

@@ -15,6 +15,7 @@ from helpers import fake, run_attnkit
 torch = pytest.importorskip("torch")
 
 from pytest_attnkit.contract import Case, FunctionImpl  # noqa: E402
+from pytest_attnkit.controller.session import SUITE_TYPES  # noqa: E402
 from pytest_attnkit.messages import Op, Reply, Request, Status  # noqa: E402
 from pytest_attnkit.worker import calls  # noqa: E402
 from pytest_attnkit.worker.server import Handler  # noqa: E402
@@ -22,14 +23,14 @@ from pytest_attnkit.worker.server import Handler  # noqa: E402
 CASE = Case(2, 2, 2, 17, 17, 32, "float32")
 #: Each request a suite makes of a worker that calls the kernel on the CPU (memory needs a GPU).
 REQUESTS = {
-    "correctness": Request(Op.CORRECTNESS, CASE, False, 0, {"trials": 1}),
-    "correctness backward": Request(Op.CORRECTNESS, CASE, True, 0, {"trials": 1}),
-    "speed forward": Request(Op.SPEED, CASE, False, 0, {"budget_ms": 5}),
-    "speed backward": Request(Op.SPEED, CASE, True, 0, {"budget_ms": 5}),
+    "correctness": Request(Op.RUN, CASE, False, 0, {"trials": 1}, suite="correctness"),
+    "correctness backward": Request(Op.RUN, CASE, True, 0, {"trials": 1}, suite="correctness"),
+    "speed forward": Request(Op.RUN, CASE, False, 0, {"budget_ms": 5}, suite="speed"),
+    "speed backward": Request(Op.RUN, CASE, True, 0, {"budget_ms": 5}, suite="speed"),
     "warm-up": Request(Op.WARM, CASE, True, 0),
-    "determinism": Request(Op.PROPERTY, CASE, False, 0, {"check": "determinism"}),
-    "determinism backward": Request(Op.PROPERTY, CASE, True, 0, {"check": "determinism"}),
-    "batch invariance": Request(Op.PROPERTY, CASE, False, 0, {"check": "batch_invariance"}),
+    "determinism": Request(Op.RUN, CASE, False, 0, {"check": "determinism"}, suite="properties"),
+    "determinism backward": Request(Op.RUN, CASE, True, 0, {"check": "determinism"}, suite="properties"),
+    "batch invariance": Request(Op.RUN, CASE, False, 0, {"check": "batch_invariance"}, suite="properties"),
 }
 
 
@@ -58,6 +59,8 @@ def modifies_k(q, k, v, *, causal=False, scale=None):
 
 def _replies(kernel) -> dict[str, Reply]:
     handler = Handler()
+    handler.handle(Request(Op.INIT, options={"device": "cpu", "handlers": {
+        name: suite.handler for name, suite in SUITE_TYPES.items()}}))
     handler.impl = FunctionImpl(kernel)
     return {name: handler.handle(request) for name, request in REQUESTS.items()}
 
