@@ -16,6 +16,7 @@ from typing import Any, Iterable
 from pytest_attnkit.contract import MemoryClass
 from pytest_attnkit.controller.gate import GateVerdict
 from pytest_attnkit.controller.impls import ImplStatus
+from pytest_attnkit.controller.options import SUITES
 from pytest_attnkit.controller.outcome import Verdict
 from pytest_attnkit.controller.paired import SyncKind
 from pytest_attnkit.controller.terminal import NO_BREAK, WIDTH, wrap
@@ -105,24 +106,25 @@ def header_lines(*, environment: dict[str, Any], device: str, profile: str, suit
 # -- the summary ------------------------------------------------------------------------------
 
 
-def correctness_verdict(document: dict[str, Any], name: str) -> str:
-    """pass, FAIL, NOTHING RUN or INCOMPLETE, with the coverage: how many cases ran of how many."""
+def correctness_verdict(document: dict[str, Any], name: str, suite: str = "correctness") -> str:
+    """pass, FAIL, NOTHING RUN or INCOMPLETE, with the coverage: how many cases ran of how many
+    (of the correctness suite, or of ``suite``: a suite installed through attnkit.suites)."""
     info = document["implementations"][name]
     if info["status"] != ImplStatus.AVAILABLE:
         return info["status"]
     counts = Counter(test["outcome"] for test in document["tests"]
-                     if test["impl"] == name and test["suite"] == "correctness")
-    collected = document.get("collected", {}).get(name, {}).get("correctness", sum(counts.values()))
+                     if test["impl"] == name and test["suite"] == suite)
+    collected = document.get("collected", {}).get(name, {}).get(suite, sum(counts.values()))
     if not collected:
         return "not run"
     passed, failed, skipped = counts[Verdict.PASSED], counts[Verdict.FAILED], counts[Verdict.SKIPPED]
     ran = passed + failed
-    twins = sum(1 for test in document["tests"] if test["impl"] == name and test["suite"] == "correctness"
+    twins = sum(1 for test in document["tests"] if test["impl"] == name and test["suite"] == suite
                 and test.get("twin_of") and test["outcome"] in (Verdict.PASSED, Verdict.FAILED))
     coverage = (f"{ran} of {collected} cases run ({passed} passed, {failed} failed"
                 + (f"; {twins} as in-contract twins" if twins else "") + f"), {skipped} skipped")
     reasons = Counter(test.get("reason") for test in document["tests"]
-                      if test["impl"] == name and test["suite"] == "correctness" and test["outcome"] == Verdict.SKIPPED)
+                      if test["impl"] == name and test["suite"] == suite and test["outcome"] == Verdict.SKIPPED)
     if reasons:
         why, _ = reasons.most_common(1)[0]
         if why:
@@ -246,9 +248,15 @@ def property_verdicts(document: dict[str, Any], name: str) -> list[str]:
     return verdicts
 
 
+def installed_suites(document: dict[str, Any]) -> list[str]:
+    """The suites of the run's tests that came through the attnkit.suites entry points (not the
+    bundled five, which have rows of their own), in name order."""
+    return sorted({test["suite"] for test in document["tests"]} - set(SUITES))
+
+
 def headline_lines(document: dict[str, Any]) -> list[str]:
     """A block per implementation: correctness, accuracy, memory, speed, gate and the properties,
-    each on its own line."""
+    each on its own line, then a line per installed suite (its tests' outcomes, as correctness's)."""
     lines = []
     width = name_width(document["implementations"])
     for name in document["implementations"]:
@@ -262,6 +270,7 @@ def headline_lines(document: dict[str, Any]) -> list[str]:
         verdicts = property_verdicts(document, name)
         if verdicts:
             rows.append(("properties", " · ".join(verdict.replace(" ", NO_BREAK) for verdict in verdicts)))
+        rows += [(suite, correctness_verdict(document, name, suite)) for suite in installed_suites(document)]
         first = True
         for label, value in rows:
             prefix = f"{name if first else '':<{width}} {label:<12} "
@@ -547,12 +556,15 @@ def markdown(document: dict[str, Any]) -> str:
     out += [f"Device: {document['device']} ({env.get('device_name')}); torch {env.get('torch')}, triton {env.get('triton')}, "
             f"cupy {env.get('cupy')}; profile {document['profile']}.", ""]
     names = list(document["implementations"])
+    installed = installed_suites(document)
     if names:
-        out += ["| implementation | correctness | memory exponent | speed (forward, d128) | gate |", "|---|---|---|---|---|"]
+        out += ["| implementation | correctness | memory exponent | speed (forward, d128) | gate |"
+                + "".join(f" {suite} |" for suite in installed), "|---|---|---|---|---|" + "---|" * len(installed)]
         for name in names:
             memory = ", ".join(f"{s['direction']} {memory_figure(s)}" for s in document["memory"] if s["impl"] == name)
             out.append(f"| {name} | {correctness_verdict(document, name)} | {memory or '-'} | "
-                       f"{speed_headline(document, name)} | {gate_headline(document, name)} |")
+                       f"{speed_headline(document, name)} | {gate_headline(document, name)} |"
+                       + "".join(f" {correctness_verdict(document, name, suite)} |" for suite in installed))
         out.append("")
     speed = document["speed"]
     if speed["ceilings"]:
