@@ -65,6 +65,10 @@ class GateVerdict(str, Enum):
     OTHER_PROGRAM = "other program"
     #: An A/B case one of whose versions was not timed (controller/speed.py: ABResult).
     NOT_COMPARED = "not compared"
+    #: The reference ran more than ``MACHINE_FACTOR_LIMIT`` times faster or slower than when the
+    #: baselines were saved: they do not describe this machine as it runs now, and dividing by that
+    #: factor would make any verdict up. Shown, never failed (controller/speed.py: SpeedCheck._gate).
+    OTHER_MACHINE = "other machine"
 
 
 @dataclass(frozen=True)
@@ -97,7 +101,7 @@ def noise_threshold(threshold: float, baseline: Pool) -> float:
 
 @dataclass(frozen=True)
 class Decision:
-    verdict: GateVerdict  # REGRESSION, IMPROVEMENT, UNCHANGED, INSUFFICIENT or (the speed check's) OTHER_PROGRAM
+    verdict: GateVerdict  # REGRESSION, IMPROVEMENT, UNCHANGED, INSUFFICIENT or (the speed check's) OTHER_PROGRAM, OTHER_MACHINE
     ratio: float  # median now / median baseline, after the machine factor
     raw_ratio: float
     machine_factor: float
@@ -205,6 +209,12 @@ def decide(baseline_ms: list[float], now_ms: list[float], *, threshold: float = 
     p_faster = mann_whitney_p(baseline_ms, adjusted)
     verdict = verdict_of(ratio, p_slower, p_faster, threshold=threshold, alpha=alpha)
     return Decision(verdict, ratio, raw_ratio, machine_factor, p_slower, p_faster, threshold, baseline_median, now_median)
+
+
+#: Past this factor either way, the machine is not the one the baselines describe
+#: (``GateVerdict.OTHER_MACHINE``). A GPU's clocks and neighbours move a run by percents; a factor
+#: of 0.004 came from a reference saved while the CPU was crowded (2026-11-26, CI beside a test run).
+MACHINE_FACTOR_LIMIT = 4.0
 
 
 def machine_factor(reference_baseline_ms: list[float] | None, reference_now_ms: list[float] | None) -> float:

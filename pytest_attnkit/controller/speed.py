@@ -35,7 +35,8 @@ from typing import Any, Callable, ClassVar, Sequence
 from pytest_attnkit.contract import Case, MemoryClass
 from pytest_attnkit.controller import footprint
 from pytest_attnkit.controller.baselines import BaselineStore
-from pytest_attnkit.controller.gate import Decision, GateVerdict, decide, machine_factor, noise_threshold
+from pytest_attnkit.controller.gate import (MACHINE_FACTOR_LIMIT, Decision, GateVerdict, decide, machine_factor,
+                                            noise_threshold)
 from pytest_attnkit.controller.impls import ImplStatus
 from pytest_attnkit.controller.outcome import Judged, Judgement, Outcomes, failed, skipped
 from pytest_attnkit.controller.paired import MIN_PAIRS, PairedDecision, SyncKind, decide_paired, sync_kind
@@ -514,6 +515,13 @@ class SpeedCheck(Suite):
                 f"{SYNC_THRESHOLD:.0%} (a doubling).")
         decision = decide(baseline.samples_ms, list(measurement.timing.samples_ms), threshold=threshold,
                           machine_factor=factor)
+        if not 1 / MACHINE_FACTOR_LIMIT <= factor <= MACHINE_FACTOR_LIMIT:
+            self.notes["machine"] = (
+                f"the reference ({self.settings.reference}) ran {factor:.3g}x its saved time: the baselines do not "
+                f"describe this machine as it runs now (past {MACHINE_FACTOR_LIMIT:g}x either way), so no case was "
+                "judged against them. Is the GPU shared, throttled or another one? Save baselines again on this "
+                "machine once it runs as it should.")
+            return replace(decision, verdict=GateVerdict.OTHER_MACHINE, baseline_runs=baseline.runs), measurement
         known = self.store.programs(key)
         if measurement.program and known and measurement.program not in known:
             return replace(decision, verdict=GateVerdict.OTHER_PROGRAM, baseline_runs=baseline.runs), measurement

@@ -122,7 +122,8 @@ def test_a_report_folder_in_use_by_another_live_run_is_refused(pytester: pytest.
 #: The words the report, the baseline files, the junit properties and the tables wrote before
 #: these became enums (issue 45): they must not change.
 WORDS = {Verdict: ["passed", "failed", "skipped"],
-         GateVerdict: ["regression", "improvement", "unchanged", "insufficient", "other program", "not compared"],
+         GateVerdict: ["regression", "improvement", "unchanged", "insufficient", "other program", "not compared",
+                       "other machine"],
          SyncKind: ["both", "new only"],
          MemoryClass: ["linear", "quadratic", "neither", "unclear"],
          PointStatus: ["measured", "oom", "error", "not run"],

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from pytest_attnkit.contract import Case
+from pytest_attnkit.controller.gate import GateVerdict
 from pytest_attnkit.controller.baselines import BaselineStore, key_string
 from pytest_attnkit.controller.impls import ImplInfo
 from pytest_attnkit.controller.outcome import Outcomes
@@ -109,6 +110,27 @@ def test_a_slower_machine_is_divided_out(tmp_path: Path) -> None:
     assert check.machine_factor() == pytest.approx(1.3, rel=1e-3)
     result = check.check("kernel", "forward", CASE)
     assert result.decision.verdict == "unchanged" and result.decision.ratio == pytest.approx(1.0, rel=1e-3)
+
+
+def test_past_the_machine_factor_limit_nothing_is_judged_and_a_note_says_why(tmp_path: Path) -> None:
+    # The reference runs 5x faster than when the baselines were saved (saved on a crowded machine):
+    # dividing by 0.2 would make the kernel's unchanged 1.0 ms a fivefold regression.
+    store = save_baseline(tmp_path, {"ref": 1.0, "kernel": 1.0})
+    check = make_check(FakePool({"ref": [0.2], "kernel": [1.0]}), store)
+    check.check("ref", "forward", CASE)
+    result = check.check("kernel", "forward", CASE)
+    assert result.decision.verdict == GateVerdict.OTHER_MACHINE
+    assert "ran 0.2x its saved time" in check.notes["machine"]
+
+
+def test_within_the_machine_factor_limit_a_regression_still_fails(tmp_path: Path) -> None:
+    store = save_baseline(tmp_path, {"ref": 1.0, "kernel": 1.0})
+    # The machine runs the reference 3x slower (inside the limit); the kernel 4.5x: +50% after it.
+    check = make_check(FakePool({"ref": [3.0, 3.0, 3.0], "kernel": [4.5, 4.5, 4.5]}), store)
+    with judged("failed", "ref regressed"):
+        check.check("ref", "forward", CASE)
+    with judged("failed", "kernel regressed"):
+        check.check("kernel", "forward", CASE)
 
 
 def test_a_speedup_too_good_to_be_true_fails(tmp_path: Path) -> None:
