@@ -31,6 +31,7 @@ from pytest_attnkit.controller.suite import Planned, Properties, Suite, SuiteIte
 from pytest_attnkit.messages import Op, Reply, Request, Status
 from pytest_attnkit.properties import PROPERTIES, Property, by_name
 
+
 @dataclass
 class PropertyCheck(Suite):
     """The properties suite: one request per test, a check of one property on one case."""
