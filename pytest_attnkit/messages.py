@@ -55,6 +55,17 @@ class Status(str, Enum):
     HARNESS_ERROR = "harness error"
 
 
+class Isolation(str, Enum):
+    """Which worker a suite's request may run in, when requests run ahead of the tests
+    (:mod:`pytest_attnkit.controller.scheduler`)."""
+
+    SHARED = "shared"  # any idle worker of the implementation
+    #: A worker of its own per (implementation, tag), never lent to other requests, closed once
+    #: its last request has run: the torch.compile check resets torch's compile caches, which
+    #: must not throw away what a warm-up compiled in a worker shared with other suites.
+    DEDICATED = "dedicated"
+
+
 #: Suites whose requests a failure names in the words of the op they were sent as before the suites
 #: had handlers (so a crash in a property check still says "while running 'property'").
 _DOING = {"properties": "property", "sanitize": "guard"}

@@ -7,39 +7,18 @@ implementation's worker (pytest_attnkit/worker/properties.py). What an implement
 (``deterministic``, ``batch_invariant``, ``supports_cuda_graphs``, ``supports_torch_compile``,
 ``custom_op``) must hold; what it does not declare is checked and reported, not failed
 (pytest_attnkit/controller/properties.py).
+
+The test functions are made from the one list of checks (pytest_attnkit/properties.py:
+PROPERTIES), a function per property and direction, in its order: test_determinism,
+test_determinism_backward, test_batch_invariance, test_cuda_graph, test_torch_compile, test_opcheck.
+Each body is every suite test's: ``attnkit.runner.run(request.node)``.
 """
 
-import pytest
+from pathlib import Path
 
-pytestmark = pytest.mark.attnkit_properties
+from pytest_attnkit import plugin
+from pytest_attnkit.controller.properties import PropertyCheck
 
-
-@pytest.mark.attnkit_cases("properties")
-def test_determinism(attnkit, attnkit_impl, attnkit_case, request):
-    attnkit.runner.run(request.node)
-
-
-@pytest.mark.attnkit_cases("properties")
-@pytest.mark.attnkit_backward
-def test_determinism_backward(attnkit, attnkit_impl, attnkit_case, request):
-    attnkit.runner.run(request.node)
-
-
-@pytest.mark.attnkit_cases("properties")
-def test_batch_invariance(attnkit, attnkit_impl, attnkit_case, request):
-    attnkit.runner.run(request.node)
-
-
-@pytest.mark.attnkit_cases("properties")
-def test_cuda_graph(attnkit, attnkit_impl, attnkit_case, request):
-    attnkit.runner.run(request.node)
-
-
-@pytest.mark.attnkit_cases("properties")
-def test_torch_compile(attnkit, attnkit_impl, attnkit_case, request):
-    attnkit.runner.run(request.node)
-
-
-@pytest.mark.attnkit_cases("properties")
-def test_opcheck(attnkit, attnkit_impl, attnkit_case, request):
-    attnkit.runner.run(request.node)
+_made = plugin.tests_module(PropertyCheck, Path(__file__))
+pytestmark = _made.pytestmark
+globals().update({spec.function: getattr(_made, spec.function) for spec in PropertyCheck.tests})

@@ -9,9 +9,13 @@ implementation declares (``deterministic``, ``batch_invariant``, ``supports_cuda
 declare is checked all the same and reported (the summary's ``properties`` line, the report's
 ``properties`` section), without failing: an author sees what to declare, or what to fix.
 
-Like correctness cases, property checks run ahead of their tests, beside each other, when a
+Each check is a :class:`~pytest_attnkit.properties.Property` of :data:`~pytest_attnkit.properties.PROPERTIES`,
+the one list: the suite's test functions (one per property and direction), the skips
+(:meth:`Property.not_applicable`) and the failures' words come from it. Like correctness cases,
+property checks run ahead of their tests, beside each other, when a
 :mod:`~pytest_attnkit.controller.scheduler` runs: each test's plan (:meth:`PropertyCheck.plan`) is its
-one request, which the runner (:mod:`pytest_attnkit.controller.runner`) sends.
+one request, which the runner (:mod:`pytest_attnkit.controller.runner`) sends; the torch.compile
+check's in a worker of its own per implementation (:attr:`Property.isolation`).
 """
 
 from __future__ import annotations
@@ -25,14 +29,7 @@ from pytest_attnkit.controller.outcome import Judged, Judgement, Outcomes, faile
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.suite import Planned, Properties, Suite, SuiteItem, TestSpec, verdict_of
 from pytest_attnkit.messages import Op, Reply, Request, Status
-
-#: The checks, in the order the summary shows them.
-TITLES = {"determinism": "deterministic", "batch_invariance": "batch-invariant", "cuda_graph": "CUDA graphs",
-          "torch_compile": "torch.compile", "opcheck": "opcheck"}
-#: How the failure names what the implementation declared.
-DECLARATIONS = {"determinism": "deterministic", "batch_invariance": "batch_invariant = True",
-                "cuda_graph": "supports_cuda_graphs = True", "torch_compile": "supports_torch_compile = True",
-                "opcheck": "custom_op"}
+from pytest_attnkit.properties import PROPERTIES, Property, by_name
 
 
 @dataclass
@@ -41,11 +38,11 @@ class PropertyCheck(Suite):
 
     name: ClassVar[str] = "properties"
     handler: ClassVar[str] = "pytest_attnkit.worker.suites.properties:PropertiesHandler"
+    #: A test function per property and direction, in :data:`PROPERTIES`' order.
     tests: ClassVar[tuple[TestSpec, ...]] = tuple(
-        TestSpec(f"test_{check}{'_backward' if backward else ''}", "properties", backward=backward,
-                 params={"check": check})
-        for check, backward in (("determinism", False), ("determinism", True), ("batch_invariance", False),
-                                ("cuda_graph", False), ("torch_compile", False), ("opcheck", False)))
+        TestSpec(check.test_function(direction), "properties", backward=direction == "backward",
+                 params={"check": check.name})
+        for check in PROPERTIES for direction in check.directions)
 
     pool: WorkerPool
     outcomes: Outcomes
@@ -54,31 +51,26 @@ class PropertyCheck(Suite):
     #: Every check's result, for the report and the summary.
     results: list[dict[str, Any]] = field(default_factory=list)
 
-    def skip_reason(self, check: str, impl: str, case: Case) -> str | None:
+    def skip_reason(self, check: Property, impl: str, case: Case) -> str | None:
         """Why this check does not apply to this implementation and case, or None."""
-        capabilities = self.pool.info(impl).capabilities
-        if check == "cuda_graph" and self.device != "cuda":
-            return "CUDA graphs need a CUDA device; this run is on the CPU"
-        if check == "opcheck" and not capabilities.get("custom_op"):
-            return f"{impl} names no custom op (custom_op), so there is nothing for torch.library.opcheck"
-        if check == "batch_invariance" and case.batch < 2:
-            return "a batch of one sequence has no other composition"
-        return None
+        return check.not_applicable(impl, case, self.pool.info(impl).capabilities, self.device)
 
     def plan(self, item: SuiteItem) -> list[Planned]:
-        """The test's check, where it applies (none where :meth:`skip_reason` has a reason)."""
-        check, case = item.spec.params["check"], item.case
+        """The test's check, where it applies (none where :meth:`skip_reason` has a reason), in
+        the worker its property asks for (:attr:`Property.isolation`)."""
+        check, case = by_name(item.spec.params["check"]), item.case
         assert case is not None
         if self.skip_reason(check, item.impl, case) is not None:
             return []
         linear = self.pool.info(item.impl).capabilities.get("memory_class") == MemoryClass.LINEAR
-        return [Planned(Request(Op.RUN, case, item.backward, self.seed, {"check": check}, suite=self.name),
-                        footprint.request_bytes(case, backward=item.backward, references=True, linear_memory=linear))]
+        return [Planned(Request(Op.RUN, case, item.backward, self.seed, {"check": check.name}, suite=self.name),
+                        footprint.request_bytes(case, backward=item.backward, references=True, linear_memory=linear),
+                        isolation=check.isolation, tag=check.name)]
 
     def judge(self, item: SuiteItem, replies: Sequence[Reply | None], **fixtures: Any) -> Judgement:
         """Skip a check that does not apply; fail a declared property that does not hold; report
         one that is not declared, passed."""
-        check, impl, case = item.spec.params["check"], item.impl, item.case
+        check, impl, case = by_name(item.spec.params["check"]), item.impl, item.case
         assert case is not None
         reason = self.skip_reason(check, impl, case)
         if reason:
@@ -87,17 +79,17 @@ class PropertyCheck(Suite):
         assert reply is not None  # not a warm-up: always sent
         return verdict_of(lambda properties: self._check(check, impl, case, item.backward, reply, properties))
 
-    def _check(self, check: str, impl: str, case: Case, backward: bool, reply: Reply,
+    def _check(self, check: Property, impl: str, case: Case, backward: bool, reply: Reply,
                properties: Properties) -> None:
         where = f"{case.id}{' (backward)' if backward else ''}"
-        found = reply.data if reply.data.get("check") == check else None
+        found = reply.data if reply.data.get("check") == check.name else None
         if found is not None:
-            self.results.append({"impl": impl, "check": check, "case": case.id, "backward": backward,
+            self.results.append({"impl": impl, "check": check.name, "case": case.id, "backward": backward,
                                  "declared": found["declared"], "holds": found["holds"], "detail": found["detail"],
                                  "figures": found.get("figures", {})})
-            properties.append((f"attnkit_{check}", "holds" if found["holds"] else "does not hold"))
-            properties.append((f"attnkit_{check}_declared", found["declared"]))
+            properties.append((f"attnkit_{check.name}", "holds" if found["holds"] else "does not hold"))
+            properties.append((f"attnkit_{check.name}_declared", found["declared"]))
         if found is not None and reply.status is Status.WRONG:
-            raise Judged(failed(f"{impl} declares {DECLARATIONS[check]}, and on {where}: {found['detail']}"))
-        self.outcomes.check(reply, impl=impl, where=f"{where} ({TITLES[check]} check)",
+            raise Judged(failed(f"{impl} declares {check.declaration}, and on {where}: {found['detail']}"))
+        self.outcomes.check(reply, impl=impl, where=f"{where} ({check.title} check)",
                             origin=self.pool.info(impl).origin)

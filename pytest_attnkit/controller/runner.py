@@ -125,6 +125,7 @@ class Runner:
                 continue
             jobs.append(self.scheduler.submit(item.impl, item.suite, planned.request, gpu_bytes=planned.gpu_bytes,
                                               warm=planned.warm, needs_ok=planned.needs_ok,
+                                              isolation=planned.isolation, tag=planned.tag,
                                               after=jobs[planned.after] if planned.after is not None else None))
         self._ahead[item] = (plan, jobs)
         suite.sent_ahead(item, jobs)

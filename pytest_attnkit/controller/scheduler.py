@@ -46,6 +46,11 @@ The rules:
   workers that hold no warm-up are closed as it begins: nothing is left for them, and each holds
   device memory while it lives. The others stay: a speed test is timed in the worker that warmed
   its case up (``Job.worker``), which has its kernels compiled and loaded.
+- **A worker of its own.** A request submitted DEDICATED (:class:`~pytest_attnkit.messages.Isolation`:
+  the torch.compile check, which resets torch's compile caches) runs in a worker of its own per
+  (implementation, tag), started for the first such request and closed once the last one queued
+  has run; no other request runs in it, so what a warm-up compiled in a shared worker stays
+  there. It is not counted among the ``jobs`` extra workers, and runs its requests one at a time.
 - **Failures stay put.** A worker that crashes or misses its deadline fails the one request it
   was running; the next request on it starts a fresh process.
 - **The test pytest waits for comes first.** A request whose test waits for it (:meth:`wait`), or
@@ -73,7 +78,7 @@ from typing import Any, Iterator, Protocol
 
 from pytest_attnkit.controller.ledger import Ledger
 from pytest_attnkit.controller.process import Worker, close_all
-from pytest_attnkit.messages import Reply, Request, Status
+from pytest_attnkit.messages import Isolation, Reply, Request, Status
 from pytest_attnkit.records import PointStatus
 
 
@@ -153,6 +158,17 @@ class Job:
     worker: "Worker | None" = None
     #: A test waits for its reply now (:meth:`Scheduler.wait`): it starts before any other.
     awaited: bool = False
+    #: Which worker it may run in: any of its implementation's (SHARED), or the one of its own per
+    #: (implementation, ``tag``) (DEDICATED).
+    isolation: Isolation = Isolation.SHARED
+    tag: str | None = None
+
+    @property
+    def dedicated(self) -> "tuple[str, str] | None":
+        """The key of the worker of its own it runs in, or None (it runs in any)."""
+        if self.isolation is not Isolation.DEDICATED:
+            return None
+        return self.impl, self.tag or self.suite
 
 
 class Scheduler:
@@ -177,6 +193,8 @@ class Scheduler:
         self._compiled: dict[str, tuple[int, float]] = {}
         #: Workers that ran a warm-up: their compiled kernels are worth keeping.
         self._warm_holders: set[Worker] = set()
+        #: The workers of DEDICATED requests, by (implementation, tag); lent to no other request.
+        self._dedicated: dict[tuple[str, str], Worker] = {}
         # One thread more than jobs: the job a test waits for may run beside jobs others.
         self._executor = ThreadPoolExecutor(max_workers=self.jobs + 1, thread_name_prefix="attnkit-job")
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name="attnkit-scheduler", daemon=True)
@@ -184,11 +202,13 @@ class Scheduler:
 
     # -- the pytest thread's side --------------------------------------------------------------
     def submit(self, impl: str, suite: str, request: Request, *, gpu_bytes: int = 0, warm: bool = False,
-               after: Job | None = None, needs_ok: bool = False) -> Job:
+               after: Job | None = None, needs_ok: bool = False, isolation: Isolation = Isolation.SHARED,
+               tag: str | None = None) -> Job:
         """Queue ``request`` for ``impl``; its reply comes through :meth:`wait`. ``after``: start
-        only once that job has ended; with ``needs_ok``, only if it measured (see :data:`NOT_RUN`)."""
+        only once that job has ended; with ``needs_ok``, only if it measured (see :data:`NOT_RUN`).
+        ``isolation`` DEDICATED: in a worker of its own per (``impl``, ``tag``)."""
         job = Job(impl, suite, dataclasses.replace(request, release_memory=True), int(gpu_bytes), next(self._seq), warm=warm,
-                  after=after, needs_ok=needs_ok)
+                  after=after, needs_ok=needs_ok, isolation=isolation, tag=tag)
         info = self.pool.info(impl)
         if info.load_error:  # no worker to ask: the reply is the load error
             job.future.set_result(self.pool.broken_reply(impl))
@@ -259,6 +279,8 @@ class Scheduler:
             self._pending.clear()
             running = list(self._running.values())
             extras = [(impl, worker) for impl, workers in self._extras.items() for worker in workers]
+            extras += [(impl, worker) for (impl, _), worker in self._dedicated.items() if worker not in running]
+            self._dedicated.clear()
             self._cond.notify_all()
         for job in dropped:
             job.future.cancel()
@@ -288,6 +310,8 @@ class Scheduler:
             return self.pool.stop_others(keep), True
         with self._cond:
             idle = [worker for workers in self._idle.values() for worker in workers if worker is not keep]
+            idle += [worker for worker in self._dedicated.values() if worker is not keep
+                     and worker not in self._running.values()]
             warm = set(self._warm_holders)
         idle += [primary for name in self.pool.names if (primary := self.pool.primary(name)) is not keep
                  and primary not in idle and not self._is_running(primary)]
@@ -375,10 +399,15 @@ class Scheduler:
                                                 {"status": PointStatus.NOT_RUN} if stopped else {}))
                 self._cond.notify_all()  # exclusive() may be waiting for the queue to empty
 
-    @staticmethod
-    def _first_ready(queue: deque[Job]) -> Job | None:
-        """The first job of an implementation's queue that waits for no other."""
-        return next((job for job in queue if job.after is None or job.after.future.done()), None)
+    def _first_ready(self, queue: deque[Job]) -> Job | None:
+        """The first job of an implementation's queue that waits for no other (nor for its own
+        worker, busy with the request before it)."""
+        return next((job for job in queue if (job.after is None or job.after.future.done())
+                     and not self._dedicated_busy(job)), None)
+
+    def _dedicated_busy(self, job: Job) -> bool:
+        worker = self._dedicated.get(job.dedicated) if job.dedicated is not None else None
+        return worker is not None and worker in self._running.values()
 
     def _awaited(self) -> Job | None:
         """The pending job that a waiting test needs first: the awaited job, or the job it waits
@@ -423,7 +452,14 @@ class Scheduler:
 
     def _worker_for(self, job: Job, room: int = 0) -> "tuple[Worker, tuple[str, Worker] | None] | None":
         """An idle worker of the job's implementation, or a new one: ``room`` more than ``jobs``
-        extra workers may exist (one for the job a test waits for)."""
+        extra workers may exist (one for the job a test waits for). A DEDICATED job: its own worker,
+        started for the first of its (implementation, tag), or None while it is busy."""
+        if job.dedicated is not None:
+            if self._dedicated_busy(job):
+                return None
+            if job.dedicated not in self._dedicated:
+                self._dedicated[job.dedicated] = self.pool.new_worker(job.impl)
+            return self._dedicated[job.dedicated], None
         primary = self.pool.primary(job.impl)
         idle = self._idle[job.impl]
         if job.needs_ok and job.after is not None and job.after.worker is not None:
@@ -496,8 +532,14 @@ class Scheduler:
                 else:  # alone: again with room made (ROOM_ROUNDS times), then with every other worker stopped
                     job.alone, job.cleared, job.first_oom = True, job.cleared + 1, reply
                 self._pending[job.impl].appendleft(job)
+            done_with = None  # a worker of its own whose last queued request this was: closed
+            if (job.dedicated is not None and self._dedicated.get(job.dedicated) is worker
+                    and not any(other.dedicated == job.dedicated for other in self._pending.get(job.impl, ()))):
+                done_with = self._dedicated.pop(job.dedicated)
             self._cond.notify_all()
         if self._closed and not job.future.done():
             job.future.cancel()
         elif not retry:
             job.future.set_result(reply)
+        if done_with is not None:
+            self._retire(job.impl, done_with)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pytest_attnkit.contract import Case
 from pytest_attnkit.controller.outcome import Judged, Judgement, Verdict
 from pytest_attnkit.controller.scheduler import Job
-from pytest_attnkit.messages import Reply, Request
+from pytest_attnkit.messages import Isolation, Reply, Request
 
 if TYPE_CHECKING:
     from pytest_attnkit.controller.impls import ImplInfo
@@ -76,6 +76,11 @@ class Planned:
     after: int | None = None
     #: ...and only if that one measured, in the worker that ran it (a memory sweep's next point).
     needs_ok: bool = False
+    #: Which worker it runs in when it runs ahead: any of the implementation's (SHARED), or one of
+    #: its own per (implementation, ``tag``) that no other request uses (DEDICATED: the
+    #: torch.compile check, which resets torch's compile caches).
+    isolation: Isolation = Isolation.SHARED
+    tag: str | None = None
 
 
 @dataclass(frozen=True)

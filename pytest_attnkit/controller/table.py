@@ -20,6 +20,7 @@ from pytest_attnkit.controller.options import SUITES
 from pytest_attnkit.controller.outcome import Verdict
 from pytest_attnkit.controller.paired import SyncKind
 from pytest_attnkit.controller.terminal import NO_BREAK, WIDTH, wrap
+from pytest_attnkit.properties import PROPERTIES
 from pytest_attnkit.records import PointStatus
 
 #: The speed figures the summary shows per implementation: the forward at FlashAttention's
@@ -228,23 +229,18 @@ def memory_figure(sweep: dict[str, Any]) -> str:
     return "flat" if sweep["slope"] is None else f"N^{sweep['slope']:.2f}"
 
 
-#: The properties suite's checks, in the summary's order, with their titles there.
-PROPERTY_TITLES = {"determinism": "deterministic", "batch_invariance": "batch-invariant", "cuda_graph": "CUDA graphs",
-                   "torch_compile": "torch.compile", "opcheck": "opcheck"}
-
-
 def property_verdicts(document: dict[str, Any], name: str) -> list[str]:
     """Per check that ran: "holds" or "FAILS" where declared, "holds" or "no" where not, with how
     many of its cases held."""
     verdicts = []
-    for check, title in PROPERTY_TITLES.items():
-        ran = [entry for entry in document.get("properties", []) if entry["impl"] == name and entry["check"] == check]
+    for check in PROPERTIES:  # the summary's order, under their titles
+        ran = [entry for entry in document.get("properties", []) if entry["impl"] == name and entry["check"] == check.name]
         if not ran:
             continue
         held = sum(bool(entry["holds"]) for entry in ran)
         declared = any(entry["declared"] for entry in ran)
         verdict = "holds" if held == len(ran) else ("FAILS" if declared else "no")
-        verdicts.append(f"{title} {verdict} ({held}/{len(ran)}{', declared' if declared else ''})")
+        verdicts.append(f"{check.title} {verdict} ({held}/{len(ran)}{', declared' if declared else ''})")
     return verdicts
 
 

@@ -5,7 +5,11 @@ although it says ``deterministic``, one sequence's result changes with what else
 it cannot be captured in a CUDA graph, or it breaks ``torch.compile(fullgraph=True)``. Each check
 here runs one case and returns a :class:`~pytest_attnkit.messages.Reply` whose data says whether
 the property held and how (:func:`result`); whether that fails the test is the declaration's to
-decide (:mod:`pytest_attnkit.controller.properties`). Every check holds its first call to the
+decide (:mod:`pytest_attnkit.controller.properties`). Each is the ``checker`` of one
+:class:`~pytest_attnkit.properties.Property`, and all take the same arguments,
+``(impl, case, *, device, seed, backward, declared, accuracy)``; the worker's handler
+(:mod:`pytest_attnkit.worker.suites.properties`) calls the one a request names and puts its name
+in the reply. Every check holds its first call to the
 contract (:mod:`pytest_attnkit.worker.calls`): a result of the wrong shape or a modified input is
 WRONG, whatever is declared.
 
@@ -42,12 +46,12 @@ from pytest_attnkit.worker.out_of_memory import is_out_of_memory
 DETERMINISM_RUNS = 3
 
 
-def result(check: str, declared: bool, holds: bool, detail: str, **figures: Any) -> Reply:
+def result(declared: bool, holds: bool, detail: str, **figures: Any) -> Reply:
     """A check's reply: WRONG when a declared property does not hold; OK otherwise (an undeclared
-    property that does not hold is reported, not judged)."""
+    property that does not hold is reported, not judged). The handler adds the check's name."""
     status = Status.WRONG if declared and not holds else Status.OK
     return Reply(status, detail if status is Status.WRONG else "",
-                 {"check": check, "declared": declared, "holds": holds, "detail": detail, "figures": figures})
+                 {"declared": declared, "holds": holds, "detail": detail, "figures": figures})
 
 
 def _outputs(case: Case, returned: Any) -> dict[str, Any]:
@@ -109,12 +113,15 @@ GRADIENTS = ("dq", "dk", "dv")
 
 
 def check_determinism(impl: AttentionImpl, case: Case, *, device: str, seed: int, backward: bool,
-                      declared: bool, hold_forward: bool = True, runs: int = DETERMINISM_RUNS) -> Reply:
+                      declared: bool, accuracy: Any = None, runs: int = DETERMINISM_RUNS) -> Reply:
     """Whether ``runs`` runs on the same inputs give the same bits. With ``backward``, the property
-    is the gradients'; ``hold_forward`` adds the output and LSE of those runs (the forward declared
-    deterministic as well). Without it their differences are in the detail and the figures, and the
+    is the gradients'; the output and LSE of those runs are held too where the forward is declared
+    deterministic as well. Otherwise their differences are in the detail and the figures, and the
     check holds all the same: ``deterministic = "backward"`` promises the gradients, nothing about
     the forward."""
+    from pytest_attnkit.properties import Determinism
+
+    hold_forward = Determinism().declared(impl.capabilities(), backward=False)
     inputs = make_inputs(case, device, seed)
     first = _run_once(impl, case, inputs, backward, checked=True)
     largest: dict[str, float] = {name: 0.0 for name in first}
@@ -140,7 +147,7 @@ def check_determinism(impl: AttentionImpl, case: Case, *, device: str, seed: int
         detail = f"{what}: bitwise identical over {runs} runs on the same inputs"
     if aside:
         detail += f" (not held, the forward is not declared deterministic: {differences(aside)})"
-    return result("determinism", declared, not moved, detail, runs=runs, largest=largest, differing=differing)
+    return result(declared, not moved, detail, runs=runs, largest=largest, differing=differing)
 
 
 # -- batch invariance ----------------------------------------------------------------------------
@@ -207,7 +214,8 @@ def _sequence_rows(case: Case, tensors: dict[str, Any], position: int) -> dict[s
     return {name: tensor[position] for name, tensor in tensors.items()}
 
 
-def check_batch_invariance(impl: AttentionImpl, case: Case, *, device: str, seed: int, declared: bool) -> Reply:
+def check_batch_invariance(impl: AttentionImpl, case: Case, *, device: str, seed: int, backward: bool,
+                           declared: bool, accuracy: Any = None) -> Reply:
     import torch
 
     inputs = make_inputs(case, device, seed)
@@ -238,7 +246,7 @@ def check_batch_invariance(impl: AttentionImpl, case: Case, *, device: str, seed
     else:
         detail = (f"every sequence gave the same bits alone and in {len(compositions) - case.batch} other "
                   "compositions of the batch")
-    return result("batch_invariance", declared, not broken, detail, compositions=len(compositions),
+    return result(declared, not broken, detail, compositions=len(compositions),
                   moved=len(broken))
 
 
@@ -253,7 +261,7 @@ def _copy_into(static: Inputs, fresh: Inputs) -> None:
             target.copy_(source)
 
 
-def _judged(check: str, impl: AttentionImpl, case: Case, inputs: Inputs, returned: Any, declared: bool,
+def _judged(impl: AttentionImpl, case: Case, inputs: Inputs, returned: Any, declared: bool,
             accuracy: Any, how: str) -> Reply:
     from pytest_attnkit.worker.correctness import judge_forward
 
@@ -261,10 +269,10 @@ def _judged(check: str, impl: AttentionImpl, case: Case, inputs: Inputs, returne
     comparisons = judge_forward(impl, case, inputs, returned, accuracy)
     failed = [comparison for comparison in comparisons if not comparison.passed]
     if failed:
-        return result(check, declared, False, f"{how}, and its result is wrong: "
+        return result(declared, False, f"{how}, and its result is wrong: "
                       + " ".join(comparison.describe() for comparison in failed))
     worst = max((comparison.headroom for comparison in comparisons), default=0.0)
-    return result(check, declared, True, f"{how}; the result is right (worst headroom {worst:.2f})", headroom=worst)
+    return result(declared, True, f"{how}; the result is right (worst headroom {worst:.2f})", headroom=worst)
 
 
 def _first_line(error: BaseException) -> str:
@@ -272,10 +280,11 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def check_cuda_graph(impl: AttentionImpl, case: Case, *, seed: int, declared: bool, accuracy: Any = None) -> Reply:
+def check_cuda_graph(impl: AttentionImpl, case: Case, *, device: str, seed: int, backward: bool, declared: bool,
+                     accuracy: Any = None) -> Reply:
     import torch
 
-    static = make_inputs(case, "cuda", seed)
+    static = make_inputs(case, device, seed)
 
     def call() -> Any:
         return call_implementation(impl, case, static.q, static.k, static.v, static)
@@ -300,23 +309,23 @@ def check_cuda_graph(impl: AttentionImpl, case: Case, *, seed: int, declared: bo
         torch.cuda.set_sync_debug_mode(previous)
         torch.cuda.synchronize()
         where = traceback.extract_tb(error.__traceback__)[-1]
-        return result("cuda_graph", declared, False,
+        return result(declared, False,
                       f"cannot be captured in a CUDA graph: {_first_line(error)} (at {where.filename}:{where.lineno})")
     finally:
         torch.cuda.set_sync_debug_mode(previous)
-    fresh = make_inputs(case, "cuda", seed + 1)
+    fresh = make_inputs(case, device, seed + 1)
     _copy_into(static, fresh)
     graph.replay()
     torch.cuda.synchronize()
-    return _judged("cuda_graph", impl, case, static, captured, declared, accuracy,
+    return _judged(impl, case, static, captured, declared, accuracy,
                    "captured, and replayed on new inputs copied into its buffers")
 
 
 # -- torch.compile -----------------------------------------------------------------------------
 
 
-def check_torch_compile(impl: AttentionImpl, case: Case, *, device: str, seed: int, declared: bool,
-                        accuracy: Any = None) -> Reply:
+def check_torch_compile(impl: AttentionImpl, case: Case, *, device: str, seed: int, backward: bool,
+                        declared: bool, accuracy: Any = None) -> Reply:
     import torch
 
     inputs = make_inputs(case, device, seed)
@@ -324,7 +333,9 @@ def check_torch_compile(impl: AttentionImpl, case: Case, *, device: str, seed: i
     def model(q: Any, k: Any, v: Any) -> Any:
         return call_implementation(impl, case, q, k, v, inputs)
 
-    torch._dynamo.reset()  # a fresh compilation: nothing from an earlier case is reused
+    # A fresh compilation: nothing from an earlier case is reused. It throws away whatever else this
+    # process compiled, which is why this check runs in a worker of its own (Isolation.DEDICATED).
+    torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True, dynamic=False)
     watch = InputWatch(given_inputs(inputs.q, inputs.k, inputs.v, inputs))
     try:
@@ -335,10 +346,10 @@ def check_torch_compile(impl: AttentionImpl, case: Case, *, device: str, seed: i
             raise
         explanation = str(error).strip()
         lines = [line for line in explanation.splitlines() if line.strip()][:12]
-        return result("torch_compile", declared, False,
+        return result(declared, False,
                       f"breaks torch.compile(fullgraph=True): {type(error).__name__}: " + "\n".join(lines))
     watch.check()
-    return _judged("torch_compile", impl, case, inputs, returned, declared, accuracy,
+    return _judged(impl, case, inputs, returned, declared, accuracy,
                    "runs inside torch.compile(fullgraph=True)")
 
 
@@ -353,11 +364,13 @@ def _op_name(func: Any) -> str | None:
     return getattr(func, "_qualified_op_name", None)
 
 
-def check_opcheck(impl: AttentionImpl, case: Case, *, device: str, seed: int, op_name: str) -> Reply:
+def check_opcheck(impl: AttentionImpl, case: Case, *, device: str, seed: int, backward: bool, declared: bool,
+                  accuracy: Any = None) -> Reply:
     """Calls the implementation once with the op's calls recorded, then ``opcheck`` on the first
-    call of the op it made (the arguments it really passes)."""
+    call of the op it names (``custom_op``) that it made (the arguments it really passes)."""
     import torch
 
+    op_name = str(impl.custom_op)
     namespace, _, name = op_name.partition("::")
     op = getattr(getattr(torch.ops, namespace), name)
     recorded: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
@@ -376,13 +389,13 @@ def check_opcheck(impl: AttentionImpl, case: Case, *, device: str, seed: int, op
     check_returned(case, returned, inputs.q)
     watch.check()
     if not recorded:
-        return result("opcheck", True, False, f"the forward never called the custom op {op_name} it names (custom_op)")
+        return result(declared, False, f"the forward never called the custom op {op_name} it names (custom_op)")
     args, kwargs = recorded[0]
     try:
         torch.library.opcheck(op, args, kwargs)
     except Exception as error:
         if is_out_of_memory(error):
             raise
-        return result("opcheck", True, False, f"torch.library.opcheck({op_name}) failed: {_first_line(error)}")
-    return result("opcheck", True, True, f"torch.library.opcheck({op_name}) passed on the arguments the forward "
-                                         "passes it")
+        return result(declared, False, f"torch.library.opcheck({op_name}) failed: {_first_line(error)}")
+    return result(declared, True, f"torch.library.opcheck({op_name}) passed on the arguments the forward "
+                                    "passes it")

@@ -19,7 +19,7 @@ from pytest_attnkit.controller.outcome import JUDGEMENT_KEY, Judged, Judgement, 
 from pytest_attnkit.controller.runner import Runner
 from pytest_attnkit.controller.scheduler import Job
 from pytest_attnkit.controller.suite import Planned, Suite, SuiteItem, TestSpec
-from pytest_attnkit.messages import Op, Reply, Request, Status
+from pytest_attnkit.messages import Isolation, Op, Reply, Request, Status
 
 CASE = Case(1, 2, 2, 17, 17, 32, "float16", causal=True)
 
@@ -36,8 +36,10 @@ class FakeScheduler:
         self.jobs: list[Job] = []
 
     def submit(self, impl: str, suite: str, request: Request, *, gpu_bytes: int = 0, warm: bool = False,
-               after: Job | None = None, needs_ok: bool = False) -> Job:
-        job = Job(impl, suite, request, gpu_bytes, len(self.jobs), warm=warm, after=after, needs_ok=needs_ok)
+               after: Job | None = None, needs_ok: bool = False, isolation: Isolation = Isolation.SHARED,
+               tag: str | None = None) -> Job:
+        job = Job(impl, suite, request, gpu_bytes, len(self.jobs), warm=warm, after=after, needs_ok=needs_ok,
+                  isolation=isolation, tag=tag)
         self.jobs.append(job)
         return job
 
@@ -110,6 +112,14 @@ def test_a_request_sent_ahead_is_sent_once_and_its_reply_judged() -> None:
     assert pool.sent == []  # not sent again on the test's thread
     assert node.stash[JUDGEMENT_KEY].verdict is Verdict.PASSED and node.user_properties == [("attnkit_read", 1)]
     assert runner.sent(item) == ()  # the test is done with it
+
+
+def test_a_planned_request_keeps_the_worker_it_asks_for() -> None:
+    plan = [Planned(request(1)), Planned(request(2), isolation=Isolation.DEDICATED, tag="torch_compile")]
+    suite, scheduler = Echo(plan), FakeScheduler()
+    Runner({"echo": suite}, FakePool(), Outcomes(), scheduler).submit(item_of())  # type: ignore[arg-type]
+    assert [(job.isolation, job.tag, job.dedicated) for job in scheduler.jobs] == [
+        (Isolation.SHARED, None, None), (Isolation.DEDICATED, "torch_compile", ("kernel", "torch_compile"))]
 
 
 def test_without_a_scheduler_a_request_is_sent_as_it_is_read_and_a_warm_up_never() -> None:

@@ -20,7 +20,7 @@ from pytest_attnkit.controller.pool import suite_of
 from pytest_attnkit.controller.process import WorkerFailure
 from pytest_attnkit.controller.scheduler import DROPPED, NOT_RUN, Scheduler
 from pytest_attnkit.controller.table import time_lines
-from pytest_attnkit.messages import Op, Reply, Request, Spent, Status
+from pytest_attnkit.messages import Isolation, Op, Reply, Request, Spent, Status
 
 
 def work(fields: dict[str, Any], op: Op = Op.RUN, suite: str | None = "correctness") -> Request:
@@ -539,3 +539,61 @@ def test_close_twice_counts_the_workers_once(made) -> None:
     assert counted["startup_s"]
     scheduler.close()
     assert scheduler.ledger.to_dict({}) == counted and all(job.future.done() for job in jobs)
+
+
+def _finish_closing(worker: FakeWorker) -> bool:
+    """Whether ``worker`` is closed within a few seconds (it is closed after its job's reply is set)."""
+    deadline = time.monotonic() + 5
+    while not worker.closed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return worker.closed
+
+
+def test_a_dedicated_job_runs_in_a_worker_of_its_own_closed_after_the_last_one(made) -> None:
+    pool = FakePool(seconds=0.02)
+    scheduler = made(pool, jobs=2)
+    shared, dedicated = [], []
+    for n in range(4):  # warm-ups that compile, and the torch.compile checks between them
+        shared.append(scheduler.submit("a", "speed", work({"n": n, "compile_s": 1.0}), warm=True))
+        dedicated.append(scheduler.submit("a", "properties", work({"n": 10 + n}, suite="properties"),
+                                          isolation=Isolation.DEDICATED, tag="torch_compile"))
+        shared.append(scheduler.submit("a", "correctness", work({"n": 20 + n})))
+    for job in shared + dedicated:
+        scheduler.wait(job)
+    (own,) = {job.worker for job in dedicated}
+    assert own is not None and own not in {job.worker for job in shared}
+    assert own is not pool.primaries["a"]
+    assert _finish_closing(own), "the worker of its own outlived its last request"
+    again = scheduler.submit("a", "properties", work({"n": 99}, suite="properties"), isolation=Isolation.DEDICATED,
+                             tag="torch_compile")
+    scheduler.wait(again)
+    assert again.worker is not own and not {again.worker} & {job.worker for job in shared}
+
+
+def test_a_dedicated_job_waiting_for_its_busy_worker_holds_up_nothing_else(made) -> None:
+    pool = FakePool(seconds=0.01)
+    scheduler = made(pool, jobs=3)
+    first = scheduler.submit("a", "properties", work({"n": "first", "block": True}, suite="properties"),
+                             isolation=Isolation.DEDICATED, tag="torch_compile")
+    second = scheduler.submit("a", "properties", work({"n": "second"}, suite="properties"),
+                              isolation=Isolation.DEDICATED, tag="torch_compile")
+    others = [scheduler.submit("a", "correctness", work({"n": n})) for n in range(3)]
+    for job in others:
+        assert scheduler.wait(job).ok
+    assert not first.future.done() and not second.future.done()
+    assert "second" not in pool.order  # it waits for its worker, busy with the first
+    pool.release.set()
+    scheduler.wait(second)
+    assert second.worker is first.worker
+    assert pool.order.index("second") > pool.order.index("first")
+
+
+def test_close_closes_the_workers_of_their_own_too(made) -> None:
+    pool = FakePool()
+    scheduler = made(pool, jobs=2)
+    job = scheduler.submit("a", "properties", work({"n": 0, "block": True}, suite="properties"),
+                           isolation=Isolation.DEDICATED, tag="torch_compile")
+    while pool.running < 1:
+        time.sleep(0.01)
+    scheduler.close()
+    assert job.worker is not None and job.worker.closed
