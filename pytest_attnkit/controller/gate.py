@@ -67,7 +67,7 @@ class GateVerdict(str, Enum):
     NOT_COMPARED = "not compared"
     #: The reference ran more than ``MACHINE_FACTOR_LIMIT`` times faster or slower than when the
     #: baselines were saved: they do not describe this machine as it runs now, and dividing by that
-    #: factor would make any verdict up. Shown, never failed (controller/speed.py: SpeedCheck._gate).
+    #: factor would make any verdict up (:func:`decide`). Shown, never failed.
     OTHER_MACHINE = "other machine"
 
 
@@ -101,7 +101,7 @@ def noise_threshold(threshold: float, baseline: Pool) -> float:
 
 @dataclass(frozen=True)
 class Decision:
-    verdict: GateVerdict  # REGRESSION, IMPROVEMENT, UNCHANGED, INSUFFICIENT or (the speed check's) OTHER_PROGRAM, OTHER_MACHINE
+    verdict: GateVerdict  # REGRESSION, IMPROVEMENT, UNCHANGED, INSUFFICIENT, OTHER_MACHINE or (the speed check's) OTHER_PROGRAM
     ratio: float  # median now / median baseline, after the machine factor
     raw_ratio: float
     machine_factor: float
@@ -194,6 +194,12 @@ def verdict_of(ratio: float, p_slower: float, p_faster: float, *, threshold: flo
     return GateVerdict.UNCHANGED
 
 
+#: Past this factor either way, the machine is not the one the baselines describe
+#: (``GateVerdict.OTHER_MACHINE``). A GPU's clocks and neighbours move a run by percents; a factor
+#: of 0.004 came from a reference saved while the CPU was crowded (2026-11-26, CI beside a test run).
+MACHINE_FACTOR_LIMIT = 4.0
+
+
 def decide(baseline_ms: list[float], now_ms: list[float], *, threshold: float = DEFAULT_THRESHOLD,
            alpha: float = DEFAULT_ALPHA, machine_factor: float = 1.0) -> Decision:
     """Compare ``now_ms`` with ``baseline_ms`` (timings of the same case); see the module docstring."""
@@ -202,6 +208,9 @@ def decide(baseline_ms: list[float], now_ms: list[float], *, threshold: float = 
     raw_ratio = now_median / baseline_median if baseline_ms and now_ms else float("nan")
     adjusted = [value / machine_factor for value in now_ms]
     ratio = raw_ratio / machine_factor
+    if not 1 / MACHINE_FACTOR_LIMIT <= machine_factor <= MACHINE_FACTOR_LIMIT:
+        return Decision(GateVerdict.OTHER_MACHINE, ratio, raw_ratio, machine_factor, float("nan"), float("nan"),
+                        threshold, baseline_median, now_median)
     if len(baseline_ms) < MIN_SAMPLES or len(now_ms) < MIN_SAMPLES:
         return Decision(GateVerdict.INSUFFICIENT, ratio, raw_ratio, machine_factor, float("nan"), float("nan"),
                         threshold, baseline_median, now_median)
@@ -209,12 +218,6 @@ def decide(baseline_ms: list[float], now_ms: list[float], *, threshold: float = 
     p_faster = mann_whitney_p(baseline_ms, adjusted)
     verdict = verdict_of(ratio, p_slower, p_faster, threshold=threshold, alpha=alpha)
     return Decision(verdict, ratio, raw_ratio, machine_factor, p_slower, p_faster, threshold, baseline_median, now_median)
-
-
-#: Past this factor either way, the machine is not the one the baselines describe
-#: (``GateVerdict.OTHER_MACHINE``). A GPU's clocks and neighbours move a run by percents; a factor
-#: of 0.004 came from a reference saved while the CPU was crowded (2026-11-26, CI beside a test run).
-MACHINE_FACTOR_LIMIT = 4.0
 
 
 def machine_factor(reference_baseline_ms: list[float] | None, reference_now_ms: list[float] | None) -> float:

@@ -515,13 +515,13 @@ class SpeedCheck(Suite):
                 f"{SYNC_THRESHOLD:.0%} (a doubling).")
         decision = decide(baseline.samples_ms, list(measurement.timing.samples_ms), threshold=threshold,
                           machine_factor=factor)
-        if not 1 / MACHINE_FACTOR_LIMIT <= factor <= MACHINE_FACTOR_LIMIT:
+        if decision.verdict == GateVerdict.OTHER_MACHINE:
             self.notes["machine"] = (
                 f"the reference ({self.settings.reference}) ran {factor:.3g}x its saved time: the baselines do not "
                 f"describe this machine as it runs now (past {MACHINE_FACTOR_LIMIT:g}x either way), so no case was "
                 "judged against them. Is the GPU shared, throttled or another one? Save baselines again on this "
                 "machine once it runs as it should.")
-            return replace(decision, verdict=GateVerdict.OTHER_MACHINE, baseline_runs=baseline.runs), measurement
+            return replace(decision, baseline_runs=baseline.runs), measurement
         known = self.store.programs(key)
         if measurement.program and known and measurement.program not in known:
             return replace(decision, verdict=GateVerdict.OTHER_PROGRAM, baseline_runs=baseline.runs), measurement

@@ -15,7 +15,8 @@ import statistics
 
 import pytest
 
-from pytest_attnkit.controller.gate import EXACT_BELOW, MIN_SAMPLES, NOISE_MULTIPLIER, midranks, decide, machine_factor, mann_whitney_p, noise_threshold, pool
+from pytest_attnkit.controller.gate import (EXACT_BELOW, MACHINE_FACTOR_LIMIT, MIN_SAMPLES, NOISE_MULTIPLIER, GateVerdict,
+                                            decide, machine_factor, mann_whitney_p, midranks, noise_threshold, pool)
 
 TRUE_MS = 1.25
 
@@ -173,3 +174,12 @@ def test_pooled_runs_never_cry_wolf_and_catch_real_slowdowns_at_the_measured_ses
     assert pooled_regressions(9, saved_runs=4, sigma=0.015) <= 1
     assert pooled_regressions(10, saved_runs=4, sigma=0.015, scale=1.10) >= 0.9 * 400
     assert pooled_regressions(11, saved_runs=4, sigma=0.015, scale=1.25) == 400
+
+
+def test_past_the_machine_factor_limit_nothing_is_decided() -> None:
+    baseline = [1.0 + 0.001 * i for i in range(20)]
+    slower = [2.0 * value for value in baseline]
+    for factor in (1 / (MACHINE_FACTOR_LIMIT * 1.01), MACHINE_FACTOR_LIMIT * 1.01):
+        assert decide(baseline, slower, machine_factor=factor).verdict == GateVerdict.OTHER_MACHINE
+    assert decide(baseline, slower, machine_factor=MACHINE_FACTOR_LIMIT / 2).verdict == GateVerdict.UNCHANGED
+    assert decide(baseline, slower, machine_factor=1.0).verdict == GateVerdict.REGRESSION
