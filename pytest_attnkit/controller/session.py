@@ -175,7 +175,8 @@ class AttnkitSession:
             self.suites["speed"] = SpeedCheck(
                 self.pool, self.outcomes, SpeedSettings(settings.reference, settings.seed, settings.budget_ms,
                                                         settings.require_baseline,
-                                                        case_sets.CALL_LIMIT_MS.get(self.profile)),
+                                                        case_sets.CALL_LIMIT_MS.get(self.profile),
+                                                        read_programs=settings.save_baseline),
                 store, self.threshold, self.device, twins=dict(self.revision.twins) if self.revision else {},
                 ab_threshold=self.ab_threshold, sent=self.runner.sent,
                 parallel_problem=xdist.parallel_timing_problem(self.config, self.device, self._cuda_device_count()))

@@ -154,6 +154,10 @@ class SpeedSettings:
     require_baseline: bool
     #: The longest call this profile times (``pytest_attnkit.cases.CALL_LIMIT_MS``), or None.
     call_limit_ms: float | None = None
+    #: Read each timed case's program in its timing request where its warm-up did not (a warm-up
+    #: that would compile nothing is dropped unrun): on for a run that saves baselines, so that
+    #: every saved run has its program; off otherwise (a profiled call per case in the GPU-alone phase).
+    read_programs: bool = False
 
 
 @dataclass
@@ -277,15 +281,18 @@ class SpeedCheck(Suite):
         return None if job is None else job.future.result().data.get("program")
 
     def _request(self, impl: str, mode: str, case: Case) -> Reply:
-        return self.pool.request(impl, Request(Op.RUN, case, mode == "backward", self.settings.seed,
-                                               {"budget_ms": self.settings.budget_ms,
-                                                "call_limit_ms": self.settings.call_limit_ms}, suite=self.name),
+        options: dict[str, Any] = {"budget_ms": self.settings.budget_ms, "call_limit_ms": self.settings.call_limit_ms}
+        if self.settings.read_programs and self._program(impl, mode, case) is None:
+            options["program"] = True  # its warm-up read none (dropped unrun, or none sent)
+        return self.pool.request(impl, Request(Op.RUN, case, mode == "backward", self.settings.seed, options,
+                                               suite=self.name),
                                  **self._where(impl, mode, case))
 
     def _to_measurement(self, impl: str, mode: str, case: Case, reply: Reply) -> SpeedMeasurement:
         return SpeedMeasurement(impl, mode, case, Timing.from_dict(reply.data["timing"]),
                                 reply.data.get("input_sets", 1), reply.data.get("gpu_state", {}),
-                                self._program(impl, mode, case), reply.data.get("syncs"), shared_with(reply))
+                                self._program(impl, mode, case) or reply.data.get("program"),
+                                reply.data.get("syncs"), shared_with(reply))
 
     def _first_measurement(self, impl: str, mode: str, case: Case) -> SpeedMeasurement:
         key = EntryKey(impl, mode, case.id)

@@ -449,3 +449,44 @@ def test_a_case_is_timed_where_it_was_warmed_up_unless_that_worker_was_stopped(t
         _warmed(check, "kernel", "tem_fused grid=[64,16,1] block=[128,1,1]").worker = warm_worker
         check.check("kernel", "forward", CASE)
         assert pool.sent_to == [expected]
+
+
+class AskedPool(FakePool):
+    """Keeps each speed request's options, and answers with a program where one is asked for."""
+
+    def __init__(self, script: dict[str, list[float]], program: str) -> None:
+        super().__init__(script)
+        self.options: dict[str, dict] = {}
+        self.program = program
+
+    def request(self, name: str, request: Request, worker: object = None) -> Reply:  # type: ignore[override]
+        reply = super().request(name, request)
+        self.options[name] = dict(request.options)
+        if request.option("program"):
+            reply.data["program"] = self.program
+        return reply
+
+
+@pytest.mark.parametrize("saving", [True, False])
+def test_a_run_that_saves_reads_the_program_its_warm_up_did_not(tmp_path: Path, saving: bool) -> None:
+    """A warm-up dropped as pointless read no program: a run that saves baselines asks the timing
+    request for it, so that the saved run has one; a gating run does not (a profiled call per case)."""
+    program = "flash_fwd grid=[8,16,1] block=[128,1,1]"
+    pool = AskedPool({"ref": [1.0], "kernel": [1.0]}, program)
+    check = SpeedCheck(pool, Outcomes(), SpeedSettings("ref", 0, 400.0, False, read_programs=saving),
+                       BaselineStore(tmp_path, DEVICE), lambda key: 0.08, "cuda")
+    check.check("kernel", "forward", CASE)
+    result = check.results[EntryKey("kernel", "forward", CASE.id)]
+    assert bool(pool.options["kernel"].get("program")) is saving
+    assert result.measurement.program == (program if saving else None)
+
+
+def test_a_program_the_warm_up_read_is_not_asked_again(tmp_path: Path) -> None:
+    warm_program = "tem_fused grid=[64,16,1] block=[128,1,1]"
+    pool = AskedPool({"ref": [1.0], "kernel": [1.0]}, "should not be asked")
+    check = SpeedCheck(pool, Outcomes(), SpeedSettings("ref", 0, 400.0, False, read_programs=True),
+                       BaselineStore(tmp_path, DEVICE), lambda key: 0.08, "cuda")
+    _warmed(check, "kernel", warm_program)
+    check.check("kernel", "forward", CASE)
+    assert "program" not in pool.options["kernel"]
+    assert check.results[EntryKey("kernel", "forward", CASE.id)].measurement.program == warm_program

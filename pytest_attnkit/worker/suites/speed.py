@@ -1,17 +1,33 @@
 """The speed suite's worker handler: time a case (:func:`pytest_attnkit.worker.speed.measure_speed`),
 or, with ``options["samples"]``, take only that many samples of a call kept warm between requests
 (an A/B run alternates such blocks between two workers) and say how many samples the budget would
-give (``planned_samples``). The warm call is dropped before any other request: another suite's
-(:meth:`SpeedHandler.forget`, called by the worker), or a speed request that is no block."""
+give (``planned_samples``). With ``options["program"]`` (a run that saves baselines, where the
+case's warm-up read no program), the reply also says which kernels a call launches. The warm
+call is dropped before any other request: another suite's (:meth:`SpeedHandler.forget`, called
+by the worker), or a speed request that is no block."""
 
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 from pytest_attnkit.contract import AttentionImpl, Case
 from pytest_attnkit.messages import Reply, Request, Status
 from pytest_attnkit.worker.suite import SuiteHandler, WorkerContext
+
+
+def _program(impl: AttentionImpl, request: Request) -> str | None:
+    """The kernels one call of the timed case launches (read after its timing, in the worker that
+    timed it: the program the timing measured); None where the profiler cannot say."""
+    from pytest_attnkit.worker.speed import kernel_program
+
+    assert request.case is not None
+    try:
+        return kernel_program(impl, request.case, request.mode, seed=request.seed)
+    except Exception as error:  # a profiler that cannot start: the program stays unknown
+        print(f"attnkit: the kernels of {request.case.id} could not be read: {error!r}", file=sys.stderr)
+        return None
 
 
 class SpeedHandler(SuiteHandler):
@@ -42,6 +58,8 @@ class SpeedHandler(SuiteHandler):
         if cuda:
             measured["gpu_state"] = gpu_state()
             measured["gpu_processes"] = gpu_processes(beside)
+            if request.option("program") and "timing" in measured and not request.option("samples"):
+                measured["program"] = _program(context.impl, request)
         return Reply(Status.OK, "", measured)
 
     def _block(self, impl: AttentionImpl, case: Case, request: Request, device: str) -> dict[str, Any]:
