@@ -27,7 +27,7 @@ consumer whose rows see none of a tile gets ``p = 0`` there. TMA loads past the 
 (rows ``>= N``) come back as zeros (the 4-d descriptors bound each head), and the O store through
 TMA drops rows past ``Nq``: no row of another head is read or written.
 
-Partitions (``gl.warp_specialize``), 12 warps per CTA, one CTA per SM:
+Partitions (``gl.warp_specialize``), 12 warps per CTA (16 with three consumers), one CTA per SM:
 
 - producer, the default partition, 4 warps (``setmaxnreg`` cuts them to 24 registers): TMA loads
   of the two Q halves, then K and V tile by tile into a ring of ``STAGES`` shared-memory stages,
@@ -35,6 +35,11 @@ Partitions (``gl.warp_specialize``), 12 warps per CTA, one CTA per SM:
 - consumer 0 and consumer 1, 4 warps each (``CONSUMER_REGS`` registers, 240 by default), rows
   ``[0, 64)`` and ``[64, 128)`` of the tile: the two products on ``wgmma`` and the softmax, then
   the epilogue (O through Q's shared-memory buffer and a TMA store; the LSE by plain stores).
+- ``Config(consumers=3)`` (``-c3``, for d64): a third consumer, rows ``[128, 192)``, 16 warps, 160
+  registers a consumer thread. At d64 a score costs half the MMA work of d128 and the same
+  softmax, so the consumers' softmax, not the tensor cores, sets the pace (NOTES.md, v13.1); with
+  three taking turns, two softmaxes run under each one's products (FlashAttention-3's 192-row
+  tile at d64). The turn passes 0 -> 1 -> 2 -> 0; everything else is the same code.
 
 Inside a consumer, tile ``t`` (products asynchronous, ``wait(n)`` = until n groups remain):
 
@@ -53,20 +58,20 @@ stays as a configuration (``Config(eager=False)``) for comparison.
 Barrier protocol (all ``mbarrier``; an arrive is one elected thread of the arriving partition,
 after a partition-wide ``bar.sync`` the compiler inserts):
 
-- ``q_full[c]`` (count 1): the producer's ``expect`` + TMA of Q half ``c``; consumer ``c`` waits
+- ``q_full[c]`` (count 1): the producer's ``expect`` + TMA of Q's part ``c``; consumer ``c`` waits
   phase 0 (also when it has no key tile: the buffer later takes O).
 - ``k_full[s]``, ``v_full[s]`` (count 1): ``expect`` + TMA of tile ``t`` into stage
   ``s = t % STAGES``; consumers wait parity ``(t // STAGES) & 1``.
-- ``k_empty[s]``, ``v_empty[s]`` (count 2, one arrive per consumer): a consumer releases K_t after
-  the wait that completes S_t, and V_t after the wait that completes the product that read it
-  (releasing while a ``wgmma`` still reads a stage is a race). The producer waits parity
-  ``((t // STAGES) & 1) ^ 1`` before refilling: a fresh barrier counts as having completed the
-  phase before phase 0, so the first ``STAGES`` tiles go straight in.
+- ``k_empty[s]``, ``v_empty[s]`` (count ``CONSUMERS``, one arrive per consumer): a consumer
+  releases K_t after the wait that completes S_t, and V_t after the wait that completes the
+  product that read it (releasing while a ``wgmma`` still reads a stage is a race). The producer
+  waits parity ``((t // STAGES) & 1) ^ 1`` before refilling: a fresh barrier counts as having
+  completed the phase before phase 0, so the first ``STAGES`` tiles go straight in.
 - ``turn[c]`` (count 1): consumer ``c`` waits on ``turn[c]`` before issuing its products and
-  arrives on ``turn[1 - c]`` after; its k-th wait is on parity ``(k & 1) ^ (c == 0)``, so consumer
-  0 goes first. Both consumers take the same number of turns (the same tiles, plus the last PV),
-  and an arrive can only follow the other's wait, so a barrier is never two phases ahead of its
-  waiter.
+  arrives on ``turn[(c + 1) % CONSUMERS]`` after (``turn[1 - c]`` with two); its k-th wait is on
+  parity ``(k & 1) ^ (c == 0)``, so consumer 0 goes first. Every consumer takes the same number
+  of turns (the same tiles, plus the last PV), and an arrive can only follow the previous
+  consumer's wait, so a barrier is never two phases ahead of its waiter.
 
 ``tools/flash_bench/gluon_model.py`` simulates this protocol under random interleavings (and the
 tile ranges and masks against float64); ``tools/flash_bench/gluon_compile.py`` compiles for sm_90a
@@ -126,20 +131,26 @@ class Config:
     pingpong: bool = True
     consumer_regs: int = 240
     eager: bool = False
+    #: Consumer warp groups, 64 query rows each: 2 (128-row CTAs) or 3 (192 rows, FlashAttention-3's
+    #: choice at d64, where the softmax, not the tensor cores, sets the pace: a third consumer keeps
+    #: two softmaxes under one's products). Three need ``consumer_regs`` <= 160 (:func:`register_reason`).
+    consumers: int = 2
 
     def __str__(self) -> str:
         return (f"n{self.block_n}s{self.stages}{'' if self.pingpong else '-nopp'}"
-                f"{'-eager' if self.eager else ''}-r{self.consumer_regs}")
+                f"{'-eager' if self.eager else ''}{f'-c{self.consumers}' if self.consumers != 2 else ''}"
+                f"-r{self.consumer_regs}")
 
     @staticmethod
     def parse(text: str) -> "Config":
-        """``n128s2``, ``n64s3``, ``n128s2-nopp``, ``n128s2-eager``, ``n128s2-r232``: the form
-        ``str`` writes (``-nopp``: no turns; ``-eager``: each PV product waited for in its own
-        step, FlashAttention-3's order, instead of one QK^T later)."""
+        """``n128s2``, ``n64s3``, ``n128s2-nopp``, ``n128s2-eager``, ``n128s2-r232``, ``n128s3-c3``:
+        the form ``str`` writes (``-nopp``: no turns; ``-eager``: each PV product waited for in its
+        own step, FlashAttention-3's order, instead of one QK^T later; ``-c3``: three consumers, with
+        160 registers each unless ``-rREGS`` says otherwise)."""
         parts = text.strip().split("-")
         head = parts[0]
         if not (head.startswith("n") and "s" in head):
-            raise ValueError(f"config {text!r}: expected nBLOCKsSTAGES[-nopp][-eager][-rREGS], e.g. n128s2")
+            raise ValueError(f"config {text!r}: expected nBLOCKsSTAGES[-nopp][-eager][-c3][-rREGS], e.g. n128s2")
         block_n, stages = head[1:].split("s")
         fields = dict(block_n=int(block_n), stages=int(stages))
         for part in parts[1:]:
@@ -149,17 +160,47 @@ class Config:
                 fields["eager"] = True
             elif part.startswith("r") and part[1:].isdigit():
                 fields["consumer_regs"] = int(part[1:])
+            elif part in ("c2", "c3"):
+                fields["consumers"] = int(part[1:])
             else:
                 raise ValueError(f"config {text!r}: unknown part {part!r}")
+        if fields.get("consumers") == 3:
+            fields.setdefault("consumer_regs", MAX_REGS_THREE_CONSUMERS)
         return Config(**fields)
+
+    @property
+    def block_m(self) -> int:
+        """Query rows per CTA."""
+        return ROWS_PER_CONSUMER * self.consumers
 
 
 def shared_bytes(config: Config, head_dim: int, element_size: int = 2) -> int:
-    """Shared memory the kernel asks for: Q (two halves, reused for O), the K/V ring, barriers."""
-    q = BLOCK_M * head_dim * element_size
+    """Shared memory the kernel asks for: Q (a part per consumer, reused for O), the K/V ring,
+    barriers (``q_full`` and ``turn`` per consumer, four per stage)."""
+    q = config.block_m * head_dim * element_size
     kv = 2 * config.stages * config.block_n * head_dim * element_size
-    barriers = 8 * (2 + 4 * config.stages + 2)
+    barriers = 8 * (2 * config.consumers + 4 * config.stages)
     return q + kv + barriers
+
+
+#: The fewest registers the producer warp group keeps: it gets what the consumers leave of the
+#: SM's 65,536 (``setmaxnreg``): 24 with two consumers at 240 (GLUON.md), 32 with three at 160.
+PRODUCER_REGS = 24
+#: Three consumers at 160 registers leave the producer 32: 128 x 32 + 3 x 128 x 160 = 65,536; at
+#: 168 it would keep 8. ``setmaxnreg`` can deadlock when the budget does not work out (triton #9786).
+MAX_REGS_THREE_CONSUMERS = 160
+
+
+def register_reason(config: Config) -> str | None:
+    """Why ``config``'s register split does not fit an SM's 65,536 registers (None: it fits)."""
+    if config.consumers not in (2, 3):
+        return f"config {config}: 2 or 3 consumers, got {config.consumers}"
+    total = 128 * PRODUCER_REGS + config.consumers * 128 * config.consumer_regs
+    if total > 65536 or config.consumer_regs % 8:
+        return (f"config {config}: {config.consumers} consumers at {config.consumer_regs} registers need "
+                f"{total} of 65,536 registers (a multiple of 8, at most "
+                f"{(65536 - 128 * PRODUCER_REGS) // (128 * config.consumers) // 8 * 8} each)")
+    return None
 
 
 #: Hopper's shared memory per block (227 KiB).
@@ -186,10 +227,10 @@ if gl is not None:
     def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                   q_full, k_full, v_full, k_empty, v_empty,
                   off_b, off_h, off_hkv, start_m, n_tiles,
-                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr):
-        # Q: one half per consumer, each on its own barrier (it stays for the whole CTA).
+                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr, CONSUMERS: gl.constexpr):
+        # Q: one part per consumer, each on its own barrier (it stays for the whole CTA).
         q_bytes: gl.constexpr = q_desc.block_type.nbytes
-        for c in gl.static_range(2):
+        for c in gl.static_range(CONSUMERS):
             mbarrier.expect(q_full.index(c), q_bytes)
             tma.async_copy_global_to_shared(q_desc, [off_b, off_h, start_m + c * ROWS, 0], q_full.index(c),
                                             q_smem.index(c))
@@ -204,7 +245,7 @@ if gl is not None:
 
     @gluon.jit
     def _load_tile(desc, smem, full, empty, off_b, off_hkv, t, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-        # Wait until both consumers released the stage's previous tile, then TMA tile t into it.
+        # Wait until every consumer released the stage's previous tile, then TMA tile t into it.
         s = t % STAGES
         mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)
         mbarrier.expect(full.index(s), desc.block_type.nbytes)
@@ -233,22 +274,23 @@ if gl is not None:
 
     @gluon.jit
     def _take_turn(turn, turns, CID: gl.constexpr, PINGPONG: gl.constexpr):
-        # Wait until the other consumer has issued its products (consumer 0 goes first).
+        # Wait until the consumer before this one (CID - 1, or the last for consumer 0) has issued
+        # its products (consumer 0 goes first).
         if PINGPONG:
             mbarrier.wait(turn.index(CID), (turns & 1) ^ (1 if CID == 0 else 0))
         return turns + 1
 
     @gluon.jit
-    def _pass_turn(turn, CID: gl.constexpr, PINGPONG: gl.constexpr):
+    def _pass_turn(turn, CID: gl.constexpr, PINGPONG: gl.constexpr, CONSUMERS: gl.constexpr):
         if PINGPONG:
-            mbarrier.arrive(turn.index(1 - CID), count=1)
+            mbarrier.arrive(turn.index((CID + 1) % CONSUMERS), count=1)
 
     @gluon.jit
     def _step(t, q_buf, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
               qk, o, p_prev, p_op, alpha, m_i, l_i, rows, n_k, diag, qk_scale,
               s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CID: gl.constexpr, CAUSAL: gl.constexpr,
-              MASKED: gl.constexpr, PINGPONG: gl.constexpr, EAGER: gl.constexpr):
+              MASKED: gl.constexpr, PINGPONG: gl.constexpr, EAGER: gl.constexpr, CONSUMERS: gl.constexpr):
         # Tile t's QK^T and tile t-1's PV on the tensor cores, tile t's softmax under the PV.
         # Coming in: P_{t-1} (p_op) and alpha_{t-1}; unless EAGER, PV_{t-2} still in flight, its
         # P (p_prev) kept alive until the wait that retires it.
@@ -265,7 +307,7 @@ if gl is not None:
         o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         mbarrier.wait(v_full.index(sp), ((t - 1) // STAGES) & 1)
         o = warpgroup_mma(p_op, v_smem.index(sp), o, is_async=True)
-        _pass_turn(turn, CID, PINGPONG)
+        _pass_turn(turn, CID, PINGPONG, CONSUMERS)
         qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))
         mbarrier.arrive(k_empty.index(s), count=1)
         p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, rows, t * BLOCK_N, n_k, diag, qk_scale,
@@ -282,7 +324,8 @@ if gl is not None:
     def _consumer(o_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty, turn,
                   lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale,
                   HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr,
-                  CID: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, EAGER: gl.constexpr):
+                  CID: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, EAGER: gl.constexpr,
+                  CONSUMERS: gl.constexpr):
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -305,7 +348,7 @@ if gl is not None:
             mbarrier.wait(k_full.index(0), 0)
             turns = _take_turn(turn, turns, CID, PINGPONG)
             qk = warpgroup_mma(q_buf, k_smem.index(0).permute((1, 0)), qk, use_acc=False, is_async=True)
-            _pass_turn(turn, CID, PINGPONG)
+            _pass_turn(turn, CID, PINGPONG, CONSUMERS)
             qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
             mbarrier.arrive(k_empty.index(0), count=1)
             p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, rows, 0, n_k, diag, qk_scale,
@@ -319,12 +362,12 @@ if gl is not None:
                 qk, o, p_prev, p_op, alpha, m_i, l_i, turns = _step(
                     t, q_buf, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
                     qk, o, p_prev, p_op, alpha, m_i, l_i, rows, n_k, diag, qk_scale,
-                    s_layout, o_layout, p_layout, BLOCK_N, STAGES, CID, CAUSAL, False, PINGPONG, EAGER)
+                    s_layout, o_layout, p_layout, BLOCK_N, STAGES, CID, CAUSAL, False, PINGPONG, EAGER, CONSUMERS)
             for t in range(gl.maximum(n_whole, 1), n_tiles):
                 qk, o, p_prev, p_op, alpha, m_i, l_i, turns = _step(
                     t, q_buf, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
                     qk, o, p_prev, p_op, alpha, m_i, l_i, rows, n_k, diag, qk_scale,
-                    s_layout, o_layout, p_layout, BLOCK_N, STAGES, CID, CAUSAL, True, PINGPONG, EAGER)
+                    s_layout, o_layout, p_layout, BLOCK_N, STAGES, CID, CAUSAL, True, PINGPONG, EAGER, CONSUMERS)
             # The last tile's PV.
             last = n_tiles - 1
             sl = last % STAGES
@@ -335,7 +378,7 @@ if gl is not None:
             mbarrier.wait(v_full.index(sl), (last // STAGES) & 1)
             turns = _take_turn(turn, turns, CID, PINGPONG)
             o = warpgroup_mma(p_op, v_smem.index(sl), o, is_async=True)
-            _pass_turn(turn, CID, PINGPONG)
+            _pass_turn(turn, CID, PINGPONG, CONSUMERS)
             o, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o, p_op))
             mbarrier.arrive(v_empty.index(sl), count=1)
 
@@ -360,14 +403,15 @@ if gl is not None:
                        H_Q, GROUP, n_q, n_k, qk_scale,
                        HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                        CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                       EAGER: gl.constexpr):
+                       EAGER: gl.constexpr, CONSUMERS: gl.constexpr):
         ROWS: gl.constexpr = 64
-        n_m = gl.cdiv(n_q, 2 * ROWS)
+        BLOCK_M: gl.constexpr = CONSUMERS * ROWS
+        n_m = gl.cdiv(n_q, BLOCK_M)
         # Causal: the longest row blocks first, so that the grid's tail is short ones.
         pid_m = gl.program_id(0)
         if CAUSAL:
             pid_m = n_m - 1 - pid_m
-        start_m = pid_m * (2 * ROWS)
+        start_m = pid_m * BLOCK_M
         off_bh = gl.program_id(1)
         off_b = off_bh // H_Q
         off_h = off_bh % H_Q
@@ -376,7 +420,7 @@ if gl is not None:
         # Key tiles of this CTA: [0, n_tiles), of which [0, n_whole) every row sees whole.
         diag = n_k - n_q
         if CAUSAL:
-            last_row = gl.minimum(start_m + 2 * ROWS, n_q) - 1
+            last_row = gl.minimum(start_m + BLOCK_M, n_q) - 1
             hi = gl.minimum(last_row + diag + 1, n_k)
             whole = gl.minimum(start_m + diag + 1, n_k)
         else:
@@ -386,38 +430,54 @@ if gl is not None:
         n_whole = gl.minimum(gl.maximum(whole, 0) // BLOCK_N, n_tiles)
 
         smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, ROWS, HEAD_DIM], smem_layout)
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, ROWS, HEAD_DIM], smem_layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], smem_layout)
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], smem_layout)
-        q_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        q_full = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
         k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for c in gl.static_range(2):
+        for c in gl.static_range(CONSUMERS):
             mbarrier.init(q_full.index(c), count=1)
             mbarrier.init(turn.index(c), count=1)
         for s in gl.static_range(STAGES):
             mbarrier.init(k_full.index(s), count=1)
             mbarrier.init(v_full.index(s), count=1)
-            mbarrier.init(k_empty.index(s), count=2)
-            mbarrier.init(v_empty.index(s), count=2)
+            mbarrier.init(k_empty.index(s), count=CONSUMERS)
+            mbarrier.init(v_empty.index(s), count=CONSUMERS)
         fence_async_shared()
 
         lse_ptr = lse_ptr + off_b.to(gl.int64) * stride_lb + off_h.to(gl.int64) * stride_lh
         # The argument tuples stay inline: stored in a variable first, their constexprs became
         # tensors in triton 3.6 (found by the session that probed Gluon on the H200, NOTES v12).
-        gl.warp_specialize([
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty,
-                         v_empty, off_b, off_h, off_hkv, start_m, n_tiles, BLOCK_N, STAGES, ROWS)),
-            (_consumer, (o_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty, turn,
-                         lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale,
-                         HEAD_DIM, BLOCK_N, STAGES, ROWS, 0, CAUSAL, PINGPONG, EAGER)),
-            (_consumer, (o_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty, turn,
-                         lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale,
-                         HEAD_DIM, BLOCK_N, STAGES, ROWS, 1, CAUSAL, PINGPONG, EAGER)),
-        ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
+        # One list per consumer count: the tuples must be written out (see above).
+        if CONSUMERS == 3:
+            gl.warp_specialize([
+                (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty,
+                             v_empty, off_b, off_h, off_hkv, start_m, n_tiles, BLOCK_N, STAGES, ROWS, CONSUMERS)),
+                (_consumer, (o_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty, turn,
+                             lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale,
+                             HEAD_DIM, BLOCK_N, STAGES, ROWS, 0, CAUSAL, PINGPONG, EAGER, CONSUMERS)),
+                (_consumer, (o_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty, turn,
+                             lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale,
+                             HEAD_DIM, BLOCK_N, STAGES, ROWS, 1, CAUSAL, PINGPONG, EAGER, CONSUMERS)),
+                (_consumer, (o_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty, turn,
+                             lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale,
+                             HEAD_DIM, BLOCK_N, STAGES, ROWS, 2, CAUSAL, PINGPONG, EAGER, CONSUMERS)),
+            ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
+        else:
+            gl.warp_specialize([
+                (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty,
+                             v_empty, off_b, off_h, off_hkv, start_m, n_tiles, BLOCK_N, STAGES, ROWS, CONSUMERS)),
+                (_consumer, (o_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty, turn,
+                             lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale,
+                             HEAD_DIM, BLOCK_N, STAGES, ROWS, 0, CAUSAL, PINGPONG, EAGER, CONSUMERS)),
+                (_consumer, (o_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty, turn,
+                             lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale,
+                             HEAD_DIM, BLOCK_N, STAGES, ROWS, 1, CAUSAL, PINGPONG, EAGER, CONSUMERS)),
+            ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -508,8 +568,8 @@ def launch_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch
             heads_q, heads_q // heads_kv, n_q, n_k, scale * _LOG2E)
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.stages, CAUSAL=bool(causal),
                   PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, EAGER=config.eager,
-                  num_warps=4)
-    return args, kwargs, (triton.cdiv(n_q, BLOCK_M), batch * heads_q)
+                  CONSUMERS=config.consumers, num_warps=4)
+    return args, kwargs, (triton.cdiv(n_q, config.block_m), batch * heads_q)
 
 
 def warmup(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
@@ -539,6 +599,8 @@ def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
     config = default_config(head_dim, causal) if config is None else config
     if shared_bytes(config, head_dim) > SHARED_LIMIT:
         raise ValueError(f"config {config} needs {shared_bytes(config, head_dim)} B of shared memory at d{head_dim}")
+    if (reason := register_reason(config)) is not None:
+        raise ValueError(reason)
     if out is None:
         o = torch.empty_like(q, memory_format=torch.contiguous_format)
         lse = torch.empty((batch, heads_q, n_q), dtype=torch.float32, device=q.device)

@@ -4,7 +4,7 @@ Triton's interpreter does not run Gluon (warp specialization, mbarriers, TMA), a
 warp-specialized kernel that is wrong tends to hang rather than fail. So two models mirror the
 kernel line by line, and each is checked here:
 
-- ``protocol``: the producer and the two consumers as coroutines that issue the kernel's barrier
+- ``protocol``: the producer and the two (or three) consumers as coroutines that issue the kernel's barrier
   operations in the kernel's order (both consumer orders: the default, which waits for each PV
   product one QK^T later, and ``EAGER``), over mbarriers with the hardware's phase semantics (a
   ``try_wait.parity(P)`` passes once the phase of parity P has completed; a fresh barrier counts as
@@ -79,12 +79,13 @@ class MBarrier:
 class Protocol:
     """The kernel's shared state: barriers, the K/V ring's contents, who reads what."""
 
-    def __init__(self, n_tiles: int, stages: int, pingpong: bool, rng: random.Random) -> None:
+    def __init__(self, n_tiles: int, stages: int, pingpong: bool, rng: random.Random, consumers: int = 2) -> None:
         self.n_tiles, self.stages, self.pingpong, self.rng = n_tiles, stages, pingpong, rng
-        self.q_full = [MBarrier(f"q_full{c}", 1) for c in range(2)]
-        self.turn = [MBarrier(f"turn{c}", 1) for c in range(2)]
+        self.consumers = consumers
+        self.q_full = [MBarrier(f"q_full{c}", 1) for c in range(consumers)]
+        self.turn = [MBarrier(f"turn{c}", 1) for c in range(consumers)]
         self.full = {kind: [MBarrier(f"{kind}_full{s}", 1) for s in range(stages)] for kind in "kv"}
-        self.empty = {kind: [MBarrier(f"{kind}_empty{s}", 2) for s in range(stages)] for kind in "kv"}
+        self.empty = {kind: [MBarrier(f"{kind}_empty{s}", consumers) for s in range(stages)] for kind in "kv"}
         self.content = {kind: [None] * stages for kind in "kv"}  # tile a stage holds (once landed)
         self.writing = {kind: [False] * stages for kind in "kv"}
         self.readers = {kind: [set() for _ in range(stages)] for kind in "kv"}
@@ -122,9 +123,9 @@ class Protocol:
 
 
 def producer(p: Protocol, refill_xor: int = 1):
-    # _producer: the Q halves, K_0, then per tile K_{t+1} (one ahead) and V_t; each load waits
+    # _producer: the Q parts, K_0, then per tile K_{t+1} (one ahead) and V_t; each load waits
     # for its stage's empty barrier on parity ((t // STAGES) & 1) ^ 1 (_load_tile).
-    for c in range(2):
+    for c in range(p.consumers):
         p.q_full[c].expect(1)
         p.in_flight.append((p.q_full[c], 1, lambda: None))
 
@@ -142,13 +143,14 @@ def producer(p: Protocol, refill_xor: int = 1):
         yield from load("v", t)
 
 
-def consumer(p: Protocol, cid: int, eager: bool = False, turn_parity=None):
+def consumer(p: Protocol, cid: int, eager: bool = False, turn_parity=None, next_turn=None):
     # _consumer: the prologue (QK^T of tile 0), _step for tiles 1.., the last PV. A read is open
     # from its product's issue to the release after the wait that retires that product: K_t in
     # step t; V_{t-1} at the end of step t (eager) or after the first wait of step t+1 (default).
     turns = 0
     stages = p.stages
     parity = turn_parity or (lambda c, k: (k & 1) ^ (1 if c == 0 else 0))
+    passes_to = next_turn or (lambda c: (c + 1) % p.consumers)
 
     def take_turn():
         nonlocal turns
@@ -158,7 +160,7 @@ def consumer(p: Protocol, cid: int, eager: bool = False, turn_parity=None):
 
     def pass_turn():
         if p.pingpong:
-            p.turn[1 - cid].arrive()
+            p.turn[passes_to(cid)].arrive()
 
     yield ("wait", p.q_full[cid], 0)
     if p.n_tiles == 0:
@@ -202,11 +204,12 @@ def consumer(p: Protocol, cid: int, eager: bool = False, turn_parity=None):
     p.release(cid, "v", sl, last)
 
 
-def _drive(p: Protocol, eager: bool = False, turn_parity=None, refill_xor: int = 1) -> None:
-    """One random interleaving of the three partitions to the end; AssertionError on a deadlock
-    (no partition can move and no copy is in flight) or on a race (see Protocol)."""
+def _drive(p: Protocol, eager: bool = False, turn_parity=None, refill_xor: int = 1, next_turn=None) -> None:
+    """One random interleaving of the partitions (the producer and each consumer) to the end;
+    AssertionError on a deadlock (no partition can move and no copy is in flight) or on a race
+    (see Protocol)."""
     partitions = {"producer": producer(p, refill_xor),
-                  "consumer0": consumer(p, 0, eager, turn_parity), "consumer1": consumer(p, 1, eager, turn_parity)}
+                  **{f"consumer{c}": consumer(p, c, eager, turn_parity, next_turn) for c in range(p.consumers)}}
     blocked: dict[str, tuple] = {}
     done: set[str] = set()
     while len(done) < len(partitions) or p.in_flight:
@@ -215,7 +218,8 @@ def _drive(p: Protocol, eager: bool = False, turn_parity=None, refill_xor: int =
         choices = runnable + (["tma"] if p.in_flight else [])
         if not choices:
             waits = {name: (op[1].name, op[2], op[1].phase) for name, op in blocked.items()}
-            raise AssertionError(f"deadlock: n_tiles={p.n_tiles} stages={p.stages} pingpong={p.pingpong}: {waits}")
+            raise AssertionError(f"deadlock: n_tiles={p.n_tiles} stages={p.stages} pingpong={p.pingpong} "
+                                 f"consumers={p.consumers}: {waits}")
         choice = p.rng.choice(choices)
         if choice == "tma":
             p.land_one()
@@ -228,17 +232,18 @@ def _drive(p: Protocol, eager: bool = False, turn_parity=None, refill_xor: int =
             continue
         if op[0] == "wait" and not op[1].passed(op[2]):
             blocked[choice] = op
-    if p.pingpong:
-        assert all(a != b for a, b in zip(p.issues, p.issues[1:])), f"turns did not alternate: {p.issues}"
-    assert len(p.issues) == 2 * (p.n_tiles + 1 if p.n_tiles else 0)
+    if p.pingpong:  # the consumers issue in turn: 0, 1, (2,) 0, 1, ...
+        assert all(b == (a + 1) % p.consumers for a, b in zip(p.issues, p.issues[1:])) and p.issues[:1] in ([], [0]), (
+            f"turns did not rotate: {p.issues}")
+    assert len(p.issues) == p.consumers * (p.n_tiles + 1 if p.n_tiles else 0)
 
 
 def check_protocol(seeds: int) -> int:
     cases = 0
-    for n_tiles, stages, pingpong, eager in itertools.product((0, 1, 2, 3, 4, 5, 7, 12), (2, 3, 4), (True, False),
-                                                             (False, True)):
+    for n_tiles, stages, pingpong, eager, consumers in itertools.product(
+            (0, 1, 2, 3, 4, 5, 7, 12), (2, 3, 4), (True, False), (False, True), (2, 3)):
         for seed in range(seeds):
-            _drive(Protocol(n_tiles, stages, pingpong, random.Random(seed)), eager)
+            _drive(Protocol(n_tiles, stages, pingpong, random.Random(seed), consumers), eager)
             cases += 1
     return cases
 
@@ -267,6 +272,25 @@ def check_protocol_catches_mistakes() -> list[str]:
         _drive(Protocol(3, 2, True, random.Random(0)), refill_xor=0)
     except AssertionError:
         caught.append("producer's first wait on parity 0")
+    # Three consumers passing the turn as two do (to 1 - cid): consumer 2's turns go astray.
+    for seed in range(50):
+        try:
+            _drive(Protocol(4, 3, True, random.Random(seed), consumers=3), eager=True,
+                   next_turn=lambda cid: (1 - cid) % 3)
+        except AssertionError:
+            caught.append("three consumers passing the turn to 1 - cid")
+            break
+    # Empty barriers counting two of three consumers: a stage is refilled under the third.
+    for seed in range(200):
+        p = Protocol(6, 2, True, random.Random(seed), consumers=3)
+        for kind in "kv":
+            for barrier in p.empty[kind]:
+                barrier.count = barrier.pending = 2
+        try:
+            _drive(p, eager=True)
+        except AssertionError:
+            caught.append("empty barriers counting two of three consumers")
+            break
     return caught
 
 
@@ -275,11 +299,12 @@ def check_protocol_catches_mistakes() -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 
-def tile_ranges(start_m: int, n_q: int, n_k: int, block_n: int, causal: bool) -> tuple[int, int]:
-    """(n_tiles, n_whole) as ``_attn_fwd_sm90`` computes them."""
+def tile_ranges(start_m: int, n_q: int, n_k: int, block_n: int, causal: bool,
+                block_m: int = BLOCK_M) -> tuple[int, int]:
+    """(n_tiles, n_whole) as ``_attn_fwd_sm90`` computes them (``block_m``: 64 x consumers)."""
     diag = n_k - n_q
     if causal:
-        last_row = min(start_m + BLOCK_M, n_q) - 1
+        last_row = min(start_m + block_m, n_q) - 1
         hi = min(last_row + diag + 1, n_k)
         whole = min(start_m + diag + 1, n_k)
     else:
@@ -296,21 +321,22 @@ def schedule(n_whole: int, n_tiles: int) -> list[tuple[int, bool]]:
 
 def check_schedule() -> int:
     cases = 0
-    for causal, block_n in itertools.product((False, True), (64, 128)):
-        for n_q, n_k in itertools.product((1, 63, 64, 65, 127, 128, 129, 300, 1000), (1, 64, 100, 128, 129, 513)):
-            for start_m in range(0, n_q, BLOCK_M):
-                n_tiles, n_whole = tile_ranges(start_m, n_q, n_k, block_n, causal)
+    for causal, block_n, block_m in itertools.product((False, True), (64, 128), (BLOCK_M, 3 * ROWS)):
+        for n_q, n_k in itertools.product((1, 63, 64, 65, 127, 128, 129, 191, 193, 300, 1000),
+                                          (1, 64, 100, 128, 129, 513)):
+            for start_m in range(0, n_q, block_m):
+                n_tiles, n_whole = tile_ranges(start_m, n_q, n_k, block_n, causal, block_m)
                 steps = schedule(n_whole, n_tiles)
                 assert [t for t, _ in steps] == list(range(1, n_tiles)), (n_q, n_k, start_m, steps)
                 # A tile is unmasked only if every row of the CTA sees every key of it.
                 for t, masked in [(0, True)] + steps:
                     keys = range(t * block_n, (t + 1) * block_n)
-                    rows = range(start_m, start_m + BLOCK_M)
+                    rows = range(start_m, start_m + block_m)
                     whole = all(j < n_k for j in keys) and (not causal or all(
                         j <= i + n_k - n_q for i in rows for j in (keys[-1],)))
                     assert masked or whole, f"tile {t} unmasked but not whole: {n_q}x{n_k} start {start_m}"
                 # No tile past the CTA's last visible key, none missing before it.
-                last = min(start_m + BLOCK_M, n_q) - 1
+                last = min(start_m + block_m, n_q) - 1
                 hi = min(last + n_k - n_q + 1, n_k) if causal else n_k
                 assert n_tiles == max(-(-hi // block_n), 0), (n_q, n_k, start_m)
                 cases += 1
@@ -318,7 +344,8 @@ def check_schedule() -> int:
 
 
 def consumer_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row0: int, start_m: int,
-                  causal: bool, scale: float, block_n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+                  causal: bool, scale: float, block_n: int, dtype: torch.dtype,
+                  block_m: int = BLOCK_M) -> tuple[torch.Tensor, torch.Tensor]:
     """One consumer's 64 rows as ``_consumer`` computes them: (output rows, base-2 LSE)."""
     n_q, n_k, d = q.shape[0], k.shape[0], q.shape[1]
     qk_scale = scale * 1.4426950408889634
@@ -326,7 +353,7 @@ def consumer_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row0: int, 
     q_tile = torch.zeros(ROWS, d)  # TMA: rows past Nq read zeros
     valid = rows < n_q
     q_tile[valid] = q[rows[valid]].float()
-    n_tiles, n_whole = tile_ranges(start_m, n_q, n_k, block_n, causal)
+    n_tiles, n_whole = tile_ranges(start_m, n_q, n_k, block_n, causal, block_m)
     diag = n_k - n_q
 
     def kv_tile(t):
@@ -371,15 +398,17 @@ def consumer_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row0: int, 
     return (o / l_safe[:, None]).to(dtype), lse
 
 
-def model_forward(q, k, v, causal: bool, scale: float, block_n: int) -> tuple[torch.Tensor, torch.Tensor]:
+def model_forward(q, k, v, causal: bool, scale: float, block_n: int,
+                  consumers: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
     """[Nq, D] attention of one head through the model, CTA by CTA, consumer by consumer."""
     n_q = q.shape[0]
     out = torch.empty(n_q, q.shape[1], dtype=q.dtype)
     lse = torch.empty(n_q)
-    for start_m in range(0, n_q, BLOCK_M):
-        for cid in range(2):
+    block_m = consumers * ROWS
+    for start_m in range(0, n_q, block_m):
+        for cid in range(consumers):
             row0 = start_m + cid * ROWS
-            o_rows, lse_rows = consumer_rows(q, k, v, row0, start_m, causal, scale, block_n, q.dtype)
+            o_rows, lse_rows = consumer_rows(q, k, v, row0, start_m, causal, scale, block_n, q.dtype, block_m)
             keep = slice(row0, min(row0 + ROWS, n_q))  # the TMA store and the LSE mask drop the rest
             count = keep.stop - keep.start
             if count > 0:
@@ -403,12 +432,13 @@ def check_numerics() -> int:
     cases = 0
     torch.manual_seed(0)
     shapes = [(113, 113), (1, 1), (1, 300), (300, 1), (200, 1000), (1000, 200), (257, 129), (129, 257),
+              (191, 191), (193, 400), (400, 193), (385, 385),
               (256, 256), (64, 700), (700, 64), (384, 130), (130, 384)]
-    for (n_q, n_k), causal, block_n in itertools.product(shapes, (False, True), (128, 64)):
+    for (n_q, n_k), causal, block_n, consumers in itertools.product(shapes, (False, True), (128, 64), (2, 3)):
         d = 64
         q, k, v = (torch.randn(n, d).to(torch.float16) for n in (n_q, n_k, n_k))
         scale = d ** -0.5
-        out, lse2 = model_forward(q, k, v, causal, scale, block_n)
+        out, lse2 = model_forward(q, k, v, causal, scale, block_n, consumers)
         ref, ref_lse = reference(q, k, v, causal, scale)
         err = (out.double() - ref).abs().max().item()
         lse_nat = lse2.double() * math.log(2)
@@ -417,7 +447,7 @@ def check_numerics() -> int:
         assert torch.all(out[~finite] == 0), "rows that see no key must be zeros"
         lse_err = (lse_nat[finite] - ref_lse[finite]).abs().max().item() if finite.any() else 0.0
         assert err < 5e-3 and lse_err < 1e-4, (
-            f"{n_q}x{n_k} causal={causal} block_n={block_n}: max error {err:.2e}, LSE {lse_err:.2e}")
+            f"{n_q}x{n_k} causal={causal} block_n={block_n} consumers={consumers}: max error {err:.2e}, LSE {lse_err:.2e}")
         cases += 1
     # The model must fail on the mistakes it is here to catch.
     q, k, v = (torch.randn(n, 64).to(torch.float16) for n in (300, 200, 200))
@@ -436,14 +466,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=200, help="random interleavings per protocol case")
     args = parser.parse_args()
-    print(f"protocol: {check_protocol(args.seeds)} interleavings, no deadlock, no race, turns alternate")
+    print(f"protocol: {check_protocol(args.seeds)} interleavings, no deadlock, no race, turns rotate")
     caught = check_protocol_catches_mistakes()
-    print(f"protocol: the model fails on {len(caught)} of 3 planted mistakes: {', '.join(caught)}")
+    print(f"protocol: the model fails on {len(caught)} of 5 planted mistakes: {', '.join(caught)}")
     print(f"schedule: {check_schedule()} CTAs visit tiles 1..n_tiles-1 once, in order, the unmasked ones "
           "whole for every row")
     print(f"numerics: {check_numerics()} shapes match float64 attention (output and LSE); "
           "an unmasked diagonal is caught")
-    return 0 if len(caught) == 3 else 1
+    return 0 if len(caught) == 5 else 1
 
 
 if __name__ == "__main__":

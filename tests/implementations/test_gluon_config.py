@@ -1,0 +1,38 @@
+"""The Gluon forward's configurations without a GPU: the names the bench tools pass, and the checks
+that refuse a configuration before it can deadlock or fail to launch (registers, shared memory)."""
+
+from __future__ import annotations
+
+import pytest
+
+gf = pytest.importorskip("implementations.triton_flash.gluon_forward")
+
+
+@pytest.mark.parametrize("text", ["n128s2-eager-r240", "n128s3-eager-r240", "n128s3-eager-c3-r160",
+                                  "n64s2-nopp-r232", "n128s2-eager-c3-r152"])
+def test_a_configuration_reads_back_as_written(text: str) -> None:
+    assert str(gf.Config.parse(text)) == text
+
+
+def test_three_consumers_take_192_rows_and_160_registers_unless_told() -> None:
+    config = gf.Config.parse("n128s3-eager-c3")
+    assert (config.consumers, config.consumer_regs, config.block_m) == (3, 160, 192)
+    assert gf.Config.parse("n128s2-eager").block_m == 128
+    assert gf.register_reason(config) is None and gf.register_reason(gf.default_config(128, False)) is None
+
+
+@pytest.mark.parametrize("text", ["n128s3-eager-c3-r168", "n128s2-eager-r256", "n128s2-eager-r244"])
+def test_a_register_split_that_does_not_fit_is_refused(text: str) -> None:
+    reason = gf.register_reason(gf.Config.parse(text))
+    assert reason is not None and "65,536 registers" in reason
+
+
+def test_shared_memory_counts_a_q_part_and_two_barriers_per_consumer() -> None:
+    three = gf.Config.parse("n128s3-eager-c3")
+    assert gf.shared_bytes(three, 64) == 192 * 64 * 2 + 2 * 3 * 128 * 64 * 2 + 8 * (2 * 3 + 4 * 3)
+    assert gf.shared_bytes(three, 64) <= gf.SHARED_LIMIT < gf.shared_bytes(three, 128)
+
+
+def test_an_unknown_part_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown part 'c4'"):
+        gf.Config.parse("n128s2-c4")
