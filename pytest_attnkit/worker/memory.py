@@ -63,18 +63,13 @@ def process_meter() -> ProcessMeter | None:
     global _meter
     if _meter is False:
         _meter = None
-        try:
-            import pynvml
-            import torch
+        from pytest_attnkit.worker import nvml
 
-            pynvml.nvmlInit()
-            uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
-            handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
-            meter = ProcessMeter(pynvml, handle)
-            if meter.used() is not None:
+        found = nvml.device()
+        if found is not None:
+            meter = ProcessMeter(*found)
+            if meter.used() is not None:  # None: a process NVML cannot see
                 _meter = meter
-        except Exception:  # no NVML, no such call in this version, a process NVML cannot see
-            _meter = None
     return _meter or None
 
 

@@ -24,6 +24,7 @@ import traceback
 from typing import Any
 
 from pytest_attnkit.messages import Reply, Status
+from pytest_attnkit.worker.nvml import compute_processes
 
 _DRIVER_OUT_OF_MEMORY = re.compile(r"CUDA out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation"
                                    r"|cudaMalloc.*out of memory", re.IGNORECASE)
@@ -86,7 +87,7 @@ def device_memory() -> dict[str, Any]:
         figures.update(free_bytes=int(free), total_bytes=int(total))
     except Exception:  # a context an error left unusable: the numbers stay unknown
         return figures
-    processes = gpu_processes()
+    processes = compute_processes()
     if processes is not None:
         import os
 
@@ -95,22 +96,6 @@ def device_memory() -> dict[str, Any]:
         figures.update(other_processes=len(others), other_bytes=sum(others.values()),
                        processes={str(pid): used for pid, used in others.items()})
     return figures
-
-
-def gpu_processes() -> dict[int, int] | None:
-    """Process id -> device bytes of every compute process on this process's GPU, through NVML;
-    None where NVML cannot list them."""
-    try:
-        import pynvml
-        import torch
-
-        pynvml.nvmlInit()
-        uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
-        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
-        return {int(process.pid): int(process.usedGpuMemory or 0)
-                for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)}
-    except Exception:
-        return None
 
 
 def out_of_memory_reply(error: BaseException, data: dict[str, Any] | None = None) -> Reply | None:

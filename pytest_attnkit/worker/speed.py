@@ -281,7 +281,9 @@ def gpu_processes(earlier: dict[str, Any] | None = None) -> dict[str, Any] | Non
     processes' work too (the pytest side leaves out its other workers: speed timing has the GPU
     to itself, but their idle CUDA contexts are listed). None where NVML cannot tell: no NVML,
     or a container whose process ids are not the driver's (this worker is not in the list)."""
-    device = _nvml_device()
+    from pytest_attnkit.worker import nvml
+
+    device = nvml.device()
     if device is None:
         return earlier
     import os
@@ -292,20 +294,6 @@ def gpu_processes(earlier: dict[str, Any] | None = None) -> dict[str, Any] | Non
     if earlier is None or now is None:
         return now or earlier
     return {"others": sorted(set(earlier["others"]) | set(now["others"]))}
-
-
-@functools.lru_cache(maxsize=1)
-def _nvml_device() -> tuple[Any, Any] | None:
-    """(pynvml, the handle of this worker's CUDA device), or None without NVML."""
-    try:
-        import pynvml
-        import torch
-
-        pynvml.nvmlInit()
-        uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
-        return pynvml, pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
-    except Exception:  # no NVML, or a torch or driver without these calls
-        return None
 
 
 def other_processes(nvml: Any, handle: Any, own_pid: int, started: set[int]) -> dict[str, Any] | None:
