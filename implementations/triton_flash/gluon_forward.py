@@ -184,7 +184,8 @@ def shared_bytes(config: Config, head_dim: int, element_size: int = 2) -> int:
 
 
 #: The fewest registers the producer warp group keeps: it gets what the consumers leave of the
-#: SM's 65,536 (``setmaxnreg``): 24 with two consumers at 240, 32 with three at 160 (gluon_compile.py reads both).
+#: SM's 65,536 (``setmaxnreg``): 24 with two consumers at 240, 32 with three at 160 (as
+#: gluon_compile.py reads them in the PTX).
 PRODUCER_REGS = 24
 #: Three consumers at 160 registers leave the producer 32: 128 x 32 + 3 x 128 x 160 = 65,536; at
 #: 168 it would keep 8. ``setmaxnreg`` can deadlock when the budget does not work out (triton #9786).
