@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import inspect
 import os
 import signal
 import threading
@@ -71,14 +72,22 @@ class InstalledSuiteModule(pytest.Module):
 
 
 def tests_module(suite: Any, path: Path) -> types.ModuleType:
+    """The made-up test module of an installed suite. Its functions' code says it starts at the
+    suite class's line of ``path``, so that a report's location (a skip's ``-rs`` line, a
+    failure's header) points at the suite, not at the file's first line."""
     module = types.ModuleType(f"{SUITES_PACKAGE}.test_{suite.name}")
+    try:
+        line = inspect.getsourcelines(suite if isinstance(suite, type) else type(suite))[1]
+    except (OSError, TypeError):  # no source to read (a class made at run time)
+        line = 1
     module.__file__ = str(path)
     module.pytestmark = [getattr(pytest.mark, f"attnkit_{suite.name}")]
     for spec in suite.tests:
         arguments = ["attnkit", "attnkit_impl", *(["attnkit_case"] if spec.cases else []),
                      *(["attnkit_tool"] if spec.per_tool else []), "request"]
         namespace: dict[str, Any] = {}
-        source = f"def {spec.function}({', '.join(arguments)}):\n    attnkit.runner.run(request.node)\n"
+        source = ("\n" * (line - 1)  # the def on the class's line
+                  + f"def {spec.function}({', '.join(arguments)}):\n    attnkit.runner.run(request.node)\n")
         exec(compile(source, str(path), "exec"), namespace)
         function = namespace[spec.function]
         function.attnkit_spec = (suite.name, spec)

@@ -167,3 +167,25 @@ def test_load_suite_takes_a_suite_class_named_as_its_entry_point_and_nothing_els
 def test_the_bundled_suites_are_registered_in_the_group_as_the_session_builds_them() -> None:
     groups = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]
     assert groups["attnkit.suites"] == {name: f"{suite.__module__}:{suite.__name__}" for name, suite in BUNDLED.items()}
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnknownMarkWarning")  # its mark: registered in --attnkit runs
+def test_an_installed_suite_s_tests_are_located_at_its_class(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A report's location of an installed suite's test (a skip's -rs line, a failure's header)
+    is the suite class's line in its file, not the file's first line."""
+    import importlib
+    import inspect
+    import sys
+
+    from pytest_attnkit.plugin import tests_module
+
+    monkeypatch.syspath_prepend(str(EXAMPLE.parent))
+    for name in [name for name in sys.modules if name.startswith("attnkit_example_suite")]:
+        monkeypatch.delitem(sys.modules, name)
+    module = importlib.import_module("attnkit_example_suite.controller")
+    line = inspect.getsourcelines(module.BoundsSuite)[1]
+    assert line > 1
+    made = tests_module(module.BoundsSuite, Path(module.__file__))
+    for spec in module.BoundsSuite.tests:
+        code = getattr(made, spec.function).__code__
+        assert (code.co_filename, code.co_firstlineno) == (module.__file__, line)
