@@ -1,0 +1,514 @@
+"""A FlashAttention backward for Hopper (sm_90a) in Triton's Gluon dialect (triton 3.6), after FlashAttention-3.
+
+Status: written and compile-checked for sm_90a (``tools/flash_bench/gluon_bwd_compile.py``), its
+barrier protocol and its arithmetic modelled on the CPU (``tools/flash_bench/gluon_bwd_model.py``);
+NOT yet run on a GPU. Nothing calls it by default: :mod:`.launch` keeps the Triton backward, and
+``tools/flash_bench/gluon_bwd_check.py`` is the first thing to run on a Hopper GPU (NOTES.md, v15).
+
+The math. For one (batch, query head), with the forward's base-2 LSE ``L_i`` and
+``delta_i = rowsum(dO_i * O_i)`` (the existing Triton preprocess kernel, as :mod:`.launch` uses it):
+
+    P_ij  = exp2(c * q_i . k_j - L_i)           c = scale * log2(e)
+    dV_j  = sum_i P_ij dO_i
+    dP_ij = dO_i . v_j
+    dS_ij = P_ij (dP_ij - delta_i)
+    dK_j  = scale * sum_i dS_ij q_i
+    dQ_i  = scale * sum_j dS_ij k_j
+
+Grid and tiles. A CTA owns ``BLOCK_N = 128`` keys of one (batch, KV head): grid
+``(cdiv(Nk, 128), B * Hkv)``. It walks the query tiles of ``BLOCK_M`` rows (64 by default) of each
+query head of its group (GQA: dK and dV are summed over the group in the accumulators, as the
+Triton path's ``attn_bwd_dkdv`` does; dQ has its own rows per head). Causal (bottom-right:
+query ``i`` sees key ``j`` iff ``j <= i + Nk - Nq``): query tiles that see none of the CTA's keys
+are skipped, those on the diagonal are masked, the rest run unmasked.
+
+Partitions (``gl.warp_specialize``), 12 warps:
+
+- producer, the default partition, 4 warps (about 24 registers): TMA of the CTA's K and V (two
+  64-row halves each, once, barrier ``kv_full``), then for each query tile ``Q_i`` and ``dO_i``
+  into a ring of ``STAGES`` stages (``q_full[s]`` count 1 with the bytes; ``q_empty[s]`` count 2);
+- consumers 0 and 1, 4 warps each (``CONSUMER_REGS``, 240 by default), keys ``[64 c, 64 c + 64)``
+  of the CTA. Per query tile (wgmma M = 64 is the warp group's 64 keys):
+
+      wait q_full[s]
+      S^T  = K_c Q_i^T          (async; A = K_c from shared memory, B = Q_i permuted)
+      dP^T = V_c dO_i^T         (async)
+      load L_i, delta_i (global, 2 x BLOCK_M floats; under the two products)
+      wait S^T: P^T = exp2(c S^T - L_i) (the causal mask on diagonal tiles: P^T = 0 where hidden)
+      wait dP^T: dS^T = P^T (dP^T - delta_i)
+      dV_c += P^T dO_i          (async; A = P^T from registers, B = dO_i)
+      dK_c += dS^T Q_i          (async; A = dS^T from registers, B = Q_i)
+      dS^T -> shared memory (the consumer's own buffer), fence
+      dQ_i^(c) = dS_c K_c       (async; A = the dS buffer permuted, B = K_c)
+      wait all three; arrive q_empty[s]
+      atomic add scale * dQ_i^(c) into an fp32 [B, Hq, Nq, D] buffer (rows < Nq)
+
+  and at the end ``dK_c * scale`` and ``dV_c`` stored (rows < Nk) in the input dtype.
+
+Each consumer adds its own 64 keys' share of dQ: no barrier between the consumers (FA3 instead
+writes both dS halves to shared memory, syncs the two warp groups, and has a dedicated warp reduce
+dQ through TMA ``reduce-add``; triton 3.6's Hopper ``tma`` module has no reduce, so the adds are
+``red.global.add.f32`` from the consumers' registers: twice FA3's dQ traffic, see below). dQ is
+summed in a nondeterministic order: it is not bit-reproducible across runs (dK, dV are).
+
+Keys past Nk and queries past Nq need no mask in the products: TMA zero-fills rows past a head's
+end (the 4-d descriptors bound each head), so such a key's K and V are 0, its ``dS`` multiplies a
+zero K row in dQ, and its dK/dV rows are not stored; such a query's L loads as +inf (P = 0) and
+delta as 0, and its dQ row is not added. Causal rows that see no key (Nq > Nk) have L = +inf from
+the forward: P = 0 there too.
+
+Work per (key tile of 128, query tile of 64), d = head dim: five products of 2 x 128 x 64 x d
+FLOPs = 10.5 MFLOP at d128 (5.2 at d64), the attention backward's 2.5x the forward's FLOPs; 128 x
+64 exp2 (MUFU: 8192, about 1/5 of the forward's per FLOP); shared-memory reads by the wgmmas:
+Q_i, dO_i twice each (S^T/dK, dP^T/dV) per consumer, K_c, V_c, dS once: about 4 x 2 x 16 KiB +
+3 x 16 KiB = 176 KiB at d128; global: Q_i + dO_i via TMA (32 KiB at d128, from L2 mostly: every
+key tile of the head reads them) + L, delta (512 B) + dQ atomics 2 x 64 x d x 4 B = 64 KiB
+at d128. A CTA at d128 with STAGES=2 uses 144 KiB of shared memory: one CTA per SM.
+
+Prediction (H100 SXM, bf16 d128, 16k non-causal; an estimate, not a measurement): the five
+products run at the forward's consumer rate if the two warp groups overlap each other's
+exp2/convert/atomic phases as the forward's do (the warp schedulers interleave the two groups
+without explicit turns here). The forward reached ~1.0x cuDNN with two products per tile and a
+longer softmax; here the non-matmul work per FLOP is smaller (one exp2 per 5 products instead of
+per 2) but there are two conversions to the A layout, a 16 KiB shared store and 128 atomics per
+thread per tile. FA3 reports ~520-560 TFLOP/s backward at 4k-8k; cuDNN is about that. Guess for
+this first version: 0.8-1.0x cuDNN at 4k-16k d128 (450-520 TFLOP/s), below it at 1k (one or two
+query tiles per CTA cannot fill the ring) and possibly below at d64 (twice the atomics per FLOP).
+The risks: the atomics' issue cost in the consumers (FA3 moved them to a separate warp for this
+reason), the register pressure of three d-wide fp32 accumulators at d128 (see the compile
+figures in NOTES.md v15), L2 bandwidth of 2 x dQ adds.
+
+Not proven until a GPU runs it: that it computes the right numbers (the CPU model mirrors the
+arithmetic, not the kernel), that the warp-specialized code does not hang (the protocol model
+mirrors the barrier calls, not the compiled code), that the transposed shared-memory A operand
+(dS^T's buffer permuted) does what the compile accepted, the atomics' cost, and the speed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+
+try:
+    import triton
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    if not hasattr(gl, "warp_specialize"):
+        raise ImportError("this triton's Gluon has no warp_specialize")
+except Exception as exc:  # the module must import without Gluon, so that unsupported_reason() can say why
+    GLUON_IMPORT_ERROR: Exception | None = exc
+    gluon = gl = None
+else:
+    GLUON_IMPORT_ERROR = None
+
+_LOG2E = 1.4426950408889634
+#: Keys a consumer warp group owns: wgmma's M is 64 per warp group.
+KEYS_PER_CONSUMER = 64
+#: Keys per CTA: two consumer warp groups.
+BLOCK_N = 2 * KEYS_PER_CONSUMER
+HEAD_DIMS = (64, 128)
+DTYPES = (torch.float16, torch.bfloat16)
+#: Hopper's shared memory per block (227 KiB).
+SHARED_LIMIT = 232448
+#: Set to 1 to let callers that ask (:func:`enabled`) take this kernel. Off by default: it has not
+#: run on a GPU (NOTES.md, v15).
+ENV_SWITCH = "ATTNKIT_TRITON_FLASH_GLUON_BWD"
+
+
+@dataclass(frozen=True)
+class Config:
+    """One tile choice: query rows per tile (the N of S^T's product), the Q/dO ring's depth, the
+    consumers' register budget (the producer keeps 65536 / 128 - 2 x this)."""
+
+    block_m: int = 64
+    stages: int = 2
+    consumer_regs: int = 240
+
+    def __str__(self) -> str:
+        return f"m{self.block_m}s{self.stages}-r{self.consumer_regs}"
+
+    @staticmethod
+    def parse(text: str) -> "Config":
+        """``m64s2``, ``m128s2``, ``m64s3-r232``: the form ``str`` writes."""
+        parts = text.strip().split("-")
+        head = parts[0]
+        if not (head.startswith("m") and "s" in head):
+            raise ValueError(f"config {text!r}: expected mBLOCKsSTAGES[-rREGS], e.g. m64s2")
+        block_m, stages = head[1:].split("s")
+        fields = dict(block_m=int(block_m), stages=int(stages))
+        for part in parts[1:]:
+            if part.startswith("r") and part[1:].isdigit():
+                fields["consumer_regs"] = int(part[1:])
+            else:
+                raise ValueError(f"config {text!r}: unknown part {part!r}")
+        return Config(**fields)
+
+
+def shared_bytes(config: Config, head_dim: int, element_size: int = 2) -> int:
+    """Shared memory the kernel asks for: K and V (128 rows each), the Q/dO ring, the two dS
+    buffers, barriers."""
+    kv = 2 * BLOCK_N * head_dim * element_size
+    ring = 2 * config.stages * config.block_m * head_dim * element_size
+    ds = 2 * KEYS_PER_CONSUMER * config.block_m * element_size
+    barriers = 8 * (1 + 2 * config.stages)
+    return kv + ring + ds + barriers
+
+
+def default_config(head_dim: int, causal: bool) -> Config:
+    """64 query rows per tile (FlashAttention-3's tile for d128's backward: 64 x 128); at d64 the
+    Q/dO stages are half the size, so a deeper ring costs little."""
+    if head_dim == 64:
+        return Config(block_m=64, stages=3)
+    return Config(block_m=64, stages=2)
+
+
+def query_tiles(n0: int, n_q: int, n_k: int, block_m: int, causal: bool) -> tuple[int, int, int]:
+    """(first, first unmasked, end) query tiles for the key block starting at ``n0``: tiles
+    ``[first, whole)`` are masked (the causal diagonal), ``[whole, end)`` are not; the kernel
+    computes the same with the same integer formulas (``_attn_bwd_sm90``)."""
+    end = -(-n_q // block_m)
+    if not causal:
+        return 0, 0, end
+    diag = n_k - n_q
+    # Query i sees key j iff j <= i + diag: the block's first key from i >= n0 - diag, its last
+    # (n0 + BLOCK_N - 1) from i >= n0 + BLOCK_N - 1 - diag.
+    first = min(max(n0 - diag, 0) // block_m, end)
+    whole = min(max(-(-max(n0 + BLOCK_N - 1 - diag, 0) // block_m), first), end)
+    return first, whole, end
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel
+# ---------------------------------------------------------------------------------------------
+
+if gl is not None:
+
+    @gluon.jit
+    def _bwd_producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem,
+                      kv_full, q_full, q_empty, off_b, off_hkv, n0, GROUP, t_first, t_end,
+                      BLOCK_M: gl.constexpr, STAGES: gl.constexpr, KEYS: gl.constexpr):
+        # K and V: one 64-row half per consumer, once, on one barrier.
+        mbarrier.expect(kv_full.index(0), 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
+        for c in gl.static_range(2):
+            tma.async_copy_global_to_shared(k_desc, [off_b, off_hkv, n0 + c * KEYS, 0], kv_full.index(0),
+                                            k_smem.index(c))
+            tma.async_copy_global_to_shared(v_desc, [off_b, off_hkv, n0 + c * KEYS, 0], kv_full.index(0),
+                                            v_smem.index(c))
+        # Q_i and dO_i of every query tile of every head of the group, into the ring.
+        tile_bytes: gl.constexpr = q_desc.block_type.nbytes + do_desc.block_type.nbytes
+        it = 0
+        for g in range(GROUP):
+            off_h = off_hkv * GROUP + g
+            for t in range(t_first, t_end):
+                s = it % STAGES
+                mbarrier.wait(q_empty.index(s), ((it // STAGES) & 1) ^ 1)
+                mbarrier.expect(q_full.index(s), tile_bytes)
+                tma.async_copy_global_to_shared(q_desc, [off_b, off_h, t * BLOCK_M, 0], q_full.index(s),
+                                                q_smem.index(s))
+                tma.async_copy_global_to_shared(do_desc, [off_b, off_h, t * BLOCK_M, 0], q_full.index(s),
+                                                do_smem.index(s))
+                it += 1
+
+    @gluon.jit
+    def _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, q_full, q_empty, dk, dv, st, dpt,
+                  lse_h, delta_h, dq_h, keys, n_q, diag, qk_scale, sm_scale,
+                  s_layout: gl.constexpr, kv_layout: gl.constexpr, a_layout: gl.constexpr,
+                  BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                  CAUSAL: gl.constexpr, MASKED: gl.constexpr):
+        # One query tile for this consumer's 64 keys: see the module docstring for the order.
+        s = it % STAGES
+        q_s = q_smem.index(s)
+        do_s = do_smem.index(s)
+        mbarrier.wait(q_full.index(s), (it // STAGES) & 1)
+        st = warpgroup_mma(k_c, q_s.permute((1, 0)), st, use_acc=False, is_async=True)
+        dpt = warpgroup_mma(v_c, do_s.permute((1, 0)), dpt, use_acc=False, is_async=True)
+        # The tile's L and delta, along S^T's columns (queries); rows past Nq: L = +inf (P = 0).
+        cols = t * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+        in_q = cols < n_q
+        lse = gl.load(lse_h + cols, mask=in_q, other=float("inf"))
+        delta = gl.load(delta_h + cols, mask=in_q, other=0.0)
+        st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
+        pt = gl.exp2(st * qk_scale - lse[None, :])
+        if MASKED:
+            if CAUSAL:
+                pt = gl.where(keys[:, None] <= cols[None, :] + diag, pt, 0.0)
+        dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt, ))
+        dst = pt * (dpt - delta[None, :])
+        p_op = gl.convert_layout(pt.to(q_s.dtype), a_layout)
+        ds_lo = dst.to(q_s.dtype)
+        ds_op = gl.convert_layout(ds_lo, a_layout)
+        dv = warpgroup_mma(p_op, do_s, dv, is_async=True)
+        dk = warpgroup_mma(ds_op, q_s, dk, is_async=True)
+        # dS^T to this consumer's buffer (the previous tile's dQ product that read it has
+        # completed: the wait at the end of the previous step), then dQ_i's share of these keys.
+        ds_buf.store(ds_lo)
+        fence_async_shared()
+        dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=kv_layout)
+        dq = warpgroup_mma(ds_buf.permute((1, 0)), k_c, dq, use_acc=False, is_async=True)
+        dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq, p_op, ds_op))
+        # Every product that read stage s has completed: it goes back to the producer.
+        mbarrier.arrive(q_empty.index(s), count=1)
+        rows = t * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, kv_layout))
+        dcols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
+        offsets = rows[:, None] * HEAD_DIM + dcols[None, :]
+        gl.atomic_add(dq_h + offsets, dq * sm_scale, mask=(rows < n_q)[:, None], sem="relaxed", scope="gpu")
+        return dk, dv, st, dpt
+
+    @gluon.jit
+    def _bwd_consumer(q_smem, do_smem, k_smem, v_smem, ds_smem, kv_full, q_full, q_empty,
+                      lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, stride_kb, stride_kh,
+                      off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, qk_scale, sm_scale,
+                      HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                      KEYS: gl.constexpr, CID: gl.constexpr, CAUSAL: gl.constexpr):
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_M, 16])
+        kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, HEAD_DIM, 16])
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+        k_c = k_smem.index(CID)
+        v_c = v_smem.index(CID)
+        ds_buf = ds_smem.index(CID)
+        key0 = n0 + CID * KEYS
+        keys = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, s_layout))
+        diag = n_k - n_q
+        dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=kv_layout)
+        dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=kv_layout)
+        st = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=s_layout)
+        dpt = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=s_layout)
+        mbarrier.wait(kv_full.index(0), 0)
+        it = 0
+        for g in range(GROUP):
+            off_h = off_hkv * GROUP + g
+            row_base = (off_b * H_Q + off_h).to(gl.int64) * n_q
+            lse_h = lse_ptr + row_base
+            delta_h = delta_ptr + row_base
+            dq_h = dq_ptr + row_base * HEAD_DIM
+            # The causal diagonal's tiles (masked), then the tiles every key of the CTA sees whole.
+            for t in range(t_first, t_whole):
+                dk, dv, st, dpt = _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, q_full, q_empty, dk, dv,
+                                            st, dpt, lse_h, delta_h, dq_h, keys, n_q, diag, qk_scale, sm_scale,
+                                            s_layout, kv_layout, a_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL,
+                                            True)
+                it += 1
+            for t in range(t_whole, t_end):
+                dk, dv, st, dpt = _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, q_full, q_empty, dk, dv,
+                                            st, dpt, lse_h, delta_h, dq_h, keys, n_q, diag, qk_scale, sm_scale,
+                                            s_layout, kv_layout, a_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL,
+                                            False)
+                it += 1
+        # dK (times the softmax scale) and dV of this consumer's keys; rows past Nk are dropped.
+        krows = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, kv_layout))
+        dcols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
+        offsets = (off_b * stride_kb + off_hkv * stride_kh).to(gl.int64) + krows[:, None] * HEAD_DIM + dcols[None, :]
+        keep = (krows < n_k)[:, None]
+        gl.store(dk_ptr + offsets, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=keep)
+        gl.store(dv_ptr + offsets, dv.to(dv_ptr.dtype.element_ty), mask=keep)
+
+    # Lengths and head counts as plain integers, as the forward does.
+    @gluon.jit(do_not_specialize=("stride_kb", "stride_kh", "H_Q", "GROUP", "n_q", "n_k"))
+    def _attn_bwd_sm90(q_desc, do_desc, k_desc, v_desc, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr,
+                       stride_kb, stride_kh, H_Q, GROUP, n_q, n_k, qk_scale, sm_scale,
+                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                       CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+        KEYS: gl.constexpr = 64
+        n0 = gl.program_id(0) * (2 * KEYS)
+        off_bkv = gl.program_id(1)
+        H_KV = H_Q // GROUP
+        off_b = off_bkv // H_KV
+        off_hkv = off_bkv % H_KV
+
+        # Query tiles [t_first, t_end), of which [t_first, t_whole) are masked (query_tiles()).
+        t_end = gl.cdiv(n_q, BLOCK_M)
+        if CAUSAL:
+            diag = n_k - n_q
+            t_first = gl.minimum(gl.maximum(n0 - diag, 0) // BLOCK_M, t_end)
+            t_whole = gl.minimum(gl.maximum(gl.cdiv(gl.maximum(n0 + 2 * KEYS - 1 - diag, 0), BLOCK_M), t_first),
+                                 t_end)
+        else:
+            t_first = 0
+            t_whole = 0
+
+        kv_smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [2, KEYS, HEAD_DIM], kv_smem_layout)
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [2, KEYS, HEAD_DIM], kv_smem_layout)
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], kv_smem_layout)
+        do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], kv_smem_layout)
+        ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, KEYS, BLOCK_M], ds_layout)
+        kv_full = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        q_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_full.index(0), count=1)
+        for s in gl.static_range(STAGES):
+            mbarrier.init(q_full.index(s), count=1)
+            mbarrier.init(q_empty.index(s), count=2)
+        fence_async_shared()
+
+        gl.warp_specialize([
+            (_bwd_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_full, q_full,
+                             q_empty, off_b, off_hkv, n0, GROUP, t_first, t_end, BLOCK_M, STAGES, KEYS)),
+            (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, kv_full, q_full, q_empty,
+                             lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, stride_kb, stride_kh,
+                             off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, qk_scale, sm_scale,
+                             HEAD_DIM, BLOCK_M, STAGES, KEYS, 0, CAUSAL)),
+            (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, kv_full, q_full, q_empty,
+                             lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, stride_kb, stride_kh,
+                             off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, qk_scale, sm_scale,
+                             HEAD_DIM, BLOCK_M, STAGES, KEYS, 1, CAUSAL)),
+        ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
+
+
+# ---------------------------------------------------------------------------------------------
+# Host side
+# ---------------------------------------------------------------------------------------------
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    size = t.element_size()
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+            and all((stride * size) % 16 == 0 for stride in t.stride()[:-1]))
+
+
+def enabled() -> bool:
+    """Whether the environment switch asks for this kernel (off by default: not yet run on a GPU)."""
+    return os.environ.get(ENV_SWITCH, "0") == "1"
+
+
+def device_reason(device: torch.device) -> str | None:
+    """Why no call on ``device`` takes this kernel, whatever its shape (None: some can)."""
+    if GLUON_IMPORT_ERROR is not None:
+        return f"Gluon (triton.experimental.gluon, triton >= 3.6) is not available: {GLUON_IMPORT_ERROR}"
+    if os.environ.get("TRITON_INTERPRET") == "1" or device.type != "cuda":
+        return "a CUDA device (not Triton's interpreter)"
+    capability = torch.cuda.get_device_capability(device)
+    if capability[0] != 9:
+        return f"Hopper (sm_90) only: wgmma and this kernel's TMA use are sm_90a (this GPU is sm{capability[0]}{capability[1]})"
+    return None
+
+
+def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                       scale: float | None = None, *, variants: object | None = None,
+                       layout: object | None = None, dlse: object | None = None) -> str | None:
+    """Why this backward does not take the call (None: it does). Covered: dense ``[B, H, N, D]``
+    float16/bfloat16 on Hopper, head dim 64 or 128 (V's the same), GQA/MQA, causal or not, any
+    lengths >= 1, a positive scale, the gradient of the returned LSE too (it folds into delta).
+    Not: varlen, paged, windows, softcap, ALiBi, sinks, float32, FP8, other head dims."""
+    if layout is not None:
+        return "packed sequences take the existing backward"
+    if variants is not None and getattr(variants, "key", None) is not None:
+        plain = (bool(causal), None, False, False, False)
+        if variants.key() != plain:
+            return "variants (window, softcap, ALiBi, sinks) take the existing backward"
+    tensors = (q, k, v)
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        return "q, k, v must be tensors"
+    if any(t.dim() != 4 for t in tensors):
+        return "dense [batch, heads, seqlen, head_dim] tensors only"
+    if (reason := device_reason(q.device)) is not None:
+        return reason
+    if any(t.device != q.device for t in tensors):
+        return "q, k, v on one device"
+    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"float16 or bfloat16 q, k, v of one dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+    batch, heads_q, n_q, head_dim = q.shape
+    if head_dim not in HEAD_DIMS or k.shape[-1] != head_dim or v.shape[-1] != head_dim:
+        return f"head dims {HEAD_DIMS} (V's equal to Q's), got {head_dim}, {k.shape[-1]}, {v.shape[-1]}"
+    if k.shape != v.shape or k.shape[0] != batch or k.shape[1] == 0 or heads_q % k.shape[1]:
+        return f"k, v shapes {tuple(k.shape)}, {tuple(v.shape)} do not fit q {tuple(q.shape)}"
+    if batch * heads_q * n_q == 0 or k.shape[2] == 0:
+        return "empty inputs take the existing path"
+    if scale is not None and not (math.isfinite(scale) and scale > 0):
+        return "a positive finite scale"
+    if not all(_aligned(t) for t in tensors):
+        return "strides TMA can address: head dim contiguous, other strides and the base 16-byte aligned"
+    if batch * k.shape[1] > 65535:
+        return "batch x KV heads above 65535 (the grid's second axis)"
+    return None
+
+
+def _descriptor(t: torch.Tensor, rows: int) -> "TensorDescriptor":
+    # 4-d, so that each (batch, head) is bounded: loads past its last row read zeros.
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
+    return TensorDescriptor.from_tensor(t, [1, 1, rows, t.shape[-1]], layout)
+
+
+def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor,
+                     delta: torch.Tensor, dq_acc: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
+                     causal: bool, scale: float, config: Config) -> tuple[tuple, dict, tuple[int, int]]:
+    """(positional arguments, keyword arguments, grid) of one launch: what :func:`flash_bwd` runs
+    and what ``tools/flash_bench/gluon_bwd_compile.py`` compiles without a GPU. ``lse``, ``delta``
+    contiguous float32 [B, Hq, Nq]; ``dq_acc`` contiguous float32 like q, zeroed; ``dk``, ``dv``
+    contiguous like k."""
+    batch, heads_q, n_q, head_dim = q.shape
+    heads_kv, n_k = k.shape[1], k.shape[2]
+    args = (_descriptor(q, config.block_m), _descriptor(do, config.block_m),
+            _descriptor(k, KEYS_PER_CONSUMER), _descriptor(v, KEYS_PER_CONSUMER),
+            lse, delta, dq_acc, dk, dv, dk.stride(0), dk.stride(1),
+            heads_q, heads_q // heads_kv, n_q, n_k, scale * _LOG2E, scale)
+    kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages, CAUSAL=bool(causal),
+                  CONSUMER_REGS=config.consumer_regs, num_warps=4)
+    return args, kwargs, (triton.cdiv(n_k, BLOCK_N), batch * heads_kv)
+
+
+def warmup(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+           config: Config | None = None):
+    """Compile (without launching) the kernel :func:`flash_bwd` would run, and return Triton's
+    compiled kernel (``asm``, ``metadata``): for the compile check without a GPU."""
+    batch, heads_q, n_q, head_dim = q.shape
+    config = default_config(head_dim, causal) if config is None else config
+    lse = torch.empty((batch, heads_q, n_q), dtype=torch.float32, device=q.device)
+    dq_acc = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    args, kwargs, grid = launch_arguments(torch.empty_like(q), q, k, v, lse, torch.empty_like(lse), dq_acc,
+                                          torch.empty_like(k), torch.empty_like(v), causal, scale, config)
+    return _attn_bwd_sm90.warmup(*args, **kwargs, grid=grid)
+
+
+def _delta(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
+    # rowsum(dO * O) in float32 [B, H, N]: the Triton path's preprocess kernel.
+    from .kernels import attn_bwd_preprocess
+    from .launch import _block_d
+
+    batch, heads, n, head_dim_v = o.shape
+    delta = torch.empty((batch, heads, n), dtype=torch.float32, device=o.device)
+    attn_bwd_preprocess[(triton.cdiv(n, 64), batch * heads)](
+        o, do, delta, *o.stride(), *do.stride(), heads, n,
+        HEAD_DIM_V=head_dim_v, BLOCK_DV=_block_d(head_dim_v), BLOCK_M=64, num_warps=4,
+    )
+    return delta
+
+
+def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+              lse: torch.Tensor, causal: bool, scale: float, config: Config | None = None, *,
+              dlse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) as :func:`.launch.flash_bwd` returns them for a dense call that
+    :func:`unsupported_reason` takes: from the forward's output ``o`` and base-2 LSE ``lse``
+    (float32 [B, Hq, Nq]); ``dlse`` is the gradient of the natural LSE the caller returned (None:
+    unused). The caller checks :func:`unsupported_reason` first: this function does not."""
+    batch, heads_q, n_q, head_dim = q.shape
+    config = default_config(head_dim, causal) if config is None else config
+    if shared_bytes(config, head_dim) > SHARED_LIMIT:
+        raise ValueError(f"config {config} needs {shared_bytes(config, head_dim)} B of shared memory at d{head_dim}")
+    if not _aligned(do):
+        do = do.contiguous()
+    delta = _delta(o, do)
+    if dlse is not None:  # d lse / d s = p: joins dS = P (dP - delta + dlse), as launch.flash_bwd does
+        delta -= dlse
+    lse = lse.contiguous()
+    dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    args, kwargs, grid = launch_arguments(do, q, k, v, lse, delta, dq_acc, dk, dv, causal, scale, config)
+    _attn_bwd_sm90[grid](*args, **kwargs)
+    return dq_acc.to(q.dtype), dk, dv
