@@ -135,21 +135,29 @@ class Config:
     block_m: int = 64
     stages: int = 2
     consumer_regs: int = 240
+    #: dQ's product after dV's and dK's complete (``-split``), instead of all three in flight.
+    split_dq: bool = False
+    #: delta loaded after S^T's product completes (``-late``), not beside L.
+    late_delta: bool = False
 
     def __str__(self) -> str:
-        return f"m{self.block_m}s{self.stages}-r{self.consumer_regs}"
+        return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'-late' if self.late_delta else ''}-r{self.consumer_regs}"
 
     @staticmethod
     def parse(text: str) -> "Config":
-        """``m64s2``, ``m128s2``, ``m64s3-r232``: the form ``str`` writes."""
+        """``m64s2``, ``m128s2``, ``m64s2-split``, ``m64s3-r232``: the form ``str`` writes."""
         parts = text.strip().split("-")
         head = parts[0]
         if not (head.startswith("m") and "s" in head):
-            raise ValueError(f"config {text!r}: expected mBLOCKsSTAGES[-rREGS], e.g. m64s2")
+            raise ValueError(f"config {text!r}: expected mBLOCKsSTAGES[-split][-rREGS], e.g. m64s2")
         block_m, stages = head[1:].split("s")
         fields = dict(block_m=int(block_m), stages=int(stages))
         for part in parts[1:]:
-            if part.startswith("r") and part[1:].isdigit():
+            if part == "split":
+                fields["split_dq"] = True
+            elif part == "late":
+                fields["late_delta"] = True
+            elif part.startswith("r") and part[1:].isdigit():
                 fields["consumer_regs"] = int(part[1:])
             else:
                 raise ValueError(f"config {text!r}: unknown part {part!r}")
@@ -162,8 +170,9 @@ def shared_bytes(config: Config, head_dim: int, element_size: int = 2) -> int:
     kv = 2 * BLOCK_N * head_dim * element_size
     ring = 2 * config.stages * config.block_m * head_dim * element_size
     ds = 2 * KEYS_PER_CONSUMER * config.block_m * element_size
+    dq = 2 * config.block_m * head_dim * 4
     barriers = 8 * (1 + 2 * config.stages)
-    return kv + ring + ds + barriers
+    return kv + ring + ds + dq + barriers
 
 
 def default_config(head_dim: int, causal: bool) -> Config:
@@ -222,25 +231,34 @@ if gl is not None:
                 it += 1
 
     @gluon.jit
-    def _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, q_full, q_empty, dk, dv, st, dpt,
+    def _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, dq_buf, q_full, q_empty, dk, dv,
                   lse_h, delta_h, dq_h, keys, n_q, diag, qk_scale, sm_scale,
                   s_layout: gl.constexpr, kv_layout: gl.constexpr, a_layout: gl.constexpr,
-                  BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                  CAUSAL: gl.constexpr, MASKED: gl.constexpr):
+                  add_layout: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, KEYS: gl.constexpr,
+                  CAUSAL: gl.constexpr, MASKED: gl.constexpr, SPLIT_DQ: gl.constexpr,
+                  LATE_DELTA: gl.constexpr):
         # One query tile for this consumer's 64 keys: see the module docstring for the order.
         s = it % STAGES
         q_s = q_smem.index(s)
         do_s = do_smem.index(s)
         mbarrier.wait(q_full.index(s), (it // STAGES) & 1)
+        # Fresh accumulators (use_acc=False): carried through the loop they would hold 2 x 32
+        # registers across the dV/dK/dQ products, where d128 has none to spare.
+        st = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=s_layout)
+        dpt = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=s_layout)
         st = warpgroup_mma(k_c, q_s.permute((1, 0)), st, use_acc=False, is_async=True)
         dpt = warpgroup_mma(v_c, do_s.permute((1, 0)), dpt, use_acc=False, is_async=True)
         # The tile's L and delta, along S^T's columns (queries); rows past Nq: L = +inf (P = 0).
         cols = t * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
         in_q = cols < n_q
         lse = gl.load(lse_h + cols, mask=in_q, other=float("inf"))
-        delta = gl.load(delta_h + cols, mask=in_q, other=0.0)
+        if not LATE_DELTA:
+            delta = gl.load(delta_h + cols, mask=in_q, other=0.0)
         st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
         pt = gl.exp2(st * qk_scale - lse[None, :])
+        if LATE_DELTA:
+            # Loaded once S^T is in: its 16 registers a thread not live beside S^T's and dP^T's.
+            delta = gl.load(delta_h + cols, mask=in_q, other=0.0)
         if MASKED:
             if CAUSAL:
                 pt = gl.where(keys[:, None] <= cols[None, :] + diag, pt, 0.0)
@@ -255,23 +273,36 @@ if gl is not None:
         # completed: the wait at the end of the previous step), then dQ_i's share of these keys.
         ds_buf.store(ds_lo)
         fence_async_shared()
+        if SPLIT_DQ:
+            # dV and dK complete before dQ's product starts: its 64 x d accumulator then takes
+            # the registers P^T and dS^T held (d128 spilled with all three in flight).
+            dv, dk, p_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, p_op, ds_op))
         dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=kv_layout)
         dq = warpgroup_mma(ds_buf.permute((1, 0)), k_c, dq, use_acc=False, is_async=True)
-        dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq, p_op, ds_op))
+        if SPLIT_DQ:
+            dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
+        else:
+            dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq, p_op, ds_op))
         # Every product that read stage s has completed: it goes back to the producer.
         mbarrier.arrive(q_empty.index(s), count=1)
-        rows = t * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, kv_layout))
-        dcols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
-        offsets = rows[:, None] * HEAD_DIM + dcols[None, :]
-        gl.atomic_add(dq_h + offsets, dq * sm_scale, mask=(rows < n_q)[:, None], sem="relaxed", scope="gpu")
-        return dk, dv, st, dpt
+        # dQ's share through shared memory, then added in chunks of 16 rows: straight from the
+        # wgmma layout, its 64 addresses (2 registers each) next to dK, dV and dQ spilled at d128.
+        dq_buf.store(dq * sm_scale)
+        for r in gl.static_range(BLOCK_M // 16):
+            part = dq_buf.slice(r * 16, 16, dim=0).load(add_layout)
+            rows = t * BLOCK_M + r * 16 + gl.arange(0, 16, layout=gl.SliceLayout(1, add_layout))
+            dcols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, add_layout))
+            offsets = rows[:, None] * HEAD_DIM + dcols[None, :]
+            gl.atomic_add(dq_h + offsets, part, mask=(rows < n_q)[:, None], sem="relaxed", scope="gpu")
+        return dk, dv
 
     @gluon.jit
-    def _bwd_consumer(q_smem, do_smem, k_smem, v_smem, ds_smem, kv_full, q_full, q_empty,
+    def _bwd_consumer(q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_full, q_full, q_empty,
                       lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, stride_kb, stride_kh,
                       off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, qk_scale, sm_scale,
                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                      KEYS: gl.constexpr, CID: gl.constexpr, CAUSAL: gl.constexpr):
+                      KEYS: gl.constexpr, CID: gl.constexpr, CAUSAL: gl.constexpr, SPLIT_DQ: gl.constexpr,
+                      LATE_DELTA: gl.constexpr):
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_M, 16])
         kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -280,13 +311,15 @@ if gl is not None:
         k_c = k_smem.index(CID)
         v_c = v_smem.index(CID)
         ds_buf = ds_smem.index(CID)
+        dq_buf = dq_smem.index(CID)
+        # The dQ adds: each thread 4 (d128) or 2 (d64) consecutive floats of a row, a warp a row.
+        add_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, HEAD_DIM // 32], threads_per_warp=[1, 32],
+                                                    warps_per_cta=[4, 1], order=[1, 0])
         key0 = n0 + CID * KEYS
         keys = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, s_layout))
         diag = n_k - n_q
         dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=kv_layout)
         dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=kv_layout)
-        st = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=s_layout)
-        dpt = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=s_layout)
         mbarrier.wait(kv_full.index(0), 0)
         it = 0
         for g in range(GROUP):
@@ -297,16 +330,16 @@ if gl is not None:
             dq_h = dq_ptr + row_base * HEAD_DIM
             # The causal diagonal's tiles (masked), then the tiles every key of the CTA sees whole.
             for t in range(t_first, t_whole):
-                dk, dv, st, dpt = _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, q_full, q_empty, dk, dv,
-                                            st, dpt, lse_h, delta_h, dq_h, keys, n_q, diag, qk_scale, sm_scale,
-                                            s_layout, kv_layout, a_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL,
-                                            True)
+                dk, dv = _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, dq_buf, q_full, q_empty, dk, dv,
+                                            lse_h, delta_h, dq_h, keys, n_q, diag, qk_scale, sm_scale,
+                                            s_layout, kv_layout, a_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
+                                            True, SPLIT_DQ, LATE_DELTA)
                 it += 1
             for t in range(t_whole, t_end):
-                dk, dv, st, dpt = _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, q_full, q_empty, dk, dv,
-                                            st, dpt, lse_h, delta_h, dq_h, keys, n_q, diag, qk_scale, sm_scale,
-                                            s_layout, kv_layout, a_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL,
-                                            False)
+                dk, dv = _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, dq_buf, q_full, q_empty, dk, dv,
+                                            lse_h, delta_h, dq_h, keys, n_q, diag, qk_scale, sm_scale,
+                                            s_layout, kv_layout, a_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
+                                            False, SPLIT_DQ, LATE_DELTA)
                 it += 1
         # dK (times the softmax scale) and dV of this consumer's keys; rows past Nk are dropped.
         krows = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, kv_layout))
@@ -321,7 +354,8 @@ if gl is not None:
     def _attn_bwd_sm90(q_desc, do_desc, k_desc, v_desc, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr,
                        stride_kb, stride_kh, H_Q, GROUP, n_q, n_k, qk_scale, sm_scale,
                        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                       CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                       CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, SPLIT_DQ: gl.constexpr,
+                       LATE_DELTA: gl.constexpr):
         KEYS: gl.constexpr = 64
         n0 = gl.program_id(0) * (2 * KEYS)
         off_bkv = gl.program_id(1)
@@ -347,6 +381,8 @@ if gl is not None:
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], kv_smem_layout)
         do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], kv_smem_layout)
         ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, KEYS, BLOCK_M], ds_layout)
+        dq_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+        dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM], dq_layout)
         kv_full = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         q_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -359,14 +395,14 @@ if gl is not None:
         gl.warp_specialize([
             (_bwd_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_full, q_full,
                              q_empty, off_b, off_hkv, n0, GROUP, t_first, t_end, BLOCK_M, STAGES, KEYS)),
-            (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, kv_full, q_full, q_empty,
+            (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_full, q_full, q_empty,
                              lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, stride_kb, stride_kh,
                              off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, qk_scale, sm_scale,
-                             HEAD_DIM, BLOCK_M, STAGES, KEYS, 0, CAUSAL)),
-            (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, kv_full, q_full, q_empty,
+                             HEAD_DIM, BLOCK_M, STAGES, KEYS, 0, CAUSAL, SPLIT_DQ, LATE_DELTA)),
+            (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_full, q_full, q_empty,
                              lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, stride_kb, stride_kh,
                              off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, qk_scale, sm_scale,
-                             HEAD_DIM, BLOCK_M, STAGES, KEYS, 1, CAUSAL)),
+                             HEAD_DIM, BLOCK_M, STAGES, KEYS, 1, CAUSAL, SPLIT_DQ, LATE_DELTA)),
         ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -458,7 +494,8 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
             lse, delta, dq_acc, dk, dv, dk.stride(0), dk.stride(1),
             heads_q, heads_q // heads_kv, n_q, n_k, scale * _LOG2E, scale)
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages, CAUSAL=bool(causal),
-                  CONSUMER_REGS=config.consumer_regs, num_warps=4)
+                  CONSUMER_REGS=config.consumer_regs, SPLIT_DQ=config.split_dq,
+                  LATE_DELTA=config.late_delta, num_warps=4)
     return args, kwargs, (triton.cdiv(n_k, BLOCK_N), batch * heads_kv)
 
 
