@@ -139,9 +139,11 @@ class Config:
     split_dq: bool = False
     #: delta loaded after S^T's product completes (``-late``), not beside L.
     late_delta: bool = False
+    #: Columns of dQ per product (``-qN``): 64 computes d128's dQ share in two halves.
+    dq_cols: int = 64
 
     def __str__(self) -> str:
-        return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'-late' if self.late_delta else ''}-r{self.consumer_regs}"
+        return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'-late' if self.late_delta else ''}{'' if self.dq_cols == 64 else f'-q{self.dq_cols}'}-r{self.consumer_regs}"
 
     @staticmethod
     def parse(text: str) -> "Config":
@@ -157,6 +159,8 @@ class Config:
                 fields["split_dq"] = True
             elif part == "late":
                 fields["late_delta"] = True
+            elif part.startswith("q") and part[1:].isdigit():
+                fields["dq_cols"] = int(part[1:])
             elif part.startswith("r") and part[1:].isdigit():
                 fields["consumer_regs"] = int(part[1:])
             else:
@@ -236,7 +240,7 @@ if gl is not None:
                   s_layout: gl.constexpr, kv_layout: gl.constexpr, a_layout: gl.constexpr,
                   add_layout: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, KEYS: gl.constexpr,
                   CAUSAL: gl.constexpr, MASKED: gl.constexpr, SPLIT_DQ: gl.constexpr,
-                  LATE_DELTA: gl.constexpr):
+                  LATE_DELTA: gl.constexpr, DQ_PARTS: gl.constexpr):
         # One query tile for this consumer's 64 keys: see the module docstring for the order.
         s = it % STAGES
         q_s = q_smem.index(s)
@@ -275,19 +279,32 @@ if gl is not None:
         fence_async_shared()
         if SPLIT_DQ:
             # dV and dK complete before dQ's product starts: its 64 x d accumulator then takes
-            # the registers P^T and dS^T held (d128 spilled with all three in flight).
+            # the registers P^T and dS^T held.
             dv, dk, p_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, p_op, ds_op))
-        dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=kv_layout)
-        dq = warpgroup_mma(ds_buf.permute((1, 0)), k_c, dq, use_acc=False, is_async=True)
-        if SPLIT_DQ:
-            dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
-        else:
-            dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq, p_op, ds_op))
-        # Every product that read stage s has completed: it goes back to the producer.
-        mbarrier.arrive(q_empty.index(s), count=1)
-        # dQ's share through shared memory, then added in chunks of 16 rows: straight from the
-        # wgmma layout, its 64 addresses (2 registers each) next to dK, dV and dQ spilled at d128.
-        dq_buf.store(dq * sm_scale)
+        # dQ_i's share of these keys, DQ_PARTS column pieces of K_c at a time (d128: two of 64, so
+        # that its accumulator is 32 registers a thread, not 64, beside dK's and dV's 128), each
+        # through shared memory (scaled) to the adds below.
+        DQ_N: gl.constexpr = HEAD_DIM // DQ_PARTS
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, DQ_N, 16])
+        for h in gl.static_range(DQ_PARTS):
+            dq = gl.zeros([BLOCK_M, DQ_N], gl.float32, layout=dq_layout)
+            if DQ_PARTS == 1:
+                k_part = k_c
+            else:
+                k_part = k_c.slice(h * DQ_N, DQ_N, dim=1)
+            dq = warpgroup_mma(ds_buf.permute((1, 0)), k_part, dq, use_acc=False, is_async=True)
+            if h == 0:
+                # wgmma groups complete in order: dV's and dK's too, with P^T and dS^T.
+                dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq, p_op, ds_op))
+                # Every product that read stage s has completed: it goes back to the producer.
+                mbarrier.arrive(q_empty.index(s), count=1)
+            else:
+                dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
+            if DQ_PARTS == 1:
+                dq_buf.store(dq * sm_scale)
+            else:
+                dq_buf.slice(h * DQ_N, DQ_N, dim=1).store(dq * sm_scale)
         for r in gl.static_range(BLOCK_M // 16):
             part = dq_buf.slice(r * 16, 16, dim=0).load(add_layout)
             rows = t * BLOCK_M + r * 16 + gl.arange(0, 16, layout=gl.SliceLayout(1, add_layout))
@@ -298,11 +315,11 @@ if gl is not None:
 
     @gluon.jit
     def _bwd_consumer(q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_full, q_full, q_empty,
-                      lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, stride_kb, stride_kh,
+                      lse_ptr, delta_ptr, dq_ptr, dk_desc, dv_desc,
                       off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, qk_scale, sm_scale,
                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                       KEYS: gl.constexpr, CID: gl.constexpr, CAUSAL: gl.constexpr, SPLIT_DQ: gl.constexpr,
-                      LATE_DELTA: gl.constexpr):
+                      LATE_DELTA: gl.constexpr, DQ_PARTS: gl.constexpr):
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_M, 16])
         kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -333,29 +350,31 @@ if gl is not None:
                 dk, dv = _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, dq_buf, q_full, q_empty, dk, dv,
                                             lse_h, delta_h, dq_h, keys, n_q, diag, qk_scale, sm_scale,
                                             s_layout, kv_layout, a_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
-                                            True, SPLIT_DQ, LATE_DELTA)
+                                            True, SPLIT_DQ, LATE_DELTA, DQ_PARTS)
                 it += 1
             for t in range(t_whole, t_end):
                 dk, dv = _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, dq_buf, q_full, q_empty, dk, dv,
                                             lse_h, delta_h, dq_h, keys, n_q, diag, qk_scale, sm_scale,
                                             s_layout, kv_layout, a_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
-                                            False, SPLIT_DQ, LATE_DELTA)
+                                            False, SPLIT_DQ, LATE_DELTA, DQ_PARTS)
                 it += 1
-        # dK (times the softmax scale) and dV of this consumer's keys; rows past Nk are dropped.
-        krows = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, kv_layout))
-        dcols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
-        offsets = (off_b * stride_kb + off_hkv * stride_kh).to(gl.int64) + krows[:, None] * HEAD_DIM + dcols[None, :]
-        keep = (krows < n_k)[:, None]
-        gl.store(dk_ptr + offsets, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=keep)
-        gl.store(dv_ptr + offsets, dv.to(dv_ptr.dtype.element_ty), mask=keep)
+        # dK (times the softmax scale) and dV of this consumer's keys, through K_c's and V_c's
+        # buffers (no product reads them any more: every wait above was for 0 outstanding) and
+        # TMA stores, which drop rows past Nk. Plain stores from the wgmma layout needed 64-bit
+        # addresses beside both accumulators, and spilled at d128.
+        k_c.store(gl.convert_layout((dk * sm_scale).to(k_c.dtype), kv_layout))
+        v_c.store(gl.convert_layout(dv.to(v_c.dtype), kv_layout))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(dk_desc, [off_b, off_hkv, key0, 0], k_c)
+        tma.async_copy_shared_to_global(dv_desc, [off_b, off_hkv, key0, 0], v_c)
+        tma.store_wait(pendings=0)
 
     # Lengths and head counts as plain integers, as the forward does.
-    @gluon.jit(do_not_specialize=("stride_kb", "stride_kh", "H_Q", "GROUP", "n_q", "n_k"))
-    def _attn_bwd_sm90(q_desc, do_desc, k_desc, v_desc, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr,
-                       stride_kb, stride_kh, H_Q, GROUP, n_q, n_k, qk_scale, sm_scale,
+    @gluon.jit(do_not_specialize=("H_Q", "GROUP", "n_q", "n_k"))
+    def _attn_bwd_sm90(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_ptr, H_Q, GROUP, n_q, n_k, qk_scale, sm_scale,
                        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                        CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, SPLIT_DQ: gl.constexpr,
-                       LATE_DELTA: gl.constexpr):
+                       LATE_DELTA: gl.constexpr, DQ_PARTS: gl.constexpr):
         KEYS: gl.constexpr = 64
         n0 = gl.program_id(0) * (2 * KEYS)
         off_bkv = gl.program_id(1)
@@ -396,13 +415,13 @@ if gl is not None:
             (_bwd_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_full, q_full,
                              q_empty, off_b, off_hkv, n0, GROUP, t_first, t_end, BLOCK_M, STAGES, KEYS)),
             (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_full, q_full, q_empty,
-                             lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, stride_kb, stride_kh,
+                             lse_ptr, delta_ptr, dq_ptr, dk_desc, dv_desc,
                              off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, qk_scale, sm_scale,
-                             HEAD_DIM, BLOCK_M, STAGES, KEYS, 0, CAUSAL, SPLIT_DQ, LATE_DELTA)),
+                             HEAD_DIM, BLOCK_M, STAGES, KEYS, 0, CAUSAL, SPLIT_DQ, LATE_DELTA, DQ_PARTS)),
             (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_full, q_full, q_empty,
-                             lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, stride_kb, stride_kh,
+                             lse_ptr, delta_ptr, dq_ptr, dk_desc, dv_desc,
                              off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, qk_scale, sm_scale,
-                             HEAD_DIM, BLOCK_M, STAGES, KEYS, 1, CAUSAL, SPLIT_DQ, LATE_DELTA)),
+                             HEAD_DIM, BLOCK_M, STAGES, KEYS, 1, CAUSAL, SPLIT_DQ, LATE_DELTA, DQ_PARTS)),
         ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -491,11 +510,12 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     heads_kv, n_k = k.shape[1], k.shape[2]
     args = (_descriptor(q, config.block_m), _descriptor(do, config.block_m),
             _descriptor(k, KEYS_PER_CONSUMER), _descriptor(v, KEYS_PER_CONSUMER),
-            lse, delta, dq_acc, dk, dv, dk.stride(0), dk.stride(1),
+            _descriptor(dk, KEYS_PER_CONSUMER), _descriptor(dv, KEYS_PER_CONSUMER), lse, delta, dq_acc,
             heads_q, heads_q // heads_kv, n_q, n_k, scale * _LOG2E, scale)
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages, CAUSAL=bool(causal),
                   CONSUMER_REGS=config.consumer_regs, SPLIT_DQ=config.split_dq,
-                  LATE_DELTA=config.late_delta, num_warps=4)
+                  LATE_DELTA=config.late_delta,
+                  DQ_PARTS=max(1, head_dim // config.dq_cols), num_warps=4)
     return args, kwargs, (triton.cdiv(n_k, BLOCK_N), batch * heads_kv)
 
 
