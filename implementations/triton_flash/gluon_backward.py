@@ -548,11 +548,13 @@ def _delta(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
 
 def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
               lse: torch.Tensor, causal: bool, scale: float, config: Config | None = None, *,
-              dlse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              dlse: torch.Tensor | None = None,
+              out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) as :func:`.launch.flash_bwd` returns them for a dense call that
     :func:`unsupported_reason` takes: from the forward's output ``o`` and base-2 LSE ``lse``
     (float32 [B, Hq, Nq]); ``dlse`` is the gradient of the natural LSE the caller returned (None:
-    unused). The caller checks :func:`unsupported_reason` first: this function does not."""
+    unused). ``out`` hands in dk and dv, contiguous like k (a check poisons them first). The
+    caller checks :func:`unsupported_reason` first: this function does not."""
     batch, heads_q, n_q, head_dim = q.shape
     config = default_config(head_dim, causal) if config is None else config
     if shared_bytes(config, head_dim) > SHARED_LIMIT:
@@ -564,8 +566,13 @@ def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         delta -= dlse
     lse = lse.contiguous()
     dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    if out is None:
+        dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+        dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    else:
+        dk, dv = out
+        if dk.shape != k.shape or dv.shape != v.shape or not (dk.is_contiguous() and dv.is_contiguous()):
+            raise ValueError("out must be contiguous dk, dv shaped like k, v")
     args, kwargs, grid = launch_arguments(do, q, k, v, lse, delta, dq_acc, dk, dv, causal, scale, config)
     _attn_bwd_sm90[grid](*args, **kwargs)
     return dq_acc.to(q.dtype), dk, dv

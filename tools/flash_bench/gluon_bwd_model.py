@@ -430,6 +430,56 @@ def check_numerics_catches_a_mistake(gb) -> bool:
         gb.query_tiles = original
 
 
+def check_harness_rule(gb) -> list[str]:
+    """``gluon_bwd_check._check_case`` (the GPU tool's correctness case, the harness's rule) on
+    the CPU, with this model standing in for the kernel and the float64 reference for the
+    forward: that the design's roundings pass the rule the GPU run applies, and that the check
+    itself runs. Returns the failures (empty: all passed)."""
+    import gluon_bwd_check
+
+    class ModelKernel:
+        Config = gb.Config
+
+        @staticmethod
+        def unsupported_reason(*args, **kwargs):
+            return None
+
+        @staticmethod
+        def flash_bwd(do, q, k, v, o, lse, causal, scale, config, out=None):
+            delta = (o.float() * do.float()).sum(-1)
+            dq, dk, dv = model_backward(gb, q.float(), k.float(), v.float(), do.float(), lse.float(), delta,
+                                        causal, scale, config.block_m, q.dtype)
+            if out is not None:
+                out[0].copy_(dk)
+                out[1].copy_(dv)
+                dk, dv = out
+            return dq.to(q.dtype), dk, dv
+
+    class ReferenceForward:
+        @staticmethod
+        def flash_fwd(q, k, v, causal, scale):
+            _, _, _, o, lse2 = reference(q.double(), k.double(), v.double(), torch.zeros_like(q, dtype=torch.float64),
+                                         causal, scale)
+            return o.to(q.dtype), lse2.float()
+
+        @staticmethod
+        def flash_bwd(*args, **kwargs):
+            raise NotImplementedError("not on the CPU")
+
+    failures = []
+    headroom = 0.0
+    for dtype in ("bfloat16", "float16"):
+        for shape, causal, head_dim in (((1, 2, 2, 200, 200), False, 64), ((1, 4, 2, 130, 70), True, 64),
+                                        ((2, 2, 1, 70, 300), True, 64), ((1, 2, 2, 65, 129), True, 128)):
+            case = {"id": f"{dtype} {shape} causal={causal} d{head_dim}", "dtype": dtype, "head_dim": head_dim,
+                    "causal": causal, "config": "m64s2", "shape": list(shape), "seed": 7}
+            result = gluon_bwd_check._check_case(case, ModelKernel, ReferenceForward, device="cpu")
+            if not result["passed"]:
+                failures.append(f"{case['id']}: {result}")
+            headroom = max([headroom] + [result[n]["max_error"] / result[n]["allowed"] for n in ("dq", "dk", "dv")])
+    return failures, headroom
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=100, help="random interleavings per protocol case")
@@ -448,7 +498,11 @@ def main() -> int:
           f"{100 * worst:.2f}%)")
     mask_caught = check_numerics_catches_a_mistake(gb)
     print(f"numerics: an unmasked causal diagonal is {'caught' if mask_caught else 'NOT caught'}")
-    return 0 if not missed and mask_caught else 1
+    harness, headroom = check_harness_rule(gb)
+    print(f"harness rule: gluon_bwd_check's correctness case on the CPU with the model as the kernel: "
+          f"{'8 of 8 passed' if not harness else 'FAILED: ' + '; '.join(harness)} (worst error / allowed "
+          f"{headroom:.2f})")
+    return 0 if not missed and mask_caught and not harness else 1
 
 
 if __name__ == "__main__":
