@@ -137,13 +137,11 @@ class Config:
     consumer_regs: int = 240
     #: dQ's product after dV's and dK's complete (``-split``), instead of all three in flight.
     split_dq: bool = False
-    #: delta loaded after S^T's product completes (``-late``), not beside L.
-    late_delta: bool = False
     #: Columns of dQ per product (``-qN``): 64 computes d128's dQ share in two halves.
     dq_cols: int = 64
 
     def __str__(self) -> str:
-        return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'-late' if self.late_delta else ''}{'' if self.dq_cols == 64 else f'-q{self.dq_cols}'}-r{self.consumer_regs}"
+        return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'' if self.dq_cols == 64 else f'-q{self.dq_cols}'}-r{self.consumer_regs}"
 
     @staticmethod
     def parse(text: str) -> "Config":
@@ -157,8 +155,6 @@ class Config:
         for part in parts[1:]:
             if part == "split":
                 fields["split_dq"] = True
-            elif part == "late":
-                fields["late_delta"] = True
             elif part.startswith("q") and part[1:].isdigit():
                 fields["dq_cols"] = int(part[1:])
             elif part.startswith("r") and part[1:].isdigit():
@@ -240,7 +236,7 @@ if gl is not None:
                   s_layout: gl.constexpr, kv_layout: gl.constexpr, a_layout: gl.constexpr,
                   add_layout: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, KEYS: gl.constexpr,
                   CAUSAL: gl.constexpr, MASKED: gl.constexpr, SPLIT_DQ: gl.constexpr,
-                  LATE_DELTA: gl.constexpr, DQ_PARTS: gl.constexpr):
+                  DQ_PARTS: gl.constexpr):
         # One query tile for this consumer's 64 keys: see the module docstring for the order.
         s = it % STAGES
         q_s = q_smem.index(s)
@@ -256,13 +252,9 @@ if gl is not None:
         cols = t * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
         in_q = cols < n_q
         lse = gl.load(lse_h + cols, mask=in_q, other=float("inf"))
-        if not LATE_DELTA:
-            delta = gl.load(delta_h + cols, mask=in_q, other=0.0)
+        delta = gl.load(delta_h + cols, mask=in_q, other=0.0)
         st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
         pt = gl.exp2(st * qk_scale - lse[None, :])
-        if LATE_DELTA:
-            # Loaded once S^T is in: its 16 registers a thread not live beside S^T's and dP^T's.
-            delta = gl.load(delta_h + cols, mask=in_q, other=0.0)
         if MASKED:
             if CAUSAL:
                 pt = gl.where(keys[:, None] <= cols[None, :] + diag, pt, 0.0)
@@ -319,7 +311,7 @@ if gl is not None:
                       off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, qk_scale, sm_scale,
                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                       KEYS: gl.constexpr, CID: gl.constexpr, CAUSAL: gl.constexpr, SPLIT_DQ: gl.constexpr,
-                      LATE_DELTA: gl.constexpr, DQ_PARTS: gl.constexpr):
+                      DQ_PARTS: gl.constexpr):
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_M, 16])
         kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -350,13 +342,13 @@ if gl is not None:
                 dk, dv = _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, dq_buf, q_full, q_empty, dk, dv,
                                             lse_h, delta_h, dq_h, keys, n_q, diag, qk_scale, sm_scale,
                                             s_layout, kv_layout, a_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
-                                            True, SPLIT_DQ, LATE_DELTA, DQ_PARTS)
+                                            True, SPLIT_DQ, DQ_PARTS)
                 it += 1
             for t in range(t_whole, t_end):
                 dk, dv = _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, dq_buf, q_full, q_empty, dk, dv,
                                             lse_h, delta_h, dq_h, keys, n_q, diag, qk_scale, sm_scale,
                                             s_layout, kv_layout, a_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
-                                            False, SPLIT_DQ, LATE_DELTA, DQ_PARTS)
+                                            False, SPLIT_DQ, DQ_PARTS)
                 it += 1
         # dK (times the softmax scale) and dV of this consumer's keys, through K_c's and V_c's
         # buffers (no product reads them any more: every wait above was for 0 outstanding) and
@@ -374,7 +366,7 @@ if gl is not None:
     def _attn_bwd_sm90(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_ptr, H_Q, GROUP, n_q, n_k, qk_scale, sm_scale,
                        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                        CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, SPLIT_DQ: gl.constexpr,
-                       LATE_DELTA: gl.constexpr, DQ_PARTS: gl.constexpr):
+                       DQ_PARTS: gl.constexpr):
         KEYS: gl.constexpr = 64
         n0 = gl.program_id(0) * (2 * KEYS)
         off_bkv = gl.program_id(1)
@@ -417,11 +409,11 @@ if gl is not None:
             (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_full, q_full, q_empty,
                              lse_ptr, delta_ptr, dq_ptr, dk_desc, dv_desc,
                              off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, qk_scale, sm_scale,
-                             HEAD_DIM, BLOCK_M, STAGES, KEYS, 0, CAUSAL, SPLIT_DQ, LATE_DELTA, DQ_PARTS)),
+                             HEAD_DIM, BLOCK_M, STAGES, KEYS, 0, CAUSAL, SPLIT_DQ, DQ_PARTS)),
             (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_full, q_full, q_empty,
                              lse_ptr, delta_ptr, dq_ptr, dk_desc, dv_desc,
                              off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, qk_scale, sm_scale,
-                             HEAD_DIM, BLOCK_M, STAGES, KEYS, 1, CAUSAL, SPLIT_DQ, LATE_DELTA, DQ_PARTS)),
+                             HEAD_DIM, BLOCK_M, STAGES, KEYS, 1, CAUSAL, SPLIT_DQ, DQ_PARTS)),
         ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -514,7 +506,6 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
             heads_q, heads_q // heads_kv, n_q, n_k, scale * _LOG2E, scale)
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages, CAUSAL=bool(causal),
                   CONSUMER_REGS=config.consumer_regs, SPLIT_DQ=config.split_dq,
-                  LATE_DELTA=config.late_delta,
                   DQ_PARTS=max(1, head_dim // config.dq_cols), num_warps=4)
     return args, kwargs, (triton.cdiv(n_k, BLOCK_N), batch * heads_kv)
 

@@ -26,12 +26,30 @@ os.environ.pop("TRITON_INTERPRET", None)
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from gluon_compile import _opcode, _ptxas_report, _sass, ensure_package  # noqa: E402
+from gluon_compile import _hazards, _opcode, _ptxas_report, _sass, ensure_package  # noqa: E402
 
 
 def load_gluon_backward():
     ensure_package()
     return importlib.import_module("pytest_attnkit.implementations.triton_flash.gluon_backward")
+
+
+def _loops(sass: list[tuple[int, str]]) -> list[list[str]]:
+    """The innermost backward-branch loops that issue wgmma (HGMMA): the consumers' tile loops
+    (the partitions' dispatch loop around everything, with USETMAXREG, left out)."""
+    loops = []
+    for address, instruction in sass:
+        target = re.search(r"BRA (0x[0-9a-f]+)", instruction)
+        if not target or int(target[1], 16) >= address:
+            continue
+        start = int(target[1], 16)
+        body = [text for at, text in sass if start <= at <= address]
+        inner = [at for at, text in sass if start <= at < address and (b := re.search(r"BRA (0x[0-9a-f]+)", text))
+                 and start <= int(b[1], 16) < at]
+        if inner or any(t.startswith("USETMAXREG") for t in body) or not any("HGMMA" in t for t in body):
+            continue  # not innermost, the dispatch loop, or no product
+        loops.append(body)
+    return loops
 
 
 def describe(compiled, shared_limit: int) -> tuple[str, bool]:
@@ -49,14 +67,21 @@ def describe(compiled, shared_limit: int) -> tuple[str, bool]:
     hgmma = sum(op.startswith("HGMMA") for op in ops)
     utmaldg = sum(op.startswith("UTMALDG") for op in ops)
     red = sum(op.startswith(("RED", "ATOM")) for op in ops)
+    loops = _loops(sass)
+    hazards = [text for body in loops for text in _hazards(body)]
+    local = sum(op.startswith(("LDL", "STL")) for body in loops for op in map(_opcode, body))
     shared = compiled.metadata.shared
     fits = shared <= shared_limit
     line = (f"regs {regs} at launch, setmaxnreg dec {dec} inc {inc}; spills {spills} B; shared {shared} B"
             f"{'' if fits else ' (OVER THE LIMIT)'}; PTX wgmma {wgmma}, TMA loads {tma_loads}, "
-            f"float adds {n_atomics} {atomics}, bar.sync {bars}; SASS HGMMA {hgmma}, UTMALDG {utmaldg}, RED/ATOM {red}")
+            f"float adds {n_atomics} {atomics}, bar.sync {bars}; SASS HGMMA {hgmma}, UTMALDG {utmaldg}, RED/ATOM {red}; "
+            f"{len(loops)} tile loops, {max((len(b) for b in loops), default=0)} instrs the longest, "
+            f"{local} local-memory (spill) instrs in them, {len(hazards)} touches of in-flight wgmma registers")
+    if hazards:
+        line += " (" + "; ".join(hazards[:4]) + ")"
     if warnings:
         line += "; ptxas: " + " | ".join(warnings)
-    return line, spills == 0 and fits and regs > 0
+    return line, spills == 0 and fits and regs > 0 and not hazards
 
 
 def main() -> int:
