@@ -139,22 +139,29 @@ class Config:
     split_dq: bool = False
     #: Columns of dQ per product (``-qN``): 64 computes d128's dQ share in two halves.
     dq_cols: int = 64
+    #: Queries as the rows of S (FlashAttention-3's layout at d128): P and dS through shared
+    #: memory. ``-krows``: keys as rows (S^T), P^T and dS^T from registers, L and delta 16
+    #: registers a thread each; it spilled at d128 (NOTES.md, v15).
+    qrows: bool = True
 
     def __str__(self) -> str:
-        return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'' if self.dq_cols == 64 else f'-q{self.dq_cols}'}-r{self.consumer_regs}"
+        return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'' if self.dq_cols == 64 else f'-q{self.dq_cols}'}{'' if self.qrows else '-krows'}-r{self.consumer_regs}"
 
     @staticmethod
     def parse(text: str) -> "Config":
-        """``m64s2``, ``m128s2``, ``m64s2-split``, ``m64s3-r232``: the form ``str`` writes."""
+        """``m64s2``, ``m128s2``, ``m64s2-split``, ``m64s2-krows``, ``m64s2-q128``, ``m64s3-r232``:
+        the form ``str`` writes."""
         parts = text.strip().split("-")
         head = parts[0]
         if not (head.startswith("m") and "s" in head):
-            raise ValueError(f"config {text!r}: expected mBLOCKsSTAGES[-split][-rREGS], e.g. m64s2")
+            raise ValueError(f"config {text!r}: expected mBLOCKsSTAGES[-split][-qCOLS][-krows][-rREGS], e.g. m64s2")
         block_m, stages = head[1:].split("s")
         fields = dict(block_m=int(block_m), stages=int(stages))
         for part in parts[1:]:
             if part == "split":
                 fields["split_dq"] = True
+            elif part == "krows":
+                fields["qrows"] = False
             elif part.startswith("q") and part[1:].isdigit():
                 fields["dq_cols"] = int(part[1:])
             elif part.startswith("r") and part[1:].isdigit():
@@ -169,7 +176,7 @@ def shared_bytes(config: Config, head_dim: int, element_size: int = 2) -> int:
     buffers, barriers."""
     kv = 2 * BLOCK_N * head_dim * element_size
     ring = 2 * config.stages * config.block_m * head_dim * element_size
-    ds = 2 * KEYS_PER_CONSUMER * config.block_m * element_size
+    ds = (4 if config.qrows else 2) * KEYS_PER_CONSUMER * config.block_m * element_size  # dS (and P)
     dq = 2 * config.block_m * head_dim * 4
     barriers = 8 * (1 + 2 * config.stages)
     return kv + ring + ds + dq + barriers
@@ -231,48 +238,91 @@ if gl is not None:
                 it += 1
 
     @gluon.jit
-    def _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, dq_buf, q_full, q_empty, dk, dv,
-                  lse_h, delta_h, dq_h, keys, n_q, diag, qk_scale, sm_scale,
-                  s_layout: gl.constexpr, kv_layout: gl.constexpr, a_layout: gl.constexpr,
-                  add_layout: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, KEYS: gl.constexpr,
-                  CAUSAL: gl.constexpr, MASKED: gl.constexpr, SPLIT_DQ: gl.constexpr,
-                  DQ_PARTS: gl.constexpr):
+    def _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, p_buf, dq_buf, q_full, q_empty, dk, dv,
+                  lse_h, delta_h, dq_h, key0, n_q, diag, qk_scale, sm_scale,
+                  kv_layout: gl.constexpr, add_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+                  HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, KEYS: gl.constexpr, CAUSAL: gl.constexpr,
+                  MASKED: gl.constexpr, SPLIT_DQ: gl.constexpr, DQ_PARTS: gl.constexpr, QROWS: gl.constexpr):
         # One query tile for this consumer's 64 keys: see the module docstring for the order.
         s = it % STAGES
         q_s = q_smem.index(s)
         do_s = do_smem.index(s)
         mbarrier.wait(q_full.index(s), (it // STAGES) & 1)
-        # Fresh accumulators (use_acc=False): carried through the loop they would hold 2 x 32
-        # registers across the dV/dK/dQ products, where d128 has none to spare.
-        st = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=s_layout)
-        dpt = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=s_layout)
-        st = warpgroup_mma(k_c, q_s.permute((1, 0)), st, use_acc=False, is_async=True)
-        dpt = warpgroup_mma(v_c, do_s.permute((1, 0)), dpt, use_acc=False, is_async=True)
-        # The tile's L and delta, along S^T's columns (queries); rows past Nq: L = +inf (P = 0).
-        cols = t * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-        in_q = cols < n_q
-        lse = gl.load(lse_h + cols, mask=in_q, other=float("inf"))
-        delta = gl.load(delta_h + cols, mask=in_q, other=0.0)
-        st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
-        pt = gl.exp2(st * qk_scale - lse[None, :])
-        if MASKED:
-            if CAUSAL:
-                pt = gl.where(keys[:, None] <= cols[None, :] + diag, pt, 0.0)
-        dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt, ))
-        dst = pt * (dpt - delta[None, :])
-        p_op = gl.convert_layout(pt.to(q_s.dtype), a_layout)
-        ds_lo = dst.to(q_s.dtype)
-        ds_op = gl.convert_layout(ds_lo, a_layout)
-        dv = warpgroup_mma(p_op, do_s, dv, is_async=True)
-        dk = warpgroup_mma(ds_op, q_s, dk, is_async=True)
-        # dS^T to this consumer's buffer (the previous tile's dQ product that read it has
-        # completed: the wait at the end of the previous step), then dQ_i's share of these keys.
-        ds_buf.store(ds_lo)
-        fence_async_shared()
-        if SPLIT_DQ:
-            # dV and dK complete before dQ's product starts: its 64 x d accumulator then takes
-            # the registers P^T and dS^T held.
-            dv, dk, p_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, p_op, ds_op))
+        if QROWS:
+            # FlashAttention-3's layout at d128: S = Q_i K_c^T with the queries as rows, so that
+            # L and delta are 2 registers a thread (a row's), and P, dS go to shared memory, the
+            # A operands (transposed) of dV's and dK's products and (as is) of dQ's.
+            sq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                                instr_shape=[16, KEYS, 16])
+            sc = gl.zeros([BLOCK_M, KEYS], gl.float32, layout=sq_layout)
+            dp = gl.zeros([BLOCK_M, KEYS], gl.float32, layout=sq_layout)
+            sc = warpgroup_mma(q_s, k_c.permute((1, 0)), sc, use_acc=False, is_async=True)
+            dp = warpgroup_mma(do_s, v_c.permute((1, 0)), dp, use_acc=False, is_async=True)
+            qrows = t * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, sq_layout))
+            in_q = qrows < n_q
+            lse = gl.load(lse_h + qrows, mask=in_q, other=float("inf"))
+            delta = gl.load(delta_h + qrows, mask=in_q, other=0.0)
+            sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc, ))
+            pq = gl.exp2(sc * qk_scale - lse[:, None])
+            if MASKED:
+                if CAUSAL:
+                    # Key j (key0 + c) seen by query i (t * BLOCK_M + r) iff c - r <= shift: the
+                    # local indices only, which ptxas derives from the lane (no 16 key registers).
+                    shift = t * BLOCK_M + diag - key0
+                    c_idx = gl.arange(0, KEYS, layout=gl.SliceLayout(0, sq_layout))
+                    r_idx = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, sq_layout))
+                    pq = gl.where(c_idx[None, :] - r_idx[:, None] <= shift, pq, 0.0)
+            dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
+            dsq = pq * (dp - delta[:, None])
+            # The previous tile's products that read these buffers completed at its last wait.
+            p_buf.store(pq.to(q_s.dtype))
+            ds_buf.store(dsq.to(q_s.dtype))
+            fence_async_shared()
+            dv = warpgroup_mma(p_buf.permute((1, 0)), do_s, dv, is_async=True)
+            dk = warpgroup_mma(ds_buf.permute((1, 0)), q_s, dk, is_async=True)
+            ds_a = ds_buf
+            if SPLIT_DQ:
+                dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+        else:
+            # Keys as rows (S^T = K_c Q_i^T): P^T and dS^T stay in registers as the A operands of
+            # dV's and dK's products; L and delta are 16 registers a thread each (columns).
+            s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                               instr_shape=[16, BLOCK_M, 16])
+            a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+            # Fresh accumulators (use_acc=False): carried through the loop they would hold 2 x 32
+            # registers across the dV/dK/dQ products.
+            st = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=s_layout)
+            dpt = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=s_layout)
+            st = warpgroup_mma(k_c, q_s.permute((1, 0)), st, use_acc=False, is_async=True)
+            dpt = warpgroup_mma(v_c, do_s.permute((1, 0)), dpt, use_acc=False, is_async=True)
+            # The tile's L and delta, along S^T's columns (queries); rows past Nq: L = +inf (P = 0).
+            cols = t * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+            in_q = cols < n_q
+            lse = gl.load(lse_h + cols, mask=in_q, other=float("inf"))
+            delta = gl.load(delta_h + cols, mask=in_q, other=0.0)
+            st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
+            pt = gl.exp2(st * qk_scale - lse[None, :])
+            if MASKED:
+                if CAUSAL:
+                    shift = t * BLOCK_M + diag - key0  # as in the QROWS branch, transposed
+                    r_idx = gl.arange(0, KEYS, layout=gl.SliceLayout(1, s_layout))
+                    c_idx = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+                    pt = gl.where(r_idx[:, None] - c_idx[None, :] <= shift, pt, 0.0)
+            dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt, ))
+            dst = pt * (dpt - delta[None, :])
+            p_op = gl.convert_layout(pt.to(q_s.dtype), a_layout)
+            ds_lo = dst.to(q_s.dtype)
+            ds_op = gl.convert_layout(ds_lo, a_layout)
+            dv = warpgroup_mma(p_op, do_s, dv, is_async=True)
+            dk = warpgroup_mma(ds_op, q_s, dk, is_async=True)
+            # dS^T to this consumer's buffer (the previous tile's dQ product that read it has
+            # completed: the wait at the end of the previous step), for dQ's product.
+            ds_buf.store(ds_lo)
+            fence_async_shared()
+            ds_a = ds_buf.permute((1, 0))
+            if SPLIT_DQ:
+                # dV and dK complete before dQ's product starts.
+                dv, dk, p_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, p_op, ds_op))
         # dQ_i's share of these keys, DQ_PARTS column pieces of K_c at a time (d128: two of 64, so
         # that its accumulator is 32 registers a thread, not 64, beside dK's and dV's 128), each
         # through shared memory (scaled) to the adds below.
@@ -285,10 +335,13 @@ if gl is not None:
                 k_part = k_c
             else:
                 k_part = k_c.slice(h * DQ_N, DQ_N, dim=1)
-            dq = warpgroup_mma(ds_buf.permute((1, 0)), k_part, dq, use_acc=False, is_async=True)
+            dq = warpgroup_mma(ds_a, k_part, dq, use_acc=False, is_async=True)
             if h == 0:
-                # wgmma groups complete in order: dV's and dK's too, with P^T and dS^T.
-                dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq, p_op, ds_op))
+                # wgmma groups complete in order: dV's and dK's too (and the registers they read).
+                if QROWS:
+                    dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq))
+                else:
+                    dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq, p_op, ds_op))
                 # Every product that read stage s has completed: it goes back to the producer.
                 mbarrier.arrive(q_empty.index(s), count=1)
             else:
@@ -306,26 +359,23 @@ if gl is not None:
         return dk, dv
 
     @gluon.jit
-    def _bwd_consumer(q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_full, q_full, q_empty,
+    def _bwd_consumer(q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, kv_full, q_full, q_empty,
                       lse_ptr, delta_ptr, dq_ptr, dk_desc, dv_desc,
                       off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, qk_scale, sm_scale,
                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                       KEYS: gl.constexpr, CID: gl.constexpr, CAUSAL: gl.constexpr, SPLIT_DQ: gl.constexpr,
-                      DQ_PARTS: gl.constexpr):
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, BLOCK_M, 16])
+                      DQ_PARTS: gl.constexpr, QROWS: gl.constexpr):
         kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, HEAD_DIM, 16])
-        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
         k_c = k_smem.index(CID)
         v_c = v_smem.index(CID)
         ds_buf = ds_smem.index(CID)
+        p_buf = p_smem.index(CID)
         dq_buf = dq_smem.index(CID)
         # The dQ adds: each thread 4 (d128) or 2 (d64) consecutive floats of a row, a warp a row.
         add_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, HEAD_DIM // 32], threads_per_warp=[1, 32],
                                                     warps_per_cta=[4, 1], order=[1, 0])
         key0 = n0 + CID * KEYS
-        keys = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, s_layout))
         diag = n_k - n_q
         dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=kv_layout)
         dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=kv_layout)
@@ -339,16 +389,16 @@ if gl is not None:
             dq_h = dq_ptr + row_base * HEAD_DIM
             # The causal diagonal's tiles (masked), then the tiles every key of the CTA sees whole.
             for t in range(t_first, t_whole):
-                dk, dv = _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, dq_buf, q_full, q_empty, dk, dv,
-                                            lse_h, delta_h, dq_h, keys, n_q, diag, qk_scale, sm_scale,
-                                            s_layout, kv_layout, a_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
-                                            True, SPLIT_DQ, DQ_PARTS)
+                dk, dv = _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, p_buf, dq_buf, q_full, q_empty, dk, dv,
+                                   lse_h, delta_h, dq_h, key0, n_q, diag, qk_scale, sm_scale,
+                                   kv_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
+                                   True, SPLIT_DQ, DQ_PARTS, QROWS)
                 it += 1
             for t in range(t_whole, t_end):
-                dk, dv = _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, dq_buf, q_full, q_empty, dk, dv,
-                                            lse_h, delta_h, dq_h, keys, n_q, diag, qk_scale, sm_scale,
-                                            s_layout, kv_layout, a_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
-                                            False, SPLIT_DQ, DQ_PARTS)
+                dk, dv = _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, p_buf, dq_buf, q_full, q_empty, dk, dv,
+                                   lse_h, delta_h, dq_h, key0, n_q, diag, qk_scale, sm_scale,
+                                   kv_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
+                                   False, SPLIT_DQ, DQ_PARTS, QROWS)
                 it += 1
         # dK (times the softmax scale) and dV of this consumer's keys, through K_c's and V_c's
         # buffers (no product reads them any more: every wait above was for 0 outstanding) and
@@ -366,7 +416,7 @@ if gl is not None:
     def _attn_bwd_sm90(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_ptr, H_Q, GROUP, n_q, n_k, qk_scale, sm_scale,
                        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                        CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, SPLIT_DQ: gl.constexpr,
-                       DQ_PARTS: gl.constexpr):
+                       DQ_PARTS: gl.constexpr, QROWS: gl.constexpr):
         KEYS: gl.constexpr = 64
         n0 = gl.program_id(0) * (2 * KEYS)
         off_bkv = gl.program_id(1)
@@ -391,7 +441,14 @@ if gl is not None:
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [2, KEYS, HEAD_DIM], kv_smem_layout)
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], kv_smem_layout)
         do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], kv_smem_layout)
-        ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, KEYS, BLOCK_M], ds_layout)
+        if QROWS:
+            # P and dS, queries as rows (each consumer's own).
+            ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BLOCK_M, KEYS], ds_layout)
+            p_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BLOCK_M, KEYS], ds_layout)
+        else:
+            # dS^T, keys as rows; P^T stays in registers (p_smem is an alias, never used).
+            ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, KEYS, BLOCK_M], ds_layout)
+            p_smem = ds_smem
         dq_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
         dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM], dq_layout)
         kv_full = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
@@ -406,14 +463,14 @@ if gl is not None:
         gl.warp_specialize([
             (_bwd_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_full, q_full,
                              q_empty, off_b, off_hkv, n0, GROUP, t_first, t_end, BLOCK_M, STAGES, KEYS)),
-            (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_full, q_full, q_empty,
+            (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, kv_full, q_full, q_empty,
                              lse_ptr, delta_ptr, dq_ptr, dk_desc, dv_desc,
                              off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, qk_scale, sm_scale,
-                             HEAD_DIM, BLOCK_M, STAGES, KEYS, 0, CAUSAL, SPLIT_DQ, DQ_PARTS)),
-            (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_full, q_full, q_empty,
+                             HEAD_DIM, BLOCK_M, STAGES, KEYS, 0, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS)),
+            (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, kv_full, q_full, q_empty,
                              lse_ptr, delta_ptr, dq_ptr, dk_desc, dv_desc,
                              off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, qk_scale, sm_scale,
-                             HEAD_DIM, BLOCK_M, STAGES, KEYS, 1, CAUSAL, SPLIT_DQ, DQ_PARTS)),
+                             HEAD_DIM, BLOCK_M, STAGES, KEYS, 1, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS)),
         ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -506,7 +563,7 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
             heads_q, heads_q // heads_kv, n_q, n_k, scale * _LOG2E, scale)
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages, CAUSAL=bool(causal),
                   CONSUMER_REGS=config.consumer_regs, SPLIT_DQ=config.split_dq,
-                  DQ_PARTS=max(1, head_dim // config.dq_cols), num_warps=4)
+                  DQ_PARTS=max(1, head_dim // config.dq_cols), QROWS=config.qrows, num_warps=4)
     return args, kwargs, (triton.cdiv(n_k, BLOCK_N), batch * heads_kv)
 
 

@@ -53,7 +53,7 @@ from gluon_check import _emit, _flops, _inputs  # noqa: E402
 
 DTYPES = ("bfloat16", "float16")
 HEAD_DIMS = (64, 128)
-DEFAULT_VARIANTS = "m64s2,m64s3,m64s2-split,m128s2"
+DEFAULT_VARIANTS = "m64s2-split,m64s2-q128,m64s2-krows,m128s2"
 #: (batch, heads_q, heads_kv, n_q, n_k): each runs for every dtype, head dim and causal flag.
 CORRECTNESS_SHAPES = (
     (1, 2, 2, 1024, 1024),

@@ -69,14 +69,14 @@ def describe(compiled, shared_limit: int) -> tuple[str, bool]:
     red = sum(op.startswith(("RED", "ATOM")) for op in ops)
     loops = _loops(sass)
     hazards = [text for body in loops for text in _hazards(body)]
-    local = sum(op.startswith(("LDL", "STL")) for body in loops for op in map(_opcode, body))
+    local = [sum(op.startswith(("LDL", "STL")) for op in map(_opcode, body)) for body in loops]
     shared = compiled.metadata.shared
     fits = shared <= shared_limit
     line = (f"regs {regs} at launch, setmaxnreg dec {dec} inc {inc}; spills {spills} B; shared {shared} B"
             f"{'' if fits else ' (OVER THE LIMIT)'}; PTX wgmma {wgmma}, TMA loads {tma_loads}, "
             f"float adds {n_atomics} {atomics}, bar.sync {bars}; SASS HGMMA {hgmma}, UTMALDG {utmaldg}, RED/ATOM {red}; "
             f"{len(loops)} tile loops, {max((len(b) for b in loops), default=0)} instrs the longest, "
-            f"{local} local-memory (spill) instrs in them, {len(hazards)} touches of in-flight wgmma registers")
+            f"local-memory (spill) instrs in them {local}, {len(hazards)} touches of in-flight wgmma registers")
     if hazards:
         line += " (" + "; ".join(hazards[:4]) + ")"
     if warnings:
@@ -110,7 +110,7 @@ def main() -> int:
         for causal in (False, True):
             for dtype in dtypes:
                 matrix.append((head_dim, causal, dtype, gb.default_config(head_dim, causal)))
-    extra = [] if args.quick else ["m64s3", "m128s2"]
+    extra = [] if args.quick else ["m64s2", "m64s3", "m128s2", "m64s2-split", "m64s2-q128", "m64s2-krows"]
     for text in extra + args.config:
         config = gb.Config.parse(text)
         for head_dim in gb.HEAD_DIMS:
@@ -118,6 +118,7 @@ def main() -> int:
                 matrix.append((head_dim, False, torch.bfloat16, config))
 
     failures = 0
+    spilled = []
     dump = Path(args.dump) if args.dump else None
     if dump:
         dump.mkdir(parents=True, exist_ok=True)
@@ -138,13 +139,16 @@ def main() -> int:
             continue
         line, ok = describe(compiled, gb.SHARED_LIMIT)
         failures += not ok
+        if "spills 0 B" not in line:
+            spilled.append(name)
         print(f"{name} ({time.time() - start:.0f} s): {line}", flush=True)
         if dump:
             stem = name.replace(" ", "_")
             (dump / f"{stem}.ptx").write_text(compiled.asm["ptx"])
             (dump / f"{stem}.ttgir").write_text(compiled.asm["ttgir"])
             (dump / f"{stem}.sass").write_text("\n".join(f"/*{a:04x}*/ {t};" for a, t in _sass(compiled.asm["cubin"])))
-    print("OK" if failures == 0 else f"{failures} configuration(s) failed, spilled or did not fit")
+    print("OK" if failures == 0 else f"{failures} configuration(s) failed, spilled or did not fit"
+          + (f" ({len(spilled)} spilled: {', '.join(spilled)})" if spilled else ""))
     return 1 if failures else 0
 
 
