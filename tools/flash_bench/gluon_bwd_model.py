@@ -133,9 +133,10 @@ def producer(p: Protocol, refill_xor: int = 1):
         p.in_flight.append((p.q_full[s], 1, lambda: None))  # dO_i, same barrier
 
 
-def consumer(p: Protocol, cid: int, split_dq: bool, dq_parts: int, plant: str = ""):
+def consumer(p: Protocol, cid: int, split_dq: bool, dq_parts: int, plant: str = "", qrows: bool = True):
     # _bwd_consumer / _bwd_step, in the kernel's order. Buffers: ("stage", s) = Q_s and dO_s,
-    # ("kv",) = K_c and V_c, ("ds",) = this consumer's dS^T buffer.
+    # ("kv",) = K_c and V_c, ("ds",) and ("p",) = this consumer's dS and P buffers (QROWS: both
+    # written before dV's and dK's products read them; keys as rows: only dS^T, after).
     stage = lambda s: ("stage", s)  # noqa: E731
     yield ("wait", p.kv_full, 0)
     for it in range(p.n_iters):
@@ -148,11 +149,19 @@ def consumer(p: Protocol, cid: int, split_dq: bool, dq_parts: int, plant: str = 
         yield ("yield",)  # exp2, mask
         p.wait(cid, 0)  # dP^T
         yield ("yield",)  # dS^T, conversions
-        p.issue(cid, {stage(s)}, it)  # dV += P^T dO_i
-        p.issue(cid, {stage(s)}, it)  # dK += dS^T Q_i
-        if plant != "ds store before its reader retired" or it == 0:
-            p.store(cid, ("ds",))  # dS^T into the consumer's buffer
-        yield ("yield",)
+        if qrows:
+            if plant != "ds store before its reader retired" or it == 0:
+                p.store(cid, ("p",))
+                p.store(cid, ("ds",))
+            yield ("yield",)  # fence
+            p.issue(cid, {stage(s), ("p",)}, it)  # dV += P^T dO_i (P from shared memory)
+            p.issue(cid, {stage(s), ("ds",)}, it)  # dK += dS^T Q_i
+        else:
+            p.issue(cid, {stage(s)}, it)  # dV += P^T dO_i (P^T from registers)
+            p.issue(cid, {stage(s)}, it)  # dK += dS^T Q_i
+            if plant != "ds store before its reader retired" or it == 0:
+                p.store(cid, ("ds",))  # dS^T into the consumer's buffer
+            yield ("yield",)
         if split_dq:
             p.wait(cid, 0)
         for h in range(dq_parts):
@@ -176,6 +185,7 @@ def consumer(p: Protocol, cid: int, split_dq: bool, dq_parts: int, plant: str = 
             p.issue(cid, {("ds",), ("kv",)}, it)
             p.store(cid, ("ds",))
             p.wait(cid, 0)
+            # (for QROWS the same mistake on P: the next tile's P written under this dV product)
     # The epilogue: dK, dV into K_c, V_c, then TMA stores.
     if plant == "epilogue before the last wait" and p.n_iters:
         p.issue(cid, {("kv",)}, p.n_iters - 1)
@@ -183,10 +193,11 @@ def consumer(p: Protocol, cid: int, split_dq: bool, dq_parts: int, plant: str = 
     yield ("yield",)
 
 
-def _drive(p: Protocol, split_dq: bool = False, dq_parts: int = 1, refill_xor: int = 1, plant: str = "") -> None:
+def _drive(p: Protocol, split_dq: bool = False, dq_parts: int = 1, refill_xor: int = 1, plant: str = "",
+           qrows: bool = True) -> None:
     partitions = {"producer": producer(p, refill_xor),
-                  "consumer0": consumer(p, 0, split_dq, dq_parts, plant),
-                  "consumer1": consumer(p, 1, split_dq, dq_parts, plant)}
+                  "consumer0": consumer(p, 0, split_dq, dq_parts, plant, qrows),
+                  "consumer1": consumer(p, 1, split_dq, dq_parts, plant, qrows)}
     blocked: dict[str, tuple] = {}
     done: set[str] = set()
     while len(done) < len(partitions) or p.in_flight:
@@ -215,10 +226,10 @@ def _drive(p: Protocol, split_dq: bool = False, dq_parts: int = 1, refill_xor: i
 def check_protocol(seeds: int) -> int:
     cases = 0
     # n_iters = GROUP x query tiles of the CTA (0: a causal key block no query sees).
-    for n_iters, stages, split_dq, dq_parts in itertools.product((0, 1, 2, 3, 5, 8, 13), (2, 3, 4), (False, True),
-                                                                 (1, 2)):
+    for n_iters, stages, split_dq, dq_parts, qrows in itertools.product((0, 1, 2, 3, 5, 8, 13), (2, 3, 4),
+                                                                        (False, True), (1, 2), (True, False)):
         for seed in range(seeds):
-            _drive(Protocol(n_iters, stages, random.Random(seed)), split_dq, dq_parts)
+            _drive(Protocol(n_iters, stages, random.Random(seed)), split_dq, dq_parts, qrows=qrows)
             cases += 1
     return cases
 
@@ -231,7 +242,7 @@ PLANTED = ("empty barriers counting one consumer", "producer's first wait on par
 def check_protocol_catches_mistakes() -> list[str]:
     """The model must fail on protocol mistakes the kernel could make: each is planted here."""
     caught = []
-    for mistake in PLANTED:
+    for mistake, qrows in itertools.product(PLANTED, (True, False)):
         for seed in range(300):
             p = Protocol(6, 2, random.Random(seed))
             kwargs = {}
@@ -243,9 +254,9 @@ def check_protocol_catches_mistakes() -> list[str]:
             else:
                 kwargs["plant"] = mistake
             try:
-                _drive(p, dq_parts=2, **kwargs)
+                _drive(p, dq_parts=2, qrows=qrows, **kwargs)
             except AssertionError:
-                caught.append(mistake)
+                caught.append(f"{mistake} ({'queries' if qrows else 'keys'} as rows)")
                 break
     return caught
 
@@ -333,8 +344,10 @@ def model_backward(gb, q, k, v, do, lse2, delta, causal: bool, scale: float, blo
                             cols = t * block_m + torch.arange(block_m)
                             st = k_c @ q_i.T
                             pt = torch.exp2(st * c - lse_h[sl][None, :])
-                            if t < whole:  # the masked tiles
-                                pt = torch.where(keys[:, None] <= cols[None, :] + diag, pt, 0.0)
+                            if t < whole:  # the masked tiles, the kernel's formula (local indices)
+                                shift = t * block_m + diag - (n0 + cid * KEYS)
+                                r_idx, c_idx = torch.arange(KEYS), torch.arange(block_m)
+                                pt = torch.where(r_idx[:, None] - c_idx[None, :] <= shift, pt, 0.0)
                             dpt = v_c @ do_i.T
                             dst = pt * (dpt - delta_h[sl][None, :])
                             p_lo = pt.to(dtype).float()
@@ -486,8 +499,9 @@ def main() -> int:
     args = parser.parse_args()
     print(f"protocol: {check_protocol(args.seeds)} interleavings, no deadlock, no race, every stage released")
     caught = check_protocol_catches_mistakes()
-    print(f"protocol: the model fails on {len(caught)} of {len(PLANTED)} planted mistakes: {', '.join(caught)}")
-    missed = [m for m in PLANTED if m not in caught]
+    print(f"protocol: the model fails on {len(caught)} of {2 * len(PLANTED)} planted mistakes: {', '.join(caught)}")
+    missed = [f"{m} ({w} as rows)" for m in PLANTED for w in ("queries", "keys")
+              if f"{m} ({w} as rows)" not in caught]
     if missed:
         print(f"protocol: NOT caught: {', '.join(missed)}")
     gb = load_backward()
