@@ -51,11 +51,13 @@ dQ through TMA ``reduce-add``; triton 3.6's Hopper ``tma`` module has no reduce,
 ``red.global.add.f32`` from the consumers' registers: twice FA3's dQ traffic, see below). dQ is
 summed in a nondeterministic order: it is not bit-reproducible across runs (dK, dV are).
 
-Keys past Nk and queries past Nq need no mask in the products: TMA zero-fills rows past a head's
-end (the 4-d descriptors bound each head), so such a key's K and V are 0, its ``dS`` multiplies a
-zero K row in dQ, and its dK/dV rows are not stored; such a query's L loads as +inf (P = 0) and
-delta as 0, and its dQ row is not added. Causal rows that see no key (Nq > Nk) have L = +inf from
-the forward: P = 0 there too.
+Past the ends: TMA zero-fills rows past a head's end (the 4-d descriptors bound each head). A
+query past Nq has L = +inf (loaded so: P = 0) and delta = 0, and its dQ row is not added: no mask
+needed. Keys past Nk (only in the last key block, when Nk is not a multiple of 128) are masked:
+their K row is 0, so P = exp2(-L) there, which can overflow the input dtype (fp16 once L < -16)
+and make inf x 0 = NaN in dQ's product; so the last key block runs every query tile through the
+masked path (``query_tiles``). TMA stores drop dK/dV rows past Nk. Causal rows that see no key
+(Nq > Nk) have L = +inf from the forward: P = 0 there too.
 
 Work per (key tile of 128, query tile of 64), d = head dim: five products of 2 x 128 x 64 x d
 FLOPs = 10.5 MFLOP at d128 (5.2 at d64), the attention backward's 2.5x the forward's FLOPs; 128 x
@@ -195,14 +197,15 @@ def query_tiles(n0: int, n_q: int, n_k: int, block_m: int, causal: bool) -> tupl
     ``[first, whole)`` are masked (the causal diagonal), ``[whole, end)`` are not; the kernel
     computes the same with the same integer formulas (``_attn_bwd_sm90``)."""
     end = -(-n_q // block_m)
+    ragged = n0 + BLOCK_N > n_k  # the last key block, past Nk: every tile masked
     if not causal:
-        return 0, 0, end
+        return 0, end if ragged else 0, end
     diag = n_k - n_q
     # Query i sees key j iff j <= i + diag: the block's first key from i >= n0 - diag, its last
     # (n0 + BLOCK_N - 1) from i >= n0 + BLOCK_N - 1 - diag.
     first = min(max(n0 - diag, 0) // block_m, end)
     whole = min(max(-(-max(n0 + BLOCK_N - 1 - diag, 0) // block_m), first), end)
-    return first, whole, end
+    return first, end if ragged else whole, end
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,7 +242,7 @@ if gl is not None:
 
     @gluon.jit
     def _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, p_buf, dq_buf, q_full, q_empty, dk, dv,
-                  lse_h, delta_h, dq_h, key0, n_q, diag, qk_scale, sm_scale,
+                  lse_h, delta_h, dq_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
                   kv_layout: gl.constexpr, add_layout: gl.constexpr, BLOCK_M: gl.constexpr,
                   HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, KEYS: gl.constexpr, CAUSAL: gl.constexpr,
                   MASKED: gl.constexpr, SPLIT_DQ: gl.constexpr, DQ_PARTS: gl.constexpr, QROWS: gl.constexpr):
@@ -265,13 +268,16 @@ if gl is not None:
             sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc, ))
             pq = gl.exp2(sc * qk_scale - lse[:, None])
             if MASKED:
+                # Keys past Nk (the last key block), and under causal key j = key0 + c seen by
+                # query i = t * BLOCK_M + r iff c - r <= shift: local indices only, which ptxas
+                # derives from the lane (no 16 key registers).
+                c_idx = gl.arange(0, KEYS, layout=gl.SliceLayout(0, sq_layout))
+                visible = c_idx[None, :] < n_k - key0
                 if CAUSAL:
-                    # Key j (key0 + c) seen by query i (t * BLOCK_M + r) iff c - r <= shift: the
-                    # local indices only, which ptxas derives from the lane (no 16 key registers).
                     shift = t * BLOCK_M + diag - key0
-                    c_idx = gl.arange(0, KEYS, layout=gl.SliceLayout(0, sq_layout))
                     r_idx = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, sq_layout))
-                    pq = gl.where(c_idx[None, :] - r_idx[:, None] <= shift, pq, 0.0)
+                    visible = visible & (c_idx[None, :] - r_idx[:, None] <= shift)
+                pq = gl.where(visible, pq, 0.0)
             dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
             dsq = pq * (dp - delta[:, None])
             # The previous tile's products that read these buffers completed at its last wait.
@@ -303,11 +309,14 @@ if gl is not None:
             st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
             pt = gl.exp2(st * qk_scale - lse[None, :])
             if MASKED:
+                # As in the QROWS branch, transposed.
+                r_idx = gl.arange(0, KEYS, layout=gl.SliceLayout(1, s_layout))
+                visible = r_idx[:, None] < n_k - key0
                 if CAUSAL:
-                    shift = t * BLOCK_M + diag - key0  # as in the QROWS branch, transposed
-                    r_idx = gl.arange(0, KEYS, layout=gl.SliceLayout(1, s_layout))
+                    shift = t * BLOCK_M + diag - key0
                     c_idx = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-                    pt = gl.where(r_idx[:, None] - c_idx[None, :] <= shift, pt, 0.0)
+                    visible = visible & (r_idx[:, None] - c_idx[None, :] <= shift)
+                pt = gl.where(visible, pt, 0.0)
             dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt, ))
             dst = pt * (dpt - delta[None, :])
             p_op = gl.convert_layout(pt.to(q_s.dtype), a_layout)
@@ -390,13 +399,13 @@ if gl is not None:
             # The causal diagonal's tiles (masked), then the tiles every key of the CTA sees whole.
             for t in range(t_first, t_whole):
                 dk, dv = _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, p_buf, dq_buf, q_full, q_empty, dk, dv,
-                                   lse_h, delta_h, dq_h, key0, n_q, diag, qk_scale, sm_scale,
+                                   lse_h, delta_h, dq_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
                                    kv_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
                                    True, SPLIT_DQ, DQ_PARTS, QROWS)
                 it += 1
             for t in range(t_whole, t_end):
                 dk, dv = _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, p_buf, dq_buf, q_full, q_empty, dk, dv,
-                                   lse_h, delta_h, dq_h, key0, n_q, diag, qk_scale, sm_scale,
+                                   lse_h, delta_h, dq_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
                                    kv_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
                                    False, SPLIT_DQ, DQ_PARTS, QROWS)
                 it += 1
@@ -425,6 +434,9 @@ if gl is not None:
         off_hkv = off_bkv % H_KV
 
         # Query tiles [t_first, t_end), of which [t_first, t_whole) are masked (query_tiles()).
+        # The last key block, when Nk is not a multiple of 128, masks every tile: its keys past
+        # Nk load as zeros, and P = exp2(-L) there could overflow (fp16 past L < -16) into inf
+        # and then NaN in dS x K's zero row.
         t_end = gl.cdiv(n_q, BLOCK_M)
         if CAUSAL:
             diag = n_k - n_q
@@ -432,8 +444,10 @@ if gl is not None:
             t_whole = gl.minimum(gl.maximum(gl.cdiv(gl.maximum(n0 + 2 * KEYS - 1 - diag, 0), BLOCK_M), t_first),
                                  t_end)
         else:
-            t_first = 0
-            t_whole = 0
+            t_first = t_end * 0
+            t_whole = t_end * 0
+        if n0 + 2 * KEYS > n_k:
+            t_whole = t_end
 
         kv_smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
