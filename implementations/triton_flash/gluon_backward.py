@@ -145,9 +145,12 @@ class Config:
     #: memory. ``-krows``: keys as rows (S^T), P^T and dS^T from registers, L and delta 16
     #: registers a thread each; it spilled at d128 (NOTES.md, v15).
     qrows: bool = True
+    #: ``-noadds``: TIMING ONLY, dQ comes out zero: everything but the dQ adds to global memory,
+    #: to measure what they cost on the GPU (they are twice FlashAttention-3's traffic).
+    dq_adds: bool = True
 
     def __str__(self) -> str:
-        return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'' if self.dq_cols == 64 else f'-q{self.dq_cols}'}{'' if self.qrows else '-krows'}-r{self.consumer_regs}"
+        return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'' if self.dq_cols == 64 else f'-q{self.dq_cols}'}{'' if self.qrows else '-krows'}{'' if self.dq_adds else '-noadds'}-r{self.consumer_regs}"
 
     @staticmethod
     def parse(text: str) -> "Config":
@@ -156,7 +159,7 @@ class Config:
         parts = text.strip().split("-")
         head = parts[0]
         if not (head.startswith("m") and "s" in head):
-            raise ValueError(f"config {text!r}: expected mBLOCKsSTAGES[-split][-qCOLS][-krows][-rREGS], e.g. m64s2")
+            raise ValueError(f"config {text!r}: expected mBLOCKsSTAGES[-split][-qCOLS][-krows][-noadds][-rREGS], e.g. m64s2")
         block_m, stages = head[1:].split("s")
         fields = dict(block_m=int(block_m), stages=int(stages))
         for part in parts[1:]:
@@ -164,6 +167,8 @@ class Config:
                 fields["split_dq"] = True
             elif part == "krows":
                 fields["qrows"] = False
+            elif part == "noadds":
+                fields["dq_adds"] = False
             elif part.startswith("q") and part[1:].isdigit():
                 fields["dq_cols"] = int(part[1:])
             elif part.startswith("r") and part[1:].isdigit():
@@ -245,7 +250,8 @@ if gl is not None:
                   lse_h, delta_h, dq_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
                   kv_layout: gl.constexpr, add_layout: gl.constexpr, BLOCK_M: gl.constexpr,
                   HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, KEYS: gl.constexpr, CAUSAL: gl.constexpr,
-                  MASKED: gl.constexpr, SPLIT_DQ: gl.constexpr, DQ_PARTS: gl.constexpr, QROWS: gl.constexpr):
+                  MASKED: gl.constexpr, SPLIT_DQ: gl.constexpr, DQ_PARTS: gl.constexpr, QROWS: gl.constexpr,
+                  DQ_ADDS: gl.constexpr):
         # One query tile for this consumer's 64 keys: see the module docstring for the order.
         s = it % STAGES
         q_s = q_smem.index(s)
@@ -359,7 +365,7 @@ if gl is not None:
                 dq_buf.store(dq * sm_scale)
             else:
                 dq_buf.slice(h * DQ_N, DQ_N, dim=1).store(dq * sm_scale)
-        for r in gl.static_range(BLOCK_M // 16):
+        for r in gl.static_range(BLOCK_M // 16 if DQ_ADDS else 0):
             part = dq_buf.slice(r * 16, 16, dim=0).load(add_layout)
             rows = t * BLOCK_M + r * 16 + gl.arange(0, 16, layout=gl.SliceLayout(1, add_layout))
             dcols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, add_layout))
@@ -373,7 +379,7 @@ if gl is not None:
                       off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, qk_scale, sm_scale,
                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                       KEYS: gl.constexpr, CID: gl.constexpr, CAUSAL: gl.constexpr, SPLIT_DQ: gl.constexpr,
-                      DQ_PARTS: gl.constexpr, QROWS: gl.constexpr):
+                      DQ_PARTS: gl.constexpr, QROWS: gl.constexpr, DQ_ADDS: gl.constexpr):
         kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, HEAD_DIM, 16])
         k_c = k_smem.index(CID)
@@ -401,13 +407,13 @@ if gl is not None:
                 dk, dv = _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, p_buf, dq_buf, q_full, q_empty, dk, dv,
                                    lse_h, delta_h, dq_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
                                    kv_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
-                                   True, SPLIT_DQ, DQ_PARTS, QROWS)
+                                   True, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS)
                 it += 1
             for t in range(t_whole, t_end):
                 dk, dv = _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, p_buf, dq_buf, q_full, q_empty, dk, dv,
                                    lse_h, delta_h, dq_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
                                    kv_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
-                                   False, SPLIT_DQ, DQ_PARTS, QROWS)
+                                   False, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS)
                 it += 1
         # dK (times the softmax scale) and dV of this consumer's keys, through K_c's and V_c's
         # buffers (no product reads them any more: every wait above was for 0 outstanding) and
@@ -425,7 +431,7 @@ if gl is not None:
     def _attn_bwd_sm90(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_ptr, H_Q, GROUP, n_q, n_k, qk_scale, sm_scale,
                        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                        CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, SPLIT_DQ: gl.constexpr,
-                       DQ_PARTS: gl.constexpr, QROWS: gl.constexpr):
+                       DQ_PARTS: gl.constexpr, QROWS: gl.constexpr, DQ_ADDS: gl.constexpr):
         KEYS: gl.constexpr = 64
         n0 = gl.program_id(0) * (2 * KEYS)
         off_bkv = gl.program_id(1)
@@ -480,11 +486,11 @@ if gl is not None:
             (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, kv_full, q_full, q_empty,
                              lse_ptr, delta_ptr, dq_ptr, dk_desc, dv_desc,
                              off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, qk_scale, sm_scale,
-                             HEAD_DIM, BLOCK_M, STAGES, KEYS, 0, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS)),
+                             HEAD_DIM, BLOCK_M, STAGES, KEYS, 0, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS)),
             (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, kv_full, q_full, q_empty,
                              lse_ptr, delta_ptr, dq_ptr, dk_desc, dv_desc,
                              off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, qk_scale, sm_scale,
-                             HEAD_DIM, BLOCK_M, STAGES, KEYS, 1, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS)),
+                             HEAD_DIM, BLOCK_M, STAGES, KEYS, 1, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS)),
         ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -577,7 +583,8 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
             heads_q, heads_q // heads_kv, n_q, n_k, scale * _LOG2E, scale)
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages, CAUSAL=bool(causal),
                   CONSUMER_REGS=config.consumer_regs, SPLIT_DQ=config.split_dq,
-                  DQ_PARTS=max(1, head_dim // config.dq_cols), QROWS=config.qrows, num_warps=4)
+                  DQ_PARTS=max(1, head_dim // config.dq_cols), QROWS=config.qrows,
+                  DQ_ADDS=config.dq_adds, num_warps=4)
     return args, kwargs, (triton.cdiv(n_k, BLOCK_N), batch * heads_kv)
 
 

@@ -26,7 +26,9 @@ Needs torch with CUDA and triton 3.6; the project need not be installed. Four ph
    backward (``torch.autograd.grad`` of its output, the forward outside the timing), and the
    current triton_flash backward (``launch.flash_bwd``). FLOPs are 2.5 x the forward's
    (``pytest_attnkit.counts``); causal counts the visible pairs. Each ``--variants`` configuration
-   is timed too, checked first against cuDNN's gradients.
+   is timed too (its max difference from cuDNN's gradients recorded), and ``TIMING_ONLY``: the
+   defaults with ``-noadds`` (dQ's adds left out, dQ wrong: timing only), which says what the
+   float atomics cost.
 4. report: the tables, printed and written to DIR (``check.md``, ``check.json``).
 
 Exit status 0 when everything ran and passed, 1 on a failed case, 2 on a hang, 3 on a compile failure.
@@ -54,6 +56,8 @@ from gluon_check import _emit, _flops, _inputs  # noqa: E402
 DTYPES = ("bfloat16", "float16")
 HEAD_DIMS = (64, 128)
 DEFAULT_VARIANTS = "m64s2-split,m64s2-q128,m64s2-krows,m128s2"
+#: Timed only (never checked for correctness): the defaults without the dQ adds, what they cost.
+TIMING_ONLY = ("m64s2-noadds", "m64s3-noadds")
 #: (batch, heads_q, heads_kv, n_q, n_k): each runs for every dtype, head dim and causal flag.
 CORRECTNESS_SHAPES = (
     (1, 2, 2, 1024, 1024),
@@ -402,7 +406,8 @@ def main() -> int:
     for dtype in DTYPES:
         for head_dim in HEAD_DIMS:
             for causal in (False, True):
-                for config in [str(gb.default_config(head_dim, causal))] + (variants if dtype == "bfloat16" else []):
+                extra = variants + [v for v in TIMING_ONLY if v not in variants] if dtype == "bfloat16" else []
+                for config in [str(gb.default_config(head_dim, causal))] + extra:
                     key = (dtype, head_dim, causal, config)
                     if key not in seen and gb.shared_bytes(gb.Config.parse(config), head_dim) <= gb.SHARED_LIMIT:
                         seen.add(key)
@@ -434,7 +439,7 @@ def main() -> int:
         log("== timing skipped (--skip-timing)")
     else:
         log("== timing")
-        timing = bench_cases(variants)
+        timing = bench_cases(variants + [v for v in TIMING_ONLY if v not in variants])
         for case in timing:
             if case.get("configs"):
                 case["configs"] = [c for c in case["configs"] if (case["shape"][3], c) in fits]
@@ -444,7 +449,7 @@ def main() -> int:
     record["bench"] = bench
     record["seconds"] = round(time.time() - started, 1)
 
-    text = report(correct, bench, variants, hello, gb)
+    text = report(correct, bench, variants + [v for v in TIMING_ONLY if v not in variants], hello, gb)
     header = (f"# Gluon backward check ({record['date']})\n\n`{record['command']}` on {hello.get('device', '?')} "
               f"(torch {hello.get('torch', '?')}, triton {hello.get('triton', '?')}, CUDA {hello.get('cuda', '?')}); "
               f"{record['seconds']:.0f} s; exit status {status}.\n\n")
