@@ -1,12 +1,13 @@
 """A FlashAttention backward for Hopper (sm_90a) in Triton's Gluon dialect (triton 3.6), after FlashAttention-3.
 
 Status: written and compile-checked for sm_90a (``tools/flash_bench/gluon_bwd_compile.py``), its
-barrier protocol and its arithmetic modelled on the CPU (``tools/flash_bench/gluon_bwd_model.py``);
-NOT yet run on a GPU. Nothing calls it by default: :mod:`.launch` keeps the Triton backward, and
-``tools/flash_bench/gluon_bwd_check.py`` is the first thing to run on a Hopper GPU (NOTES.md, v15).
+barrier protocol, tile ranges and arithmetic modelled on the CPU
+(``tools/flash_bench/gluon_bwd_model.py``); NOT yet run on a GPU. Nothing calls it by default:
+:mod:`.launch` keeps the Triton backward, and ``tools/flash_bench/gluon_bwd_check.py`` is the
+first thing to run on a Hopper GPU (NOTES.md, v15).
 
 The math. For one (batch, query head), with the forward's base-2 LSE ``L_i`` and
-``delta_i = rowsum(dO_i * O_i)`` (the existing Triton preprocess kernel, as :mod:`.launch` uses it):
+``delta_i = rowsum(dO_i * O_i)`` (the Triton path's preprocess kernel, as :mod:`.launch` uses it):
 
     P_ij  = exp2(c * q_i . k_j - L_i)           c = scale * log2(e)
     dV_j  = sum_i P_ij dO_i
@@ -16,40 +17,46 @@ The math. For one (batch, query head), with the forward's base-2 LSE ``L_i`` and
     dQ_i  = scale * sum_j dS_ij k_j
 
 Grid and tiles. A CTA owns ``BLOCK_N = 128`` keys of one (batch, KV head): grid
-``(cdiv(Nk, 128), B * Hkv)``. It walks the query tiles of ``BLOCK_M`` rows (64 by default) of each
-query head of its group (GQA: dK and dV are summed over the group in the accumulators, as the
-Triton path's ``attn_bwd_dkdv`` does; dQ has its own rows per head). Causal (bottom-right:
-query ``i`` sees key ``j`` iff ``j <= i + Nk - Nq``): query tiles that see none of the CTA's keys
-are skipped, those on the diagonal are masked, the rest run unmasked.
+``(cdiv(Nk, 128), B * Hkv)``. It walks the query tiles of ``BLOCK_M`` rows (64) of each query
+head of its group (GQA: dK and dV summed over the group in the accumulators, as the Triton path's
+``attn_bwd_dkdv`` does; dQ has its own rows per head). Causal (bottom-right: query ``i`` sees key
+``j`` iff ``j <= i + Nk - Nq``): query tiles that see none of the CTA's keys are skipped, those on
+the diagonal are masked, the rest run unmasked (:func:`query_tiles`).
 
-Partitions (``gl.warp_specialize``), 12 warps:
+Partitions (``gl.warp_specialize``), 12 warps, one CTA per SM (shared memory):
 
-- producer, the default partition, 4 warps (about 24 registers): TMA of the CTA's K and V (two
-  64-row halves each, once, barrier ``kv_full``), then for each query tile ``Q_i`` and ``dO_i``
-  into a ring of ``STAGES`` stages (``q_full[s]`` count 1 with the bytes; ``q_empty[s]`` count 2);
-- consumers 0 and 1, 4 warps each (``CONSUMER_REGS``, 240 by default), keys ``[64 c, 64 c + 64)``
-  of the CTA. Per query tile (wgmma M = 64 is the warp group's 64 keys):
+- producer, the default partition, 4 warps (``setmaxnreg`` 24): TMA of the CTA's K and V (two
+  64-row halves each, once, barrier ``kv_full``), then ``Q_i`` and ``dO_i`` of each query tile
+  into a ring of ``STAGES`` stages (``q_full[s]``: count 1 plus both tiles' bytes; ``q_empty[s]``:
+  count 2, one arrive per consumer, the producer waiting parity ``((it // STAGES) & 1) ^ 1``);
+- consumers 0 and 1, 4 warps each (``setmaxnreg`` 240), keys ``[64 c, 64 c + 64)`` of the CTA,
+  each with its dK_c and dV_c accumulators (64 x d fp32) for the whole CTA. Per query tile, in
+  the default layout (queries as the rows of S, FlashAttention-3's at d128):
 
       wait q_full[s]
-      S^T  = K_c Q_i^T          (async; A = K_c from shared memory, B = Q_i permuted)
-      dP^T = V_c dO_i^T         (async)
-      load L_i, delta_i (global, 2 x BLOCK_M floats; under the two products)
-      wait S^T: P^T = exp2(c S^T - L_i) (the causal mask on diagonal tiles: P^T = 0 where hidden)
-      wait dP^T: dS^T = P^T (dP^T - delta_i)
-      dV_c += P^T dO_i          (async; A = P^T from registers, B = dO_i)
-      dK_c += dS^T Q_i          (async; A = dS^T from registers, B = Q_i)
-      dS^T -> shared memory (the consumer's own buffer), fence
-      dQ_i^(c) = dS_c K_c       (async; A = the dS buffer permuted, B = K_c)
-      wait all three; arrive q_empty[s]
-      atomic add scale * dQ_i^(c) into an fp32 [B, Hq, Nq, D] buffer (rows < Nq)
+      S  = Q_i K_c^T            (async wgmma, 64 x 64; A = Q_i, B = K_c permuted, both shared)
+      dP = dO_i V_c^T           (async)
+      load L_i, delta_i         (global, under the two products; L = +inf, delta = 0 past Nq)
+      wait S:  P = exp2(c S - L) (masked tiles: P = 0 for hidden keys and keys past Nk)
+      wait dP: dS = P (dP - delta)
+      P, dS -> the consumer's own shared buffers (bf16/fp16), fence
+      dV_c += P^T dO_i          (async; A = P's buffer permuted: a transposed A from shared memory)
+      dK_c += dS^T Q_i          (async)
+      dQ piece h = dS K_c[:, 64 h : 64 h + 64]   (async, one or two pieces of 64 columns)
+      wait all: arrive q_empty[s] (no product reads stage s any more)
+      scale * dQ piece -> an fp32 shared buffer; then 16 rows at a time,
+        red.global.add.v4.f32 into dQ's fp32 [B, Hq, Nq, D] accumulator (rows < Nq)
 
-  and at the end ``dK_c * scale`` and ``dV_c`` stored (rows < Nk) in the input dtype.
+  and at the end dK_c * scale and dV_c go to K_c's and V_c's buffers and out by TMA stores
+  (rows past Nk dropped). ``Config(qrows=False)`` (``-krows``) is the other layout (S^T = K_c
+  Q_i^T: P^T, dS^T from registers as A operands, L and delta 16 registers a thread each): it
+  spilled ~40 instructions a tile at d128, the default 0 (NOTES.md v15).
 
-Each consumer adds its own 64 keys' share of dQ: no barrier between the consumers (FA3 instead
-writes both dS halves to shared memory, syncs the two warp groups, and has a dedicated warp reduce
-dQ through TMA ``reduce-add``; triton 3.6's Hopper ``tma`` module has no reduce, so the adds are
-``red.global.add.f32`` from the consumers' registers: twice FA3's dQ traffic, see below). dQ is
-summed in a nondeterministic order: it is not bit-reproducible across runs (dK, dV are).
+Each consumer adds its own 64 keys' share of dQ: no barrier between the consumers. FA3 instead
+writes both dS halves to shared memory, syncs the two warp groups, and has a dedicated warp add
+dQ with TMA ``reduce-add``; triton 3.6's Hopper ``tma`` module has no reduce, hence the adds from
+the consumers, twice FA3's dQ traffic (``-noadds``, timing only, measures their cost). dQ is
+summed in whatever order the CTAs arrive: not bit-reproducible run to run (dK, dV are).
 
 Past the ends: TMA zero-fills rows past a head's end (the 4-d descriptors bound each head). A
 query past Nq has L = +inf (loaded so: P = 0) and delta = 0, and its dQ row is not added: no mask
@@ -59,31 +66,30 @@ and make inf x 0 = NaN in dQ's product; so the last key block runs every query t
 masked path (``query_tiles``). TMA stores drop dK/dV rows past Nk. Causal rows that see no key
 (Nq > Nk) have L = +inf from the forward: P = 0 there too.
 
-Work per (key tile of 128, query tile of 64), d = head dim: five products of 2 x 128 x 64 x d
-FLOPs = 10.5 MFLOP at d128 (5.2 at d64), the attention backward's 2.5x the forward's FLOPs; 128 x
-64 exp2 (MUFU: 8192, about 1/5 of the forward's per FLOP); shared-memory reads by the wgmmas:
-Q_i, dO_i twice each (S^T/dK, dP^T/dV) per consumer, K_c, V_c, dS once: about 4 x 2 x 16 KiB +
-3 x 16 KiB = 176 KiB at d128; global: Q_i + dO_i via TMA (32 KiB at d128, from L2 mostly: every
-key tile of the head reads them) + L, delta (512 B) + dQ atomics 2 x 64 x d x 4 B = 64 KiB
-at d128. A CTA at d128 with STAGES=2 uses 144 KiB of shared memory: one CTA per SM.
+Counts per (CTA of 128 keys, query tile of 64), d the head dim: five products of 2 x 128 x 64 x d
+= 10.5 MFLOP at d128 (5.2 at d64), 3620 clocks of tensor work at 700 TFLOP/s (1.83 GHz, 132 SMs);
+8192 exp2 (512 clocks at 16 a clock); the unmasked tile loop is 630 SASS instructions a thread
+at d128 (550 at d64), 2 x 630 = 1260 issue cycles per scheduler (35% of the tensor time at d128,
+60% at d64). Memory: Q_i + dO_i by TMA, 32 KiB at d128 (16 KiB at d64), read by every key block of
+the head (L2); dQ adds 2 x 64 x d x 4 B = 64 KiB at d128: at 700 TFLOP/s that is 4.4 TB/s of L2
+reductions plus 2.2 TB/s of Q/dO loads over the GPU. Shared memory: 229,712 B at d128 (STAGES 2,
+of 232,448), 147,824 B at d64 (STAGES 3).
 
-Prediction (H100 SXM, bf16 d128, 16k non-causal; an estimate, not a measurement): the five
-products run at the forward's consumer rate if the two warp groups overlap each other's
-exp2/convert/atomic phases as the forward's do (the warp schedulers interleave the two groups
-without explicit turns here). The forward reached ~1.0x cuDNN with two products per tile and a
-longer softmax; here the non-matmul work per FLOP is smaller (one exp2 per 5 products instead of
-per 2) but there are two conversions to the A layout, a 16 KiB shared store and 128 atomics per
-thread per tile. FA3 reports ~520-560 TFLOP/s backward at 4k-8k; cuDNN is about that. Guess for
-this first version: 0.8-1.0x cuDNN at 4k-16k d128 (450-520 TFLOP/s), below it at 1k (one or two
-query tiles per CTA cannot fill the ring) and possibly below at d64 (twice the atomics per FLOP).
-The risks: the atomics' issue cost in the consumers (FA3 moved them to a separate warp for this
-reason), the register pressure of three d-wide fp32 accumulators at d128 (see the compile
-figures in NOTES.md v15), L2 bandwidth of 2 x dQ adds.
+Prediction (H100 SXM, bf16; an estimate, not a measurement): if the two consumers drift out of
+phase as the forward's did, the issue and exp2 work (35% at d128) hides under the other's
+products and the tensor cores stay ~80% busy: ~500 TFLOP/s at 4k-16k d128, 0.9-1.0x cuDNN
+(cuDNN: 534 at 16k d128 on an H200, NOTES.md v3's targets). The risk that decides it is the dQ
+adds' L2 traffic (4.4 TB/s at that speed, twice FA3's; d64 has the same bytes per FLOP): if L2
+reductions cap near 3 TB/s, the backward lands near 0.7-0.8x cuDNN; ``-noadds`` in the check's
+timing separates the two. d64 is expected lower than d128 (issue and exp2 are 60% of its tensor
+time), as every d64 kernel here. At 1k a CTA walks 16 query tiles (about 8 under causal), so its
+prologue (K, V) and epilogue (dK, dV) weigh more; b8-h16 is 1024 CTAs, 7.8 waves.
 
 Not proven until a GPU runs it: that it computes the right numbers (the CPU model mirrors the
-arithmetic, not the kernel), that the warp-specialized code does not hang (the protocol model
-mirrors the barrier calls, not the compiled code), that the transposed shared-memory A operand
-(dS^T's buffer permuted) does what the compile accepted, the atomics' cost, and the speed.
+design's arithmetic, not the compiled kernel), that the warp-specialized code does not hang (the
+protocol model mirrors the barrier calls in the source, not the compiled code), that the
+transposed shared-memory A operands (P's and dS's buffers permuted, K_c column pieces) do what
+the compile accepted, the atomics' cost, and the speed.
 """
 
 from __future__ import annotations
