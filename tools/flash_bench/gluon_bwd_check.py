@@ -371,6 +371,19 @@ def report(correct: dict, bench: dict, variants: list[str], hello: dict, gb) -> 
     return "\n".join(lines)
 
 
+def selftest() -> int:
+    """The parent's deadlines and crash handling with this file's children, without a GPU."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        cases = [{"id": "a"}, {"id": "b", "crash": True}, {"id": "c"}, {"id": "d", "hang": True}, {"id": "e"}]
+        results, hello, hung = gluon_check.run_cases("selftest", cases, Path(folder), 3.0, lambda text: None)
+    ok = (hung == "d" and sorted(results) == ["a", "b", "c", "d"] and "died" in results["b"]["error"]
+          and "HUNG" in results["d"]["error"] and hello.get("device") == "none")
+    print(f"selftest: {'ok' if ok else 'FAILED'}: results {sorted(results)}, hung {hung}")
+    return 0 if ok else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", metavar="DIR", help="folder for the results (created; required)")
@@ -380,10 +393,14 @@ def main() -> int:
     parser.add_argument("--case-timeout", type=float, default=60.0, metavar="S",
                         help="seconds a case may take before it counts as hung (default 60)")
     parser.add_argument("--skip-timing", action="store_true", help="correctness only")
+    parser.add_argument("--selftest", action="store_true",
+                        help="no GPU: run the child machinery on planted results, a crash and a hang (about 10 s)")
     parser.add_argument("--child", nargs=2, metavar=("MODE", "CASES"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return child(*args.child)
+    if args.selftest:
+        return selftest()
     if not args.out:
         parser.error("--out DIR is required")
 
