@@ -154,9 +154,12 @@ class Config:
     #: ``-noadds``: TIMING ONLY, dQ comes out zero: everything but the dQ adds to global memory,
     #: to measure what they cost on the GPU (they are twice FlashAttention-3's traffic).
     dq_adds: bool = True
+    #: ``-rot``: each CTA starts its whole query tiles at its own offset (key block index mod
+    #: their count), so that the CTAs of a head do not add into the same dQ rows at once.
+    rotate: bool = False
 
     def __str__(self) -> str:
-        return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'' if self.dq_cols == 64 else f'-q{self.dq_cols}'}{'' if self.qrows else '-krows'}{'' if self.dq_adds else '-noadds'}-r{self.consumer_regs}"
+        return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'' if self.dq_cols == 64 else f'-q{self.dq_cols}'}{'' if self.qrows else '-krows'}{'' if self.dq_adds else '-noadds'}{'-rot' if self.rotate else ''}-r{self.consumer_regs}"
 
     @staticmethod
     def parse(text: str) -> "Config":
@@ -165,7 +168,7 @@ class Config:
         parts = text.strip().split("-")
         head = parts[0]
         if not (head.startswith("m") and "s" in head):
-            raise ValueError(f"config {text!r}: expected mBLOCKsSTAGES[-split][-qCOLS][-krows][-noadds][-rREGS], e.g. m64s2")
+            raise ValueError(f"config {text!r}: expected mBLOCKsSTAGES[-split][-qCOLS][-krows][-noadds][-rot][-rREGS], e.g. m64s2")
         block_m, stages = head[1:].split("s")
         fields = dict(block_m=int(block_m), stages=int(stages))
         for part in parts[1:]:
@@ -175,6 +178,8 @@ class Config:
                 fields["qrows"] = False
             elif part == "noadds":
                 fields["dq_adds"] = False
+            elif part == "rot":
+                fields["rotate"] = True
             elif part.startswith("q") and part[1:].isdigit():
                 fields["dq_cols"] = int(part[1:])
             elif part.startswith("r") and part[1:].isdigit():
@@ -219,6 +224,21 @@ def query_tiles(n0: int, n_q: int, n_k: int, block_m: int, causal: bool) -> tupl
     return first, end if ragged else whole, end
 
 
+def walk_order(t_first: int, t_whole: int, t_end: int, key_block: int, rotate: bool) -> list[int]:
+    """The query tiles a CTA walks, in order (``_tile`` in the kernel, the same formulas): the
+    masked ones, then the whole ones, rotated by ``key_block mod their count`` with ``rotate``."""
+    rot = key_block % max(t_end - t_whole, 1)
+    order = []
+    for j in range(t_first, t_end):
+        t = j
+        if rotate and j >= t_whole:
+            t = j + rot
+            if t >= t_end:
+                t -= t_end - t_whole
+        order.append(t)
+    return order
+
+
 # ---------------------------------------------------------------------------------------------
 # Kernel
 # ---------------------------------------------------------------------------------------------
@@ -226,9 +246,24 @@ def query_tiles(n0: int, n_q: int, n_k: int, block_m: int, causal: bool) -> tupl
 if gl is not None:
 
     @gluon.jit
+    def _tile(j, t_whole, t_end, rot, ROTATE: gl.constexpr):
+        # The j-th query tile a CTA walks: j itself, or (ROTATE) the whole tiles [t_whole, t_end)
+        # started at t_whole + rot and wrapped, so that the CTAs of one head (rot = the key block
+        # index mod their count) add into different dQ rows at a time.
+        if ROTATE:
+            t = j
+            if j >= t_whole:
+                t = j + rot
+                if t >= t_end:
+                    t = t - (t_end - t_whole)
+        else:
+            t = j
+        return t
+
+    @gluon.jit
     def _bwd_producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem,
-                      kv_full, q_full, q_empty, off_b, off_hkv, n0, GROUP, t_first, t_end,
-                      BLOCK_M: gl.constexpr, STAGES: gl.constexpr, KEYS: gl.constexpr):
+                      kv_full, q_full, q_empty, off_b, off_hkv, n0, GROUP, t_first, t_whole, t_end, rot,
+                      BLOCK_M: gl.constexpr, STAGES: gl.constexpr, KEYS: gl.constexpr, ROTATE: gl.constexpr):
         # K and V: one 64-row half per consumer, once, on one barrier.
         mbarrier.expect(kv_full.index(0), 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
         for c in gl.static_range(2):
@@ -241,7 +276,9 @@ if gl is not None:
         it = 0
         for g in range(GROUP):
             off_h = off_hkv * GROUP + g
-            for t in range(t_first, t_end):
+            for j in range(t_first, t_end):
+                # The consumers' order: the masked tiles, then the whole ones (rotated if ROTATE).
+                t = _tile(j, t_whole, t_end, rot, ROTATE)
                 s = it % STAGES
                 mbarrier.wait(q_empty.index(s), ((it // STAGES) & 1) ^ 1)
                 mbarrier.expect(q_full.index(s), tile_bytes)
@@ -382,10 +419,10 @@ if gl is not None:
     @gluon.jit
     def _bwd_consumer(q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, kv_full, q_full, q_empty,
                       lse_ptr, delta_ptr, dq_ptr, dk_desc, dv_desc,
-                      off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, qk_scale, sm_scale,
+                      off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, rot, qk_scale, sm_scale,
                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                       KEYS: gl.constexpr, CID: gl.constexpr, CAUSAL: gl.constexpr, SPLIT_DQ: gl.constexpr,
-                      DQ_PARTS: gl.constexpr, QROWS: gl.constexpr, DQ_ADDS: gl.constexpr):
+                      DQ_PARTS: gl.constexpr, QROWS: gl.constexpr, DQ_ADDS: gl.constexpr, ROTATE: gl.constexpr):
         kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, HEAD_DIM, 16])
         k_c = k_smem.index(CID)
@@ -415,7 +452,8 @@ if gl is not None:
                                    kv_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
                                    True, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS)
                 it += 1
-            for t in range(t_whole, t_end):
+            for j in range(t_whole, t_end):
+                t = _tile(j, t_whole, t_end, rot, ROTATE)
                 dk, dv = _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, p_buf, dq_buf, q_full, q_empty, dk, dv,
                                    lse_h, delta_h, dq_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
                                    kv_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
@@ -437,7 +475,7 @@ if gl is not None:
     def _attn_bwd_sm90(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_ptr, H_Q, GROUP, n_q, n_k, qk_scale, sm_scale,
                        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                        CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, SPLIT_DQ: gl.constexpr,
-                       DQ_PARTS: gl.constexpr, QROWS: gl.constexpr, DQ_ADDS: gl.constexpr):
+                       DQ_PARTS: gl.constexpr, QROWS: gl.constexpr, DQ_ADDS: gl.constexpr, ROTATE: gl.constexpr):
         KEYS: gl.constexpr = 64
         n0 = gl.program_id(0) * (2 * KEYS)
         off_bkv = gl.program_id(1)
@@ -460,6 +498,7 @@ if gl is not None:
             t_whole = t_end * 0
         if n0 + 2 * KEYS > n_k:
             t_whole = t_end
+        rot = gl.program_id(0) % gl.maximum(t_end - t_whole, 1)
 
         kv_smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
@@ -488,15 +527,16 @@ if gl is not None:
 
         gl.warp_specialize([
             (_bwd_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_full, q_full,
-                             q_empty, off_b, off_hkv, n0, GROUP, t_first, t_end, BLOCK_M, STAGES, KEYS)),
+                             q_empty, off_b, off_hkv, n0, GROUP, t_first, t_whole, t_end, rot, BLOCK_M, STAGES, KEYS,
+                             ROTATE)),
             (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, kv_full, q_full, q_empty,
                              lse_ptr, delta_ptr, dq_ptr, dk_desc, dv_desc,
-                             off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, qk_scale, sm_scale,
-                             HEAD_DIM, BLOCK_M, STAGES, KEYS, 0, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS)),
+                             off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, rot, qk_scale, sm_scale,
+                             HEAD_DIM, BLOCK_M, STAGES, KEYS, 0, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, ROTATE)),
             (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, kv_full, q_full, q_empty,
                              lse_ptr, delta_ptr, dq_ptr, dk_desc, dv_desc,
-                             off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, qk_scale, sm_scale,
-                             HEAD_DIM, BLOCK_M, STAGES, KEYS, 1, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS)),
+                             off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, rot, qk_scale, sm_scale,
+                             HEAD_DIM, BLOCK_M, STAGES, KEYS, 1, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, ROTATE)),
         ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -590,7 +630,7 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages, CAUSAL=bool(causal),
                   CONSUMER_REGS=config.consumer_regs, SPLIT_DQ=config.split_dq,
                   DQ_PARTS=max(1, head_dim // config.dq_cols), QROWS=config.qrows,
-                  DQ_ADDS=config.dq_adds, num_warps=4)
+                  DQ_ADDS=config.dq_adds, ROTATE=config.rotate, num_warps=4)
     return args, kwargs, (triton.cdiv(n_k, BLOCK_N), batch * heads_kv)
 
 

@@ -293,6 +293,9 @@ def check_schedule(gb) -> int:
                 if t >= whole:
                     assert everything, f"tile {t} unmasked but partly hidden: n_q={n_q} n_k={n_k} n0={n0}"
                     assert n0 + BLOCK_N <= n_k, f"tile {t} unmasked in a ragged key block: n_k={n_k} n0={n0}"
+            for rotate in (False, True):  # every tile once, the masked ones first, in order
+                order = gb.walk_order(first, whole, end, n0 // BLOCK_N, rotate)
+                assert order[:whole - first] == list(range(first, whole)) and sorted(order) == list(range(first, end))
             cases += 1
             ragged = n0 + BLOCK_N > n_k
             assert gb.query_tiles(n0, n_q, n_k, block_m, False) == (0, end if ragged else 0, end)
@@ -545,7 +548,7 @@ def main() -> int:
         print(f"protocol: NOT caught: {', '.join(missed)}")
     gb = load_backward()
     print(f"schedule: {check_schedule(gb)} (key block, lengths, BLOCK_M) cases: no seen tile skipped, no "
-          "unmasked tile partly hidden")
+          "unmasked tile partly hidden, every tile walked once (rotated or not)")
     cases, worst = check_numerics(gb)
     print(f"numerics: {cases} shapes match float64 autograd (dQ, dK, dV within 2% of the largest; worst "
           f"{100 * worst:.2f}%)")
