@@ -18,8 +18,8 @@ Needs torch with CUDA and triton 3.6; the project need not be installed. Four ph
    max error against float64 autograd at most 3x the plain same-precision autograd's plus twice
    the dtype's rounding. The backward runs twice more: dK and dV must give the same bits; dQ is
    summed by float atomics in whatever order the CTAs arrive, so it may differ run to run
-   (reported, not required: each repeat's dQ must pass the rule instead). The existing Triton
-   backward (``launch.flash_bwd``) runs on the same inputs, and its errors are recorded beside.
+   (reported, not required: each repeat's dQ must pass the rule instead). (The Triton backward
+   is not run here: its compiles would eat the time budget; it is timed in phase 3.)
 3. timing: the issue's cases (bf16; b1-h16-q16384 d128, b4-h16-q4096 d128, b4-h32-q4096 d64,
    b8-h16-q1024 d128; each causal and not) with ``triton.testing.do_bench`` (median): the Gluon
    backward (with its delta preprocess and dQ's conversion, what a caller pays), SDPA cuDNN's
@@ -155,14 +155,6 @@ def _check_case(case: dict, gb, tf_launch, device: str = "cuda") -> dict:
         cmp = compare("dq", r[0], oracle[0], plain[0], dtype=q.dtype, factor=GRADIENT_FACTOR)
         passed &= cmp.passed
         result["dq"]["max_error_repeats"] = max(result["dq"].get("max_error_repeats", 0.0), cmp.max_error)
-    # The existing Triton backward on the same inputs, for the record.
-    try:
-        triton_grads = tf_launch.flash_bwd(do, q, k, v, o, lse, causal, scale)[:3]
-        result["triton_flash_max_error"] = {
-            name: float((g.double() - oracle[i]).abs().max().item())
-            for i, (name, g) in enumerate(zip(("dq", "dk", "dv"), triton_grads))}
-    except Exception as exc:  # informational only
-        result["triton_flash_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
     result["passed"] = bool(passed)
     return result
 
