@@ -2,7 +2,7 @@
 
 Usage, on the Hopper machine, from the repository root (about 2-3 minutes on an H100):
 
-    python3 tools/flash_bench/gluon_bwd_check.py --out DIR [--variants m64s3,m64s2-split,...] [--case-timeout 60]
+    python3 tools/flash_bench/gluon_bwd_check.py --out DIR [--quick] [--variants m64s2-split,...] [--case-timeout 60]
 
 The sibling of ``gluon_check.py`` (the forward's), with its machinery (children with deadlines,
 a hang stops the run, a crash moves on in a fresh child; ``gluon_check.Child``/``run_cases``).
@@ -70,6 +70,8 @@ CORRECTNESS_SHAPES = (
     (1, 2, 2, 1, 1000),          # one query row
     (1, 2, 2, 64, 1),            # one key
 )
+#: --quick's correctness shapes: GQA with a partial tile, Nq > Nk (rows with no key), 4097.
+QUICK_SHAPES = ((1, 4, 2, 1000, 1000), (1, 2, 2, 4097, 1000), (1, 2, 2, 4097, 4097))
 VARIANT_SHAPES = ((1, 2, 2, 1000, 1000), (1, 4, 2, 4097, 4097), (1, 2, 2, 4097, 1000), (2, 4, 2, 113, 113))
 BENCH_SHAPES = (
     (1, 16, 16384, 128),
@@ -385,6 +387,9 @@ def main() -> int:
     parser.add_argument("--case-timeout", type=float, default=60.0, metavar="S",
                         help="seconds a case may take before it counts as hung (default 60)")
     parser.add_argument("--skip-timing", action="store_true", help="correctness only")
+    parser.add_argument("--quick", action="store_true",
+                        help="a first look (about a minute): the defaults on three shapes each, no --variants, "
+                             "the timing of the defaults and -noadds only")
     parser.add_argument("--selftest", action="store_true",
                         help="no GPU: run the child machinery on planted results, a crash and a hang (about 10 s)")
     parser.add_argument("--child", nargs=2, metavar=("MODE", "CASES"), help=argparse.SUPPRESS)
@@ -403,7 +408,7 @@ def main() -> int:
         print(text, flush=True)
 
     gb, _ = _module()  # no CUDA in this process: the Config parser and the defaults only
-    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    variants = [] if args.quick else [v.strip() for v in args.variants.split(",") if v.strip()]
     for text in variants:
         gb.Config.parse(text)  # a typo fails here, not in a child
     started = time.time()
@@ -433,6 +438,8 @@ def main() -> int:
 
     log("== correctness")
     cases = [c for c in correctness_cases(variants, gb.default_config) if (c["head_dim"], c["config"]) in fits]
+    if args.quick:
+        cases = [c for c in cases if tuple(c["shape"]) in QUICK_SHAPES]
     correct, hello, hung = gluon_check.run_cases("correct", cases, out, args.case_timeout, log)
     record["device"] = hello
     record["correct"] = correct
