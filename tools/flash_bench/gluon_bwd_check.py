@@ -55,7 +55,7 @@ from gluon_check import _emit, _flops, _inputs  # noqa: E402
 
 DTYPES = ("bfloat16", "float16")
 HEAD_DIMS = (64, 128)
-DEFAULT_VARIANTS = "m64s2-split,m64s2-q128,m64s2-krows,m64s2-rot,m128s2"
+DEFAULT_VARIANTS = "m64s2-split,m64s2-q128,m64s2-krows,m64s2-rot"
 #: Timed only (never checked for correctness): the defaults without the dQ adds, what they cost.
 TIMING_ONLY = ("m64s2-noadds", "m64s3-noadds")
 #: (batch, heads_q, heads_kv, n_q, n_k): each runs for every dtype, head dim and causal flag.
