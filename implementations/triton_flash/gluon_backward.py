@@ -57,6 +57,11 @@ writes both dS halves to shared memory, syncs the two warp groups, and has a ded
 dQ with TMA ``reduce-add``; triton 3.6's Hopper ``tma`` module has no reduce, hence the adds from
 the consumers, twice FA3's dQ traffic (``-noadds``, timing only, measures their cost). dQ is
 summed in whatever order the CTAs arrive: not bit-reproducible run to run (dK, dV are).
+``-sum`` (``Config(sum_dq=True)``) is FA3's sum without its TMA reduce: each consumer writes its
+share to its fp32 buffer and arrives on ``dq_ready`` (count 2), waits for it (parity ``it & 1``),
+adds the sum of both buffers for half the rows, and arrives on ``dq_free`` (count 2), which a
+consumer waits for (parity ``(it & 1) ^ 1``) before writing the next tile's share: half the adds,
+but the consumers meet twice a tile.
 
 Past the ends: TMA zero-fills rows past a head's end (the 4-d descriptors bound each head). A
 query past Nq has L = +inf (loaded so: P = 0) and delta = 0, and its dQ row is not added: no mask
@@ -157,9 +162,12 @@ class Config:
     #: ``-rot``: each CTA starts its whole query tiles at its own offset (key block index mod
     #: their count), so that the CTAs of a head do not add into the same dQ rows at once.
     rotate: bool = False
+    #: ``-sum``: the two consumers' dQ shares summed in shared memory before the adds, each adding
+    #: half the rows (half the traffic, FlashAttention-3's sum; two barriers a tile between them).
+    sum_dq: bool = False
 
     def __str__(self) -> str:
-        return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'' if self.dq_cols == 64 else f'-q{self.dq_cols}'}{'' if self.qrows else '-krows'}{'' if self.dq_adds else '-noadds'}{'-rot' if self.rotate else ''}-r{self.consumer_regs}"
+        return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'' if self.dq_cols == 64 else f'-q{self.dq_cols}'}{'' if self.qrows else '-krows'}{'' if self.dq_adds else '-noadds'}{'-rot' if self.rotate else ''}{'-sum' if self.sum_dq else ''}-r{self.consumer_regs}"
 
     @staticmethod
     def parse(text: str) -> "Config":
@@ -168,7 +176,7 @@ class Config:
         parts = text.strip().split("-")
         head = parts[0]
         if not (head.startswith("m") and "s" in head):
-            raise ValueError(f"config {text!r}: expected mBLOCKsSTAGES[-split][-qCOLS][-krows][-noadds][-rot][-rREGS], e.g. m64s2")
+            raise ValueError(f"config {text!r}: expected mBLOCKsSTAGES[-split][-qCOLS][-krows][-noadds][-rot][-sum][-rREGS], e.g. m64s2")
         block_m, stages = head[1:].split("s")
         fields = dict(block_m=int(block_m), stages=int(stages))
         for part in parts[1:]:
@@ -180,6 +188,8 @@ class Config:
                 fields["dq_adds"] = False
             elif part == "rot":
                 fields["rotate"] = True
+            elif part == "sum":
+                fields["sum_dq"] = True
             elif part.startswith("q") and part[1:].isdigit():
                 fields["dq_cols"] = int(part[1:])
             elif part.startswith("r") and part[1:].isdigit():
@@ -196,7 +206,7 @@ def shared_bytes(config: Config, head_dim: int, element_size: int = 2) -> int:
     ring = 2 * config.stages * config.block_m * head_dim * element_size
     ds = (4 if config.qrows else 2) * KEYS_PER_CONSUMER * config.block_m * element_size  # dS (and P)
     dq = 2 * config.block_m * head_dim * 4
-    barriers = 8 * (1 + 2 * config.stages)
+    barriers = 8 * (3 + 2 * config.stages)
     return kv + ring + ds + dq + barriers
 
 
@@ -289,13 +299,14 @@ if gl is not None:
                 it += 1
 
     @gluon.jit
-    def _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, p_buf, dq_buf, q_full, q_empty, dk, dv,
+    def _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, p_buf, dq_smem, dq_ready, dq_free, q_full, q_empty, dk, dv,
                   lse_h, delta_h, dq_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
                   kv_layout: gl.constexpr, add_layout: gl.constexpr, BLOCK_M: gl.constexpr,
                   HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, KEYS: gl.constexpr, CAUSAL: gl.constexpr,
                   MASKED: gl.constexpr, SPLIT_DQ: gl.constexpr, DQ_PARTS: gl.constexpr, QROWS: gl.constexpr,
-                  DQ_ADDS: gl.constexpr):
+                  DQ_ADDS: gl.constexpr, CID: gl.constexpr, SUM_DQ: gl.constexpr):
         # One query tile for this consumer's 64 keys: see the module docstring for the order.
+        dq_buf = dq_smem.index(CID)
         s = it % STAGES
         q_s = q_smem.index(s)
         do_s = do_smem.index(s)
@@ -404,32 +415,53 @@ if gl is not None:
                 mbarrier.arrive(q_empty.index(s), count=1)
             else:
                 dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
+            if SUM_DQ:
+                if h == 0:
+                    # Both consumers have read the previous tile's two buffers (a fresh barrier
+                    # passes parity 1: tile 0 goes straight in).
+                    mbarrier.wait(dq_free.index(0), (it & 1) ^ 1)
             if DQ_PARTS == 1:
                 dq_buf.store(dq * sm_scale)
             else:
                 dq_buf.slice(h * DQ_N, DQ_N, dim=1).store(dq * sm_scale)
-        for r in gl.static_range(BLOCK_M // 16 if DQ_ADDS else 0):
-            part = dq_buf.slice(r * 16, 16, dim=0).load(add_layout)
-            rows = t * BLOCK_M + r * 16 + gl.arange(0, 16, layout=gl.SliceLayout(1, add_layout))
-            dcols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, add_layout))
-            offsets = rows[:, None] * HEAD_DIM + dcols[None, :]
-            gl.atomic_add(dq_h + offsets, part, mask=(rows < n_q)[:, None], sem="relaxed", scope="gpu")
+        if SUM_DQ:
+            # FlashAttention-3's sum: both consumers' shares meet in shared memory, and each adds
+            # half the rows of their sum (half the adds of the default, the consumers in step).
+            mbarrier.arrive(dq_ready.index(0), count=1)
+            mbarrier.wait(dq_ready.index(0), it & 1)
+            HALF: gl.constexpr = BLOCK_M // 2
+            for r in gl.static_range(HALF // 16 if DQ_ADDS else 0):
+                part = (dq_smem.index(0).slice(CID * HALF + r * 16, 16, dim=0).load(add_layout)
+                        + dq_smem.index(1).slice(CID * HALF + r * 16, 16, dim=0).load(add_layout))
+                rows = t * BLOCK_M + CID * HALF + r * 16 + gl.arange(0, 16, layout=gl.SliceLayout(1, add_layout))
+                dcols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, add_layout))
+                offsets = rows[:, None] * HEAD_DIM + dcols[None, :]
+                gl.atomic_add(dq_h + offsets, part, mask=(rows < n_q)[:, None], sem="relaxed", scope="gpu")
+            mbarrier.arrive(dq_free.index(0), count=1)
+        else:
+            for r in gl.static_range(BLOCK_M // 16 if DQ_ADDS else 0):
+                part = dq_buf.slice(r * 16, 16, dim=0).load(add_layout)
+                rows = t * BLOCK_M + r * 16 + gl.arange(0, 16, layout=gl.SliceLayout(1, add_layout))
+                dcols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, add_layout))
+                offsets = rows[:, None] * HEAD_DIM + dcols[None, :]
+                gl.atomic_add(dq_h + offsets, part, mask=(rows < n_q)[:, None], sem="relaxed", scope="gpu")
         return dk, dv
 
     @gluon.jit
     def _bwd_consumer(q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, kv_full, q_full, q_empty,
+                      dq_ready, dq_free,
                       lse_ptr, delta_ptr, dq_ptr, dk_desc, dv_desc,
                       off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, rot, qk_scale, sm_scale,
                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                       KEYS: gl.constexpr, CID: gl.constexpr, CAUSAL: gl.constexpr, SPLIT_DQ: gl.constexpr,
-                      DQ_PARTS: gl.constexpr, QROWS: gl.constexpr, DQ_ADDS: gl.constexpr, ROTATE: gl.constexpr):
+                      DQ_PARTS: gl.constexpr, QROWS: gl.constexpr, DQ_ADDS: gl.constexpr, ROTATE: gl.constexpr,
+                      SUM_DQ: gl.constexpr):
         kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, HEAD_DIM, 16])
         k_c = k_smem.index(CID)
         v_c = v_smem.index(CID)
         ds_buf = ds_smem.index(CID)
         p_buf = p_smem.index(CID)
-        dq_buf = dq_smem.index(CID)
         # The dQ adds: each thread 4 (d128) or 2 (d64) consecutive floats of a row, a warp a row.
         add_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, HEAD_DIM // 32], threads_per_warp=[1, 32],
                                                     warps_per_cta=[4, 1], order=[1, 0])
@@ -447,17 +479,19 @@ if gl is not None:
             dq_h = dq_ptr + row_base * HEAD_DIM
             # The causal diagonal's tiles (masked), then the tiles every key of the CTA sees whole.
             for t in range(t_first, t_whole):
-                dk, dv = _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, p_buf, dq_buf, q_full, q_empty, dk, dv,
+                dk, dv = _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, p_buf, dq_smem, dq_ready, dq_free,
+                                   q_full, q_empty, dk, dv,
                                    lse_h, delta_h, dq_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
                                    kv_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
-                                   True, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS)
+                                   True, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, CID, SUM_DQ)
                 it += 1
             for j in range(t_whole, t_end):
                 t = _tile(j, t_whole, t_end, rot, ROTATE)
-                dk, dv = _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, p_buf, dq_buf, q_full, q_empty, dk, dv,
+                dk, dv = _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, p_buf, dq_smem, dq_ready, dq_free,
+                                   q_full, q_empty, dk, dv,
                                    lse_h, delta_h, dq_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
                                    kv_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
-                                   False, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS)
+                                   False, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, CID, SUM_DQ)
                 it += 1
         # dK (times the softmax scale) and dV of this consumer's keys, through K_c's and V_c's
         # buffers (no product reads them any more: every wait above was for 0 outstanding) and
@@ -475,7 +509,8 @@ if gl is not None:
     def _attn_bwd_sm90(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_ptr, H_Q, GROUP, n_q, n_k, qk_scale, sm_scale,
                        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                        CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, SPLIT_DQ: gl.constexpr,
-                       DQ_PARTS: gl.constexpr, QROWS: gl.constexpr, DQ_ADDS: gl.constexpr, ROTATE: gl.constexpr):
+                       DQ_PARTS: gl.constexpr, QROWS: gl.constexpr, DQ_ADDS: gl.constexpr, ROTATE: gl.constexpr,
+                       SUM_DQ: gl.constexpr):
         KEYS: gl.constexpr = 64
         n0 = gl.program_id(0) * (2 * KEYS)
         off_bkv = gl.program_id(1)
@@ -519,7 +554,11 @@ if gl is not None:
         kv_full = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         q_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        dq_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        dq_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         mbarrier.init(kv_full.index(0), count=1)
+        mbarrier.init(dq_ready.index(0), count=2)
+        mbarrier.init(dq_free.index(0), count=2)
         for s in gl.static_range(STAGES):
             mbarrier.init(q_full.index(s), count=1)
             mbarrier.init(q_empty.index(s), count=2)
@@ -530,13 +569,17 @@ if gl is not None:
                              q_empty, off_b, off_hkv, n0, GROUP, t_first, t_whole, t_end, rot, BLOCK_M, STAGES, KEYS,
                              ROTATE)),
             (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, kv_full, q_full, q_empty,
+                             dq_ready, dq_free,
                              lse_ptr, delta_ptr, dq_ptr, dk_desc, dv_desc,
                              off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, rot, qk_scale, sm_scale,
-                             HEAD_DIM, BLOCK_M, STAGES, KEYS, 0, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, ROTATE)),
+                             HEAD_DIM, BLOCK_M, STAGES, KEYS, 0, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, ROTATE,
+                             SUM_DQ)),
             (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, kv_full, q_full, q_empty,
+                             dq_ready, dq_free,
                              lse_ptr, delta_ptr, dq_ptr, dk_desc, dv_desc,
                              off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, rot, qk_scale, sm_scale,
-                             HEAD_DIM, BLOCK_M, STAGES, KEYS, 1, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, ROTATE)),
+                             HEAD_DIM, BLOCK_M, STAGES, KEYS, 1, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, ROTATE,
+                             SUM_DQ)),
         ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -630,7 +673,8 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages, CAUSAL=bool(causal),
                   CONSUMER_REGS=config.consumer_regs, SPLIT_DQ=config.split_dq,
                   DQ_PARTS=max(1, head_dim // config.dq_cols), QROWS=config.qrows,
-                  DQ_ADDS=config.dq_adds, ROTATE=config.rotate, num_warps=4)
+                  DQ_ADDS=config.dq_adds, ROTATE=config.rotate,
+                  SUM_DQ=config.sum_dq, num_warps=4)
     return args, kwargs, (triton.cdiv(n_k, BLOCK_N), batch * heads_kv)
 
 

@@ -16,7 +16,8 @@ def test_off_hopper_it_says_why() -> None:
 
 
 def test_configs_round_trip() -> None:
-    for text in ("m64s2", "m64s3", "m128s2", "m64s2-split", "m64s2-q128", "m64s2-krows", "m64s2-noadds", "m64s2-rot"):
+    for text in ("m64s2", "m64s3", "m128s2", "m64s2-split", "m64s2-q128", "m64s2-krows", "m64s2-noadds", "m64s2-rot",
+                 "m64s2-sum", "m64s3-rot-sum"):
         config = gluon_backward.Config.parse(text)
         assert gluon_backward.Config.parse(str(config)) == config
     for head_dim in gluon_backward.HEAD_DIMS:

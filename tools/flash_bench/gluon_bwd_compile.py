@@ -111,7 +111,7 @@ def main() -> int:
             for dtype in dtypes:
                 matrix.append((head_dim, causal, dtype, gb.default_config(head_dim, causal)))
     extra = [] if args.quick else ["m64s2", "m64s3", "m128s2", "m64s2-split", "m64s2-q128", "m64s2-krows",
-                                     "m64s2-rot"]
+                                     "m64s2-rot", "m64s2-sum"]
     for text in extra + args.config:
         config = gb.Config.parse(text)
         for head_dim in gb.HEAD_DIMS:

@@ -67,6 +67,19 @@ class Protocol:
         # Per consumer: the stages it has read and not released.
         self.holding: list[set] = [set(), set()]
         self.in_flight: list[tuple] = []  # TMA copies: (barrier, bytes, action)
+        # SUM_DQ: the two fp32 dQ buffers' tiles, the consumers reading them, the two barriers.
+        self.dq_ready = MBarrier("dq_ready", 2)
+        self.dq_free = MBarrier("dq_free", 2)
+        self.dq_content: list[int | None] = [None, None]
+        self.dq_reading: set = set()
+
+    def dq_store(self, cid: int, it: int) -> None:
+        assert not self.dq_reading, f"consumer {cid} writes dQ buffer {cid} (tile {it}) while {self.dq_reading} read"
+        self.dq_content[cid] = it
+
+    def dq_read(self, cid: int, it: int) -> None:
+        assert self.dq_content == [it, it], f"consumer {cid} sums dQ for tile {it} from buffers {self.dq_content}"
+        self.dq_reading.add(cid)
 
     def tma_load(self, stage: int, it: int) -> None:
         for c in range(2):
@@ -133,7 +146,8 @@ def producer(p: Protocol, refill_xor: int = 1):
         p.in_flight.append((p.q_full[s], 1, lambda: None))  # dO_i, same barrier
 
 
-def consumer(p: Protocol, cid: int, split_dq: bool, dq_parts: int, plant: str = "", qrows: bool = True):
+def consumer(p: Protocol, cid: int, split_dq: bool, dq_parts: int, plant: str = "", qrows: bool = True,
+             sum_dq: bool = False):
     # _bwd_consumer / _bwd_step, in the kernel's order. Buffers: ("stage", s) = Q_s and dO_s,
     # ("kv",) = K_c and V_c, ("ds",) and ("p",) = this consumer's dS and P buffers (QROWS: both
     # written before dV's and dK's products read them; keys as rows: only dS^T, after).
@@ -177,7 +191,19 @@ def consumer(p: Protocol, cid: int, split_dq: bool, dq_parts: int, plant: str = 
                         p.release(cid, s, it)
             else:
                 p.wait(cid, 0)
+            if sum_dq and h == 0 and plant != "dq_free not waited":
+                yield ("wait", p.dq_free, (it & 1) ^ 1)
+            if sum_dq:
+                p.dq_store(cid, it)
             yield ("yield",)  # dQ piece to shared memory
+        if sum_dq:
+            p.dq_ready.arrive()
+            if plant != "dq_ready not waited":
+                yield ("wait", p.dq_ready, it & 1)
+            p.dq_read(cid, it)
+            yield ("yield",)  # the sums and the atomic adds of half the rows
+            p.dq_reading.discard(cid)
+            p.dq_free.arrive()
         yield ("yield",)  # the atomic adds
         if plant == "ds store before its reader retired":
             # The mistake: the next tile's dS^T written while this tile's dQ product may run
@@ -194,10 +220,10 @@ def consumer(p: Protocol, cid: int, split_dq: bool, dq_parts: int, plant: str = 
 
 
 def _drive(p: Protocol, split_dq: bool = False, dq_parts: int = 1, refill_xor: int = 1, plant: str = "",
-           qrows: bool = True) -> None:
+           qrows: bool = True, sum_dq: bool = False) -> None:
     partitions = {"producer": producer(p, refill_xor),
-                  "consumer0": consumer(p, 0, split_dq, dq_parts, plant, qrows),
-                  "consumer1": consumer(p, 1, split_dq, dq_parts, plant, qrows)}
+                  "consumer0": consumer(p, 0, split_dq, dq_parts, plant, qrows, sum_dq),
+                  "consumer1": consumer(p, 1, split_dq, dq_parts, plant, qrows, sum_dq)}
     blocked: dict[str, tuple] = {}
     done: set[str] = set()
     while len(done) < len(partitions) or p.in_flight:
@@ -226,10 +252,10 @@ def _drive(p: Protocol, split_dq: bool = False, dq_parts: int = 1, refill_xor: i
 def check_protocol(seeds: int) -> int:
     cases = 0
     # n_iters = GROUP x query tiles of the CTA (0: a causal key block no query sees).
-    for n_iters, stages, split_dq, dq_parts, qrows in itertools.product((0, 1, 2, 3, 5, 8, 13), (2, 3, 4),
-                                                                        (False, True), (1, 2), (True, False)):
+    for n_iters, stages, split_dq, dq_parts, qrows, sum_dq in itertools.product(
+            (0, 1, 2, 3, 5, 8, 13), (2, 3, 4), (False, True), (1, 2), (True, False), (False, True)):
         for seed in range(seeds):
-            _drive(Protocol(n_iters, stages, random.Random(seed)), split_dq, dq_parts, qrows=qrows)
+            _drive(Protocol(n_iters, stages, random.Random(seed)), split_dq, dq_parts, qrows=qrows, sum_dq=sum_dq)
             cases += 1
     return cases
 
@@ -237,6 +263,22 @@ def check_protocol(seeds: int) -> int:
 PLANTED = ("empty barriers counting one consumer", "producer's first wait on parity 0",
            "release before the wait", "no release", "ds store before its reader retired",
            "epilogue before the last wait")
+
+
+SUM_PLANTED = ("dq_free not waited", "dq_ready not waited")
+
+
+def check_sum_catches_mistakes() -> list[str]:
+    """-sum's own barriers: each left out must fail."""
+    caught = []
+    for mistake in SUM_PLANTED:
+        for seed in range(300):
+            try:
+                _drive(Protocol(6, 2, random.Random(seed)), dq_parts=2, plant=mistake, sum_dq=True)
+            except AssertionError:
+                caught.append(mistake)
+                break
+    return caught
 
 
 def check_protocol_catches_mistakes() -> list[str]:
@@ -546,6 +588,10 @@ def main() -> int:
               if f"{m} ({w} as rows)" not in caught]
     if missed:
         print(f"protocol: NOT caught: {', '.join(missed)}")
+    sum_caught = check_sum_catches_mistakes()
+    print(f"protocol (-sum): the model fails on {len(sum_caught)} of {len(SUM_PLANTED)} planted mistakes: "
+          f"{', '.join(sum_caught)}")
+    missed += [m for m in SUM_PLANTED if m not in sum_caught]
     gb = load_backward()
     print(f"schedule: {check_schedule(gb)} (key block, lengths, BLOCK_M) cases: no seen tile skipped, no "
           "unmasked tile partly hidden, every tile walked once (rotated or not)")
