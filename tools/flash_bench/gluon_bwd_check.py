@@ -8,7 +8,8 @@ The sibling of ``gluon_check.py`` (the forward's), with its machinery (children 
 a hang stops the run, a crash moves on in a fresh child; ``gluon_check.Child``/``run_cases``).
 Needs torch with CUDA and triton 3.6; the project need not be installed. Four phases:
 
-1. compile: every backward kernel the run needs, in parallel children that only compile.
+1. compile: every backward kernel the run needs, and the Gluon forwards its correctness cases
+   run, in parallel children that only compile.
 2. correctness: bf16/fp16 x d64/d128 x causal or not over lengths 1k, odd ones (113, 1000, 4097),
    Nq != Nk both ways (rows that see no key under causal), GQA and MQA, batch > 1; each
    ``--variants`` configuration on three of them. The forward is triton_flash's (``launch.flash_fwd``:
@@ -217,7 +218,12 @@ def child(mode: str, cases_path: str) -> int:
         for case in cases:
             q, k, v = _inputs((1, 2, 2, 256, 256), case["dtype"], case["head_dim"], 0)
             start = time.perf_counter()
-            gb.warmup(q, k, v, case["causal"], 0.1, gb.Config.parse(case["config"]))
+            if case.get("forward"):  # the forward the correctness cases run (Triton's disk cache keeps it)
+                from gluon_compile import load_gluon_forward
+
+                load_gluon_forward().warmup(q, k, v, case["causal"], 0.1)
+            else:
+                gb.warmup(q, k, v, case["causal"], 0.1, gb.Config.parse(case["config"]))
             _emit("compiled", id=case["id"], seconds=round(time.perf_counter() - start, 1))
         return 0
     gluon_check._hello()
@@ -427,6 +433,8 @@ def main() -> int:
                         seen.add(key)
                         specs.append({"id": f"{dtype} d{head_dim} {'causal' if causal else 'full'} {config}",
                                       "dtype": dtype, "head_dim": head_dim, "causal": causal, "config": config})
+                specs.append({"id": f"forward {dtype} d{head_dim} {'causal' if causal else 'full'}", "dtype": dtype,
+                              "head_dim": head_dim, "causal": causal, "config": "", "forward": True})
     t0 = time.time()
     compiled = gluon_check.compile_all(specs, out, log)
     record["compile"] = {"seconds_wall": round(time.time() - t0, 1), "kernels": compiled,
@@ -434,7 +442,7 @@ def main() -> int:
     log(f"  {len(compiled)} of {len(specs)} kernels compiled in {time.time() - t0:.0f} s")
     status = 3 if record["compile"]["failed"] else 0
     # Variants whose shared memory does not fit at a head dim are left out there (compile list).
-    fits = {(s["head_dim"], s["config"]) for s in specs}
+    fits = {(s["head_dim"], s["config"]) for s in specs if not s.get("forward")}
 
     log("== correctness")
     cases = [c for c in correctness_cases(variants, gb.default_config) if (c["head_dim"], c["config"]) in fits]
