@@ -868,6 +868,13 @@ def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     the natural LSE the caller returned (None: not used). ``dsinks`` is None without sinks.
     ``tiles`` may force the "dkdv" and "dq" kernels' configurations (for benchmarks)."""
     variants = Variants(causal=causal) if variants is None else variants
+    if tiles is None and layout is None and os.environ.get("ATTNKIT_TRITON_FLASH_GLUON_BWD") == "1":
+        # The Gluon backward (NOTES.md, v15): OFF unless asked for; it has not run on a GPU yet.
+        from . import gluon_backward
+
+        if gluon_backward.unsupported_reason(q, k, v, causal, scale, variants=variants, layout=layout) is None:
+            dq, dk, dv = gluon_backward.flash_bwd(do, q, k, v, o, lse, causal, scale, dlse=dlse)
+            return dq, dk, dv, None
     p = _Problem(q, k, v, scale, variants, layout)
     packed = layout is not None
     # Packed gradients start at zero: rows past the last sequence belong to no program.

@@ -1,0 +1,737 @@
+"""A FlashAttention backward for Hopper (sm_90a) in Triton's Gluon dialect (triton 3.6), after FlashAttention-3.
+
+Status: written and compile-checked for sm_90a (``tools/flash_bench/gluon_bwd_compile.py``), its
+barrier protocol, tile ranges and arithmetic modelled on the CPU
+(``tools/flash_bench/gluon_bwd_model.py``); NOT yet run on a GPU. Nothing calls it by default:
+:mod:`.launch` keeps the Triton backward, and ``tools/flash_bench/gluon_bwd_check.py`` is the
+first thing to run on a Hopper GPU (NOTES.md, v15).
+
+The math. For one (batch, query head), with the forward's base-2 LSE ``L_i`` and
+``delta_i = rowsum(dO_i * O_i)`` (the Triton path's preprocess kernel, as :mod:`.launch` uses it):
+
+    P_ij  = exp2(c * q_i . k_j - L_i)           c = scale * log2(e)
+    dV_j  = sum_i P_ij dO_i
+    dP_ij = dO_i . v_j
+    dS_ij = P_ij (dP_ij - delta_i)
+    dK_j  = scale * sum_i dS_ij q_i
+    dQ_i  = scale * sum_j dS_ij k_j
+
+Grid and tiles. A CTA owns ``BLOCK_N = 128`` keys of one (batch, KV head): grid
+``(cdiv(Nk, 128), B * Hkv)``. It walks the query tiles of ``BLOCK_M`` rows (64) of each query
+head of its group (GQA: dK and dV summed over the group in the accumulators, as the Triton path's
+``attn_bwd_dkdv`` does; dQ has its own rows per head). Causal (bottom-right: query ``i`` sees key
+``j`` iff ``j <= i + Nk - Nq``): query tiles that see none of the CTA's keys are skipped, those on
+the diagonal are masked, the rest run unmasked (:func:`query_tiles`).
+
+Partitions (``gl.warp_specialize``), 12 warps, one CTA per SM (shared memory):
+
+- producer, the default partition, 4 warps (``setmaxnreg`` 24): TMA of the CTA's K and V (two
+  64-row halves each, once, barrier ``kv_full``), then ``Q_i`` and ``dO_i`` of each query tile
+  into a ring of ``STAGES`` stages (``q_full[s]``: count 1 plus both tiles' bytes; ``q_empty[s]``:
+  count 2, one arrive per consumer, the producer waiting parity ``((it // STAGES) & 1) ^ 1``);
+- consumers 0 and 1, 4 warps each (``setmaxnreg`` 240), keys ``[64 c, 64 c + 64)`` of the CTA,
+  each with its dK_c and dV_c accumulators (64 x d fp32) for the whole CTA. Per query tile, in
+  the default layout (queries as the rows of S, FlashAttention-3's at d128):
+
+      wait q_full[s]
+      S  = Q_i K_c^T            (async wgmma, 64 x 64; A = Q_i, B = K_c permuted, both shared)
+      dP = dO_i V_c^T           (async)
+      load L_i, delta_i         (global, under the two products; L = +inf, delta = 0 past Nq)
+      wait S:  P = exp2(c S - L) (masked tiles: P = 0 for hidden keys and keys past Nk)
+      wait dP: dS = P (dP - delta)
+      P, dS -> the consumer's own shared buffers (bf16/fp16), fence
+      dV_c += P^T dO_i          (async; A = P's buffer permuted: a transposed A from shared memory)
+      dK_c += dS^T Q_i          (async)
+      dQ piece h = dS K_c[:, 64 h : 64 h + 64]   (async, one or two pieces of 64 columns)
+      wait all: arrive q_empty[s] (no product reads stage s any more)
+      scale * dQ piece -> an fp32 shared buffer; then 16 rows at a time,
+        red.global.add.v4.f32 into dQ's fp32 [B, Hq, Nq, D] accumulator (rows < Nq)
+
+  and at the end dK_c * scale and dV_c go to K_c's and V_c's buffers and out by TMA stores
+  (rows past Nk dropped). ``Config(qrows=False)`` (``-krows``) is the other layout (S^T = K_c
+  Q_i^T: P^T, dS^T from registers as A operands, L and delta 16 registers a thread each): it
+  spilled ~40 instructions a tile at d128, the default 0 (NOTES.md v15).
+
+Each consumer adds its own 64 keys' share of dQ: no barrier between the consumers. FA3 instead
+writes both dS halves to shared memory, syncs the two warp groups, and has a dedicated warp add
+dQ with TMA ``reduce-add``; triton 3.6's Hopper ``tma`` module has no reduce, hence the adds from
+the consumers, twice FA3's dQ traffic (``-noadds``, timing only, measures their cost). dQ is
+summed in whatever order the CTAs arrive: not bit-reproducible run to run (dK, dV are).
+``-sum`` (``Config(sum_dq=True)``) is FA3's sum without its TMA reduce: each consumer writes its
+share to its fp32 buffer and arrives on ``dq_ready`` (count 2), waits for it (parity ``it & 1``),
+adds the sum of both buffers for half the rows, and arrives on ``dq_free`` (count 2), which a
+consumer waits for (parity ``(it & 1) ^ 1``) before writing the next tile's share: half the adds,
+but the consumers meet twice a tile.
+
+Past the ends: TMA zero-fills rows past a head's end (the 4-d descriptors bound each head). A
+query past Nq has L = +inf (loaded so: P = 0) and delta = 0, and its dQ row is not added: no mask
+needed. Keys past Nk (only in the last key block, when Nk is not a multiple of 128) are masked:
+their K row is 0, so P = exp2(-L) there, which can overflow the input dtype (fp16 once L < -16)
+and make inf x 0 = NaN in dQ's product; so the last key block runs every query tile through the
+masked path (``query_tiles``). TMA stores drop dK/dV rows past Nk. Causal rows that see no key
+(Nq > Nk) have L = +inf from the forward: P = 0 there too.
+
+Counts per (CTA of 128 keys, query tile of 64), d the head dim: five products of 2 x 128 x 64 x d
+= 10.5 MFLOP at d128 (5.2 at d64), 3620 clocks of tensor work at 700 TFLOP/s (1.83 GHz, 132 SMs);
+8192 exp2 (512 clocks at 16 a clock); the unmasked tile loop is 630 SASS instructions a thread
+at d128 (550 at d64), 2 x 630 = 1260 issue cycles per scheduler (35% of the tensor time at d128,
+60% at d64). Memory: Q_i + dO_i by TMA, 32 KiB at d128 (16 KiB at d64), read by every key block of
+the head (L2); dQ adds 2 x 64 x d x 4 B = 64 KiB at d128: at 700 TFLOP/s that is 4.4 TB/s of L2
+reductions plus 2.2 TB/s of Q/dO loads over the GPU. Shared memory: 229,712 B at d128 (STAGES 2,
+of 232,448), 147,824 B at d64 (STAGES 3).
+
+Prediction (H100 SXM, bf16; an estimate, not a measurement): if the two consumers drift out of
+phase as the forward's did, the issue and exp2 work (35% at d128) hides under the other's
+products and the tensor cores stay ~80% busy: ~500 TFLOP/s at 4k-16k d128, 0.9-1.0x cuDNN
+(cuDNN: 534 at 16k d128 on an H200, NOTES.md v3's targets). The risk that decides it is the dQ
+adds' L2 traffic (4.4 TB/s at that speed, twice FA3's; d64 has the same bytes per FLOP): if L2
+reductions cap near 3 TB/s, the backward lands near 0.7-0.8x cuDNN; ``-noadds`` in the check's
+timing separates the two. d64 is expected lower than d128 (issue and exp2 are 60% of its tensor
+time), as every d64 kernel here. At 1k a CTA walks 16 query tiles (about 8 under causal), so its
+prologue (K, V) and epilogue (dK, dV) weigh more; b8-h16 is 1024 CTAs, 7.8 waves.
+
+Not proven until a GPU runs it: that it computes the right numbers (the CPU model mirrors the
+design's arithmetic, not the compiled kernel), that the warp-specialized code does not hang (the
+protocol model mirrors the barrier calls in the source, not the compiled code), that the
+transposed shared-memory A operands (P's and dS's buffers permuted, K_c column pieces) do what
+the compile accepted, the atomics' cost, and the speed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+
+try:
+    import triton
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    if not hasattr(gl, "warp_specialize"):
+        raise ImportError("this triton's Gluon has no warp_specialize")
+except Exception as exc:  # the module must import without Gluon, so that unsupported_reason() can say why
+    GLUON_IMPORT_ERROR: Exception | None = exc
+    gluon = gl = None
+else:
+    GLUON_IMPORT_ERROR = None
+
+_LOG2E = 1.4426950408889634
+#: Keys a consumer warp group owns: wgmma's M is 64 per warp group.
+KEYS_PER_CONSUMER = 64
+#: Keys per CTA: two consumer warp groups.
+BLOCK_N = 2 * KEYS_PER_CONSUMER
+HEAD_DIMS = (64, 128)
+DTYPES = (torch.float16, torch.bfloat16)
+#: Hopper's shared memory per block (227 KiB).
+SHARED_LIMIT = 232448
+#: Set to 1 to let callers that ask (:func:`enabled`) take this kernel. Off by default: it has not
+#: run on a GPU (NOTES.md, v15).
+ENV_SWITCH = "ATTNKIT_TRITON_FLASH_GLUON_BWD"
+
+
+@dataclass(frozen=True)
+class Config:
+    """One tile choice: query rows per tile (the N of S^T's product), the Q/dO ring's depth, the
+    consumers' register budget (the producer keeps 65536 / 128 - 2 x this)."""
+
+    block_m: int = 64
+    stages: int = 2
+    consumer_regs: int = 240
+    #: dQ's product after dV's and dK's complete (``-split``), instead of all three in flight.
+    split_dq: bool = False
+    #: Columns of dQ per product (``-qN``): 64 computes d128's dQ share in two halves.
+    dq_cols: int = 64
+    #: Queries as the rows of S (FlashAttention-3's layout at d128): P and dS through shared
+    #: memory. ``-krows``: keys as rows (S^T), P^T and dS^T from registers, L and delta 16
+    #: registers a thread each; it spilled at d128 (NOTES.md, v15).
+    qrows: bool = True
+    #: ``-noadds``: TIMING ONLY, dQ comes out zero: everything but the dQ adds to global memory,
+    #: to measure what they cost on the GPU (they are twice FlashAttention-3's traffic).
+    dq_adds: bool = True
+    #: ``-rot``: each CTA starts its whole query tiles at its own offset (key block index mod
+    #: their count), so that the CTAs of a head do not add into the same dQ rows at once.
+    rotate: bool = False
+    #: ``-sum``: the two consumers' dQ shares summed in shared memory before the adds, each adding
+    #: half the rows (half the traffic, FlashAttention-3's sum; two barriers a tile between them).
+    sum_dq: bool = False
+
+    def __str__(self) -> str:
+        return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'' if self.dq_cols == 64 else f'-q{self.dq_cols}'}{'' if self.qrows else '-krows'}{'' if self.dq_adds else '-noadds'}{'-rot' if self.rotate else ''}{'-sum' if self.sum_dq else ''}-r{self.consumer_regs}"
+
+    @staticmethod
+    def parse(text: str) -> "Config":
+        """``m64s2``, ``m128s2``, ``m64s2-split``, ``m64s2-krows``, ``m64s2-q128``, ``m64s3-r232``:
+        the form ``str`` writes."""
+        parts = text.strip().split("-")
+        head = parts[0]
+        if not (head.startswith("m") and "s" in head):
+            raise ValueError(f"config {text!r}: expected mBLOCKsSTAGES[-split][-qCOLS][-krows][-noadds][-rot][-sum][-rREGS], e.g. m64s2")
+        block_m, stages = head[1:].split("s")
+        fields = dict(block_m=int(block_m), stages=int(stages))
+        for part in parts[1:]:
+            if part == "split":
+                fields["split_dq"] = True
+            elif part == "krows":
+                fields["qrows"] = False
+            elif part == "noadds":
+                fields["dq_adds"] = False
+            elif part == "rot":
+                fields["rotate"] = True
+            elif part == "sum":
+                fields["sum_dq"] = True
+            elif part.startswith("q") and part[1:].isdigit():
+                fields["dq_cols"] = int(part[1:])
+            elif part.startswith("r") and part[1:].isdigit():
+                fields["consumer_regs"] = int(part[1:])
+            else:
+                raise ValueError(f"config {text!r}: unknown part {part!r}")
+        return Config(**fields)
+
+
+def shared_bytes(config: Config, head_dim: int, element_size: int = 2) -> int:
+    """Shared memory the kernel asks for: K and V (128 rows each), the Q/dO ring, the two dS
+    buffers, barriers."""
+    kv = 2 * BLOCK_N * head_dim * element_size
+    ring = 2 * config.stages * config.block_m * head_dim * element_size
+    ds = (4 if config.qrows else 2) * KEYS_PER_CONSUMER * config.block_m * element_size  # dS (and P)
+    dq = 2 * config.block_m * head_dim * 4
+    barriers = 8 * (3 + 2 * config.stages)
+    return kv + ring + ds + dq + barriers
+
+
+def default_config(head_dim: int, causal: bool) -> Config:
+    """64 query rows per tile (FlashAttention-3's tile for d128's backward: 64 x 128); at d64 the
+    Q/dO stages are half the size, so a deeper ring costs little."""
+    if head_dim == 64:
+        return Config(block_m=64, stages=3)
+    return Config(block_m=64, stages=2)
+
+
+def query_tiles(n0: int, n_q: int, n_k: int, block_m: int, causal: bool) -> tuple[int, int, int]:
+    """(first, first unmasked, end) query tiles for the key block starting at ``n0``: tiles
+    ``[first, whole)`` are masked (the causal diagonal), ``[whole, end)`` are not; the kernel
+    computes the same with the same integer formulas (``_attn_bwd_sm90``)."""
+    end = -(-n_q // block_m)
+    ragged = n0 + BLOCK_N > n_k  # the last key block, past Nk: every tile masked
+    if not causal:
+        return 0, end if ragged else 0, end
+    diag = n_k - n_q
+    # Query i sees key j iff j <= i + diag: the block's first key from i >= n0 - diag, its last
+    # (n0 + BLOCK_N - 1) from i >= n0 + BLOCK_N - 1 - diag.
+    first = min(max(n0 - diag, 0) // block_m, end)
+    whole = min(max(-(-max(n0 + BLOCK_N - 1 - diag, 0) // block_m), first), end)
+    return first, end if ragged else whole, end
+
+
+def walk_order(t_first: int, t_whole: int, t_end: int, key_block: int, rotate: bool) -> list[int]:
+    """The query tiles a CTA walks, in order (``_tile`` in the kernel, the same formulas): the
+    masked ones, then the whole ones, rotated by ``key_block mod their count`` with ``rotate``."""
+    rot = key_block % max(t_end - t_whole, 1)
+    order = []
+    for j in range(t_first, t_end):
+        t = j
+        if rotate and j >= t_whole:
+            t = j + rot
+            if t >= t_end:
+                t -= t_end - t_whole
+        order.append(t)
+    return order
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel
+# ---------------------------------------------------------------------------------------------
+
+if gl is not None:
+
+    @gluon.jit
+    def _tile(j, t_whole, t_end, rot, ROTATE: gl.constexpr):
+        # The j-th query tile a CTA walks: j itself, or (ROTATE) the whole tiles [t_whole, t_end)
+        # started at t_whole + rot and wrapped, so that the CTAs of one head (rot = the key block
+        # index mod their count) add into different dQ rows at a time.
+        if ROTATE:
+            t = j
+            if j >= t_whole:
+                t = j + rot
+                if t >= t_end:
+                    t = t - (t_end - t_whole)
+        else:
+            t = j
+        return t
+
+    @gluon.jit
+    def _bwd_producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem,
+                      kv_full, q_full, q_empty, off_b, off_hkv, n0, GROUP, t_first, t_whole, t_end, rot,
+                      BLOCK_M: gl.constexpr, STAGES: gl.constexpr, KEYS: gl.constexpr, ROTATE: gl.constexpr):
+        # K and V: one 64-row half per consumer, once, on one barrier.
+        mbarrier.expect(kv_full.index(0), 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
+        for c in gl.static_range(2):
+            tma.async_copy_global_to_shared(k_desc, [off_b, off_hkv, n0 + c * KEYS, 0], kv_full.index(0),
+                                            k_smem.index(c))
+            tma.async_copy_global_to_shared(v_desc, [off_b, off_hkv, n0 + c * KEYS, 0], kv_full.index(0),
+                                            v_smem.index(c))
+        # Q_i and dO_i of every query tile of every head of the group, into the ring.
+        tile_bytes: gl.constexpr = q_desc.block_type.nbytes + do_desc.block_type.nbytes
+        it = 0
+        for g in range(GROUP):
+            off_h = off_hkv * GROUP + g
+            for j in range(t_first, t_end):
+                # The consumers' order: the masked tiles, then the whole ones (rotated if ROTATE).
+                t = _tile(j, t_whole, t_end, rot, ROTATE)
+                s = it % STAGES
+                mbarrier.wait(q_empty.index(s), ((it // STAGES) & 1) ^ 1)
+                mbarrier.expect(q_full.index(s), tile_bytes)
+                tma.async_copy_global_to_shared(q_desc, [off_b, off_h, t * BLOCK_M, 0], q_full.index(s),
+                                                q_smem.index(s))
+                tma.async_copy_global_to_shared(do_desc, [off_b, off_h, t * BLOCK_M, 0], q_full.index(s),
+                                                do_smem.index(s))
+                it += 1
+
+    @gluon.jit
+    def _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, p_buf, dq_smem, dq_ready, dq_free, q_full, q_empty, dk, dv,
+                  lse_h, delta_h, dq_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
+                  kv_layout: gl.constexpr, add_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+                  HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, KEYS: gl.constexpr, CAUSAL: gl.constexpr,
+                  MASKED: gl.constexpr, SPLIT_DQ: gl.constexpr, DQ_PARTS: gl.constexpr, QROWS: gl.constexpr,
+                  DQ_ADDS: gl.constexpr, CID: gl.constexpr, SUM_DQ: gl.constexpr):
+        # One query tile for this consumer's 64 keys: see the module docstring for the order.
+        dq_buf = dq_smem.index(CID)
+        s = it % STAGES
+        q_s = q_smem.index(s)
+        do_s = do_smem.index(s)
+        mbarrier.wait(q_full.index(s), (it // STAGES) & 1)
+        if QROWS:
+            # FlashAttention-3's layout at d128: S = Q_i K_c^T with the queries as rows, so that
+            # L and delta are 2 registers a thread (a row's), and P, dS go to shared memory, the
+            # A operands (transposed) of dV's and dK's products and (as is) of dQ's.
+            sq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                                instr_shape=[16, KEYS, 16])
+            sc = gl.zeros([BLOCK_M, KEYS], gl.float32, layout=sq_layout)
+            dp = gl.zeros([BLOCK_M, KEYS], gl.float32, layout=sq_layout)
+            sc = warpgroup_mma(q_s, k_c.permute((1, 0)), sc, use_acc=False, is_async=True)
+            dp = warpgroup_mma(do_s, v_c.permute((1, 0)), dp, use_acc=False, is_async=True)
+            qrows = t * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, sq_layout))
+            in_q = qrows < n_q
+            lse = gl.load(lse_h + qrows, mask=in_q, other=float("inf"))
+            delta = gl.load(delta_h + qrows, mask=in_q, other=0.0)
+            sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc, ))
+            pq = gl.exp2(sc * qk_scale - lse[:, None])
+            if MASKED:
+                # Keys past Nk (the last key block), and under causal key j = key0 + c seen by
+                # query i = t * BLOCK_M + r iff c - r <= shift: local indices only, which ptxas
+                # derives from the lane (no 16 key registers).
+                c_idx = gl.arange(0, KEYS, layout=gl.SliceLayout(0, sq_layout))
+                visible = c_idx[None, :] < n_k - key0
+                if CAUSAL:
+                    shift = t * BLOCK_M + diag - key0
+                    r_idx = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, sq_layout))
+                    visible = visible & (c_idx[None, :] - r_idx[:, None] <= shift)
+                pq = gl.where(visible, pq, 0.0)
+            dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
+            dsq = pq * (dp - delta[:, None])
+            # The previous tile's products that read these buffers completed at its last wait.
+            p_buf.store(pq.to(q_s.dtype))
+            ds_buf.store(dsq.to(q_s.dtype))
+            fence_async_shared()
+            dv = warpgroup_mma(p_buf.permute((1, 0)), do_s, dv, is_async=True)
+            dk = warpgroup_mma(ds_buf.permute((1, 0)), q_s, dk, is_async=True)
+            ds_a = ds_buf
+            if SPLIT_DQ:
+                dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+        else:
+            # Keys as rows (S^T = K_c Q_i^T): P^T and dS^T stay in registers as the A operands of
+            # dV's and dK's products; L and delta are 16 registers a thread each (columns).
+            s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                               instr_shape=[16, BLOCK_M, 16])
+            a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+            # Fresh accumulators (use_acc=False): carried through the loop they would hold 2 x 32
+            # registers across the dV/dK/dQ products.
+            st = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=s_layout)
+            dpt = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=s_layout)
+            st = warpgroup_mma(k_c, q_s.permute((1, 0)), st, use_acc=False, is_async=True)
+            dpt = warpgroup_mma(v_c, do_s.permute((1, 0)), dpt, use_acc=False, is_async=True)
+            # The tile's L and delta, along S^T's columns (queries); rows past Nq: L = +inf (P = 0).
+            cols = t * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+            in_q = cols < n_q
+            lse = gl.load(lse_h + cols, mask=in_q, other=float("inf"))
+            delta = gl.load(delta_h + cols, mask=in_q, other=0.0)
+            st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
+            pt = gl.exp2(st * qk_scale - lse[None, :])
+            if MASKED:
+                # As in the QROWS branch, transposed.
+                r_idx = gl.arange(0, KEYS, layout=gl.SliceLayout(1, s_layout))
+                visible = r_idx[:, None] < n_k - key0
+                if CAUSAL:
+                    shift = t * BLOCK_M + diag - key0
+                    c_idx = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+                    visible = visible & (r_idx[:, None] - c_idx[None, :] <= shift)
+                pt = gl.where(visible, pt, 0.0)
+            dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt, ))
+            dst = pt * (dpt - delta[None, :])
+            p_op = gl.convert_layout(pt.to(q_s.dtype), a_layout)
+            ds_lo = dst.to(q_s.dtype)
+            ds_op = gl.convert_layout(ds_lo, a_layout)
+            dv = warpgroup_mma(p_op, do_s, dv, is_async=True)
+            dk = warpgroup_mma(ds_op, q_s, dk, is_async=True)
+            # dS^T to this consumer's buffer (the previous tile's dQ product that read it has
+            # completed: the wait at the end of the previous step), for dQ's product.
+            ds_buf.store(ds_lo)
+            fence_async_shared()
+            ds_a = ds_buf.permute((1, 0))
+            if SPLIT_DQ:
+                # dV and dK complete before dQ's product starts.
+                dv, dk, p_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, p_op, ds_op))
+        # dQ_i's share of these keys, DQ_PARTS column pieces of K_c at a time (d128: two of 64, so
+        # that its accumulator is 32 registers a thread, not 64, beside dK's and dV's 128), each
+        # through shared memory (scaled) to the adds below.
+        DQ_N: gl.constexpr = HEAD_DIM // DQ_PARTS
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, DQ_N, 16])
+        for h in gl.static_range(DQ_PARTS):
+            dq = gl.zeros([BLOCK_M, DQ_N], gl.float32, layout=dq_layout)
+            if DQ_PARTS == 1:
+                k_part = k_c
+            else:
+                k_part = k_c.slice(h * DQ_N, DQ_N, dim=1)
+            dq = warpgroup_mma(ds_a, k_part, dq, use_acc=False, is_async=True)
+            if h == 0:
+                # wgmma groups complete in order: dV's and dK's too (and the registers they read).
+                if QROWS:
+                    dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq))
+                else:
+                    dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq, p_op, ds_op))
+                # Every product that read stage s has completed: it goes back to the producer.
+                mbarrier.arrive(q_empty.index(s), count=1)
+            else:
+                dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
+            if SUM_DQ:
+                if h == 0:
+                    # Both consumers have read the previous tile's two buffers (a fresh barrier
+                    # passes parity 1: tile 0 goes straight in).
+                    mbarrier.wait(dq_free.index(0), (it & 1) ^ 1)
+            if DQ_PARTS == 1:
+                dq_buf.store(dq * sm_scale)
+            else:
+                dq_buf.slice(h * DQ_N, DQ_N, dim=1).store(dq * sm_scale)
+        if SUM_DQ:
+            # FlashAttention-3's sum: both consumers' shares meet in shared memory, and each adds
+            # half the rows of their sum (half the adds of the default, the consumers in step).
+            mbarrier.arrive(dq_ready.index(0), count=1)
+            mbarrier.wait(dq_ready.index(0), it & 1)
+            HALF: gl.constexpr = BLOCK_M // 2
+            for r in gl.static_range(HALF // 16 if DQ_ADDS else 0):
+                part = (dq_smem.index(0).slice(CID * HALF + r * 16, 16, dim=0).load(add_layout)
+                        + dq_smem.index(1).slice(CID * HALF + r * 16, 16, dim=0).load(add_layout))
+                rows = t * BLOCK_M + CID * HALF + r * 16 + gl.arange(0, 16, layout=gl.SliceLayout(1, add_layout))
+                dcols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, add_layout))
+                offsets = rows[:, None] * HEAD_DIM + dcols[None, :]
+                gl.atomic_add(dq_h + offsets, part, mask=(rows < n_q)[:, None], sem="relaxed", scope="gpu")
+            mbarrier.arrive(dq_free.index(0), count=1)
+        else:
+            for r in gl.static_range(BLOCK_M // 16 if DQ_ADDS else 0):
+                part = dq_buf.slice(r * 16, 16, dim=0).load(add_layout)
+                rows = t * BLOCK_M + r * 16 + gl.arange(0, 16, layout=gl.SliceLayout(1, add_layout))
+                dcols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, add_layout))
+                offsets = rows[:, None] * HEAD_DIM + dcols[None, :]
+                gl.atomic_add(dq_h + offsets, part, mask=(rows < n_q)[:, None], sem="relaxed", scope="gpu")
+        return dk, dv
+
+    @gluon.jit
+    def _bwd_consumer(q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, kv_full, q_full, q_empty,
+                      dq_ready, dq_free,
+                      lse_ptr, delta_ptr, dq_ptr, dk_desc, dv_desc,
+                      off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, rot, qk_scale, sm_scale,
+                      HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                      KEYS: gl.constexpr, CID: gl.constexpr, CAUSAL: gl.constexpr, SPLIT_DQ: gl.constexpr,
+                      DQ_PARTS: gl.constexpr, QROWS: gl.constexpr, DQ_ADDS: gl.constexpr, ROTATE: gl.constexpr,
+                      SUM_DQ: gl.constexpr):
+        kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, HEAD_DIM, 16])
+        k_c = k_smem.index(CID)
+        v_c = v_smem.index(CID)
+        ds_buf = ds_smem.index(CID)
+        p_buf = p_smem.index(CID)
+        # The dQ adds: each thread 4 (d128) or 2 (d64) consecutive floats of a row, a warp a row.
+        add_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, HEAD_DIM // 32], threads_per_warp=[1, 32],
+                                                    warps_per_cta=[4, 1], order=[1, 0])
+        key0 = n0 + CID * KEYS
+        diag = n_k - n_q
+        dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=kv_layout)
+        dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=kv_layout)
+        mbarrier.wait(kv_full.index(0), 0)
+        it = 0
+        for g in range(GROUP):
+            off_h = off_hkv * GROUP + g
+            row_base = (off_b * H_Q + off_h).to(gl.int64) * n_q
+            lse_h = lse_ptr + row_base
+            delta_h = delta_ptr + row_base
+            dq_h = dq_ptr + row_base * HEAD_DIM
+            # The causal diagonal's tiles (masked), then the tiles every key of the CTA sees whole.
+            for t in range(t_first, t_whole):
+                dk, dv = _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, p_buf, dq_smem, dq_ready, dq_free,
+                                   q_full, q_empty, dk, dv,
+                                   lse_h, delta_h, dq_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
+                                   kv_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
+                                   True, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, CID, SUM_DQ)
+                it += 1
+            for j in range(t_whole, t_end):
+                t = _tile(j, t_whole, t_end, rot, ROTATE)
+                dk, dv = _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, p_buf, dq_smem, dq_ready, dq_free,
+                                   q_full, q_empty, dk, dv,
+                                   lse_h, delta_h, dq_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
+                                   kv_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
+                                   False, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, CID, SUM_DQ)
+                it += 1
+        # dK (times the softmax scale) and dV of this consumer's keys, through K_c's and V_c's
+        # buffers (no product reads them any more: every wait above was for 0 outstanding) and
+        # TMA stores, which drop rows past Nk. Plain stores from the wgmma layout needed 64-bit
+        # addresses beside both accumulators, and spilled at d128.
+        k_c.store(gl.convert_layout((dk * sm_scale).to(k_c.dtype), kv_layout))
+        v_c.store(gl.convert_layout(dv.to(v_c.dtype), kv_layout))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(dk_desc, [off_b, off_hkv, key0, 0], k_c)
+        tma.async_copy_shared_to_global(dv_desc, [off_b, off_hkv, key0, 0], v_c)
+        tma.store_wait(pendings=0)
+
+    # Lengths and head counts as plain integers, as the forward does.
+    @gluon.jit(do_not_specialize=("H_Q", "GROUP", "n_q", "n_k"))
+    def _attn_bwd_sm90(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_ptr, H_Q, GROUP, n_q, n_k, qk_scale, sm_scale,
+                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                       CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, SPLIT_DQ: gl.constexpr,
+                       DQ_PARTS: gl.constexpr, QROWS: gl.constexpr, DQ_ADDS: gl.constexpr, ROTATE: gl.constexpr,
+                       SUM_DQ: gl.constexpr):
+        KEYS: gl.constexpr = 64
+        n0 = gl.program_id(0) * (2 * KEYS)
+        off_bkv = gl.program_id(1)
+        H_KV = H_Q // GROUP
+        off_b = off_bkv // H_KV
+        off_hkv = off_bkv % H_KV
+
+        # Query tiles [t_first, t_end), of which [t_first, t_whole) are masked (query_tiles()).
+        # The last key block, when Nk is not a multiple of 128, masks every tile: its keys past
+        # Nk load as zeros, and P = exp2(-L) there could overflow (fp16 past L < -16) into inf
+        # and then NaN in dS x K's zero row.
+        t_end = gl.cdiv(n_q, BLOCK_M)
+        if CAUSAL:
+            diag = n_k - n_q
+            t_first = gl.minimum(gl.maximum(n0 - diag, 0) // BLOCK_M, t_end)
+            t_whole = gl.minimum(gl.maximum(gl.cdiv(gl.maximum(n0 + 2 * KEYS - 1 - diag, 0), BLOCK_M), t_first),
+                                 t_end)
+        else:
+            t_first = t_end * 0
+            t_whole = t_end * 0
+        if n0 + 2 * KEYS > n_k:
+            t_whole = t_end
+        rot = gl.program_id(0) % gl.maximum(t_end - t_whole, 1)
+
+        kv_smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [2, KEYS, HEAD_DIM], kv_smem_layout)
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [2, KEYS, HEAD_DIM], kv_smem_layout)
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], kv_smem_layout)
+        do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], kv_smem_layout)
+        if QROWS:
+            # P and dS, queries as rows (each consumer's own).
+            ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BLOCK_M, KEYS], ds_layout)
+            p_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BLOCK_M, KEYS], ds_layout)
+        else:
+            # dS^T, keys as rows; P^T stays in registers (p_smem is an alias, never used).
+            ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, KEYS, BLOCK_M], ds_layout)
+            p_smem = ds_smem
+        dq_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+        dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM], dq_layout)
+        kv_full = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        q_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        dq_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        dq_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_full.index(0), count=1)
+        mbarrier.init(dq_ready.index(0), count=2)
+        mbarrier.init(dq_free.index(0), count=2)
+        for s in gl.static_range(STAGES):
+            mbarrier.init(q_full.index(s), count=1)
+            mbarrier.init(q_empty.index(s), count=2)
+        fence_async_shared()
+
+        gl.warp_specialize([
+            (_bwd_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_full, q_full,
+                             q_empty, off_b, off_hkv, n0, GROUP, t_first, t_whole, t_end, rot, BLOCK_M, STAGES, KEYS,
+                             ROTATE)),
+            (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, kv_full, q_full, q_empty,
+                             dq_ready, dq_free,
+                             lse_ptr, delta_ptr, dq_ptr, dk_desc, dv_desc,
+                             off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, rot, qk_scale, sm_scale,
+                             HEAD_DIM, BLOCK_M, STAGES, KEYS, 0, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, ROTATE,
+                             SUM_DQ)),
+            (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, kv_full, q_full, q_empty,
+                             dq_ready, dq_free,
+                             lse_ptr, delta_ptr, dq_ptr, dk_desc, dv_desc,
+                             off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, rot, qk_scale, sm_scale,
+                             HEAD_DIM, BLOCK_M, STAGES, KEYS, 1, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, ROTATE,
+                             SUM_DQ)),
+        ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
+
+
+# ---------------------------------------------------------------------------------------------
+# Host side
+# ---------------------------------------------------------------------------------------------
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    size = t.element_size()
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+            and all((stride * size) % 16 == 0 for stride in t.stride()[:-1]))
+
+
+def enabled() -> bool:
+    """Whether the environment switch asks for this kernel (off by default: not yet run on a GPU)."""
+    return os.environ.get(ENV_SWITCH, "0") == "1"
+
+
+def device_reason(device: torch.device) -> str | None:
+    """Why no call on ``device`` takes this kernel, whatever its shape (None: some can)."""
+    if GLUON_IMPORT_ERROR is not None:
+        return f"Gluon (triton.experimental.gluon, triton >= 3.6) is not available: {GLUON_IMPORT_ERROR}"
+    if os.environ.get("TRITON_INTERPRET") == "1" or device.type != "cuda":
+        return "a CUDA device (not Triton's interpreter)"
+    capability = torch.cuda.get_device_capability(device)
+    if capability[0] != 9:
+        return f"Hopper (sm_90) only: wgmma and this kernel's TMA use are sm_90a (this GPU is sm{capability[0]}{capability[1]})"
+    return None
+
+
+def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                       scale: float | None = None, *, variants: object | None = None,
+                       layout: object | None = None, dlse: object | None = None) -> str | None:
+    """Why this backward does not take the call (None: it does). Covered: dense ``[B, H, N, D]``
+    float16/bfloat16 on Hopper, head dim 64 or 128 (V's the same), GQA/MQA, causal or not, any
+    lengths >= 1, a positive scale, the gradient of the returned LSE too (it folds into delta).
+    Not: varlen, paged, windows, softcap, ALiBi, sinks, float32, FP8, other head dims."""
+    if layout is not None:
+        return "packed sequences take the existing backward"
+    if variants is not None and getattr(variants, "key", None) is not None:
+        plain = (bool(causal), None, False, False, False)
+        if variants.key() != plain:
+            return "variants (window, softcap, ALiBi, sinks) take the existing backward"
+    tensors = (q, k, v)
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        return "q, k, v must be tensors"
+    if any(t.dim() != 4 for t in tensors):
+        return "dense [batch, heads, seqlen, head_dim] tensors only"
+    if (reason := device_reason(q.device)) is not None:
+        return reason
+    if any(t.device != q.device for t in tensors):
+        return "q, k, v on one device"
+    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"float16 or bfloat16 q, k, v of one dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+    batch, heads_q, n_q, head_dim = q.shape
+    if head_dim not in HEAD_DIMS or k.shape[-1] != head_dim or v.shape[-1] != head_dim:
+        return f"head dims {HEAD_DIMS} (V's equal to Q's), got {head_dim}, {k.shape[-1]}, {v.shape[-1]}"
+    if k.shape != v.shape or k.shape[0] != batch or k.shape[1] == 0 or heads_q % k.shape[1]:
+        return f"k, v shapes {tuple(k.shape)}, {tuple(v.shape)} do not fit q {tuple(q.shape)}"
+    if batch * heads_q * n_q == 0 or k.shape[2] == 0:
+        return "empty inputs take the existing path"
+    if scale is not None and not (math.isfinite(scale) and scale > 0):
+        return "a positive finite scale"
+    if not all(_aligned(t) for t in tensors):
+        return "strides TMA can address: head dim contiguous, other strides and the base 16-byte aligned"
+    if batch * k.shape[1] > 65535:
+        return "batch x KV heads above 65535 (the grid's second axis)"
+    return None
+
+
+def _descriptor(t: torch.Tensor, rows: int) -> "TensorDescriptor":
+    # 4-d, so that each (batch, head) is bounded: loads past its last row read zeros.
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
+    return TensorDescriptor.from_tensor(t, [1, 1, rows, t.shape[-1]], layout)
+
+
+def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor,
+                     delta: torch.Tensor, dq_acc: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
+                     causal: bool, scale: float, config: Config) -> tuple[tuple, dict, tuple[int, int]]:
+    """(positional arguments, keyword arguments, grid) of one launch: what :func:`flash_bwd` runs
+    and what ``tools/flash_bench/gluon_bwd_compile.py`` compiles without a GPU. ``lse``, ``delta``
+    contiguous float32 [B, Hq, Nq]; ``dq_acc`` contiguous float32 like q, zeroed; ``dk``, ``dv``
+    contiguous like k."""
+    batch, heads_q, n_q, head_dim = q.shape
+    heads_kv, n_k = k.shape[1], k.shape[2]
+    args = (_descriptor(q, config.block_m), _descriptor(do, config.block_m),
+            _descriptor(k, KEYS_PER_CONSUMER), _descriptor(v, KEYS_PER_CONSUMER),
+            _descriptor(dk, KEYS_PER_CONSUMER), _descriptor(dv, KEYS_PER_CONSUMER), lse, delta, dq_acc,
+            heads_q, heads_q // heads_kv, n_q, n_k, scale * _LOG2E, scale)
+    kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages, CAUSAL=bool(causal),
+                  CONSUMER_REGS=config.consumer_regs, SPLIT_DQ=config.split_dq,
+                  DQ_PARTS=max(1, head_dim // config.dq_cols), QROWS=config.qrows,
+                  DQ_ADDS=config.dq_adds, ROTATE=config.rotate,
+                  SUM_DQ=config.sum_dq, num_warps=4)
+    return args, kwargs, (triton.cdiv(n_k, BLOCK_N), batch * heads_kv)
+
+
+def warmup(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+           config: Config | None = None):
+    """Compile (without launching) the kernel :func:`flash_bwd` would run, and return Triton's
+    compiled kernel (``asm``, ``metadata``): for the compile check without a GPU."""
+    batch, heads_q, n_q, head_dim = q.shape
+    config = default_config(head_dim, causal) if config is None else config
+    lse = torch.empty((batch, heads_q, n_q), dtype=torch.float32, device=q.device)
+    dq_acc = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    args, kwargs, grid = launch_arguments(torch.empty_like(q), q, k, v, lse, torch.empty_like(lse), dq_acc,
+                                          torch.empty_like(k), torch.empty_like(v), causal, scale, config)
+    return _attn_bwd_sm90.warmup(*args, **kwargs, grid=grid)
+
+
+def _delta(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
+    # rowsum(dO * O) in float32 [B, H, N]: the Triton path's preprocess kernel.
+    from .kernels import attn_bwd_preprocess
+    from .launch import _block_d
+
+    batch, heads, n, head_dim_v = o.shape
+    delta = torch.empty((batch, heads, n), dtype=torch.float32, device=o.device)
+    attn_bwd_preprocess[(triton.cdiv(n, 64), batch * heads)](
+        o, do, delta, *o.stride(), *do.stride(), heads, n,
+        HEAD_DIM_V=head_dim_v, BLOCK_DV=_block_d(head_dim_v), BLOCK_M=64, num_warps=4,
+    )
+    return delta
+
+
+def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+              lse: torch.Tensor, causal: bool, scale: float, config: Config | None = None, *,
+              dlse: torch.Tensor | None = None,
+              out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) as :func:`.launch.flash_bwd` returns them for a dense call that
+    :func:`unsupported_reason` takes: from the forward's output ``o`` and base-2 LSE ``lse``
+    (float32 [B, Hq, Nq]); ``dlse`` is the gradient of the natural LSE the caller returned (None:
+    unused). ``out`` hands in dk and dv, contiguous like k (a check poisons them first). The
+    caller checks :func:`unsupported_reason` first: this function does not."""
+    batch, heads_q, n_q, head_dim = q.shape
+    config = default_config(head_dim, causal) if config is None else config
+    if shared_bytes(config, head_dim) > SHARED_LIMIT:
+        raise ValueError(f"config {config} needs {shared_bytes(config, head_dim)} B of shared memory at d{head_dim}")
+    if not _aligned(do):
+        do = do.contiguous()
+    delta = _delta(o, do)
+    if dlse is not None:  # d lse / d s = p: joins dS = P (dP - delta + dlse), as launch.flash_bwd does
+        delta -= dlse
+    lse = lse.contiguous()
+    dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    if out is None:
+        dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+        dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    else:
+        dk, dv = out
+        if dk.shape != k.shape or dv.shape != v.shape or not (dk.is_contiguous() and dv.is_contiguous()):
+            raise ValueError("out must be contiguous dk, dv shaped like k, v")
+    args, kwargs, grid = launch_arguments(do, q, k, v, lse, delta, dq_acc, dk, dv, causal, scale, config)
+    _attn_bwd_sm90[grid](*args, **kwargs)
+    return dq_acc.to(q.dtype), dk, dv

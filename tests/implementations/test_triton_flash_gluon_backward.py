@@ -1,0 +1,43 @@
+"""The Gluon backward's host side on the CPU (the kernel itself runs only on an sm_90 GPU and has
+not yet: NOTES.md, v15; tools/flash_bench/gluon_bwd_check.py is its GPU check)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+gluon_backward = pytest.importorskip("implementations.triton_flash.gluon_backward")
+
+
+def test_off_hopper_it_says_why() -> None:
+    q = torch.zeros(1, 2, 128, 64, dtype=torch.float16)
+    reason = gluon_backward.unsupported_reason(q, q, q, True, 0.125)
+    assert reason is not None
+
+
+def test_configs_round_trip() -> None:
+    for text in ("m64s2", "m64s3", "m128s2", "m64s2-split", "m64s2-q128", "m64s2-krows", "m64s2-noadds", "m64s2-rot",
+                 "m64s2-sum", "m64s3-rot-sum"):
+        config = gluon_backward.Config.parse(text)
+        assert gluon_backward.Config.parse(str(config)) == config
+    for head_dim in gluon_backward.HEAD_DIMS:
+        for causal in (False, True):
+            config = gluon_backward.default_config(head_dim, causal)
+            assert gluon_backward.shared_bytes(config, head_dim) <= gluon_backward.SHARED_LIMIT
+
+
+def test_query_tiles_and_walk_order() -> None:
+    # Non-causal, whole key block: nothing masked; the last, ragged block: everything masked.
+    assert gluon_backward.query_tiles(0, 1000, 1000, 64, False) == (0, 0, 16)
+    assert gluon_backward.query_tiles(896, 1000, 1000, 64, False) == (0, 16, 16)
+    # Causal, Nq == Nk: key block 128..255 is seen from query 128 on, whole from query 255 on.
+    assert gluon_backward.query_tiles(128, 1024, 1024, 64, True) == (2, 4, 16)
+    order = gluon_backward.walk_order(2, 4, 16, 5, True)
+    assert order[:2] == [2, 3] and sorted(order) == list(range(2, 16)) and order[2] == 4 + 5 % 12
+
+
+def test_the_backward_switch_is_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(gluon_backward.ENV_SWITCH, raising=False)
+    assert not gluon_backward.enabled()
+    monkeypatch.setenv(gluon_backward.ENV_SWITCH, "1")
+    assert gluon_backward.enabled()

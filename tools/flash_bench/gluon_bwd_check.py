@@ -1,0 +1,489 @@
+"""One GPU run for triton_flash's Gluon backward (issue 42, goal 2): is it right, does it hang, how fast.
+
+Usage, on the Hopper machine, from the repository root (about 2-3 minutes on an H100):
+
+    python3 tools/flash_bench/gluon_bwd_check.py --out DIR [--quick] [--variants m64s2-split,...] [--case-timeout 60]
+
+The sibling of ``gluon_check.py`` (the forward's), with its machinery (children with deadlines,
+a hang stops the run, a crash moves on in a fresh child; ``gluon_check.Child``/``run_cases``).
+Needs torch with CUDA and triton 3.6; the project need not be installed. Four phases:
+
+1. compile: every backward kernel the run needs, and the Gluon forwards its correctness cases
+   run, in parallel children that only compile.
+2. correctness: bf16/fp16 x d64/d128 x causal or not over lengths 1k, odd ones (113, 1000, 4097),
+   Nq != Nk both ways (rows that see no key under causal), GQA and MQA, batch > 1; each
+   ``--variants`` configuration on three of them. The forward is triton_flash's (``launch.flash_fwd``:
+   the Gluon forward on Hopper), its O and base-2 LSE go to ``gluon_backward.flash_bwd`` with a
+   random dO; dK and dV are poisoned with NaN first. The rule is the harness's
+   (``pytest_attnkit.worker.tolerance.compare`` with ``GRADIENT_FACTOR``): each of dQ, dK, dV's
+   max error against float64 autograd at most 3x the plain same-precision autograd's plus twice
+   the dtype's rounding. The backward runs twice more: dK and dV must give the same bits; dQ is
+   summed by float atomics in whatever order the CTAs arrive, so it may differ run to run
+   (reported, not required: each repeat's dQ must pass the rule instead). (The Triton backward
+   is not run here: its compiles would eat the time budget; it is timed in phase 3.)
+3. timing: the issue's cases (bf16; b1-h16-q16384 d128, b4-h16-q4096 d128, b4-h32-q4096 d64,
+   b8-h16-q1024 d128; each causal and not) with ``triton.testing.do_bench`` (median): the Gluon
+   backward (with its delta preprocess and dQ's conversion, what a caller pays), SDPA cuDNN's
+   backward (``torch.autograd.grad`` of its output, the forward outside the timing), and the
+   current triton_flash backward (``launch.flash_bwd``). FLOPs are 2.5 x the forward's
+   (``pytest_attnkit.counts``); causal counts the visible pairs. Each ``--variants`` configuration
+   is timed too (its max difference from cuDNN's gradients recorded), and ``TIMING_ONLY``: the
+   defaults with ``-noadds`` (dQ's adds left out, dQ wrong: timing only), which says what the
+   float atomics cost.
+4. report: the tables, printed and written to DIR (``check.md``, ``check.json``).
+
+Exit status 0 when everything ran and passed, 1 on a failed case, 2 on a hang, 3 on a compile failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(REPO))
+
+import gluon_check  # noqa: E402
+from gluon_check import _emit, _flops, _inputs  # noqa: E402
+
+DTYPES = ("bfloat16", "float16")
+HEAD_DIMS = (64, 128)
+DEFAULT_VARIANTS = "m64s2-split,m64s2-q128,m64s2-krows,m64s2-rot,m64s2-sum"
+#: Timed only (never checked for correctness): the defaults without the dQ adds, what they cost.
+TIMING_ONLY = ("m64s2-noadds", "m64s3-noadds")
+#: (batch, heads_q, heads_kv, n_q, n_k): each runs for every dtype, head dim and causal flag.
+CORRECTNESS_SHAPES = (
+    (1, 2, 2, 1024, 1024),
+    (1, 4, 2, 1000, 1000),       # GQA 2:1, a partial tile
+    (2, 4, 2, 113, 113),         # batch > 1
+    (1, 2, 2, 4097, 4097),       # one row past a whole tile
+    (1, 2, 2, 1000, 4097),       # Nq < Nk
+    (1, 2, 2, 4097, 1000),       # Nq > Nk: under causal, rows that see no key
+    (1, 4, 1, 300, 129),         # MQA, Nq > Nk
+    (1, 2, 2, 1, 1000),          # one query row
+    (1, 2, 2, 64, 1),            # one key
+)
+#: --quick's correctness shapes: GQA with a partial tile, Nq > Nk (rows with no key), 4097.
+QUICK_SHAPES = ((1, 4, 2, 1000, 1000), (1, 2, 2, 4097, 1000), (1, 2, 2, 4097, 4097))
+VARIANT_SHAPES = ((1, 2, 2, 1000, 1000), (1, 4, 2, 4097, 4097), (1, 2, 2, 4097, 1000))
+BENCH_SHAPES = (
+    (1, 16, 16384, 128),
+    (4, 16, 4096, 128),
+    (4, 32, 4096, 64),
+    (8, 16, 1024, 128),
+)
+IMPLS = ("gluon", "sdpa_cudnn", "triton_flash")
+
+
+def _module():
+    from gluon_compile import ensure_package
+
+    ensure_package()
+    import importlib
+
+    gb = importlib.import_module("pytest_attnkit.implementations.triton_flash.gluon_backward")
+    from pytest_attnkit.implementations.triton_flash import launch as tf_launch
+
+    return gb, tf_launch
+
+
+# ---------------------------------------------------------------------------------------------
+# Child side (touches CUDA)
+# ---------------------------------------------------------------------------------------------
+
+
+def _oracle_grads(q, k, v, do, causal: bool, scale: float, dtype64: bool):
+    """dq, dk, dv of pytest_attnkit.oracle.attention_math (float64 or the inputs' dtype)."""
+    import torch
+
+    from pytest_attnkit.oracle import attention_math
+
+    cast = (lambda t: t.double()) if dtype64 else (lambda t: t)
+    leaves = [cast(t).detach().requires_grad_(True) for t in (q, k, v)]
+    out = attention_math(*leaves, causal=causal, scale=scale)
+    grads = torch.autograd.grad(out, leaves, cast(do))
+    return grads
+
+
+def _check_case(case: dict, gb, tf_launch, device: str = "cuda") -> dict:
+    """One correctness case (``device`` other than cuda: only for testing this check on the CPU
+    with stand-ins for ``gb`` and ``tf_launch``, as gluon_bwd_model's selftest does)."""
+    import torch
+
+    from pytest_attnkit.worker.tolerance import GRADIENT_FACTOR, compare
+
+    shape, causal, head_dim = tuple(case["shape"]), case["causal"], case["head_dim"]
+    q, k, v = _inputs(shape, case["dtype"], head_dim, case["seed"], device)
+    generator = torch.Generator(device=device).manual_seed(case["seed"] + 1000)
+    do = torch.randn(q.shape, device=device, dtype=q.dtype, generator=generator)
+    scale = head_dim ** -0.5
+    reason = gb.unsupported_reason(q, k, v, causal, scale)
+    if reason is not None:
+        return {"passed": False, "error": f"unsupported_reason(): {reason}"}
+    config = gb.Config.parse(case["config"])
+    o, lse = tf_launch.flash_fwd(q, k, v, causal, scale)
+
+    def run():
+        dk = torch.full_like(k, float("nan"))
+        dv = torch.full_like(v, float("nan"))
+        return gb.flash_bwd(do, q, k, v, o, lse, causal, scale, config, out=(dk, dv))
+
+    start = time.perf_counter()
+    grads = run()
+    if q.is_cuda:
+        torch.cuda.synchronize()
+    first_call_s = time.perf_counter() - start
+    repeats = [run() for _ in range(2)]
+    dkdv_equal = all(torch.equal(r[1], grads[1]) and torch.equal(r[2], grads[2]) for r in repeats)
+    dq_equal = all(torch.equal(r[0], grads[0]) for r in repeats)
+    oracle = _oracle_grads(q, k, v, do, causal, scale, True)
+    plain = _oracle_grads(q, k, v, do, causal, scale, False)
+    result = {"repeats_dkdv_bitwise_equal": dkdv_equal, "repeats_dq_bitwise_equal": dq_equal,
+              "first_call_s": round(first_call_s, 3)}
+    passed = dkdv_equal
+    for index, name in enumerate(("dq", "dk", "dv")):
+        cmp = compare(name, grads[index], oracle[index], plain[index], dtype=q.dtype, factor=GRADIENT_FACTOR)
+        result[name] = {"max_error": cmp.max_error, "allowed": cmp.allowed, "plain_error": cmp.plain_error,
+                        "nonfinite": cmp.nonfinite, "worst_index": list(cmp.worst_index)}
+        passed &= cmp.passed
+    for r in repeats:  # each repeat's dQ must pass too (its order of adds differs)
+        cmp = compare("dq", r[0], oracle[0], plain[0], dtype=q.dtype, factor=GRADIENT_FACTOR)
+        passed &= cmp.passed
+        result["dq"]["max_error_repeats"] = max(result["dq"].get("max_error_repeats", 0.0), cmp.max_error)
+    result["passed"] = bool(passed)
+    return result
+
+
+def _bench_case(case: dict, gb, tf_launch) -> dict:
+    import torch
+    import triton
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    batch, heads, n, head_dim = case["shape"]
+    causal = case["causal"]
+    q, k, v = _inputs((batch, heads, heads, n, n), "bfloat16", head_dim, 1234)
+    do = torch.randn_like(q)
+    scale = head_dim ** -0.5
+    flops = 2.5 * _flops(batch, heads, n, head_dim, causal)
+    result = {"flops": flops, "ms": {}, "tflops": {}, "max_diff_vs_cudnn": {}}
+
+    qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        out_cudnn = sdpa(qg, kg, vg, is_causal=causal, scale=scale)
+        expected = torch.autograd.grad(out_cudnn, (qg, kg, vg), do, retain_graph=True)
+    o, lse = tf_launch.flash_fwd(q, k, v, causal, scale)
+
+    def timed(name, fn):
+        try:
+            ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+        except Exception as exc:  # one refusing must not lose the others
+            result.setdefault("errors", {})[name] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            return
+        result["ms"][name] = ms
+        result["tflops"][name] = flops / ms / 1e9
+
+    def diff(name, got):
+        result["max_diff_vs_cudnn"][name] = [float((g.float() - e.float()).abs().max().item())
+                                             for g, e in zip(got, expected)]
+
+    for text in case.get("configs") or [None]:
+        config = None if text is None else gb.Config.parse(text)
+        name = "gluon" if text is None else f"gluon {text}"
+        diff(name, gb.flash_bwd(do, q, k, v, o, lse, causal, scale, config))
+        torch.cuda.synchronize()
+        timed(name, lambda: gb.flash_bwd(do, q, k, v, o, lse, causal, scale, config))
+    if case.get("baselines", True):
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            timed("sdpa_cudnn", lambda: torch.autograd.grad(out_cudnn, (qg, kg, vg), do, retain_graph=True))
+        diff("triton_flash", tf_launch.flash_bwd(do, q, k, v, o, lse, causal, scale)[:3])
+        timed("triton_flash", lambda: tf_launch.flash_bwd(do, q, k, v, o, lse, causal, scale))
+    return result
+
+
+def child(mode: str, cases_path: str) -> int:
+    cases = json.loads(Path(cases_path).read_text())
+    if mode == "selftest":
+        return gluon_check.child(mode, cases_path)
+    gb, tf_launch = _module()
+    if mode == "compile":
+        for case in cases:
+            q, k, v = _inputs((1, 2, 2, 256, 256), case["dtype"], case["head_dim"], 0)
+            start = time.perf_counter()
+            if case.get("forward"):  # the forward the correctness cases run (Triton's disk cache keeps it)
+                from gluon_compile import load_gluon_forward
+
+                load_gluon_forward().warmup(q, k, v, case["causal"], 0.1)
+            else:
+                gb.warmup(q, k, v, case["causal"], 0.1, gb.Config.parse(case["config"]))
+            _emit("compiled", id=case["id"], seconds=round(time.perf_counter() - start, 1))
+        return 0
+    gluon_check._hello()
+    for case in cases:
+        _emit("start", id=case["id"])
+        try:
+            if mode == "correct":
+                result = _check_case(case, gb, tf_launch)
+            else:
+                result = _bench_case(case, gb, tf_launch)
+        except Exception as exc:
+            _emit("result", id=case["id"], passed=False, error=f"{type(exc).__name__}: {str(exc)[:1500]}")
+            if "CUDA" in str(exc) or "cuda" in type(exc).__module__:
+                return 4
+            continue
+        _emit("result", id=case["id"], **result)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Parent side (no CUDA here)
+# ---------------------------------------------------------------------------------------------
+
+
+class Child(gluon_check.Child):
+    """gluon_check's child, running this file."""
+
+    def __init__(self, mode: str, cases: list[dict], out: Path, tag: str) -> None:
+        import queue
+        import subprocess
+        import threading
+
+        self.cases_path = out / f"{tag}.cases.json"
+        self.cases_path.write_text(json.dumps(cases))
+        self.stderr = open(out / f"{tag}.stderr", "a")
+        self.process = subprocess.Popen(
+            [sys.executable, "-u", str(Path(__file__).resolve()), "--child", mode, str(self.cases_path)],
+            stdout=subprocess.PIPE, stderr=self.stderr, text=True, start_new_session=True, cwd=str(REPO))
+        self.lines = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+
+gluon_check.Child = Child  # run_cases and compile_all start this file's children
+
+
+def _describe(mode: str, event: dict) -> str:
+    if mode == "correct":
+        if "dq" not in event:
+            return f"  {event['id']}: FAIL {event.get('error', '')}"
+        verdict = "ok  " if event["passed"] else "FAIL"
+        figures = ", ".join(f"{n} {event[n]['max_error']:.2e} <= {event[n]['allowed']:.2e}" for n in ("dq", "dk", "dv"))
+        extra = "" if event["repeats_dkdv_bitwise_equal"] else " (dK/dV REPEATS DIFFER)"
+        extra += "" if event["repeats_dq_bitwise_equal"] else " (dQ repeats differ: atomics)"
+        return f"  {verdict} {event['id']}: {figures}{extra}"
+    if event.get("error") and "tflops" not in event:
+        return f"  {event['id']}: ERROR {event['error'][:300]}"
+    figures = ", ".join(f"{name} {value:.0f}" for name, value in event.get("tflops", {}).items())
+    return f"  {event['id']}: TFLOP/s {figures}" + (f"; errors {event['errors']}" if event.get("errors") else "")
+
+
+gluon_check._describe = _describe
+
+
+def correctness_cases(variants: list[str], default_config) -> list[dict]:
+    cases = []
+    for dtype in DTYPES:
+        for head_dim in HEAD_DIMS:
+            for causal in (False, True):
+                config = str(default_config(head_dim, causal))
+                for seed, shape in enumerate(CORRECTNESS_SHAPES):
+                    cases.append(gluon_check._correctness_case(dtype, head_dim, causal, config, shape, seed))
+    for variant in variants:
+        for head_dim in HEAD_DIMS:
+            for causal in (False, True):
+                for seed, shape in enumerate(VARIANT_SHAPES):
+                    cases.append(gluon_check._correctness_case("bfloat16", head_dim, causal, variant, shape, 100 + seed))
+    return cases
+
+
+def bench_cases(variants: list[str]) -> list[dict]:
+    cases = []
+    for batch, heads, n, head_dim in BENCH_SHAPES:
+        for causal in (False, True):
+            label = f"b{batch}-h{heads}-q{n} d{head_dim}{' causal' if causal else ''}"
+            cases.append({"id": label, "shape": [batch, heads, n, head_dim], "causal": causal})
+    if variants:
+        for batch, heads, n, head_dim in BENCH_SHAPES:
+            for causal in (False, True):
+                label = f"b{batch}-h{heads}-q{n} d{head_dim}{' causal' if causal else ''} variants"
+                cases.append({"id": label, "shape": [batch, heads, n, head_dim], "causal": causal,
+                              "configs": variants, "baselines": False})
+    return cases
+
+
+def report(correct: dict, bench: dict, variants: list[str], hello: dict, gb) -> str:
+    lines = []
+    passed = sum(1 for r in correct.values() if r.get("passed"))
+    lines.append(f"## Correctness of the Gluon backward: {passed} of {len(correct)} cases passed")
+    for case_id, r in correct.items():
+        if r.get("passed"):
+            continue
+        detail = r.get("error") or ", ".join(
+            f"{n} {r[n]['max_error']:.2e} (allowed {r[n]['allowed']:.2e}, nonfinite {r[n]['nonfinite']})"
+            for n in ("dq", "dk", "dv")) + f", dK/dV repeats equal {r['repeats_dkdv_bitwise_equal']}"
+        lines.append(f"- FAIL {case_id}: {detail}")
+    ran = [r for r in correct.values() if "dq" in r]
+    if ran:
+        worst = max(((r[n]["max_error"] / r[n]["allowed"], n, r["id"]) for r in ran for n in ("dq", "dk", "dv")
+                     if r[n]["allowed"] > 0), default=None)
+        if worst:
+            lines.append(f"- worst headroom (error / allowed): {worst[0]:.2f} ({worst[1]}, {worst[2]})")
+        differ = sum(not r["repeats_dq_bitwise_equal"] for r in ran)
+        lines.append(f"- dQ differed between repeats in {differ} of {len(ran)} cases (float atomics; each "
+                     "repeat checked against the rule)")
+    lines.append("")
+    lines.append(f"## Backward speed (bf16, TFLOP/s = 2.5 x forward FLOPs / time, do_bench median; "
+                 f"{hello.get('device', '?')})")
+    lines.append("")
+    lines.append("| case | gluon bwd | sdpa cuDNN bwd | triton_flash bwd | gluon / cuDNN | triton_flash / cuDNN |")
+    lines.append("|---|---|---|---|---|---|")
+    for batch, heads, n, head_dim in BENCH_SHAPES:
+        for causal in (False, True):
+            label = f"b{batch}-h{heads}-q{n} d{head_dim}{' causal' if causal else ''}"
+            t = bench.get(label, {}).get("tflops", {})
+            cells = [f"{t[name]:.0f}" if name in t else "-" for name in IMPLS]
+            ratios = [f"{t[name] / t['sdpa_cudnn']:.2f}" if name in t and "sdpa_cudnn" in t else "-"
+                      for name in ("gluon", "triton_flash")]
+            lines.append(f"| {label} | " + " | ".join(cells + ratios) + " |")
+    if variants:
+        defaults = ", ".join(f"{gb.default_config(d, False)} at d{d}" for d in (128, 64))
+        lines.append("")
+        lines.append(f"Gluon backward configurations (TFLOP/s; the default is {defaults}; max |grad - cuDNN's| "
+                     "of each in check.json):")
+        lines.append("")
+        lines.append("| case | default | " + " | ".join(variants) + " |")
+        lines.append("|---|---|" + "---|" * len(variants))
+        for batch, heads, n, head_dim in BENCH_SHAPES:
+            for causal in (False, True):
+                label = f"b{batch}-h{heads}-q{n} d{head_dim}{' causal' if causal else ''}"
+                base = bench.get(label, {}).get("tflops", {})
+                t = bench.get(f"{label} variants", {}).get("tflops", {})
+                cells = [f"{base['gluon']:.0f}" if "gluon" in base else "-"]
+                cells += [f"{t[f'gluon {v}']:.0f}" if f"gluon {v}" in t else "-" for v in variants]
+                lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def selftest() -> int:
+    """The parent's deadlines and crash handling with this file's children, without a GPU."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        cases = [{"id": "a"}, {"id": "b", "crash": True}, {"id": "c"}, {"id": "d", "hang": True}, {"id": "e"}]
+        results, hello, hung = gluon_check.run_cases("selftest", cases, Path(folder), 3.0, lambda text: None)
+    ok = (hung == "d" and sorted(results) == ["a", "b", "c", "d"] and "died" in results["b"]["error"]
+          and "HUNG" in results["d"]["error"] and hello.get("device") == "none")
+    print(f"selftest: {'ok' if ok else 'FAILED'}: results {sorted(results)}, hung {hung}")
+    return 0 if ok else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", metavar="DIR", help="folder for the results (created; required)")
+    parser.add_argument("--variants", default=DEFAULT_VARIANTS, metavar="CFGS",
+                        help=f"comma-separated backward configurations to check and time beside the default "
+                             f"(default: {DEFAULT_VARIANTS}; '' for none)")
+    parser.add_argument("--case-timeout", type=float, default=60.0, metavar="S",
+                        help="seconds a case may take before it counts as hung (default 60)")
+    parser.add_argument("--skip-timing", action="store_true", help="correctness only")
+    parser.add_argument("--quick", action="store_true",
+                        help="a first look (about a minute): the defaults on three shapes each, no --variants, "
+                             "the timing of the defaults and -noadds only")
+    parser.add_argument("--selftest", action="store_true",
+                        help="no GPU: run the child machinery on planted results, a crash and a hang (about 10 s)")
+    parser.add_argument("--child", nargs=2, metavar=("MODE", "CASES"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(*args.child)
+    if args.selftest:
+        return selftest()
+    if not args.out:
+        parser.error("--out DIR is required")
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def log(text: str) -> None:
+        print(text, flush=True)
+
+    gb, _ = _module()  # no CUDA in this process: the Config parser and the defaults only
+    variants = [] if args.quick else [v.strip() for v in args.variants.split(",") if v.strip()]
+    for text in variants:
+        gb.Config.parse(text)  # a typo fails here, not in a child
+    started = time.time()
+    record = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
+              "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "variants": variants}
+
+    log("== compile (parallel children)")
+    specs, seen = [], set()
+    for dtype in DTYPES:
+        for head_dim in HEAD_DIMS:
+            for causal in (False, True):
+                extra = variants + [v for v in TIMING_ONLY if v not in variants] if dtype == "bfloat16" else []
+                for config in [str(gb.default_config(head_dim, causal))] + extra:
+                    key = (dtype, head_dim, causal, config)
+                    if key not in seen and gb.shared_bytes(gb.Config.parse(config), head_dim) <= gb.SHARED_LIMIT:
+                        seen.add(key)
+                        specs.append({"id": f"{dtype} d{head_dim} {'causal' if causal else 'full'} {config}",
+                                      "dtype": dtype, "head_dim": head_dim, "causal": causal, "config": config})
+                specs.append({"id": f"forward {dtype} d{head_dim} {'causal' if causal else 'full'}", "dtype": dtype,
+                              "head_dim": head_dim, "causal": causal, "config": "", "forward": True})
+    t0 = time.time()
+    compiled = gluon_check.compile_all(specs, out, log)
+    record["compile"] = {"seconds_wall": round(time.time() - t0, 1), "kernels": compiled,
+                         "failed": [s["id"] for s in specs if s["id"] not in compiled]}
+    log(f"  {len(compiled)} of {len(specs)} kernels compiled in {time.time() - t0:.0f} s")
+    status = 3 if record["compile"]["failed"] else 0
+    # Variants whose shared memory does not fit at a head dim are left out there (compile list).
+    fits = {(s["head_dim"], s["config"]) for s in specs if not s.get("forward")}
+
+    log("== correctness")
+    cases = [c for c in correctness_cases(variants, gb.default_config) if (c["head_dim"], c["config"]) in fits]
+    if args.quick:
+        cases = [c for c in cases if tuple(c["shape"]) in QUICK_SHAPES]
+    correct, hello, hung = gluon_check.run_cases("correct", cases, out, args.case_timeout, log)
+    record["device"] = hello
+    record["correct"] = correct
+    if hung:
+        status = 2
+    elif any(not r.get("passed") for r in correct.values()):
+        status = max(status, 1)
+
+    bench: dict = {}
+    if hung:
+        log(f"== timing skipped: {hung} hung")
+    elif args.skip_timing:
+        log("== timing skipped (--skip-timing)")
+    else:
+        log("== timing")
+        timing = bench_cases(variants + [v for v in TIMING_ONLY if v not in variants])
+        for case in timing:
+            if case.get("configs"):
+                case["configs"] = [c for c in case["configs"] if (case["shape"][3], c) in fits]
+        bench, _, hung_bench = gluon_check.run_cases("time", timing, out, args.case_timeout, log)
+        if hung_bench:
+            status = 2
+    record["bench"] = bench
+    record["seconds"] = round(time.time() - started, 1)
+
+    text = report(correct, bench, variants + [v for v in TIMING_ONLY if v not in variants], hello, gb)
+    header = (f"# Gluon backward check ({record['date']})\n\n`{record['command']}` on {hello.get('device', '?')} "
+              f"(torch {hello.get('torch', '?')}, triton {hello.get('triton', '?')}, CUDA {hello.get('cuda', '?')}); "
+              f"{record['seconds']:.0f} s; exit status {status}.\n\n")
+    (out / "check.md").write_text(header + text + "\n")
+    (out / "check.json").write_text(json.dumps(record, indent=1, default=str))
+    log("")
+    log(text)
+    log(f"\n{record['seconds']:.0f} s; results in {out}/check.md and check.json; exit status {status}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""Compile triton_flash's Gluon backward (``gluon_backward.py``) for sm_90a without a GPU, and say what came out.
+
+The sibling of ``gluon_compile.py`` (the forward's): the same stand-in driver, ptxas ``-v`` and
+SASS reading. For each configuration: registers at launch and each partition's ``setmaxnreg``,
+spills, shared memory, the PTX's wgmma shapes, TMA loads, atomics (``red``/``atom`` on global
+float32: the dQ adds) and barriers, and the SASS's HGMMA / UTMALDG / RED counts.
+
+Usage: PYTHONPATH=. /tmp/v36/bin/python tools/flash_bench/gluon_bwd_compile.py [--quick] [--dump DIR] [--config m64s2 ...]
+(``--quick``: the default configuration of each head dim, bf16, causal and not; without it fp16
+too and a few other tiles.) Exit status 1 if any configuration fails to compile, spills, or does
+not fit in shared memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from gluon_compile import _hazards, _opcode, _ptxas_report, _sass, ensure_package  # noqa: E402
+
+
+def load_gluon_backward():
+    ensure_package()
+    return importlib.import_module("pytest_attnkit.implementations.triton_flash.gluon_backward")
+
+
+def _loops(sass: list[tuple[int, str]]) -> list[list[str]]:
+    """The innermost backward-branch loops that issue wgmma (HGMMA): the consumers' tile loops
+    (the partitions' dispatch loop around everything, with USETMAXREG, left out)."""
+    loops = []
+    for address, instruction in sass:
+        target = re.search(r"BRA (0x[0-9a-f]+)", instruction)
+        if not target or int(target[1], 16) >= address:
+            continue
+        start = int(target[1], 16)
+        body = [text for at, text in sass if start <= at <= address]
+        inner = [at for at, text in sass if start <= at < address and (b := re.search(r"BRA (0x[0-9a-f]+)", text))
+                 and start <= int(b[1], 16) < at]
+        if inner or any(t.startswith("USETMAXREG") for t in body) or not any("HGMMA" in t for t in body):
+            continue  # not innermost, the dispatch loop, or no product
+        loops.append(body)
+    return loops
+
+
+def describe(compiled, shared_limit: int) -> tuple[str, bool]:
+    ptx = compiled.asm["ptx"]
+    regs, spills, warnings = _ptxas_report(ptx)
+    dec = sorted({int(n) for n in re.findall(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+)", ptx)})
+    inc = sorted({int(n) for n in re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", ptx)})
+    wgmma = sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(\S+?)\s", ptx)))
+    tma_loads = len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global", ptx))
+    atomics = sorted(set(re.findall(r"\b((?:red|atom)\.[\w.]*add[\w.]*)", ptx)))
+    n_atomics = len(re.findall(r"\b(?:red|atom)\.[\w.]*add", ptx))
+    bars = len(re.findall(r"\bbar\.sync\b|\bbarrier\.sync\b", ptx))
+    sass = _sass(compiled.asm["cubin"])
+    ops = [_opcode(text) for _, text in sass]
+    hgmma = sum(op.startswith("HGMMA") for op in ops)
+    utmaldg = sum(op.startswith("UTMALDG") for op in ops)
+    red = sum(op.startswith(("RED", "ATOM")) for op in ops)
+    loops = _loops(sass)
+    hazards = [text for body in loops for text in _hazards(body)]
+    local = [sum(op.startswith(("LDL", "STL")) for op in map(_opcode, body)) for body in loops]
+    shared = compiled.metadata.shared
+    fits = shared <= shared_limit
+    line = (f"regs {regs} at launch, setmaxnreg dec {dec} inc {inc}; spills {spills} B; shared {shared} B"
+            f"{'' if fits else ' (OVER THE LIMIT)'}; PTX wgmma {wgmma}, TMA loads {tma_loads}, "
+            f"float adds {n_atomics} {atomics}, bar.sync {bars}; SASS HGMMA {hgmma}, UTMALDG {utmaldg}, RED/ATOM {red}; "
+            f"{len(loops)} tile loops, {max((len(b) for b in loops), default=0)} instrs the longest, "
+            f"local-memory (spill) instrs in them {local}, {len(hazards)} touches of in-flight wgmma registers")
+    if hazards:
+        line += " (" + "; ".join(hazards[:4]) + ")"
+    if warnings:
+        line += "; ptxas: " + " | ".join(warnings)
+    return line, spills == 0 and fits and regs > 0 and not hazards
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="only the default configurations, bf16")
+    parser.add_argument("--config", action="append", default=[], metavar="CFG",
+                        help="another configuration to compile at d128 and d64 (e.g. m64s3, m128s2-r232)")
+    parser.add_argument("--dump", metavar="DIR", help="write each kernel's PTX, SASS and TTGIR here")
+    args = parser.parse_args()
+
+    import torch
+    from sm90_compile import _TargetOnly
+    from triton.runtime import driver
+
+    driver.set_active(_TargetOnly(90))
+    gb = load_gluon_backward()
+    if gb.GLUON_IMPORT_ERROR is not None:
+        print(f"Gluon is not available: {gb.GLUON_IMPORT_ERROR}")
+        return 1
+    import triton
+
+    print(f"triton {triton.__version__}, torch {torch.__version__}, target sm_90a (no GPU: a stand-in driver)")
+    matrix = []
+    dtypes = (torch.bfloat16,) if args.quick else (torch.bfloat16, torch.float16)
+    for head_dim in gb.HEAD_DIMS:
+        for causal in (False, True):
+            for dtype in dtypes:
+                matrix.append((head_dim, causal, dtype, gb.default_config(head_dim, causal)))
+    extra = [] if args.quick else ["m64s2", "m64s3", "m128s2", "m64s2-split", "m64s2-q128", "m64s2-krows",
+                                     "m64s2-rot", "m64s2-sum"]
+    for text in extra + args.config:
+        config = gb.Config.parse(text)
+        for head_dim in gb.HEAD_DIMS:
+            if config != gb.default_config(head_dim, False):
+                matrix.append((head_dim, False, torch.bfloat16, config))
+
+    failures = 0
+    spilled = []
+    dump = Path(args.dump) if args.dump else None
+    if dump:
+        dump.mkdir(parents=True, exist_ok=True)
+    for head_dim, causal, dtype, config in matrix:
+        name = f"bwd d{head_dim} {'causal' if causal else 'full'} {str(dtype).split('.')[-1]} {config}"
+        need = gb.shared_bytes(config, head_dim)
+        if need > gb.SHARED_LIMIT:
+            print(f"{name}: skipped, needs {need} B of shared memory (limit {gb.SHARED_LIMIT})", flush=True)
+            continue
+        q = torch.empty(1, 4, 1000, head_dim, dtype=dtype)
+        k = torch.empty(1, 2, 900, head_dim, dtype=dtype)  # GQA and Nq != Nk: one kernel serves all
+        start = time.time()
+        try:
+            compiled = gb.warmup(q, k, torch.empty_like(k), causal, head_dim ** -0.5, config)
+        except Exception as exc:  # report and go on
+            failures += 1
+            print(f"{name}: FAILED to compile: {type(exc).__name__}: {str(exc)[:3000]}", flush=True)
+            continue
+        line, ok = describe(compiled, gb.SHARED_LIMIT)
+        failures += not ok
+        if "spills 0 B" not in line:
+            spilled.append(name)
+        print(f"{name} ({time.time() - start:.0f} s): {line}", flush=True)
+        if dump:
+            stem = name.replace(" ", "_")
+            (dump / f"{stem}.ptx").write_text(compiled.asm["ptx"])
+            (dump / f"{stem}.ttgir").write_text(compiled.asm["ttgir"])
+            (dump / f"{stem}.sass").write_text("\n".join(f"/*{a:04x}*/ {t};" for a, t in _sass(compiled.asm["cubin"])))
+    print("OK" if failures == 0 else f"{failures} configuration(s) failed, spilled or did not fit"
+          + (f" ({len(spilled)} spilled: {', '.join(spilled)})" if spilled else ""))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
