@@ -373,7 +373,10 @@ def _deals(config: pytest.Config) -> bool:
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """pytest-xdist: under --attnkit, every xdist worker gets all its tests at the start, so that
     it can run their requests ahead of them."""
-    return xdist.make_dealt_scheduling(config, log) if _deals(config) else None
+    if not _deals(config):
+        return None
+    # Every implementation by name (described, though the controller runs none) deals by its name.
+    return xdist.make_dealt_scheduling(config, log, config.stash[SESSION_KEY].pool.names)
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -126,9 +126,7 @@ class AttnkitSession:
         except LookupError as error:
             raise pytest.UsageError(f"attnkit: {error} ({self.settings.sources['impl']})") from None
         if only and self.settings.sources.get("impl") == "default":
-            names = sorted((ref.name for ref in refs), key=len, reverse=True)
-            named = {next((name for name in names if param == name or param.startswith(f"{name}-")), None)
-                     for param in only}
+            named = {xdist.implementation_of(param, [ref.name for ref in refs]) for param in only}
             if None not in named:
                 refs = [ref for ref in refs if ref.name in named]
         self._probe_environment()
@@ -399,7 +397,7 @@ class AttnkitSession:
 
     def items_to_run(self, items: list[pytest.Item]) -> list[pytest.Item]:
         """The tests this process runs: all of them, or under pytest-xdist this worker's share."""
-        return xdist.share_of_this_worker(self.config, items)
+        return xdist.share_of_this_worker(self.config, items, self.pool.names)
 
     def submit_ahead(self, items: list[pytest.Item]) -> None:
         """Send the selected tests' plans ahead of them, in their suites' order (the runner; nothing
