@@ -56,12 +56,13 @@ class Revision:
     root: Path  # the temporary folder holding everything below
     site: Path
     refs: list[EntryPointRef] = field(default_factory=list)
-    #: base implementation name -> its twin's name (``<impl>@<label>``)
-    twins: dict[str, str] = field(default_factory=dict)
+    #: base implementation name -> its counterpart's name (``<impl>@<label>``); the report's
+    #: ``against.twins`` (the key kept for reports already written)
+    counterparts: dict[str, str] = field(default_factory=dict)
     _worktree: tuple[Path, Path] | None = None  # (repository, worktree) to remove at the end
 
     def worker_setup(self) -> dict[str, object]:
-        """What a twin's worker starts with: the site first on sys.path, caches of its own."""
+        """What a counterpart's worker starts with: the site first on sys.path, caches of its own."""
         return {"init": {"sys_path_first": [str(self.site)], "revision_site": str(self.site)},
                 "env": {"TRITON_CACHE_DIR": str(self.root / "triton-cache"),
                         "TORCHINDUCTOR_CACHE_DIR": str(self.root / "inductor-cache")}}
@@ -214,13 +215,13 @@ def _entry_points(revision: Revision) -> list[EntryPointRef]:
     return sorted(refs, key=lambda ref: ref.name)
 
 
-def twins_of(revision: Revision, selected: list[str]) -> list[EntryPointRef]:
+def counterparts_of(revision: Revision, selected: list[str]) -> list[EntryPointRef]:
     """REV's implementations that have a counterpart among the ``selected`` current ones; records
-    which is whose in ``revision.twins``."""
+    which is whose in ``revision.counterparts``."""
     chosen = []
     for ref in revision.refs:
         base = ref.name.rsplit("@", 1)[0]
         if base in selected:
-            revision.twins[base] = ref.name
+            revision.counterparts[base] = ref.name
             chosen.append(ref)
     return chosen

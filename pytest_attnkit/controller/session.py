@@ -29,7 +29,7 @@ import pytest
 from pytest_attnkit import cases as case_sets
 from pytest_attnkit.contract import AccuracyBudget, Case, accuracy_budget
 from pytest_attnkit.controller import caches, coverage, footprint, report, xdist
-from pytest_attnkit.controller.against import AgainstError, Revision, materialise, twins_of
+from pytest_attnkit.controller.against import AgainstError, Revision, counterparts_of, materialise
 from pytest_attnkit.controller.baselines import MIN_RUNS, BaselineError, BaselineStore
 from pytest_attnkit.controller.correctness import CorrectnessCheck
 from pytest_attnkit.controller.discovery import BUNDLED, load_selected
@@ -99,8 +99,8 @@ class AttnkitSession:
         self.document: dict[str, Any] | None = None
         #: The documents of pytest-xdist's workers (on the controller).
         self.worker_documents: list[dict[str, Any]] = []
-        #: (implementation, twin's case id) -> the id of the case the twin stands for.
-        self.twins: dict[tuple[str, str], str] = {}
+        #: (implementation, stand-in's case id) -> the id of the case the stand-in is for (coverage.py).
+        self.stand_ins: dict[tuple[str, str], str] = {}
         self.rootdir_warning = moved_rootdir(config, settings)
         #: --attnkit-against: the other version, materialised out of place (removed at close).
         self.revision: Revision | None = None
@@ -139,14 +139,14 @@ class AttnkitSession:
         compile_threads = {"TORCHINDUCTOR_COMPILE_THREADS": "1"} if self.jobs > 1 and not os.environ.get(
             "TORCHINDUCTOR_COMPILE_THREADS") else {}
         self.pool.env = {**self._worker_env(), **self.cache_env, **compile_threads}
-        twins = self._materialise_against([ref.name for ref in refs])
-        setups = {ref.name: self.revision.worker_setup() for ref in twins} if self.revision else {}
+        counterparts = self._materialise_against([ref.name for ref in refs])
+        setups = {ref.name: self.revision.worker_setup() for ref in counterparts} if self.revision else {}
         installed = load_selected(self.settings.suite)  # a bad entry point is a usage error, before any worker
         self.suite_types = {**BUNDLED, **installed}
         # Every bundled suite's handler (the few this run does not build cost a worker the import
         # of a light module) and the selected installed suites'.
-        self.pool.start(refs + twins, setups, handlers={name: suite.handler for name, suite in self.suite_types.items()})
-        self._check_twins_loaded(twins)
+        self.pool.start(refs + counterparts, setups, handlers={name: suite.handler for name, suite in self.suite_types.items()})
+        self._check_counterparts_loaded(counterparts)
         if xdist.is_controller(self.config):
             self.pool.close()  # the xdist workers run the tests; the descriptions stay for the header
         else:
@@ -174,7 +174,7 @@ class AttnkitSession:
                 self.pool, self.outcomes, SpeedSettings(settings.reference, settings.seed, settings.budget_ms,
                                                         settings.require_baseline,
                                                         case_sets.CALL_LIMIT_MS.get(self.profile)),
-                store, self.threshold, self.device, twins=dict(self.revision.twins) if self.revision else {},
+                store, self.threshold, self.device, counterparts=dict(self.revision.counterparts) if self.revision else {},
                 ab_threshold=self.ab_threshold, sent=self.runner.sent,
                 parallel_problem=xdist.parallel_timing_problem(self.config, self.device, self._cuda_device_count()))
         context = SuiteContext(settings, self.device, self.profile, self.outcomes, self.pool.info, self.config)
@@ -213,7 +213,7 @@ class AttnkitSession:
                                  "nothing was gated against it")
 
     def _materialise_against(self, selected: list[str]) -> list:
-        """Materialise --attnkit-against's REV and return its twins of the selected implementations."""
+        """Materialise --attnkit-against's REV and return its counterparts of the selected implementations."""
         if not self.settings.against:
             return []
         given = self.settings.against
@@ -227,16 +227,16 @@ class AttnkitSession:
         except AgainstError as error:
             raise self._against_error(f"--attnkit-against={given}: the other version could not be materialised: "
                                       f"{error}") from None
-        twins = twins_of(self.revision, selected)
-        if not twins:
+        counterparts = counterparts_of(self.revision, selected)
+        if not counterparts:
             raise self._against_error(
                 f"--attnkit-against={given}: none of the selected implementations ({', '.join(selected) or 'none'}) "
                 f"exists in {self.revision.description} (it registers "
                 f"{', '.join(ref.name for ref in self.revision.refs)})")
-        return twins
+        return counterparts
 
-    def _check_twins_loaded(self, twins: list) -> None:
-        broken = [self.pool.info(ref.name) for ref in twins if self.pool.info(ref.name).load_error]
+    def _check_counterparts_loaded(self, counterparts: list) -> None:
+        broken = [self.pool.info(ref.name) for ref in counterparts if self.pool.info(ref.name).load_error]
         if broken:
             details = "; ".join(f"{info.name} ({info.origin}): "
                                 f"{((info.load_error or '').strip().splitlines() or ['?'])[-1]}" for info in broken)
@@ -288,13 +288,13 @@ class AttnkitSession:
 
     # -- what the suites ask for ------------------------------------------------------------
     @property
-    def twin_names(self) -> set[str]:
-        return set(self.revision.twins.values()) if self.revision else set()
+    def counterpart_names(self) -> set[str]:
+        return set(self.revision.counterparts.values()) if self.revision else set()
 
     @property
     def impl_names(self) -> list[str]:
-        """The implementations the suites run: REV's twins only take part in the speed suite."""
-        return [name for name in self.pool.names if name not in self.twin_names]
+        """The implementations the suites run: REV's counterparts only take part in the speed suite."""
+        return [name for name in self.pool.names if name not in self.counterpart_names]
 
     def cases(self, family: str) -> list[Case]:
         if family == "correctness":
@@ -312,12 +312,12 @@ class AttnkitSession:
         return cases
 
     def pairs(self, family: str) -> list[tuple[str, Case]]:
-        """(implementation, case) pairs of a family: each implementation's in-contract twins
+        """(implementation, case) pairs of a family: each implementation's in-contract stand-ins
         (:mod:`pytest_attnkit.controller.coverage`), recorded for the coverage line."""
-        of_revision = self.twin_names if not family.startswith("speed") else set()
+        of_revision = self.counterpart_names if not family.startswith("speed") else set()
         capabilities = {name: info.capabilities for name, info in self.pool.impls.items() if name not in of_revision}
-        chosen, twins = coverage.pairs(capabilities, self.cases(family))
-        self.twins.update(twins)
+        chosen, stand_ins = coverage.pairs(capabilities, self.cases(family))
+        self.stand_ins.update(stand_ins)
         return chosen
 
     def threshold(self, key: EntryKey) -> float:
@@ -437,7 +437,8 @@ class AttnkitSession:
                 reason = reason_of(text)
         self.test_outcomes.append({"test": item.nodeid, "impl": impl, "suite": suite_item.suite,
                                    "case": case.id if case is not None else None, "function": item.originalname,
-                                   "twin_of": self.twins.get((impl, case.id)) if case is not None else None,
+                                   # the key reports already written use for a stand-in's case
+                                   "twin_of": self.stand_ins.get((impl, case.id)) if case is not None else None,
                                    "outcome": Verdict(test_report.outcome), "reason": reason, "message": text[:4000]})
         if judgement is not None and judgement.record:
             self.test_outcomes[-1].update(judgement.record)
@@ -452,7 +453,8 @@ class AttnkitSession:
         if self.revision is None:
             return None
         return {"given": self.revision.given, "label": self.revision.label, "kind": self.revision.kind,
-                "description": self.revision.description, "twins": dict(self.revision.twins)}
+                "description": self.revision.description,
+                "twins": dict(self.revision.counterparts)}  # the key reports already written use
 
     def finish(self, exitstatus: int) -> list[str]:
         """Build the report document, save the baseline, write the report files; returns lines
@@ -530,7 +532,7 @@ class AttnkitSession:
                 stored = (f"{store.path} ({len(store.entries)} entries)" if store.found else
                           f"none for {store.device_name}")
                 gate = (f"A/B against {self.revision.description}, interleaved and paired "
-                        f"({', '.join(sorted(self.revision.twins.values()))}); stored baseline: {stored}")
+                        f"({', '.join(sorted(self.revision.counterparts.values()))}); stored baseline: {stored}")
             if store.removed:
                 gate += (f"; removed {len(store.removed)} temporary file(s) that a killed save left in "
                          f"{store.path.parent}")

@@ -120,10 +120,10 @@ def correctness_verdict(document: dict[str, Any], name: str, suite: str = "corre
         return "not run"
     passed, failed, skipped = counts[Verdict.PASSED], counts[Verdict.FAILED], counts[Verdict.SKIPPED]
     ran = passed + failed
-    twins = sum(1 for test in document["tests"] if test["impl"] == name and test["suite"] == suite
+    stand_ins = sum(1 for test in document["tests"] if test["impl"] == name and test["suite"] == suite
                 and test.get("twin_of") and test["outcome"] in (Verdict.PASSED, Verdict.FAILED))
     coverage = (f"{ran} of {collected} cases run ({passed} passed, {failed} failed"
-                + (f"; {twins} as in-contract twins" if twins else "") + f"), {skipped} skipped")
+                + (f"; {stand_ins} as in-contract stand-ins" if stand_ins else "") + f"), {skipped} skipped")
     reasons = Counter(test.get("reason") for test in document["tests"]
                       if test["impl"] == name and test["suite"] == suite and test["outcome"] == Verdict.SKIPPED)
     if reasons:
