@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import textwrap
 from collections import Counter, defaultdict
+from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from pytest_attnkit.contract import MemoryClass
@@ -50,6 +51,75 @@ def name_width(names: Iterable[str]) -> int:
     """The width of a column of implementation names: the longest, and 16 at least, so that
     the columns after it line up whatever the names."""
     return max([16, *map(len, names)])
+
+
+# -- a table built once, rendered to the terminal and to Markdown ---------------------------------
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One value of a row, as the terminal shows it and as Markdown does (the same unless given)."""
+
+    terminal: str
+    markdown: str
+
+    @classmethod
+    def of(cls, terminal: str, markdown: str | None = None) -> "Cell":
+        return cls(terminal, terminal if markdown is None else markdown)
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column's header on the terminal and in Markdown; None: the column is not shown there."""
+
+    terminal: str | None
+    markdown: str | None
+    right: bool = False  # right-aligned on the terminal
+    width: int = 0  # the terminal's fixed width for it (a table of fixed widths; 0: as wide as it takes)
+
+
+@dataclass
+class Section:
+    """A table of the report: its rows built once from the document, rendered by
+    :func:`terminal_table` and :func:`markdown_table`."""
+
+    columns: list[Column]
+    rows: list[list[Cell]] = field(default_factory=list)
+
+    def add(self, *cells: Cell | str) -> None:
+        if len(cells) != len(self.columns):
+            raise ValueError(f"a row of {len(cells)} cells in a table of {len(self.columns)} columns: {cells}")
+        self.rows.append([cell if isinstance(cell, Cell) else Cell.of(cell) for cell in cells])
+
+
+def terminal_table(section: Section) -> list[str]:
+    """The section's terminal columns: aligned within :data:`WIDTH` (:func:`_columns`), or, where
+    the columns have fixed widths, each row at those widths under two spaces of indent, a row too
+    long wrapped under its last column."""
+    shown = [index for index, column in enumerate(section.columns) if column.terminal is not None]
+    columns = [section.columns[index] for index in shown]
+    header = [column.terminal or "" for column in columns]
+    body = [[row[index].terminal for index in shown] for row in section.rows]
+    if not all(column.width for column in columns[:-1]):
+        return _columns([header, *body], right={i for i, column in enumerate(columns) if column.right})
+
+    def line(cells: list[str]) -> str:
+        return "  " + "  ".join(cell.rjust(column.width) if column.right else cell.ljust(column.width)
+                                for cell, column in zip(cells, columns))
+
+    indent = " " * (2 + sum(column.width + 2 for column in columns[:-1]))
+    lines = [line(header)]
+    for cells in body:
+        lines += wrap(line(cells).rstrip(), indent)
+    return lines
+
+
+def markdown_table(section: Section) -> list[str]:
+    """The section's Markdown columns: a pipe table."""
+    shown = [index for index, column in enumerate(section.columns) if column.markdown is not None]
+    return (["| " + " | ".join(section.columns[index].markdown or "" for index in shown) + " |",
+             "|" + "---|" * len(shown)]
+            + ["| " + " | ".join(row[index].markdown for index in shown) + " |" for row in section.rows])
 
 
 # -- the header -------------------------------------------------------------------------------
@@ -291,20 +361,30 @@ def memory_table(name: str, direction: str, points: list[dict[str, Any]], slope:
                 + (f"; declared {declared} not enforced" if declared else ""))
     else:
         head = f"{name} ({direction}): fitted exponent {exponent} -> {verdict}" + (f" ({quality})" if quality else "")
-    lines = wrap(head, "    ")
-    lines.append(f"  {'N':>7}  {'extra (peak)':>14}  {'bytes/token':>12}  {'model':>12}  note")
+    return wrap(head, "    ") + terminal_table(memory_section(points, verdict, worst=worst, worst_n=worst_n))
+
+
+def memory_section(points: list[dict[str, Any]], verdict: str, *, worst: float | None = None,
+                   worst_n: int | None = None) -> Section:
+    """A sweep's points: N, the peak extra bytes, bytes per token, the model's bytes and a note
+    (what kept a point from being measured, memory outside the meter, the point farthest from the
+    line of an unclear sweep)."""
+    section = Section([Column("N", "N", right=True, width=7),
+                       Column("extra (peak)", "extra bytes", right=True, width=14),
+                       Column("bytes/token", "bytes per token", right=True, width=12),
+                       Column("model", None, right=True, width=12), Column("note", "note")])
     for point in points:
         if point["status"] != PointStatus.MEASURED:
-            lines += wrap(f"  {point['seqlen']:>7}  {'-':>14}  {'-':>12}  {'-':>12}  {point['status']}: {point['message']}",
-                          " " * 55)
+            section.add(str(point["seqlen"]), Cell("-", str(point["extra_bytes"])), "-", "-",
+                        Cell(f"{point['status']}: {point['message']}", str(point["message"])))
             continue
         model = format_bytes(point["expected_bytes"]) if point.get("expected_bytes") is not None else "-"
         notes = [f"unmetered {format_bytes(point['unmetered_bytes'])}"] if point.get("unmetered_bytes") else []
         if verdict == MemoryClass.UNCLEAR and worst is not None and point["seqlen"] == worst_n:
             notes.append(f"{worst:.2f}x off the line")
-        lines.append(f"  {point['seqlen']:>7}  {format_bytes(point['extra_bytes']):>14}  "
-                     f"{point['extra_bytes'] / point['seqlen']:>12.1f}  {model:>12}  {', '.join(notes)}".rstrip())
-    return lines
+        section.add(str(point["seqlen"]), Cell(format_bytes(point["extra_bytes"]), str(point["extra_bytes"])),
+                    f"{point['extra_bytes'] / point['seqlen']:.1f}", model, Cell(", ".join(notes), ""))
+    return section
 
 
 def memory_lines(document: dict[str, Any]) -> list[str]:
@@ -338,6 +418,32 @@ def _columns(rows: list[list[str]], right: set[int], key: int = 3) -> list[str]:
 _MODES = {"forward": "fwd", "backward": "bwd"}
 
 
+def speed_section(document: dict[str, Any], *, verbose: bool = False) -> Section:
+    """Every timed case: its time, IQR and launch time (the terminal's with ``-v``), TFLOP/s and
+    GB/s with their shares of the run's ceilings (the terminal's, where measured), and its speed
+    relative to the reference."""
+    speed = document["speed"]
+    gpu = document["device"] == "cuda"
+    ceilings = speed["ceilings"]
+    section = Section([Column("implementation", "implementation"), Column("mode", "mode"), Column("case", "case"),
+                       Column("median ms", "median ms", right=True),
+                       Column("IQR ms" if verbose else None, "IQR ms", right=True),
+                       Column("launch ms" if verbose and gpu else None, None, right=True),
+                       Column("TFLOP/s", "TFLOP/s", right=True), Column("%mm" if ceilings else None, None, right=True),
+                       Column("GB/s", "GB/s", right=True), Column("%copy" if ceilings else None, None, right=True),
+                       Column("x ref", "x ref", right=True)])
+    for m in sorted(speed["measurements"], key=lambda m: (m["mode"], m["case"], m["impl"])):
+        timing = m["timing"]
+        launch = f"{timing['launch_ms']:.4f}" if timing.get("launch_ms") is not None else "-"
+        section.add(m["impl"], Cell(_MODES.get(m["mode"], m["mode"]), m["mode"]), m["case"],
+                    f"{timing['median_ms']:.4f}", f"{timing['iqr_ms']:.4f}", launch,
+                    Cell(f"{m['tflops']:.2f}", f"{m['tflops']:.1f}"),
+                    f"{100 * m['share_of_matmul']:.0f}" if ceilings else "", f"{m['gbps']:.1f}",
+                    f"{100 * m['share_of_copy']:.0f}" if ceilings else "",
+                    f"{1 / m['ratio_to_reference']:.2f}" if m.get("ratio_to_reference") else "-")
+    return section
+
+
 def speed_lines(document: dict[str, Any], *, verbose: bool = False) -> list[str]:
     speed = document["speed"]
     if not speed["measurements"]:
@@ -351,27 +457,7 @@ def speed_lines(document: dict[str, Any], *, verbose: bool = False) -> list[str]
     if ceilings:
         lines += wrap(f"ceilings measured in this run: bf16 matmul {ceilings['matmul_bf16_tflops']:.0f} TFLOP/s, "
                       f"device copy {ceilings['copy_gbps']:.0f} GB/s (read + write); GPU state {speed['gpu_state']}")
-    header = ["implementation", "mode", "case", "median ms"]
-    if verbose:
-        header += ["IQR ms"] + (["launch ms"] if gpu else [])
-    header += ["TFLOP/s"] + (["%mm"] if ceilings else []) + ["GB/s"] + (["%copy"] if ceilings else []) + ["x ref"]
-    rows = [header]
-    for m in sorted(speed["measurements"], key=lambda m: (m["mode"], m["case"], m["impl"])):
-        timing = m["timing"]
-        row = [m["impl"], _MODES.get(m["mode"], m["mode"]), m["case"], f"{timing['median_ms']:.4f}"]
-        if verbose:
-            row += [f"{timing['iqr_ms']:.4f}"]
-            if gpu:
-                row += [f"{timing['launch_ms']:.4f}" if timing.get("launch_ms") is not None else "-"]
-        row += [f"{m['tflops']:.2f}"]
-        if ceilings:
-            row += [f"{100 * m['share_of_matmul']:.0f}"]
-        row += [f"{m['gbps']:.1f}"]
-        if ceilings:
-            row += [f"{100 * m['share_of_copy']:.0f}"]
-        row += [f"{1 / m['ratio_to_reference']:.2f}" if m.get("ratio_to_reference") else "-"]
-        rows.append(row)
-    lines += _columns(rows, right=set(range(3, len(header))))
+    lines += terminal_table(speed_section(document, verbose=verbose))
     lines += wrap("(x ref: speed relative to the reference implementation in this run; above 1 is faster)")
     if gpu:
         lines += wrap("(median: GPU time per call, the stream held until the host had issued the call"
@@ -410,6 +496,23 @@ def clock_lines(measurements: list[dict[str, Any]]) -> list[str]:
                 f"the highest median clock of this run: a power or thermal cap; times are as measured): {shown}", "  ")
 
 
+def gate_section(document: dict[str, Any]) -> Section:
+    """The gate's decisions: the baseline's median and runs, now's median, the change, the
+    threshold and the verdict (on the terminal, a regression in capitals and k of n rounds)."""
+    section = Section([Column("implementation", "implementation"), Column("mode", "mode"), Column("case", "case"),
+                       Column("base ms", "baseline ms", right=True), Column("runs", "runs", right=True),
+                       Column("now ms", "now ms", right=True), Column("change", "change", right=True),
+                       Column("thresh", "threshold", right=True), Column("verdict", "verdict")])
+    for d in sorted(document["speed"]["gate"], key=lambda d: (d["impl"], d["mode"], d["case"])):
+        verdict = d["verdict"].upper() if d["verdict"] == GateVerdict.REGRESSION else d["verdict"]
+        if d["rounds"] > 1:
+            verdict += f" {d['rounds_flagged']}/{d['rounds']}"
+        section.add(d["impl"], Cell(_MODES.get(d["mode"], d["mode"]), d["mode"]), d["case"],
+                    f"{d['baseline_median_ms']:.4f}", str(d["baseline_runs"]), f"{d['now_median_ms']:.4f}",
+                    f"{100 * (d['ratio'] - 1):+.1f}%", f"{100 * d['threshold']:.1f}%", Cell(verdict, str(d["verdict"])))
+    return section
+
+
 def gate_lines(document: dict[str, Any]) -> list[str]:
     speed = document["speed"]
     if not speed["measurements"]:
@@ -427,15 +530,7 @@ def gate_lines(document: dict[str, Any]) -> list[str]:
     lines += wrap(f"  machine factor {speed['machine_factor']:.3f} from {speed.get('reference')} (the reference itself "
                   "is gated without it); a regression needs Mann-Whitney U at alpha 0.01 and the practical "
                   "threshold, raised where saved runs disagreed", "  ")
-    rows = [["implementation", "mode", "case", "base ms", "runs", "now ms", "change", "thresh", "verdict"]]
-    for d in sorted(speed["gate"], key=lambda d: (d["impl"], d["mode"], d["case"])):
-        verdict = d["verdict"].upper() if d["verdict"] == GateVerdict.REGRESSION else d["verdict"]
-        if d["rounds"] > 1:
-            verdict += f" {d['rounds_flagged']}/{d['rounds']}"
-        rows.append([d["impl"], _MODES.get(d["mode"], d["mode"]), d["case"],
-                     f"{d['baseline_median_ms']:.4f}", str(d["baseline_runs"]), f"{d['now_median_ms']:.4f}",
-                     f"{100 * (d['ratio'] - 1):+.1f}%", f"{100 * d['threshold']:.1f}%", verdict])
-    lines += _columns(rows, right={3, 4, 5, 6, 7})
+    lines += terminal_table(gate_section(document))
     if any(d["rounds"] > 1 for d in speed["gate"]):
         lines += wrap("(a verdict's k/n: k of n independent measurement rounds flagged a regression; most must)")
     uncovered = sum(1 for m in speed["measurements"]
@@ -567,24 +662,14 @@ def markdown(document: dict[str, Any]) -> str:
         out += [f"Ceilings measured in this run: bf16 matmul {speed['ceilings']['matmul_bf16_tflops']:.0f} TFLOP/s, "
                 f"device copy {speed['ceilings']['copy_gbps']:.0f} GB/s.", ""]
     if speed["measurements"]:
-        out += ["## Speed", "", "| implementation | mode | case | median ms | IQR ms | TFLOP/s | GB/s | x ref |",
-                "|---|---|---|---|---|---|---|---|"]
-        for m in sorted(speed["measurements"], key=lambda m: (m["mode"], m["case"], m["impl"])):
-            ratio = f"{1 / m['ratio_to_reference']:.2f}" if m.get("ratio_to_reference") else "-"
-            out.append(f"| {m['impl']} | {m['mode']} | {m['case']} | {m['timing']['median_ms']:.4f} | "
-                       f"{m['timing']['iqr_ms']:.4f} | {m['tflops']:.1f} | {m['gbps']:.1f} | {ratio} |")
+        out += ["## Speed", "", *markdown_table(speed_section(document))]
         out.append("")
         out += ["## Gate", ""]
         if not speed["gate"]:
             out += [" ".join(gate_lines(document))]
         else:
             out += [f"Against {speed.get('baseline_file')}; machine factor {speed['machine_factor']:.3f}.", "",
-                    "| implementation | mode | case | baseline ms | runs | now ms | change | threshold | verdict |",
-                    "|---|---|---|---|---|---|---|---|---|"]
-            for d in sorted(speed["gate"], key=lambda d: (d["impl"], d["mode"], d["case"])):
-                out.append(f"| {d['impl']} | {d['mode']} | {d['case']} | {d['baseline_median_ms']:.4f} | "
-                           f"{d['baseline_runs']} | {d['now_median_ms']:.4f} | {100 * (d['ratio'] - 1):+.1f}% | "
-                           f"{100 * d['threshold']:.1f}% | {d['verdict']} |")
+                    *markdown_table(gate_section(document))]
         out.append("")
     if document.get("against"):
         out += [f"## A/B against {document['against']['given']}", "",
@@ -607,12 +692,7 @@ def markdown(document: dict[str, Any]) -> str:
             slope = "none (no extra memory)" if sweep["slope"] is None else f"{sweep['slope']:.2f}"
             out += [f"**{sweep['impl']}** ({sweep['direction']}, declared {sweep['declared']}): fitted exponent {slope}, "
                     f"{sweep['verdict']}; largest N that fit {sweep['largest_n']}", "",
-                    "| N | extra bytes | bytes per token | note |", "|---|---|---|---|"]
-            for point in sweep["points"]:
-                measured = point["status"] == PointStatus.MEASURED
-                per_token = f"{point['extra_bytes'] / point['seqlen']:.1f}" if measured else "-"
-                note = "" if measured else point["message"]
-                out.append(f"| {point['seqlen']} | {point['extra_bytes']} | {per_token} | {note} |")
+                    *markdown_table(memory_section(sweep["points"], sweep["verdict"]))]
             out.append("")
     failures = [test for test in document["tests"] if test["outcome"] == Verdict.FAILED]
     if failures:
