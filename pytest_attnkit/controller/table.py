@@ -552,6 +552,25 @@ def _ab_verdict(entry: dict[str, Any]) -> str:
     return verdict
 
 
+def ab_section(entries: list[dict[str, Any]]) -> Section:
+    """The A/B verdicts, one row per case: old and new medians, the paired ratio, its interval, the
+    pairs, p and the verdict (a case not compared: dashes, and in Markdown why)."""
+    section = Section([Column("implementation", "implementation"), Column("mode", "mode"), Column("case", "case"),
+                       Column("old ms", "old ms", right=True), Column(None, "new ms"),
+                       Column("new/old", "new/old", right=True), Column("99% interval", "99% interval", right=True),
+                       Column(None, "pairs"), Column(None, "p slower"), Column("verdict", "verdict")])
+    for e in entries:
+        mode = Cell(_MODES.get(e["mode"], e["mode"]), e["mode"])
+        if e["verdict"] == GateVerdict.NOT_COMPARED:
+            section.add(e["impl"], mode, e["case"], *["-"] * 6,
+                        Cell(GateVerdict.NOT_COMPARED.value, f"not compared: {e.get('problem') or ''}"))
+            continue
+        section.add(e["impl"], mode, e["case"], f"{e['old_median_ms']:.4f}", f"{e['new_median_ms']:.4f}",
+                    f"{e['ratio']:.3f}", f"{e['low']:.3f}-{e['high']:.3f}", str(e["pairs"]), f"{e['p_slower']:.2g}",
+                    Cell(_ab_verdict(e), str(e["verdict"])))
+    return section
+
+
 def ab_lines(document: dict[str, Any]) -> list[str]:
     """The A/B table of --attnkit-against: per case, the paired ratio new/old, its interval, the verdict."""
     against = document.get("against")
@@ -567,15 +586,7 @@ def ab_lines(document: dict[str, Any]) -> list[str]:
     if pairs:
         lines += wrap(f"  {pairs[0]}{'' if len(pairs) == 1 else f' to {pairs[-1]}'} pairs of blocks per case; "
                       "interval: seeded bootstrap of the median ratio new/old", "  ")
-    rows = [["implementation", "mode", "case", "old ms", "new/old", "99% interval", "verdict"]]
-    for e in entries:
-        mode = _MODES.get(e["mode"], e["mode"])
-        if e["verdict"] == GateVerdict.NOT_COMPARED:
-            rows.append([e["impl"], mode, e["case"], "-", "-", "-", GateVerdict.NOT_COMPARED.value])
-            continue
-        rows.append([e["impl"], mode, e["case"], f"{e['old_median_ms']:.4f}", f"{e['ratio']:.3f}",
-                     f"{e['low']:.3f}-{e['high']:.3f}", _ab_verdict(e)])
-    lines += _columns(rows, right={3, 4, 5})
+    lines += terminal_table(ab_section(entries))
     for e in entries:
         if e.get("problem"):
             lines += wrap(f"not compared: {e['impl']} {e['mode']} {e['case']}: {e['problem']}", "  ")
@@ -675,16 +686,8 @@ def markdown(document: dict[str, Any]) -> str:
         out += [f"## A/B against {document['against']['given']}", "",
                 f"Against {document['against']['description']}: paired, interleaved blocks; "
                 "one-sided Wilcoxon signed-rank p < 0.01 and the threshold.", "",
-                "| implementation | mode | case | old ms | new ms | new/old | 99% interval | pairs | p slower | verdict |",
-                "|---|---|---|---|---|---|---|---|---|---|"]
-        for e in sorted(document.get("ab", []), key=lambda e: (e["impl"], e["mode"], e["case"])):
-            if e["verdict"] == GateVerdict.NOT_COMPARED:
-                out.append(f"| {e['impl']} | {e['mode']} | {e['case']} | - | - | - | - | - | - | "
-                           f"not compared: {e.get('problem') or ''} |")
-                continue
-            out.append(f"| {e['impl']} | {e['mode']} | {e['case']} | {e['old_median_ms']:.4f} | "
-                       f"{e['new_median_ms']:.4f} | {e['ratio']:.3f} | {e['low']:.3f}-{e['high']:.3f} | {e['pairs']} | "
-                       f"{e['p_slower']:.2g} | {e['verdict']} |")
+                *markdown_table(ab_section(sorted(document.get("ab", []),
+                                                  key=lambda e: (e["impl"], e["mode"], e["case"]))))]
         out.append("")
     if document["memory"]:
         out += ["## Memory", ""]
