@@ -29,7 +29,8 @@ import pytest
 from pytest_attnkit import cases as case_sets
 from pytest_attnkit.contract import AccuracyBudget, Case, accuracy_budget
 from pytest_attnkit.controller import caches, coverage, footprint, report, xdist
-from pytest_attnkit.controller.against import AgainstError, Revision, counterparts_of, materialise
+from pytest_attnkit.controller import against
+from pytest_attnkit.controller.against import Revision
 from pytest_attnkit.controller.baselines import MIN_RUNS, BaselineError, BaselineStore
 from pytest_attnkit.controller.correctness import CorrectnessCheck
 from pytest_attnkit.controller.discovery import BUNDLED, load_selected
@@ -139,14 +140,14 @@ class AttnkitSession:
         compile_threads = {"TORCHINDUCTOR_COMPILE_THREADS": "1"} if self.jobs > 1 and not os.environ.get(
             "TORCHINDUCTOR_COMPILE_THREADS") else {}
         self.pool.env = {**self._worker_env(), **self.cache_env, **compile_threads}
-        counterparts = self._materialise_against([ref.name for ref in refs])
+        self.revision, counterparts = against.materialise_for(self.settings, [ref.name for ref in refs])
         setups = {ref.name: self.revision.worker_setup() for ref in counterparts} if self.revision else {}
         installed = load_selected(self.settings.suite)  # a bad entry point is a usage error, before any worker
         self.suite_types = {**BUNDLED, **installed}
         # Every bundled suite's handler (the few this run does not build cost a worker the import
         # of a light module) and the selected installed suites'.
         self.pool.start(refs + counterparts, setups, handlers={name: suite.handler for name, suite in self.suite_types.items()})
-        self._check_counterparts_loaded(counterparts)
+        against.check_loaded(self.settings, (self.pool.info(ref.name) for ref in counterparts))
         if xdist.is_controller(self.config):
             self.pool.close()  # the xdist workers run the tests; the descriptions stay for the header
         else:
@@ -208,41 +209,6 @@ class AttnkitSession:
                                             self.jobs + len(self.pool.impls))
         self.pool.scheduler = Scheduler(self.pool, jobs=self.jobs, budget_bytes=budget, ledger=self.pool.ledger)
 
-    def _against_error(self, problem: str) -> pytest.UsageError:
-        return pytest.UsageError(f"attnkit: {problem} ({self.settings.sources.get('against')}); "
-                                 "nothing was gated against it")
-
-    def _materialise_against(self, selected: list[str]) -> list:
-        """Materialise --attnkit-against's REV and return its counterparts of the selected implementations."""
-        if not self.settings.against:
-            return []
-        given = self.settings.against
-        if "speed" not in self.settings.suite:
-            raise self._against_error(f"--attnkit-against={given} compares speed, and the speed suite is not selected")
-        if self.settings.inprocess:
-            raise self._against_error(f"--attnkit-against={given} loads another version's kernels in workers of "
-                                      "their own; it cannot run with --attnkit-inprocess")
-        try:
-            self.revision = materialise(given, self.settings.config_dir, self.settings.invocation_dir)
-        except AgainstError as error:
-            raise self._against_error(f"--attnkit-against={given}: the other version could not be materialised: "
-                                      f"{error}") from None
-        counterparts = counterparts_of(self.revision, selected)
-        if not counterparts:
-            raise self._against_error(
-                f"--attnkit-against={given}: none of the selected implementations ({', '.join(selected) or 'none'}) "
-                f"exists in {self.revision.description} (it registers "
-                f"{', '.join(ref.name for ref in self.revision.refs)})")
-        return counterparts
-
-    def _check_counterparts_loaded(self, counterparts: list) -> None:
-        broken = [self.pool.info(ref.name) for ref in counterparts if self.pool.info(ref.name).load_error]
-        if broken:
-            details = "; ".join(f"{info.name} ({info.origin}): "
-                                f"{((info.load_error or '').strip().splitlines() or ['?'])[-1]}" for info in broken)
-            raise self._against_error(f"--attnkit-against={self.settings.against}: the other version's "
-                                      f"implementations could not be loaded: {details}")
-
     def _cuda_device_count(self) -> int:
         return int(self.environment.get("cuda_device_count") or 0)
 
@@ -288,13 +254,9 @@ class AttnkitSession:
 
     # -- what the suites ask for ------------------------------------------------------------
     @property
-    def counterpart_names(self) -> set[str]:
-        return set(self.revision.counterparts.values()) if self.revision else set()
-
-    @property
     def impl_names(self) -> list[str]:
         """The implementations the suites run: REV's counterparts only take part in the speed suite."""
-        return [name for name in self.pool.names if name not in self.counterpart_names]
+        return [name for name in self.pool.names if name not in against.counterpart_names(self.revision)]
 
     def cases(self, family: str) -> list[Case]:
         if family == "correctness":
@@ -314,7 +276,7 @@ class AttnkitSession:
     def pairs(self, family: str) -> list[tuple[str, Case]]:
         """(implementation, case) pairs of a family: each implementation's in-contract stand-ins
         (:mod:`pytest_attnkit.controller.coverage`), recorded for the coverage line."""
-        of_revision = self.counterpart_names if not family.startswith("speed") else set()
+        of_revision = against.counterpart_names(self.revision) if not family.startswith("speed") else set()
         capabilities = {name: info.capabilities for name, info in self.pool.impls.items() if name not in of_revision}
         chosen, stand_ins = coverage.pairs(capabilities, self.cases(family))
         self.stand_ins.update(stand_ins)
@@ -449,13 +411,6 @@ class AttnkitSession:
             return {"baseline_file": None, "baseline_found": False}
         return {"baseline_file": str(speed.store.path), "baseline_found": speed.store.found}
 
-    def against_state(self) -> dict[str, Any] | None:
-        if self.revision is None:
-            return None
-        return {"given": self.revision.given, "label": self.revision.label, "kind": self.revision.kind,
-                "description": self.revision.description,
-                "twins": dict(self.revision.counterparts)}  # the key reports already written use
-
     def finish(self, exitstatus: int) -> list[str]:
         """Build the report document, save the baseline, write the report files; returns lines
         for the terminal summary.
@@ -470,7 +425,7 @@ class AttnkitSession:
             environment=self.environment, device=self.device, profile=self.profile,
             impls=list(self.pool.impls.values()), outcomes=self.test_outcomes,
             memory=self.suites["memory"].results if "memory" in self.suites else [], speed=speed, interrupted=interrupted,
-            baseline=self.baseline_state(), against=self.against_state(),
+            baseline=self.baseline_state(), against=against.report_state(self.revision),
             properties=self.suites["properties"].results if "properties" in self.suites else [],
             sanitize=self.suites["sanitize"].results if "sanitize" in self.suites else [])
         self.document["collected"] = {name: dict(suites) for name, suites in self.collected.items()}
