@@ -267,7 +267,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         if marker is None:
             raise pytest.UsageError(f"{metafunc.definition.nodeid} uses attnkit_case without @pytest.mark.attnkit_cases(family)")
         if "attnkit_impl" in metafunc.fixturenames:
-            pairs = session.pairs(marker.args[0])
+            pairs = session.selection.pairs(marker.args[0])
             installed = getattr(metafunc.function, "attnkit_spec", None)
             suite = session.suites.get(installed[0]) if installed else None
             if suite is not None:  # an installed suite's test: the cases of the family it accepts
@@ -275,7 +275,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             metafunc.parametrize(("attnkit_impl", "attnkit_case"), pairs,
                                  ids=[f"{name}-{case.id}" for name, case in pairs])
         else:
-            cases = session.cases(marker.args[0])
+            cases = session.selection.cases(marker.args[0])
             metafunc.parametrize("attnkit_case", cases, ids=[case.id for case in cases])
     elif "attnkit_impl" in metafunc.fixturenames:
         metafunc.parametrize("attnkit_impl", session.impl_names, ids=session.impl_names)

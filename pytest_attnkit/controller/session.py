@@ -2,7 +2,7 @@
 
 One :class:`AttnkitSession` lives in ``config.stash`` for a run with ``--attnkit``. It probes the
 environment in a worker (the pytest process itself never imports torch or touches CUDA), picks the
-device and the case set, starts the worker pool (:mod:`pytest_attnkit.controller.pool`) and, unless
+device and the case set (:mod:`~pytest_attnkit.controller.selection`), starts the worker pool (:mod:`pytest_attnkit.controller.pool`) and, unless
 ``--attnkit-jobs=1``, the scheduler that runs requests ahead of the tests
 (:mod:`pytest_attnkit.controller.scheduler`), builds one suite per selected kind
 (:class:`~pytest_attnkit.controller.suite.Suite`: :mod:`~pytest_attnkit.controller.correctness`,
@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 
 from pytest_attnkit import cases as case_sets
-from pytest_attnkit.contract import AccuracyBudget, Case, accuracy_budget
-from pytest_attnkit.controller import caches, coverage, footprint, report, xdist
+from pytest_attnkit.contract import Case
+from pytest_attnkit.controller import caches, footprint, report, xdist
 from pytest_attnkit.controller import against
 from pytest_attnkit.controller.against import Revision
 from pytest_attnkit.controller.baselines import MIN_RUNS, BaselineError, BaselineStore
@@ -43,14 +43,14 @@ from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.process import WorkerFailure
 from pytest_attnkit.controller.properties import PropertyCheck
 from pytest_attnkit.controller.runner import Runner
+from pytest_attnkit.controller.selection import CaseSelection
 from pytest_attnkit.controller.sanitize import SanitizeCheck, find_sanitizer
 from pytest_attnkit.controller.scheduler import Scheduler
-from pytest_attnkit.controller.speed import CPU_THRESHOLD, SpeedCheck, SpeedSettings
+from pytest_attnkit.controller.speed import SpeedCheck, SpeedSettings
 from pytest_attnkit.controller.suite import Suite, SuiteContext
 from pytest_attnkit.controller.table import header_lines
 from pytest_attnkit.controller.terminal import NO_BREAK
 from pytest_attnkit.messages import Op, Request
-from pytest_attnkit.records import EntryKey
 
 SESSION_KEY = pytest.StashKey["AttnkitSession"]()
 
@@ -100,7 +100,7 @@ class AttnkitSession:
         self.document: dict[str, Any] | None = None
         #: The documents of pytest-xdist's workers (on the controller).
         self.worker_documents: list[dict[str, Any]] = []
-        #: (implementation, stand-in's case id) -> the id of the case the stand-in is for (coverage.py).
+        #: (implementation, stand-in's case id) -> the id of the case the stand-in is for (selection.py).
         self.stand_ins: dict[tuple[str, str], str] = {}
         self.rootdir_warning = moved_rootdir(config, settings)
         #: --attnkit-against: the other version, materialised out of place (removed at close).
@@ -141,6 +141,8 @@ class AttnkitSession:
             "TORCHINDUCTOR_COMPILE_THREADS") else {}
         self.pool.env = {**self._worker_env(), **self.cache_env, **compile_threads}
         self.revision, counterparts = against.materialise_for(self.settings, [ref.name for ref in refs])
+        self.selection = CaseSelection(self.settings, self.config, self.device, self.profile, self.pool,
+                                       against.counterpart_names(self.revision), self.stand_ins)
         setups = {ref.name: self.revision.worker_setup() for ref in counterparts} if self.revision else {}
         installed = load_selected(self.settings.suite)  # a bad entry point is a usage error, before any worker
         self.suite_types = {**BUNDLED, **installed}
@@ -155,7 +157,7 @@ class AttnkitSession:
         settings = self.settings
         self.runner = Runner(self.suites, self.pool, self.outcomes, self.pool.scheduler)
         self.suites["correctness"] = CorrectnessCheck(self.pool, self.outcomes, settings.seed, settings.trials,
-                                                      accuracy=self.accuracy)
+                                                      accuracy=self.selection.accuracy)
         self.suites["memory"] = MemoryCheck(self.pool, self.outcomes, self.device, settings.seed, profile=self.profile,
                                             meter=str(self.environment.get("memory_meter") or "device"))
         self.suites["properties"] = PropertyCheck(self.pool, self.outcomes, settings.seed, self.device)
@@ -175,8 +177,8 @@ class AttnkitSession:
                 self.pool, self.outcomes, SpeedSettings(settings.reference, settings.seed, settings.budget_ms,
                                                         settings.require_baseline,
                                                         case_sets.CALL_LIMIT_MS.get(self.profile)),
-                store, self.threshold, self.device, counterparts=dict(self.revision.counterparts) if self.revision else {},
-                ab_threshold=self.ab_threshold, sent=self.runner.sent,
+                store, self.selection.threshold, self.device, counterparts=dict(self.revision.counterparts) if self.revision else {},
+                ab_threshold=self.selection.ab_threshold, sent=self.runner.sent,
                 parallel_problem=xdist.parallel_timing_problem(self.config, self.device, self._cuda_device_count()))
         context = SuiteContext(settings, self.device, self.profile, self.outcomes, self.pool.info, self.config)
         for name, suite_type in installed.items():
@@ -257,64 +259,6 @@ class AttnkitSession:
     def impl_names(self) -> list[str]:
         """The implementations the suites run: REV's counterparts only take part in the speed suite."""
         return [name for name in self.pool.names if name not in against.counterpart_names(self.revision)]
-
-    def cases(self, family: str) -> list[Case]:
-        if family == "correctness":
-            cases = case_sets.correctness_cases(self.profile)
-        elif family == "properties":
-            cases = case_sets.property_cases(self.profile)
-        elif family == "sanitize":
-            cases = case_sets.sanitize_cases(self.profile)
-        elif family in ("speed-forward", "speed-backward"):
-            mode = family.split("-", 1)[1]
-            cases = [case for case_mode, case in case_sets.speed_cases(self.profile) if case_mode == mode]
-        else:
-            raise ValueError(f"unknown case family {family!r}")
-        self.config.hook.pytest_attnkit_modify_cases(config=self.config, family=family, cases=cases)
-        return cases
-
-    def pairs(self, family: str) -> list[tuple[str, Case]]:
-        """(implementation, case) pairs of a family: each implementation's in-contract stand-ins
-        (:mod:`pytest_attnkit.controller.coverage`), recorded for the coverage line."""
-        of_revision = against.counterpart_names(self.revision) if not family.startswith("speed") else set()
-        capabilities = {name: info.capabilities for name, info in self.pool.impls.items() if name not in of_revision}
-        chosen, stand_ins = coverage.pairs(capabilities, self.cases(family))
-        self.stand_ins.update(stand_ins)
-        return chosen
-
-    def threshold(self, key: EntryKey) -> float:
-        """The gate's threshold: a conftest hook first, then the settings (ini overrides, option).
-        On the CPU, where timings move by tens of percent, the default is a doubling."""
-        default = self.settings.threshold_for(key)
-        if self.device != "cuda" and self.settings.threshold_is_default:
-            default = CPU_THRESHOLD
-        chosen = self.config.hook.pytest_attnkit_threshold(config=self.config, impl=key.impl, mode=key.mode,
-                                                           case_id=key.case_id, default=default)
-        if chosen is None:
-            return default
-        if not 0 < float(chosen) < float("inf"):
-            raise pytest.UsageError(f"attnkit: hook pytest_attnkit_threshold returned {chosen!r} for {key.impl} "
-                                    f"{key.mode} {key.case_id}: it returns a share, such as 0.08 for 8%")
-        return float(chosen)
-
-    def ab_threshold(self, key: EntryKey) -> float:
-        """The A/B gate's threshold (``--attnkit-against-threshold``); a doubling on the CPU unless set.
-        Neither the stored gate's per-case lines nor its hook apply: they size that gate's noise."""
-        if self.device != "cuda" and self.settings.sources.get("against_threshold") == "default":
-            return CPU_THRESHOLD
-        return self.settings.against_threshold
-
-    def accuracy(self, impl: str, case: Case) -> "str | AccuracyBudget | None":
-        """The accuracy the hook ``pytest_attnkit_accuracy`` chooses for one case, or None."""
-        chosen = self.config.hook.pytest_attnkit_accuracy(config=self.config, impl=impl, case=case)
-        if chosen is None:
-            return None
-        try:
-            accuracy_budget(chosen)
-        except (TypeError, ValueError) as error:
-            raise pytest.UsageError(f"attnkit: hook pytest_attnkit_accuracy returned {chosen!r} for {impl} "
-                                    f"{case.id}: {error}") from None
-        return chosen
 
     def mark_refusals(self, items: list[pytest.Item]) -> None:
         """Work out each suite test's SuiteItem, then mark the items skipped that their suite
