@@ -287,8 +287,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.hookimpl(trylast=True)  # after -k and -m have deselected what they deselect
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     session = config.stash.get(SESSION_KEY, None)
-    if session is not None:
-        session.mark_refusals(items)
+    if session is not None and session.runner is not None:
+        session.runner.mark_refusals(items, session.suite_types)
         # The reference's speed tests run first: the gate divides every other implementation's
         # timings by how much slower the machine runs the reference
         # (pytest_attnkit/controller/gate.py: machine_factor).

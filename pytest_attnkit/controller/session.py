@@ -10,7 +10,7 @@ device and the case set (:mod:`~pytest_attnkit.controller.selection`), starts th
 :mod:`~pytest_attnkit.controller.properties`, :mod:`~pytest_attnkit.controller.sanitize`) and the
 runner that runs their tests (:mod:`pytest_attnkit.controller.runner`). At collection it works out
 each test's :class:`~pytest_attnkit.controller.suite.SuiteItem` and asks each implementation once
-what it refuses (:meth:`AttnkitSession.mark_refusals`); once pytest has selected the tests the
+what it refuses (the runner's :meth:`~pytest_attnkit.controller.runner.Runner.mark_refusals`); once pytest has selected the tests the
 runner sends their plans ahead (:meth:`AttnkitSession.submit_ahead`). At the end it builds the
 report document once (:mod:`pytest_attnkit.controller.report`), from which the terminal summary and
 the report files are rendered.
@@ -27,18 +27,16 @@ from typing import Any
 import pytest
 
 from pytest_attnkit import cases as case_sets
-from pytest_attnkit.contract import Case
-from pytest_attnkit.controller import caches, footprint, report, xdist
-from pytest_attnkit.controller import against
+from pytest_attnkit.controller import against, caches, footprint, report, xdist
 from pytest_attnkit.controller.against import Revision
 from pytest_attnkit.controller.baselines import MIN_RUNS, BaselineError, BaselineStore
 from pytest_attnkit.controller.correctness import CorrectnessCheck
 from pytest_attnkit.controller.discovery import BUNDLED, load_selected
 from pytest_attnkit.controller.impls import ImplStatus
-from pytest_attnkit.controller.items import ITEM_KEY, mark_items
+from pytest_attnkit.controller.items import ITEM_KEY
 from pytest_attnkit.controller.memory import MemoryCheck
 from pytest_attnkit.controller.options import Settings, moved_rootdir
-from pytest_attnkit.controller.outcome import JUDGEMENT_KEY, Outcomes, Verdict, last_line, reason_of, skipped
+from pytest_attnkit.controller.outcome import JUDGEMENT_KEY, Outcomes, Verdict, reason_of
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.process import WorkerFailure
 from pytest_attnkit.controller.properties import PropertyCheck
@@ -259,47 +257,6 @@ class AttnkitSession:
     def impl_names(self) -> list[str]:
         """The implementations the suites run: REV's counterparts only take part in the speed suite."""
         return [name for name in self.pool.names if name not in against.counterpart_names(self.revision)]
-
-    def mark_refusals(self, items: list[pytest.Item]) -> None:
-        """Work out each suite test's SuiteItem, then mark the items skipped that their suite
-        refuses (:meth:`Suite.refusal`) or the implementation does (unavailable, or an unsupported
-        case: :meth:`Suite.support_query`), with the reasons in words. One question per
-        implementation, at collection.
-
-        The reason leaves the case out (the test id has it), so pytest's summary groups the
-        skips that share a reason."""
-        questions: dict[str, list[tuple[pytest.Item, Case, bool]]] = {}
-        for node, item in mark_items(items, self.suite_types):
-            suite = self.suites.get(item.suite)
-            if suite is None:
-                continue  # a suite not selected: its tests say so when they run
-            refusal = suite.refusal(item)
-            if refusal is not None:
-                self.outcomes.skip_at_collection(node, refusal)
-                continue
-            query = suite.support_query(item)
-            if query is not None:
-                questions.setdefault(item.impl, []).append((node, *query))
-        for name, asked in questions.items():
-            info = self.pool.info(name)
-            if info.load_error:
-                # One import error, one failure: the first test fails with it, the rest point there.
-                first = asked[0][0]
-                reason = (f"{name} could not be loaded ({last_line(info.load_error)}); "
-                          f"{first.nodeid} fails with the traceback")
-                for item, _, _ in asked[1:]:
-                    self.outcomes.skip_at_collection(item, skipped(reason))
-                continue
-            if info.unavailable:
-                for item, _, _ in asked:
-                    self.outcomes.skip_at_collection(item, skipped(f"{name} is unavailable: {info.unavailable}"))
-                continue
-            refusals = self.pool.support(name, [{"case": case.to_dict(), "backward": backward} for _, case, backward in asked])
-            for (item, case, backward), refusal in zip(asked, refusals or []):
-                if refusal:
-                    self.outcomes.skip_at_collection(item, skipped(f"{name} does not support it: {refusal}"))
-                elif self.runner is not None:
-                    self.runner.accept(item.stash[ITEM_KEY], case, backward)  # its worker need not ask again
 
     def items_to_run(self, items: list[pytest.Item]) -> list[pytest.Item]:
         """The tests this process runs: all of them, or under pytest-xdist this worker's share."""
