@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 from collections import defaultdict
 from typing import Any
 
@@ -29,7 +28,7 @@ import pytest
 from pytest_attnkit import cases as case_sets
 from pytest_attnkit.controller import against, caches, footprint, report, xdist
 from pytest_attnkit.controller.against import Revision
-from pytest_attnkit.controller.baselines import MIN_RUNS, BaselineError, BaselineStore
+from pytest_attnkit.controller.baselines import BaselineError, BaselineStore
 from pytest_attnkit.controller.correctness import CorrectnessCheck
 from pytest_attnkit.controller.discovery import BUNDLED, load_selected
 from pytest_attnkit.controller.impls import ImplStatus
@@ -46,7 +45,7 @@ from pytest_attnkit.controller.sanitize import SanitizeCheck, find_sanitizer
 from pytest_attnkit.controller.scheduler import Scheduler
 from pytest_attnkit.controller.speed import SpeedCheck, SpeedSettings
 from pytest_attnkit.controller.suite import Suite, SuiteContext
-from pytest_attnkit.controller.table import header_lines
+from pytest_attnkit.controller import table
 from pytest_attnkit.controller.terminal import NO_BREAK
 from pytest_attnkit.messages import Op, Request
 
@@ -306,12 +305,6 @@ class AttnkitSession:
         if judgement is not None and judgement.record:
             self.test_outcomes[-1].update(judgement.record)
 
-    def baseline_state(self) -> dict[str, Any]:
-        speed = self.suites.get("speed")
-        if not isinstance(speed, SpeedCheck):
-            return {"baseline_file": None, "baseline_found": False}
-        return {"baseline_file": str(speed.store.path), "baseline_found": speed.store.found}
-
     def finish(self, exitstatus: int) -> list[str]:
         """Build the report document, save the baseline, write the report files; returns lines
         for the terminal summary.
@@ -322,11 +315,12 @@ class AttnkitSession:
         and reports for the whole run."""
         interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
         speed = self.suites.get("speed")
+        store = speed.store if isinstance(speed, SpeedCheck) else None
         self.document = report.build(
             environment=self.environment, device=self.device, profile=self.profile,
             impls=list(self.pool.impls.values()), outcomes=self.test_outcomes,
             memory=self.suites["memory"].results if "memory" in self.suites else [], speed=speed, interrupted=interrupted,
-            baseline=self.baseline_state(), against=against.report_state(self.revision),
+            baseline=report.baseline_state(store), against=against.report_state(self.revision),
             properties=self.suites["properties"].results if "properties" in self.suites else [],
             sanitize=self.suites["sanitize"].results if "sanitize" in self.suites else [])
         self.document["collected"] = {name: dict(suites) for name, suites in self.collected.items()}
@@ -336,32 +330,9 @@ class AttnkitSession:
             self.config.workeroutput["attnkit"] = json.dumps(self.document, default=str)  # type: ignore[attr-defined]
             return []
         self.untested = asked_for_but_untested(self.document, self.settings.impl)
-        lines = []
-        if isinstance(speed, SpeedCheck) and self.settings.save_baseline:
-            records = report.speed_records(self.document)
-            counts = None
-            shared = report.shared_gpu(self.document)
-            if interrupted:
-                lines.append(f"baseline NOT saved: the run was interrupted ({speed.store.path}{NO_BREAK}is unchanged)")
-            elif shared:
-                lines.append(f"baseline NOT saved: {shared} ({speed.store.path}{NO_BREAK}is unchanged)")
-            elif not records:
-                lines.append("baseline not saved: no speed measurements in this run")
-            else:
-                try:
-                    counts = speed.store.save(records, self.environment, self.document["speed"]["ceilings"],
-                                                   platform.node())
-                except BaselineError as error:
-                    counts = None
-                    lines.append(f"baseline NOT saved: {error}")
-            if counts is not None:
-                lines.append(f"baseline{NO_BREAK}saved:{NO_BREAK}{speed.store.path}")
-                lines.append(f"  {counts['pooled']} entries pooled with their earlier runs, {counts['restarted']} "
-                             f"started afresh (changed beyond noise), {counts['new']} new")
-                if counts["thin"]:
-                    lines.append(f"  {counts['thin']} entries have fewer than {MIN_RUNS} runs: until they do, their "
-                                 "thresholds cannot know how much runs disagree; save again, each time from a fresh "
-                                 "process (better: another machine of the same GPU)")
+        lines: list[str] = []
+        if store is not None and self.settings.save_baseline:
+            lines += report.save_baseline(store, self.document, self.environment, interrupted=interrupted)
         if self.settings.report:
             lines.extend(report.write(self.document, self.settings.path("report")))
         # Where compute-sanitizer's logs were kept (several folders under pytest-xdist without a report).
@@ -377,21 +348,9 @@ class AttnkitSession:
 
     # -- the header -------------------------------------------------------------------------
     def header_lines(self) -> list[str]:
-        gate = None
         speed = self.suites.get("speed")
-        if isinstance(speed, SpeedCheck):
-            store = speed.store
-            gate = (f"speed is gated against {store.path} ({len(store.entries)} entries)" if store.found else
-                    f"NOTHING WILL BE GATED: no baseline for {store.device_name} ({store.path} does not exist)"
-                    + ("; required, so every speed test fails" if self.settings.require_baseline else ""))
-            if self.revision is not None:
-                stored = (f"{store.path} ({len(store.entries)} entries)" if store.found else
-                          f"none for {store.device_name}")
-                gate = (f"A/B against {self.revision.description}, interleaved and paired "
-                        f"({', '.join(sorted(self.revision.counterparts.values()))}); stored baseline: {stored}")
-            if store.removed:
-                gate += (f"; removed {len(store.removed)} temporary file(s) that a killed save left in "
-                         f"{store.path.parent}")
+        gate = table.gate_header(speed.store, require_baseline=self.settings.require_baseline,
+                                 revision=self.revision) if isinstance(speed, SpeedCheck) else None
         if self.settings.inprocess:
             workers = "in-process"
         elif xdist.is_controller(self.config):
@@ -408,8 +367,8 @@ class AttnkitSession:
             guarded = "memcheck's tests run on guarded inputs; " if "memcheck" in tools else ""
             sanitize = (f"sanitize: {sanitizer.sanitizer} ({', '.join(tools)})" if reason is None
                         else f"sanitize: {guarded}compute-sanitizer NOT RUN: {reason}")
-        return header_lines(environment=self.environment, device=self.device, profile=self.profile,
-                            suites=self.settings.suite, seed=self.settings.seed, workers=workers,
-                            caches=caches.describe(self.cache_root, self.cache_env),
-                            impls=self.pool.impls.values(), gate=gate, warning=self.rootdir_warning,
-                            sanitize=sanitize)
+        return table.header_lines(environment=self.environment, device=self.device, profile=self.profile,
+                                  suites=self.settings.suite, seed=self.settings.seed, workers=workers,
+                                  caches=caches.describe(self.cache_root, self.cache_env),
+                                  impls=self.pool.impls.values(), gate=gate, warning=self.rootdir_warning,
+                                  sanitize=sanitize)

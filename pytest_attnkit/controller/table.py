@@ -12,7 +12,7 @@ from __future__ import annotations
 import textwrap
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from pytest_attnkit.contract import MemoryClass
 from pytest_attnkit.controller.gate import GateVerdict
@@ -23,6 +23,10 @@ from pytest_attnkit.controller.paired import SyncKind
 from pytest_attnkit.controller.terminal import NO_BREAK, WIDTH, wrap
 from pytest_attnkit.properties import PROPERTIES
 from pytest_attnkit.records import PointStatus
+
+if TYPE_CHECKING:
+    from pytest_attnkit.controller.against import Revision
+    from pytest_attnkit.controller.baselines import BaselineStore
 
 #: The speed figures the summary shows per implementation: the forward at FlashAttention's
 #: shapes with head dim 128 (batch x length = 16k tokens), at these lengths.
@@ -172,6 +176,21 @@ def header_lines(*, environment: dict[str, Any], device: str, profile: str, suit
         if info.path_note and not (info.load_error or info.unavailable):
             lines += wrap(f"{indent}{info.path_note}", indent)
     return lines
+
+
+def gate_header(store: "BaselineStore", *, require_baseline: bool, revision: "Revision | None") -> str:
+    """The header's gate line: the baseline file speed is gated against, or that nothing will be;
+    with --attnkit-against, the A/B against REV and the stored baseline beside it."""
+    gate = (f"speed is gated against {store.path} ({len(store.entries)} entries)" if store.found else
+            f"NOTHING WILL BE GATED: no baseline for {store.device_name} ({store.path} does not exist)"
+            + ("; required, so every speed test fails" if require_baseline else ""))
+    if revision is not None:
+        stored = f"{store.path} ({len(store.entries)} entries)" if store.found else f"none for {store.device_name}"
+        gate = (f"A/B against {revision.description}, interleaved and paired "
+                f"({', '.join(sorted(revision.counterparts.values()))}); stored baseline: {stored}")
+    if store.removed:
+        gate += f"; removed {len(store.removed)} temporary file(s) that a killed save left in {store.path.parent}"
+    return gate
 
 
 # -- the summary ------------------------------------------------------------------------------
