@@ -305,7 +305,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_collection_finish(session: pytest.Session) -> None:
     attnkit = session.config.stash.get(SESSION_KEY, None)
     if attnkit is not None:
-        attnkit.count_collected(session.items)
+        attnkit.tally.count(session.items)
         attnkit.submit_ahead(attnkit.items_to_run(session.items))
 
 
@@ -324,7 +324,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         # Shown within 100 columns; read (str(), the report files, JUnit XML) as it was written.
         report.longrepr = FittedMessage(failure.msg)
     if session is not None and (report.when == "call" or (report.when == "setup" and not report.passed)):
-        session.record(item, report)
+        session.tally.record(item, report)
     return report
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections import defaultdict
 from typing import Any
 
 import pytest
@@ -35,7 +34,7 @@ from pytest_attnkit.controller.impls import ImplStatus
 from pytest_attnkit.controller.items import ITEM_KEY
 from pytest_attnkit.controller.memory import MemoryCheck
 from pytest_attnkit.controller.options import Settings, moved_rootdir
-from pytest_attnkit.controller.outcome import JUDGEMENT_KEY, Outcomes, Verdict, reason_of
+from pytest_attnkit.controller.outcome import Outcomes, Verdict
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.process import WorkerFailure
 from pytest_attnkit.controller.properties import PropertyCheck
@@ -45,6 +44,7 @@ from pytest_attnkit.controller.sanitize import SanitizeCheck, find_sanitizer
 from pytest_attnkit.controller.scheduler import Scheduler
 from pytest_attnkit.controller.speed import SpeedCheck, SpeedSettings
 from pytest_attnkit.controller.suite import Suite, SuiteContext
+from pytest_attnkit.controller.tally import Tally
 from pytest_attnkit.controller import table
 from pytest_attnkit.controller.terminal import NO_BREAK
 from pytest_attnkit.messages import Op, Request
@@ -90,15 +90,11 @@ class AttnkitSession:
         self.suite_types: dict[str, type[Suite]] = dict(BUNDLED)
         #: Runs every suite test (built by start()).
         self.runner: Runner | None = None
-        #: Per test: implementation, suite, outcome and the failure or skip text, for the report.
-        self.test_outcomes: list[dict[str, Any]] = []
-        #: implementation -> suite -> how many of its tests were collected.
-        self.collected: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        #: The tests collected and their outcomes, for the report.
+        self.tally = Tally()
         self.document: dict[str, Any] | None = None
         #: The documents of pytest-xdist's workers (on the controller).
         self.worker_documents: list[dict[str, Any]] = []
-        #: (implementation, stand-in's case id) -> the id of the case the stand-in is for (selection.py).
-        self.stand_ins: dict[tuple[str, str], str] = {}
         self.rootdir_warning = moved_rootdir(config, settings)
         #: --attnkit-against: the other version, materialised out of place (removed at close).
         self.revision: Revision | None = None
@@ -139,7 +135,7 @@ class AttnkitSession:
         self.pool.env = {**self._worker_env(), **self.cache_env, **compile_threads}
         self.revision, counterparts = against.materialise_for(self.settings, [ref.name for ref in refs])
         self.selection = CaseSelection(self.settings, self.config, self.device, self.profile, self.pool,
-                                       against.counterpart_names(self.revision), self.stand_ins)
+                                       against.counterpart_names(self.revision), self.tally.stand_ins)
         setups = {ref.name: self.revision.worker_setup() for ref in counterparts} if self.revision else {}
         installed = load_selected(self.settings.suite)  # a bad entry point is a usage error, before any worker
         self.suite_types = {**BUNDLED, **installed}
@@ -268,43 +264,6 @@ class AttnkitSession:
             self.runner.submit_all(item.stash[ITEM_KEY] for item in items
                                    if ITEM_KEY in item.stash and item.get_closest_marker("skip") is None)
 
-    # -- the run's record -------------------------------------------------------------------
-    def count_collected(self, items: list[pytest.Item]) -> None:
-        """How many tests each implementation has in each suite, after selection (-k, -m)."""
-        for node in items:
-            item = node.stash.get(ITEM_KEY, None)
-            if item is not None:
-                self.collected[item.impl][item.suite] += 1
-
-    def record(self, item: pytest.Item, test_report: pytest.TestReport) -> None:
-        """Keep the outcome of an attnkit test for the summary and the report files."""
-        suite_item = item.stash.get(ITEM_KEY, None)
-        if suite_item is None:
-            return
-        impl, case = suite_item.impl, suite_item.case
-        judgement = item.stash.get(JUDGEMENT_KEY, None)
-        reason = None
-        if judgement is not None and judgement.verdict == test_report.outcome:
-            # The judgement the test was settled (or skipped at collection) with: no text parsed.
-            if judgement.verdict is Verdict.SKIPPED:
-                text, reason = f"Skipped: {judgement.message}", judgement.reason
-            else:
-                text = judgement.message
-            text = text.replace(NO_BREAK, " ")
-        else:
-            # A skip pytest made itself, or an outcome no judgement made (an error in the test's code).
-            skipped = test_report.skipped and isinstance(test_report.longrepr, tuple)
-            text = (test_report.longrepr[2] if skipped else str(test_report.longrepr or "")).replace(NO_BREAK, " ")
-            if skipped:
-                reason = reason_of(text)
-        self.test_outcomes.append({"test": item.nodeid, "impl": impl, "suite": suite_item.suite,
-                                   "case": case.id if case is not None else None, "function": item.originalname,
-                                   # the key reports already written use for a stand-in's case
-                                   "twin_of": self.stand_ins.get((impl, case.id)) if case is not None else None,
-                                   "outcome": Verdict(test_report.outcome), "reason": reason, "message": text[:4000]})
-        if judgement is not None and judgement.record:
-            self.test_outcomes[-1].update(judgement.record)
-
     def finish(self, exitstatus: int) -> list[str]:
         """Build the report document, save the baseline, write the report files; returns lines
         for the terminal summary.
@@ -318,12 +277,12 @@ class AttnkitSession:
         store = speed.store if isinstance(speed, SpeedCheck) else None
         self.document = report.build(
             environment=self.environment, device=self.device, profile=self.profile,
-            impls=list(self.pool.impls.values()), outcomes=self.test_outcomes,
+            impls=list(self.pool.impls.values()), outcomes=self.tally.tests,
             memory=self.suites["memory"].results if "memory" in self.suites else [], speed=speed, interrupted=interrupted,
             baseline=report.baseline_state(store), against=against.report_state(self.revision),
             properties=self.suites["properties"].results if "properties" in self.suites else [],
             sanitize=self.suites["sanitize"].results if "sanitize" in self.suites else [])
-        self.document["collected"] = {name: dict(suites) for name, suites in self.collected.items()}
+        self.document["collected"] = {name: dict(suites) for name, suites in self.tally.collected.items()}
         self.document["time"] = {**self.pool.ledger.to_dict(self.pool.primary_startups()), "jobs": self.jobs}
         report.merge(self.document, self.worker_documents)
         if xdist.xdist_worker(self.config) is not None:
