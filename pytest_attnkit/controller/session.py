@@ -310,22 +310,11 @@ class AttnkitSession:
         speed = self.suites.get("speed")
         gate = table.gate_header(speed.store, require_baseline=self.settings.require_baseline,
                                  revision=self.revision) if isinstance(speed, SpeedCheck) else None
-        if self.settings.inprocess:
-            workers = "in-process"
-        elif xdist.is_controller(self.config):
-            workers = "pytest-xdist workers, each with workers of its own"
-        elif self.jobs > 1:
-            workers = f"up to {self.jobs} requests at once (--attnkit-jobs), memory and speed alone"
-        else:
-            workers = "one request at a time (--attnkit-jobs=1)"
-        sanitize = None
+        workers = table.workers_header(inprocess=self.settings.inprocess, jobs=self.jobs,
+                                       xdist_controller=xdist.is_controller(self.config))
         sanitizer = self.suites.get("sanitize")
-        if isinstance(sanitizer, SanitizeCheck):
-            reason = sanitizer.skip_reason()
-            tools = self.settings.sanitize or ["memcheck"]
-            guarded = "memcheck's tests run on guarded inputs; " if "memcheck" in tools else ""
-            sanitize = (f"sanitize: {sanitizer.sanitizer} ({', '.join(tools)})" if reason is None
-                        else f"sanitize: {guarded}compute-sanitizer NOT RUN: {reason}")
+        sanitize = table.sanitize_header(str(sanitizer.sanitizer), self.settings.sanitize or ["memcheck"],
+                                         sanitizer.skip_reason()) if isinstance(sanitizer, SanitizeCheck) else None
         return table.header_lines(environment=self.environment, device=self.device, profile=self.profile,
                                   suites=self.settings.suite, seed=self.settings.seed, workers=workers,
                                   caches=caches.describe(self.cache_root, self.cache_env),

@@ -193,6 +193,25 @@ def gate_header(store: "BaselineStore", *, require_baseline: bool, revision: "Re
     return gate
 
 
+def workers_header(*, inprocess: bool, xdist_controller: bool, jobs: int) -> str:
+    """How the run's requests run: in-process, in pytest-xdist's workers, several at once or one at a time."""
+    if inprocess:
+        return "in-process"
+    if xdist_controller:
+        return "pytest-xdist workers, each with workers of its own"
+    if jobs > 1:
+        return f"up to {jobs} requests at once (--attnkit-jobs), memory and speed alone"
+    return "one request at a time (--attnkit-jobs=1)"
+
+
+def sanitize_header(sanitizer: str, tools: list[str], reason: str | None) -> str:
+    """The header's sanitize line: compute-sanitizer and its tools, or why it will not run (``reason``)."""
+    if reason is None:
+        return f"sanitize: {sanitizer} ({', '.join(tools)})"
+    guarded = "memcheck's tests run on guarded inputs; " if "memcheck" in tools else ""
+    return f"sanitize: {guarded}compute-sanitizer NOT RUN: {reason}"
+
+
 # -- the summary ------------------------------------------------------------------------------
 
 
