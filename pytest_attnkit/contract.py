@@ -453,7 +453,7 @@ class AttentionImpl:
     supports_seqlen_mismatch: ClassVar[bool] = True
     supports_backward: ClassVar[bool] = True
     #: Sequence lengths (query and key) must be multiples of this; the harness then runs an
-    #: in-contract twin of each case it would refuse for its lengths alone (lengths rounded up).
+    #: in-contract stand-in for each case it would refuse for its lengths alone (lengths rounded up).
     seqlen_multiple: ClassVar[int] = 1
     #: How the implementation's extra memory grows with sequence length: "linear" or "quadratic"
     #: (a :class:`MemoryClass` or its value; None: undeclared, as for a plain function; the memory

@@ -276,7 +276,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         if marker is None:
             raise pytest.UsageError(f"{metafunc.definition.nodeid} uses attnkit_case without @pytest.mark.attnkit_cases(family)")
         if "attnkit_impl" in metafunc.fixturenames:
-            pairs = session.pairs(marker.args[0])
+            pairs = session.selection.pairs(marker.args[0])
             installed = getattr(metafunc.function, "attnkit_spec", None)
             suite = session.suites.get(installed[0]) if installed else None
             if suite is not None:  # an installed suite's test: the cases of the family it accepts
@@ -284,7 +284,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             metafunc.parametrize(("attnkit_impl", "attnkit_case"), pairs,
                                  ids=[f"{name}-{case.id}" for name, case in pairs])
         else:
-            cases = session.cases(marker.args[0])
+            cases = session.selection.cases(marker.args[0])
             metafunc.parametrize("attnkit_case", cases, ids=[case.id for case in cases])
     elif "attnkit_impl" in metafunc.fixturenames:
         metafunc.parametrize("attnkit_impl", session.impl_names, ids=session.impl_names)
@@ -296,8 +296,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.hookimpl(trylast=True)  # after -k and -m have deselected what they deselect
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     session = config.stash.get(SESSION_KEY, None)
-    if session is not None:
-        session.mark_refusals(items)
+    if session is not None and session.runner is not None:
+        session.runner.mark_refusals(items, session.suite_types)
         # The reference's speed tests run first: the gate divides every other implementation's
         # timings by how much slower the machine runs the reference
         # (pytest_attnkit/controller/gate.py: machine_factor).
@@ -314,7 +314,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_collection_finish(session: pytest.Session) -> None:
     attnkit = session.config.stash.get(SESSION_KEY, None)
     if attnkit is not None:
-        attnkit.count_collected(session.items)
+        attnkit.tally.count(session.items)
         attnkit.submit_ahead(attnkit.items_to_run(session.items))
 
 
@@ -333,7 +333,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         # Shown within 100 columns; read (str(), the report files, JUnit XML) as it was written.
         report.longrepr = FittedMessage(failure.msg)
     if session is not None and (report.when == "call" or (report.when == "setup" and not report.passed)):
-        session.record(item, report)
+        session.tally.record(item, report)
     return report
 
 
@@ -382,7 +382,10 @@ def _deals(config: pytest.Config) -> bool:
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """pytest-xdist: under --attnkit, every xdist worker gets all its tests at the start, so that
     it can run their requests ahead of them."""
-    return xdist.make_dealt_scheduling(config, log) if _deals(config) else None
+    if not _deals(config):
+        return None
+    # Every implementation by name (described, though the controller runs none) deals by its name.
+    return xdist.make_dealt_scheduling(config, log, config.stash[SESSION_KEY].pool.names)
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -122,7 +122,7 @@ def one_paragraph(text: str) -> str:
 
 @dataclasses.dataclass
 class OptionRow:
-    """One option as pytest gets it: a flag (with its environment and ini twins) or an ini line."""
+    """One option as pytest gets it: a flag (with its environment and ini forms) or an ini line."""
 
     flag: str | None
     metavar: str | None

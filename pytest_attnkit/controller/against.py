@@ -17,9 +17,10 @@ starts as a copy (hard links) of the current one: Triton keys each compiled kern
 and options, so a kernel REV shares with the current version is found there, and one it changed
 compiles anew; without the copy every A/B run recompiled every kernel of REV (tens of seconds).
 
-Every way this can fail raises :class:`AgainstError` with the command and its output; the session
-turns it into a usage error (exit code 4): an A/B run that cannot build the other side gates
-nothing, and must not look as if it passed.
+Every way this can fail raises :class:`AgainstError` with the command and its output, which
+:func:`materialise_for` turns into a usage error (exit code 4), as it does a REV with none of the
+selected implementations, and :func:`check_loaded` one whose implementations cannot be loaded: an
+A/B run that cannot build the other side gates nothing, and must not look as if it passed.
 """
 
 from __future__ import annotations
@@ -34,8 +35,15 @@ import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable
+
+import pytest
 
 from pytest_attnkit.registry import GROUP, EntryPointRef
+
+if TYPE_CHECKING:
+    from pytest_attnkit.controller.impls import ImplInfo
+    from pytest_attnkit.controller.options import Settings
 
 OUTPUT_TAIL_CHARS = 2000
 ARCHIVES = (".whl", ".tar.gz", ".tgz", ".zip")
@@ -56,12 +64,13 @@ class Revision:
     root: Path  # the temporary folder holding everything below
     site: Path
     refs: list[EntryPointRef] = field(default_factory=list)
-    #: base implementation name -> its twin's name (``<impl>@<label>``)
-    twins: dict[str, str] = field(default_factory=dict)
+    #: base implementation name -> its counterpart's name (``<impl>@<label>``); the report's
+    #: ``against.twins`` (the key kept for reports already written)
+    counterparts: dict[str, str] = field(default_factory=dict)
     _worktree: tuple[Path, Path] | None = None  # (repository, worktree) to remove at the end
 
     def worker_setup(self) -> dict[str, object]:
-        """What a twin's worker starts with: the site first on sys.path, caches of its own."""
+        """What a counterpart's worker starts with: the site first on sys.path, caches of its own."""
         return {"init": {"sys_path_first": [str(self.site)], "revision_site": str(self.site)},
                 "env": {"TRITON_CACHE_DIR": str(self.root / "triton-cache"),
                         "TORCHINDUCTOR_CACHE_DIR": str(self.root / "inductor-cache")}}
@@ -214,13 +223,69 @@ def _entry_points(revision: Revision) -> list[EntryPointRef]:
     return sorted(refs, key=lambda ref: ref.name)
 
 
-def twins_of(revision: Revision, selected: list[str]) -> list[EntryPointRef]:
+def counterparts_of(revision: Revision, selected: list[str]) -> list[EntryPointRef]:
     """REV's implementations that have a counterpart among the ``selected`` current ones; records
-    which is whose in ``revision.twins``."""
+    which is whose in ``revision.counterparts``."""
     chosen = []
     for ref in revision.refs:
         base = ref.name.rsplit("@", 1)[0]
         if base in selected:
-            revision.twins[base] = ref.name
+            revision.counterparts[base] = ref.name
             chosen.append(ref)
     return chosen
+
+
+def _usage_error(settings: "Settings", problem: str) -> pytest.UsageError:
+    return pytest.UsageError(f"attnkit: {problem} ({settings.sources.get('against')}); nothing was gated against it")
+
+
+def materialise_for(settings: "Settings", selected: list[str]) -> tuple[Revision | None, list[EntryPointRef]]:
+    """--attnkit-against's REV, materialised, and its counterparts of the ``selected`` current
+    implementations ((None, []) without the option). A usage error where it cannot run: without
+    the speed suite, in-process, REV not materialised, or none of the selected in REV (REV is
+    removed again then)."""
+    if not settings.against:
+        return None, []
+    given = settings.against
+    if "speed" not in settings.suite:
+        raise _usage_error(settings, f"--attnkit-against={given} compares speed, and the speed suite is not selected")
+    if settings.inprocess:
+        raise _usage_error(settings, f"--attnkit-against={given} loads another version's kernels in workers of "
+                                     "their own; it cannot run with --attnkit-inprocess")
+    try:
+        revision = materialise(given, settings.config_dir, settings.invocation_dir)
+    except AgainstError as error:
+        raise _usage_error(settings, f"--attnkit-against={given}: the other version could not be materialised: "
+                                     f"{error}") from None
+    counterparts = counterparts_of(revision, selected)
+    if not counterparts:
+        revision.close()
+        raise _usage_error(settings, f"--attnkit-against={given}: none of the selected implementations "
+                                     f"({', '.join(selected) or 'none'}) exists in {revision.description} (it registers "
+                                     f"{', '.join(ref.name for ref in revision.refs)})")
+    return revision, counterparts
+
+
+def check_loaded(settings: "Settings", infos: Iterable["ImplInfo"]) -> None:
+    """A usage error naming each of REV's implementations (``infos``: as its worker described
+    it) that could not be loaded."""
+    broken = [info for info in infos if info.load_error]
+    if broken:
+        details = "; ".join(f"{info.name} ({info.origin}): "
+                            f"{((info.load_error or '').strip().splitlines() or ['?'])[-1]}" for info in broken)
+        raise _usage_error(settings, f"--attnkit-against={settings.against}: the other version's "
+                                     f"implementations could not be loaded: {details}")
+
+
+def counterpart_names(revision: Revision | None) -> set[str]:
+    """REV's implementations of this run (``<impl>@<label>``): they take part in the speed suite only."""
+    return set(revision.counterparts.values()) if revision else set()
+
+
+def report_state(revision: Revision | None) -> dict[str, Any] | None:
+    """The report's ``against``: REV as given and as materialised, and each counterpart."""
+    if revision is None:
+        return None
+    return {"given": revision.given, "label": revision.label, "kind": revision.kind,
+            "description": revision.description,
+            "twins": dict(revision.counterparts)}  # the key reports already written use

@@ -1,12 +1,12 @@
-"""Which case each implementation runs: the case itself, or its in-contract twin.
+"""Which case each implementation runs: the case itself, or its in-contract stand-in.
 
 A kernel that only takes some lengths or some dtypes would otherwise skip most of a case set and
 learn nothing from the families it holds (batch > 1, large logits, non-contiguous inputs,
-causal, odd lengths). Where an implementation declares such a restriction, it runs a twin of the
+causal, odd lengths). Where an implementation declares such a restriction, it runs a stand-in for the
 case instead: the same case with the lengths rounded up to its ``seqlen_multiple`` and the
 nearest dtype it declares. Speed cases follow the declared dtypes the same way (bf16 where
 supported, else fp16, else fp32), so an fp16-only kernel is timed and gated too. Only the
-declarations (plain data from the worker) are read here; a twin that is still refused for
+declarations (plain data from the worker) are read here; a stand-in that is still refused for
 another reason is skipped with that reason, as any case is.
 """
 
@@ -29,8 +29,8 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-def twin(case: Case, capabilities: dict[str, Any]) -> Case:
-    """The in-contract twin of ``case`` for an implementation with these declarations
+def stand_in(case: Case, capabilities: dict[str, Any]) -> Case:
+    """The in-contract stand-in for ``case`` for an implementation with these declarations
     (``case`` itself when it is already within them)."""
     changes: dict[str, Any] = {}
     dtypes = capabilities.get("dtypes") or []
@@ -48,19 +48,19 @@ def twin(case: Case, capabilities: dict[str, Any]) -> Case:
 
 
 def pairs(impls: dict[str, dict[str, Any]], cases: list[Case]) -> tuple[list[tuple[str, Case]], dict[tuple[str, str], str]]:
-    """(implementation, case) pairs to parametrize, each case replaced by its twin where needed, and
-    for each twin the id of the case it stands for. A twin equal to a case the implementation
+    """(implementation, case) pairs to parametrize, each case replaced by its stand-in where needed, and
+    for each stand-in the id of the case it stands for. A stand-in equal to a case the implementation
     already runs is left out: it would run the same test twice."""
     chosen: list[tuple[str, Case]] = []
-    twins: dict[tuple[str, str], str] = {}
+    stand_ins: dict[tuple[str, str], str] = {}
     for name, capabilities in impls.items():
         seen: set[str] = set()
         for case in cases:
-            runs = twin(case, capabilities)
+            runs = stand_in(case, capabilities)
             if runs.id in seen:
                 continue
             seen.add(runs.id)
             chosen.append((name, runs))
             if runs is not case:
-                twins[(name, runs.id)] = case.id
-    return chosen, twins
+                stand_ins[(name, runs.id)] = case.id
+    return chosen, stand_ins

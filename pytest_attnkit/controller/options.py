@@ -1,4 +1,4 @@
-"""Command-line options, their ini and environment twins, and where each value came from.
+"""Command-line options, their ini and environment forms, and where each value came from.
 
 Every setting resolves in one place, in this order: the command line, then the environment
 (``ATTNKIT_...``), then the ini file (``attnkit_...``), then the default. A bad value is a usage

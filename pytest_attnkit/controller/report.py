@@ -7,18 +7,21 @@ gate's decisions, each with structured fields (implementation, mode, the case's 
 string to parse back. Every view renders from it: the terminal summary and the Markdown
 (:mod:`pytest_attnkit.controller.table`) and the plots (:mod:`pytest_attnkit.controller.plots`).
 :func:`write` puts the files of ``--attnkit-report DIR`` on disk; with ``GITHUB_STEP_SUMMARY`` set,
-the Markdown is appended to it (cut well under GitHub's 1 MiB).
+the Markdown is appended to it (cut well under GitHub's 1 MiB). :func:`save_baseline` saves the
+document's speed records for ``--attnkit-save-baseline``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
 from pytest_attnkit.contract import Case
+from pytest_attnkit.controller.baselines import MIN_RUNS, BaselineError, BaselineStore
 from pytest_attnkit.controller.gate import Decision, GateVerdict
 from pytest_attnkit.controller.impls import ImplInfo
 from pytest_attnkit.controller.memory import MemorySweepResult
@@ -240,4 +243,38 @@ def write(document: dict[str, Any], directory: Path) -> list[str]:
         with open(step_summary, "a", encoding="utf-8") as stream:
             stream.write(cut + "\n")
         lines.append(f"report: appended to GITHUB_STEP_SUMMARY:{NO_BREAK}{step_summary}")
+    return lines
+
+
+def baseline_state(store: BaselineStore | None) -> dict[str, Any]:
+    """The report's baseline file and whether it was found (None and False without the speed suite)."""
+    if store is None:
+        return {"baseline_file": None, "baseline_found": False}
+    return {"baseline_file": str(store.path), "baseline_found": store.found}
+
+
+def save_baseline(store: BaselineStore, document: dict[str, Any], environment: dict[str, Any], *,
+                  interrupted: bool) -> list[str]:
+    """Save the document's speed records into ``store`` (``--attnkit-save-baseline``); returns the
+    summary's lines: what was saved, or why nothing was (an interrupted run, a shared GPU, no
+    measurements, the store's own error), so the stored baseline stays whole."""
+    records = speed_records(document)
+    shared = shared_gpu(document)
+    if interrupted:
+        return [f"baseline NOT saved: the run was interrupted ({store.path}{NO_BREAK}is unchanged)"]
+    if shared:
+        return [f"baseline NOT saved: {shared} ({store.path}{NO_BREAK}is unchanged)"]
+    if not records:
+        return ["baseline not saved: no speed measurements in this run"]
+    try:
+        counts = store.save(records, environment, document["speed"]["ceilings"], platform.node())
+    except BaselineError as error:
+        return [f"baseline NOT saved: {error}"]
+    lines = [f"baseline{NO_BREAK}saved:{NO_BREAK}{store.path}",
+             f"  {counts['pooled']} entries pooled with their earlier runs, {counts['restarted']} "
+             f"started afresh (changed beyond noise), {counts['new']} new"]
+    if counts["thin"]:
+        lines.append(f"  {counts['thin']} entries have fewer than {MIN_RUNS} runs: until they do, their "
+                     "thresholds cannot know how much runs disagree; save again, each time from a fresh "
+                     "process (better: another machine of the same GPU)")
     return lines

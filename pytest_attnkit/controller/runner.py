@@ -1,6 +1,7 @@
 """The runner: the body of every suite test, and the one map of the requests sent ahead of them.
 
-Once pytest has selected the tests, the session hands each one's :class:`SuiteItem` to
+At collection :meth:`Runner.mark_refusals` skips what a suite or an implementation refuses, asking
+each implementation once. Once pytest has selected the tests, the session hands each one's :class:`SuiteItem` to
 :meth:`Runner.submit`, which asks its suite for the plan (:meth:`Suite.plan`) and submits each
 planned request to the scheduler (:mod:`pytest_attnkit.controller.scheduler`), keyed by the item.
 When the test runs, :meth:`Runner.run` hands the suite the replies to its plan
@@ -21,8 +22,8 @@ from typing import TYPE_CHECKING, Any, overload
 import pytest
 
 from pytest_attnkit.contract import Case
-from pytest_attnkit.controller.items import ITEM_KEY
-from pytest_attnkit.controller.outcome import Judged, Outcomes, skipped
+from pytest_attnkit.controller.items import ITEM_KEY, mark_items
+from pytest_attnkit.controller.outcome import Judged, Outcomes, last_line, skipped
 from pytest_attnkit.controller.scheduler import Job, Scheduler
 from pytest_attnkit.controller.suite import Planned, Suite, SuiteItem
 from pytest_attnkit.messages import Reply
@@ -94,6 +95,47 @@ class Runner:
         ``item`` (:meth:`Suite.support_query`): the item's planned requests of that case and
         direction are sent ``checked``, and the worker does not ask again."""
         self._accepted[item] = (case, backward)
+
+    def mark_refusals(self, items: list[pytest.Item], suite_types: Mapping[str, type[Suite]]) -> None:
+        """Work out each suite test's SuiteItem, then mark the items skipped that their suite
+        refuses (:meth:`Suite.refusal`) or the implementation does (unavailable, or an unsupported
+        case: :meth:`Suite.support_query`), with the reasons in words. One question per
+        implementation, at collection.
+
+        The reason leaves the case out (the test id has it), so pytest's summary groups the
+        skips that share a reason."""
+        questions: dict[str, list[tuple[pytest.Item, Case, bool]]] = {}
+        for node, item in mark_items(items, suite_types):
+            suite = self.suites.get(item.suite)
+            if suite is None:
+                continue  # a suite not selected: its tests say so when they run
+            refusal = suite.refusal(item)
+            if refusal is not None:
+                self.outcomes.skip_at_collection(node, refusal)
+                continue
+            query = suite.support_query(item)
+            if query is not None:
+                questions.setdefault(item.impl, []).append((node, *query))
+        for name, asked in questions.items():
+            info = self.pool.info(name)
+            if info.load_error:
+                # One import error, one failure: the first test fails with it, the rest point there.
+                first = asked[0][0]
+                reason = (f"{name} could not be loaded ({last_line(info.load_error)}); "
+                          f"{first.nodeid} fails with the traceback")
+                for item, _, _ in asked[1:]:
+                    self.outcomes.skip_at_collection(item, skipped(reason))
+                continue
+            if info.unavailable:
+                for item, _, _ in asked:
+                    self.outcomes.skip_at_collection(item, skipped(f"{name} is unavailable: {info.unavailable}"))
+                continue
+            refusals = self.pool.support(name, [{"case": case.to_dict(), "backward": backward} for _, case, backward in asked])
+            for (item, case, backward), refusal in zip(asked, refusals or []):
+                if refusal:
+                    self.outcomes.skip_at_collection(item, skipped(f"{name} does not support it: {refusal}"))
+                else:
+                    self.accept(item.stash[ITEM_KEY], case, backward)  # its worker need not ask again
 
     def _plan(self, suite: Suite, item: SuiteItem) -> list[Planned]:
         """The suite's plan for ``item``, each request of the case and direction accepted at

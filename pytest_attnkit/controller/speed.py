@@ -9,10 +9,10 @@ true), hands the samples to pytest-benchmark when it is installed, and asks the 
 (:mod:`pytest_attnkit.controller.baselines`). A suspected regression is measured again in fresh
 rounds and stands only if most rounds agree; the result keeps the round the verdict used.
 
-With ``--attnkit-against=REV`` an implementation that has a twin from REV (``<impl>@<rev>``) is
+With ``--attnkit-against=REV`` an implementation that has a counterpart from REV (``<impl>@<rev>``) is
 timed together with it: the two workers are asked for blocks of a few samples in turn
 (:meth:`SpeedCheck._measure_pair`), and the paired gate (:mod:`pytest_attnkit.controller.paired`)
-decides on the pairs of blocks. The twin's own test reports its half of the same measurement.
+decides on the pairs of blocks. The counterpart's own test reports its half of the same measurement.
 
 On the CPU the numbers check the plumbing and give a rough figure, nothing more: CPU timings move
 by tens of percent between processes (and by far more when the machine is busy), so there the
@@ -20,7 +20,7 @@ suspicious-speedup check is off and the gate's default threshold is a doubling
 (:data:`CPU_THRESHOLD`), which only a real change crosses.
 
 As a :class:`~pytest_attnkit.controller.suite.Suite`, a test's plan is a warm-up of its case,
-compiled ahead while the GPU has other work (none for REV's twins); the test then times the case
+compiled ahead while the GPU has other work (none for REV's counterparts); the test then times the case
 with the GPU alone in the worker that warmed it up, asking the pool itself (the timing, the
 reference's, the confirmation rounds and the A/B blocks are the judgement's own requests).
 """
@@ -118,7 +118,7 @@ class ABResult:
     """A case timed in both versions, interleaved: the paired verdict, or why there is none."""
 
     impl: str
-    twin: str
+    counterpart: str
     mode: str
     case: Case
     decision: PairedDecision | None
@@ -140,7 +140,7 @@ class ABResult:
         return None
 
     def to_dict(self, revision: str) -> dict[str, Any]:
-        return {"impl": self.impl, "against": self.twin, "revision": revision, "mode": self.mode,
+        return {"impl": self.impl, "against": self.counterpart, "revision": revision, "mode": self.mode,
                 "case": self.case.id, "shape": self.case.to_dict(), "problem": self.problem,
                 "syncs": self.sync_note, "sync_kind": self.syncs,
                 **(self.decision.to_dict() if self.decision else {"verdict": GateVerdict.NOT_COMPARED})}
@@ -179,8 +179,8 @@ class SpeedCheck(Suite):
     ceilings: dict[str, float] = field(default_factory=dict)
     gpu_state: dict[str, Any] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)
-    #: --attnkit-against: each current implementation's twin from REV, and the paired results.
-    twins: dict[str, str] = field(default_factory=dict)
+    #: --attnkit-against: each current implementation's counterpart from REV, and the paired results.
+    counterparts: dict[str, str] = field(default_factory=dict)
     ab: dict[EntryKey, ABResult] = field(default_factory=dict)
     #: The A/B gate's threshold per case (None: ``threshold``'s).
     ab_threshold: Callable[[EntryKey], float] | None = None
@@ -205,7 +205,7 @@ class SpeedCheck(Suite):
 
     def plan(self, item: SuiteItem) -> list[Planned]:
         """A warm-up of the case, which also reads the kernels its calls launch (the gate's
-        program); none for REV's twins (their current implementation's test times the pair). The
+        program); none for REV's counterparts (their current implementation's test times the pair). The
         worker that measures the ceilings starts now, so that the GPU-alone phase does not wait
         for its start-up."""
         if item.case is None or self.base_of(item.impl) != item.impl:
@@ -300,8 +300,8 @@ class SpeedCheck(Suite):
             self._skip_over_limit(impl, mode, case)
         if key not in self._measured and key not in self._refused:
             base = self.base_of(impl)
-            if base in self.twins:
-                self._measure_pair(base, self.twins[base], mode, case)
+            if base in self.counterparts:
+                self._measure_pair(base, self.counterparts[base], mode, case)
             else:
                 self._measured[key] = self._measure(impl, mode, case)
         if key in self._refused:
@@ -310,8 +310,8 @@ class SpeedCheck(Suite):
         return self._measured[key]
 
     def base_of(self, impl: str) -> str:
-        """The current implementation that ``impl`` is (itself, or the one it is REV's twin of)."""
-        return next((base for base, twin in self.twins.items() if twin == impl), impl)
+        """The current implementation that ``impl`` is (itself, or the one it is REV's counterpart of)."""
+        return next((base for base, counterpart in self.counterparts.items() if counterpart == impl), impl)
 
     def _block(self, impl: str, mode: str, case: Case, samples: int) -> Reply:
         return self.pool.request(impl, Request(Op.RUN, case, mode == "backward", self.settings.seed,
@@ -319,8 +319,8 @@ class SpeedCheck(Suite):
                                                 "budget_ms": self.settings.budget_ms}, suite=self.name),
                                  **self._where(impl, mode, case))
 
-    def _measure_pair(self, impl: str, twin: str, mode: str, case: Case) -> None:
-        """Time ``impl`` and REV's ``twin`` on one case in alternating blocks (see the module docstring).
+    def _measure_pair(self, impl: str, counterpart: str, mode: str, case: Case) -> None:
+        """Time ``impl`` and REV's ``counterpart`` on one case in alternating blocks (see the module docstring).
 
         Each worker first warms the case up and takes one sample, which says how many samples the
         budget allows and whether calls are long (then a block is one sample); the pairs follow,
@@ -328,7 +328,7 @@ class SpeedCheck(Suite):
         (unsupported, raised, crashed) leaves the case uncompared: its own test reports the
         reply, and the other side is timed alone as without REV."""
         key = EntryKey(impl, mode, case.id)
-        names = (impl, twin)
+        names = (impl, counterpart)
         probes: dict[str, Reply] = {}
         for name in names:
             probes[name] = self._block(name, mode, case, 1)
@@ -375,13 +375,13 @@ class SpeedCheck(Suite):
                                                         shared_with=shared_with(probes[name], *replies[name]))
         threshold = (self.ab_threshold or self.threshold)(key)
         syncs = {name: probes[name].data.get("syncs") for name in names} if problem is None else {}
-        kind = sync_kind(syncs.get(impl), syncs.get(twin))
+        kind = sync_kind(syncs.get(impl), syncs.get(counterpart))
         if kind == SyncKind.BOTH:
             # Both versions' times follow their processes' host speed (controller/paired.py):
             # only a doubling stands out of that noise.
             threshold = max(threshold, SYNC_THRESHOLD)
-        decision = None if problem is not None else decide_paired(blocks[impl], blocks[twin], threshold=threshold)
-        self.ab[key] = ABResult(impl, twin, mode, case, decision, problem, kind, syncs.get(impl) if kind else None)
+        decision = None if problem is not None else decide_paired(blocks[impl], blocks[counterpart], threshold=threshold)
+        self.ab[key] = ABResult(impl, counterpart, mode, case, decision, problem, kind, syncs.get(impl) if kind else None)
 
     def _reference_median(self, mode: str, case: Case) -> float | None:
         """The reference's median on this case (timed now if its own test has not run), or None."""
@@ -401,8 +401,8 @@ class SpeedCheck(Suite):
         ratio = measurement.timing.median_ms / reference_ms if reference_ms else None
         self._suspect(measurement, ratio)
         decision = None
-        is_twin = self.base_of(impl) != impl
-        if is_twin:
+        is_counterpart = self.base_of(impl) != impl
+        if is_counterpart:
             pass  # REV's half of an A/B pair: the current implementation's test gates the pair
         elif self.store.found and measurement.key in self.store.entries:
             decision, measurement = self._gate(measurement)
@@ -431,7 +431,7 @@ class SpeedCheck(Suite):
                                "while it was timed" if measurement.shared_with else ""))
         paired = self.ab.get(measurement.key)
         if paired is not None and paired.decision is not None and paired.decision.verdict == GateVerdict.REGRESSION:
-            failures.append(f"{impl} regressed against {paired.twin} on {case.id} ({mode}): "
+            failures.append(f"{impl} regressed against {paired.counterpart} on {case.id} ({mode}): "
                             f"{format_paired(paired.decision)}")
         if failures:
             raise Judged(failed("\n".join(failures)))

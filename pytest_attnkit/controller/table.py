@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import textwrap
 from collections import Counter, defaultdict
-from typing import Any, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable
 
 from pytest_attnkit.contract import MemoryClass
 from pytest_attnkit.controller.gate import GateVerdict
@@ -22,6 +23,10 @@ from pytest_attnkit.controller.paired import SyncKind
 from pytest_attnkit.controller.terminal import NO_BREAK, WIDTH, wrap
 from pytest_attnkit.properties import PROPERTIES
 from pytest_attnkit.records import PointStatus
+
+if TYPE_CHECKING:
+    from pytest_attnkit.controller.against import Revision
+    from pytest_attnkit.controller.baselines import BaselineStore
 
 #: The speed figures the summary shows per implementation: the forward at FlashAttention's
 #: shapes with head dim 128 (batch x length = 16k tokens), at these lengths.
@@ -50,6 +55,75 @@ def name_width(names: Iterable[str]) -> int:
     """The width of a column of implementation names: the longest, and 16 at least, so that
     the columns after it line up whatever the names."""
     return max([16, *map(len, names)])
+
+
+# -- a table built once, rendered to the terminal and to Markdown ---------------------------------
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One value of a row, as the terminal shows it and as Markdown does (the same unless given)."""
+
+    terminal: str
+    markdown: str
+
+    @classmethod
+    def of(cls, terminal: str, markdown: str | None = None) -> "Cell":
+        return cls(terminal, terminal if markdown is None else markdown)
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column's header on the terminal and in Markdown; None: the column is not shown there."""
+
+    terminal: str | None
+    markdown: str | None
+    right: bool = False  # right-aligned on the terminal
+    width: int = 0  # the terminal's fixed width for it (a table of fixed widths; 0: as wide as it takes)
+
+
+@dataclass
+class Section:
+    """A table of the report: its rows built once from the document, rendered by
+    :func:`terminal_table` and :func:`markdown_table`."""
+
+    columns: list[Column]
+    rows: list[list[Cell]] = field(default_factory=list)
+
+    def add(self, *cells: Cell | str) -> None:
+        if len(cells) != len(self.columns):
+            raise ValueError(f"a row of {len(cells)} cells in a table of {len(self.columns)} columns: {cells}")
+        self.rows.append([cell if isinstance(cell, Cell) else Cell.of(cell) for cell in cells])
+
+
+def terminal_table(section: Section) -> list[str]:
+    """The section's terminal columns: aligned within :data:`WIDTH` (:func:`_columns`), or, where
+    the columns have fixed widths, each row at those widths under two spaces of indent, a row too
+    long wrapped under its last column."""
+    shown = [index for index, column in enumerate(section.columns) if column.terminal is not None]
+    columns = [section.columns[index] for index in shown]
+    header = [column.terminal or "" for column in columns]
+    body = [[row[index].terminal for index in shown] for row in section.rows]
+    if not all(column.width for column in columns[:-1]):
+        return _columns([header, *body], right={i for i, column in enumerate(columns) if column.right})
+
+    def line(cells: list[str]) -> str:
+        return "  " + "  ".join(cell.rjust(column.width) if column.right else cell.ljust(column.width)
+                                for cell, column in zip(cells, columns))
+
+    indent = " " * (2 + sum(column.width + 2 for column in columns[:-1]))
+    lines = [line(header)]
+    for cells in body:
+        lines += wrap(line(cells).rstrip(), indent)
+    return lines
+
+
+def markdown_table(section: Section) -> list[str]:
+    """The section's Markdown columns: a pipe table."""
+    shown = [index for index, column in enumerate(section.columns) if column.markdown is not None]
+    return (["| " + " | ".join(section.columns[index].markdown or "" for index in shown) + " |",
+             "|" + "---|" * len(shown)]
+            + ["| " + " | ".join(row[index].markdown for index in shown) + " |" for row in section.rows])
 
 
 # -- the header -------------------------------------------------------------------------------
@@ -104,6 +178,40 @@ def header_lines(*, environment: dict[str, Any], device: str, profile: str, suit
     return lines
 
 
+def gate_header(store: "BaselineStore", *, require_baseline: bool, revision: "Revision | None") -> str:
+    """The header's gate line: the baseline file speed is gated against, or that nothing will be;
+    with --attnkit-against, the A/B against REV and the stored baseline beside it."""
+    gate = (f"speed is gated against {store.path} ({len(store.entries)} entries)" if store.found else
+            f"NOTHING WILL BE GATED: no baseline for {store.device_name} ({store.path} does not exist)"
+            + ("; required, so every speed test fails" if require_baseline else ""))
+    if revision is not None:
+        stored = f"{store.path} ({len(store.entries)} entries)" if store.found else f"none for {store.device_name}"
+        gate = (f"A/B against {revision.description}, interleaved and paired "
+                f"({', '.join(sorted(revision.counterparts.values()))}); stored baseline: {stored}")
+    if store.removed:
+        gate += f"; removed {len(store.removed)} temporary file(s) that a killed save left in {store.path.parent}"
+    return gate
+
+
+def workers_header(*, inprocess: bool, xdist_controller: bool, jobs: int) -> str:
+    """How the run's requests run: in-process, in pytest-xdist's workers, several at once or one at a time."""
+    if inprocess:
+        return "in-process"
+    if xdist_controller:
+        return "pytest-xdist workers, each with workers of its own"
+    if jobs > 1:
+        return f"up to {jobs} requests at once (--attnkit-jobs), memory and speed alone"
+    return "one request at a time (--attnkit-jobs=1)"
+
+
+def sanitize_header(sanitizer: str, tools: list[str], reason: str | None) -> str:
+    """The header's sanitize line: compute-sanitizer and its tools, or why it will not run (``reason``)."""
+    if reason is None:
+        return f"sanitize: {sanitizer} ({', '.join(tools)})"
+    guarded = "memcheck's tests run on guarded inputs; " if "memcheck" in tools else ""
+    return f"sanitize: {guarded}compute-sanitizer NOT RUN: {reason}"
+
+
 # -- the summary ------------------------------------------------------------------------------
 
 
@@ -120,10 +228,10 @@ def correctness_verdict(document: dict[str, Any], name: str, suite: str = "corre
         return "not run"
     passed, failed, skipped = counts[Verdict.PASSED], counts[Verdict.FAILED], counts[Verdict.SKIPPED]
     ran = passed + failed
-    twins = sum(1 for test in document["tests"] if test["impl"] == name and test["suite"] == suite
+    stand_ins = sum(1 for test in document["tests"] if test["impl"] == name and test["suite"] == suite
                 and test.get("twin_of") and test["outcome"] in (Verdict.PASSED, Verdict.FAILED))
     coverage = (f"{ran} of {collected} cases run ({passed} passed, {failed} failed"
-                + (f"; {twins} as in-contract twins" if twins else "") + f"), {skipped} skipped")
+                + (f"; {stand_ins} as in-contract stand-ins" if stand_ins else "") + f"), {skipped} skipped")
     reasons = Counter(test.get("reason") for test in document["tests"]
                       if test["impl"] == name and test["suite"] == suite and test["outcome"] == Verdict.SKIPPED)
     if reasons:
@@ -291,20 +399,30 @@ def memory_table(name: str, direction: str, points: list[dict[str, Any]], slope:
                 + (f"; declared {declared} not enforced" if declared else ""))
     else:
         head = f"{name} ({direction}): fitted exponent {exponent} -> {verdict}" + (f" ({quality})" if quality else "")
-    lines = wrap(head, "    ")
-    lines.append(f"  {'N':>7}  {'extra (peak)':>14}  {'bytes/token':>12}  {'model':>12}  note")
+    return wrap(head, "    ") + terminal_table(memory_section(points, verdict, worst=worst, worst_n=worst_n))
+
+
+def memory_section(points: list[dict[str, Any]], verdict: str, *, worst: float | None = None,
+                   worst_n: int | None = None) -> Section:
+    """A sweep's points: N, the peak extra bytes, bytes per token, the model's bytes and a note
+    (what kept a point from being measured, memory outside the meter, the point farthest from the
+    line of an unclear sweep)."""
+    section = Section([Column("N", "N", right=True, width=7),
+                       Column("extra (peak)", "extra bytes", right=True, width=14),
+                       Column("bytes/token", "bytes per token", right=True, width=12),
+                       Column("model", None, right=True, width=12), Column("note", "note")])
     for point in points:
         if point["status"] != PointStatus.MEASURED:
-            lines += wrap(f"  {point['seqlen']:>7}  {'-':>14}  {'-':>12}  {'-':>12}  {point['status']}: {point['message']}",
-                          " " * 55)
+            section.add(str(point["seqlen"]), Cell("-", str(point["extra_bytes"])), "-", "-",
+                        Cell(f"{point['status']}: {point['message']}", str(point["message"])))
             continue
         model = format_bytes(point["expected_bytes"]) if point.get("expected_bytes") is not None else "-"
         notes = [f"unmetered {format_bytes(point['unmetered_bytes'])}"] if point.get("unmetered_bytes") else []
         if verdict == MemoryClass.UNCLEAR and worst is not None and point["seqlen"] == worst_n:
             notes.append(f"{worst:.2f}x off the line")
-        lines.append(f"  {point['seqlen']:>7}  {format_bytes(point['extra_bytes']):>14}  "
-                     f"{point['extra_bytes'] / point['seqlen']:>12.1f}  {model:>12}  {', '.join(notes)}".rstrip())
-    return lines
+        section.add(str(point["seqlen"]), Cell(format_bytes(point["extra_bytes"]), str(point["extra_bytes"])),
+                    f"{point['extra_bytes'] / point['seqlen']:.1f}", model, Cell(", ".join(notes), ""))
+    return section
 
 
 def memory_lines(document: dict[str, Any]) -> list[str]:
@@ -338,6 +456,32 @@ def _columns(rows: list[list[str]], right: set[int], key: int = 3) -> list[str]:
 _MODES = {"forward": "fwd", "backward": "bwd"}
 
 
+def speed_section(document: dict[str, Any], *, verbose: bool = False) -> Section:
+    """Every timed case: its time, IQR and launch time (the terminal's with ``-v``), TFLOP/s and
+    GB/s with their shares of the run's ceilings (the terminal's, where measured), and its speed
+    relative to the reference."""
+    speed = document["speed"]
+    gpu = document["device"] == "cuda"
+    ceilings = speed["ceilings"]
+    section = Section([Column("implementation", "implementation"), Column("mode", "mode"), Column("case", "case"),
+                       Column("median ms", "median ms", right=True),
+                       Column("IQR ms" if verbose else None, "IQR ms", right=True),
+                       Column("launch ms" if verbose and gpu else None, None, right=True),
+                       Column("TFLOP/s", "TFLOP/s", right=True), Column("%mm" if ceilings else None, None, right=True),
+                       Column("GB/s", "GB/s", right=True), Column("%copy" if ceilings else None, None, right=True),
+                       Column("x ref", "x ref", right=True)])
+    for m in sorted(speed["measurements"], key=lambda m: (m["mode"], m["case"], m["impl"])):
+        timing = m["timing"]
+        launch = f"{timing['launch_ms']:.4f}" if timing.get("launch_ms") is not None else "-"
+        section.add(m["impl"], Cell(_MODES.get(m["mode"], m["mode"]), m["mode"]), m["case"],
+                    f"{timing['median_ms']:.4f}", f"{timing['iqr_ms']:.4f}", launch,
+                    Cell(f"{m['tflops']:.2f}", f"{m['tflops']:.1f}"),
+                    f"{100 * m['share_of_matmul']:.0f}" if ceilings else "", f"{m['gbps']:.1f}",
+                    f"{100 * m['share_of_copy']:.0f}" if ceilings else "",
+                    f"{1 / m['ratio_to_reference']:.2f}" if m.get("ratio_to_reference") else "-")
+    return section
+
+
 def speed_lines(document: dict[str, Any], *, verbose: bool = False) -> list[str]:
     speed = document["speed"]
     if not speed["measurements"]:
@@ -351,27 +495,7 @@ def speed_lines(document: dict[str, Any], *, verbose: bool = False) -> list[str]
     if ceilings:
         lines += wrap(f"ceilings measured in this run: bf16 matmul {ceilings['matmul_bf16_tflops']:.0f} TFLOP/s, "
                       f"device copy {ceilings['copy_gbps']:.0f} GB/s (read + write); GPU state {speed['gpu_state']}")
-    header = ["implementation", "mode", "case", "median ms"]
-    if verbose:
-        header += ["IQR ms"] + (["launch ms"] if gpu else [])
-    header += ["TFLOP/s"] + (["%mm"] if ceilings else []) + ["GB/s"] + (["%copy"] if ceilings else []) + ["x ref"]
-    rows = [header]
-    for m in sorted(speed["measurements"], key=lambda m: (m["mode"], m["case"], m["impl"])):
-        timing = m["timing"]
-        row = [m["impl"], _MODES.get(m["mode"], m["mode"]), m["case"], f"{timing['median_ms']:.4f}"]
-        if verbose:
-            row += [f"{timing['iqr_ms']:.4f}"]
-            if gpu:
-                row += [f"{timing['launch_ms']:.4f}" if timing.get("launch_ms") is not None else "-"]
-        row += [f"{m['tflops']:.2f}"]
-        if ceilings:
-            row += [f"{100 * m['share_of_matmul']:.0f}"]
-        row += [f"{m['gbps']:.1f}"]
-        if ceilings:
-            row += [f"{100 * m['share_of_copy']:.0f}"]
-        row += [f"{1 / m['ratio_to_reference']:.2f}" if m.get("ratio_to_reference") else "-"]
-        rows.append(row)
-    lines += _columns(rows, right=set(range(3, len(header))))
+    lines += terminal_table(speed_section(document, verbose=verbose))
     lines += wrap("(x ref: speed relative to the reference implementation in this run; above 1 is faster)")
     if gpu:
         lines += wrap("(median: GPU time per call, the stream held until the host had issued the call"
@@ -410,6 +534,23 @@ def clock_lines(measurements: list[dict[str, Any]]) -> list[str]:
                 f"the highest median clock of this run: a power or thermal cap; times are as measured): {shown}", "  ")
 
 
+def gate_section(document: dict[str, Any]) -> Section:
+    """The gate's decisions: the baseline's median and runs, now's median, the change, the
+    threshold and the verdict (on the terminal, a regression in capitals and k of n rounds)."""
+    section = Section([Column("implementation", "implementation"), Column("mode", "mode"), Column("case", "case"),
+                       Column("base ms", "baseline ms", right=True), Column("runs", "runs", right=True),
+                       Column("now ms", "now ms", right=True), Column("change", "change", right=True),
+                       Column("thresh", "threshold", right=True), Column("verdict", "verdict")])
+    for d in sorted(document["speed"]["gate"], key=lambda d: (d["impl"], d["mode"], d["case"])):
+        verdict = d["verdict"].upper() if d["verdict"] == GateVerdict.REGRESSION else d["verdict"]
+        if d["rounds"] > 1:
+            verdict += f" {d['rounds_flagged']}/{d['rounds']}"
+        section.add(d["impl"], Cell(_MODES.get(d["mode"], d["mode"]), d["mode"]), d["case"],
+                    f"{d['baseline_median_ms']:.4f}", str(d["baseline_runs"]), f"{d['now_median_ms']:.4f}",
+                    f"{100 * (d['ratio'] - 1):+.1f}%", f"{100 * d['threshold']:.1f}%", Cell(verdict, str(d["verdict"])))
+    return section
+
+
 def gate_lines(document: dict[str, Any]) -> list[str]:
     speed = document["speed"]
     if not speed["measurements"]:
@@ -427,15 +568,7 @@ def gate_lines(document: dict[str, Any]) -> list[str]:
     lines += wrap(f"  machine factor {speed['machine_factor']:.3f} from {speed.get('reference')} (the reference itself "
                   "is gated without it); a regression needs Mann-Whitney U at alpha 0.01 and the practical "
                   "threshold, raised where saved runs disagreed", "  ")
-    rows = [["implementation", "mode", "case", "base ms", "runs", "now ms", "change", "thresh", "verdict"]]
-    for d in sorted(speed["gate"], key=lambda d: (d["impl"], d["mode"], d["case"])):
-        verdict = d["verdict"].upper() if d["verdict"] == GateVerdict.REGRESSION else d["verdict"]
-        if d["rounds"] > 1:
-            verdict += f" {d['rounds_flagged']}/{d['rounds']}"
-        rows.append([d["impl"], _MODES.get(d["mode"], d["mode"]), d["case"],
-                     f"{d['baseline_median_ms']:.4f}", str(d["baseline_runs"]), f"{d['now_median_ms']:.4f}",
-                     f"{100 * (d['ratio'] - 1):+.1f}%", f"{100 * d['threshold']:.1f}%", verdict])
-    lines += _columns(rows, right={3, 4, 5, 6, 7})
+    lines += terminal_table(gate_section(document))
     if any(d["rounds"] > 1 for d in speed["gate"]):
         lines += wrap("(a verdict's k/n: k of n independent measurement rounds flagged a regression; most must)")
     uncovered = sum(1 for m in speed["measurements"]
@@ -457,6 +590,25 @@ def _ab_verdict(entry: dict[str, Any]) -> str:
     return verdict
 
 
+def ab_section(entries: list[dict[str, Any]]) -> Section:
+    """The A/B verdicts, one row per case: old and new medians, the paired ratio, its interval, the
+    pairs, p and the verdict (a case not compared: dashes, and in Markdown why)."""
+    section = Section([Column("implementation", "implementation"), Column("mode", "mode"), Column("case", "case"),
+                       Column("old ms", "old ms", right=True), Column(None, "new ms"),
+                       Column("new/old", "new/old", right=True), Column("99% interval", "99% interval", right=True),
+                       Column(None, "pairs"), Column(None, "p slower"), Column("verdict", "verdict")])
+    for e in entries:
+        mode = Cell(_MODES.get(e["mode"], e["mode"]), e["mode"])
+        if e["verdict"] == GateVerdict.NOT_COMPARED:
+            section.add(e["impl"], mode, e["case"], *["-"] * 6,
+                        Cell(GateVerdict.NOT_COMPARED.value, f"not compared: {e.get('problem') or ''}"))
+            continue
+        section.add(e["impl"], mode, e["case"], f"{e['old_median_ms']:.4f}", f"{e['new_median_ms']:.4f}",
+                    f"{e['ratio']:.3f}", f"{e['low']:.3f}-{e['high']:.3f}", str(e["pairs"]), f"{e['p_slower']:.2g}",
+                    Cell(_ab_verdict(e), str(e["verdict"])))
+    return section
+
+
 def ab_lines(document: dict[str, Any]) -> list[str]:
     """The A/B table of --attnkit-against: per case, the paired ratio new/old, its interval, the verdict."""
     against = document.get("against")
@@ -472,15 +624,7 @@ def ab_lines(document: dict[str, Any]) -> list[str]:
     if pairs:
         lines += wrap(f"  {pairs[0]}{'' if len(pairs) == 1 else f' to {pairs[-1]}'} pairs of blocks per case; "
                       "interval: seeded bootstrap of the median ratio new/old", "  ")
-    rows = [["implementation", "mode", "case", "old ms", "new/old", "99% interval", "verdict"]]
-    for e in entries:
-        mode = _MODES.get(e["mode"], e["mode"])
-        if e["verdict"] == GateVerdict.NOT_COMPARED:
-            rows.append([e["impl"], mode, e["case"], "-", "-", "-", GateVerdict.NOT_COMPARED.value])
-            continue
-        rows.append([e["impl"], mode, e["case"], f"{e['old_median_ms']:.4f}", f"{e['ratio']:.3f}",
-                     f"{e['low']:.3f}-{e['high']:.3f}", _ab_verdict(e)])
-    lines += _columns(rows, right={3, 4, 5})
+    lines += terminal_table(ab_section(entries))
     for e in entries:
         if e.get("problem"):
             lines += wrap(f"not compared: {e['impl']} {e['mode']} {e['case']}: {e['problem']}", "  ")
@@ -567,39 +711,21 @@ def markdown(document: dict[str, Any]) -> str:
         out += [f"Ceilings measured in this run: bf16 matmul {speed['ceilings']['matmul_bf16_tflops']:.0f} TFLOP/s, "
                 f"device copy {speed['ceilings']['copy_gbps']:.0f} GB/s.", ""]
     if speed["measurements"]:
-        out += ["## Speed", "", "| implementation | mode | case | median ms | IQR ms | TFLOP/s | GB/s | x ref |",
-                "|---|---|---|---|---|---|---|---|"]
-        for m in sorted(speed["measurements"], key=lambda m: (m["mode"], m["case"], m["impl"])):
-            ratio = f"{1 / m['ratio_to_reference']:.2f}" if m.get("ratio_to_reference") else "-"
-            out.append(f"| {m['impl']} | {m['mode']} | {m['case']} | {m['timing']['median_ms']:.4f} | "
-                       f"{m['timing']['iqr_ms']:.4f} | {m['tflops']:.1f} | {m['gbps']:.1f} | {ratio} |")
+        out += ["## Speed", "", *markdown_table(speed_section(document))]
         out.append("")
         out += ["## Gate", ""]
         if not speed["gate"]:
             out += [" ".join(gate_lines(document))]
         else:
             out += [f"Against {speed.get('baseline_file')}; machine factor {speed['machine_factor']:.3f}.", "",
-                    "| implementation | mode | case | baseline ms | runs | now ms | change | threshold | verdict |",
-                    "|---|---|---|---|---|---|---|---|---|"]
-            for d in sorted(speed["gate"], key=lambda d: (d["impl"], d["mode"], d["case"])):
-                out.append(f"| {d['impl']} | {d['mode']} | {d['case']} | {d['baseline_median_ms']:.4f} | "
-                           f"{d['baseline_runs']} | {d['now_median_ms']:.4f} | {100 * (d['ratio'] - 1):+.1f}% | "
-                           f"{100 * d['threshold']:.1f}% | {d['verdict']} |")
+                    *markdown_table(gate_section(document))]
         out.append("")
     if document.get("against"):
         out += [f"## A/B against {document['against']['given']}", "",
                 f"Against {document['against']['description']}: paired, interleaved blocks; "
                 "one-sided Wilcoxon signed-rank p < 0.01 and the threshold.", "",
-                "| implementation | mode | case | old ms | new ms | new/old | 99% interval | pairs | p slower | verdict |",
-                "|---|---|---|---|---|---|---|---|---|---|"]
-        for e in sorted(document.get("ab", []), key=lambda e: (e["impl"], e["mode"], e["case"])):
-            if e["verdict"] == GateVerdict.NOT_COMPARED:
-                out.append(f"| {e['impl']} | {e['mode']} | {e['case']} | - | - | - | - | - | - | "
-                           f"not compared: {e.get('problem') or ''} |")
-                continue
-            out.append(f"| {e['impl']} | {e['mode']} | {e['case']} | {e['old_median_ms']:.4f} | "
-                       f"{e['new_median_ms']:.4f} | {e['ratio']:.3f} | {e['low']:.3f}-{e['high']:.3f} | {e['pairs']} | "
-                       f"{e['p_slower']:.2g} | {e['verdict']} |")
+                *markdown_table(ab_section(sorted(document.get("ab", []),
+                                                  key=lambda e: (e["impl"], e["mode"], e["case"]))))]
         out.append("")
     if document["memory"]:
         out += ["## Memory", ""]
@@ -607,12 +733,7 @@ def markdown(document: dict[str, Any]) -> str:
             slope = "none (no extra memory)" if sweep["slope"] is None else f"{sweep['slope']:.2f}"
             out += [f"**{sweep['impl']}** ({sweep['direction']}, declared {sweep['declared']}): fitted exponent {slope}, "
                     f"{sweep['verdict']}; largest N that fit {sweep['largest_n']}", "",
-                    "| N | extra bytes | bytes per token | note |", "|---|---|---|---|"]
-            for point in sweep["points"]:
-                measured = point["status"] == PointStatus.MEASURED
-                per_token = f"{point['extra_bytes'] / point['seqlen']:.1f}" if measured else "-"
-                note = "" if measured else point["message"]
-                out.append(f"| {point['seqlen']} | {point['extra_bytes']} | {per_token} | {note} |")
+                    *markdown_table(memory_section(sweep["points"], sweep["verdict"]))]
             out.append("")
     failures = [test for test in document["tests"] if test["outcome"] == Verdict.FAILED]
     if failures:

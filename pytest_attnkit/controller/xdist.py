@@ -12,18 +12,17 @@ submits the requests of the tests it will run as soon as they are collected. xdi
 know its tests ahead; under ``--attnkit`` the controller deals them out instead, all at once
 (:class:`DealtScheduling`), by a rule each worker applies to its own collection
 (:func:`dealt`): every implementation's tests of every suite and test function go round the
-workers in turn, so each GPU gets a share of each kind of work. Other ``--dist`` modes are left
+workers in turn, so each GPU gets a share of each kind of work. Both sides know the
+implementations by name (the controller describes every one before it closes its pool), so a
+test's implementation is the known name its parameters start with, not a guess at its case id. Other ``--dist`` modes are left
 as they are (and each worker then sends each test's request when the test runs).
 """
 
 from __future__ import annotations
 
 import os
-import re
 from collections import Counter
-from typing import Any, Sequence
-
-_IMPL_OF_PARAMS = re.compile(r"^(.*?)-b\d+-h\d")
+from typing import Any, Iterable, Sequence
 
 
 def xdist_worker(config: Any) -> tuple[int, int] | None:
@@ -62,23 +61,31 @@ def parallel_timing_problem(config: Any, device: str, cuda_device_count: int) ->
     return None
 
 
-def _deal_key(nodeid: str) -> tuple[str, str]:
-    """(test function, implementation) of a node id, as both sides of xdist see it."""
+def implementation_of(params: str, names: Iterable[str]) -> str | None:
+    """The implementation a test's parametrization id (``impl-case``, ``impl``) names: the longest
+    of the known ``names`` it is or starts with (``impl-``), or None."""
+    return next((name for name in sorted(names, key=len, reverse=True)
+                 if params == name or params.startswith(f"{name}-")), None)
+
+
+def _deal_key(nodeid: str, names: Iterable[str]) -> tuple[str, str]:
+    """(test function, implementation) of a node id, as both sides of xdist see it (a test of no
+    known implementation is a group of its own)."""
     function, _, params = nodeid.rpartition("::")[2].partition("[")
     params = params.rstrip("]")
-    match = _IMPL_OF_PARAMS.match(params)
-    return function, match.group(1) if match else params
+    return function, implementation_of(params, names) or params
 
 
-def dealt(nodeids: Sequence[str], count: int) -> list[int]:
+def dealt(nodeids: Sequence[str], count: int, names: Iterable[str]) -> list[int]:
     """For each test, the xdist worker (0 to ``count - 1``) it is dealt to: the tests of each
     (test function, implementation) go round the workers in turn, each group starting where the
-    one before left off."""
+    one before left off. ``names``: every implementation of the run, by name."""
+    names = list(names)
     seen: Counter[tuple[str, str]] = Counter()
     starts: dict[tuple[str, str], int] = {}
     workers = []
     for nodeid in nodeids:
-        key = _deal_key(nodeid)
+        key = _deal_key(nodeid, names)
         if key not in starts:
             starts[key] = len(starts) % count
         workers.append((starts[key] + seen[key]) % count)
@@ -86,18 +93,23 @@ def dealt(nodeids: Sequence[str], count: int) -> list[int]:
     return workers
 
 
-def share_of_this_worker(config: Any, items: list[Any]) -> list[Any]:
-    """The tests this xdist worker runs, when the controller deals them (all of them outside xdist)."""
+def share_of_this_worker(config: Any, items: list[Any], names: Iterable[str]) -> list[Any]:
+    """The tests this xdist worker runs, when the controller deals them (all of them outside xdist).
+    ``names``: every implementation of the run, by name."""
     placed = xdist_worker(config)
     if placed is None or not getattr(config, "workerinput", {}).get("attnkit_dealt"):
         return items
     index, count = placed
-    return [item for item, worker in zip(items, dealt([item.nodeid for item in items], count)) if worker == index]
+    dealing = dealt([item.nodeid for item in items], count, names)
+    return [item for item, worker in zip(items, dealing) if worker == index]
 
 
-def make_dealt_scheduling(config: Any, log: Any) -> Any:
-    """The controller's scheduler for ``--dist load`` under ``--attnkit`` (see the module docstring)."""
+def make_dealt_scheduling(config: Any, log: Any, names: Iterable[str]) -> Any:
+    """The controller's scheduler for ``--dist load`` under ``--attnkit`` (see the module docstring).
+    ``names``: every implementation of the run, by name."""
     from xdist.scheduler import LoadScheduling
+
+    names = list(names)
 
     class DealtScheduling(LoadScheduling):
         """xdist's load scheduling, except that every worker gets all its tests at the start."""
@@ -111,7 +123,7 @@ def make_dealt_scheduling(config: Any, log: Any) -> Any:
                 return
             self.collection = next(iter(self.node2collection.values()))
             nodes = {int(str(node.gateway.id).lstrip("gw") or 0): node for node in self.nodes}
-            for index, worker in enumerate(dealt(self.collection, self.numnodes)):
+            for index, worker in enumerate(dealt(self.collection, self.numnodes, names)):
                 self.node2pending[nodes[worker % len(nodes)]].append(index)
             self.pending[:] = []
             for node in self.nodes:

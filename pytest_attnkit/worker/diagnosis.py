@@ -13,10 +13,12 @@ A suspect is named only when all of these hold (:func:`diagnose`):
 - its reference differs from the contract's here: judged as an implementation by the real rule,
   it fails (a suspect that changes nothing on this case explains nothing);
 - the result is closer to it than to the oracle on every comparison that failed (a quick
-  test that spares computing the same-precision twin of a hopeless suspect);
+  test that spares computing the plain same-precision reference of a
+  hopeless suspect);
 - the result passes against it by the same rule the real check used, on every comparison the
   check made (the output, the LSE and, in a backward test, every gradient): its reference computed
-  in float64 and, for the "exact" and FP8 rules, its plain same-precision twin, wrong the same way.
+  in float64 and, for the "exact" and FP8 rules, its plain same-precision reference, wrong the
+  same way.
 
 When several suspects pass, the diagnosis names one only if it refines all the others (its
 ``refines`` lists them: the last tile of queries dropped is a case of "rows left unwritten", and

@@ -4,7 +4,7 @@ The pytest process names them in the worker's init request (``{"correctness":
 "pytest_attnkit.worker.suites.correctness:CorrectnessHandler", ...}``: each selected suite's
 ``Suite.handler``); the worker never reads entry points. :class:`Handlers` imports and
 instantiates each one at init, before the implementation is loaded, so that a
-``--attnkit-against`` twin (whose other version's site comes first on ``sys.path``) still runs this
+``--attnkit-against`` counterpart (whose other version's site comes first on ``sys.path``) still runs this
 version's handlers.
 
 A handler that cannot be imported, or is not a

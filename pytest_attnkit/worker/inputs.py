@@ -178,7 +178,7 @@ def make_inputs(case: Case, device: str, seed: int) -> Inputs:
         inputs.q, inputs.q_descale = _quantize(q, fp8_dtype, case.heads_kv)
         inputs.k, inputs.k_descale = _quantize(k, fp8_dtype, case.heads_kv)
         inputs.v, inputs.v_descale = _quantize(v, fp8_dtype, case.heads_kv)
-    # Drawn after the dense inputs, so a variant case's q, k, v equal its dense twin's.
+    # Drawn after the dense inputs, so a variant case's q, k, v equal those of the dense case it varies.
     _draw_variant_inputs(case, inputs, device, generator)
     return inputs
 

@@ -166,7 +166,7 @@ class Handler:
                 sys.path.insert(0, entry)
         self.device = request.options["device"]
         # This version's handlers, imported before the implementation (whose other version's site,
-        # for a --attnkit-against twin, comes first on sys.path from here on).
+        # for a --attnkit-against counterpart, comes first on sys.path from here on).
         self.handlers = Handlers(request.option("handlers"))
         if request.option("name"):
             from pytest_attnkit.registry import load_implementation

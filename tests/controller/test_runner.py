@@ -252,10 +252,8 @@ def test_requests_of_the_case_accepted_at_collection_are_sent_checked_and_no_oth
     assert [sent.checked for sent in pool.sent] == [True, False, False]
 
 
-def test_the_session_marks_an_item_accepted_only_where_the_implementation_said_so() -> None:
-    """mark_refusals: a refused item is skipped and not accepted, a supported one accepted."""
-    from pytest_attnkit.controller.session import AttnkitSession
-
+def test_the_runner_marks_an_item_accepted_only_where_the_implementation_said_so() -> None:
+    """Runner.mark_refusals: a refused item is skipped and not accepted, a supported one accepted."""
     class Pool(FakePool):
         def support(self, name: str, queries: list[dict[str, Any]]) -> list[str | None]:
             return [None if query["case"]["seqlen_q"] == CASE.seqlen_q else "too long" for query in queries]
@@ -273,14 +271,11 @@ def test_the_session_marks_an_item_accepted_only_where_the_implementation_said_s
         def add_marker(self, marker: Any) -> None:
             self.markers.append(marker)
 
-    pool = Pool()
-    session = AttnkitSession.__new__(AttnkitSession)
-    session.pool, session.outcomes = pool, Outcomes()  # type: ignore[assignment]
-    session.suites = {"correctness": CorrectnessCheck(pool, session.outcomes, 0, 1)}  # type: ignore[arg-type]
-    session.suite_types = {"correctness": CorrectnessCheck}
-    session.runner = Runner(session.suites, pool, session.outcomes, FakeScheduler())  # type: ignore[arg-type]
+    pool, outcomes = Pool(), Outcomes()
+    suites = {"correctness": CorrectnessCheck(pool, outcomes, 0, 1)}  # type: ignore[arg-type]
+    runner = Runner(suites, pool, outcomes, FakeScheduler())  # type: ignore[arg-type]
     long = Case(1, 2, 2, 4097, 4097, 32, "float16", causal=True)
     nodes = [Collected(CASE), Collected(long)]
-    session.mark_refusals(nodes)  # type: ignore[arg-type]
+    runner.mark_refusals(nodes, {"correctness": CorrectnessCheck})  # type: ignore[arg-type]
     assert [bool(node.markers) for node in nodes] == [False, True]
-    assert set(session.runner._accepted) == {nodes[0].stash[ITEM_KEY]}
+    assert set(runner._accepted) == {nodes[0].stash[ITEM_KEY]}

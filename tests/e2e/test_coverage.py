@@ -1,4 +1,4 @@
-"""Restricted kernels get a fair share of every case family: in-contract twins, and speed cases in
+"""Restricted kernels get a fair share of every case family: in-contract stand-ins, and speed cases in
 the dtype an implementation declares."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from helpers import run_attnkit
 from pytest_attnkit.contract import Case
-from pytest_attnkit.controller.coverage import pairs, twin
+from pytest_attnkit.controller.coverage import pairs, stand_in
 
 RESTRICTED = """
     import torch
@@ -36,20 +36,36 @@ RESTRICTED = """
 """
 
 
-def test_a_twin_rounds_lengths_up_and_takes_the_nearest_dtype() -> None:
+def test_a_stand_in_rounds_lengths_up_and_takes_the_nearest_dtype() -> None:
     case = Case(2, 4, 2, 113, 203, 64, "bfloat16", causal=True, layout="bshd", logit_scale=8.0)
-    assert twin(case, {"dtypes": ["float16", "bfloat16"], "seqlen_multiple": 1}) is case
-    assert twin(case, {"dtypes": ["float16", "float32"], "seqlen_multiple": 64}) == Case(
+    assert stand_in(case, {"dtypes": ["float16", "bfloat16"], "seqlen_multiple": 1}) is case
+    assert stand_in(case, {"dtypes": ["float16", "float32"], "seqlen_multiple": 64}) == Case(
         2, 4, 2, 128, 256, 64, "float16", causal=True, layout="bshd", logit_scale=8.0)
-    assert twin(Case(1, 2, 2, 64, 64, 64, "float32"), {"dtypes": ["bfloat16"]}).dtype == "bfloat16"
+    assert stand_in(Case(1, 2, 2, 64, 64, 64, "float32"), {"dtypes": ["bfloat16"]}).dtype == "bfloat16"
 
 
-def test_twins_equal_to_a_case_already_run_are_left_out() -> None:
+def test_stand_ins_equal_to_a_case_already_run_are_left_out() -> None:
     cases = [Case(1, 2, 2, 100, 100, 64), Case(1, 2, 2, 128, 128, 64), Case(1, 2, 2, 1, 1, 64)]
-    chosen, twins = pairs({"k": {"seqlen_multiple": 64}}, cases)
+    chosen, stand_ins = pairs({"k": {"seqlen_multiple": 64}}, cases)
     assert [case.id for _, case in chosen] == ["b1-h2-q128-k128-d64-fp16", "b1-h2-q64-k64-d64-fp16"]
-    assert twins == {("k", "b1-h2-q128-k128-d64-fp16"): "b1-h2-q100-k100-d64-fp16",
+    assert stand_ins == {("k", "b1-h2-q128-k128-d64-fp16"): "b1-h2-q100-k100-d64-fp16",
                      ("k", "b1-h2-q64-k64-d64-fp16"): "b1-h2-q1-k1-d64-fp16"}
+
+
+def test_the_coverage_line_counts_the_stand_ins_that_ran() -> None:
+    from pytest_attnkit.controller.table import correctness_verdict
+
+    def test(case: str, outcome: str, stand_in_for: str | None) -> dict:
+        return {"impl": "k", "suite": "correctness", "case": case, "outcome": outcome, "reason": None,
+                "twin_of": stand_in_for}  # the report's key for a stand-in's case
+
+    document = {"implementations": {"k": {"status": "available"}}, "collected": {"k": {"correctness": 3}},
+                "interrupted": False,
+                "tests": [test("b1-h2-q128-k128-d64-fp16", "passed", "b1-h2-q100-k100-d64-fp16"),
+                          test("b1-h2-q64-k64-d64-fp16", "passed", "b1-h2-q1-k1-d64-fp16"),
+                          test("b1-h2-q256-k256-d64-fp16", "passed", None)]}
+    assert correctness_verdict(document, "k") == (
+        "pass: 3 of 3 cases run (3 passed, 0 failed; 2 as in-contract stand-ins), 0 skipped")
 
 
 def test_a_multiple_of_64_kernel_runs_every_family_of_the_smoke_set(pytester: pytest.Pytester, fake_dist) -> None:

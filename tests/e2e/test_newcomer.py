@@ -32,7 +32,7 @@ from pytest_attnkit import AttentionImpl
 
 
 class Float32Only(AttentionImpl):
-    """The issue's class: float32 only, three head dims. Its in-contract twins run."""
+    """The issue's class: float32 only, three head dims. Its in-contract stand-ins run."""
     dtypes = ("float32",)
     head_dims = (32, 64, 128)
 
@@ -90,7 +90,7 @@ def test_nothing_run_is_its_own_verdict(pytester: pytest.Pytester, fake_dist) ->
                                 "--attnkit-impl=float32_only,head_dim_48", "-k", "test_forward")
     summary = "\n".join(_summary(result))
     assert re.search(r"head_dim_48 +correctness +NOTHING RUN: 0 of \d+ cases run", summary), summary
-    # The issue's float32-only class with head dims 32, 64 and 128 now runs float32 twins of the
+    # The issue's float32-only class with head dims 32, 64 and 128 now runs float32 stand-ins for the
     # smoke cases it cannot take; what it ran is counted, and it passes on them.
     assert re.search(r"float32_only +correctness +pass: [1-9]\d* of \d+ cases run", summary), summary
     # An interrupted run says INCOMPLETE: test_sigterm_writes_the_report_keeps_the_baseline_and_kills_the_workers.

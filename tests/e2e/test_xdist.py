@@ -42,14 +42,26 @@ def test_the_summary_and_the_report_combine_every_xdist_worker(pytester: pytest.
 def test_the_controller_deals_every_test_to_one_worker_by_implementation_and_function() -> None:
     from pytest_attnkit.controller.xdist import dealt
 
+    names = ["a", "b-c", "b"]  # "b-c" is no case of "b": the longest known name wins
     nodeids = [f"s.py::test_forward[{impl}-b1-h2-q{n}-k{n}-d64-fp16]" for impl in ("a", "b-c") for n in range(5)]
     nodeids += ["s.py::test_memory_forward[a]", "s.py::test_memory_forward[b-c]"]
-    workers = dealt(nodeids, 2)
+    workers = dealt(nodeids, 2, names)
     assert len(workers) == len(nodeids) and set(workers) == {0, 1}
     for impl in ("a", "b-c"):  # each implementation's cases alternate between the two workers
         mine = [worker for nodeid, worker in zip(nodeids, workers) if f"[{impl}-b1" in nodeid]
         assert sorted(mine) in ([0, 0, 0, 1, 1], [0, 0, 1, 1, 1])
-    assert dealt(nodeids, 2) == workers  # the same on every side
+    assert dealt(nodeids, 2, reversed(names)) == workers  # the same on every side, whatever the names' order
+
+
+def test_a_test_is_dealt_by_the_implementation_it_names_whatever_its_case_id_looks_like() -> None:
+    from pytest_attnkit.controller.xdist import dealt, implementation_of
+
+    assert implementation_of("k@v1-b1-h4:2-q65-k65-d64-fp16-causal", ["k", "k@v1"]) == "k@v1"
+    assert implementation_of("k", ["k", "k@v1"]) == "k"
+    assert implementation_of("kx-b1", ["k"]) is None
+    # Cases whose ids a pattern over "-b<batch>-h<heads>" would not find: one group per implementation.
+    nodeids = [f"s.py::test_check[k-{case}]" for case in ("one", "two", "three", "four")]
+    assert dealt(nodeids, 2, ["k"]) == [0, 1, 0, 1]
 
 
 def test_each_xdist_worker_runs_the_requests_of_its_own_tests_ahead(pytester: pytest.Pytester, fake_dist,

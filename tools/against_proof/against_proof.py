@@ -276,9 +276,9 @@ class Proof:
         if not path.exists():
             return {"report": False}
         document = json.loads(path.read_text(encoding="utf-8"))
-        twins = set((document.get("against") or {}).get("twins", {}).values())
+        counterparts = set((document.get("against") or {}).get("twins", {}).values())  # the report's key
         ab = [entry for entry in document.get("ab") or []]
-        gate = [d for d in document["speed"].get("gate") or [] if d["impl"] not in twins]
+        gate = [d for d in document["speed"].get("gate") or [] if d["impl"] not in counterparts]
         stored_default = [d for d in gate if _regression(d, max(STORED_DEFAULT_THRESHOLD, d["threshold"]))]
         return {"report": True, "ab": ab, "gate": gate,
                 "baseline": document["speed"].get("baseline_file") if document["speed"].get("baseline_found") else None,
