@@ -246,7 +246,7 @@ class WorkerPool:
                 request = dataclasses.replace(request, release_memory=True)
             reply = self.ask(worker, name, request) if worker is not None else self.broken_reply(name)
             tries, everyone = 0, False
-            while worker is not None and reply.out_of_memory and not everyone:
+            while worker is not None and reply.status is Status.OUT_OF_MEMORY and not everyone:
                 # Other workers' processes still hold device memory: end enough of them (then
                 # all) and try again.
                 tries += 1

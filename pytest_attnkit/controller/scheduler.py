@@ -513,7 +513,7 @@ class Scheduler:
         ended = time.monotonic()
         self.ledger.record(job.suite if not job.warm else f"{job.suite} (warm)", job.impl, reply.spent, started,
                            ended, queued_s=started - job.submitted)
-        retry = reply.out_of_memory and job.cleared <= ROOM_ROUNDS
+        retry = reply.status is Status.OUT_OF_MEMORY and job.cleared <= ROOM_ROUNDS
         with self._cond:
             self._running.pop(job, None)
             self._running_bytes -= job.gpu_bytes

@@ -181,7 +181,7 @@ def test_an_out_of_memory_beside_another_runs_again_alone(made) -> None:
     pool.release.set()
     replies = [scheduler.wait(job) for job in jobs]
     assert replies[0].status is Status.OK and replies[0].data["ran_with"] == 1
-    assert jobs[0].first_oom is not None and jobs[0].first_oom.out_of_memory
+    assert jobs[0].first_oom is not None and jobs[0].first_oom.status is Status.OUT_OF_MEMORY
     assert pool.stops == 0  # alone, it fit: the other workers were left alone
 
 
@@ -232,7 +232,11 @@ def test_warm_ups_that_compile_nothing_are_dropped(made) -> None:
 def _sweep(made, points: int, data: Any) -> tuple[list[Any], list[Reply], FakePool]:
     """A sweep of ``points`` chained points whose replies carry ``data(n)``: the statuses, the
     replies and the pool (its ``order`` is what ran)."""
-    pool = FakePool(behave=lambda message, running: Reply(Status.OK, "", data(message["n"])))
+    def behave(message: dict[str, Any], running: int) -> Reply:
+        point = data(message["n"])  # a point that did not fit says so in its status (worker/suites/memory.py)
+        return Reply(Status.OUT_OF_MEMORY if point.get("status") == "oom" else Status.OK, "", point)
+
+    pool = FakePool(behave=behave)
     scheduler = made(pool, jobs=1)
     jobs: list[Any] = []
     for n in range(points):
