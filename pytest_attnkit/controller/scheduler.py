@@ -74,12 +74,11 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 from pytest_attnkit.controller.ledger import Ledger
 from pytest_attnkit.controller.process import Worker, close_all
 from pytest_attnkit.messages import Isolation, Reply, Request, Status
-from pytest_attnkit.records import PointStatus
 
 
 class Workers(Protocol):
@@ -116,11 +115,6 @@ ROOM_SLACK_BYTES = 1 << 30
 #: stopped all 19 idle workers of a run twice, and each primary started again for the next case
 #: (results/2026-11-25-h100-session3).
 ROOM_ROUNDS = 3
-#: What a dropped warm-up replies.
-DROPPED = "not run: this implementation's warm-ups compiled nothing"
-#: What a job replies that needed the job before it to measure, and it did not (a sweep's later
-#: points after an out-of-memory, a failure, or a point that says ``stop``: the sweep ends there).
-NOT_RUN = "not run: the request before it did not measure"
 
 
 @dataclass(eq=False)
@@ -150,10 +144,13 @@ class Job:
     cleared: int = 0
     #: Since when it has waited at the head of the queue for device memory (None: not waiting).
     held_since: float | None = None
-    #: Runs only if ``after`` measured (a memory sweep's next point): otherwise it is not run; and
-    #: in the worker that ran ``after``, so that a sweep is measured in one process, point after
-    #: point, as when each test sent its own requests.
-    needs_ok: bool = False
+    #: Runs only if this says yes of ``after``'s reply (a memory sweep's next point runs only if
+    #: the point before measured, and says not to stop): otherwise its future is cancelled, unrun,
+    #: and so are the jobs that follow it. The suite gives it; the scheduler reads no reply's data.
+    follows: "Callable[[Reply], bool] | None" = None
+    #: Runs in the worker that ran ``after`` (a sweep is measured in one process, point after
+    #: point, as when each test sent its own requests).
+    same_worker: bool = False
     #: The worker that ran it (a warm-up's: the one to time that case in).
     worker: "Worker | None" = None
     #: A test waits for its reply now (:meth:`Scheduler.wait`): it starts before any other.
@@ -202,13 +199,14 @@ class Scheduler:
 
     # -- the pytest thread's side --------------------------------------------------------------
     def submit(self, impl: str, suite: str, request: Request, *, gpu_bytes: int = 0, warm: bool = False,
-               after: Job | None = None, needs_ok: bool = False, isolation: Isolation = Isolation.SHARED,
-               tag: str | None = None) -> Job:
+               after: Job | None = None, follows: Callable[[Reply], bool] | None = None, same_worker: bool = False,
+               isolation: Isolation = Isolation.SHARED, tag: str | None = None) -> Job:
         """Queue ``request`` for ``impl``; its reply comes through :meth:`wait`. ``after``: start
-        only once that job has ended; with ``needs_ok``, only if it measured (see :data:`NOT_RUN`).
+        only once that job has ended; with ``follows``, only if it says yes of that job's reply
+        (else the future is cancelled); with ``same_worker``, in the worker that ran it.
         ``isolation`` DEDICATED: in a worker of its own per (``impl``, ``tag``)."""
         job = Job(impl, suite, dataclasses.replace(request, release_memory=True), int(gpu_bytes), next(self._seq), warm=warm,
-                  after=after, needs_ok=needs_ok, isolation=isolation, tag=tag)
+                  after=after, follows=follows, same_worker=same_worker, isolation=isolation, tag=tag)
         info = self.pool.info(impl)
         if info.load_error:  # no worker to ask: the reply is the load error
             job.future.set_result(self.pool.broken_reply(impl))
@@ -377,26 +375,21 @@ class Scheduler:
 
     @staticmethod
     def _stopped(job: Job) -> bool:
-        """Whether a job that needs the one before it to measure follows one that did not."""
-        if not job.needs_ok or job.after is None or not job.after.future.done():
+        """Whether a job that runs only if its ``follows`` says yes of ``after``'s reply is told no
+        (or ``after`` was itself cancelled)."""
+        if job.follows is None or job.after is None or not job.after.future.done():
             return False
-        if job.after.future.cancelled():
-            return True
-        before = job.after.future.result()
-        return (before.status is not Status.OK
-                or before.data.get("status", PointStatus.MEASURED) != PointStatus.MEASURED
-                or bool(before.data.get("stop")))
+        return job.after.future.cancelled() or not job.follows(job.after.future.result())
 
     def _drop_pointless(self) -> None:
-        """Settle, unrun, the warm-ups that would compile nothing and the points of a stopped
-        sweep (each dropped point stops the next)."""
+        """Cancel, unrun, the warm-ups that would compile nothing and the jobs whose ``follows``
+        says no (a stopped sweep's points: each cancelled point stops the next). A cancelled
+        future is "not run" to the suite that reads it."""
         for queue in self._pending.values():
             while dropped := [job for job in queue if self._pointless(job) or self._stopped(job)]:
                 for job in dropped:
                     queue.remove(job)
-                    stopped = self._stopped(job)
-                    job.future.set_result(Reply(Status.OK, NOT_RUN if stopped else DROPPED,
-                                                {"status": PointStatus.NOT_RUN} if stopped else {}))
+                    job.future.cancel()
                 self._cond.notify_all()  # exclusive() may be waiting for the queue to empty
 
     def _first_ready(self, queue: deque[Job]) -> Job | None:
@@ -462,7 +455,7 @@ class Scheduler:
             return self._dedicated[job.dedicated], None
         primary = self.pool.primary(job.impl)
         idle = self._idle[job.impl]
-        if job.needs_ok and job.after is not None and job.after.worker is not None:
+        if job.same_worker and job.after is not None and job.after.worker is not None:
             before = job.after.worker
             if before in idle:
                 return before, None

@@ -7,9 +7,11 @@ measure, a job remembers its worker, and close() drops what is queued and closes
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
+from concurrent.futures import CancelledError
 from typing import Any
 
 import pytest
@@ -18,7 +20,8 @@ from pytest_attnkit.controller.impls import ImplInfo
 from pytest_attnkit.controller.ledger import Ledger
 from pytest_attnkit.controller.pool import suite_of
 from pytest_attnkit.controller.process import WorkerFailure
-from pytest_attnkit.controller.scheduler import DROPPED, NOT_RUN, Scheduler
+from pytest_attnkit.controller.memory import goes_on
+from pytest_attnkit.controller.scheduler import Scheduler
 from pytest_attnkit.controller.table import time_lines
 from pytest_attnkit.messages import Isolation, Op, Reply, Request, Spent, Status
 
@@ -223,10 +226,12 @@ def test_warm_ups_that_compile_nothing_are_dropped(made) -> None:
         scheduler.wait(scheduler.submit("b", "correctness", work({"n": n})))
     compiling = [scheduler.submit("a", "speed", work({"n": n, "compile_s": 1.0}), warm=True) for n in range(5)]
     idle = [scheduler.submit("b", "speed", work({"n": f"b{n}"}), warm=True) for n in range(6)]
-    replies = [scheduler.wait(job) for job in compiling + idle]
-    assert all(reply.ok for reply in replies)
-    assert [reply.message for reply in replies[:5]] == [""] * 5
-    assert [reply.message for reply in replies[5:]] == [DROPPED] * 6
+    assert all(scheduler.wait(job).ok for job in compiling)
+    for job in idle:  # dropped unrun: cancelled, no reply made up
+        with pytest.raises(CancelledError):
+            scheduler.wait(job)
+    assert all(job.future.cancelled() and job.worker is None for job in idle)
+    assert not any(str(entry).startswith("b") for entry in pool.order)
 
 
 def _sweep(made, points: int, data: Any) -> tuple[list[Any], list[Reply], FakePool]:
@@ -240,21 +245,24 @@ def _sweep(made, points: int, data: Any) -> tuple[list[Any], list[Reply], FakePo
     scheduler = made(pool, jobs=1)
     jobs: list[Any] = []
     for n in range(points):
-        jobs.append(scheduler.submit("a", "memory", work({"n": n}), after=jobs[-1] if jobs else None, needs_ok=bool(jobs)))
-    replies = [scheduler.wait(job) for job in jobs]
-    return [reply.data.get("status") for reply in replies], replies, pool
+        jobs.append(scheduler.submit("a", "memory", work({"n": n}), after=jobs[-1] if jobs else None,
+                                     follows=goes_on if jobs else None, same_worker=bool(jobs)))
+    for job in jobs:
+        with contextlib.suppress(CancelledError):
+            scheduler.wait(job)
+    replies = [None if job.future.cancelled() else job.future.result() for job in jobs]
+    return [reply.data.get("status") if reply is not None else "cancelled" for reply in replies], replies, pool
 
 
 def test_a_sweep_stops_after_a_point_that_did_not_measure(made) -> None:
     statuses, replies, pool = _sweep(made, 5, lambda n: {"status": "oom" if n == 2 else "measured"})
-    assert statuses == ["measured", "measured", "oom", "not run", "not run"]
-    assert replies[3].message == NOT_RUN
+    assert statuses == ["measured", "measured", "oom", "cancelled", "cancelled"]
     assert pool.order == [0, 1, 2, "stopped the others", 2]  # out of memory alone: once more, the GPU cleared
 
 
 def test_a_sweep_stops_after_a_point_whose_call_was_over_the_profiles_limit(made) -> None:
     statuses, _, pool = _sweep(made, 6, lambda n: {"status": "measured", "stop": "one call took 2300 ms" if n == 3 else ""})
-    assert statuses == ["measured"] * 4 + ["not run"] * 2
+    assert statuses == ["measured"] * 4 + ["cancelled"] * 2
     assert pool.order == [0, 1, 2, 3]
 
 
@@ -313,7 +321,7 @@ def test_a_job_waiting_for_another_does_not_hold_up_the_ones_behind_it(made) -> 
         chain: list[Any] = []
         for point in range(3):
             chain.append(scheduler.submit("a", "memory", work({"n": (sweep, point)}), after=chain[-1] if chain else None,
-                                          needs_ok=bool(chain)))
+                                          follows=goes_on if chain else None, same_worker=bool(chain)))
         sweeps.append(chain)
     for chain in sweeps:
         for job in chain:
@@ -351,7 +359,7 @@ def test_a_sweep_runs_in_one_worker_point_after_point(made) -> None:
     scheduler = made(pool, jobs=2)
     first = scheduler.submit("a", "memory", work({"n": "p0", "seconds": 0.3}))  # on the primary
     filler = scheduler.submit("a", "correctness", work({"n": "filler", "seconds": 0.01}))  # on a new worker, idle first
-    second = scheduler.submit("a", "memory", work({"n": "p1"}), after=first, needs_ok=True)
+    second = scheduler.submit("a", "memory", work({"n": "p1"}), after=first, follows=goes_on, same_worker=True)
     for job in (first, filler, second):
         scheduler.wait(job)
     assert filler.worker is not first.worker
@@ -524,7 +532,7 @@ def test_a_job_a_waited_one_needs_first_starts_first(made) -> None:
     while pool.running < 1:
         time.sleep(0.01)
     point = scheduler.submit("a", "memory", work({"n": "a0"}))
-    after = scheduler.submit("a", "memory", work({"n": "a1"}), after=point, needs_ok=True)
+    after = scheduler.submit("a", "memory", work({"n": "a1"}), after=point, follows=lambda reply: True, same_worker=True)
     assert scheduler.wait(after).data == {"echo": "a1"}
     assert pool.order[-2:] == ["a0", "a1"] and not hung.future.done()
 
