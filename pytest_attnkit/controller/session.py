@@ -92,6 +92,8 @@ class AttnkitSession:
         self.suite_types: dict[str, type[Suite]] = dict(BUNDLED)
         #: Runs every suite test (built by start()).
         self.runner: Runner | None = None
+        #: Runs requests ahead of the tests, several at a time (None with ``--attnkit-jobs=1``).
+        self.scheduler: Scheduler | None = None
         #: Per test: implementation, suite, outcome and the failure or skip text, for the report.
         self.test_outcomes: list[dict[str, Any]] = []
         #: implementation -> suite -> how many of its tests were collected.
@@ -154,7 +156,7 @@ class AttnkitSession:
         else:
             self._start_scheduler()
         settings = self.settings
-        self.runner = Runner(self.suites, self.pool, self.outcomes, self.pool.scheduler)
+        self.runner = Runner(self.suites, self.pool, self.outcomes, self.scheduler)
         self.suites["correctness"] = CorrectnessCheck(self.pool, self.outcomes, settings.seed, settings.trials,
                                                       accuracy=self.accuracy)
         self.suites["memory"] = MemoryCheck(self.pool, self.outcomes, self.device, settings.seed, profile=self.profile,
@@ -208,7 +210,8 @@ class AttnkitSession:
         if self.device == "cuda":
             budget = footprint.budget_bytes(self.environment.get("device_memory_bytes"),
                                             self.jobs + len(self.pool.impls))
-        self.pool.scheduler = Scheduler(self.pool, jobs=self.jobs, budget_bytes=budget, ledger=self.pool.ledger)
+        self.scheduler = Scheduler(self.pool, jobs=self.jobs, budget_bytes=budget, ledger=self.pool.ledger)
+        self.pool.share(extras=self.jobs, alone=self.scheduler.exclusive)
 
     def _against_error(self, problem: str) -> pytest.UsageError:
         return pytest.UsageError(f"attnkit: {problem} ({self.settings.sources.get('against')}); "
@@ -278,12 +281,13 @@ class AttnkitSession:
     def stop_ahead(self) -> None:
         """No test will wait for the requests run ahead any more (``-x`` stops, the run ends or is
         interrupted): drop those not started and kill the workers of those running."""
-        if self.pool.scheduler is not None:
-            self.pool.scheduler.close()
+        if self.scheduler is not None:
+            self.scheduler.close()
 
     def close(self) -> None:
         for suite in self.suites.values():
             suite.close()
+        self.stop_ahead()  # the scheduler stops lending workers before the pool ends them
         self.pool.close()
         if self.revision is not None:
             self.revision.close()
