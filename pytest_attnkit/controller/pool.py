@@ -130,6 +130,8 @@ class WorkerPool:
         self._dedicated: dict[tuple[str, str], Worker] = {}
         #: The workers lent now.
         self._leased: set[Worker] = set()
+        #: The workers under a launcher (:meth:`worker_under`) that run now.
+        self._launched: set[Worker] = set()
         #: One-off workers started ahead (:meth:`start_once`), by label, with their start-up's future.
         self._once: dict[str, tuple[Worker, Future[Reply]]] = {}
         self._once_threads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnkit-once")
@@ -256,12 +258,29 @@ class WorkerPool:
         """Seconds each primary worker has spent starting so far (a crash starts it again)."""
         return {name: worker.startup_s for name, worker in self._workers.items()}
 
+    @contextlib.contextmanager
     def worker_under(self, name: str, launcher: list[str], *, env: dict[str, str], label: str,
-                     shutdown_timeout: float) -> Worker:
-        """A worker of ``name`` that runs under ``launcher`` (compute-sanitizer), for one check."""
+                     shutdown_timeout: float) -> Iterator[Worker]:
+        """A worker of ``name`` that runs under ``launcher`` (compute-sanitizer), for one check:
+        closed as the block ends (the tool writes its summary as the worker exits), or by
+        :meth:`stop_launched` or :meth:`close` if the run stops first."""
         init, own_env = self._starts[name]
-        return WorkerProcess(label, init, self.log_dir, env={**self.env, **(own_env or {}), **env}, launcher=launcher,
-                             shutdown_timeout=shutdown_timeout)
+        worker = WorkerProcess(label, init, self.log_dir, env={**self.env, **(own_env or {}), **env}, launcher=launcher,
+                               shutdown_timeout=shutdown_timeout)
+        with self._lock:
+            self._launched.add(worker)
+        try:
+            yield worker
+        finally:
+            worker.close()
+            with self._lock:
+                self._launched.discard(worker)
+
+    def stop_launched(self) -> None:
+        """End the workers under a launcher that run now (the run stops): their requests fail at once."""
+        with self._lock:
+            launched = list(self._launched)
+        close_all(launched)
 
     # -- workers lent to the requests run ahead ------------------------------------------------
     def lease(self, impl: str, *, room: int = 0, dedicated: "tuple[str, str] | None" = None,
@@ -485,7 +504,7 @@ class WorkerPool:
         once = [worker for worker, _ in self._once.values()]
         self._once.clear()
         with self._lock:
-            lent = [*self._leased, *self._dedicated.values(),
+            lent = [*self._leased, *self._dedicated.values(), *self._launched,
                     *(worker for workers in self._extras.values() for worker in workers)]
         close_all([*self._workers.values(), *once, *lent])  # a worker still starting is killed
         self._once_threads.shutdown(wait=False, cancel_futures=True)

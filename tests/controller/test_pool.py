@@ -11,7 +11,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from fakes.fake_workers import FakePool
+from fakes.fake_workers import FakePool, FakeWorker
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.messages import Op, Reply, Request, Status
 
@@ -244,3 +244,29 @@ def test_the_pool_imports_no_scheduler() -> None:
     code = ("import sys, pytest_attnkit.controller.pool; "
             "print(sorted(m for m in sys.modules if 'schedul' in m))")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+
+
+def test_a_worker_under_a_launcher_ends_with_its_block_or_at_once_when_the_run_stops(monkeypatch) -> None:
+    """The sanitize suite's workers under compute-sanitizer are the pool's too: closed as the
+    check's block ends (the tool writes its summary then), killed by stop_launched() while one
+    runs (the run stops), and by close()."""
+    pool = sharing()
+    pool._starts["a"] = ({"name": "a"}, None)
+    made: list = []
+
+    def process(label, init, log_dir, **options):
+        made.append((FakeWorker(pool, label), options["launcher"]))
+        return made[-1][0]
+
+    monkeypatch.setattr("pytest_attnkit.controller.pool.WorkerProcess", process)
+    with pool.worker_under("a", ["tool", "--check"], env={}, label="a.memcheck", shutdown_timeout=1.0) as worker:
+        assert not worker.closed and made[-1][1] == ["tool", "--check"]
+    assert worker.closed
+    running = pool.worker_under("a", ["tool"], env={}, label="a.racecheck", shutdown_timeout=1.0)
+    busy = running.__enter__()
+    pool.stop_launched()
+    assert busy.closed
+    running.__exit__(None, None, None)
+    left = pool.worker_under("a", ["tool"], env={}, label="a.initcheck", shutdown_timeout=1.0).__enter__()
+    pool.close()
+    assert left.closed
