@@ -162,15 +162,6 @@ class Reply:
     def ok(self) -> bool:
         return self.status is Status.OK
 
-    @property
-    def out_of_memory(self) -> bool:
-        """Whether the request ran out of device memory (or, for a memory point, measured that it
-        did: records.PointStatus.OOM, whose value is "oom"): then it is run again with the GPU to
-        itself before its verdict counts."""
-        if self.status is Status.OK:
-            return self.data.get("status") == "oom"
-        return self.status is Status.OUT_OF_MEMORY
-
     def to_wire(self) -> dict[str, Any]:
         return {"status": self.status.value, "message": self.message, "data": self.data,
                 "spent": self.spent.to_wire(), "restart": self.restart}

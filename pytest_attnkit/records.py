@@ -134,7 +134,7 @@ class PointStatus(str, Enum):
     MEASURED = "measured"
     OOM = "oom"  # the call ran out of device memory (the worker's meter): the sweep ends there
     ERROR = "error"  # the worker crashed or missed its deadline on it (set by the pytest process)
-    NOT_RUN = "not run"  # the point before it did not measure, so it was not asked (the scheduler)
+    NOT_RUN = "not run"  # not asked: its request was cancelled (the run stopped, or the sweep ended before it)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 """What the GPU machine tells a worker about the processes on its GPU, and what an idle worker holds.
 
 Two harness features depend on it, and neither has been seen working on the device machines:
-- making room for an out-of-memory alone (controller/scheduler.py ``make_room``) stops the
+- making room for an out-of-memory alone (controller/pool.py ``WorkerPool.evict``) stops the
   idle workers that hold the most, by NVML's per-process figures; without them it stops every
   worker (a fresh H100 stopped 19 of them twice in one run, 2026-11-25, and every primary then
   started again: results/2026-11-25-h100-session3);

@@ -233,6 +233,14 @@ class MemorySweepResult:
             f"  largest N that fit: {self.largest_n}" + (f" ({self.stopped})" if self.stopped else "")]
 
 
+def goes_on(reply: Reply) -> bool:
+    """Whether a sweep's next point runs after this point's reply: it measured, and did not say to
+    stop (a call over the profile's limit). After an out-of-memory, a failure or ``stop`` the
+    scheduler cancels the sweep's later points (:attr:`~pytest_attnkit.controller.suite.Planned.follows`)."""
+    return (reply.status is Status.OK and reply.data.get("status", PointStatus.MEASURED) == PointStatus.MEASURED
+            and not reply.data.get("stop"))
+
+
 @dataclass
 class MemoryCheck(Suite):
     """The memory suite: one sweep per test, named by the test (``params["sweep"]``)."""
@@ -298,7 +306,8 @@ class MemoryCheck(Suite):
         cases = [sweep.case(seqlen) for seqlen in sweep.seqlens]
         if self.meter == "process":
             return [Planned(self._message(case, backward, index), 2 * estimate(case),
-                            after=index - 1 if index else None, needs_ok=bool(index))
+                            after=index - 1 if index else None, follows=goes_on if index else None,
+                            same_worker=bool(index))
                     for index, case in enumerate(cases)]
         return [Planned(Request(Op.WARM, case, backward, self.seed, {"program": False}), estimate(case), warm=True)
                 for case in cases]
@@ -328,14 +337,15 @@ class MemoryCheck(Suite):
             case = sweep.case(seqlen)
             reply = replies[index] if replies is not None else self.pool.request(impl, self._message(case, backward,
                                                                                                      index))
-            if reply is None:  # cancelled: the run is stopping
+            if reply is None:  # cancelled: the run is stopping (a stopped sweep ends at the point before)
                 points.append(MemoryPoint(seqlen, PointStatus.NOT_RUN))
                 break
             if reply.status in (Status.CRASHED, Status.TIMEOUT):
                 points.append(MemoryPoint(seqlen, PointStatus.ERROR, message=reply.message.splitlines()[0]))
                 break
-            self.outcomes.check(reply, impl=impl, where=f"the memory sweep ({direction}) at {case.id}",
-                                origin=info.origin)
+            if not (reply.status is Status.OUT_OF_MEMORY and "status" in reply.data):  # else: a point that did not fit
+                self.outcomes.check(reply, impl=impl, where=f"the memory sweep ({direction}) at {case.id}",
+                                    origin=info.origin)
             points.append(MemoryPoint.from_dict(reply.data))
             if points[-1].status == PointStatus.OOM or points[-1].stop:
                 break

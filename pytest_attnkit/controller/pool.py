@@ -1,24 +1,33 @@
-"""The worker pool: the workers of each implementation, looked up by name, replaced when they die.
+"""The worker pool: every worker process of the run, from start to end, and every request to one.
 
-The pool is the only way the pytest process talks to an implementation. It starts one worker
-per implementation (in parallel: each one imports its implementation), its *primary*, keeps what
-each one said about itself (:class:`~pytest_attnkit.controller.impls.ImplInfo`), starts more
-workers of an implementation when the scheduler asks (:meth:`WorkerPool.new_worker`), and turns
-every request into a :class:`~pytest_attnkit.messages.Reply`: a worker that died or missed its
-deadline becomes a ``CRASHED`` or ``TIMEOUT`` reply (the next request starts a fresh worker), an
-implementation that could not be loaded a ``BROKEN`` one. What a reply means for the test is
+The pool is the only way the pytest process talks to an implementation, and the only owner of
+worker processes: it starts one worker per implementation (in parallel: each one imports its
+implementation), its *primary*, keeps what each one said about itself
+(:class:`~pytest_attnkit.controller.impls.ImplInfo`), and turns every request into a
+:class:`~pytest_attnkit.messages.Reply`: a worker that died or missed its deadline becomes a
+``CRASHED`` or ``TIMEOUT`` reply (the next request starts a fresh worker), an implementation that
+could not be loaded a ``BROKEN`` one. What a reply means for the test is
 :meth:`pytest_attnkit.controller.outcome.Outcomes.from_reply`'s to say.
 
+Where requests run ahead of the tests (:mod:`pytest_attnkit.controller.scheduler`, which decides
+*which* request starts *when*), the pool decides *where*: :meth:`WorkerPool.lease` lends a worker
+of the request's implementation (an idle one, the one that ran the point before it, or a new
+*extra* one: at most ``jobs`` extras in all, one more for the request a test waits for; when full,
+an idle extra of an implementation with nothing queued is closed to start one, those that hold
+no warm-up first), or a worker of its own per (implementation, tag) for a DEDICATED request,
+closed after its last one; :meth:`WorkerPool.give_back` takes it back. :meth:`WorkerPool.trim`
+closes the extras that hold no warm-up as the GPU-alone phase begins, and :meth:`WorkerPool.evict`
+stops idle workers so that a request that ran out of device memory alone can run again: only until
+what it lacked is free, cheapest first (by the failure's figures), or every other one. The pool
+knows no scheduler: the session hands it the GPU-alone phase (:meth:`WorkerPool.share`).
+
 Requests the pool sends itself (:meth:`WorkerPool.request`: memory sweeps, speed timing, a
-correctness case nobody submitted ahead) go to the primary with the GPU to itself, when a
-:mod:`~pytest_attnkit.controller.scheduler` runs others beside them; the scheduler sends the rest
-through :meth:`WorkerPool.ask`. A request of its own that runs out of device memory is sent again
-after other worker processes are stopped, enough of them to free what it lacked
-(:meth:`pytest_attnkit.controller.scheduler.Scheduler.make_room`, a few rounds, each by the latest
-failure's figures), then all of them
-(:meth:`WorkerPool.stop_others`): idle workers still hold their CUDA contexts, the kernels they
-loaded and whatever an implementation keeps, and whether a big case fits must not depend on them. Every reply's time goes into the run's
-:mod:`~pytest_attnkit.controller.ledger`.
+correctness case nobody submitted ahead) go to the primary with the GPU to itself, when others run
+beside them. A request of its own that runs out of device memory is sent again after other worker
+processes are stopped (:meth:`WorkerPool.evict`, a few rounds by the latest failure's figures,
+then all of them): idle workers still hold their CUDA contexts, the kernels they loaded and
+whatever an implementation keeps, and whether a big case fits must not depend on them. Every
+reply's time goes into the run's :mod:`~pytest_attnkit.controller.ledger`.
 """
 
 from __future__ import annotations
@@ -26,9 +35,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import shutil
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Iterator
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager, Iterator
 
 from pytest_attnkit.controller.impls import ImplInfo
 from pytest_attnkit.controller.ledger import Ledger
@@ -36,9 +47,6 @@ from pytest_attnkit.controller.process import InProcessWorker, Worker, WorkerFai
 from pytest_attnkit.controller.worker_log import log_folder
 from pytest_attnkit.messages import Op, Reply, Request, Spent, Status
 from pytest_attnkit.registry import EntryPointRef
-
-if TYPE_CHECKING:
-    from pytest_attnkit.controller.scheduler import Scheduler
 
 #: The suite each core request op belongs to, for the ledger: the names the scheduler's jobs carry, so
 #: that a suite has one row whether its requests run one at a time or ahead. A suite's own request
@@ -54,6 +62,28 @@ def suite_of(request: Request) -> str:
 
 #: The least deadline of start-up work (:attr:`WorkerPool.start_timeout`).
 START_TIMEOUT_S = 180.0
+#: Room made for a request that ran out of memory alone: what it lacked, times this, plus this.
+ROOM_MARGIN = 1.25
+ROOM_SLACK_BYTES = 1 << 30
+#: Rounds of room made by the failure's figures before every other worker is stopped: a case's
+#: first allocation may fit once room is made and a later one (the backward's, a bias's copy)
+#: not, and its reply then says what that one lacks. On a fresh H100 one round then "every"
+#: stopped all 19 idle workers of a run twice, and each primary started again for the next case
+#: (results/2026-11-25-h100-session3).
+ROOM_ROUNDS = 3
+
+
+@dataclass(eq=False)
+class Lease:
+    """A worker lent to one request (:meth:`WorkerPool.lease`), until :meth:`WorkerPool.give_back`."""
+
+    impl: str
+    worker: Worker
+    #: An idle extra worker of another implementation taken out to make room for this one: the
+    #: request's own thread closes it (:meth:`WorkerPool.begin`; closing takes a second or two).
+    retired: "tuple[str, Worker] | None" = None
+    #: The (implementation, tag) of the worker of its own it is, or None (a shared worker).
+    dedicated: "tuple[str, str] | None" = None
 
 
 class WorkerPool:
@@ -84,8 +114,24 @@ class WorkerPool:
         #: Environment only the scheduler's extra workers get (their share of the CPU threads).
         self.extra_env: dict[str, str] = {}
         self.ledger = Ledger()
-        #: Set by the session when requests run ahead of the tests, several at a time.
-        self.scheduler: "Scheduler | None" = None
+        #: The GPU-alone phase of whoever runs requests beside the pool's own (:meth:`share`); None:
+        #: nothing else runs.
+        self._alone: "Callable[[], ContextManager[None]] | None" = None
+        #: How many extra workers the leases may start in all (:meth:`share`).
+        self.extras_cap = 0
+        # -- the workers lent to requests run ahead (under _lock) --
+        self._lock = threading.Lock()
+        #: Per implementation: its workers not lent now (the primary among them), and its extras.
+        self._idle: dict[str, list[Worker]] = {}
+        self._extras: dict[str, list[Worker]] = {}
+        #: Workers that ran a warm-up: their compiled kernels are worth keeping.
+        self._warm_holders: set[Worker] = set()
+        #: The workers of DEDICATED requests, by (implementation, tag); lent to no other request.
+        self._dedicated: dict[tuple[str, str], Worker] = {}
+        #: The workers lent now.
+        self._leased: set[Worker] = set()
+        #: The workers under a launcher (:meth:`worker_under`) that run now.
+        self._launched: set[Worker] = set()
         #: One-off workers started ahead (:meth:`start_once`), by label, with their start-up's future.
         self._once: dict[str, tuple[Worker, Future[Reply]]] = {}
         self._once_threads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnkit-once")
@@ -96,12 +142,19 @@ class WorkerPool:
             return InProcessWorker(label, init, env=env)
         return WorkerProcess(label, init, self.log_dir, env=env)
 
+    def share(self, *, extras: int, alone: Callable[[], ContextManager[None]]) -> None:
+        """Requests run ahead of the tests, several at a time, from now on: the leases may start
+        ``extras`` extra workers in all (one more for the request a test waits for), and the
+        pool's own requests take the GPU alone through ``alone`` (the scheduler's ``exclusive``)."""
+        self.extras_cap = extras
+        self._alone = alone
+
     @contextlib.contextmanager
     def _gpu_alone(self) -> Iterator[None]:
-        if self.scheduler is None:
+        if self._alone is None:
             yield
         else:
-            with self.scheduler.exclusive():
+            with self._alone():
                 yield
 
     # -- one-off workers ----------------------------------------------------------------------
@@ -177,7 +230,7 @@ class WorkerPool:
         return self._workers[name]
 
     def new_worker(self, name: str) -> Worker:
-        """One more worker for ``name`` (started by its first request), for the scheduler."""
+        """One more worker for ``name`` (its process starts with its first request)."""
         init, env = self._starts[name]
         self._extra_count[name] = self._extra_count.get(name, 0) + 1
         worker = self._new_worker(f"{name}.{self._extra_count[name] + 1}", init, {**(env or {}), **self.extra_env})
@@ -205,12 +258,186 @@ class WorkerPool:
         """Seconds each primary worker has spent starting so far (a crash starts it again)."""
         return {name: worker.startup_s for name, worker in self._workers.items()}
 
+    @contextlib.contextmanager
     def worker_under(self, name: str, launcher: list[str], *, env: dict[str, str], label: str,
-                     shutdown_timeout: float) -> Worker:
-        """A worker of ``name`` that runs under ``launcher`` (compute-sanitizer), for one check."""
+                     shutdown_timeout: float) -> Iterator[Worker]:
+        """A worker of ``name`` that runs under ``launcher`` (compute-sanitizer), for one check:
+        closed as the block ends (the tool writes its summary as the worker exits), or by
+        :meth:`stop_launched` or :meth:`close` if the run stops first."""
         init, own_env = self._starts[name]
-        return WorkerProcess(label, init, self.log_dir, env={**self.env, **(own_env or {}), **env}, launcher=launcher,
-                             shutdown_timeout=shutdown_timeout)
+        worker = WorkerProcess(label, init, self.log_dir, env={**self.env, **(own_env or {}), **env}, launcher=launcher,
+                               shutdown_timeout=shutdown_timeout)
+        with self._lock:
+            self._launched.add(worker)
+        try:
+            yield worker
+        finally:
+            worker.close()
+            with self._lock:
+                self._launched.discard(worker)
+
+    def stop_launched(self) -> None:
+        """End the workers under a launcher that run now (the run stops): their requests fail at once."""
+        with self._lock:
+            launched = list(self._launched)
+        close_all(launched)
+
+    # -- workers lent to the requests run ahead ------------------------------------------------
+    def lease(self, impl: str, *, room: int = 0, dedicated: "tuple[str, str] | None" = None,
+              same_as: Worker | None = None, queued: Callable[[str], bool] = lambda impl: False) -> Lease | None:
+        """A worker for one request of ``impl``, or None (none may be lent now: the request waits).
+
+        A DEDICATED request (``dedicated``: its (implementation, tag)) gets the worker of its own,
+        started for the first one, or None while it is busy. Any other gets the worker that ran
+        the request before it (``same_as``: a sweep's point), or None while that one is busy;
+        else an idle extra, else the primary, else a new extra: ``room`` more than
+        :attr:`extras_cap` may exist (one for the request a test waits for). When that is full,
+        an idle extra of another implementation that has nothing ``queued`` is taken out to
+        start one (those that hold no warm-up first), and the request's thread closes it
+        (:meth:`begin`)."""
+        with self._lock:
+            primary = self.primary(impl)
+            idle = self._idle.setdefault(impl, [primary])
+            self._extras.setdefault(impl, [])
+            if dedicated is not None:
+                worker = self._dedicated.get(dedicated)
+                if worker is not None and worker in self._leased:
+                    return None
+                if worker is None:
+                    worker = self._dedicated[dedicated] = self.new_worker(impl)
+                return self._lend(Lease(impl, worker, dedicated=dedicated))
+            if same_as is not None:
+                if same_as in idle:
+                    return self._lend(Lease(impl, same_as))
+                if same_as in self._extras[impl] or same_as is primary:
+                    return None  # busy: the point waits for its sweep's worker
+            extras = [worker for worker in idle if worker is not primary]
+            if extras:
+                return self._lend(Lease(impl, extras[0]))
+            if primary in idle:
+                return self._lend(Lease(impl, primary))
+            if sum(len(workers) for workers in self._extras.values()) < self.extras_cap + room:
+                return self._lend(Lease(impl, self._new_extra(impl)))
+            # Full: close an idle extra of an implementation with nothing queued, to start one here.
+            spares = [(worker in self._warm_holders, other, worker) for other, workers in self._extras.items()
+                      if other != impl and not queued(other) for worker in workers
+                      if worker in self._idle[other]]
+            if spares:
+                _, other, spare = min(spares, key=lambda spare: spare[0])
+                self._extras[other].remove(spare)
+                self._idle[other].remove(spare)
+                return self._lend(Lease(impl, self._new_extra(impl), retired=(other, spare)))
+            return None
+
+    def _lend(self, lease: Lease) -> Lease:
+        self._idle[lease.impl] = [idle for idle in self._idle[lease.impl] if idle is not lease.worker]
+        self._leased.add(lease.worker)
+        return lease
+
+    def _new_extra(self, impl: str) -> Worker:
+        worker = self.new_worker(impl)
+        self._extras[impl].append(worker)
+        return worker
+
+    def dedicated_busy(self, key: tuple[str, str]) -> bool:
+        """Whether the worker of its own of (implementation, tag) ``key`` is lent now."""
+        with self._lock:
+            worker = self._dedicated.get(key)
+            return worker is not None and worker in self._leased
+
+    def begin(self, lease: Lease) -> None:
+        """On the request's thread, before it is sent: close the worker taken out to make room."""
+        if lease.retired is not None:
+            self.retire(*lease.retired)
+
+    def give_back(self, lease: Lease, *, warmed: bool, last: bool = True) -> Worker | None:
+        """Take back a lent worker: idle again (it holds a warm-up's kernels if ``warmed``). A
+        worker of its own whose ``last`` queued request this was is dropped, and returned for the
+        caller to :meth:`retire` once the reply is out (closing takes a second or two)."""
+        worker = lease.worker
+        with self._lock:
+            self._leased.discard(worker)
+            if warmed:
+                self._warm_holders.add(worker)
+            if worker in self._extras.get(lease.impl, ()) or worker is self._workers.get(lease.impl):
+                self._idle.setdefault(lease.impl, []).append(worker)
+            if lease.dedicated is not None and last and self._dedicated.get(lease.dedicated) is worker:
+                return self._dedicated.pop(lease.dedicated)
+        return None
+
+    def retire(self, impl: str, worker: Worker) -> None:
+        """Close one of ``impl``'s extra workers for good; its start-up time goes into the ledger."""
+        worker.close()
+        self.ledger.started_worker(impl, worker.startup_s)
+
+    def trim(self) -> None:
+        """Close the extra workers that are idle and hold no warm-up (the GPU-alone phase begins:
+        nothing submitted is left for them, and each holds device memory while it lives: on an
+        H100, twenty idle workers held 40 GB). The others stay: a speed test is timed in the
+        worker that warmed its case up, which has its kernels compiled and loaded."""
+        with self._lock:
+            spare = [(impl, worker) for impl, workers in self._extras.items() for worker in workers
+                     if worker not in self._warm_holders and worker in self._idle[impl]]
+            for impl, worker in spare:
+                self._extras[impl].remove(worker)
+                self._idle[impl].remove(worker)
+        close_all([worker for _, worker in spare])
+        for impl, worker in spare:
+            self.ledger.started_worker(impl, worker.startup_s)
+
+    def stop_lending(self) -> "list[tuple[str, Worker]]":
+        """The requests run ahead are over (the run ends or stops: ``-x``, Ctrl-C, SIGTERM): kill
+        the workers lent now, so that their requests fail at once, and hand back the extra
+        workers and the idle workers of their own, for :meth:`retire_all` once the requests'
+        threads have ended."""
+        with self._lock:
+            lent = list(self._leased)
+            extras = [(impl, worker) for impl, workers in self._extras.items() for worker in workers]
+            extras += [(impl, worker) for (impl, _), worker in self._dedicated.items() if worker not in lent]
+            self._dedicated.clear()
+            self._extras = {}
+            self._idle = {}
+        close_all(lent)
+        return extras
+
+    def retire_all(self, workers: "list[tuple[str, Worker]]") -> None:
+        close_all([worker for _, worker in workers])
+        for impl, worker in workers:
+            self.ledger.started_worker(impl, worker.startup_s)
+
+    def evict(self, keep: Worker, failed: Reply | None, *, every: bool = False) -> tuple[int, bool]:
+        """Stop idle workers so that a request that ran out of device memory alone in ``keep`` can
+        run again; how many were stopped, and whether that was every other one. With the
+        failure's figures (what the allocation asked for, what was free, what each process held:
+        :mod:`pytest_attnkit.worker.out_of_memory`), only until what it lacked is free, cheapest
+        first: workers that hold no warm-up, then those that do (their kernels would be loaded
+        again), each group biggest first. Without them, when they name no worker to stop (what was
+        free already covered the request with the margin: fragmentation, or memory the figures do
+        not show), or with ``every`` (after :data:`ROOM_ROUNDS` rounds), every other worker."""
+        if every or failed is None:
+            return self.stop_others(keep), True
+        figures = failed.data.get("out_of_memory", {})
+        held = {int(pid): int(used) for pid, used in (figures.get("processes") or {}).items()}
+        lacking = figures.get("requested_bytes", 0) - figures.get("free_at_failure_bytes", 0)
+        if not held or not figures.get("requested_bytes") or "free_at_failure_bytes" not in figures:
+            return self.stop_others(keep), True
+        with self._lock:
+            idle = [worker for workers in self._idle.values() for worker in workers if worker is not keep]
+            idle += [worker for worker in self._dedicated.values() if worker is not keep
+                     and worker not in self._leased]
+            warm = set(self._warm_holders)
+            idle += [primary for primary in self._workers.values() if primary is not keep
+                     and primary not in idle and primary not in self._leased]
+        by_pid = {worker: held.get(getattr(getattr(worker, "process", None), "pid", -1), 0) for worker in idle}
+        chosen, freed = [], 0
+        for worker in sorted(idle, key=lambda worker: (worker in warm, -by_pid[worker])):
+            if freed >= lacking * ROOM_MARGIN + ROOM_SLACK_BYTES:
+                break
+            chosen.append(worker)
+            freed += by_pid[worker]
+        if not chosen:  # the figures name no one (enough was free, yet it failed): all of them
+            return self.stop_others(keep), True
+        return self.stop_workers(chosen), len(chosen) == len(idle)
 
     def broken_reply(self, name: str) -> Reply:
         return Reply(Status.BROKEN, self.impls[name].load_error or "")
@@ -241,17 +468,17 @@ class WorkerPool:
             self.ledger.began()
             if worker is None and name in self._workers:
                 worker = self._workers[name]
-            if self.scheduler is not None:
+            if self._alone is not None:
                 # Other workers share the GPU: what this request cached must not crowd out the next.
                 request = dataclasses.replace(request, release_memory=True)
             reply = self.ask(worker, name, request) if worker is not None else self.broken_reply(name)
             tries, everyone = 0, False
-            while worker is not None and reply.out_of_memory and not everyone:
+            while worker is not None and reply.status is Status.OUT_OF_MEMORY and not everyone:
                 # Other workers' processes still hold device memory: end enough of them (then
                 # all) and try again.
                 tries += 1
-                if self.scheduler is not None:
-                    stopped, everyone = self.scheduler.make_room(worker, reply, attempt=tries)
+                if self._alone is not None:
+                    stopped, everyone = self.evict(worker, reply, every=tries > ROOM_ROUNDS)
                 else:
                     stopped, everyone = self.stop_others(worker), True
                 if not stopped:
@@ -272,12 +499,14 @@ class WorkerPool:
         return reply.data["refusals"]
 
     def close(self) -> None:
-        if self.scheduler is not None:
-            self.scheduler.close()
-            self.scheduler = None
+        """End every worker process the pool started (the scheduler, which stops lending first,
+        is closed before it: :meth:`stop_lending`)."""
         once = [worker for worker, _ in self._once.values()]
         self._once.clear()
-        close_all([*self._workers.values(), *once])  # a worker still starting is killed
+        with self._lock:
+            lent = [*self._leased, *self._dedicated.values(), *self._launched,
+                    *(worker for workers in self._extras.values() for worker in workers)]
+        close_all([*self._workers.values(), *once, *lent])  # a worker still starting is killed
         self._once_threads.shutdown(wait=False, cancel_futures=True)
         self._workers.clear()
         shutil.rmtree(self.log_dir, ignore_errors=True)

@@ -199,8 +199,8 @@ class WorkerProcess:
     def stop(self) -> bool:
         """End an idle worker's process, handing back everything it held on the device (its CUDA
         context too); the next request starts a fresh one. A busy worker is left alone. Whether a
-        process was ended: the scheduler stops idle workers this way to give a request that ran
-        out of memory the GPU to itself."""
+        process was ended: the pool stops idle workers this way (``WorkerPool.evict``) to give a
+        request that ran out of memory the GPU to itself."""
         if self.closed or self.busy or not self._requests.acquire(blocking=False):
             return False
         try:

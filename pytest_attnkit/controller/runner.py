@@ -166,7 +166,8 @@ class Runner:
                 jobs.append(None)
                 continue
             jobs.append(self.scheduler.submit(item.impl, item.suite, planned.request, gpu_bytes=planned.gpu_bytes,
-                                              warm=planned.warm, needs_ok=planned.needs_ok,
+                                              warm=planned.warm, follows=planned.follows,
+                                              same_worker=planned.same_worker,
                                               isolation=planned.isolation, tag=planned.tag,
                                               after=jobs[planned.after] if planned.after is not None else None))
         self._ahead[item] = (plan, jobs)

@@ -34,7 +34,8 @@ design, and the suite judges kernels. Where the scheduler runs requests ahead, t
 are gathered ahead too: the first step is the test's plan (:meth:`SanitizeCheck.plan`), which the
 runner submits to the scheduler; once it is submitted (:meth:`SanitizeCheck.sent_ahead`), the
 second waits for it on a thread of the suite's own and runs in up to ``parallel`` workers under
-the tool at once; the verdict is the test's (:meth:`SanitizeCheck.judge`).
+the tool at once (the pool starts and ends them: :meth:`WorkerPool.worker_under`); the verdict is
+the test's (:meth:`SanitizeCheck.judge`).
 
 The tool writes its log straight into a folder that outlives the run, so that the path a failure
 and the report's ``sanitize[].log`` name is there when the user looks, even after a crash or a
@@ -217,8 +218,6 @@ class SanitizeCheck(Suite):
     _ahead: dict[SuiteItem, "Future[SanitizeRun]"] = field(default_factory=dict)
     _executor: ThreadPoolExecutor | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    #: Workers under the tool now running (closed by :meth:`close`, should the run end early).
-    _live: set[Any] = field(default_factory=set)
 
     def skip_reason(self) -> str | None:
         if self.device != "cuda":
@@ -310,18 +309,11 @@ class SanitizeCheck(Suite):
             return SanitizeRun(outside, not_run=reason)
         assert self.sanitizer is not None
         log = self.log_path(impl, tool, case, backward=backward)
-        worker = self.pool.worker_under(impl, command(self.sanitizer, tool, log),
-                                        env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"},
-                                        label=f"{impl}.{tool}", shutdown_timeout=SHUTDOWN_S)
-        with self._lock:
-            self._live.add(worker)
         started = time.monotonic()
-        try:
+        with self.pool.worker_under(impl, command(self.sanitizer, tool, log), env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"},
+                                    label=f"{impl}.{tool}", shutdown_timeout=SHUTDOWN_S) as worker:
             reply = self.pool.ask(worker, impl, Request(Op.WARM, case, backward, self.seed))
-        finally:
-            worker.close()  # the tool writes its summary as the worker exits
-            with self._lock:
-                self._live.discard(worker)
+        # (closed as the block ends: the tool writes its summary as the worker exits)
         self.pool.ledger.record("sanitize", impl, reply.spent, started, time.monotonic(), counted=False)
         report = parse_report(log.read_text(errors="replace") if log.exists() else "")
         return SanitizeRun(outside, reply, report, log)
@@ -330,10 +322,7 @@ class SanitizeCheck(Suite):
         """Drop what has not started and end the workers under the tool that run."""
         for future in self._ahead.values():
             future.cancel()
-        with self._lock:
-            live = list(self._live)
-        for worker in live:
-            worker.close()
+        self.pool.stop_launched()  # the workers under the tool that run: their threads end at once
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
 

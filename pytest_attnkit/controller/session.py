@@ -92,6 +92,8 @@ class AttnkitSession:
         self.runner: Runner | None = None
         #: The tests collected and their outcomes, for the report.
         self.tally = Tally()
+        #: Runs requests ahead of the tests, several at a time (None with ``--attnkit-jobs=1``).
+        self.scheduler: Scheduler | None = None
         self.document: dict[str, Any] | None = None
         #: The documents of pytest-xdist's workers (on the controller).
         self.worker_documents: list[dict[str, Any]] = []
@@ -148,7 +150,7 @@ class AttnkitSession:
         else:
             self._start_scheduler()
         settings = self.settings
-        self.runner = Runner(self.suites, self.pool, self.outcomes, self.pool.scheduler)
+        self.runner = Runner(self.suites, self.pool, self.outcomes, self.scheduler)
         self.suites["correctness"] = CorrectnessCheck(self.pool, self.outcomes, settings.seed, settings.trials,
                                                       accuracy=self.selection.accuracy)
         self.suites["memory"] = MemoryCheck(self.pool, self.outcomes, self.device, settings.seed, profile=self.profile,
@@ -204,7 +206,8 @@ class AttnkitSession:
         if self.device == "cuda":
             budget = footprint.budget_bytes(self.environment.get("device_memory_bytes"),
                                             self.jobs + len(self.pool.impls))
-        self.pool.scheduler = Scheduler(self.pool, jobs=self.jobs, budget_bytes=budget, ledger=self.pool.ledger)
+        self.scheduler = Scheduler(self.pool, jobs=self.jobs, budget_bytes=budget, ledger=self.pool.ledger)
+        self.pool.share(extras=self.jobs, alone=self.scheduler.exclusive)
 
     def _cuda_device_count(self) -> int:
         return int(self.environment.get("cuda_device_count") or 0)
@@ -239,12 +242,13 @@ class AttnkitSession:
     def stop_ahead(self) -> None:
         """No test will wait for the requests run ahead any more (``-x`` stops, the run ends or is
         interrupted): drop those not started and kill the workers of those running."""
-        if self.pool.scheduler is not None:
-            self.pool.scheduler.close()
+        if self.scheduler is not None:
+            self.scheduler.close()
 
     def close(self) -> None:
         for suite in self.suites.values():
             suite.close()
+        self.stop_ahead()  # the scheduler stops lending workers before the pool ends them
         self.pool.close()
         if self.revision is not None:
             self.revision.close()

@@ -74,8 +74,11 @@ class Planned:
     warm: bool = False
     #: The index, in the same plan, of the request it starts after...
     after: int | None = None
-    #: ...and only if that one measured, in the worker that ran it (a memory sweep's next point).
-    needs_ok: bool = False
+    #: ...and only if this says yes of that one's reply (a memory sweep's next point: the point
+    #: before measured); otherwise it is not run, and its reply reads None...
+    follows: Callable[[Reply], bool] | None = None
+    #: ...in the worker that ran that one (a sweep is measured in one process).
+    same_worker: bool = False
     #: Which worker it runs in when it runs ahead: any of the implementation's (SHARED), or one of
     #: its own per (implementation, ``tag``) that no other request uses (DEDICATED: the
     #: torch.compile check, which resets torch's compile caches).

@@ -14,7 +14,7 @@ from pytest_attnkit.contract import Case
 from pytest_attnkit.controller.correctness import CorrectnessCheck
 from pytest_attnkit.controller.impls import ImplInfo
 from pytest_attnkit.controller.items import ITEM_KEY, suite_item
-from pytest_attnkit.controller.memory import MemoryCheck
+from pytest_attnkit.controller.memory import MemoryCheck, goes_on
 from pytest_attnkit.controller.outcome import JUDGEMENT_KEY, Judged, Judgement, Outcomes, Verdict, failed
 from pytest_attnkit.controller.runner import Runner
 from pytest_attnkit.controller.scheduler import Job
@@ -36,9 +36,10 @@ class FakeScheduler:
         self.jobs: list[Job] = []
 
     def submit(self, impl: str, suite: str, request: Request, *, gpu_bytes: int = 0, warm: bool = False,
-               after: Job | None = None, needs_ok: bool = False, isolation: Isolation = Isolation.SHARED,
-               tag: str | None = None) -> Job:
-        job = Job(impl, suite, request, gpu_bytes, len(self.jobs), warm=warm, after=after, needs_ok=needs_ok,
+               after: Job | None = None, follows: Any = None, same_worker: bool = False,
+               isolation: Isolation = Isolation.SHARED, tag: str | None = None) -> Job:
+        job = Job(impl, suite, request, gpu_bytes, len(self.jobs), warm=warm, after=after, follows=follows,
+                  same_worker=same_worker,
                   isolation=isolation, tag=tag)
         self.jobs.append(job)
         return job
@@ -195,7 +196,8 @@ def test_memory_sweeps_are_submitted_ahead_of_the_other_tests_and_chained() -> N
     points = ops.count("memory")
     assert points >= 3 and ops == ["memory"] * points + ["correctness"] * 2
     chain = scheduler.jobs[:points]
-    assert chain[0].after is None and all(job.after is chain[i] and job.needs_ok for i, job in enumerate(chain[1:]))
+    assert chain[0].after is None and all(job.after is chain[i] and job.same_worker and job.follows is goes_on
+                                        for i, job in enumerate(chain[1:]))
     assert [job.request.backward for job in scheduler.jobs[points:]] == [False, True]
     # With a meter that sees the whole device, the sweep's points are only warmed up ahead, last.
     device_wide = MemoryCheck(pool, Outcomes(), "cuda", 0, profile="smoke", meter="device")  # type: ignore[arg-type]

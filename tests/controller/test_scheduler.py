@@ -1,127 +1,31 @@
-"""The scheduler's rules, with a pool of fake workers (no processes): replies land on their own
-job, no more than ``jobs`` run at once, device-memory estimates decide what runs beside what, an
-out-of-memory beside another is run again alone and one alone once more with the other workers
-stopped, the GPU-alone phase waits for everything
-submitted, warm-ups that compile nothing are dropped, a sweep stops after a point that did not
-measure, a job remembers its worker, and close() drops what is queued and closes what runs."""
+"""The scheduler's rules (pytest_attnkit/controller/scheduler.py and its policies in
+pytest_attnkit/controller/scheduling/), with a real pool of fake workers (tests/fakes/fake_workers.py:
+no processes): replies land on their own job, no more than ``jobs`` run at once, device-memory
+estimates decide what runs beside what (admission), the awaited job and what it waits for start
+first (order), an out-of-memory beside another is run again alone and one alone once more with
+room made, then with the other workers stopped (the OOM retry), the GPU-alone phase waits for
+everything submitted, warm-ups that compile nothing and a stopped sweep's points are cancelled
+(pruning), a job remembers its worker, and close() drops what is queued and closes what runs. How
+the pool lends, evicts and closes workers is tests/controller/test_pool.py's."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
+from concurrent.futures import CancelledError
 from typing import Any
 
 import pytest
 
+from fakes.fake_workers import FakePool, FakeWorker, work
 from pytest_attnkit.controller.impls import ImplInfo
-from pytest_attnkit.controller.ledger import Ledger
 from pytest_attnkit.controller.pool import suite_of
-from pytest_attnkit.controller.process import WorkerFailure
-from pytest_attnkit.controller.scheduler import DROPPED, NOT_RUN, Scheduler
+from pytest_attnkit.controller.memory import goes_on
+from pytest_attnkit.controller.scheduler import Scheduler
 from pytest_attnkit.controller.table import time_lines
 from pytest_attnkit.messages import Isolation, Op, Reply, Request, Spent, Status
-
-
-def work(fields: dict[str, Any], op: Op = Op.RUN, suite: str | None = "correctness") -> Request:
-    """A request whose options drive the fake pool: ``n`` names it, ``block`` holds it until the
-    pool's release, ``seconds`` is how long it runs, ``compile_s`` how long it says it compiled."""
-    return Request(op, options=fields, suite=suite if op is Op.RUN else None)
-
-
-class FakeWorker:
-    pids = itertools.count(1000)
-    def __init__(self, pool: "FakePool", name: str) -> None:
-        self.pool, self.name = pool, name
-        self.startup_s = 0.0
-        self.closed = False
-        self.pid = next(FakeWorker.pids)
-        self.process = type("Process", (), {"pid": self.pid})()
-
-    def request(self, request: Request, timeout: float) -> Reply:
-        if self.closed:
-            raise WorkerFailure("closed", "closed")
-        return self.pool.serve(self, request)
-
-    def close(self) -> None:
-        self.closed = True
-        self.pool.release.set()
-
-
-class FakePool:
-    """Answers each request with ``behave(options, running)`` (the request's options), where ``running`` counts the
-    requests in flight at that moment; records how many ran at once."""
-
-    def __init__(self, names: tuple[str, ...] = ("a", "b"), behave: Any = None, seconds: float = 0.02) -> None:
-        self.impls = {name: ImplInfo(name, f"fake:{name}") for name in names}
-        self.primaries = {name: FakeWorker(self, name) for name in names}
-        self.extras: list[FakeWorker] = []
-        self.behave = behave or (lambda message, running: Reply(Status.OK, "", {"echo": message.get("n")}))
-        self.seconds = seconds
-        self.lock = threading.Lock()
-        self.running = 0
-        self.most = 0
-        self.order: list[Any] = []
-        self.release = threading.Event()
-        self.scheduler = None
-        #: How many times the scheduler stopped the other workers, and the requests run since.
-        self.stops = 0
-
-    def info(self, name: str) -> ImplInfo:
-        return self.impls[name]
-
-    def primary(self, name: str) -> FakeWorker:
-        return self.primaries[name]
-
-    def new_worker(self, name: str) -> FakeWorker:
-        worker = FakeWorker(self, name)
-        self.extras.append(worker)
-        return worker
-
-    def broken_reply(self, name: str) -> Reply:
-        return Reply(Status.BROKEN, "broken")
-
-    @property
-    def names(self) -> list[str]:
-        return list(self.impls)
-
-    def stop_others(self, keep: FakeWorker) -> int:
-        with self.lock:
-            self.stops += 1
-            self.order.append("stopped the others")
-        return len(self.primaries) + len(self.extras) - 1
-
-    def stop_workers(self, workers: list[FakeWorker]) -> int:
-        with self.lock:
-            self.stops += 1
-            self.order.append(("stopped", tuple(sorted(worker.pid for worker in workers))))
-        return len(workers)
-
-    def serve(self, worker: FakeWorker, request: Request) -> Reply:
-        message = request.options
-        with self.lock:
-            self.running += 1
-            self.most = max(self.most, self.running)
-            running = self.running
-            self.order.append(message.get("n"))
-        try:
-            if message.get("block"):
-                self.release.wait(10)
-            else:
-                time.sleep(message.get("seconds", self.seconds))
-            with self.lock:
-                running = max(running, self.running)  # the most that ran beside it, start or end
-            reply = self.behave(message, running)
-        finally:
-            with self.lock:
-                self.running -= 1
-        return Reply(reply.status, reply.message, reply.data, spent=Spent(0.01, message.get("compile_s", 0.0)))
-
-    def ask(self, worker: FakeWorker, name: str, request: Request) -> Reply:
-        try:
-            return worker.request(request, 10)
-        except WorkerFailure as failure:
-            return Reply(Status.CRASHED, str(failure))
 
 
 @pytest.fixture
@@ -129,13 +33,15 @@ def made():
     schedulers: list[Scheduler] = []
 
     def make(pool: FakePool, **kwargs: Any) -> Scheduler:
-        scheduler = Scheduler(pool, ledger=Ledger(), **{"jobs": 4, "budget_bytes": None, **kwargs})
+        scheduler = Scheduler(pool, ledger=pool.ledger, **{"jobs": 4, "budget_bytes": None, **kwargs})
+        pool.share(extras=scheduler.jobs, alone=scheduler.exclusive)
         schedulers.append(scheduler)
         return scheduler
 
     yield make
     for scheduler in schedulers:
         scheduler.close()
+        scheduler.pool.close()
 
 
 def test_each_reply_lands_on_its_own_job_and_at_most_jobs_run_at_once(made) -> None:
@@ -181,7 +87,7 @@ def test_an_out_of_memory_beside_another_runs_again_alone(made) -> None:
     pool.release.set()
     replies = [scheduler.wait(job) for job in jobs]
     assert replies[0].status is Status.OK and replies[0].data["ran_with"] == 1
-    assert jobs[0].first_oom is not None and jobs[0].first_oom.out_of_memory
+    assert jobs[0].first_oom is not None and jobs[0].first_oom.status is Status.OUT_OF_MEMORY
     assert pool.stops == 0  # alone, it fit: the other workers were left alone
 
 
@@ -223,34 +129,43 @@ def test_warm_ups_that_compile_nothing_are_dropped(made) -> None:
         scheduler.wait(scheduler.submit("b", "correctness", work({"n": n})))
     compiling = [scheduler.submit("a", "speed", work({"n": n, "compile_s": 1.0}), warm=True) for n in range(5)]
     idle = [scheduler.submit("b", "speed", work({"n": f"b{n}"}), warm=True) for n in range(6)]
-    replies = [scheduler.wait(job) for job in compiling + idle]
-    assert all(reply.ok for reply in replies)
-    assert [reply.message for reply in replies[:5]] == [""] * 5
-    assert [reply.message for reply in replies[5:]] == [DROPPED] * 6
+    assert all(scheduler.wait(job).ok for job in compiling)
+    for job in idle:  # dropped unrun: cancelled, no reply made up
+        with pytest.raises(CancelledError):
+            scheduler.wait(job)
+    assert all(job.future.cancelled() and job.worker is None for job in idle)
+    assert not any(str(entry).startswith("b") for entry in pool.order)
 
 
 def _sweep(made, points: int, data: Any) -> tuple[list[Any], list[Reply], FakePool]:
     """A sweep of ``points`` chained points whose replies carry ``data(n)``: the statuses, the
     replies and the pool (its ``order`` is what ran)."""
-    pool = FakePool(behave=lambda message, running: Reply(Status.OK, "", data(message["n"])))
+    def behave(message: dict[str, Any], running: int) -> Reply:
+        point = data(message["n"])  # a point that did not fit says so in its status (worker/suites/memory.py)
+        return Reply(Status.OUT_OF_MEMORY if point.get("status") == "oom" else Status.OK, "", point)
+
+    pool = FakePool(behave=behave)
     scheduler = made(pool, jobs=1)
     jobs: list[Any] = []
     for n in range(points):
-        jobs.append(scheduler.submit("a", "memory", work({"n": n}), after=jobs[-1] if jobs else None, needs_ok=bool(jobs)))
-    replies = [scheduler.wait(job) for job in jobs]
-    return [reply.data.get("status") for reply in replies], replies, pool
+        jobs.append(scheduler.submit("a", "memory", work({"n": n}), after=jobs[-1] if jobs else None,
+                                     follows=goes_on if jobs else None, same_worker=bool(jobs)))
+    for job in jobs:
+        with contextlib.suppress(CancelledError):
+            scheduler.wait(job)
+    replies = [None if job.future.cancelled() else job.future.result() for job in jobs]
+    return [reply.data.get("status") if reply is not None else "cancelled" for reply in replies], replies, pool
 
 
 def test_a_sweep_stops_after_a_point_that_did_not_measure(made) -> None:
     statuses, replies, pool = _sweep(made, 5, lambda n: {"status": "oom" if n == 2 else "measured"})
-    assert statuses == ["measured", "measured", "oom", "not run", "not run"]
-    assert replies[3].message == NOT_RUN
+    assert statuses == ["measured", "measured", "oom", "cancelled", "cancelled"]
     assert pool.order == [0, 1, 2, "stopped the others", 2]  # out of memory alone: once more, the GPU cleared
 
 
 def test_a_sweep_stops_after_a_point_whose_call_was_over_the_profiles_limit(made) -> None:
     statuses, _, pool = _sweep(made, 6, lambda n: {"status": "measured", "stop": "one call took 2300 ms" if n == 3 else ""})
-    assert statuses == ["measured"] * 4 + ["not run"] * 2
+    assert statuses == ["measured"] * 4 + ["cancelled"] * 2
     assert pool.order == [0, 1, 2, 3]
 
 
@@ -309,7 +224,7 @@ def test_a_job_waiting_for_another_does_not_hold_up_the_ones_behind_it(made) -> 
         chain: list[Any] = []
         for point in range(3):
             chain.append(scheduler.submit("a", "memory", work({"n": (sweep, point)}), after=chain[-1] if chain else None,
-                                          needs_ok=bool(chain)))
+                                          follows=goes_on if chain else None, same_worker=bool(chain)))
         sweeps.append(chain)
     for chain in sweeps:
         for job in chain:
@@ -323,7 +238,7 @@ def test_a_request_that_needs_the_gpu_alone_gets_it_and_the_rest_go_on_beside_it
     # MAX_HOLD_S, then the GPU drains, it runs alone, and the others resume side by side. (Once,
     # the drained GPU went to another request each time, and the big one waited for ever while
     # everything else ran one at a time.)
-    monkeypatch.setattr("pytest_attnkit.controller.scheduler.MAX_HOLD_S", 0.2)
+    monkeypatch.setattr("pytest_attnkit.controller.scheduling.admission.MAX_HOLD_S", 0.2)
     pool = FakePool(seconds=0.05)
     scheduler = made(pool, jobs=4, budget_bytes=100)
     busy = [scheduler.submit("b", "correctness", work({"n": f"b{n}", "block": True})) for n in range(2)]
@@ -347,7 +262,7 @@ def test_a_sweep_runs_in_one_worker_point_after_point(made) -> None:
     scheduler = made(pool, jobs=2)
     first = scheduler.submit("a", "memory", work({"n": "p0", "seconds": 0.3}))  # on the primary
     filler = scheduler.submit("a", "correctness", work({"n": "filler", "seconds": 0.01}))  # on a new worker, idle first
-    second = scheduler.submit("a", "memory", work({"n": "p1"}), after=first, needs_ok=True)
+    second = scheduler.submit("a", "memory", work({"n": "p1"}), after=first, follows=goes_on, same_worker=True)
     for job in (first, filler, second):
         scheduler.wait(job)
     assert filler.worker is not first.worker
@@ -374,35 +289,6 @@ def test_the_time_table_has_a_row_per_suite_run_ahead_or_not_in_the_suites_order
     assert properties["requests"] == 3
 
 
-def test_room_is_made_by_stopping_the_cheapest_workers_until_what_was_lacking_is_free(made) -> None:
-    """An out-of-memory alone that says what it lacked (16 GiB asked, 10 GiB free: 6 GiB) and what
-    each process held stops idle workers that hold no warm-up first, biggest first, only until
-    the lacking bytes (with a margin) are free; the workers that hold warm-ups are kept."""
-    gib = 2**30
-    pool = FakePool(names=("a", "b", "c"))
-    scheduler = made(pool, jobs=2)
-    warm_b = scheduler.submit("b", "speed", work({"n": "warm b", "compile_s": 1.0}), warm=True)
-    scheduler.wait(warm_b)
-    scheduler.wait(scheduler.submit("c", "correctness", work({"n": "c"})))  # c's primary, idle
-    c_extra = pool.new_worker("c")
-    scheduler._extras["c"].append(c_extra)
-    scheduler._idle["c"] = [pool.primaries["c"], c_extra]
-    held = {pool.primaries["a"].pid: 1 * gib, pool.primaries["c"].pid: 3 * gib, c_extra.pid: 7 * gib,
-            warm_b.worker.pid: 9 * gib}
-    failed = Reply(Status.OUT_OF_MEMORY, "CUDA out of memory", {"out_of_memory": {
-        "requested_bytes": 16 * gib, "free_at_failure_bytes": 10 * gib,
-        "processes": {str(pid): used for pid, used in held.items()}}})
-    keep = pool.primaries["a"]
-    stopped, everyone = scheduler.make_room(keep, failed)
-    # 6 GiB lacking x 1.25 + 1 GiB = 8.5 GiB: c's extra (7) then c's primary (3); b's warm worker stays
-    assert pool.order[-1] == ("stopped", (pool.primaries["c"].pid, c_extra.pid))
-    assert stopped == 2 and not everyone
-    held[pool.primaries["c"].pid] = 1 * gib  # now the cheap ones are not enough: the warm one goes too
-    stopped, everyone = scheduler.make_room(keep, Reply(Status.OUT_OF_MEMORY, "", {"out_of_memory": {
-        **failed.data["out_of_memory"], "processes": {str(pid): used for pid, used in held.items()}}}))
-    assert pool.order[-1] == ("stopped", (warm_b.worker.pid, pool.primaries["c"].pid, c_extra.pid)) and everyone
-
-
 def test_room_is_made_again_by_the_next_failure_s_figures_before_every_worker_is_stopped(made) -> None:
     """A case whose first allocation fits once room is made and whose next one does not: the
     second failure's figures stop one more worker, not all of them (a fresh H100 stopped all 19
@@ -412,9 +298,10 @@ def test_room_is_made_again_by_the_next_failure_s_figures_before_every_worker_is
     scheduler = made(pool, jobs=1)
     for name in ("b", "c"):
         scheduler.wait(scheduler.submit(name, "correctness", work({"n": name})))
-    extra = pool.new_worker("c")
-    scheduler._extras["c"].append(extra)
-    scheduler._idle["c"].append(extra)
+    leases = [pool.lease("c", room=1) for _ in range(2)]  # c's primary and an extra, idle again
+    for lease in leases:
+        pool.give_back(lease, warmed=False)
+    extra = leases[1].worker
     held = {pool.primaries["b"].pid: 4 * gib, pool.primaries["c"].pid: 5 * gib, extra.pid: 6 * gib}
 
     def behave(message: dict[str, Any], running: int) -> Reply:
@@ -442,7 +329,7 @@ def test_after_the_rounds_by_figures_every_other_worker_is_stopped(made) -> None
     """Each failure's figures name a worker to stop, and the case still does not fit: after
     ``ROOM_ROUNDS`` rounds by the figures, the next stops every other worker, and that reply is the
     last."""
-    from pytest_attnkit.controller.scheduler import ROOM_ROUNDS
+    from pytest_attnkit.controller.pool import ROOM_ROUNDS
 
     gib = 2**30
     pool = FakePool(names=("a", "b", "c", "d", "e", "f"))
@@ -465,18 +352,6 @@ def test_after_the_rounds_by_figures_every_other_worker_is_stopped(made) -> None
     assert len(rounds) == ROOM_ROUNDS + 1 and rounds[-1] == "stopped the others"
     assert all(isinstance(entry, tuple) and len(entry[1]) == 2 for entry in rounds[:-1])  # 1 B x 1.25 + 1 GiB: two
     assert pool.order.count("big") == ROOM_ROUNDS + 2
-
-
-def test_room_is_made_by_stopping_every_worker_when_the_figures_say_nothing_was_lacking(made) -> None:
-    """Free memory above what was asked, and yet out of memory (fragmentation): the figures cannot
-    say whom to stop, so all of them go, rather than none and a "does not fit" skip."""
-    pool = FakePool(names=("a", "b"))
-    scheduler = made(pool, jobs=1)
-    scheduler.wait(scheduler.submit("b", "correctness", work({"n": "b"})))
-    failed = Reply(Status.OUT_OF_MEMORY, "CUDA out of memory", {"out_of_memory": {
-        "requested_bytes": 2**30, "free_at_failure_bytes": 2**31, "processes": {str(pool.primaries["b"].pid): 2**30}}})
-    assert scheduler.make_room(pool.primaries["a"], failed) == (1, True)
-    assert pool.order[-1] == "stopped the others"
 
 
 def test_the_gpu_alone_begins_by_closing_the_extra_workers_that_hold_no_warm_up(made) -> None:
@@ -520,7 +395,7 @@ def test_a_job_a_waited_one_needs_first_starts_first(made) -> None:
     while pool.running < 1:
         time.sleep(0.01)
     point = scheduler.submit("a", "memory", work({"n": "a0"}))
-    after = scheduler.submit("a", "memory", work({"n": "a1"}), after=point, needs_ok=True)
+    after = scheduler.submit("a", "memory", work({"n": "a1"}), after=point, follows=lambda reply: True, same_worker=True)
     assert scheduler.wait(after).data == {"echo": "a1"}
     assert pool.order[-2:] == ["a0", "a1"] and not hung.future.done()
 

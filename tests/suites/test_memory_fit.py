@@ -212,3 +212,44 @@ def test_a_point_over_the_default_profiles_call_limit_ends_the_sweep_and_says_wh
     full = MemoryCheck(Pool(), Outcomes(), "cuda", 0, profile="full")
     asked.clear()
     assert full._message(MemorySweep(seqlens=(1024,)).case(1024), False, 5).options["call_limit_ms"] is None
+
+
+def test_a_point_that_ran_out_of_memory_ends_the_sweep_as_data_not_as_a_skip() -> None:
+    """A point that did not fit replies ``Status.OUT_OF_MEMORY`` with the point as its data (the
+    scheduler reads the status, worker/suites/memory.py): the memory check reads it as the sweep's
+    last point, and asks for nothing after it. An out-of-memory without a point (raised outside
+    the meter) is still the outcome's to word: a skip with the numbers."""
+    from pytest_attnkit.controller.impls import ImplInfo
+    from pytest_attnkit.controller.memory import MemoryCheck
+    from pytest_attnkit.controller.outcome import Judged, Outcomes
+    from pytest_attnkit.messages import Reply, Request, Status
+
+    asked: list[int] = []
+
+    class Pool:
+        def __init__(self, point: bool) -> None:
+            self.point = point
+
+        def info(self, name: str) -> ImplInfo:
+            return ImplInfo(name, "fake:naive", capabilities={"memory_class": "quadratic"})
+
+        def request(self, name: str, request: Request) -> Reply:
+            n = request.case.seqlen_q
+            asked.append(n)
+            if n == 4096:
+                data = MemoryPoint(n, "oom", message="CUDA out of memory").to_dict() if self.point else {}
+                return Reply(Status.OUT_OF_MEMORY, "CUDA out of memory", data)
+            return Reply(Status.OK, "", MemoryPoint(n, "measured", extra_bytes=n * n * 64, peak_bytes=n * n * 64).to_dict())
+
+    check = MemoryCheck(Pool(True), Outcomes(), "cuda", 0)
+    try:  # two points are too few for a verdict on the class: whatever it says, the points are the data
+        check.check("naive", backward=False, sweep=MemorySweep(seqlens=tuple(SEQLENS)))
+    except Judged as judged:
+        assert "out of memory" not in str(judged.judgement.message).splitlines()[0]
+    assert asked == [1024, 2048, 4096]
+    assert [point.status for point in check.results[-1].points] == ["measured", "measured", "oom"]
+    asked.clear()
+    other = MemoryCheck(Pool(False), Outcomes(), "cuda", 0)
+    with pytest.raises(Judged) as raised:
+        other.check("naive", backward=False, sweep=MemorySweep(seqlens=tuple(SEQLENS)))
+    assert raised.value.judgement.verdict == "skipped" and not other.results and asked == [1024, 2048, 4096]

@@ -1,0 +1,18 @@
+"""The scheduler's policies, one per module (the scheduler itself, the queue and its threads, is
+:mod:`pytest_attnkit.controller.scheduler`; the workers are the pool's,
+:mod:`pytest_attnkit.controller.pool`). All of it runs in the pytest process, on the pytest
+thread (submit, wait), the dispatcher thread (what starts next) and the jobs' threads (what a
+reply means for the queue).
+
+- :mod:`~pytest_attnkit.controller.scheduling.job`: :class:`Job`, one request submitted ahead of its test.
+- :mod:`~pytest_attnkit.controller.scheduling.admission`: the device-memory budget and the hold
+  of a request that waits for room (``MAX_HOLD_S``).
+- :mod:`~pytest_attnkit.controller.scheduling.order`: which ready request starts first (the awaited
+  one and what it waits for, then the most work left per running request).
+- :mod:`~pytest_attnkit.controller.scheduling.pruning`: what is cancelled unrun (warm-ups of an
+  implementation that compiles nothing, a chain's requests whose ``follows`` says no).
+- :mod:`~pytest_attnkit.controller.scheduling.oom_retry`: an out-of-memory run again alone, then
+  with room made, and which reply counts.
+
+Nothing here imports the pool; the pool imports nothing of the scheduler.
+"""

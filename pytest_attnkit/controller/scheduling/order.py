@@ -1,0 +1,64 @@
+"""Order: which ready request starts next. Runs in the pytest process, under the scheduler's lock.
+
+- The test pytest waits for comes first: a request whose test waits for it, or a request that one
+  waits for in turn (``after``), starts before every other (:func:`awaited`).
+- Each implementation's requests start in the order they were submitted, skipping those that wait
+  for another to end (:func:`first_ready`: a memory sweep's next point waits for the point before;
+  its other sweeps and requests go ahead meanwhile).
+- A free slot goes to the implementation with the most work left per running request
+  (:class:`WorkLeft`): its queued requests times the mean time its requests took so far (the mean
+  over all until it has one). So the run ends when the slowest implementation ends, not long after
+  the others.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Mapping
+
+from pytest_attnkit.controller.scheduling.job import Job
+
+
+def awaited(pending: Mapping[str, deque[Job]]) -> Job | None:
+    """The pending job that a waiting test needs first: the awaited job, or the job it waits for
+    to end (``after``), where that one has not started either."""
+    job = next((job for queue in pending.values() for job in queue if job.awaited), None)
+    while job is not None and job.after is not None and not job.after.future.done():
+        if job.after not in pending.get(job.after.impl, ()):
+            return None  # what it waits for is running
+        job = job.after
+    return job
+
+
+def first_ready(queue: deque[Job], busy: Callable[[Job], bool]) -> Job | None:
+    """The first job of an implementation's queue that waits for no other (nor for its own
+    worker, ``busy`` with the request before it)."""
+    return next((job for job in queue if (job.after is None or job.after.future.done()) and not busy(job)), None)
+
+
+class WorkLeft:
+    """Per implementation, (requests finished, seconds they took): the work left in its queue."""
+
+    def __init__(self) -> None:
+        self._done: dict[str, tuple[int, float]] = {}
+
+    def record(self, impl: str, seconds: float) -> None:
+        count, total = self._done.get(impl, (0, 0.0))
+        self._done[impl] = (count + 1, total + seconds)
+
+    def mean_s(self, impl: str) -> float:
+        """The mean time of ``impl``'s requests so far (of every request, before it has one)."""
+        count, seconds = self._done.get(impl, (0, 0.0))
+        if count:
+            return seconds / count
+        total_count = sum(count for count, _ in self._done.values())
+        return sum(seconds for _, seconds in self._done.values()) / total_count if total_count else 1.0
+
+    def of(self, impl: str, queued: int, running: int) -> float:
+        """Seconds of queued work per running request (plus the one it would start)."""
+        return queued * self.mean_s(impl) / (running + 1)
+
+    def ranked(self, ready: list[Job], pending: Mapping[str, deque[Job]], running: Mapping[str, int]) -> list[Job]:
+        """``ready`` jobs, the implementation with the most work left per running request first."""
+        return sorted(ready, key=lambda job: (-self.of(job.impl, len(pending.get(job.impl, ())),
+                                                       running.get(job.impl, 0)), job.seq))

@@ -1,0 +1,154 @@
+"""The scheduler's policies one by one, without threads or workers
+(pytest_attnkit/controller/scheduling/): admission (the memory budget and its hold), order (the
+awaited job first, a chain's next job once the one before ended, the most work left first),
+pruning (warm-ups that compile nothing, a chain whose ``follows`` says no) and the out-of-memory
+retry (by status, alone, then with room made, then with every other worker stopped)."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import pytest
+
+from pytest_attnkit.controller.pool import ROOM_ROUNDS
+from pytest_attnkit.controller.scheduling import oom_retry, order, pruning
+from pytest_attnkit.controller.scheduling.admission import Hold, MemoryBudget
+from pytest_attnkit.controller.scheduling.job import Job
+from pytest_attnkit.controller.scheduling.order import WorkLeft
+from pytest_attnkit.controller.scheduling.pruning import WARM_COMPILE_S, WARM_EVIDENCE, WarmUpPruning
+from pytest_attnkit.messages import Isolation, Op, Reply, Request, Status
+
+_seq = iter(range(10**6))
+
+
+def job(impl: str = "a", gpu_bytes: int = 0, **fields) -> Job:
+    return Job(impl, "correctness", Request(Op.RUN, suite="correctness"), gpu_bytes, next(_seq), **fields)
+
+
+# -- admission ------------------------------------------------------------------------------------
+def test_requests_run_together_only_while_their_estimates_fit_the_budget() -> None:
+    budget = MemoryBudget(100)
+    first, second, third = job(gpu_bytes=60), job(gpu_bytes=30), job(gpu_bytes=20)
+    assert budget.fits(first, [])
+    budget.started(first)
+    assert budget.fits(second, [first])
+    budget.started(second)
+    assert not budget.fits(third, [first, second])  # 110 > 100
+    budget.ended(first)
+    assert budget.fits(third, [second])
+    assert MemoryBudget(None).fits(job(gpu_bytes=10**12), [first])  # no budget: anything goes
+
+
+def test_a_request_over_the_budget_or_marked_alone_runs_with_nothing_beside_it() -> None:
+    budget = MemoryBudget(100)
+    big = job(gpu_bytes=500)
+    assert budget.over(big) and not budget.over(job(gpu_bytes=100))
+    alone, small = job(alone=True), job(gpu_bytes=1)
+    assert budget.fits(alone, []) and not budget.fits(alone, [small])
+    assert not budget.fits(small, [alone])  # nothing joins one that runs alone
+
+
+def test_the_earliest_request_waiting_for_room_holds_the_others_after_max_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    budget = MemoryBudget(100)
+    running = [job(gpu_bytes=90)]
+    budget.started(running[0])
+    waiting = job(gpu_bytes=50)
+    assert budget.hold(waiting, running) is Hold.NONE and waiting.held_since is not None
+    monkeypatch.setattr("pytest_attnkit.controller.scheduling.admission.MAX_HOLD_S", 0.0)
+    waiting.held_since -= 1.0
+    assert budget.hold(waiting, running) is Hold.BLOCK  # nothing else starts
+    budget.ended(running[0])
+    assert budget.hold(waiting, []) is Hold.FIRST  # its room has come: it goes first
+    assert budget.hold(job(gpu_bytes=10), []) is Hold.NONE
+
+
+# -- order ----------------------------------------------------------------------------------------
+def test_the_awaited_job_comes_first_or_what_it_waits_for() -> None:
+    first, second = job(), job()
+    chained = job(after=second)
+    pending = {"a": deque([first, second, chained])}
+    assert order.awaited(pending) is None
+    chained.awaited = True
+    assert order.awaited(pending) is second  # what the awaited one waits for, not yet started
+    pending["a"].remove(second)  # started: running
+    assert order.awaited(pending) is None  # the awaited one waits for it to end
+    second.future.set_result(Reply(Status.OK))
+    assert order.awaited(pending) is chained
+
+
+def test_the_first_ready_job_skips_those_waiting_for_another_or_for_their_busy_worker() -> None:
+    before = job()
+    waits, own, free = job(after=before), job(isolation=Isolation.DEDICATED, tag="t"), job()
+    queue = deque([waits, own, free])
+    assert order.first_ready(queue, busy=lambda candidate: candidate.dedicated is not None) is free
+    assert order.first_ready(queue, busy=lambda candidate: False) is own
+    before.future.set_result(Reply(Status.OK))
+    assert order.first_ready(queue, busy=lambda candidate: False) is waits
+
+
+def test_a_free_slot_goes_to_the_most_work_left_per_running_request() -> None:
+    work = WorkLeft()
+    assert work.mean_s("a") == 1.0  # nothing finished yet
+    for _ in range(4):
+        work.record("slow", 2.0)
+        work.record("fast", 0.01)
+    assert work.mean_s("new") == pytest.approx((8.0 + 0.04) / 8)  # the mean over all until it has one
+    slow, fast = job("slow"), job("fast")
+    pending = {"slow": deque([slow] + [job("slow") for _ in range(2)]), "fast": deque([fast] + [job("fast") for _ in range(50)])}
+    assert work.ranked([fast, slow], pending, {}) == [slow, fast]
+    assert work.ranked([fast, slow], pending, {"slow": 20}) == [fast, slow]  # slow already has many slots
+
+
+# -- pruning --------------------------------------------------------------------------------------
+def test_warm_ups_are_pointless_once_an_implementation_has_shown_it_compiles_nothing() -> None:
+    pruned = WarmUpPruning()
+    warm = job(warm=True)
+    for _ in range(WARM_EVIDENCE - 1):
+        pruned.record("a", 0.0)
+    assert not pruned.pointless(warm)  # not enough evidence yet
+    pruned.record("a", WARM_COMPILE_S / 2)
+    assert pruned.pointless(warm) and not pruned.pointless(job())  # only warm-ups go
+    pruned.record("a", 1.0)
+    assert not pruned.pointless(warm)  # one request compiled: its warm-ups are worth their time
+
+
+def test_a_chain_stops_where_follows_says_no_or_the_job_before_was_cancelled() -> None:
+    before = job()
+    goes_on = job(after=before, follows=lambda reply: reply.status is Status.OK)
+    unconditional = job(after=before)
+    assert not pruning.stopped(goes_on)  # the one before has not ended
+    before.future.set_result(Reply(Status.OUT_OF_MEMORY))
+    assert pruning.stopped(goes_on) and not pruning.stopped(unconditional)
+    cancelled = job()
+    cancelled.future.cancel()
+    assert pruning.stopped(job(after=cancelled, follows=lambda reply: True))
+
+
+# -- the out-of-memory retry ----------------------------------------------------------------------
+def test_only_an_out_of_memory_status_is_run_again_never_a_message() -> None:
+    assert oom_retry.retries(job(), Reply(Status.OUT_OF_MEMORY))
+    assert not oom_retry.retries(job(), Reply(Status.RAISED, "CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert not oom_retry.retries(job(), Reply(Status.OK, "", {"status": "oom"}))
+
+
+def test_beside_others_again_alone_then_with_room_made_then_with_every_worker_stopped() -> None:
+    failed = Reply(Status.OUT_OF_MEMORY)
+    shared = job(shared=True)
+    assert oom_retry.run_again(shared, failed) is oom_retry.Again.ALONE
+    assert shared.alone and not shared.shared and shared.first_oom is failed and shared.cleared == 0
+    assert oom_retry.room_round(shared) is None  # alone, first: no room made
+    rounds = []
+    while oom_retry.retries(shared, failed):
+        assert oom_retry.run_again(shared, failed) is oom_retry.Again.WITH_ROOM
+        rounds.append(oom_retry.room_round(shared))
+    assert rounds == [(failed, False)] * ROOM_ROUNDS + [(failed, True)]  # then every other worker
+    assert shared.cleared == ROOM_ROUNDS + 1  # that reply is the last
+
+
+def test_room_made_by_stopping_everyone_makes_the_next_reply_the_last() -> None:
+    alone = job()
+    oom_retry.run_again(alone, Reply(Status.OUT_OF_MEMORY))
+    oom_retry.room_made(alone, everyone=False)
+    assert oom_retry.retries(alone, Reply(Status.OUT_OF_MEMORY))
+    oom_retry.room_made(alone, everyone=True)
+    assert not oom_retry.retries(alone, Reply(Status.OUT_OF_MEMORY))
