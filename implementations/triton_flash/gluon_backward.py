@@ -694,13 +694,12 @@ def warmup(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scal
 def _delta(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
     # rowsum(dO * O) in float32 [B, H, N]: the Triton path's preprocess kernel.
     from .kernels import attn_bwd_preprocess
-    from .launch import block_d_tile
 
     batch, heads, n, head_dim_v = o.shape
     delta = torch.empty((batch, heads, n), dtype=torch.float32, device=o.device)
     attn_bwd_preprocess[(triton.cdiv(n, 64), batch * heads)](
         o, do, delta, *o.stride(), *do.stride(), heads, n,
-        HEAD_DIM_V=head_dim_v, BLOCK_DV=block_d_tile(head_dim_v), BLOCK_M=64, num_warps=4,
+        HEAD_DIM_V=head_dim_v, BLOCK_DV=max(16, triton.next_power_of_2(head_dim_v)), BLOCK_M=64, num_warps=4,
     )
     return delta
 

@@ -349,7 +349,7 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, variants: "V
         check_variants(variants, heads_q, batch, q.device)
 
 
-def block_d_tile(head_dim: int) -> int:
+def _block_d(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))
 
 
@@ -538,8 +538,8 @@ class _Problem:
 
     def constexprs(self, t: Tiles) -> dict[str, Any]:
         variants = self.variants
-        return dict(HEAD_DIM=self.head_dim, HEAD_DIM_V=self.head_dim_v, BLOCK_D=block_d_tile(self.head_dim),
-                    BLOCK_DV=block_d_tile(self.head_dim_v), BLOCK_N=t.block_n, BANDED=variants.banded,
+        return dict(HEAD_DIM=self.head_dim, HEAD_DIM_V=self.head_dim_v, BLOCK_D=_block_d(self.head_dim),
+                    BLOCK_DV=_block_d(self.head_dim_v), BLOCK_N=t.block_n, BANDED=variants.banded,
                     SOFTCAP=bool(variants.softcap), ALIBI=variants.alibi_slopes is not None,
                     FAST_TANH=self.fast_tanh, DOT_PRECISION=_dot_precision(self.q.dtype),
                     num_warps=t.num_warps, num_stages=t.num_stages)
@@ -562,7 +562,7 @@ def _launch_fwd(p: _Problem, o: torch.Tensor, lse: torch.Tensor, t: Tiles) -> No
 
 
 def _launch_decode(p: _Problem, o: torch.Tensor, lse: torch.Tensor, t: Tiles) -> None:
-    block_dv = block_d_tile(p.head_dim_v)
+    block_dv = _block_d(p.head_dim_v)
     splits, per_split = decode_splits(p.batch * p.heads_kv, p.n_k, t.block_n, t.waves, _sm_count(p.q.device))
     direct = splits == 1
     if direct:
@@ -625,7 +625,7 @@ def _launch_gluon(p: _Problem, o: torch.Tensor, lse: torch.Tensor, tiles: Tiles 
 
 
 def _plan_fwd(p: _Problem, o: torch.Tensor, lse: torch.Tensor) -> tuple[Callable[..., None], Tiles]:
-    block_d = max(block_d_tile(p.head_dim), block_d_tile(p.head_dim_v))
+    block_d = max(_block_d(p.head_dim), _block_d(p.head_dim_v))
     waves = tile_candidates("decode", block_d, p.q.dtype)[0].waves
     decode = not isinstance(p.layout, Varlen) and uses_decode_kernel(
         p.n_q, p.group, p.n_k, p.batch * p.heads_kv, _sm_count(p.q.device), waves, isinstance(p.layout, Paged))
@@ -901,7 +901,7 @@ def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     rows = o4.shape[2]
     attn_bwd_preprocess[(triton.cdiv(rows, 64), o4.shape[0] * p.heads_q)](
         o4, do4, delta, *o4.stride(), *do4.stride(), p.heads_q, rows,
-        HEAD_DIM_V=p.head_dim_v, BLOCK_DV=block_d_tile(p.head_dim_v), BLOCK_M=64, num_warps=4,
+        HEAD_DIM_V=p.head_dim_v, BLOCK_DV=_block_d(p.head_dim_v), BLOCK_M=64, num_warps=4,
     )
     if dlse is not None:  # d lse / d s = p: the LSE's gradient joins dS = P (dP - delta + dlse)
         delta -= dlse
@@ -916,7 +916,7 @@ def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         p_sink = torch.exp2(sinks.double()[heads] * _LOG2E - lse.double())
         dsinks = -_rows_per_head(p_sink * delta.double(), lse, packed).to(sinks.dtype)
 
-    block_d = max(block_d_tile(p.head_dim), block_d_tile(p.head_dim_v))
+    block_d = max(_block_d(p.head_dim), _block_d(p.head_dim_v))
     tiles = tiles or {}
     key = (q.dtype, p.head_dim, p.head_dim_v, variants.key(), p.layout_code, _size_class(p.n_q),
            _size_class(p.n_k), p.group > 1)
