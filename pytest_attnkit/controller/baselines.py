@@ -7,7 +7,8 @@ the last ``HISTORY_LIMIT`` saved runs that measured the same implementation (the
 see :mod:`pytest_attnkit.controller.gate`), each with the program it timed where the worker read
 it (the kernels one call launched, with their grids and blocks): a compiled kernel can become
 another program in another process, and the gate compares a run only with saved runs of its
-own program. Files for other GPUs are never read for this one: a run
+own program. A saved run also keeps the median SM clock its samples ran at, where the worker
+measured it (the gate's "slower clock", :func:`pytest_attnkit.controller.gate.explained_by_clock`). Files for other GPUs are never read for this one: a run
 on a GPU with no file says so and gates nothing, unless a baseline is required. JSON only, never
 pickle.
 
@@ -44,7 +45,7 @@ try:
 except ImportError:  # Windows: saves are not locked
     fcntl = None  # type: ignore[assignment]
 
-from pytest_attnkit.controller.gate import Decision, Pool, changed_beyond_noise, pool
+from pytest_attnkit.controller.gate import Decision, GateVerdict, Pool, changed_beyond_noise, pool
 from pytest_attnkit.records import EntryKey, SpeedMeasurement
 
 SCHEMA = "pytest-attnkit/baseline"
@@ -143,6 +144,7 @@ _OPTIONAL_RUN_FIELDS: dict[str, tuple[str, Any]] = {
     "date": ("a string or null", lambda value: value is None or isinstance(value, str)),
     "host": ("a string or null", lambda value: value is None or isinstance(value, str)),
     "program": ("a string or null", lambda value: value is None or isinstance(value, str)),
+    "clock_mhz": ("a positive number or null", lambda value: value is None or _positive(value)),
 }
 
 
@@ -332,7 +334,7 @@ class BaselineStore:
         runs = history(entry)
         if program is not None and any(run.get("program") == program for run in runs):
             runs = [run for run in runs if run.get("program") == program]
-        return pool([run["median_ms"] for run in runs], entry["samples_ms"])
+        return pool([run["median_ms"] for run in runs], entry["samples_ms"], [run.get("clock_mhz") for run in runs])
 
     def programs(self, key: EntryKey) -> set[str]:
         """The programs (the kernels a call launched) the entry's saved runs timed, where they recorded one."""
@@ -347,12 +349,14 @@ class BaselineStore:
         implementation, and its history starts again from this run (keeping the runs other runs
         saved while this one ran: the gate did not see them). The history is the file's as it is
         when saving, read under the folder's lock, so a run saved by another process meanwhile
-        stays. Returns how many entries were pooled, restarted and new, and how many have fewer
-        than :data:`MIN_RUNS` runs ("thin"); raises :class:`BaselineError` when the file cannot be
-        read now (see :func:`update`)."""
+        stays. An entry whose gate said "slower clock" keeps its earlier runs and not this one: a
+        run of a throttled GPU would widen the entry's threshold (the pool's spread) for no change
+        of the kernel. Returns how many entries were pooled, restarted, new and left for a slower
+        clock ("slower_clock"), and how many have fewer than :data:`MIN_RUNS` runs ("thin"); raises
+        :class:`BaselineError` when the file cannot be read now (see :func:`update`)."""
         date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         versions = {lib: environment.get(lib) for lib in ("torch", "triton", "cupy", "python")}
-        counts = {"pooled": 0, "restarted": 0, "new": 0, "thin": 0}
+        counts = {"pooled": 0, "restarted": 0, "new": 0, "thin": 0, "slower_clock": 0}
 
         def change(existing: dict[str, Any]) -> dict[str, Any]:
             now = _keyed(existing)
@@ -362,7 +366,12 @@ class BaselineStore:
                 run = {"date": date, "median_ms": timing.median_ms, "samples": len(timing.samples_ms), "host": host}
                 if measurement.program:
                     run["program"] = measurement.program
+                if timing.clock_mhz_median:
+                    run["clock_mhz"] = round(timing.clock_mhz_median, 1)
                 current, seen = now.get(measurement.key), self.entries.get(measurement.key)
+                if current is not None and decision is not None and decision.verdict == GateVerdict.SLOWER_CLOCK:
+                    counts["slower_clock"] += 1  # a throttled run would widen the entry's threshold
+                    continue
                 if current is None:
                     runs, outcome = [run], "new"
                 elif decision is not None and changed_beyond_noise(decision):

@@ -21,13 +21,22 @@ median (the latest run's samples, moved there) and raises the practical threshol
 ``NOISE_MULTIPLIER`` times the largest distance of a saved run from that center
 (:func:`noise_threshold`). A case whose runs agree keeps the configured threshold; a case that is
 noisy between runs says so in the gate table, with the threshold it really gets.
+
+A GPU that runs hot or under a power cap lowers its SM clock, and a compute-bound call slows with
+it: on an H100 at 80-85 C (2026-11-26) backward cases at 16k tokens ran at 1700-1800 MHz against
+their baselines' 1940-1970 and were 8-11% slower, though nothing had changed. Each sample's clock
+is measured (``Timing.clocks_mhz``) and each saved run keeps its median, so a suspected regression
+whose clock fell explains it: when the slowdown at equal clocks would be within the threshold, the
+verdict is "slower clock", shown and never failed (:func:`explained_by_clock`). The clock can only
+excuse, never accuse, and only what it explains: a kernel 10% slower at its baseline's clock is a
+regression on a hot GPU too.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from enum import Enum
 from typing import Any
 
@@ -69,6 +78,10 @@ class GateVerdict(str, Enum):
     #: baselines were saved: they do not describe this machine as it runs now, and dividing by that
     #: factor would make any verdict up (:func:`decide`). Shown, never failed.
     OTHER_MACHINE = "other machine"
+    #: A slowdown past the threshold that the SM clock explains: the case ran at a clock this much
+    #: lower than its saved runs did, and at equal clocks it would be within the threshold
+    #: (:func:`explained_by_clock`). Shown, never failed.
+    SLOWER_CLOCK = "slower clock"
 
 
 @dataclass(frozen=True)
@@ -79,17 +92,22 @@ class Pool:
     spread: float | None  # the largest |run median / center - 1|; None with a single run
     runs: int
     samples_ms: list[float]  # the latest run's samples, scaled so that their median is the center
+    #: The median SM clock (MHz) of the saved runs that recorded one; None where none did.
+    clock_mhz: float | None = None
 
 
-def pool(run_medians_ms: list[float], latest_samples_ms: list[float]) -> Pool:
-    """Pool saved runs (their medians, oldest first) with the latest run's samples."""
+def pool(run_medians_ms: list[float], latest_samples_ms: list[float],
+         run_clocks_mhz: list[float | None] | None = None) -> Pool:
+    """Pool saved runs (their medians, oldest first) with the latest run's samples, and the SM
+    clocks the runs recorded (None for a run that did not)."""
     if not run_medians_ms:
         raise ValueError("a baseline needs at least one saved run")
     center = statistics.median(run_medians_ms)
     spread = max(abs(m / center - 1) for m in run_medians_ms) if len(run_medians_ms) > 1 else None
     latest = statistics.median(latest_samples_ms) if latest_samples_ms else center
     samples = [value * center / latest for value in latest_samples_ms]
-    return Pool(center, spread, len(run_medians_ms), samples)
+    clocks = [clock for clock in run_clocks_mhz or () if clock]
+    return Pool(center, spread, len(run_medians_ms), samples, statistics.median(clocks) if clocks else None)
 
 
 def noise_threshold(threshold: float, baseline: Pool) -> float:
@@ -101,7 +119,7 @@ def noise_threshold(threshold: float, baseline: Pool) -> float:
 
 @dataclass(frozen=True)
 class Decision:
-    verdict: GateVerdict  # REGRESSION, IMPROVEMENT, UNCHANGED, INSUFFICIENT, OTHER_MACHINE or (the speed check's) OTHER_PROGRAM
+    verdict: GateVerdict  # any but NOT_COMPARED (OTHER_PROGRAM and SLOWER_CLOCK: the speed check's)
     ratio: float  # median now / median baseline, after the machine factor
     raw_ratio: float
     machine_factor: float
@@ -115,6 +133,10 @@ class Decision:
     rounds_flagged: int = 0
     #: Saved runs pooled into the baseline (see :func:`pool`).
     baseline_runs: int = 1
+    #: The median SM clock (MHz) of the round the verdict used, and of the baseline's saved runs;
+    #: None where either was not measured (see :func:`explained_by_clock`).
+    clock_mhz: float | None = None
+    baseline_clock_mhz: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -225,6 +247,28 @@ def machine_factor(reference_baseline_ms: list[float] | None, reference_now_ms: 
     if not reference_baseline_ms or not reference_now_ms:
         return 1.0
     return statistics.median(reference_now_ms) / statistics.median(reference_baseline_ms)
+
+
+#: The least clock drop that can excuse a slowdown: the clock a run reads moves by about a
+#: percent between runs of a GPU that holds its clock (1870-1970 MHz for the same case).
+CLOCK_MIN_DROP = 0.02
+
+
+def explained_by_clock(decision: Decision, clock_mhz: float | None, baseline_clock_mhz: float | None) -> Decision:
+    """``decision`` with the clocks it was made at; a regression becomes ``SLOWER_CLOCK`` when the
+    case ran at a clock at least :data:`CLOCK_MIN_DROP` below its baseline's and the slowdown at
+    equal clocks (the ratio times now's clock over the baseline's) is within the threshold. The
+    scaling assumes time goes as 1 / clock, true of compute-bound calls; a memory-bound call slows
+    less, so its excused ratio comes out lower than the truth: a regression of one that the clock
+    drop would hide is shown as "slower clock", never passed as "unchanged"."""
+    decision = replace(decision, clock_mhz=clock_mhz, baseline_clock_mhz=baseline_clock_mhz)
+    if decision.verdict != GateVerdict.REGRESSION or not clock_mhz or not baseline_clock_mhz:
+        return decision
+    if clock_mhz > baseline_clock_mhz * (1 - CLOCK_MIN_DROP):
+        return decision
+    if decision.ratio * clock_mhz / baseline_clock_mhz > 1 + decision.threshold:
+        return decision
+    return replace(decision, verdict=GateVerdict.SLOWER_CLOCK)
 
 
 #: A saved run restarts an entry's history when it moved this many thresholds (in log space) from

@@ -273,6 +273,9 @@ def save_baseline(store: BaselineStore, document: dict[str, Any], environment: d
     lines = [f"baseline{NO_BREAK}saved:{NO_BREAK}{store.path}",
              f"  {counts['pooled']} entries pooled with their earlier runs, {counts['restarted']} "
              f"started afresh (changed beyond noise), {counts['new']} new"]
+    if counts["slower_clock"]:
+        lines.append(f"  {counts['slower_clock']} entries not saved: their case ran at a lower SM clock than their "
+                     "saved runs (verdict \"slower clock\": a hot or power-capped GPU); their earlier runs stay")
     if counts["thin"]:
         lines.append(f"  {counts['thin']} entries have fewer than {MIN_RUNS} runs: until they do, their "
                      "thresholds cannot know how much runs disagree; save again, each time from a fresh "

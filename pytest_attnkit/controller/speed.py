@@ -35,8 +35,8 @@ from typing import Any, Callable, ClassVar, Sequence
 from pytest_attnkit.contract import Case, MemoryClass
 from pytest_attnkit.controller import footprint
 from pytest_attnkit.controller.baselines import BaselineStore
-from pytest_attnkit.controller.gate import (MACHINE_FACTOR_LIMIT, Decision, GateVerdict, decide, machine_factor,
-                                            noise_threshold)
+from pytest_attnkit.controller.gate import (MACHINE_FACTOR_LIMIT, Decision, GateVerdict, decide, explained_by_clock,
+                                            machine_factor, noise_threshold)
 from pytest_attnkit.controller.impls import ImplStatus
 from pytest_attnkit.controller.outcome import Judged, Judgement, Outcomes, failed, skipped
 from pytest_attnkit.controller.paired import MIN_PAIRS, PairedDecision, SyncKind, decide_paired, sync_kind
@@ -534,6 +534,17 @@ class SpeedCheck(Suite):
             return replace(decision, verdict=GateVerdict.OTHER_PROGRAM, baseline_runs=baseline.runs), measurement
         if decision.verdict == GateVerdict.REGRESSION:
             decision, measurement = self._confirm(measurement, baseline.samples_ms, decision, threshold, factor)
+        decision = explained_by_clock(decision, measurement.timing.clock_mhz_median, baseline.clock_mhz)
+        if decision.verdict == GateVerdict.SLOWER_CLOCK:
+            self.notes[f"clock:{key}"] = (
+                f"{key.impl} on {key.case_id} ({key.mode}) ran {100 * (decision.ratio - 1):+.1f}% against its "
+                f"baseline with the SM clock at {decision.clock_mhz:.0f} MHz, "
+                f"{100 * (1 - decision.clock_mhz / decision.baseline_clock_mhz):.1f}% below its saved runs' "
+                f"{decision.baseline_clock_mhz:.0f} MHz: at equal clocks that is "
+                f"{100 * (decision.ratio * decision.clock_mhz / decision.baseline_clock_mhz - 1):+.1f}%, within the "
+                f"{100 * threshold:.1f}% threshold, so it is not judged. A GPU that runs hot or under a power cap "
+                "lowers its clock; a kernel that draws more power can lower it too. Time it again on a GPU that "
+                "holds its clock to judge it.")
         return replace(decision, baseline_runs=baseline.runs), measurement
 
     def _confirm(self, first_measurement: SpeedMeasurement, baseline_ms: list[float], first: Decision,
@@ -579,7 +590,9 @@ def format_decision(decision: Decision) -> str:
               if decision.rounds > 1 else "")
     return (f"median {decision.baseline_median_ms:.4f} ms -> {decision.now_median_ms:.4f} ms, "
             f"{100 * (decision.ratio - 1):+.1f}% after a machine factor of {decision.machine_factor:.3f} "
-            f"(threshold {100 * decision.threshold:.1f}%, one-sided Mann-Whitney p = {decision.p_slower:.2g}{rounds})")
+            f"(threshold {100 * decision.threshold:.1f}%, one-sided Mann-Whitney p = {decision.p_slower:.2g}{rounds})"
+            + (f"; SM clock {decision.clock_mhz:.0f} MHz, its saved runs' {decision.baseline_clock_mhz:.0f} MHz"
+               if decision.clock_mhz and decision.baseline_clock_mhz else ""))
 
 
 def format_paired(decision: PairedDecision) -> str:

@@ -116,6 +116,8 @@ KEY = 'entries["good::forward::c"]'
          f"{KEY}.history[0].median_ms", "null"),
         (lambda d: d["entries"]["good::forward::c"]["history"][0].update(program=5),
          f"{KEY}.history[0].program", "a number (5), expected a string or null"),
+        (lambda d: d["entries"]["good::forward::c"]["history"][0].update(clock_mhz="1980"),
+         f"{KEY}.history[0].clock_mhz", 'a string ("1980"), expected a positive number or null'),
         (lambda d: d["entries"]["good::forward::c"].update(impl=None), f"{KEY}.impl", "null, expected a string"),
         (lambda d: d["entries"]["good::forward::c"].update(gpu_state=[]), f"{KEY}.gpu_state", "a list"),
         (lambda d: d["entries"].update({"x": {"median_ms": 1.0, "samples_ms": [1.0]}}), 'entries["x"]',

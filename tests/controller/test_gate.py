@@ -15,8 +15,10 @@ import statistics
 
 import pytest
 
-from pytest_attnkit.controller.gate import (EXACT_BELOW, MACHINE_FACTOR_LIMIT, MIN_SAMPLES, NOISE_MULTIPLIER, GateVerdict,
-                                            decide, machine_factor, mann_whitney_p, midranks, noise_threshold, pool)
+from pytest_attnkit.controller.gate import (EXACT_BELOW, MACHINE_FACTOR_LIMIT, MIN_SAMPLES, NOISE_MULTIPLIER, Decision,
+                                            GateVerdict,
+                                            decide, explained_by_clock, machine_factor, mann_whitney_p, midranks,
+                                            noise_threshold, pool)
 
 TRUE_MS = 1.25
 
@@ -183,3 +185,43 @@ def test_past_the_machine_factor_limit_nothing_is_decided() -> None:
         assert decide(baseline, slower, machine_factor=factor).verdict == GateVerdict.OTHER_MACHINE
     assert decide(baseline, slower, machine_factor=MACHINE_FACTOR_LIMIT / 2).verdict == GateVerdict.UNCHANGED
     assert decide(baseline, slower, machine_factor=1.0).verdict == GateVerdict.REGRESSION
+
+
+# -- the SM clock (gate.explained_by_clock) --------------------------------------------------------
+# Measured on a hot H100 (results/2026-11-26-session4): torch_flex's backward at 16k d64 ran 18.70
+# ms at 1801 MHz against 16.88 ms at 1970 MHz when saved, nothing changed (+10.8%).
+
+
+def _decided(scale: float) -> Decision:
+    baseline = [16.88 * (1 + 0.001 * i) for i in range(20)]
+    return decide(baseline, [scale * value for value in baseline])
+
+
+def test_a_slowdown_the_clock_explains_is_slower_clock_not_a_regression() -> None:
+    decision = explained_by_clock(_decided(18.70 / 16.88), 1801.0, 1970.0)
+    assert decision.verdict == GateVerdict.SLOWER_CLOCK
+    assert (decision.clock_mhz, decision.baseline_clock_mhz) == (1801.0, 1970.0)
+
+
+def test_a_regression_at_the_baselines_clock_stands() -> None:
+    # A broken kernel: 10% slower, the GPU at its usual clock (a drop under 2% excuses nothing).
+    for now_clock in (1970.0, 1940.0):
+        assert explained_by_clock(_decided(1.10), now_clock, 1970.0).verdict == GateVerdict.REGRESSION
+
+
+def test_the_clock_excuses_only_what_it_explains() -> None:
+    # 25% slower at a 8.6% lower clock: +14% at equal clocks, past the 8% threshold.
+    assert explained_by_clock(_decided(1.25), 1801.0, 1970.0).verdict == GateVerdict.REGRESSION
+
+
+def test_without_both_clocks_nothing_is_excused_and_a_clock_never_accuses() -> None:
+    assert explained_by_clock(_decided(1.11), 1801.0, None).verdict == GateVerdict.REGRESSION
+    assert explained_by_clock(_decided(1.11), None, 1970.0).verdict == GateVerdict.REGRESSION
+    # A faster clock never turns an unchanged case into a regression.
+    assert explained_by_clock(_decided(1.0), 2100.0, 1500.0).verdict == GateVerdict.UNCHANGED
+
+
+def test_a_pool_keeps_the_median_clock_of_the_runs_that_recorded_one() -> None:
+    assert pool([1.0, 1.0, 1.0], [1.0], [None, 1900.0, 1960.0]).clock_mhz == 1930.0
+    assert pool([1.0, 1.0], [1.0], [None, None]).clock_mhz is None
+    assert pool([1.0], [1.0]).clock_mhz is None

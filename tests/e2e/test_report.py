@@ -123,7 +123,7 @@ def test_a_report_folder_in_use_by_another_live_run_is_refused(pytester: pytest.
 #: these became enums (issue 45): they must not change.
 WORDS = {Verdict: ["passed", "failed", "skipped"],
          GateVerdict: ["regression", "improvement", "unchanged", "insufficient", "other program", "not compared",
-                       "other machine"],
+                       "other machine", "slower clock"],
          SyncKind: ["both", "new only"],
          MemoryClass: ["linear", "quadratic", "neither", "unclear"],
          PointStatus: ["measured", "oom", "error", "not run"],

@@ -27,17 +27,19 @@ CASE = Case(1, 2, 2, 256, 256, 64, "float32")
 DEVICE = "NVIDIA H200"
 
 
-def timing(median_ms: float, count: int = 15) -> Timing:
+def timing(median_ms: float, count: int = 15, clock_mhz: float | None = None) -> Timing:
     # Tight samples around the median, so the Mann-Whitney test is clear wherever medians differ.
     return Timing(tuple(median_ms * (1 + 0.001 * (i - count // 2)) for i in range(count)), 1.0, "cuda-events",
-                  launch_ms=0.01, wait_ms=median_ms)
+                  launch_ms=0.01, wait_ms=median_ms, clocks_mhz=(clock_mhz,) * count if clock_mhz else ())
 
 
 class FakePool:
     """The pool's interface, with scripted replies: ``script[impl]`` is a list of median ms."""
 
-    def __init__(self, script: dict[str, list[float]], ceilings: dict[str, float] | None = None) -> None:
+    def __init__(self, script: dict[str, list[float]], ceilings: dict[str, float] | None = None,
+                 clocks: dict[str, float] | None = None) -> None:
         self.script = {name: list(medians) for name, medians in script.items()}
+        self.clocks = clocks or {}  # the SM clock each implementation's samples ran at
         self.ceilings = ceilings or {"matmul_bf16_tflops": 700.0, "copy_gbps": 4000.0}
         self.impls = {name: ImplInfo(name, f"fake:{name}") for name in script}
         self.asked: list[str] = []
@@ -48,15 +50,17 @@ class FakePool:
     def request(self, name: str, request: Request) -> Reply:
         self.asked.append(name)
         median = self.script[name].pop(0)
-        return Reply(Status.OK, "", {"timing": timing(median).to_dict(), "input_sets": 1})
+        return Reply(Status.OK, "", {"timing": timing(median, clock_mhz=self.clocks.get(name)).to_dict(),
+                                     "input_sets": 1})
 
     def run_once(self, label: str, request: Request) -> dict:
         return {"ceilings": self.ceilings, "gpu_state": {}}
 
 
-def save_baseline(directory: Path, medians: dict[str, float]) -> BaselineStore:
+def save_baseline(directory: Path, medians: dict[str, float], clock_mhz: float | None = None) -> BaselineStore:
     store = BaselineStore(directory, DEVICE)
-    measured = [(SpeedMeasurement(name, "forward", CASE, timing(ms)), None, None) for name, ms in medians.items()]
+    measured = [(SpeedMeasurement(name, "forward", CASE, timing(ms, clock_mhz=clock_mhz)), None, None)
+                for name, ms in medians.items()]
     store.save(measured, {"compute_capability": "9.0"}, {}, "host")
     return BaselineStore(directory, DEVICE)
 
@@ -100,6 +104,58 @@ def test_a_one_off_shift_does_not_fail(tmp_path: Path) -> None:
     result = check.check("kernel", "forward", CASE)
     assert result.decision.verdict == "unchanged"
     assert (result.decision.rounds, result.decision.rounds_flagged) == (3, 1)
+
+
+def test_a_slowdown_the_slower_clock_explains_is_shown_and_not_failed(tmp_path: Path) -> None:
+    # Saved at 1970 MHz; now the GPU runs hot at 1800 MHz and the kernel is 10% slower in every
+    # round (as torch_flex's backward was on an H100 at 80-85 C, results/2026-11-26-session4).
+    store = save_baseline(tmp_path, {"ref": 1.0, "kernel": 1.0}, clock_mhz=1970.0)
+    check = make_check(FakePool({"ref": [1.0], "kernel": [1.10, 1.10, 1.10]}, clocks={"kernel": 1800.0}), store)
+    check.check("ref", "forward", CASE)
+    result = check.check("kernel", "forward", CASE)
+    assert result.decision.verdict == GateVerdict.SLOWER_CLOCK and result.decision.rounds == 3
+    note = check.notes[f"clock:{EntryKey('kernel', 'forward', CASE.id)}"]
+    assert "SM clock at 1800 MHz, 8.6% below its saved runs' 1970 MHz" in note and "not judged" in note
+
+
+@pytest.mark.parametrize("now_clock, slower", [(1970.0, 1.10), (1800.0, 1.25)])
+def test_a_slowdown_the_clock_does_not_explain_fails_with_both_clocks(tmp_path: Path, now_clock: float,
+                                                                       slower: float) -> None:
+    # A kernel 10% slower at its baseline's clock, or 25% slower where the clock explains 9%.
+    store = save_baseline(tmp_path, {"ref": 1.0, "kernel": 1.0}, clock_mhz=1970.0)
+    check = make_check(FakePool({"ref": [1.0], "kernel": [slower] * 3}, clocks={"kernel": now_clock}), store)
+    check.check("ref", "forward", CASE)
+    with judged("failed", rf"kernel regressed .*; SM clock {now_clock:.0f} MHz, its saved runs' 1970 MHz"):
+        check.check("kernel", "forward", CASE)
+
+
+def test_a_baseline_without_clocks_excuses_nothing(tmp_path: Path) -> None:
+    store = save_baseline(tmp_path, {"ref": 1.0, "kernel": 1.0})  # saved before runs kept their clock
+    check = make_check(FakePool({"ref": [1.0], "kernel": [1.10] * 3}, clocks={"kernel": 1800.0}), store)
+    check.check("ref", "forward", CASE)
+    with judged("failed", "kernel regressed"):
+        check.check("kernel", "forward", CASE)
+
+
+def test_a_saved_run_keeps_the_clock_its_samples_ran_at(tmp_path: Path) -> None:
+    store = save_baseline(tmp_path, {"kernel": 1.0}, clock_mhz=1912.34)
+    entry = json.loads(store.path.read_text())["entries"][key_string(EntryKey("kernel", "forward", CASE.id))]
+    assert entry["history"][-1]["clock_mhz"] == 1912.3
+    assert store.pooled(EntryKey("kernel", "forward", CASE.id)).clock_mhz == 1912.3
+
+
+def test_a_save_leaves_out_a_run_the_slower_clock_excused(tmp_path: Path) -> None:
+    # Pooled, the throttled run would raise the entry's threshold to 2.5 x 10% for no change.
+    store = save_baseline(tmp_path, {"ref": 1.0, "kernel": 1.0}, clock_mhz=1970.0)
+    check = make_check(FakePool({"ref": [1.0], "kernel": [1.10, 1.10, 1.10]}, clocks={"kernel": 1800.0}), store)
+    check.check("ref", "forward", CASE)
+    check.check("kernel", "forward", CASE)
+    counts = store.save([(r.measurement, r.decision, r.ratio_to_reference) for r in check.results.values()],
+                        {"compute_capability": "9.0"}, {}, "host")
+    assert (counts["pooled"], counts["slower_clock"]) == (1, 1)
+    saved = BaselineStore(tmp_path, DEVICE)
+    assert saved.pooled(EntryKey("kernel", "forward", CASE.id)).runs == 1
+    assert saved.pooled(EntryKey("ref", "forward", CASE.id)).runs == 2
 
 
 def test_a_slower_machine_is_divided_out(tmp_path: Path) -> None:
