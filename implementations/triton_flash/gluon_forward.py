@@ -39,7 +39,8 @@ Partitions (``gl.warp_specialize``), 12 warps per CTA (16 with three consumers),
   registers a consumer thread. At d64 a score costs half the MMA work of d128 and the same
   softmax, so the consumers' softmax, not the tensor cores, sets the pace (NOTES.md, v13.1); with
   three taking turns, two softmaxes run under each one's products (FlashAttention-3's 192-row
-  tile at d64). The turn passes 0 -> 1 -> 2 -> 0; everything else is the same code.
+  tile at d64). The turn passes 0 -> 1 -> 2 -> 0; everything else is the same code. It is the
+  default at d64 without causal (:func:`default_config`: 1.11x two consumers on an H100).
 
 Inside a consumer, tile ``t`` (products asynchronous, ``wait(n)`` = until n groups remain):
 
@@ -212,8 +213,16 @@ def default_config(head_dim: int, causal: bool) -> Config:
     """The tiles used when none is given: FlashAttention-3's 128 x 128 for d128; at d64 the K/V
     tiles are half the size, so a deeper ring costs little. FlashAttention-3's wait order
     (``eager``): on an H100 it ran 1.3-1.6x the one-QK^T-later order at 4k and 16k (NOTES.md, v13;
-    results/2026-11-25-h100-session3)."""
+    results/2026-11-25-h100-session3).
+
+    d64 without causal takes three consumers (``n128s3-eager-c3``, 160 registers each): on an H100
+    at b4-h32-q4096 bf16 it ran 486 TFLOP/s against 438 for two (``n128s3-eager``) and 453 for
+    cuDNN. Causal d64 keeps two: there c3 ran 366 against 396 (cuDNN 406). d128 keeps two: c3 ran
+    about half as fast there (326 against 629 at 16k). NOTES.md, v14.2;
+    results/2026-11-26-session4/gluon (forward-c3)."""
     if head_dim == 64:
+        if not causal:
+            return Config(block_n=128, stages=3, eager=True, consumers=3, consumer_regs=MAX_REGS_THREE_CONSUMERS)
         return Config(block_n=128, stages=3, eager=True)
     return Config(block_n=128, stages=2, eager=True)
 

@@ -67,7 +67,11 @@ def _defaults() -> str:
     """gluon_forward.default_config's choices, for the report's words."""
     from implementations.triton_flash.gluon_forward import default_config
 
-    return ", ".join(f"{default_config(d, False)} at d{d}" for d in (128, 64))
+    words = []
+    for d in (128, 64):
+        full, causal = default_config(d, False), default_config(d, True)
+        words.append(f"{full} at d{d}" + ("" if causal == full else f" ({causal} causal)"))
+    return ", ".join(words)
 #: (batch, heads_q, heads_kv, n_q, n_k): every one runs for every dtype, head dim and causal flag.
 CORRECTNESS_SHAPES = (
     (1, 2, 2, 1024, 1024),

@@ -13,7 +13,7 @@ A stand-in driver (``sm90_compile._TargetOnly``) answers Triton's questions abou
   is in flight (FlashAttention-3's overlap inside a warp group).
 
 Usage: python3 tools/flash_bench/gluon_compile.py [--quick] [--dump DIR] [--config n128s2 ...]
-(``--quick``: the two default configurations, bf16, causal and not; ``--config`` adds others.)
+(``--quick``: the default configurations, bf16, causal and not; ``--config`` adds others.)
 Exit status 1 if any configuration fails to compile, spills, or does not fit in shared memory.
 """
 
