@@ -86,40 +86,22 @@ or one a bench tool passes), :func:`warmup` (compile without launching).
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
 
-try:
-    import triton
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
-        fence_async_shared,
-        mbarrier,
-        tma,
-        warpgroup_mma,
-        warpgroup_mma_init,
-        warpgroup_mma_wait,
-    )
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+# Gluon's names for the kernel, and the host-side checks both Gluon kernels share. launch, the
+# bench tools and the tests read GLUON_IMPORT_ERROR, device_reason, HEAD_DIMS, DTYPES and
+# SHARED_LIMIT from this module: they stay its names too.
+from .gluon_common import (DTYPES, GLUON_IMPORT_ERROR, HEAD_DIMS, LOG2E, SHARED_LIMIT, dense_reason, descriptor,
+                           device_reason, plain_variants, strides_reason)
+from .gluon_common import (fence_async_shared, gl, gluon, mbarrier, tma, triton, warpgroup_mma, warpgroup_mma_init,
+                           warpgroup_mma_wait)
 
-    if not hasattr(gl, "warp_specialize"):
-        raise ImportError("this triton's Gluon has no warp_specialize")
-except Exception as exc:  # the module must import without Gluon, so that supports() can say why
-    GLUON_IMPORT_ERROR: Exception | None = exc
-    gluon = gl = None
-else:
-    GLUON_IMPORT_ERROR = None
-
-_LOG2E = 1.4426950408889634
 #: Rows a consumer warp group owns: wgmma's M is 64 per warp group.
 ROWS_PER_CONSUMER = 64
 #: Query rows per CTA: two consumer warp groups.
 BLOCK_M = 2 * ROWS_PER_CONSUMER
-HEAD_DIMS = (64, 128)
-DTYPES = (torch.float16, torch.bfloat16)
 
 
 @dataclass(frozen=True)
@@ -203,10 +185,6 @@ def register_reason(config: Config) -> str | None:
                 f"{total} of 65,536 registers (a multiple of 8, at most "
                 f"{(65536 - 128 * PRODUCER_REGS) // (128 * config.consumers) // 8 * 8} each)")
     return None
-
-
-#: Hopper's shared memory per block (227 KiB).
-SHARED_LIMIT = 232448
 
 
 def default_config(head_dim: int, causal: bool) -> Config:
@@ -495,25 +473,6 @@ if gl is not None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _aligned(t: torch.Tensor) -> bool:
-    # TMA: 16-byte aligned base and strides, the head dim contiguous.
-    size = t.element_size()
-    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
-            and all((stride * size) % 16 == 0 for stride in t.stride()[:-1]))
-
-
-def device_reason(device: torch.device) -> str | None:
-    """Why no call on ``device`` takes this kernel, whatever its shape (None: some can)."""
-    if GLUON_IMPORT_ERROR is not None:
-        return f"Gluon (triton.experimental.gluon, triton >= 3.6) is not available: {GLUON_IMPORT_ERROR}"
-    if os.environ.get("TRITON_INTERPRET") == "1" or device.type != "cuda":
-        return "a CUDA device (not Triton's interpreter)"
-    capability = torch.cuda.get_device_capability(device)
-    if capability[0] != 9:
-        return f"Hopper (sm_90) only: wgmma and this kernel's TMA use are sm_90a (this GPU is sm{capability[0]}{capability[1]})"
-    return None
-
-
 def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                        scale: float | None = None, *, variants: object | None = None,
                        layout: object | None = None) -> str | None:
@@ -524,32 +483,15 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
     softcap, ALiBi, sinks (``variants`` other than plain causal), float32, FP8, other head dims."""
     if layout is not None:
         return "packed sequences and paged KV caches take the existing kernels"
-    if variants is not None and getattr(variants, "key", None) is not None:
-        plain = (bool(causal), None, False, False, False)
-        if variants.key() != plain:
-            return "variants (window, softcap, ALiBi, sinks) take the existing kernels"
-    tensors = (q, k, v)
-    if not all(isinstance(t, torch.Tensor) for t in tensors):
-        return "q, k, v must be tensors"
-    if any(t.dim() != 4 for t in tensors):
-        return "dense [batch, heads, seqlen, head_dim] tensors only"
-    if (reason := device_reason(q.device)) is not None:
+    if not plain_variants(causal, variants):
+        return "variants (window, softcap, ALiBi, sinks) take the existing kernels"
+    if (reason := dense_reason(q, k, v)) is not None:
         return reason
-    if any(t.device != q.device for t in tensors):
-        return "q, k, v on one device"
-    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
-        return f"float16 or bfloat16 q, k, v of one dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
-    batch, heads_q, n_q, head_dim = q.shape
-    if head_dim not in HEAD_DIMS or k.shape[-1] != head_dim or v.shape[-1] != head_dim:
-        return f"head dims {HEAD_DIMS} (V's equal to Q's), got {head_dim}, {k.shape[-1]}, {v.shape[-1]}"
-    if k.shape != v.shape or k.shape[0] != batch or k.shape[1] == 0 or heads_q % k.shape[1]:
-        return f"k, v shapes {tuple(k.shape)}, {tuple(v.shape)} do not fit q {tuple(q.shape)}"
-    if batch * heads_q * n_q == 0 or k.shape[2] == 0:
-        return "empty inputs take the existing path"
     if scale is not None and not (math.isfinite(scale) and scale > 0):
         return "a positive finite scale (the row maximum is taken before scaling)"
-    if not all(_aligned(t) for t in tensors):
-        return "strides TMA can address: head dim contiguous, other strides and the base 16-byte aligned"
+    if (reason := strides_reason(q, k, v)) is not None:
+        return reason
+    batch, heads_q = q.shape[:2]
     if batch * heads_q > 65535:
         return "batch x heads above 65535 (the grid's second axis)"
     return None
@@ -561,21 +503,15 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sc
     return unsupported_reason(q, k, v, causal, scale, variants=variants, layout=layout) is None
 
 
-def _descriptor(t: torch.Tensor, rows: int) -> "TensorDescriptor":
-    # 4-d, so that each (batch, head) is bounded: loads past its last row read zeros, stores drop.
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
-    return TensorDescriptor.from_tensor(t, [1, 1, rows, t.shape[-1]], layout)
-
-
 def launch_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                      causal: bool, scale: float, config: Config) -> tuple[tuple, dict, tuple[int, int]]:
     """(positional arguments, keyword arguments, grid) of one launch: what :func:`flash_fwd` runs
     and what ``tools/flash_bench/gluon_compile.py`` compiles without a GPU."""
     batch, heads_q, n_q, head_dim = q.shape
     heads_kv, n_k = k.shape[1], k.shape[2]
-    args = (_descriptor(q, ROWS_PER_CONSUMER), _descriptor(k, config.block_n), _descriptor(v, config.block_n),
-            _descriptor(o, ROWS_PER_CONSUMER), lse, lse.stride(0), lse.stride(1),
-            heads_q, heads_q // heads_kv, n_q, n_k, scale * _LOG2E)
+    args = (descriptor(q, ROWS_PER_CONSUMER), descriptor(k, config.block_n), descriptor(v, config.block_n),
+            descriptor(o, ROWS_PER_CONSUMER), lse, lse.stride(0), lse.stride(1),
+            heads_q, heads_q // heads_kv, n_q, n_k, scale * LOG2E)
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.stages, CAUSAL=bool(causal),
                   PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, EAGER=config.eager,
                   CONSUMERS=config.consumers, num_warps=4)
