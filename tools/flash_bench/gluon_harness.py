@@ -69,7 +69,8 @@ def selftest_child(cases: list[dict]) -> int:
 def run_each(cases: list[dict], run_one) -> int:
     """Run ``run_one(case)`` (a dict of results) for each case between its ``start`` and
     ``result`` events. An exception fails the case in words and the run goes on; one from CUDA
-    ends the child with status 4 (the context may be poisoned: the parent goes on in a fresh one)."""
+    ends the child with status 4 (the context may be poisoned: the parent goes on in a fresh
+    one)."""
     for case in cases:
         emit("start", id=case["id"])
         try:
