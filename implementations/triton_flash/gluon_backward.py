@@ -1,10 +1,11 @@
 """A FlashAttention backward for Hopper (sm_90a) in Triton's Gluon dialect (triton 3.6), after FlashAttention-3.
 
-Status: written and compile-checked for sm_90a (``tools/flash_bench/gluon_bwd_compile.py``), its
-barrier protocol, tile ranges and arithmetic modelled on the CPU
-(``tools/flash_bench/gluon_bwd_model.py``); NOT yet run on a GPU. Nothing calls it by default:
-:mod:`.launch` keeps the Triton backward, and ``tools/flash_bench/gluon_bwd_check.py`` is the
-first thing to run on a Hopper GPU (NOTES.md, v15).
+Status: compile-checked for sm_90a (``tools/flash_bench/gluon_bwd_compile.py``), its barrier
+protocol, tile ranges and arithmetic modelled on the CPU (``tools/flash_bench/gluon_bwd_model.py``),
+and run on an H100 (``tools/flash_bench/gluon_bwd_check.py``, 2026-11-26): right on 132 of 132
+cases, but 0.56-0.63x cuDNN and slower than the Triton backward (NOTES.md, v15.1;
+results/2026-11-26-session4/gluon). Nothing calls it by default: :mod:`.launch` keeps the Triton
+backward. The design notes and the prediction below are v15's, from before that run.
 
 The math. For one (batch, query head), with the forward's base-2 LSE ``L_i`` and
 ``delta_i = rowsum(dO_i * O_i)`` (the Triton path's preprocess kernel, as :mod:`.launch` uses it):
@@ -105,38 +106,19 @@ from dataclasses import dataclass
 
 import torch
 
-try:
-    import triton
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
-        fence_async_shared,
-        mbarrier,
-        tma,
-        warpgroup_mma,
-        warpgroup_mma_wait,
-    )
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+# Gluon's names for the kernel, and the host-side checks both Gluon kernels share. The bench tools
+# and the tests read GLUON_IMPORT_ERROR, device_reason, HEAD_DIMS, DTYPES and SHARED_LIMIT from
+# this module: they stay its names too.
+from .gluon_common import (DTYPES, GLUON_IMPORT_ERROR, HEAD_DIMS, LOG2E, SHARED_LIMIT, aligned, dense_reason,
+                           descriptor, device_reason, plain_variants, strides_reason)
+from .gluon_common import fence_async_shared, gl, gluon, mbarrier, tma, triton, warpgroup_mma, warpgroup_mma_wait
 
-    if not hasattr(gl, "warp_specialize"):
-        raise ImportError("this triton's Gluon has no warp_specialize")
-except Exception as exc:  # the module must import without Gluon, so that unsupported_reason() can say why
-    GLUON_IMPORT_ERROR: Exception | None = exc
-    gluon = gl = None
-else:
-    GLUON_IMPORT_ERROR = None
-
-_LOG2E = 1.4426950408889634
 #: Keys a consumer warp group owns: wgmma's M is 64 per warp group.
 KEYS_PER_CONSUMER = 64
 #: Keys per CTA: two consumer warp groups.
 BLOCK_N = 2 * KEYS_PER_CONSUMER
-HEAD_DIMS = (64, 128)
-DTYPES = (torch.float16, torch.bfloat16)
-#: Hopper's shared memory per block (227 KiB).
-SHARED_LIMIT = 232448
-#: Set to 1 to let callers that ask (:func:`enabled`) take this kernel. Off by default: it has not
-#: run on a GPU (NOTES.md, v15).
+#: Set to 1 to let callers that ask (:func:`enabled`) take this kernel. Off by default: on an H100
+#: it ran 0.56-0.63x cuDNN, below the Triton backward (NOTES.md, v15.1).
 ENV_SWITCH = "ATTNKIT_TRITON_FLASH_GLUON_BWD"
 
 
@@ -588,27 +570,10 @@ if gl is not None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _aligned(t: torch.Tensor) -> bool:
-    size = t.element_size()
-    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
-            and all((stride * size) % 16 == 0 for stride in t.stride()[:-1]))
-
-
 def enabled() -> bool:
-    """Whether the environment switch asks for this kernel (off by default: not yet run on a GPU)."""
+    """Whether the environment switch asks for this kernel (off by default: slower than the Triton
+    backward on an H100)."""
     return os.environ.get(ENV_SWITCH, "0") == "1"
-
-
-def device_reason(device: torch.device) -> str | None:
-    """Why no call on ``device`` takes this kernel, whatever its shape (None: some can)."""
-    if GLUON_IMPORT_ERROR is not None:
-        return f"Gluon (triton.experimental.gluon, triton >= 3.6) is not available: {GLUON_IMPORT_ERROR}"
-    if os.environ.get("TRITON_INTERPRET") == "1" or device.type != "cuda":
-        return "a CUDA device (not Triton's interpreter)"
-    capability = torch.cuda.get_device_capability(device)
-    if capability[0] != 9:
-        return f"Hopper (sm_90) only: wgmma and this kernel's TMA use are sm_90a (this GPU is sm{capability[0]}{capability[1]})"
-    return None
 
 
 def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
@@ -620,41 +585,18 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
     Not: varlen, paged, windows, softcap, ALiBi, sinks, float32, FP8, other head dims."""
     if layout is not None:
         return "packed sequences take the existing backward"
-    if variants is not None and getattr(variants, "key", None) is not None:
-        plain = (bool(causal), None, False, False, False)
-        if variants.key() != plain:
-            return "variants (window, softcap, ALiBi, sinks) take the existing backward"
-    tensors = (q, k, v)
-    if not all(isinstance(t, torch.Tensor) for t in tensors):
-        return "q, k, v must be tensors"
-    if any(t.dim() != 4 for t in tensors):
-        return "dense [batch, heads, seqlen, head_dim] tensors only"
-    if (reason := device_reason(q.device)) is not None:
+    if not plain_variants(causal, variants):
+        return "variants (window, softcap, ALiBi, sinks) take the existing backward"
+    if (reason := dense_reason(q, k, v)) is not None:
         return reason
-    if any(t.device != q.device for t in tensors):
-        return "q, k, v on one device"
-    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
-        return f"float16 or bfloat16 q, k, v of one dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
-    batch, heads_q, n_q, head_dim = q.shape
-    if head_dim not in HEAD_DIMS or k.shape[-1] != head_dim or v.shape[-1] != head_dim:
-        return f"head dims {HEAD_DIMS} (V's equal to Q's), got {head_dim}, {k.shape[-1]}, {v.shape[-1]}"
-    if k.shape != v.shape or k.shape[0] != batch or k.shape[1] == 0 or heads_q % k.shape[1]:
-        return f"k, v shapes {tuple(k.shape)}, {tuple(v.shape)} do not fit q {tuple(q.shape)}"
-    if batch * heads_q * n_q == 0 or k.shape[2] == 0:
-        return "empty inputs take the existing path"
     if scale is not None and not (math.isfinite(scale) and scale > 0):
         return "a positive finite scale"
-    if not all(_aligned(t) for t in tensors):
-        return "strides TMA can address: head dim contiguous, other strides and the base 16-byte aligned"
+    if (reason := strides_reason(q, k, v)) is not None:
+        return reason
+    batch = q.shape[0]
     if batch * k.shape[1] > 65535:
         return "batch x KV heads above 65535 (the grid's second axis)"
     return None
-
-
-def _descriptor(t: torch.Tensor, rows: int) -> "TensorDescriptor":
-    # 4-d, so that each (batch, head) is bounded: loads past its last row read zeros.
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
-    return TensorDescriptor.from_tensor(t, [1, 1, rows, t.shape[-1]], layout)
 
 
 def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor,
@@ -666,10 +608,10 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     contiguous like k."""
     batch, heads_q, n_q, head_dim = q.shape
     heads_kv, n_k = k.shape[1], k.shape[2]
-    args = (_descriptor(q, config.block_m), _descriptor(do, config.block_m),
-            _descriptor(k, KEYS_PER_CONSUMER), _descriptor(v, KEYS_PER_CONSUMER),
-            _descriptor(dk, KEYS_PER_CONSUMER), _descriptor(dv, KEYS_PER_CONSUMER), lse, delta, dq_acc,
-            heads_q, heads_q // heads_kv, n_q, n_k, scale * _LOG2E, scale)
+    args = (descriptor(q, config.block_m), descriptor(do, config.block_m),
+            descriptor(k, KEYS_PER_CONSUMER), descriptor(v, KEYS_PER_CONSUMER),
+            descriptor(dk, KEYS_PER_CONSUMER), descriptor(dv, KEYS_PER_CONSUMER), lse, delta, dq_acc,
+            heads_q, heads_q // heads_kv, n_q, n_k, scale * LOG2E, scale)
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages, CAUSAL=bool(causal),
                   CONSUMER_REGS=config.consumer_regs, SPLIT_DQ=config.split_dq,
                   DQ_PARTS=max(1, head_dim // config.dq_cols), QROWS=config.qrows,
@@ -717,7 +659,7 @@ def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     config = default_config(head_dim, causal) if config is None else config
     if shared_bytes(config, head_dim) > SHARED_LIMIT:
         raise ValueError(f"config {config} needs {shared_bytes(config, head_dim)} B of shared memory at d{head_dim}")
-    if not _aligned(do):
+    if not aligned(do):
         do = do.contiguous()
     delta = _delta(o, do)
     if dlse is not None:  # d lse / d s = p: joins dS = P (dP - delta + dlse), as launch.flash_bwd does

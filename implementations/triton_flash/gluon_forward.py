@@ -39,7 +39,8 @@ Partitions (``gl.warp_specialize``), 12 warps per CTA (16 with three consumers),
   registers a consumer thread. At d64 a score costs half the MMA work of d128 and the same
   softmax, so the consumers' softmax, not the tensor cores, sets the pace (NOTES.md, v13.1); with
   three taking turns, two softmaxes run under each one's products (FlashAttention-3's 192-row
-  tile at d64). The turn passes 0 -> 1 -> 2 -> 0; everything else is the same code.
+  tile at d64). The turn passes 0 -> 1 -> 2 -> 0; everything else is the same code. It is the
+  default at d64 without causal (:func:`default_config`: 1.11x two consumers on an H100).
 
 Inside a consumer, tile ``t`` (products asynchronous, ``wait(n)`` = until n groups remain):
 
@@ -85,40 +86,22 @@ or one a bench tool passes), :func:`warmup` (compile without launching).
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
 
-try:
-    import triton
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
-        fence_async_shared,
-        mbarrier,
-        tma,
-        warpgroup_mma,
-        warpgroup_mma_init,
-        warpgroup_mma_wait,
-    )
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+# Gluon's names for the kernel, and the host-side checks both Gluon kernels share. launch, the
+# bench tools and the tests read GLUON_IMPORT_ERROR, device_reason, HEAD_DIMS, DTYPES and
+# SHARED_LIMIT from this module: they stay its names too.
+from .gluon_common import (DTYPES, GLUON_IMPORT_ERROR, HEAD_DIMS, LOG2E, SHARED_LIMIT, dense_reason, descriptor,
+                           device_reason, plain_variants, strides_reason)
+from .gluon_common import (fence_async_shared, gl, gluon, mbarrier, tma, triton, warpgroup_mma, warpgroup_mma_init,
+                           warpgroup_mma_wait)
 
-    if not hasattr(gl, "warp_specialize"):
-        raise ImportError("this triton's Gluon has no warp_specialize")
-except Exception as exc:  # the module must import without Gluon, so that supports() can say why
-    GLUON_IMPORT_ERROR: Exception | None = exc
-    gluon = gl = None
-else:
-    GLUON_IMPORT_ERROR = None
-
-_LOG2E = 1.4426950408889634
 #: Rows a consumer warp group owns: wgmma's M is 64 per warp group.
 ROWS_PER_CONSUMER = 64
 #: Query rows per CTA: two consumer warp groups.
 BLOCK_M = 2 * ROWS_PER_CONSUMER
-HEAD_DIMS = (64, 128)
-DTYPES = (torch.float16, torch.bfloat16)
 
 
 @dataclass(frozen=True)
@@ -204,16 +187,20 @@ def register_reason(config: Config) -> str | None:
     return None
 
 
-#: Hopper's shared memory per block (227 KiB).
-SHARED_LIMIT = 232448
-
-
 def default_config(head_dim: int, causal: bool) -> Config:
     """The tiles used when none is given: FlashAttention-3's 128 x 128 for d128; at d64 the K/V
     tiles are half the size, so a deeper ring costs little. FlashAttention-3's wait order
     (``eager``): on an H100 it ran 1.3-1.6x the one-QK^T-later order at 4k and 16k (NOTES.md, v13;
-    results/2026-11-25-h100-session3)."""
+    results/2026-11-25-h100-session3).
+
+    d64 without causal takes three consumers (``n128s3-eager-c3``, 160 registers each): on an H100
+    at b4-h32-q4096 bf16 it ran 486 TFLOP/s against 438 for two (``n128s3-eager``) and 453 for
+    cuDNN. Causal d64 keeps two: there c3 ran 366 against 396 (cuDNN 406). d128 keeps two: c3 ran
+    about half as fast there (326 against 629 at 16k). NOTES.md, v14.2;
+    results/2026-11-26-session4/gluon (forward-c3)."""
     if head_dim == 64:
+        if not causal:
+            return Config(block_n=128, stages=3, eager=True, consumers=3, consumer_regs=MAX_REGS_THREE_CONSUMERS)
         return Config(block_n=128, stages=3, eager=True)
     return Config(block_n=128, stages=2, eager=True)
 
@@ -486,25 +473,6 @@ if gl is not None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _aligned(t: torch.Tensor) -> bool:
-    # TMA: 16-byte aligned base and strides, the head dim contiguous.
-    size = t.element_size()
-    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
-            and all((stride * size) % 16 == 0 for stride in t.stride()[:-1]))
-
-
-def device_reason(device: torch.device) -> str | None:
-    """Why no call on ``device`` takes this kernel, whatever its shape (None: some can)."""
-    if GLUON_IMPORT_ERROR is not None:
-        return f"Gluon (triton.experimental.gluon, triton >= 3.6) is not available: {GLUON_IMPORT_ERROR}"
-    if os.environ.get("TRITON_INTERPRET") == "1" or device.type != "cuda":
-        return "a CUDA device (not Triton's interpreter)"
-    capability = torch.cuda.get_device_capability(device)
-    if capability[0] != 9:
-        return f"Hopper (sm_90) only: wgmma and this kernel's TMA use are sm_90a (this GPU is sm{capability[0]}{capability[1]})"
-    return None
-
-
 def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                        scale: float | None = None, *, variants: object | None = None,
                        layout: object | None = None) -> str | None:
@@ -515,32 +483,15 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
     softcap, ALiBi, sinks (``variants`` other than plain causal), float32, FP8, other head dims."""
     if layout is not None:
         return "packed sequences and paged KV caches take the existing kernels"
-    if variants is not None and getattr(variants, "key", None) is not None:
-        plain = (bool(causal), None, False, False, False)
-        if variants.key() != plain:
-            return "variants (window, softcap, ALiBi, sinks) take the existing kernels"
-    tensors = (q, k, v)
-    if not all(isinstance(t, torch.Tensor) for t in tensors):
-        return "q, k, v must be tensors"
-    if any(t.dim() != 4 for t in tensors):
-        return "dense [batch, heads, seqlen, head_dim] tensors only"
-    if (reason := device_reason(q.device)) is not None:
+    if not plain_variants(causal, variants):
+        return "variants (window, softcap, ALiBi, sinks) take the existing kernels"
+    if (reason := dense_reason(q, k, v)) is not None:
         return reason
-    if any(t.device != q.device for t in tensors):
-        return "q, k, v on one device"
-    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
-        return f"float16 or bfloat16 q, k, v of one dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
-    batch, heads_q, n_q, head_dim = q.shape
-    if head_dim not in HEAD_DIMS or k.shape[-1] != head_dim or v.shape[-1] != head_dim:
-        return f"head dims {HEAD_DIMS} (V's equal to Q's), got {head_dim}, {k.shape[-1]}, {v.shape[-1]}"
-    if k.shape != v.shape or k.shape[0] != batch or k.shape[1] == 0 or heads_q % k.shape[1]:
-        return f"k, v shapes {tuple(k.shape)}, {tuple(v.shape)} do not fit q {tuple(q.shape)}"
-    if batch * heads_q * n_q == 0 or k.shape[2] == 0:
-        return "empty inputs take the existing path"
     if scale is not None and not (math.isfinite(scale) and scale > 0):
         return "a positive finite scale (the row maximum is taken before scaling)"
-    if not all(_aligned(t) for t in tensors):
-        return "strides TMA can address: head dim contiguous, other strides and the base 16-byte aligned"
+    if (reason := strides_reason(q, k, v)) is not None:
+        return reason
+    batch, heads_q = q.shape[:2]
     if batch * heads_q > 65535:
         return "batch x heads above 65535 (the grid's second axis)"
     return None
@@ -552,21 +503,15 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sc
     return unsupported_reason(q, k, v, causal, scale, variants=variants, layout=layout) is None
 
 
-def _descriptor(t: torch.Tensor, rows: int) -> "TensorDescriptor":
-    # 4-d, so that each (batch, head) is bounded: loads past its last row read zeros, stores drop.
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
-    return TensorDescriptor.from_tensor(t, [1, 1, rows, t.shape[-1]], layout)
-
-
 def launch_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                      causal: bool, scale: float, config: Config) -> tuple[tuple, dict, tuple[int, int]]:
     """(positional arguments, keyword arguments, grid) of one launch: what :func:`flash_fwd` runs
     and what ``tools/flash_bench/gluon_compile.py`` compiles without a GPU."""
     batch, heads_q, n_q, head_dim = q.shape
     heads_kv, n_k = k.shape[1], k.shape[2]
-    args = (_descriptor(q, ROWS_PER_CONSUMER), _descriptor(k, config.block_n), _descriptor(v, config.block_n),
-            _descriptor(o, ROWS_PER_CONSUMER), lse, lse.stride(0), lse.stride(1),
-            heads_q, heads_q // heads_kv, n_q, n_k, scale * _LOG2E)
+    args = (descriptor(q, ROWS_PER_CONSUMER), descriptor(k, config.block_n), descriptor(v, config.block_n),
+            descriptor(o, ROWS_PER_CONSUMER), lse, lse.stride(0), lse.stride(1),
+            heads_q, heads_q // heads_kv, n_q, n_k, scale * LOG2E)
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.stages, CAUSAL=bool(causal),
                   PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, EAGER=config.eager,
                   CONSUMERS=config.consumers, num_warps=4)

@@ -869,7 +869,8 @@ def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     ``tiles`` may force the "dkdv" and "dq" kernels' configurations (for benchmarks)."""
     variants = Variants(causal=causal) if variants is None else variants
     if tiles is None and layout is None and os.environ.get("ATTNKIT_TRITON_FLASH_GLUON_BWD") == "1":
-        # The Gluon backward (NOTES.md, v15): OFF unless asked for; it has not run on a GPU yet.
+        # The Gluon backward (NOTES.md, v15 and v15.1): OFF unless asked for; on an H100 it was
+        # right but slower than the Triton backward.
         from . import gluon_backward
 
         if gluon_backward.unsupported_reason(q, k, v, causal, scale, variants=variants, layout=layout) is None:

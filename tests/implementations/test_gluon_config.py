@@ -36,3 +36,16 @@ def test_shared_memory_counts_a_q_part_and_two_barriers_per_consumer() -> None:
 def test_an_unknown_part_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown part 'c4'"):
         gf.Config.parse("n128s2-c4")
+
+
+def test_the_default_takes_three_consumers_only_at_d64_without_causal() -> None:
+    # Measured on an H100 (results/2026-11-26-session4/gluon/forward-c3): c3 won at 4k d64
+    # non-causal (486 against 438 TFLOP/s), lost under causal (366 against 396) and at d128.
+    assert str(gf.default_config(64, False)) == "n128s3-eager-c3-r160"
+    assert str(gf.default_config(64, True)) == "n128s3-eager-r240"
+    assert str(gf.default_config(128, False)) == str(gf.default_config(128, True)) == "n128s2-eager-r240"
+    for head_dim in gf.HEAD_DIMS:
+        for causal in (False, True):
+            config = gf.default_config(head_dim, causal)
+            assert gf.register_reason(config) is None
+            assert gf.shared_bytes(config, head_dim) <= gf.SHARED_LIMIT

@@ -1,6 +1,6 @@
-"""The Gluon backward's host side on the CPU (the kernel itself runs only on an sm_90 GPU and has
-not yet: implementations/triton_flash/NOTES.md, v15; tools/flash_bench/gluon_bwd_check.py is its
-GPU check)."""
+"""The Gluon backward's host side on the CPU (the kernel itself runs only on an sm_90 GPU:
+tools/flash_bench/gluon_bwd_check.py is its GPU check, implementations/triton_flash/NOTES.md v15.1
+its first run)."""
 
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ Usage, on the Hopper machine, from the repository root (about 2-3 minutes on an 
 
     python3 tools/flash_bench/gluon_bwd_check.py --out DIR [--quick] [--variants m64s2-split,...] [--case-timeout 60]
 
-The sibling of ``gluon_check.py`` (the forward's), with its machinery (children with deadlines,
-a hang stops the run, a crash moves on in a fresh child; ``gluon_check.Child``/``run_cases``).
+The sibling of ``gluon_check.py`` (the forward's), with the machinery both share (children with
+deadlines, a hang stops the run, a crash moves on in a fresh child; ``gluon_harness.py``).
 Needs torch with CUDA and triton 3.6; the project need not be installed. Four phases:
 
 1. compile: every backward kernel the run needs, and the Gluon forwards its correctness cases
@@ -52,7 +52,8 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
 import gluon_check  # noqa: E402
-from gluon_check import _emit, _flops, _inputs  # noqa: E402
+import gluon_harness as harness  # noqa: E402
+from gluon_check import _flops, _inputs  # noqa: E402
 
 DTYPES = ("bfloat16", "float16")
 HEAD_DIMS = (64, 128)
@@ -212,7 +213,7 @@ def _bench_case(case: dict, gb, tf_launch) -> dict:
 def child(mode: str, cases_path: str) -> int:
     cases = json.loads(Path(cases_path).read_text())
     if mode == "selftest":
-        return gluon_check.child(mode, cases_path)
+        return harness.selftest_child(cases)
     gb, tf_launch = _module()
     if mode == "compile":
         for case in cases:
@@ -224,49 +225,17 @@ def child(mode: str, cases_path: str) -> int:
                 load_gluon_forward().warmup(q, k, v, case["causal"], 0.1)
             else:
                 gb.warmup(q, k, v, case["causal"], 0.1, gb.Config.parse(case["config"]))
-            _emit("compiled", id=case["id"], seconds=round(time.perf_counter() - start, 1))
+            harness.emit("compiled", id=case["id"], seconds=round(time.perf_counter() - start, 1))
         return 0
-    gluon_check._hello()
-    for case in cases:
-        _emit("start", id=case["id"])
-        try:
-            if mode == "correct":
-                result = _check_case(case, gb, tf_launch)
-            else:
-                result = _bench_case(case, gb, tf_launch)
-        except Exception as exc:
-            _emit("result", id=case["id"], passed=False, error=f"{type(exc).__name__}: {str(exc)[:1500]}")
-            if "CUDA" in str(exc) or "cuda" in type(exc).__module__:
-                return 4
-            continue
-        _emit("result", id=case["id"], **result)
-    return 0
+    harness.hello()
+    if mode == "correct":
+        return harness.run_each(cases, lambda case: _check_case(case, gb, tf_launch))
+    return harness.run_each(cases, lambda case: _bench_case(case, gb, tf_launch))
 
 
 # ---------------------------------------------------------------------------------------------
 # Parent side (no CUDA here)
 # ---------------------------------------------------------------------------------------------
-
-
-class Child(gluon_check.Child):
-    """gluon_check's child, running this file."""
-
-    def __init__(self, mode: str, cases: list[dict], out: Path, tag: str) -> None:
-        import queue
-        import subprocess
-        import threading
-
-        self.cases_path = out / f"{tag}.cases.json"
-        self.cases_path.write_text(json.dumps(cases))
-        self.stderr = open(out / f"{tag}.stderr", "a")
-        self.process = subprocess.Popen(
-            [sys.executable, "-u", str(Path(__file__).resolve()), "--child", mode, str(self.cases_path)],
-            stdout=subprocess.PIPE, stderr=self.stderr, text=True, start_new_session=True, cwd=str(REPO))
-        self.lines = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-
-gluon_check.Child = Child  # run_cases and compile_all start this file's children
 
 
 def _describe(mode: str, event: dict) -> str:
@@ -283,8 +252,6 @@ def _describe(mode: str, event: dict) -> str:
     figures = ", ".join(f"{name} {value:.0f}" for name, value in event.get("tflops", {}).items())
     return f"  {event['id']}: TFLOP/s {figures}" + (f"; errors {event['errors']}" if event.get("errors") else "")
 
-
-gluon_check._describe = _describe
 
 
 def correctness_cases(variants: list[str], default_config) -> list[dict]:
@@ -307,12 +274,12 @@ def bench_cases(variants: list[str]) -> list[dict]:
     cases = []
     for batch, heads, n, head_dim in BENCH_SHAPES:
         for causal in (False, True):
-            label = f"b{batch}-h{heads}-q{n} d{head_dim}{' causal' if causal else ''}"
+            label = harness.case_label(batch, heads, n, head_dim, causal)
             cases.append({"id": label, "shape": [batch, heads, n, head_dim], "causal": causal})
     if variants:
         for batch, heads, n, head_dim in BENCH_SHAPES:
             for causal in (False, True):
-                label = f"b{batch}-h{heads}-q{n} d{head_dim}{' causal' if causal else ''} variants"
+                label = f"{harness.case_label(batch, heads, n, head_dim, causal)} variants"
                 cases.append({"id": label, "shape": [batch, heads, n, head_dim], "causal": causal,
                               "configs": variants, "baselines": False})
     return cases
@@ -346,28 +313,19 @@ def report(correct: dict, bench: dict, variants: list[str], hello: dict, gb) -> 
     lines.append("|---|---|---|---|---|---|")
     for batch, heads, n, head_dim in BENCH_SHAPES:
         for causal in (False, True):
-            label = f"b{batch}-h{heads}-q{n} d{head_dim}{' causal' if causal else ''}"
+            label = harness.case_label(batch, heads, n, head_dim, causal)
             t = bench.get(label, {}).get("tflops", {})
             cells = [f"{t[name]:.0f}" if name in t else "-" for name in IMPLS]
             ratios = [f"{t[name] / t['sdpa_cudnn']:.2f}" if name in t and "sdpa_cudnn" in t else "-"
                       for name in ("gluon", "triton_flash")]
             lines.append(f"| {label} | " + " | ".join(cells + ratios) + " |")
     if variants:
-        defaults = ", ".join(f"{gb.default_config(d, False)} at d{d}" for d in (128, 64))
+        defaults = harness.defaults_words(gb.default_config)
         lines.append("")
         lines.append(f"Gluon backward configurations (TFLOP/s; the default is {defaults}; max |grad - cuDNN's| "
                      "of each in check.json):")
         lines.append("")
-        lines.append("| case | default | " + " | ".join(variants) + " |")
-        lines.append("|---|---|" + "---|" * len(variants))
-        for batch, heads, n, head_dim in BENCH_SHAPES:
-            for causal in (False, True):
-                label = f"b{batch}-h{heads}-q{n} d{head_dim}{' causal' if causal else ''}"
-                base = bench.get(label, {}).get("tflops", {})
-                t = bench.get(f"{label} variants", {}).get("tflops", {})
-                cells = [f"{base['gluon']:.0f}" if "gluon" in base else "-"]
-                cells += [f"{t[f'gluon {v}']:.0f}" if f"gluon {v}" in t else "-" for v in variants]
-                lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines += harness.variants_table(bench, variants, BENCH_SHAPES)
     return "\n".join(lines)
 
 
@@ -377,7 +335,8 @@ def selftest() -> int:
 
     with tempfile.TemporaryDirectory() as folder:
         cases = [{"id": "a"}, {"id": "b", "crash": True}, {"id": "c"}, {"id": "d", "hang": True}, {"id": "e"}]
-        results, hello, hung = gluon_check.run_cases("selftest", cases, Path(folder), 3.0, lambda text: None)
+        results, hello, hung = harness.run_cases(Path(__file__), "selftest", cases, Path(folder), 3.0,
+                                                 lambda text: None, _describe)
     ok = (hung == "d" and sorted(results) == ["a", "b", "c", "d"] and "died" in results["b"]["error"]
           and "HUNG" in results["d"]["error"] and hello.get("device") == "none")
     print(f"selftest: {'ok' if ok else 'FAILED'}: results {sorted(results)}, hung {hung}")
@@ -436,7 +395,7 @@ def main() -> int:
                 specs.append({"id": f"forward {dtype} d{head_dim} {'causal' if causal else 'full'}", "dtype": dtype,
                               "head_dim": head_dim, "causal": causal, "config": "", "forward": True})
     t0 = time.time()
-    compiled = gluon_check.compile_all(specs, out, log)
+    compiled = harness.compile_all(Path(__file__), specs, out, log)
     record["compile"] = {"seconds_wall": round(time.time() - t0, 1), "kernels": compiled,
                          "failed": [s["id"] for s in specs if s["id"] not in compiled]}
     log(f"  {len(compiled)} of {len(specs)} kernels compiled in {time.time() - t0:.0f} s")
@@ -448,7 +407,7 @@ def main() -> int:
     cases = [c for c in correctness_cases(variants, gb.default_config) if (c["head_dim"], c["config"]) in fits]
     if args.quick:
         cases = [c for c in cases if tuple(c["shape"]) in QUICK_SHAPES]
-    correct, hello, hung = gluon_check.run_cases("correct", cases, out, args.case_timeout, log)
+    correct, hello, hung = harness.run_cases(Path(__file__), "correct", cases, out, args.case_timeout, log, _describe)
     record["device"] = hello
     record["correct"] = correct
     if hung:
@@ -467,7 +426,8 @@ def main() -> int:
         for case in timing:
             if case.get("configs"):
                 case["configs"] = [c for c in case["configs"] if (case["shape"][3], c) in fits]
-        bench, _, hung_bench = gluon_check.run_cases("time", timing, out, args.case_timeout, log)
+        bench, _, hung_bench = harness.run_cases(Path(__file__), "time", timing, out, args.case_timeout, log,
+                                                 _describe)
         if hung_bench:
             status = 2
     record["bench"] = bench

@@ -18,7 +18,6 @@ import importlib
 import os
 import re
 import sys
-import time
 from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)
@@ -26,7 +25,8 @@ os.environ.pop("TRITON_INTERPRET", None)
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from gluon_compile import _hazards, _opcode, _ptxas_report, _sass, ensure_package  # noqa: E402
+from gluon_compile import (_hazards, _opcode, _sass, compile_matrix, config_matrix,  # noqa: E402
+                           ensure_package, ptx_counts)
 
 
 def load_gluon_backward():
@@ -54,11 +54,7 @@ def _loops(sass: list[tuple[int, str]]) -> list[list[str]]:
 
 def describe(compiled, shared_limit: int) -> tuple[str, bool]:
     ptx = compiled.asm["ptx"]
-    regs, spills, warnings = _ptxas_report(ptx)
-    dec = sorted({int(n) for n in re.findall(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+)", ptx)})
-    inc = sorted({int(n) for n in re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", ptx)})
-    wgmma = sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(\S+?)\s", ptx)))
-    tma_loads = len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global", ptx))
+    regs, spills, warnings, dec, inc, wgmma, tma_loads = ptx_counts(ptx)
     atomics = sorted(set(re.findall(r"\b((?:red|atom)\.[\w.]*add[\w.]*)", ptx)))
     n_atomics = len(re.findall(r"\b(?:red|atom)\.[\w.]*add", ptx))
     bars = len(re.findall(r"\bbar\.sync\b|\bbarrier\.sync\b", ptx))
@@ -104,50 +100,16 @@ def main() -> int:
     import triton
 
     print(f"triton {triton.__version__}, torch {torch.__version__}, target sm_90a (no GPU: a stand-in driver)")
-    matrix = []
-    dtypes = (torch.bfloat16,) if args.quick else (torch.bfloat16, torch.float16)
-    for head_dim in gb.HEAD_DIMS:
-        for causal in (False, True):
-            for dtype in dtypes:
-                matrix.append((head_dim, causal, dtype, gb.default_config(head_dim, causal)))
     extra = [] if args.quick else ["m64s2", "m64s3", "m128s2", "m64s2-split", "m64s2-q128", "m64s2-krows",
                                      "m64s2-rot", "m64s2-sum"]
-    for text in extra + args.config:
-        config = gb.Config.parse(text)
-        for head_dim in gb.HEAD_DIMS:
-            if config != gb.default_config(head_dim, False):
-                matrix.append((head_dim, False, torch.bfloat16, config))
+    matrix = config_matrix(gb, args.quick, extra + args.config)
 
-    failures = 0
-    spilled = []
-    dump = Path(args.dump) if args.dump else None
-    if dump:
-        dump.mkdir(parents=True, exist_ok=True)
-    for head_dim, causal, dtype, config in matrix:
-        name = f"bwd d{head_dim} {'causal' if causal else 'full'} {str(dtype).split('.')[-1]} {config}"
-        need = gb.shared_bytes(config, head_dim)
-        if need > gb.SHARED_LIMIT:
-            print(f"{name}: skipped, needs {need} B of shared memory (limit {gb.SHARED_LIMIT})", flush=True)
-            continue
+    def warm(head_dim, causal, dtype, config):
         q = torch.empty(1, 4, 1000, head_dim, dtype=dtype)
         k = torch.empty(1, 2, 900, head_dim, dtype=dtype)  # GQA and Nq != Nk: one kernel serves all
-        start = time.time()
-        try:
-            compiled = gb.warmup(q, k, torch.empty_like(k), causal, head_dim ** -0.5, config)
-        except Exception as exc:  # report and go on
-            failures += 1
-            print(f"{name}: FAILED to compile: {type(exc).__name__}: {str(exc)[:3000]}", flush=True)
-            continue
-        line, ok = describe(compiled, gb.SHARED_LIMIT)
-        failures += not ok
-        if "spills 0 B" not in line:
-            spilled.append(name)
-        print(f"{name} ({time.time() - start:.0f} s): {line}", flush=True)
-        if dump:
-            stem = name.replace(" ", "_")
-            (dump / f"{stem}.ptx").write_text(compiled.asm["ptx"])
-            (dump / f"{stem}.ttgir").write_text(compiled.asm["ttgir"])
-            (dump / f"{stem}.sass").write_text("\n".join(f"/*{a:04x}*/ {t};" for a, t in _sass(compiled.asm["cubin"])))
+        return gb.warmup(q, k, torch.empty_like(k), causal, head_dim ** -0.5, config)
+
+    failures, spilled = compile_matrix(gb, matrix, "bwd ", warm, describe, args.dump, 3000)
     print("OK" if failures == 0 else f"{failures} configuration(s) failed, spilled or did not fit"
           + (f" ({len(spilled)} spilled: {', '.join(spilled)})" if spilled else ""))
     return 1 if failures else 0

@@ -40,7 +40,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from gluon_model import MBarrier  # noqa: E402
+from gluon_harness import MBarrier, interleave  # noqa: E402
 
 KEYS = 64
 BLOCK_N = 2 * KEYS
@@ -224,27 +224,7 @@ def _drive(p: Protocol, split_dq: bool = False, dq_parts: int = 1, refill_xor: i
     partitions = {"producer": producer(p, refill_xor),
                   "consumer0": consumer(p, 0, split_dq, dq_parts, plant, qrows, sum_dq),
                   "consumer1": consumer(p, 1, split_dq, dq_parts, plant, qrows, sum_dq)}
-    blocked: dict[str, tuple] = {}
-    done: set[str] = set()
-    while len(done) < len(partitions) or p.in_flight:
-        runnable = [name for name in partitions if name not in done
-                    and (name not in blocked or blocked[name][1].passed(blocked[name][2]))]
-        choices = runnable + (["tma"] if p.in_flight else [])
-        if not choices:
-            waits = {name: (op[1].name, op[2], op[1].phase) for name, op in blocked.items()}
-            raise AssertionError(f"deadlock: n_iters={p.n_iters} stages={p.stages}: {waits}")
-        choice = p.rng.choice(choices)
-        if choice == "tma":
-            p.land_one()
-            continue
-        blocked.pop(choice, None)
-        try:
-            op = next(partitions[choice])
-        except StopIteration:
-            done.add(choice)
-            continue
-        if op[0] == "wait" and not op[1].passed(op[2]):
-            blocked[choice] = op
+    interleave(p, partitions, f"n_iters={p.n_iters} stages={p.stages}")
     assert all(not g for g in p.groups), "products left in flight at the end"
     assert all(not h for h in p.holding), "stages never released"
 

@@ -43,12 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import queue
-import signal
-import subprocess
 import sys
-import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -58,16 +53,13 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
+import gluon_harness as harness  # noqa: E402
+
 DTYPES = ("bfloat16", "float16")
 HEAD_DIMS = (64, 128)
 DEFAULT_VARIANTS = "n128s2,n128s3-eager,n128s2-nopp-eager,n128s2-eager-r224,n64s2-eager"
 
 
-def _defaults() -> str:
-    """gluon_forward.default_config's choices, for the report's words."""
-    from implementations.triton_flash.gluon_forward import default_config
-
-    return ", ".join(f"{default_config(d, False)} at d{d}" for d in (128, 64))
 #: (batch, heads_q, heads_kv, n_q, n_k): every one runs for every dtype, head dim and causal flag.
 CORRECTNESS_SHAPES = (
     (1, 2, 2, 1024, 1024),
@@ -99,10 +91,6 @@ IMPLS = ("gluon", "sdpa_cudnn", "sdpa_flash", "triton_flash")
 # ---------------------------------------------------------------------------------------------
 
 
-def _emit(event: str, **fields) -> None:
-    print(json.dumps({"event": event, **fields}), flush=True)
-
-
 def _modules():
     from gluon_compile import ensure_package, load_gluon_forward
 
@@ -111,16 +99,6 @@ def _modules():
     from pytest_attnkit.implementations.triton_flash import launch as tf_launch
 
     return gf, tf_launch
-
-
-def _hello() -> None:
-    import torch
-    import triton
-
-    props = torch.cuda.get_device_properties(0)
-    _emit("hello", device=props.name, capability=list(torch.cuda.get_device_capability(0)),
-          sms=props.multi_processor_count, torch=torch.__version__, triton=triton.__version__,
-          cuda=torch.version.cuda)
 
 
 def _inputs(shape, dtype_name: str, head_dim: int, seed: int, device: str = "cuda"):
@@ -281,15 +259,7 @@ def _matmul_ceiling() -> dict:
 def child(mode: str, cases_path: str) -> int:
     cases = json.loads(Path(cases_path).read_text())
     if mode == "selftest":  # the parent's deadlines and crash handling, without a GPU
-        _emit("hello", device="none")
-        for case in cases:
-            _emit("start", id=case["id"])
-            if case.get("hang"):
-                time.sleep(3600)
-            if case.get("crash"):
-                os._exit(7)
-            _emit("result", id=case["id"], passed=True, error="selftest")
-        return 0
+        return harness.selftest_child(cases)
     import torch
 
     gf, tf_launch = _modules()
@@ -298,119 +268,23 @@ def child(mode: str, cases_path: str) -> int:
             q, k, v = _inputs((1, 2, 2, 256, 256), case["dtype"], case["head_dim"], 0)
             start = time.perf_counter()
             gf.warmup(q, k, v, case["causal"], 0.1, gf.Config.parse(case["config"]))
-            _emit("compiled", id=case["id"], seconds=round(time.perf_counter() - start, 1))
+            harness.emit("compiled", id=case["id"], seconds=round(time.perf_counter() - start, 1))
         return 0
-    _hello()
-    for case in cases:
-        _emit("start", id=case["id"])
-        try:
-            if mode == "correct":
-                result = _check_case(case, gf)
-            elif case.get("kind") == "ceiling":
-                result = _matmul_ceiling()
-            else:
-                result = _bench_case(case, gf, tf_launch)
-        except Exception as exc:  # the case fails in words; the run goes on
-            _emit("result", id=case["id"], passed=False, error=f"{type(exc).__name__}: {str(exc)[:1500]}")
-            if "CUDA" in str(exc) or "cuda" in type(exc).__module__:
-                return 4  # the context may be poisoned: the parent goes on in a fresh child
-            continue
-        _emit("result", id=case["id"], **result)
-    return 0
+    harness.hello()
+
+    def run_one(case: dict) -> dict:
+        if mode == "correct":
+            return _check_case(case, gf)
+        if case.get("kind") == "ceiling":
+            return _matmul_ceiling()
+        return _bench_case(case, gf, tf_launch)
+
+    return harness.run_each(cases, run_one)
 
 
 # ---------------------------------------------------------------------------------------------
 # Parent side (no CUDA here)
 # ---------------------------------------------------------------------------------------------
-
-
-class Child:
-    """One child process running ``mode`` over ``cases``, read line by line with deadlines."""
-
-    def __init__(self, mode: str, cases: list[dict], out: Path, tag: str) -> None:
-        self.cases_path = out / f"{tag}.cases.json"
-        self.cases_path.write_text(json.dumps(cases))
-        self.stderr = open(out / f"{tag}.stderr", "a")
-        self.process = subprocess.Popen(
-            [sys.executable, "-u", str(Path(__file__).resolve()), "--child", mode, str(self.cases_path)],
-            stdout=subprocess.PIPE, stderr=self.stderr, text=True, start_new_session=True, cwd=str(REPO))
-        self.lines: queue.Queue = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.process.stdout:
-            self.lines.put(line)
-        self.lines.put(None)
-
-    def next_event(self, timeout: float) -> dict | None:
-        """The next event; None when the child exited; raises queue.Empty past the deadline."""
-        deadline = time.monotonic() + timeout
-        while True:
-            line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            if line is None:
-                return None
-            try:
-                return json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a stray print of a library
-
-    def kill(self) -> None:
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.process.wait()
-        self.stderr.close()
-
-    def close(self) -> None:
-        self.process.wait(timeout=60)
-        self.stderr.close()
-
-
-def run_cases(mode: str, cases: list[dict], out: Path, timeout: float, log) -> tuple[dict, dict, str | None]:
-    """Run ``cases`` in children: (results by id, the device's hello, the id of a hung case)."""
-    results: dict = {}
-    hello: dict = {}
-    pending = list(cases)
-    attempt = 0
-    while pending:
-        attempt += 1
-        child_process = Child(mode, pending, out, f"{mode}-{attempt}")
-        current = None
-        while True:
-            try:
-                event = child_process.next_event(timeout if current else max(timeout, 120.0))
-            except queue.Empty:
-                child_process.kill()
-                if current is None:
-                    log(f"  the {mode} child did not start within {max(timeout, 120.0):.0f} s")
-                    return results, hello, "startup"
-                results[current] = {"passed": False, "error": f"HUNG: no result within {timeout:.0f} s"}
-                log(f"  HANG: {current} gave no result within {timeout:.0f} s; the child was killed, the run stops")
-                return results, hello, current
-            if event is None:  # exited: done, or crashed inside `current`
-                child_process.close()
-                break
-            if event["event"] == "hello":
-                hello = event
-            elif event["event"] == "start":
-                current = event["id"]
-            elif event["event"] == "result":
-                results[event["id"]] = event
-                log(_describe(mode, event))
-                current = None
-        done = [case for case in pending if case["id"] in results]
-        if current is not None:
-            results[current] = {"passed": False, "error": f"the child died in this case (exit "
-                                                         f"{child_process.process.returncode}; see {mode}-{attempt}.stderr)"}
-            log(f"  CRASH in {current}: exit {child_process.process.returncode}, see {mode}-{attempt}.stderr")
-        pending = [case for case in pending if case["id"] not in results]
-        if pending and not done and current is None:
-            log(f"  the {mode} child exited before its first case (see {mode}-{attempt}.stderr)")
-            for case in pending:
-                results[case["id"]] = {"passed": False, "error": "the child exited before running it"}
-            break
-    return results, hello, None
 
 
 def _describe(mode: str, event: dict) -> str:
@@ -468,41 +342,16 @@ def bench_cases(variants: list[str], gf=None) -> list[dict]:
     cases = [{"id": "matmul bf16 8192^3", "kind": "ceiling"}]
     for batch, heads, n, head_dim in BENCH_SHAPES:
         for causal in (False, True):
-            label = f"b{batch}-h{heads}-q{n} d{head_dim}{' causal' if causal else ''}"
+            label = harness.case_label(batch, heads, n, head_dim, causal)
             cases.append({"id": label, "shape": [batch, heads, n, head_dim], "causal": causal})
     if variants:
         for batch, heads, n, head_dim in BENCH_SHAPES:
             configs = [v for v in variants if gf is None or fits(gf, v, head_dim)]
             for causal in (False, True) if configs else ():
-                label = f"b{batch}-h{heads}-q{n} d{head_dim}{' causal' if causal else ''} variants"
+                label = f"{harness.case_label(batch, heads, n, head_dim, causal)} variants"
                 cases.append({"id": label, "shape": [batch, heads, n, head_dim], "causal": causal,
                               "configs": configs, "baselines": False})
     return cases
-
-
-def compile_all(specs: list[dict], out: Path, log) -> dict:
-    """Compile every kernel in parallel children (compilation is single-threaded per kernel)."""
-    workers = max(1, min(len(specs), os.cpu_count() or 1, 16))
-    groups = [specs[i::workers] for i in range(workers)]
-    children = [Child("compile", group, out, f"compile-{i}") for i, group in enumerate(groups) if group]
-    seconds = {}
-    deadline = time.monotonic() + 600
-    for child_process, group in zip(children, groups):
-        while True:
-            try:
-                event = child_process.next_event(max(1.0, deadline - time.monotonic()))
-            except queue.Empty:
-                child_process.kill()
-                break
-            if event is None:
-                child_process.close()
-                break
-            if event.get("event") == "compiled":
-                seconds[event["id"]] = event["seconds"]
-        for spec in group:
-            if spec["id"] not in seconds:
-                log(f"  COMPILE FAILED: {spec['id']} (see {Path(child_process.cases_path).stem}.stderr)")
-    return seconds
 
 
 def report(results: dict, bench: dict, variants: list[str], hello: dict) -> str:
@@ -530,27 +379,20 @@ def report(results: dict, bench: dict, variants: list[str], hello: dict) -> str:
     lines.append("|---|---|---|---|---|---|---|")
     for batch, heads, n, head_dim in BENCH_SHAPES:
         for causal in (False, True):
-            label = f"b{batch}-h{heads}-q{n} d{head_dim}{' causal' if causal else ''}"
+            label = harness.case_label(batch, heads, n, head_dim, causal)
             t = bench.get(label, {}).get("tflops", {})
             cells = [f"{t[name]:.0f}" if name in t else "-" for name in IMPLS]
             ratios = [f"{t[name] / t['sdpa_cudnn']:.2f}" if name in t and "sdpa_cudnn" in t else "-"
                       for name in ("gluon", "triton_flash")]
             lines.append(f"| {label} | " + " | ".join(cells + ratios) + " |")
     if variants:
+        from implementations.triton_flash.gluon_forward import default_config
+
         lines.append("")
         lines.append("Gluon configurations (TFLOP/s; the default is gluon_forward.default_config's, "
-                     f"{_defaults()}; max |out - cuDNN| of each in check.json):")
+                     f"{harness.defaults_words(default_config)}; max |out - cuDNN| of each in check.json):")
         lines.append("")
-        lines.append("| case | default | " + " | ".join(variants) + " |")
-        lines.append("|---|---|" + "---|" * len(variants))
-        for batch, heads, n, head_dim in BENCH_SHAPES:
-            for causal in (False, True):
-                label = f"b{batch}-h{heads}-q{n} d{head_dim}{' causal' if causal else ''}"
-                base = bench.get(label, {}).get("tflops", {})
-                t = bench.get(f"{label} variants", {}).get("tflops", {})
-                cells = [f"{base['gluon']:.0f}" if "gluon" in base else "-"]
-                cells += [f"{t[f'gluon {v}']:.0f}" if f"gluon {v}" in t else "-" for v in variants]
-                lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines += harness.variants_table(bench, variants, BENCH_SHAPES)
     return "\n".join(lines)
 
 
@@ -600,7 +442,7 @@ def main() -> int:
                         specs.append({"id": f"{dtype} d{head_dim} {'causal' if causal else 'full'} {config}",
                                       "dtype": dtype, "head_dim": head_dim, "causal": causal, "config": config})
     t0 = time.time()
-    compiled = compile_all(specs, out, log)
+    compiled = harness.compile_all(Path(__file__), specs, out, log)
     record["compile"] = {"seconds_wall": round(time.time() - t0, 1), "kernels": compiled,
                          "failed": [s["id"] for s in specs if s["id"] not in compiled]}
     log(f"  {len(compiled)} of {len(specs)} kernels compiled in {time.time() - t0:.0f} s")
@@ -609,7 +451,7 @@ def main() -> int:
 
     log("== correctness")
     cases = correctness_cases(variants, gf.default_config, gf)
-    correct, hello, hung = run_cases("correct", cases, out, args.case_timeout, log)
+    correct, hello, hung = harness.run_cases(Path(__file__), "correct", cases, out, args.case_timeout, log, _describe)
     record["device"] = hello
     record["correct"] = correct
     if hung:
@@ -624,7 +466,8 @@ def main() -> int:
         log("== timing skipped (--skip-timing)")
     else:
         log("== timing")
-        bench, _, hung_bench = run_cases("time", bench_cases(variants, gf), out, args.case_timeout, log)
+        bench, _, hung_bench = harness.run_cases(Path(__file__), "time", bench_cases(variants, gf), out,
+                                                 args.case_timeout, log, _describe)
         if hung_bench:
             status = 2
     record["bench"] = bench

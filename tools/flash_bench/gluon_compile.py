@@ -13,7 +13,7 @@ A stand-in driver (``sm90_compile._TargetOnly``) answers Triton's questions abou
   is in flight (FlashAttention-3's overlap inside a warp group).
 
 Usage: python3 tools/flash_bench/gluon_compile.py [--quick] [--dump DIR] [--config n128s2 ...]
-(``--quick``: the two default configurations, bf16, causal and not; ``--config`` adds others.)
+(``--quick``: the default configurations, bf16, causal and not; ``--config`` adds others.)
 Exit status 1 if any configuration fails to compile, spills, or does not fit in shared memory.
 """
 
@@ -203,14 +203,21 @@ def _hazards(body: list[str]) -> list[str]:
     return found
 
 
-def describe(compiled, shared_limit: int) -> tuple[str, bool]:
-    """One line on a compiled kernel, and whether it is acceptable (no spills, fits)."""
-    ptx = compiled.asm["ptx"]
+def ptx_counts(ptx: str) -> tuple[int, int, list[str], list[int], list[int], list[str], int]:
+    """(registers, spilled bytes, ptxas warnings, setmaxnreg decreases, increases, wgmma shapes, TMA
+    loads) of a kernel's PTX: what both compile tools report first."""
     regs, spills, warnings = _ptxas_report(ptx)
     dec = sorted({int(n) for n in re.findall(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+)", ptx)})
     inc = sorted({int(n) for n in re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", ptx)})
     wgmma = sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(\S+?)\s", ptx)))
     tma_loads = len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global", ptx))
+    return regs, spills, warnings, dec, inc, wgmma, tma_loads
+
+
+def describe(compiled, shared_limit: int) -> tuple[str, bool]:
+    """One line on a compiled kernel, and whether it is acceptable (no spills, fits)."""
+    ptx = compiled.asm["ptx"]
+    regs, spills, warnings, dec, inc, wgmma, tma_loads = ptx_counts(ptx)
     tma_stores = len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared", ptx))
     sass = _sass(compiled.asm["cubin"])
     ops = [_opcode(text) for _, text in sass]
@@ -258,47 +265,74 @@ def main() -> int:
     import triton
 
     print(f"triton {triton.__version__}, torch {torch.__version__}, target sm_90a (no GPU: a stand-in driver)")
-    matrix = []
-    dtypes = (torch.bfloat16,) if args.quick else (torch.bfloat16, torch.float16)
-    for head_dim in gf.HEAD_DIMS:
-        for causal in (False, True):
-            for dtype in dtypes:
-                matrix.append((head_dim, causal, dtype, gf.default_config(head_dim, causal)))
     extra = [] if args.quick else ["n128s3", "n128s2", "n64s2", "n128s2-nopp", "n128s2-eager"]
-    for text in extra + args.config:
-        config = gf.Config.parse(text)
-        for head_dim in gf.HEAD_DIMS:
-            if config != gf.default_config(head_dim, False):
-                matrix.append((head_dim, False, torch.bfloat16, config))
+    matrix = config_matrix(gf, args.quick, extra + args.config)
 
-    failures = 0
-    dump = Path(args.dump) if args.dump else None
-    if dump:
-        dump.mkdir(parents=True, exist_ok=True)
-    for head_dim, causal, dtype, config in matrix:
-        name = f"d{head_dim} {'causal' if causal else 'full'} {str(dtype).split('.')[-1]} {config}"
-        need = gf.shared_bytes(config, head_dim)
-        if need > gf.SHARED_LIMIT:
-            print(f"{name}: skipped, needs {need} B of shared memory (limit {gf.SHARED_LIMIT})", flush=True)
-            continue
+    def warm(head_dim, causal, dtype, config):
         q = torch.empty(1, 2, 1000, head_dim, dtype=dtype)
-        start = time.time()
-        try:
-            compiled = gf.warmup(q, torch.empty_like(q), torch.empty_like(q), causal, head_dim ** -0.5, config)
-        except Exception as exc:  # report and go on: one bad configuration must not hide the rest
-            failures += 1
-            print(f"{name}: FAILED to compile: {type(exc).__name__}: {str(exc)[:2000]}", flush=True)
-            continue
-        line, ok = describe(compiled, gf.SHARED_LIMIT)
-        failures += not ok
-        print(f"{name} ({time.time() - start:.0f} s): {line}", flush=True)
-        if dump:
-            stem = name.replace(" ", "_")
-            (dump / f"{stem}.ptx").write_text(compiled.asm["ptx"])
-            (dump / f"{stem}.ttgir").write_text(compiled.asm["ttgir"])
-            (dump / f"{stem}.sass").write_text("\n".join(f"/*{a:04x}*/ {t};" for a, t in _sass(compiled.asm["cubin"])))
+        return gf.warmup(q, torch.empty_like(q), torch.empty_like(q), causal, head_dim ** -0.5, config)
+
+    failures, _ = compile_matrix(gf, matrix, "", warm, describe, args.dump, 2000)
     print("OK" if failures == 0 else f"{failures} configuration(s) failed, spilled or did not fit")
     return 1 if failures else 0
+
+
+def config_matrix(module, quick: bool, configs: list[str]) -> list[tuple]:
+    """What to compile, (head dim, causal, dtype, config): ``module``'s (gluon_forward's or
+    gluon_backward's) default of each head dim, causal and not, in bf16 (and fp16 unless
+    ``quick``); then each of ``configs`` at each head dim, bf16 and not causal, unless it is that
+    head dim's default."""
+    import torch
+
+    matrix = []
+    dtypes = (torch.bfloat16,) if quick else (torch.bfloat16, torch.float16)
+    for head_dim in module.HEAD_DIMS:
+        for causal in (False, True):
+            for dtype in dtypes:
+                matrix.append((head_dim, causal, dtype, module.default_config(head_dim, causal)))
+    for text in configs:
+        config = module.Config.parse(text)
+        for head_dim in module.HEAD_DIMS:
+            if config != module.default_config(head_dim, False):
+                matrix.append((head_dim, False, torch.bfloat16, config))
+    return matrix
+
+
+def compile_matrix(module, matrix: list[tuple], prefix: str, warm, describe, dump: str | None,
+                   error_chars: int) -> tuple[int, list[str]]:
+    """Compile each (head dim, causal, dtype, config) of ``matrix`` by ``warm`` (the module's
+    ``warmup`` on inputs of that kind), skipping what does not fit ``module.SHARED_LIMIT``; print a
+    line on each (``describe``, its name led by ``prefix``) and write its PTX, TTGIR and SASS under
+    ``dump``. (Failures, names of the configurations that spilled.)"""
+    failures = 0
+    spilled = []
+    folder = Path(dump) if dump else None
+    if folder:
+        folder.mkdir(parents=True, exist_ok=True)
+    for head_dim, causal, dtype, config in matrix:
+        name = f"{prefix}d{head_dim} {'causal' if causal else 'full'} {str(dtype).split('.')[-1]} {config}"
+        need = module.shared_bytes(config, head_dim)
+        if need > module.SHARED_LIMIT:
+            print(f"{name}: skipped, needs {need} B of shared memory (limit {module.SHARED_LIMIT})", flush=True)
+            continue
+        start = time.time()
+        try:
+            compiled = warm(head_dim, causal, dtype, config)
+        except Exception as exc:  # report and go on: one bad configuration must not hide the rest
+            failures += 1
+            print(f"{name}: FAILED to compile: {type(exc).__name__}: {str(exc)[:error_chars]}", flush=True)
+            continue
+        line, ok = describe(compiled, module.SHARED_LIMIT)
+        failures += not ok
+        if "spills 0 B" not in line:
+            spilled.append(name)
+        print(f"{name} ({time.time() - start:.0f} s): {line}", flush=True)
+        if folder:
+            stem = name.replace(" ", "_")
+            (folder / f"{stem}.ptx").write_text(compiled.asm["ptx"])
+            (folder / f"{stem}.ttgir").write_text(compiled.asm["ttgir"])
+            (folder / f"{stem}.sass").write_text("\n".join(f"/*{a:04x}*/ {t};" for a, t in _sass(compiled.asm["cubin"])))
+    return failures, spilled
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ import random
 import sys
 
 import torch
+from gluon_harness import MBarrier, interleave
 
 BLOCK_M, ROWS = 128, 64
 
@@ -43,37 +44,6 @@ BLOCK_M, ROWS = 128, 64
 # ---------------------------------------------------------------------------------------------
 # Barrier protocol
 # ---------------------------------------------------------------------------------------------
-
-
-class MBarrier:
-    """An mbarrier: ``count`` arrivals and the expected transaction bytes complete a phase."""
-
-    def __init__(self, name: str, count: int) -> None:
-        self.name, self.count = name, count
-        self.pending, self.tx, self.phase = count, 0, 0
-
-    def _maybe_complete(self) -> None:
-        if self.pending == 0 and self.tx == 0:
-            self.phase += 1
-            self.pending = self.count
-
-    def arrive(self) -> None:
-        self.pending -= 1
-        assert self.pending >= 0, f"{self.name}: more arrivals than its count"
-        self._maybe_complete()
-
-    def expect(self, nbytes: int) -> None:  # mbarrier.arrive.expect_tx
-        self.tx += nbytes
-        self.arrive()
-
-    def complete_tx(self, nbytes: int) -> None:
-        self.tx -= nbytes
-        assert self.tx >= 0, f"{self.name}: more bytes than expected"
-        self._maybe_complete()
-
-    def passed(self, parity: int) -> bool:
-        # The phase of parity `parity` has completed: the current phase's parity differs.
-        return (self.phase & 1) != parity
 
 
 class Protocol:
@@ -210,28 +180,7 @@ def _drive(p: Protocol, eager: bool = False, turn_parity=None, refill_xor: int =
     (see Protocol)."""
     partitions = {"producer": producer(p, refill_xor),
                   **{f"consumer{c}": consumer(p, c, eager, turn_parity, next_turn) for c in range(p.consumers)}}
-    blocked: dict[str, tuple] = {}
-    done: set[str] = set()
-    while len(done) < len(partitions) or p.in_flight:
-        runnable = [name for name in partitions if name not in done
-                    and (name not in blocked or blocked[name][1].passed(blocked[name][2]))]
-        choices = runnable + (["tma"] if p.in_flight else [])
-        if not choices:
-            waits = {name: (op[1].name, op[2], op[1].phase) for name, op in blocked.items()}
-            raise AssertionError(f"deadlock: n_tiles={p.n_tiles} stages={p.stages} pingpong={p.pingpong} "
-                                 f"consumers={p.consumers}: {waits}")
-        choice = p.rng.choice(choices)
-        if choice == "tma":
-            p.land_one()
-            continue
-        blocked.pop(choice, None)
-        try:
-            op = next(partitions[choice])
-        except StopIteration:
-            done.add(choice)
-            continue
-        if op[0] == "wait" and not op[1].passed(op[2]):
-            blocked[choice] = op
+    interleave(p, partitions, f"n_tiles={p.n_tiles} stages={p.stages} pingpong={p.pingpong} consumers={p.consumers}")
     if p.pingpong:  # the consumers issue in turn: 0, 1, (2,) 0, 1, ...
         assert all(b == (a + 1) % p.consumers for a, b in zip(p.issues, p.issues[1:])) and p.issues[:1] in ([], [0]), (
             f"turns did not rotate: {p.issues}")

@@ -1,0 +1,109 @@
+"""What the Gluon forward (:mod:`.gluon_forward`) and backward (:mod:`.gluon_backward`) share.
+
+Triton's Gluon imports (the module must import without them, so that the two can say why no call
+takes them: :data:`GLUON_IMPORT_ERROR`), the device check (:func:`device_reason`), the checks on
+q, k, v that both make in the same words (:func:`plain_variants`, :func:`dense_reason`,
+:func:`strides_reason`), and the 4-d TMA descriptors both build (:func:`descriptor`). Each kernel
+keeps its own checks where their words or limits differ (layouts, the scale, the grid).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:
+    import triton
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_init,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    if not hasattr(gl, "warp_specialize"):
+        raise ImportError("this triton's Gluon has no warp_specialize")
+except Exception as exc:  # the kernels' modules must import without Gluon, so that they can say why
+    GLUON_IMPORT_ERROR: Exception | None = exc
+    triton = gluon = gl = TensorDescriptor = None
+    fence_async_shared = mbarrier = tma = warpgroup_mma = warpgroup_mma_init = warpgroup_mma_wait = None
+else:
+    GLUON_IMPORT_ERROR = None
+
+LOG2E = 1.4426950408889634
+HEAD_DIMS = (64, 128)
+DTYPES = (torch.float16, torch.bfloat16)
+#: Hopper's shared memory per block (227 KiB).
+SHARED_LIMIT = 232448
+
+
+def aligned(t: torch.Tensor) -> bool:
+    """Whether TMA can address ``t``: 16-byte aligned base and strides, the head dim contiguous."""
+    size = t.element_size()
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+            and all((stride * size) % 16 == 0 for stride in t.stride()[:-1]))
+
+
+def device_reason(device: torch.device) -> str | None:
+    """Why no call on ``device`` takes this kernel, whatever its shape (None: some can)."""
+    if GLUON_IMPORT_ERROR is not None:
+        return f"Gluon (triton.experimental.gluon, triton >= 3.6) is not available: {GLUON_IMPORT_ERROR}"
+    if os.environ.get("TRITON_INTERPRET") == "1" or device.type != "cuda":
+        return "a CUDA device (not Triton's interpreter)"
+    capability = torch.cuda.get_device_capability(device)
+    if capability[0] != 9:
+        return f"Hopper (sm_90) only: wgmma and this kernel's TMA use are sm_90a (this GPU is sm{capability[0]}{capability[1]})"
+    return None
+
+
+def plain_variants(causal: bool, variants: object | None) -> bool:
+    """Whether ``variants`` (None, or :class:`.launch.Variants`) asks for no more than plain or
+    causal attention: no window, softcap, ALiBi or sinks."""
+    if variants is None or getattr(variants, "key", None) is None:
+        return True
+    return variants.key() == (bool(causal), None, False, False, False)
+
+
+def dense_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
+    """Why q, k, v are not the dense inputs both kernels take (None: they are): tensors
+    ``[B, H, N, D]`` on one Hopper GPU (:func:`device_reason`), float16/bfloat16 of one dtype, head
+    dim 64 or 128 (V's the same), Hq a multiple of Hkv, nothing empty."""
+    tensors = (q, k, v)
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        return "q, k, v must be tensors"
+    if any(t.dim() != 4 for t in tensors):
+        return "dense [batch, heads, seqlen, head_dim] tensors only"
+    if (reason := device_reason(q.device)) is not None:
+        return reason
+    if any(t.device != q.device for t in tensors):
+        return "q, k, v on one device"
+    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"float16 or bfloat16 q, k, v of one dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+    batch, heads_q, n_q, head_dim = q.shape
+    if head_dim not in HEAD_DIMS or k.shape[-1] != head_dim or v.shape[-1] != head_dim:
+        return f"head dims {HEAD_DIMS} (V's equal to Q's), got {head_dim}, {k.shape[-1]}, {v.shape[-1]}"
+    if k.shape != v.shape or k.shape[0] != batch or k.shape[1] == 0 or heads_q % k.shape[1]:
+        return f"k, v shapes {tuple(k.shape)}, {tuple(v.shape)} do not fit q {tuple(q.shape)}"
+    if batch * heads_q * n_q == 0 or k.shape[2] == 0:
+        return "empty inputs take the existing path"
+    return None
+
+
+def strides_reason(*tensors: torch.Tensor) -> str | None:
+    """Why TMA cannot address one of ``tensors`` (None: it can address them all)."""
+    if not all(aligned(t) for t in tensors):
+        return "strides TMA can address: head dim contiguous, other strides and the base 16-byte aligned"
+    return None
+
+
+def descriptor(t: torch.Tensor, rows: int) -> "TensorDescriptor":
+    """A TMA descriptor of blocks ``[1, 1, rows, D]`` on ``[B, H, N, D]``: 4-d, so that each
+    (batch, head) is bounded: loads past its last row read zeros, stores there are dropped."""
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
+    return TensorDescriptor.from_tensor(t, [1, 1, rows, t.shape[-1]], layout)

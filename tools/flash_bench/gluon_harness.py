@@ -1,0 +1,301 @@
+"""What the Gluon forward's and backward's tools share: the GPU checks' child processes
+(``gluon_check.py``, ``gluon_bwd_check.py``) and the CPU models' barriers and interleavings
+(``gluon_model.py``, ``gluon_bwd_model.py``). Standard library only: the parent side of a check
+and the models run where torch has no GPU.
+
+Child processes. A check runs its cases in children of its own script (``SCRIPT --child MODE
+CASES``), which print one JSON event a line: ``hello`` (the device), ``start`` and ``result`` per
+case, ``compiled`` per kernel. The parent (:func:`run_cases`) gives each case a deadline: on the
+first case past it the child is killed and the run stops there (a warp-specialized kernel that is
+wrong usually hangs); a crash is recorded and the next case runs in a fresh child.
+:func:`compile_all` compiles in parallel children. ``selftest`` children (:func:`selftest_child`)
+plant results, a crash and a hang, to check the parent without a GPU.
+
+Models. :class:`MBarrier` is an mbarrier's arithmetic; :func:`interleave` runs a kernel's
+partitions, written as generators that yield ``("wait", barrier, parity)`` or ``("yield",)``, in
+one random order to the end, landing the TMA copies in flight at random points too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+# ---------------------------------------------------------------------------------------------
+# Child side
+# ---------------------------------------------------------------------------------------------
+
+
+def emit(event: str, **fields) -> None:
+    """One event to the parent: a JSON line on stdout."""
+    print(json.dumps({"event": event, **fields}), flush=True)
+
+
+def hello() -> None:
+    """The ``hello`` event: the GPU, torch, triton and CUDA."""
+    import torch
+    import triton
+
+    props = torch.cuda.get_device_properties(0)
+    emit("hello", device=props.name, capability=list(torch.cuda.get_device_capability(0)),
+         sms=props.multi_processor_count, torch=torch.__version__, triton=triton.__version__,
+         cuda=torch.version.cuda)
+
+
+def selftest_child(cases: list[dict]) -> int:
+    """A child for the parent's selftest, without a GPU: each case passes, crashes the child
+    (``crash``) or hangs (``hang``)."""
+    emit("hello", device="none")
+    for case in cases:
+        emit("start", id=case["id"])
+        if case.get("hang"):
+            time.sleep(3600)
+        if case.get("crash"):
+            os._exit(7)
+        emit("result", id=case["id"], passed=True, error="selftest")
+    return 0
+
+
+def run_each(cases: list[dict], run_one) -> int:
+    """Run ``run_one(case)`` (a dict of results) for each case between its ``start`` and
+    ``result`` events. An exception fails the case in words and the run goes on; one from CUDA
+    ends the child with status 4 (the context may be poisoned: the parent goes on in a fresh
+    one)."""
+    for case in cases:
+        emit("start", id=case["id"])
+        try:
+            result = run_one(case)
+        except Exception as exc:  # the case fails in words; the run goes on
+            emit("result", id=case["id"], passed=False, error=f"{type(exc).__name__}: {str(exc)[:1500]}")
+            if "CUDA" in str(exc) or "cuda" in type(exc).__module__:
+                return 4  # the context may be poisoned: the parent goes on in a fresh child
+            continue
+        emit("result", id=case["id"], **result)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Parent side (no CUDA here)
+# ---------------------------------------------------------------------------------------------
+
+
+class Child:
+    """One child process of ``script`` running ``mode`` over ``cases``, read line by line with
+    deadlines."""
+
+    def __init__(self, script: Path, mode: str, cases: list[dict], out: Path, tag: str) -> None:
+        self.cases_path = out / f"{tag}.cases.json"
+        self.cases_path.write_text(json.dumps(cases))
+        self.stderr = open(out / f"{tag}.stderr", "a")
+        self.process = subprocess.Popen(
+            [sys.executable, "-u", str(Path(script).resolve()), "--child", mode, str(self.cases_path)],
+            stdout=subprocess.PIPE, stderr=self.stderr, text=True, start_new_session=True, cwd=str(REPO))
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def next_event(self, timeout: float) -> dict | None:
+        """The next event; None when the child exited; raises queue.Empty past the deadline."""
+        deadline = time.monotonic() + timeout
+        while True:
+            line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            if line is None:
+                return None
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a stray print of a library
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+        self.stderr.close()
+
+    def close(self) -> None:
+        self.process.wait(timeout=60)
+        self.stderr.close()
+
+
+def run_cases(script: Path, mode: str, cases: list[dict], out: Path, timeout: float, log,
+              describe) -> tuple[dict, dict, str | None]:
+    """Run ``cases`` in children of ``script``: (results by id, the device's hello, the id of a
+    hung case). ``describe(mode, event)`` is the line logged for each result."""
+    results: dict = {}
+    device: dict = {}
+    pending = list(cases)
+    attempt = 0
+    while pending:
+        attempt += 1
+        child_process = Child(script, mode, pending, out, f"{mode}-{attempt}")
+        current = None
+        while True:
+            try:
+                event = child_process.next_event(timeout if current else max(timeout, 120.0))
+            except queue.Empty:
+                child_process.kill()
+                if current is None:
+                    log(f"  the {mode} child did not start within {max(timeout, 120.0):.0f} s")
+                    return results, device, "startup"
+                results[current] = {"passed": False, "error": f"HUNG: no result within {timeout:.0f} s"}
+                log(f"  HANG: {current} gave no result within {timeout:.0f} s; the child was killed, the run stops")
+                return results, device, current
+            if event is None:  # exited: done, or crashed inside `current`
+                child_process.close()
+                break
+            if event["event"] == "hello":
+                device = event
+            elif event["event"] == "start":
+                current = event["id"]
+            elif event["event"] == "result":
+                results[event["id"]] = event
+                log(describe(mode, event))
+                current = None
+        done = [case for case in pending if case["id"] in results]
+        if current is not None:
+            results[current] = {"passed": False, "error": f"the child died in this case (exit "
+                                                         f"{child_process.process.returncode}; see {mode}-{attempt}.stderr)"}
+            log(f"  CRASH in {current}: exit {child_process.process.returncode}, see {mode}-{attempt}.stderr")
+        pending = [case for case in pending if case["id"] not in results]
+        if pending and not done and current is None:
+            log(f"  the {mode} child exited before its first case (see {mode}-{attempt}.stderr)")
+            for case in pending:
+                results[case["id"]] = {"passed": False, "error": "the child exited before running it"}
+            break
+    return results, device, None
+
+
+def compile_all(script: Path, specs: list[dict], out: Path, log) -> dict:
+    """Compile every kernel in parallel children of ``script`` (compilation is single-threaded per
+    kernel): the seconds each took, by id."""
+    workers = max(1, min(len(specs), os.cpu_count() or 1, 16))
+    groups = [specs[i::workers] for i in range(workers)]
+    children = [Child(script, "compile", group, out, f"compile-{i}") for i, group in enumerate(groups) if group]
+    seconds = {}
+    deadline = time.monotonic() + 600
+    for child_process, group in zip(children, groups):
+        while True:
+            try:
+                event = child_process.next_event(max(1.0, deadline - time.monotonic()))
+            except queue.Empty:
+                child_process.kill()
+                break
+            if event is None:
+                child_process.close()
+                break
+            if event.get("event") == "compiled":
+                seconds[event["id"]] = event["seconds"]
+        for spec in group:
+            if spec["id"] not in seconds:
+                log(f"  COMPILE FAILED: {spec['id']} (see {Path(child_process.cases_path).stem}.stderr)")
+    return seconds
+
+
+def defaults_words(default_config) -> str:
+    """A kernel's ``default_config`` choices, for a report's words: each head dim's non-causal
+    default, and the causal one where it differs."""
+    words = []
+    for d in (128, 64):
+        full, causal = default_config(d, False), default_config(d, True)
+        words.append(f"{full} at d{d}" + ("" if causal == full else f" ({causal} causal)"))
+    return ", ".join(words)
+
+
+def case_label(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> str:
+    """A timing case's name: ``b4-h32-q4096 d64 causal``."""
+    return f"b{batch}-h{heads}-q{n} d{head_dim}{' causal' if causal else ''}"
+
+
+def variants_table(bench: dict, variants: list[str], shapes) -> list[str]:
+    """The report's table of configurations: TFLOP/s of the default (the ``gluon`` timing of each
+    case) and of each of ``variants`` (``gluon VARIANT`` in the case's ``variants`` timing)."""
+    lines = ["| case | default | " + " | ".join(variants) + " |", "|---|---|" + "---|" * len(variants)]
+    for batch, heads, n, head_dim in shapes:
+        for causal in (False, True):
+            label = case_label(batch, heads, n, head_dim, causal)
+            base = bench.get(label, {}).get("tflops", {})
+            t = bench.get(f"{label} variants", {}).get("tflops", {})
+            cells = [f"{base['gluon']:.0f}" if "gluon" in base else "-"]
+            cells += [f"{t[f'gluon {v}']:.0f}" if f"gluon {v}" in t else "-" for v in variants]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# Models
+# ---------------------------------------------------------------------------------------------
+
+
+class MBarrier:
+    """An mbarrier: ``count`` arrivals and the expected transaction bytes complete a phase."""
+
+    def __init__(self, name: str, count: int) -> None:
+        self.name, self.count = name, count
+        self.pending, self.tx, self.phase = count, 0, 0
+
+    def _maybe_complete(self) -> None:
+        if self.pending == 0 and self.tx == 0:
+            self.phase += 1
+            self.pending = self.count
+
+    def arrive(self) -> None:
+        self.pending -= 1
+        assert self.pending >= 0, f"{self.name}: more arrivals than its count"
+        self._maybe_complete()
+
+    def expect(self, nbytes: int) -> None:  # mbarrier.arrive.expect_tx
+        self.tx += nbytes
+        self.arrive()
+
+    def complete_tx(self, nbytes: int) -> None:
+        self.tx -= nbytes
+        assert self.tx >= 0, f"{self.name}: more bytes than expected"
+        self._maybe_complete()
+
+    def passed(self, parity: int) -> bool:
+        # The phase of parity `parity` has completed: the current phase's parity differs.
+        return (self.phase & 1) != parity
+
+
+def interleave(p, partitions: dict, where: str) -> None:
+    """Run ``partitions`` (name: generator) in one random order (``p.rng``) to the end, each
+    blocked while its last ``("wait", barrier, parity)`` has not passed, landing ``p``'s TMA copies
+    in flight (``p.in_flight``, ``p.land_one()``) at random points. AssertionError on a deadlock:
+    no partition can move and no copy is in flight (``where`` names the case in its message)."""
+    blocked: dict[str, tuple] = {}
+    done: set[str] = set()
+    while len(done) < len(partitions) or p.in_flight:
+        runnable = [name for name in partitions if name not in done
+                    and (name not in blocked or blocked[name][1].passed(blocked[name][2]))]
+        choices = runnable + (["tma"] if p.in_flight else [])
+        if not choices:
+            waits = {name: (op[1].name, op[2], op[1].phase) for name, op in blocked.items()}
+            raise AssertionError(f"deadlock: {where}: {waits}")
+        choice = p.rng.choice(choices)
+        if choice == "tma":
+            p.land_one()
+            continue
+        blocked.pop(choice, None)
+        try:
+            op = next(partitions[choice])
+        except StopIteration:
+            done.add(choice)
+            continue
+        if op[0] == "wait" and not op[1].passed(op[2]):
+            blocked[choice] = op
