@@ -541,8 +541,8 @@ class SpeedCheck(Suite):
                 f"baseline with the SM clock at {decision.clock_mhz:.0f} MHz, "
                 f"{100 * (1 - decision.clock_mhz / decision.baseline_clock_mhz):.1f}% below its saved runs' "
                 f"{decision.baseline_clock_mhz:.0f} MHz: at equal clocks that is "
-                f"{100 * (decision.ratio * decision.clock_mhz / decision.baseline_clock_mhz - 1):+.1f}%, within the "
-                f"{100 * threshold:.1f}% threshold, so it is not judged. A GPU that runs hot or under a power cap "
+                f"{100 * (decision.ratio * decision.clock_mhz / decision.baseline_clock_mhz - 1):+.1f}%, within half "
+                f"the {100 * threshold:.1f}% threshold, so it is not judged. A GPU that runs hot or under a power cap "
                 "lowers its clock; a kernel that draws more power can lower it too. Time it again on a GPU that "
                 "holds its clock to judge it.")
         return replace(decision, baseline_runs=baseline.runs), measurement

@@ -209,6 +209,11 @@ def test_a_regression_at_the_baselines_clock_stands() -> None:
         assert explained_by_clock(_decided(1.10), now_clock, 1970.0).verdict == GateVerdict.REGRESSION
 
 
+def test_a_real_ten_percent_slowdown_on_a_gpu_a_little_hotter_than_at_saving_fails() -> None:
+    # 10% slower at a clock 3% low: +6.7% at equal clocks, more than half the 8% threshold.
+    assert explained_by_clock(_decided(1.10), 1911.0, 1970.0).verdict == GateVerdict.REGRESSION
+
+
 def test_the_clock_excuses_only_what_it_explains() -> None:
     # 25% slower at a 8.6% lower clock: +14% at equal clocks, past the 8% threshold.
     assert explained_by_clock(_decided(1.25), 1801.0, 1970.0).verdict == GateVerdict.REGRESSION
