@@ -272,9 +272,18 @@ def explained_by_clock(decision: Decision, clock_mhz: float | None, baseline_clo
         return decision
     if clock_mhz > baseline_clock_mhz * (1 - CLOCK_MIN_DROP):
         return decision
-    if decision.ratio * clock_mhz / baseline_clock_mhz > 1 + CLOCK_LEFT * decision.threshold:
+    if at_equal_clocks(decision) > 1 + CLOCK_LEFT * decision.threshold:
         return decision
     return replace(decision, verdict=GateVerdict.SLOWER_CLOCK)
+
+
+def at_equal_clocks(decision: Decision) -> float:
+    """The slowdown left when the clocks are made equal (``decision`` must carry both). It scales
+    the larger of the ratio before and after the machine factor: where the whole GPU runs at a
+    lower clock, the reference slowed too and the factor has already divided that out, so scaling
+    the divided ratio again would count the clock twice."""
+    assert decision.clock_mhz and decision.baseline_clock_mhz
+    return max(decision.ratio, decision.raw_ratio) * decision.clock_mhz / decision.baseline_clock_mhz
 
 
 #: A saved run restarts an entry's history when it moved this many thresholds (in log space) from

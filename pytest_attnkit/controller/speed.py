@@ -35,8 +35,8 @@ from typing import Any, Callable, ClassVar, Sequence
 from pytest_attnkit.contract import Case, MemoryClass
 from pytest_attnkit.controller import footprint
 from pytest_attnkit.controller.baselines import BaselineStore
-from pytest_attnkit.controller.gate import (MACHINE_FACTOR_LIMIT, Decision, GateVerdict, decide, explained_by_clock,
-                                            machine_factor, noise_threshold)
+from pytest_attnkit.controller.gate import (MACHINE_FACTOR_LIMIT, Decision, GateVerdict, at_equal_clocks, decide,
+                                            explained_by_clock, machine_factor, noise_threshold)
 from pytest_attnkit.controller.impls import ImplStatus
 from pytest_attnkit.controller.outcome import Judged, Judgement, Outcomes, failed, skipped
 from pytest_attnkit.controller.paired import MIN_PAIRS, PairedDecision, SyncKind, decide_paired, sync_kind
@@ -541,7 +541,7 @@ class SpeedCheck(Suite):
                 f"baseline with the SM clock at {decision.clock_mhz:.0f} MHz, "
                 f"{100 * (1 - decision.clock_mhz / decision.baseline_clock_mhz):.1f}% below its saved runs' "
                 f"{decision.baseline_clock_mhz:.0f} MHz: at equal clocks that is "
-                f"{100 * (decision.ratio * decision.clock_mhz / decision.baseline_clock_mhz - 1):+.1f}%, within half "
+                f"{100 * (at_equal_clocks(decision) - 1):+.1f}%, within half "
                 f"the {100 * threshold:.1f}% threshold, so it is not judged. A GPU that runs hot or under a power cap "
                 "lowers its clock; a kernel that draws more power can lower it too. Time it again on a GPU that "
                 "holds its clock to judge it.")

@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from pytest_attnkit.controller.gate import Decision, GateVerdict, explained_by_clock
+from pytest_attnkit.controller.gate import Decision, GateVerdict, at_equal_clocks, explained_by_clock
 
 HERE = Path(__file__).parent
 SAVES = ["h100-save1", "h100-save2", "h100-save3"]
@@ -48,7 +48,7 @@ def replay() -> list[tuple[str, tuple[str, str, str]]]:
             fields = {name: gate[name] for name in Decision.__dataclass_fields__ if name in gate}
             decision = explained_by_clock(Decision(**{**fields, "verdict": GateVerdict(gate["verdict"])}),
                                           seen[label][key]["clock_mhz_median"], baseline_clock)
-            at_equal = decision.ratio * decision.clock_mhz / decision.baseline_clock_mhz
+            at_equal = at_equal_clocks(decision)
             print(f"{label}: {' '.join(key)}: {100 * (gate['ratio'] - 1):+.1f}% at {decision.clock_mhz:.0f} MHz "
                   f"against {decision.baseline_clock_mhz:.0f} MHz (earlier saves {', '.join(f'{c:.0f}' for c in clocks)});"
                   f" at equal clocks {100 * (at_equal - 1):+.1f}%, threshold {100 * gate['threshold']:.1f}%: "

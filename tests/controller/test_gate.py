@@ -214,6 +214,15 @@ def test_a_real_ten_percent_slowdown_on_a_gpu_a_little_hotter_than_at_saving_fai
     assert explained_by_clock(_decided(1.10), 1911.0, 1970.0).verdict == GateVerdict.REGRESSION
 
 
+def test_a_clock_the_machine_factor_divided_out_is_not_counted_twice() -> None:
+    # The whole GPU runs 5% lower: the reference slowed 5% (factor 1.05), the kernel 15.5% (a real
+    # +10%). Scaling the divided ratio (1.10) by the clock again would leave +4.5%; the raw one, +9.7%.
+    baseline = [16.88 * (1 + 0.001 * i) for i in range(20)]
+    decision = decide(baseline, [1.155 * value for value in baseline], machine_factor=1.05)
+    assert decision.verdict == GateVerdict.REGRESSION
+    assert explained_by_clock(decision, 1871.5, 1970.0).verdict == GateVerdict.REGRESSION
+
+
 def test_the_clock_excuses_only_what_it_explains() -> None:
     # 25% slower at a 8.6% lower clock: +14% at equal clocks, past the 8% threshold.
     assert explained_by_clock(_decided(1.25), 1801.0, 1970.0).verdict == GateVerdict.REGRESSION
