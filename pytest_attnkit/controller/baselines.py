@@ -371,6 +371,7 @@ class BaselineStore:
                 current, seen = now.get(measurement.key), self.entries.get(measurement.key)
                 if current is not None and decision is not None and decision.verdict == GateVerdict.SLOWER_CLOCK:
                     counts["slower_clock"] += 1  # a throttled run would widen the entry's threshold
+                    counts["thin"] += len(history(current)) < MIN_RUNS
                     continue
                 if current is None:
                     runs, outcome = [run], "new"

@@ -105,7 +105,7 @@ def speed_records(document: dict[str, Any]) -> list[tuple[SpeedMeasurement, Deci
                                        m.get("input_sets", 1), m.get("gpu_state") or {}, m.get("program"),
                                        m.get("syncs"), tuple(m.get("shared_with") or ()))
         stored = decisions.get((m["impl"], m["mode"], m["case"]))
-        decision = (Decision(**{**{f.name: stored[f.name] for f in fields(Decision)},
+        decision = (Decision(**{**{f.name: stored.get(f.name, f.default) for f in fields(Decision)},
                                 "verdict": GateVerdict(stored["verdict"])}) if stored else None)
         records.append((measurement, decision, m.get("ratio_to_reference")))
     return records

@@ -35,8 +35,8 @@ from typing import Any, Callable, ClassVar, Sequence
 from pytest_attnkit.contract import Case, MemoryClass
 from pytest_attnkit.controller import footprint
 from pytest_attnkit.controller.baselines import BaselineStore
-from pytest_attnkit.controller.gate import (MACHINE_FACTOR_LIMIT, Decision, GateVerdict, at_equal_clocks, decide,
-                                            explained_by_clock, machine_factor, noise_threshold)
+from pytest_attnkit.controller.gate import (MACHINE_FACTOR_LIMIT, Decision, GateVerdict, Pool, at_equal_clocks,
+                                            decide, explained_by_clock, machine_factor, noise_threshold)
 from pytest_attnkit.controller.impls import ImplStatus
 from pytest_attnkit.controller.outcome import Judged, Judgement, Outcomes, failed, skipped
 from pytest_attnkit.controller.paired import MIN_PAIRS, PairedDecision, SyncKind, decide_paired, sync_kind
@@ -532,9 +532,9 @@ class SpeedCheck(Suite):
         known = self.store.programs(key)
         if measurement.program and known and measurement.program not in known:
             return replace(decision, verdict=GateVerdict.OTHER_PROGRAM, baseline_runs=baseline.runs), measurement
-        if decision.verdict == GateVerdict.REGRESSION:
-            decision, measurement = self._confirm(measurement, baseline.samples_ms, decision, threshold, factor)
         decision = explained_by_clock(decision, measurement.timing.clock_mhz_median, baseline.clock_mhz)
+        if decision.verdict in (GateVerdict.REGRESSION, GateVerdict.SLOWER_CLOCK):
+            decision, measurement = self._confirm(measurement, baseline, decision, threshold, factor)
         if decision.verdict == GateVerdict.SLOWER_CLOCK:
             self.notes[f"clock:{key}"] = (
                 f"{key.impl} on {key.case_id} ({key.mode}) ran {100 * (decision.ratio - 1):+.1f}% against its "
@@ -547,22 +547,30 @@ class SpeedCheck(Suite):
                 "holds its clock to judge it.")
         return replace(decision, baseline_runs=baseline.runs), measurement
 
-    def _confirm(self, first_measurement: SpeedMeasurement, baseline_ms: list[float], first: Decision,
+    def _confirm(self, first_measurement: SpeedMeasurement, baseline: Pool, first: Decision,
                  threshold: float, factor: float) -> tuple[Decision, SpeedMeasurement]:
         """Re-measure a suspected regression in fresh rounds; it stands only if most rounds agree.
 
         On a GPU a whole run can shift by several percent (new allocations, clock state), which
         the samples of one round cannot show; independent rounds can. A real slowdown shows in
-        every round, a one-off shift in one. The median round decides, and is the one kept."""
+        every round, a one-off shift in one. Each round's own clock may excuse that round only
+        (:func:`~pytest_attnkit.controller.gate.explained_by_clock`): a regression in most rounds
+        stands, one slower in most rounds where the clock excused some is "slower clock". The
+        median round is the one kept (of the excused rounds, for "slower clock")."""
         impl, mode, _ = first_measurement.key
         rounds = [(first, first_measurement)]
         for _ in range(CONFIRMATION_ROUNDS):
             measurement = self._measure(impl, mode, first_measurement.case)
-            rounds.append((decide(baseline_ms, list(measurement.timing.samples_ms), threshold=threshold,
-                                  machine_factor=factor), measurement))
+            decision = decide(baseline.samples_ms, list(measurement.timing.samples_ms), threshold=threshold,
+                              machine_factor=factor)
+            rounds.append((explained_by_clock(decision, measurement.timing.clock_mhz_median, baseline.clock_mhz),
+                           measurement))
         flagged = sum(decision.verdict == GateVerdict.REGRESSION for decision, _ in rounds)
-        chosen, measurement = sorted(rounds, key=lambda pair: pair[0].ratio)[len(rounds) // 2]
-        verdict = GateVerdict.REGRESSION if flagged * 2 > len(rounds) else GateVerdict.UNCHANGED
+        excused = sum(decision.verdict == GateVerdict.SLOWER_CLOCK for decision, _ in rounds)
+        verdict = (GateVerdict.REGRESSION if flagged * 2 > len(rounds) else
+                   GateVerdict.SLOWER_CLOCK if (flagged + excused) * 2 > len(rounds) else GateVerdict.UNCHANGED)
+        kept = [pair for pair in rounds if pair[0].verdict == verdict] if verdict == GateVerdict.SLOWER_CLOCK else rounds
+        chosen, measurement = sorted(kept, key=lambda pair: pair[0].ratio)[len(kept) // 2]
         return replace(chosen, verdict=verdict, rounds=len(rounds), rounds_flagged=flagged), measurement
 
     def machine_factor(self) -> float:

@@ -7,6 +7,7 @@ exactly what every round measures.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -37,9 +38,10 @@ class FakePool:
     """The pool's interface, with scripted replies: ``script[impl]`` is a list of median ms."""
 
     def __init__(self, script: dict[str, list[float]], ceilings: dict[str, float] | None = None,
-                 clocks: dict[str, float] | None = None) -> None:
+                 clocks: dict[str, float | list[float]] | None = None) -> None:
         self.script = {name: list(medians) for name, medians in script.items()}
-        self.clocks = clocks or {}  # the SM clock each implementation's samples ran at
+        self.clocks = {name: list(clock) if isinstance(clock, list) else clock for name, clock in (clocks or {}).items()}
+        # the SM clock each implementation's samples ran at (one, or one per request)
         self.ceilings = ceilings or {"matmul_bf16_tflops": 700.0, "copy_gbps": 4000.0}
         self.impls = {name: ImplInfo(name, f"fake:{name}") for name in script}
         self.asked: list[str] = []
@@ -50,8 +52,10 @@ class FakePool:
     def request(self, name: str, request: Request) -> Reply:
         self.asked.append(name)
         median = self.script[name].pop(0)
-        return Reply(Status.OK, "", {"timing": timing(median, clock_mhz=self.clocks.get(name)).to_dict(),
-                                     "input_sets": 1})
+        clock = self.clocks.get(name)
+        if isinstance(clock, list):  # a clock per request, in order
+            clock = clock.pop(0)
+        return Reply(Status.OK, "", {"timing": timing(median, clock_mhz=clock).to_dict(), "input_sets": 1})
 
     def run_once(self, label: str, request: Request) -> dict:
         return {"ceilings": self.ceilings, "gpu_state": {}}
@@ -142,6 +146,56 @@ def test_a_saved_run_keeps_the_clock_its_samples_ran_at(tmp_path: Path) -> None:
     entry = json.loads(store.path.read_text())["entries"][key_string(EntryKey("kernel", "forward", CASE.id))]
     assert entry["history"][-1]["clock_mhz"] == 1912.3
     assert store.pooled(EntryKey("kernel", "forward", CASE.id)).clock_mhz == 1912.3
+
+
+def test_one_low_clock_round_does_not_excuse_the_rounds_at_full_clock(tmp_path: Path) -> None:
+    # +9% and +12% at the baseline's clock, +10% at a clock 9% low: two of three rounds flag it.
+    store = save_baseline(tmp_path, {"ref": 1.0, "kernel": 1.0}, clock_mhz=1970.0)
+    pool = FakePool({"ref": [1.0], "kernel": [1.09, 1.10, 1.12]}, clocks={"kernel": [1970.0, 1790.0, 1970.0]})
+    check = make_check(pool, store)
+    check.check("ref", "forward", CASE)
+    with judged("failed", "flagged in 2 of 3 independent rounds"):
+        check.check("kernel", "forward", CASE)
+
+
+def test_an_unchanged_case_at_a_lower_clock_stays_unchanged_and_is_saved(tmp_path: Path) -> None:
+    store = save_baseline(tmp_path, {"ref": 1.0, "kernel": 1.0}, clock_mhz=1970.0)
+    check = make_check(FakePool({"ref": [1.0], "kernel": [1.01]}, clocks={"kernel": 1700.0}), store)
+    check.check("ref", "forward", CASE)
+    result = check.check("kernel", "forward", CASE)
+    assert result.decision.verdict == GateVerdict.UNCHANGED and result.decision.clock_mhz == 1700.0
+    counts = store.save([(r.measurement, r.decision, r.ratio_to_reference) for r in check.results.values()],
+                        {"compute_capability": "9.0"}, {}, "host")
+    assert (counts["pooled"], counts["slower_clock"]) == (2, 0)
+
+
+def test_the_baseline_clock_is_the_median_of_the_runs_of_the_timed_program(tmp_path: Path) -> None:
+    key = EntryKey("kernel", "forward", CASE.id)
+    store = BaselineStore(tmp_path, DEVICE)
+    for clock, program in ((1700.0, "A"), (1900.0, "B"), (1960.0, "B"), (1800.0, "B")):
+        measured = SpeedMeasurement("kernel", "forward", CASE, timing(1.0, clock_mhz=clock), program=program)
+        store.save([(measured, None, None)], {"compute_capability": "9.0"}, {}, "host")
+    store = BaselineStore(tmp_path, DEVICE)
+    assert store.pooled(key, "B").clock_mhz == 1900.0  # the median of B's runs, not their mean nor A's
+    assert store.pooled(key).clock_mhz == pytest.approx(1850.0)
+
+
+def test_a_runs_clock_is_the_median_of_its_samples_clocks(tmp_path: Path) -> None:
+    clocks = (1500.0,) + (1950.0,) * 14  # one sample under a dip: the run still ran at 1950
+    measured = SpeedMeasurement("kernel", "forward", CASE, replace(timing(1.0), clocks_mhz=clocks))
+    store = BaselineStore(tmp_path, DEVICE)
+    store.save([(measured, None, None)], {"compute_capability": "9.0"}, {}, "host")
+    assert BaselineStore(tmp_path, DEVICE).pooled(EntryKey("kernel", "forward", CASE.id)).clock_mhz == 1950.0
+
+
+def test_an_entry_the_clock_keeps_thin_is_counted_thin(tmp_path: Path) -> None:
+    store = save_baseline(tmp_path, {"ref": 1.0, "kernel": 1.0}, clock_mhz=1970.0)
+    check = make_check(FakePool({"ref": [1.0], "kernel": [1.10] * 3}, clocks={"kernel": 1800.0}), store)
+    check.check("ref", "forward", CASE)
+    check.check("kernel", "forward", CASE)
+    counts = store.save([(r.measurement, r.decision, r.ratio_to_reference) for r in check.results.values()],
+                        {"compute_capability": "9.0"}, {}, "host")
+    assert counts["slower_clock"] == 1 and counts["thin"] == 2  # the kernel's 1 run, the reference's 2
 
 
 def test_a_save_leaves_out_a_run_the_slower_clock_excused(tmp_path: Path) -> None:
