@@ -2,9 +2,9 @@
 
 One :class:`AttnkitSession` lives in ``config.stash`` for a run with ``--attnkit``. It probes the
 environment in a worker (the pytest process itself never imports torch or touches CUDA), picks the
-device and the case set (:mod:`~pytest_attnkit.controller.selection`), starts the worker pool (:mod:`pytest_attnkit.controller.pool`) and, unless
-``--attnkit-jobs=1``, the scheduler that runs requests ahead of the tests
-(:mod:`pytest_attnkit.controller.scheduler`), builds one suite per selected kind
+device and the case set (:mod:`~pytest_attnkit.controller.selection`), starts the worker pool (:mod:`pytest_attnkit.controller.pool`) and the scheduler: the one that
+runs requests ahead of the tests (:mod:`pytest_attnkit.controller.scheduler`), or with
+``--attnkit-jobs=1`` the inline one (:mod:`pytest_attnkit.controller.inline`), builds one suite per selected kind
 (:class:`~pytest_attnkit.controller.suite.Suite`: :mod:`~pytest_attnkit.controller.correctness`,
 :mod:`~pytest_attnkit.controller.memory`, :mod:`~pytest_attnkit.controller.speed`,
 :mod:`~pytest_attnkit.controller.properties`, :mod:`~pytest_attnkit.controller.sanitize`) and the
@@ -31,6 +31,7 @@ from pytest_attnkit.controller.baselines import BaselineError, BaselineStore
 from pytest_attnkit.controller.correctness import CorrectnessCheck
 from pytest_attnkit.controller.discovery import BUNDLED, load_selected
 from pytest_attnkit.controller.impls import ImplStatus
+from pytest_attnkit.controller.inline import InlineScheduler
 from pytest_attnkit.controller.items import ITEM_KEY
 from pytest_attnkit.controller.memory import MemoryCheck
 from pytest_attnkit.controller.options import Settings, moved_rootdir
@@ -92,8 +93,8 @@ class AttnkitSession:
         self.runner: Runner | None = None
         #: The tests collected and their outcomes, for the report.
         self.tally = Tally()
-        #: Runs requests ahead of the tests, several at a time (None with ``--attnkit-jobs=1``).
-        self.scheduler: Scheduler | None = None
+        #: Runs the tests' requests: ahead of them, several at a time, or inline with ``--attnkit-jobs=1``.
+        self.scheduler: Scheduler | InlineScheduler | None = None
         self.document: dict[str, Any] | None = None
         #: The documents of pytest-xdist's workers (on the controller).
         self.worker_documents: list[dict[str, Any]] = []
@@ -195,8 +196,10 @@ class AttnkitSession:
         return self._usable_cores() if setting == "auto" else int(setting)
 
     def _start_scheduler(self) -> None:
-        """Run requests ahead of the tests, ``jobs`` at a time (see the scheduler's docstring)."""
+        """Run requests ahead of the tests, ``jobs`` at a time (see the scheduler's docstring), or
+        each when its test waits for it (``jobs`` 1)."""
         if self.jobs <= 1:
+            self.scheduler = InlineScheduler(self.pool)
             return
         # Each extra worker gets its share of the cores for its CPU threads (the primaries keep
         # torch's default: on the CPU they time the speed suite).
