@@ -30,12 +30,12 @@ the tool; without the cache each tensor is an allocation of its own, which memch
 :data:`PADDING_BYTES` it reports any access to (``--padding``): a read that leaves an allocation's
 rounding lands there, not in the next allocation. API errors of the CUDA runtime
 (``--report-api-errors no``) are left out: libraries probe the device through calls that fail by
-design, and the suite judges kernels. Where the scheduler runs requests ahead, the tests' steps
-are gathered ahead too: the first step is the test's plan (:meth:`SanitizeCheck.plan`), which the
-runner submits to the scheduler; once it is submitted (:meth:`SanitizeCheck.sent_ahead`), the
-second waits for it on a thread of the suite's own and runs in up to ``parallel`` workers under
-the tool at once (the pool starts and ends them: :meth:`WorkerPool.worker_under`); the verdict is
-the test's (:meth:`SanitizeCheck.judge`).
+design, and the suite judges kernels. Both steps are the test's plan (:meth:`SanitizeCheck.plan`),
+which the runner submits to the scheduler like any suite's: the second starts once the first has
+ended, only if it went well, in a worker the pool starts under the tool for it alone (a request's
+:class:`~pytest_attnkit.controller.process.Launch`; up to ``parallel`` of them at once) and closes
+before the reply is handed on; the verdict is the test's (:meth:`SanitizeCheck.judge`). With
+``--attnkit-jobs=1`` the two steps run one after the other as the test reads their replies.
 
 The tool writes its log straight into a folder that outlives the run, so that the path a failure
 and the report's ``sanitize[].log`` name is there when the user looks, even after a crash or a
@@ -64,12 +64,13 @@ from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 from pytest_attnkit.contract import Case
-from pytest_attnkit.controller import footprint
+from pytest_attnkit.controller import footprint, table
 from pytest_attnkit.controller.outcome import Judged, Judgement, Outcomes, failed, skipped
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.process import Launch
 from pytest_attnkit.controller.runner import Runner
 from pytest_attnkit.controller.suite import Planned, Suite, SuiteItem, TestSpec, verdict_of
+from pytest_attnkit.controller.terminal import NO_BREAK
 from pytest_attnkit.messages import Op, Reply, Request, Status
 
 TOOLS: tuple[str, ...] = ("memcheck", "racecheck", "initcheck", "synccheck")
@@ -226,6 +227,10 @@ class SanitizeCheck(Suite):
                     "and /usr/local/cuda/bin); it comes with the CUDA toolkit")
         return None
 
+    def header(self, tools: list[str]) -> str:
+        """The header's sanitize line for the ``--attnkit-sanitize`` tools (memcheck when none)."""
+        return table.sanitize_header(str(self.sanitizer), tools or ["memcheck"], self.skip_reason())
+
     def log_path(self, impl: str, tool: str, case: Case, *, backward: bool) -> Path:
         """Where the tool writes this test's log: a file that outlives the run (the module docstring
         says where), named after the test; a test that runs twice in one run gets ``-2``, ``-3``. A
@@ -345,6 +350,13 @@ class SanitizeCheck(Suite):
             raise Judged(failed(f"{impl} on {where}: compute-sanitizer {tool} wrote no summary (its log: {log}); the worker "
                         "may not have started under it"))
         return entry
+
+
+def kept_logs(document: dict[str, Any]) -> list[str]:
+    """The summary's line saying where compute-sanitizer's logs were kept, if any were (several
+    folders under pytest-xdist without a report)."""
+    kept = sorted({os.path.dirname(entry["log"]) for entry in document.get("sanitize", []) if entry.get("log")})
+    return [f"sanitize logs:{NO_BREAK}{', '.join(kept)}"] if kept else []
 
 
 def _ran(reply: Reply) -> bool:

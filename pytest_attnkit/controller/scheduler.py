@@ -45,8 +45,8 @@ The rules:
 - **The GPU alone.** :meth:`exclusive` is for what must have the GPU to itself (speed timing, and
   memory sweeps where the meter sees every process's allocations): it waits until everything
   submitted has finished, and starts nothing else until it ends. The pool takes it for every
-  request it sends itself (:meth:`pytest_attnkit.controller.pool.WorkerPool.request`, through
-  :meth:`~pytest_attnkit.controller.pool.WorkerPool.share`). Extra workers that hold no warm-up are
+  request sent on the caller's thread (:meth:`pytest_attnkit.controller.pool.WorkerPool.request_alone`,
+  through :meth:`~pytest_attnkit.controller.pool.WorkerPool.share`). Extra workers that hold no warm-up are
   closed as it begins (:meth:`~pytest_attnkit.controller.pool.WorkerPool.trim`): nothing is left for them, and each holds
   device memory while it lives. The others stay: a speed test is timed in the worker that warmed
   its case up (``Job.worker``), which has its kernels compiled and loaded.
@@ -55,6 +55,9 @@ The rules:
   (implementation, tag), started for the first such request and closed once the last one queued
   has run; no other request runs in it, so what a warm-up compiled in a shared worker stays
   there. It is not counted among the ``jobs`` extra workers, and runs its requests one at a time.
+  A request submitted with a ``launch`` (the sanitize suite's run under compute-sanitizer) runs
+  in a worker the pool starts under that launcher for it alone, up to ``launch.at_once`` of them
+  at once, and closes before its reply is handed on (the tool writes its summary as it exits).
 - **Failures stay put.** A worker that crashes or misses its deadline fails the one request it
   was running; the next request on it starts a fresh process.
 - **The test pytest waits for comes first.** A request whose test waits for it (:meth:`wait`), or

@@ -41,13 +41,12 @@ from pytest_attnkit.controller.process import WorkerFailure
 from pytest_attnkit.controller.properties import PropertyCheck
 from pytest_attnkit.controller.runner import Runner
 from pytest_attnkit.controller.selection import CaseSelection
-from pytest_attnkit.controller.sanitize import SanitizeCheck, find_sanitizer
+from pytest_attnkit.controller.sanitize import SanitizeCheck, find_sanitizer, kept_logs
 from pytest_attnkit.controller.scheduler import Scheduler
 from pytest_attnkit.controller.speed import SpeedCheck, SpeedSettings
 from pytest_attnkit.controller.suite import Suite, SuiteContext
 from pytest_attnkit.controller.tally import Tally
 from pytest_attnkit.controller import table
-from pytest_attnkit.controller.terminal import NO_BREAK
 from pytest_attnkit.messages import Op, Request
 
 SESSION_KEY = pytest.StashKey["AttnkitSession"]()
@@ -267,8 +266,8 @@ class AttnkitSession:
         return xdist.share_of_this_worker(self.config, items, self.pool.names)
 
     def submit_ahead(self, items: list[pytest.Item]) -> None:
-        """Send the selected tests' plans ahead of them, in their suites' order (the runner; nothing
-        without a scheduler). A test skipped at collection sends nothing."""
+        """Submit the selected tests' plans, in their suites' order (the runner; the inline
+        scheduler runs each when its test reads the reply). A test skipped at collection sends nothing."""
         if self.runner is not None:
             self.runner.submit_all(item.stash[ITEM_KEY] for item in items
                                    if ITEM_KEY in item.stash and item.get_closest_marker("skip") is None)
@@ -303,12 +302,7 @@ class AttnkitSession:
             lines += report.save_baseline(store, self.document, self.environment, interrupted=interrupted)
         if self.settings.report:
             lines.extend(report.write(self.document, self.settings.path("report")))
-        # Where compute-sanitizer's logs were kept (several folders under pytest-xdist without a report).
-        kept = sorted({os.path.dirname(entry["log"]) for entry in self.document.get("sanitize", [])
-                       if entry.get("log")})
-        if kept:
-            lines.append(f"sanitize logs:{NO_BREAK}{', '.join(kept)}")
-        return lines
+        return lines + kept_logs(self.document)
 
     def add_worker_document(self, text: str) -> None:
         """A pytest-xdist worker's report document, folded in at the end (on the controller)."""
@@ -322,8 +316,7 @@ class AttnkitSession:
         workers = table.workers_header(inprocess=self.settings.inprocess, jobs=self.jobs,
                                        xdist_controller=xdist.is_controller(self.config))
         sanitizer = self.suites.get("sanitize")
-        sanitize = table.sanitize_header(str(sanitizer.sanitizer), self.settings.sanitize or ["memcheck"],
-                                         sanitizer.skip_reason()) if isinstance(sanitizer, SanitizeCheck) else None
+        sanitize = sanitizer.header(self.settings.sanitize) if isinstance(sanitizer, SanitizeCheck) else None
         return table.header_lines(environment=self.environment, device=self.device, profile=self.profile,
                                   suites=self.settings.suite, seed=self.settings.seed, workers=workers,
                                   caches=caches.describe(self.cache_root, self.cache_env),
