@@ -17,10 +17,10 @@ an idle extra of an implementation with nothing queued is closed to start one, t
 no warm-up first), or a worker of its own per (implementation, tag) for a DEDICATED request,
 closed after its last one, or a worker started under a launcher (compute-sanitizer) for one
 request, closed by :meth:`WorkerPool.finish` before its reply is handed on;
-:meth:`WorkerPool.give_back` takes it back. :meth:`WorkerPool.trim`
-closes the extras that hold no warm-up as the GPU-alone phase begins, and :meth:`WorkerPool.evict`
-stops idle workers so that a request that ran out of device memory alone can run again: only until
-what it lacked is free, cheapest first (by the failure's figures), or every other one. The pool
+:meth:`WorkerPool.give_back` takes it back. :meth:`WorkerPool.trim` closes the extras that hold
+no warm-up as the GPU-alone phase begins, and :meth:`WorkerPool.evict` stops idle workers so that
+a request that ran out of device memory alone can run again: only until what it lacked is free,
+cheapest first (by the failure's figures), or every other one. The pool
 knows no scheduler: the session hands it the GPU-alone phase (:meth:`WorkerPool.share`).
 
 Requests sent on the caller's thread (:meth:`WorkerPool.request_alone`, the one synchronous path:
@@ -28,8 +28,9 @@ speed's timing rounds, memory sweeps on the device meter, and the jobs of
 :class:`~pytest_attnkit.controller.inline.InlineScheduler` with ``--attnkit-jobs=1``) go to the
 primary with the GPU to itself, when others run beside them. Such a request that runs out of
 device memory is sent again after other worker processes are stopped (:meth:`WorkerPool.evict`, a
-few rounds by the latest failure's figures, then all of them): idle workers still hold their CUDA contexts, the kernels they loaded and
-whatever an implementation keeps, and whether a big case fits must not depend on them. Every
+few rounds by the latest failure's figures, then all of them): idle workers still hold their CUDA
+contexts, the kernels they loaded and whatever an implementation keeps, and whether a big case
+fits must not depend on them. Every
 reply's time goes into the run's :mod:`~pytest_attnkit.controller.ledger`.
 """
 
@@ -284,7 +285,8 @@ class WorkerPool:
                 if len(self._launched) >= launch.at_once:
                     return None
                 init, own_env = self._starts[impl]
-                worker = WorkerProcess(launch.label, init, self.log_dir, env={**self.env, **(own_env or {}), **launch.env},
+                worker = WorkerProcess(launch.label, init, self.log_dir,
+                                       env={**self.env, **(own_env or {}), **launch.env},
                                        launcher=list(launch.command), shutdown_timeout=launch.shutdown_timeout)
                 self._launched.add(worker)
                 self._leased.add(worker)

@@ -2,9 +2,10 @@
 
 One :class:`AttnkitSession` lives in ``config.stash`` for a run with ``--attnkit``. It probes the
 environment in a worker (the pytest process itself never imports torch or touches CUDA), picks the
-device and the case set (:mod:`~pytest_attnkit.controller.selection`), starts the worker pool (:mod:`pytest_attnkit.controller.pool`) and the scheduler: the one that
-runs requests ahead of the tests (:mod:`pytest_attnkit.controller.scheduler`), or with
-``--attnkit-jobs=1`` the inline one (:mod:`pytest_attnkit.controller.inline`), builds one suite per selected kind
+device and the case set (:mod:`~pytest_attnkit.controller.selection`), starts the worker pool
+(:mod:`pytest_attnkit.controller.pool`) and the scheduler: the one that runs requests ahead of the
+tests (:mod:`pytest_attnkit.controller.scheduler`), or with ``--attnkit-jobs=1`` the inline one
+(:mod:`pytest_attnkit.controller.inline`), builds one suite per selected kind
 (:class:`~pytest_attnkit.controller.suite.Suite`: :mod:`~pytest_attnkit.controller.correctness`,
 :mod:`~pytest_attnkit.controller.memory`, :mod:`~pytest_attnkit.controller.speed`,
 :mod:`~pytest_attnkit.controller.properties`, :mod:`~pytest_attnkit.controller.sanitize`) and the
