@@ -335,8 +335,8 @@ class MemoryCheck(Suite):
         points: list[MemoryPoint] = []
         for index, seqlen in enumerate(sweep.seqlens):
             case = sweep.case(seqlen)
-            reply = replies[index] if replies is not None else self.pool.request(impl, self._message(case, backward,
-                                                                                                     index))
+            reply = (replies[index] if replies is not None
+                     else self.pool.request_alone(impl, self._message(case, backward, index)))
             if reply is None:  # cancelled: the run is stopping (a stopped sweep ends at the point before)
                 points.append(MemoryPoint(seqlen, PointStatus.NOT_RUN))
                 break

@@ -15,18 +15,22 @@ of the request's implementation (an idle one, the one that ran the point before 
 *extra* one: at most ``jobs`` extras in all, one more for the request a test waits for; when full,
 an idle extra of an implementation with nothing queued is closed to start one, those that hold
 no warm-up first), or a worker of its own per (implementation, tag) for a DEDICATED request,
-closed after its last one; :meth:`WorkerPool.give_back` takes it back. :meth:`WorkerPool.trim`
-closes the extras that hold no warm-up as the GPU-alone phase begins, and :meth:`WorkerPool.evict`
-stops idle workers so that a request that ran out of device memory alone can run again: only until
-what it lacked is free, cheapest first (by the failure's figures), or every other one. The pool
+closed after its last one, or a worker started under a launcher (compute-sanitizer) for one
+request, closed by :meth:`WorkerPool.finish` before its reply is handed on;
+:meth:`WorkerPool.give_back` takes it back. :meth:`WorkerPool.trim` closes the extras that hold
+no warm-up as the GPU-alone phase begins, and :meth:`WorkerPool.evict` stops idle workers so that
+a request that ran out of device memory alone can run again: only until what it lacked is free,
+cheapest first (by the failure's figures), or every other one. The pool
 knows no scheduler: the session hands it the GPU-alone phase (:meth:`WorkerPool.share`).
 
-Requests the pool sends itself (:meth:`WorkerPool.request`: memory sweeps, speed timing, a
-correctness case nobody submitted ahead) go to the primary with the GPU to itself, when others run
-beside them. A request of its own that runs out of device memory is sent again after other worker
-processes are stopped (:meth:`WorkerPool.evict`, a few rounds by the latest failure's figures,
-then all of them): idle workers still hold their CUDA contexts, the kernels they loaded and
-whatever an implementation keeps, and whether a big case fits must not depend on them. Every
+Requests sent on the caller's thread (:meth:`WorkerPool.request_alone`, the one synchronous path:
+speed's timing rounds, memory sweeps on the device meter, and the jobs of
+:class:`~pytest_attnkit.controller.inline.InlineScheduler` with ``--attnkit-jobs=1``) go to the
+primary with the GPU to itself, when others run beside them. Such a request that runs out of
+device memory is sent again after other worker processes are stopped (:meth:`WorkerPool.evict`, a
+few rounds by the latest failure's figures, then all of them): idle workers still hold their CUDA
+contexts, the kernels they loaded and whatever an implementation keeps, and whether a big case
+fits must not depend on them. Every
 reply's time goes into the run's :mod:`~pytest_attnkit.controller.ledger`.
 """
 
@@ -43,7 +47,7 @@ from typing import Any, Callable, ContextManager, Iterator
 
 from pytest_attnkit.controller.impls import ImplInfo
 from pytest_attnkit.controller.ledger import Ledger
-from pytest_attnkit.controller.process import InProcessWorker, Worker, WorkerFailure, WorkerProcess, close_all
+from pytest_attnkit.controller.process import InProcessWorker, Launch, Worker, WorkerFailure, WorkerProcess, close_all
 from pytest_attnkit.controller.worker_log import log_folder
 from pytest_attnkit.messages import Op, Reply, Request, Spent, Status
 from pytest_attnkit.registry import EntryPointRef
@@ -51,7 +55,7 @@ from pytest_attnkit.registry import EntryPointRef
 #: The suite each core request op belongs to, for the ledger: the names the scheduler's jobs carry, so
 #: that a suite has one row whether its requests run one at a time or ahead. A suite's own request
 #: (``Op.RUN``) names its suite; a request whose op is not its suite's is named by the caller
-#: (:meth:`WorkerPool.request`).
+#: (:meth:`WorkerPool.request_alone`).
 SUITE_OF_OP = {Op.WARM: "warm", Op.CEILINGS: "speed"}
 
 
@@ -84,6 +88,8 @@ class Lease:
     retired: "tuple[str, Worker] | None" = None
     #: The (implementation, tag) of the worker of its own it is, or None (a shared worker).
     dedicated: "tuple[str, str] | None" = None
+    #: A worker under a launcher, started for this request alone (:meth:`WorkerPool.finish` closes it).
+    launched: bool = False
 
 
 class WorkerPool:
@@ -130,7 +136,7 @@ class WorkerPool:
         self._dedicated: dict[tuple[str, str], Worker] = {}
         #: The workers lent now.
         self._leased: set[Worker] = set()
-        #: The workers under a launcher (:meth:`worker_under`) that run now.
+        #: The workers under a launcher (a request's :class:`Launch`) that run now.
         self._launched: set[Worker] = set()
         #: One-off workers started ahead (:meth:`start_once`), by label, with their start-up's future.
         self._once: dict[str, tuple[Worker, Future[Reply]]] = {}
@@ -258,35 +264,14 @@ class WorkerPool:
         """Seconds each primary worker has spent starting so far (a crash starts it again)."""
         return {name: worker.startup_s for name, worker in self._workers.items()}
 
-    @contextlib.contextmanager
-    def worker_under(self, name: str, launcher: list[str], *, env: dict[str, str], label: str,
-                     shutdown_timeout: float) -> Iterator[Worker]:
-        """A worker of ``name`` that runs under ``launcher`` (compute-sanitizer), for one check:
-        closed as the block ends (the tool writes its summary as the worker exits), or by
-        :meth:`stop_launched` or :meth:`close` if the run stops first."""
-        init, own_env = self._starts[name]
-        worker = WorkerProcess(label, init, self.log_dir, env={**self.env, **(own_env or {}), **env}, launcher=launcher,
-                               shutdown_timeout=shutdown_timeout)
-        with self._lock:
-            self._launched.add(worker)
-        try:
-            yield worker
-        finally:
-            worker.close()
-            with self._lock:
-                self._launched.discard(worker)
-
-    def stop_launched(self) -> None:
-        """End the workers under a launcher that run now (the run stops): their requests fail at once."""
-        with self._lock:
-            launched = list(self._launched)
-        close_all(launched)
-
     # -- workers lent to the requests run ahead ------------------------------------------------
     def lease(self, impl: str, *, room: int = 0, dedicated: "tuple[str, str] | None" = None,
-              same_as: Worker | None = None, queued: Callable[[str], bool] = lambda impl: False) -> Lease | None:
+              same_as: Worker | None = None, queued: Callable[[str], bool] = lambda impl: False,
+              launch: Launch | None = None) -> Lease | None:
         """A worker for one request of ``impl``, or None (none may be lent now: the request waits).
 
+        A request under a launcher (``launch``: compute-sanitizer's) gets a worker of its own
+        started under it, or None while ``launch.at_once`` such workers run; :meth:`finish` closes it.
         A DEDICATED request (``dedicated``: its (implementation, tag)) gets the worker of its own,
         started for the first one, or None while it is busy. Any other gets the worker that ran
         the request before it (``same_as``: a sweep's point), or None while that one is busy;
@@ -296,6 +281,16 @@ class WorkerPool:
         start one (those that hold no warm-up first), and the request's thread closes it
         (:meth:`begin`)."""
         with self._lock:
+            if launch is not None:
+                if len(self._launched) >= launch.at_once:
+                    return None
+                init, own_env = self._starts[impl]
+                worker = WorkerProcess(launch.label, init, self.log_dir,
+                                       env={**self.env, **(own_env or {}), **launch.env},
+                                       launcher=list(launch.command), shutdown_timeout=launch.shutdown_timeout)
+                self._launched.add(worker)
+                self._leased.add(worker)
+                return Lease(impl, worker, launched=True)
             primary = self.primary(impl)
             idle = self._idle.setdefault(impl, [primary])
             self._extras.setdefault(impl, [])
@@ -339,16 +334,27 @@ class WorkerPool:
         self._extras[impl].append(worker)
         return worker
 
-    def dedicated_busy(self, key: tuple[str, str]) -> bool:
-        """Whether the worker of its own of (implementation, tag) ``key`` is lent now."""
+    def busy(self, dedicated: "tuple[str, str] | None", launch: Launch | None = None) -> bool:
+        """Whether a request must wait for a worker of its own: the one of (implementation, tag)
+        ``dedicated`` is lent now, or ``launch.at_once`` workers under a launcher run."""
         with self._lock:
-            worker = self._dedicated.get(key)
+            if launch is not None:
+                return len(self._launched) >= launch.at_once
+            worker = self._dedicated.get(dedicated) if dedicated is not None else None
             return worker is not None and worker in self._leased
 
     def begin(self, lease: Lease) -> None:
         """On the request's thread, before it is sent: close the worker taken out to make room."""
         if lease.retired is not None:
             self.retire(*lease.retired)
+
+    def finish(self, lease: Lease) -> None:
+        """On the request's thread, once the reply is in and before it is handed on: close a
+        worker under a launcher (the tool writes its summary as the worker exits)."""
+        if lease.launched:
+            lease.worker.close()
+            with self._lock:
+                self._launched.discard(lease.worker)
 
     def give_back(self, lease: Lease, *, warmed: bool, last: bool = True) -> Worker | None:
         """Take back a lent worker: idle again (it holds a warm-up's kernels if ``warmed``). A
@@ -457,12 +463,15 @@ class WorkerPool:
             reply = dataclasses.replace(reply, spent=Spent(time.monotonic() - started, reply.spent.compile_s))
         return reply
 
-    def request(self, name: str, request: Request, *, worker: Worker | None = None,
-                suite: str | None = None) -> Reply:
-        """Send a suite request to ``name``'s primary worker (or to ``worker``, one of its
-        workers that has the case warmed up), with the GPU to itself. The ledger counts it under
-        ``suite``, else its op's suite (:data:`SUITE_OF_OP`): the sanitize suite's runs are ``warm``
-        requests, and are not the warm-ups of the memory and speed suites."""
+    def request_alone(self, name: str, request: Request, *, worker: Worker | None = None,
+                      suite: str | None = None) -> Reply:
+        """The one synchronous path: send a request to ``name``'s primary worker (or to
+        ``worker``, one of its workers that has the case warmed up) on the caller's thread, with
+        the GPU to itself, and wait for it. For what must be decided while a test judges and run
+        with nothing beside it (speed's timing rounds, memory sweeps on the device meter), and for
+        :class:`~pytest_attnkit.controller.inline.InlineScheduler`'s jobs; everything else is
+        submitted to the scheduler. The ledger counts it under ``suite``, else its op's suite
+        (:data:`SUITE_OF_OP`)."""
         with self._gpu_alone():
             started = time.monotonic()
             self.ledger.began()

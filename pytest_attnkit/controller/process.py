@@ -40,6 +40,7 @@ import sys
 import threading
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -100,6 +101,20 @@ def describe_exit(returncode: int | None) -> str:
             name = f"signal {-returncode}"
         return f"was killed by {name}"
     return f"exited with code {returncode}"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How to start a worker under a launcher (compute-sanitizer) for one request: the pool starts
+    one per request (:meth:`pytest_attnkit.controller.pool.WorkerPool.lease`) and closes it once it
+    has answered, before the reply is handed on (the tool writes its summary as the worker exits);
+    at most ``at_once`` of them run at a time."""
+
+    command: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict, hash=False)
+    label: str = "launched"
+    shutdown_timeout: float = 10.0
+    at_once: int = 1
 
 
 class WorkerProcess:

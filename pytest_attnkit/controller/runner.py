@@ -6,10 +6,11 @@ each implementation once. Once pytest has selected the tests, the session hands 
 planned request to the scheduler (:mod:`pytest_attnkit.controller.scheduler`), keyed by the item.
 When the test runs, :meth:`Runner.run` hands the suite the replies to its plan
 (:class:`Replies`: each one waited for when the suite reads it) and settles the suite's judgement
-through :meth:`Outcomes.settle`, the one place a verdict is made. Without a scheduler
-(``--attnkit-jobs=1``, ``--attnkit-inprocess``) or for a test whose plan was not sent ahead, each
-planned request is sent on the test's own thread when the suite reads its reply, and a warm-up
-is not sent at all: the test's own request compiles what it needs.
+through :meth:`Outcomes.settle`, the one place a verdict is made. With ``--attnkit-jobs=1`` and
+``--attnkit-inprocess`` the scheduler is the :class:`~pytest_attnkit.controller.inline.InlineScheduler`:
+each planned request runs on the test's own thread when the suite reads its reply, and a warm-up
+not at all (the test's own request compiles what it needs). A test whose plan was not sent ahead
+submits it as it runs, without its warm-ups.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any, overload
 import pytest
 
 from pytest_attnkit.contract import Case
+from pytest_attnkit.controller.inline import InlineScheduler
 from pytest_attnkit.controller.items import ITEM_KEY, mark_items
 from pytest_attnkit.controller.outcome import Judged, Outcomes, last_line, skipped
 from pytest_attnkit.controller.scheduler import Job, Scheduler
@@ -36,10 +38,8 @@ class Replies(Sequence["Reply | None"]):
     """The replies to one item's plan, in its order; each is fetched when first read, so a suite
     that stops reading (a memory sweep that ended) waits for, or sends, nothing more."""
 
-    def __init__(self, item: SuiteItem, plan: list[Planned], jobs: list[Job | None] | None,
-                 scheduler: Scheduler | None, pool: "WorkerPool") -> None:
-        self._item, self._plan, self._jobs = item, plan, jobs
-        self._scheduler, self._pool = scheduler, pool
+    def __init__(self, plan: list[Planned], jobs: list[Job | None], scheduler: "Scheduler | InlineScheduler") -> None:
+        self._plan, self._jobs, self._scheduler = plan, jobs, scheduler
         self._read: dict[int, Reply | None] = {}
 
     def __len__(self) -> int:
@@ -62,29 +62,24 @@ class Replies(Sequence["Reply | None"]):
         return self._read[index]
 
     def _fetch(self, index: int) -> Reply | None:
-        if self._jobs is not None:
-            job = self._jobs[index]
-            if job is None or job.future.cancelled() or self._scheduler is None:
-                return None
-            try:
-                return self._scheduler.wait(job)
-            except CancelledError:  # the run is stopping: nobody ran it
-                return None
-        planned = self._plan[index]
-        if planned.warm:
+        job = self._jobs[index]
+        if job is None or job.future.cancelled():
             return None
-        return self._pool.request(self._item.impl, planned.request, suite=self._item.suite)
+        try:
+            return self._scheduler.wait(job)
+        except CancelledError:  # the run is stopping, or a chain stopped: nobody ran it
+            return None
 
 
 class Runner:
     """Sends each item's plan ahead of it and settles each test from its replies."""
 
     def __init__(self, suites: Mapping[str, Suite], pool: "WorkerPool", outcomes: Outcomes,
-                 scheduler: Scheduler | None = None) -> None:
+                 scheduler: "Scheduler | InlineScheduler | None" = None) -> None:
         self.suites = suites
         self.pool = pool
         self.outcomes = outcomes
-        self.scheduler = scheduler
+        self.scheduler = scheduler if scheduler is not None else InlineScheduler(pool)
         #: Per item: its plan and the scheduler's job of each planned request (None: not sent).
         self._ahead: dict[SuiteItem, tuple[list[Planned], list[Job | None]]] = {}
         #: Per item the implementation accepted at collection: the (case, backward) it was asked.
@@ -147,31 +142,35 @@ class Runner:
         return [replace(planned, request=replace(planned.request, checked=True))
                 if (planned.request.case, planned.request.backward) == query else planned for planned in plan]
 
-    def submit(self, item: SuiteItem) -> None:
-        """Submit the item's plan to the scheduler now (nothing without one, or for an item
-        already submitted). A warm-up estimated to need more than the scheduler's whole budget is
-        left out: it would run alone, ahead of tests that wait. A plan that cannot be made now (a
-        hook's bad answer) is made again when the test runs, which fails with the error."""
+    def submit(self, item: SuiteItem, *, warm_ups: bool = True) -> None:
+        """Submit the item's plan to the scheduler now (nothing for an item already submitted). A
+        warm-up estimated to need more than the scheduler's whole budget is left out: it would run
+        alone, ahead of tests that wait; so is every warm-up without ``warm_ups`` (the test runs
+        now). A plan that cannot be made now (a hook's bad answer) is made again when the test
+        runs, which fails with the error."""
         suite = self.suites.get(item.suite)
-        if self.scheduler is None or suite is None or item in self._ahead:
+        if suite is None or item in self._ahead:
             return
         try:
             plan = self._plan(suite, item)
         except pytest.UsageError:
             return
+        self._send(item, plan, warm_ups=warm_ups)
+
+    def _send(self, item: SuiteItem, plan: list[Planned], *, warm_ups: bool) -> list[Job | None]:
         budget = self.scheduler.budget_bytes
         jobs: list[Job | None] = []
         for planned in plan:
-            if planned.warm and budget is not None and planned.gpu_bytes > budget:
+            if planned.warm and (not warm_ups or (budget is not None and planned.gpu_bytes > budget)):
                 jobs.append(None)
                 continue
             jobs.append(self.scheduler.submit(item.impl, item.suite, planned.request, gpu_bytes=planned.gpu_bytes,
                                               warm=planned.warm, follows=planned.follows,
                                               same_worker=planned.same_worker,
-                                              isolation=planned.isolation, tag=planned.tag,
+                                              isolation=planned.isolation, tag=planned.tag, launch=planned.launch,
                                               after=jobs[planned.after] if planned.after is not None else None))
         self._ahead[item] = (plan, jobs)
-        suite.sent_ahead(item, jobs)
+        return jobs
 
     def submit_all(self, items: Iterable[SuiteItem]) -> None:
         """Submit the items' plans in their suites' order (:meth:`Suite.order`), pytest's among equals."""
@@ -185,6 +184,16 @@ class Runner:
         worker that warmed it up)."""
         return self._ahead.get(item, ((), ()))[1]
 
+    def replies(self, item: SuiteItem) -> Replies:
+        """The replies to the item's plan; a plan not sent ahead is submitted now, without its
+        warm-ups (a plan's error fails the test)."""
+        if item in self._ahead:
+            plan, jobs = self._ahead[item]
+        else:
+            plan = self._plan(self.suites[item.suite], item)
+            jobs = self._send(item, plan, warm_ups=False)
+        return Replies(plan, jobs, self.scheduler)
+
     def run(self, node: pytest.Item, **fixtures: Any) -> None:
         """The body of every suite test: the replies to the item's plan, judged by its suite,
         settled. ``fixtures`` go to :meth:`Suite.judge`."""
@@ -196,10 +205,8 @@ class Runner:
         if suite is None:
             self.outcomes.settle(node, skipped(f"the {item.suite} suite is not selected (--attnkit-suite)"))
             return
-        plan, jobs = self._ahead.get(item) or (self._plan(suite, item), None)
-        replies = Replies(item, plan, jobs, self.scheduler, self.pool)
         try:
-            judgement = suite.judge(item, replies, **fixtures)
+            judgement = suite.judge(item, self.replies(item), **fixtures)
         except Judged as judged:
             judgement = judged.judgement
         finally:

@@ -30,12 +30,12 @@ the tool; without the cache each tensor is an allocation of its own, which memch
 :data:`PADDING_BYTES` it reports any access to (``--padding``): a read that leaves an allocation's
 rounding lands there, not in the next allocation. API errors of the CUDA runtime
 (``--report-api-errors no``) are left out: libraries probe the device through calls that fail by
-design, and the suite judges kernels. Where the scheduler runs requests ahead, the tests' steps
-are gathered ahead too: the first step is the test's plan (:meth:`SanitizeCheck.plan`), which the
-runner submits to the scheduler; once it is submitted (:meth:`SanitizeCheck.sent_ahead`), the
-second waits for it on a thread of the suite's own and runs in up to ``parallel`` workers under
-the tool at once (the pool starts and ends them: :meth:`WorkerPool.worker_under`); the verdict is
-the test's (:meth:`SanitizeCheck.judge`).
+design, and the suite judges kernels. Both steps are the test's plan (:meth:`SanitizeCheck.plan`),
+which the runner submits to the scheduler like any suite's: the second starts once the first has
+ended, only if it went well, in a worker the pool starts under the tool for it alone (a request's
+:class:`~pytest_attnkit.controller.process.Launch`; up to ``parallel`` of them at once) and closes
+before the reply is handed on; the verdict is the test's (:meth:`SanitizeCheck.judge`). With
+``--attnkit-jobs=1`` the two steps run one after the other as the test reads their replies.
 
 The tool writes its log straight into a folder that outlives the run, so that the path a failure
 and the report's ``sanitize[].log`` name is there when the user looks, even after a crash or a
@@ -59,18 +59,18 @@ import re
 import shutil
 import tempfile
 import threading
-import time
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, ClassVar, Sequence
 
 from pytest_attnkit.contract import Case
-from pytest_attnkit.controller import footprint
+from pytest_attnkit.controller import footprint, table
 from pytest_attnkit.controller.outcome import Judged, Judgement, Outcomes, failed, skipped
 from pytest_attnkit.controller.pool import WorkerPool
-from pytest_attnkit.controller.scheduler import Job
+from pytest_attnkit.controller.process import Launch
+from pytest_attnkit.controller.runner import Runner
 from pytest_attnkit.controller.suite import Planned, Suite, SuiteItem, TestSpec, verdict_of
+from pytest_attnkit.controller.terminal import NO_BREAK
 from pytest_attnkit.messages import Op, Reply, Request, Status
 
 TOOLS: tuple[str, ...] = ("memcheck", "racecheck", "initcheck", "synccheck")
@@ -215,8 +215,8 @@ class SanitizeCheck(Suite):
     #: Every test's outcome under the tool, for the report.
     results: list[dict[str, Any]] = field(default_factory=list)
     _names: set[str] = field(default_factory=set)
-    _ahead: dict[SuiteItem, "Future[SanitizeRun]"] = field(default_factory=dict)
-    _executor: ThreadPoolExecutor | None = None
+    #: Each planned test's log (:meth:`plan` names it, the verdict reads it).
+    _logs: dict[SuiteItem, Path] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def skip_reason(self) -> str | None:
@@ -226,6 +226,10 @@ class SanitizeCheck(Suite):
             return ("compute-sanitizer was not found (looked on the PATH, in $CUDA_HOME/bin, $CUDA_PATH/bin "
                     "and /usr/local/cuda/bin); it comes with the CUDA toolkit")
         return None
+
+    def header(self, tools: list[str]) -> str:
+        """The header's sanitize line for the ``--attnkit-sanitize`` tools (memcheck when none)."""
+        return table.sanitize_header(str(self.sanitizer), tools or ["memcheck"], self.skip_reason())
 
     def log_path(self, impl: str, tool: str, case: Case, *, backward: bool) -> Path:
         """Where the tool writes this test's log: a file that outlives the run (the module docstring
@@ -256,92 +260,62 @@ class SanitizeCheck(Suite):
         return Request(Op.WARM, case, backward, self.seed)
 
     def plan(self, item: SuiteItem) -> list[Planned]:
-        """The run outside the tool (none where the tool's step is not run and there is nothing to
-        guard, nor for an implementation that could not be loaded)."""
+        """The run outside the tool, then, if it went well, the run under the tool in a worker the
+        pool starts under it for that request alone (:class:`Launch`; up to ``parallel`` at once).
+        Only the first where the tool's step is not run; nothing where there is nothing to guard
+        either, nor for an implementation that could not be loaded."""
         assert item.case is not None
-        if self.pool.info(item.impl).load_error or (self.skip_reason() and item.tool != "memcheck"):
+        tool, reason = item.tool or "memcheck", self.skip_reason()
+        if self.pool.info(item.impl).load_error or (reason and tool != "memcheck"):
             return []
         estimate = footprint.request_bytes(item.case, backward=item.backward, references=False, linear_memory=False)
-        return [Planned(self._first_step(item.tool or "memcheck", item.case, item.backward), 3 * estimate)]
-
-    def sent_ahead(self, item: SuiteItem, jobs: Sequence[Job | None]) -> None:
-        """Gather the rest of the test's findings ahead of it: once its run outside the tool has
-        ended, a worker under the tool runs beside ``parallel - 1`` others. Nothing here decides the
-        verdict: :meth:`judge` does, in the test."""
-        if not jobs or jobs[0] is None or item in self._ahead:
-            return
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=max(1, self.parallel), thread_name_prefix="attnkit-sanitize")
-        first = jobs[0]
-
-        def before() -> Reply | None:  # None: cancelled, as the run stops (-x, Ctrl-C)
-            try:
-                return first.future.result()
-            except CancelledError:
-                return None
-
-        self._ahead[item] = self._executor.submit(self._gather, item.impl, item.tool or "memcheck", item.case,
-                                                  item.backward, before)
+        first = Planned(self._first_step(tool, item.case, item.backward), 3 * estimate)
+        if reason:
+            return [first]
+        assert self.sanitizer is not None
+        log = self._logs[item] = self.log_path(item.impl, tool, item.case, backward=item.backward)
+        launch = Launch(tuple(command(self.sanitizer, tool, log)), {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"},
+                        label=f"{item.impl}.{tool}", shutdown_timeout=SHUTDOWN_S, at_once=max(1, self.parallel))
+        return [first, Planned(Request(Op.WARM, item.case, item.backward, self.seed), 3 * estimate, after=0,
+                               follows=_ran, launch=launch)]
 
     def judge(self, item: SuiteItem, replies: Sequence[Reply | None], **fixtures: Any) -> Judgement:
-        """The test's verdict from what was gathered ahead of it, or from the two steps run now
-        (the first one's reply read from the plan's)."""
+        """The test's verdict from the replies to its plan."""
         assert item.case is not None and item.tool is not None
-        ahead = self._ahead.pop(item, None)
-        return verdict_of(lambda properties: self.check(
-            item.impl, item.tool, item.case, backward=item.backward, properties=properties,
-            gathered=ahead.result if ahead is not None else None, before=lambda: replies[0]))
+        return verdict_of(lambda properties: self.check(item.impl, item.tool, item.case, backward=item.backward,
+                                                        properties=properties, replies=replies))
 
-    # -- gathering (ahead of the test, on a thread of its own, or by the test) -------------------
-    def _gather(self, impl: str, tool: str, case: Case, backward: bool,
-                before: Callable[[], Reply | None]) -> SanitizeRun:
-        """The run outside the tool (``before`` gives its reply), then the run under it (see
-        :class:`SanitizeRun`)."""
+    def _found(self, item: SuiteItem, replies: Sequence[Reply | None]) -> SanitizeRun:
+        """What the two steps found (see :class:`SanitizeRun`)."""
         reason = self.skip_reason()
-        if reason and tool != "memcheck":
+        if reason and item.tool != "memcheck":
             return SanitizeRun(not_run=reason)
-        outside = before()
+        outside = replies[0] if replies else None
         if outside is None:
             return SanitizeRun(not_run="the run outside the tool was cancelled: the run is stopping")
         if outside.status is not Status.OK:
             return SanitizeRun(outside)
         if reason:
             return SanitizeRun(outside, not_run=reason)
-        assert self.sanitizer is not None
-        log = self.log_path(impl, tool, case, backward=backward)
-        started = time.monotonic()
-        with self.pool.worker_under(impl, command(self.sanitizer, tool, log), env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"},
-                                    label=f"{impl}.{tool}", shutdown_timeout=SHUTDOWN_S) as worker:
-            reply = self.pool.ask(worker, impl, Request(Op.WARM, case, backward, self.seed))
-        # (closed as the block ends: the tool writes its summary as the worker exits)
-        self.pool.ledger.record("sanitize", impl, reply.spent, started, time.monotonic(), counted=False)
-        report = parse_report(log.read_text(errors="replace") if log.exists() else "")
-        return SanitizeRun(outside, reply, report, log)
-
-    def close(self) -> None:
-        """Drop what has not started and end the workers under the tool that run."""
-        for future in self._ahead.values():
-            future.cancel()
-        self.pool.stop_launched()  # the workers under the tool that run: their threads end at once
-        if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
+        log, reply = self._logs.pop(item), replies[1]
+        if reply is None:
+            return SanitizeRun(outside, not_run="the run under the tool was cancelled: the run is stopping")
+        return SanitizeRun(outside, reply, parse_report(log.read_text(errors="replace") if log.exists() else ""), log)
 
     # -- the verdict (the test's thread) ---------------------------------------------------------
     def check(self, impl: str, tool: str, case: Case, *, backward: bool,
-              properties: list[tuple[str, object]] | None = None, gathered: Callable[[], SanitizeRun] | None = None,
-              before: Callable[[], Reply | None] | None = None) -> dict[str, Any] | None:
-        """Judge one test: ``gathered`` gives what was gathered ahead of it; without it both steps
-        run now, the first one's reply from ``before`` (else asked of the pool now)."""
+              properties: list[tuple[str, object]] | None = None,
+              replies: Sequence[Reply | None] | None = None) -> dict[str, Any] | None:
+        """Judge one test from ``replies``, the replies to its plan; without them the plan runs
+        now, on this thread (:class:`~pytest_attnkit.controller.inline.InlineScheduler`)."""
+        item = SuiteItem(self.name, next(spec for spec in self.tests if spec.backward == backward), impl, case, tool)
+        if replies is None:
+            replies = Runner({self.name: self}, self.pool, self.outcomes).replies(item)
         info = self.pool.info(impl)
         if info.load_error:
             self.outcomes.check(self.pool.broken_reply(impl), impl=impl, where=case.id, origin=info.origin)
         where = f"{case.id}{' (forward and backward)' if backward else ' (forward)'}"
-        if gathered is not None:
-            run = gathered()
-        else:
-            first = self._first_step(tool, case, backward)
-            run = self._gather(impl, tool, case, backward,
-                               before or (lambda: self.pool.request(impl, first, suite="sanitize")))
+        run = self._found(item, replies)
         guarded = tool == "memcheck"
         if run.before is not None and run.before.status is not Status.OK:
             self.outcomes.check(run.before, impl=impl, where=f"{where} {'with guarded inputs' if guarded else ''}".strip(),
@@ -376,6 +350,18 @@ class SanitizeCheck(Suite):
             raise Judged(failed(f"{impl} on {where}: compute-sanitizer {tool} wrote no summary (its log: {log}); the worker "
                         "may not have started under it"))
         return entry
+
+
+def kept_logs(document: dict[str, Any]) -> list[str]:
+    """The summary's line saying where compute-sanitizer's logs were kept, if any were (several
+    folders under pytest-xdist without a report)."""
+    kept = sorted({os.path.dirname(entry["log"]) for entry in document.get("sanitize", []) if entry.get("log")})
+    return [f"sanitize logs:{NO_BREAK}{', '.join(kept)}"] if kept else []
+
+
+def _ran(reply: Reply) -> bool:
+    """Whether the run outside the tool went well, so that the run under it is worth starting."""
+    return reply.status is Status.OK
 
 
 def _last_line(text: str) -> str:

@@ -45,8 +45,8 @@ The rules:
 - **The GPU alone.** :meth:`exclusive` is for what must have the GPU to itself (speed timing, and
   memory sweeps where the meter sees every process's allocations): it waits until everything
   submitted has finished, and starts nothing else until it ends. The pool takes it for every
-  request it sends itself (:meth:`pytest_attnkit.controller.pool.WorkerPool.request`, through
-  :meth:`~pytest_attnkit.controller.pool.WorkerPool.share`). Extra workers that hold no warm-up are
+  request sent on the caller's thread (:meth:`pytest_attnkit.controller.pool.WorkerPool.request_alone`,
+  through :meth:`~pytest_attnkit.controller.pool.WorkerPool.share`). Extra workers that hold no warm-up are
   closed as it begins (:meth:`~pytest_attnkit.controller.pool.WorkerPool.trim`): nothing is left for them, and each holds
   device memory while it lives. The others stay: a speed test is timed in the worker that warmed
   its case up (``Job.worker``), which has its kernels compiled and loaded.
@@ -55,6 +55,9 @@ The rules:
   (implementation, tag), started for the first such request and closed once the last one queued
   has run; no other request runs in it, so what a warm-up compiled in a shared worker stays
   there. It is not counted among the ``jobs`` extra workers, and runs its requests one at a time.
+  A request submitted with a ``launch`` (the sanitize suite's run under compute-sanitizer) runs
+  in a worker the pool starts under that launcher for it alone, up to ``launch.at_once`` of them
+  at once, and closes before its reply is handed on (the tool writes its summary as it exits).
 - **Failures stay put.** A worker that crashes or misses its deadline fails the one request it
   was running; the next request on it starts a fresh process.
 - **The test pytest waits for comes first.** A request whose test waits for it (:meth:`wait`), or
@@ -72,7 +75,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 import threading
 import time
 from collections import deque
@@ -81,13 +83,14 @@ from typing import Any, Callable, Iterator, Protocol
 
 from pytest_attnkit.controller.ledger import Ledger
 from pytest_attnkit.controller.pool import Lease
-from pytest_attnkit.controller.process import Worker
+from pytest_attnkit.controller.process import Launch, Worker
 from pytest_attnkit.controller.scheduling import oom_retry, order, pruning
-from pytest_attnkit.controller.scheduling.admission import Hold, MemoryBudget
+from pytest_attnkit.controller.scheduling.admission import MemoryBudget
 from pytest_attnkit.controller.scheduling.job import Job
 from pytest_attnkit.controller.scheduling.order import WorkLeft
 from pytest_attnkit.controller.scheduling.pruning import WarmUpPruning
-from pytest_attnkit.messages import Isolation, Reply, Request, Status
+from pytest_attnkit.controller.scheduling.submission import Submissions
+from pytest_attnkit.messages import Reply, Request, Status
 
 __all__ = ["Job", "Scheduler"]
 
@@ -100,9 +103,12 @@ class Workers(Protocol):
     def broken_reply(self, name: str) -> Reply: ...
 
     def lease(self, impl: str, *, room: int = 0, dedicated: "tuple[str, str] | None" = None,
-              same_as: Worker | None = None, queued: Callable[[str], bool] = ...) -> Lease | None: ...
+              same_as: Worker | None = None, queued: Callable[[str], bool] = ...,
+              launch: Launch | None = None) -> Lease | None: ...
 
-    def dedicated_busy(self, key: tuple[str, str]) -> bool: ...
+    def busy(self, dedicated: "tuple[str, str] | None", launch: Launch | None) -> bool: ...
+
+    def finish(self, lease: Lease) -> None: ...
 
     def begin(self, lease: Lease) -> None: ...
 
@@ -121,59 +127,39 @@ class Workers(Protocol):
     def ask(self, worker: Worker, name: str, request: Request) -> Reply: ...
 
 
-class Scheduler:
+class Scheduler(Submissions):
     """The queue of requests submitted ahead of the tests, the dispatcher thread that starts them
     and the threads they run on (``jobs`` of them, and one more for the request a test waits for)."""
 
     def __init__(self, pool: Workers, *, jobs: int, budget_bytes: int | None, ledger: Ledger) -> None:
-        self.pool = pool
+        super().__init__(pool)
         self.jobs = max(1, jobs)
-        self.budget = MemoryBudget(budget_bytes)
+        self.budget, self.budget_bytes = MemoryBudget(budget_bytes), budget_bytes
         self.ledger = ledger
         self._cond = threading.Condition()
-        self._seq = itertools.count()
         self._pending: dict[str, deque[Job]] = {}
         self._running: dict[Job, Lease] = {}
         self._paused = False
-        self._closed = False
-        self._shut = False  # close() has run
+        self._closed = False  # close() has run
         self._work_left = WorkLeft()
         self._pruning = WarmUpPruning()
         # One thread more than jobs: the job a test waits for may run beside jobs others.
         self._executor = ThreadPoolExecutor(max_workers=self.jobs + 1, thread_name_prefix="attnkit-job")
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name="attnkit-scheduler", daemon=True)
-        self._dispatcher_started = False
-
-    @property
-    def budget_bytes(self) -> int | None:
-        return self.budget.budget_bytes
 
     # -- the pytest thread's side --------------------------------------------------------------
-    def submit(self, impl: str, suite: str, request: Request, *, gpu_bytes: int = 0, warm: bool = False,
-               after: Job | None = None, follows: Callable[[Reply], bool] | None = None, same_worker: bool = False,
-               isolation: Isolation = Isolation.SHARED, tag: str | None = None) -> Job:
-        """Queue ``request`` for ``impl``; its reply comes through :meth:`wait`. ``after``: start
-        only once that job has ended; with ``follows``, only if it says yes of that job's reply
-        (else the future is cancelled); with ``same_worker``, in the worker that ran it.
-        ``isolation`` DEDICATED: in a worker of its own per (``impl``, ``tag``)."""
-        job = Job(impl, suite, dataclasses.replace(request, release_memory=True), int(gpu_bytes), next(self._seq), warm=warm,
-                  after=after, follows=follows, same_worker=same_worker, isolation=isolation, tag=tag)
-        info = self.pool.info(impl)
-        if info.load_error:  # no worker to ask: the reply is the load error
-            job.future.set_result(self.pool.broken_reply(impl))
-            return job
-        if self.budget.over(job):
-            job.alone = True
+    def _queue(self, job: Job) -> None:
+        """Queue a submitted job for the dispatcher (see :class:`Submissions`)."""
+        job.request = dataclasses.replace(job.request, release_memory=True)  # others run beside it
+        job.alone = self.budget.over(job)
         with self._cond:
             if self._closed:
                 job.future.cancel()
-                return job
-            self._pending.setdefault(impl, deque()).append(job)
-            if not self._dispatcher_started:
-                self._dispatcher_started = True
+                return
+            self._pending.setdefault(job.impl, deque()).append(job)
+            if self._dispatcher.ident is None:  # not started yet
                 self._dispatcher.start()
             self._cond.notify_all()
-        return job
 
     def wait(self, job: Job) -> Reply:
         """The job's reply, once it has one (the pytest thread waits here; Ctrl-C interrupts).
@@ -210,18 +196,15 @@ class Scheduler:
         """Drop what has not started, kill the workers of what runs, and stop every thread (once:
         a second call does nothing)."""
         with self._cond:
-            if self._shut:
+            if self._closed:
                 return
-            self._shut = True
             self._closed = True
-            dropped = [job for queue in self._pending.values() for job in queue]
-            for queue in self._pending.values():
-                queue.clear()
+            dropped, self._pending = [job for queue in self._pending.values() for job in queue], {}
             self._cond.notify_all()
         for job in dropped:
             job.future.cancel()
         spare = self.pool.stop_lending()  # kills the workers of what runs
-        if self._dispatcher_started:
+        if self._dispatcher.ident is not None:
             self._dispatcher.join()
         self._executor.shutdown(wait=True)
         self.pool.retire_all(spare)
@@ -235,84 +218,41 @@ class Scheduler:
                 if self._closed:
                     return
                 job, lease = choice
-                for other in self._running:
-                    other.shared = True
-                job.shared = job.shared or bool(self._running)
+                oom_retry.beside(job, self._running)
                 self._running[job] = lease
                 self.budget.started(job)
                 self._pending[job.impl].remove(job)
             self.ledger.began()
             self._executor.submit(self._run, job, lease)
 
-    def _drop_pointless(self) -> None:
-        """Cancel, unrun, the warm-ups that would compile nothing and the jobs whose ``follows``
-        says no (a stopped sweep's points: each cancelled point stops the next). A cancelled
-        future is "not run" to the suite that reads it."""
-        for queue in self._pending.values():
-            while dropped := [job for job in queue if self._pruning.pointless(job) or pruning.stopped(job)]:
-                for job in dropped:
-                    queue.remove(job)
-                    job.future.cancel()
-                self._cond.notify_all()  # exclusive() may be waiting for the queue to empty
-
-    def _busy(self, job: Job) -> bool:
-        """Whether ``job``'s worker of its own is busy with the request before it."""
-        return job.dedicated is not None and self.pool.dedicated_busy(job.dedicated)
-
     def _next(self) -> "tuple[Job, Lease] | None":
-        """The job to start now and the worker the pool lends it; or None."""
+        """The job to start now and the worker the pool lends it (:func:`order.choose`), once the
+        queued jobs not worth running are dropped (:func:`pruning.drop_unrun`); or None."""
         if self._paused:
             return None
-        self._drop_pointless()
-        running = list(self._running)
-        awaited = order.awaited(self._pending)
-        if awaited is not None and self.budget.fits(awaited, running) and len(self._running) <= self.jobs:
-            lease = self._lease(awaited, room=1)  # one slot more than jobs, for it alone
-            if lease is not None:
-                return awaited, lease
-        if len(self._running) >= self.jobs:
-            return None
-        heads = [job for queue in self._pending.values() if (job := order.first_ready(queue, self._busy)) is not None]
-        if not heads:
-            return None
-        earliest = min(heads, key=lambda job: job.seq)
-        hold = self.budget.hold(earliest, running)
-        if hold is Hold.BLOCK:
-            return None  # it has waited long enough: nothing else starts until it has room
-        if hold is Hold.FIRST:
-            lease = self._lease(earliest)  # its room has come: it goes first
-            return (earliest, lease) if lease is not None else None
-        per_impl = {impl: sum(job.impl == impl for job in self._running) for impl in self._pending}
-        ready = [job for job in heads if self.budget.fits(job, running)]
-        for job in self._work_left.ranked(ready, self._pending, per_impl):
-            lease = self._lease(job)
-            if lease is not None:
-                return job, lease
-        return None
+        if pruning.drop_unrun(self._pending, self._pruning):
+            self._cond.notify_all()  # exclusive() may be waiting for the queue to empty
+        return order.choose(self._pending, list(self._running), jobs=self.jobs, budget=self.budget,
+                            work_left=self._work_left, busy=lambda job: self.pool.busy(job.dedicated, job.launch),
+                            lease=self._lease)
 
     def _lease(self, job: Job, room: int = 0) -> Lease | None:
         """A worker for ``job`` from the pool (see :meth:`WorkerPool.lease`)."""
         same_as = job.after.worker if job.same_worker and job.after is not None else None
         return self.pool.lease(job.impl, room=room, dedicated=job.dedicated, same_as=same_as,
-                               queued=lambda impl: bool(self._pending.get(impl)))
+                               queued=lambda impl: bool(self._pending.get(impl)), launch=job.launch)
 
     # -- a job's thread ------------------------------------------------------------------------
     def _run(self, job: Job, lease: Lease) -> None:
-        worker = lease.worker
+        job.worker = worker = lease.worker
         self.pool.begin(lease)
-        room = oom_retry.room_round(job)
-        if room is not None:
-            failed, every = room
-            stopped, everyone = self.pool.evict(worker, failed, every=every)
-            self.ledger.cleared_gpu(job.impl, stopped)
-            oom_retry.room_made(job, everyone)
+        oom_retry.make_room(job, worker, self.pool, self.ledger)
         started = time.monotonic()
-        job.worker = worker
-        reply = Reply(Status.CRASHED, "the request was not sent")
         try:
             reply = self.pool.ask(worker, job.impl, job.request)
         except BaseException as error:  # a bug of the harness must not leave the test waiting forever
             reply = Reply(Status.CRASHED, f"the scheduler failed to run the request: {error!r}")
+        self.pool.finish(lease)  # a worker under a launcher ends before its reply is handed on
         ended = time.monotonic()
         self.ledger.record(job.ledger_row, job.impl, reply.spent, started, ended, queued_s=started - job.submitted)
         retry = oom_retry.retries(job, reply)

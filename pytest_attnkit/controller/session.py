@@ -2,9 +2,10 @@
 
 One :class:`AttnkitSession` lives in ``config.stash`` for a run with ``--attnkit``. It probes the
 environment in a worker (the pytest process itself never imports torch or touches CUDA), picks the
-device and the case set (:mod:`~pytest_attnkit.controller.selection`), starts the worker pool (:mod:`pytest_attnkit.controller.pool`) and, unless
-``--attnkit-jobs=1``, the scheduler that runs requests ahead of the tests
-(:mod:`pytest_attnkit.controller.scheduler`), builds one suite per selected kind
+device and the case set (:mod:`~pytest_attnkit.controller.selection`), starts the worker pool
+(:mod:`pytest_attnkit.controller.pool`) and the scheduler: the one that runs requests ahead of the
+tests (:mod:`pytest_attnkit.controller.scheduler`), or with ``--attnkit-jobs=1`` the inline one
+(:mod:`pytest_attnkit.controller.inline`), builds one suite per selected kind
 (:class:`~pytest_attnkit.controller.suite.Suite`: :mod:`~pytest_attnkit.controller.correctness`,
 :mod:`~pytest_attnkit.controller.memory`, :mod:`~pytest_attnkit.controller.speed`,
 :mod:`~pytest_attnkit.controller.properties`, :mod:`~pytest_attnkit.controller.sanitize`) and the
@@ -31,6 +32,7 @@ from pytest_attnkit.controller.baselines import BaselineError, BaselineStore
 from pytest_attnkit.controller.correctness import CorrectnessCheck
 from pytest_attnkit.controller.discovery import BUNDLED, load_selected
 from pytest_attnkit.controller.impls import ImplStatus
+from pytest_attnkit.controller.inline import InlineScheduler
 from pytest_attnkit.controller.items import ITEM_KEY
 from pytest_attnkit.controller.memory import MemoryCheck
 from pytest_attnkit.controller.options import Settings, moved_rootdir
@@ -40,13 +42,12 @@ from pytest_attnkit.controller.process import WorkerFailure
 from pytest_attnkit.controller.properties import PropertyCheck
 from pytest_attnkit.controller.runner import Runner
 from pytest_attnkit.controller.selection import CaseSelection
-from pytest_attnkit.controller.sanitize import SanitizeCheck, find_sanitizer
+from pytest_attnkit.controller.sanitize import SanitizeCheck, find_sanitizer, kept_logs
 from pytest_attnkit.controller.scheduler import Scheduler
 from pytest_attnkit.controller.speed import SpeedCheck, SpeedSettings
 from pytest_attnkit.controller.suite import Suite, SuiteContext
 from pytest_attnkit.controller.tally import Tally
 from pytest_attnkit.controller import table
-from pytest_attnkit.controller.terminal import NO_BREAK
 from pytest_attnkit.messages import Op, Request
 
 SESSION_KEY = pytest.StashKey["AttnkitSession"]()
@@ -92,8 +93,8 @@ class AttnkitSession:
         self.runner: Runner | None = None
         #: The tests collected and their outcomes, for the report.
         self.tally = Tally()
-        #: Runs requests ahead of the tests, several at a time (None with ``--attnkit-jobs=1``).
-        self.scheduler: Scheduler | None = None
+        #: Runs the tests' requests: ahead of them, several at a time, or inline with ``--attnkit-jobs=1``.
+        self.scheduler: Scheduler | InlineScheduler | None = None
         self.document: dict[str, Any] | None = None
         #: The documents of pytest-xdist's workers (on the controller).
         self.worker_documents: list[dict[str, Any]] = []
@@ -195,8 +196,10 @@ class AttnkitSession:
         return self._usable_cores() if setting == "auto" else int(setting)
 
     def _start_scheduler(self) -> None:
-        """Run requests ahead of the tests, ``jobs`` at a time (see the scheduler's docstring)."""
+        """Run requests ahead of the tests, ``jobs`` at a time (see the scheduler's docstring), or
+        each when its test waits for it (``jobs`` 1)."""
         if self.jobs <= 1:
+            self.scheduler = InlineScheduler(self.pool)
             return
         # Each extra worker gets its share of the cores for its CPU threads (the primaries keep
         # torch's default: on the CPU they time the speed suite).
@@ -264,8 +267,8 @@ class AttnkitSession:
         return xdist.share_of_this_worker(self.config, items, self.pool.names)
 
     def submit_ahead(self, items: list[pytest.Item]) -> None:
-        """Send the selected tests' plans ahead of them, in their suites' order (the runner; nothing
-        without a scheduler). A test skipped at collection sends nothing."""
+        """Submit the selected tests' plans, in their suites' order (the runner; the inline
+        scheduler runs each when its test reads the reply). A test skipped at collection sends nothing."""
         if self.runner is not None:
             self.runner.submit_all(item.stash[ITEM_KEY] for item in items
                                    if ITEM_KEY in item.stash and item.get_closest_marker("skip") is None)
@@ -300,12 +303,7 @@ class AttnkitSession:
             lines += report.save_baseline(store, self.document, self.environment, interrupted=interrupted)
         if self.settings.report:
             lines.extend(report.write(self.document, self.settings.path("report")))
-        # Where compute-sanitizer's logs were kept (several folders under pytest-xdist without a report).
-        kept = sorted({os.path.dirname(entry["log"]) for entry in self.document.get("sanitize", [])
-                       if entry.get("log")})
-        if kept:
-            lines.append(f"sanitize logs:{NO_BREAK}{', '.join(kept)}")
-        return lines
+        return lines + kept_logs(self.document)
 
     def add_worker_document(self, text: str) -> None:
         """A pytest-xdist worker's report document, folded in at the end (on the controller)."""
@@ -319,8 +317,7 @@ class AttnkitSession:
         workers = table.workers_header(inprocess=self.settings.inprocess, jobs=self.jobs,
                                        xdist_controller=xdist.is_controller(self.config))
         sanitizer = self.suites.get("sanitize")
-        sanitize = table.sanitize_header(str(sanitizer.sanitizer), self.settings.sanitize or ["memcheck"],
-                                         sanitizer.skip_reason()) if isinstance(sanitizer, SanitizeCheck) else None
+        sanitize = sanitizer.header(self.settings.sanitize) if isinstance(sanitizer, SanitizeCheck) else None
         return table.header_lines(environment=self.environment, device=self.device, profile=self.profile,
                                   suites=self.settings.suite, seed=self.settings.seed, workers=workers,
                                   caches=caches.describe(self.cache_root, self.cache_env),

@@ -284,9 +284,9 @@ class SpeedCheck(Suite):
         options: dict[str, Any] = {"budget_ms": self.settings.budget_ms, "call_limit_ms": self.settings.call_limit_ms}
         if self.settings.read_programs and self._program(impl, mode, case) is None:
             options["program"] = True  # its warm-up read none (dropped unrun, or none sent)
-        return self.pool.request(impl, Request(Op.RUN, case, mode == "backward", self.settings.seed, options,
-                                               suite=self.name),
-                                 **self._where(impl, mode, case))
+        return self.pool.request_alone(impl, Request(Op.RUN, case, mode == "backward", self.settings.seed, options,
+                                                     suite=self.name),
+                                       **self._where(impl, mode, case))
 
     def _to_measurement(self, impl: str, mode: str, case: Case, reply: Reply) -> SpeedMeasurement:
         return SpeedMeasurement(impl, mode, case, Timing.from_dict(reply.data["timing"]),
@@ -314,10 +314,10 @@ class SpeedCheck(Suite):
         return next((base for base, counterpart in self.counterparts.items() if counterpart == impl), impl)
 
     def _block(self, impl: str, mode: str, case: Case, samples: int) -> Reply:
-        return self.pool.request(impl, Request(Op.RUN, case, mode == "backward", self.settings.seed,
-                                               {"samples": samples,
-                                                "budget_ms": self.settings.budget_ms}, suite=self.name),
-                                 **self._where(impl, mode, case))
+        return self.pool.request_alone(impl, Request(Op.RUN, case, mode == "backward", self.settings.seed,
+                                                     {"samples": samples,
+                                                      "budget_ms": self.settings.budget_ms}, suite=self.name),
+                                       **self._where(impl, mode, case))
 
     def _measure_pair(self, impl: str, counterpart: str, mode: str, case: Case) -> None:
         """Time ``impl`` and REV's ``counterpart`` on one case in alternating blocks (see the module docstring).

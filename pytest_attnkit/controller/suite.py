@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pytest_attnkit.contract import Case
 from pytest_attnkit.controller.outcome import Judged, Judgement, Verdict
-from pytest_attnkit.controller.scheduler import Job
+from pytest_attnkit.controller.process import Launch
 from pytest_attnkit.messages import Isolation, Reply, Request
 
 if TYPE_CHECKING:
@@ -84,6 +84,9 @@ class Planned:
     #: torch.compile check, which resets torch's compile caches).
     isolation: Isolation = Isolation.SHARED
     tag: str | None = None
+    #: In a worker started under a launcher for it alone (the sanitize suite's run under
+    #: compute-sanitizer), closed before its reply is handed on.
+    launch: Launch | None = None
 
 
 @dataclass(frozen=True)
@@ -150,11 +153,6 @@ class Suite:
     def plan(self, item: SuiteItem) -> list[Planned]:
         """The requests the item needs, sent ahead of it or, with ``--attnkit-jobs=1``, as it runs."""
         raise NotImplementedError
-
-    def sent_ahead(self, item: SuiteItem, jobs: Sequence[Job | None]) -> None:
-        """Called once the item's plan is submitted (``jobs[i]``: the scheduler's job of
-        ``plan[i]``, None where it was not sent), for a suite that gathers more ahead of the test
-        on threads of its own (sanitize's run under the tool, until the pool owns such workers)."""
 
     def judge(self, item: SuiteItem, replies: Sequence[Reply | None], **fixtures: Any) -> Judgement:
         """The item's outcome from the replies to its plan (``replies[i]`` answers ``plan[i]``;

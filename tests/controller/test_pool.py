@@ -13,6 +13,7 @@ import sys
 
 from fakes.fake_workers import FakePool, FakeWorker
 from pytest_attnkit.controller.pool import WorkerPool
+from pytest_attnkit.controller.process import Launch
 from pytest_attnkit.messages import Op, Reply, Request, Status
 
 
@@ -129,7 +130,7 @@ def test_a_dedicated_request_gets_a_worker_of_its_own_outside_the_cap_closed_aft
     assert pool.lease("a") is None  # the cap is full...
     own = pool.lease("a", dedicated=("a", "torch_compile"))
     assert own is not None and own.worker not in {lease.worker for lease in shared if lease}  # ...not for it
-    assert pool.dedicated_busy(("a", "torch_compile"))
+    assert pool.busy(("a", "torch_compile"))
     assert pool.lease("a", dedicated=("a", "torch_compile")) is None  # one request at a time
     other_tag = pool.lease("a", dedicated=("a", "other"))
     assert other_tag is not None and other_tag.worker is not own.worker
@@ -246,27 +247,33 @@ def test_the_pool_imports_no_scheduler() -> None:
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
 
 
-def test_a_worker_under_a_launcher_ends_with_its_block_or_at_once_when_the_run_stops(monkeypatch) -> None:
-    """The sanitize suite's workers under compute-sanitizer are the pool's too: closed as the
-    check's block ends (the tool writes its summary then), killed by stop_launched() while one
-    runs (the run stops), and by close()."""
+def test_a_worker_under_a_launcher_is_lent_for_one_request_and_ends_before_its_reply_or_with_the_run(
+        monkeypatch) -> None:
+    """The sanitize suite's workers under compute-sanitizer are the pool's: a request with a
+    Launch gets one of its own, started under the launcher, up to ``at_once`` at a time; finish()
+    closes it (the tool writes its summary then), stop_lending() kills one that runs (the run
+    stops), and close() one still lent."""
     pool = sharing()
     pool._starts["a"] = ({"name": "a"}, None)
     made: list = []
 
     def process(label, init, log_dir, **options):
-        made.append((FakeWorker(pool, label), options["launcher"]))
+        made.append((FakeWorker(pool, label), options["launcher"], options["env"]))
         return made[-1][0]
 
     monkeypatch.setattr("pytest_attnkit.controller.pool.WorkerProcess", process)
-    with pool.worker_under("a", ["tool", "--check"], env={}, label="a.memcheck", shutdown_timeout=1.0) as worker:
-        assert not worker.closed and made[-1][1] == ["tool", "--check"]
-    assert worker.closed
-    running = pool.worker_under("a", ["tool"], env={}, label="a.racecheck", shutdown_timeout=1.0)
-    busy = running.__enter__()
-    pool.stop_launched()
-    assert busy.closed
-    running.__exit__(None, None, None)
-    left = pool.worker_under("a", ["tool"], env={}, label="a.initcheck", shutdown_timeout=1.0).__enter__()
+    launch = Launch(("tool", "--check"), {"TOOL": "1"}, label="a.memcheck", shutdown_timeout=1.0, at_once=1)
+    lease = pool.lease("a", launch=launch)
+    assert lease is not None and lease.launched and lease.worker is made[-1][0]
+    assert made[-1][1] == ["tool", "--check"] and made[-1][2]["TOOL"] == "1"
+    assert pool.busy(None, launch) and pool.lease("a", launch=launch) is None  # one at a time
+    pool.finish(lease)
+    assert lease.worker.closed and pool.give_back(lease, warmed=False) is None
+    assert not pool.busy(None, launch) and lease.worker not in pool._idle.get("a", [])
+    running = pool.lease("a", launch=launch)
+    pool.stop_lending()
+    assert running is not None and running.worker.closed
+    pool.finish(running)  # as its request's thread does once the request fails
+    left = pool.lease("a", launch=launch)
     pool.close()
-    assert left.closed
+    assert left is not None and left.worker.closed

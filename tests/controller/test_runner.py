@@ -1,6 +1,6 @@
 """The runner, with fake suites, a fake scheduler and a fake pool (no processes): a plan sent ahead
-is sent once and its replies reach the suite's judge, without a scheduler each request is sent
-when the suite reads its reply (a warm-up never), a cancelled or unsent request reads None, a
+is sent once and its replies reach the suite's judge, with the inline scheduler each request is
+sent when the suite reads its reply (a warm-up never), a cancelled or unsent request reads None, a
 judgement raised as Judged is settled like one returned, plans go out in their suites' order, and
 each collected test's SuiteItem is worked out from its marker, function and parameters."""
 
@@ -37,10 +37,9 @@ class FakeScheduler:
 
     def submit(self, impl: str, suite: str, request: Request, *, gpu_bytes: int = 0, warm: bool = False,
                after: Job | None = None, follows: Any = None, same_worker: bool = False,
-               isolation: Isolation = Isolation.SHARED, tag: str | None = None) -> Job:
+               isolation: Isolation = Isolation.SHARED, tag: str | None = None, launch: Any = None) -> Job:
         job = Job(impl, suite, request, gpu_bytes, len(self.jobs), warm=warm, after=after, follows=follows,
-                  same_worker=same_worker,
-                  isolation=isolation, tag=tag)
+                  same_worker=same_worker, isolation=isolation, tag=tag, launch=launch)
         self.jobs.append(job)
         return job
 
@@ -49,7 +48,8 @@ class FakeScheduler:
 
 
 class FakePool:
-    """Answers a request sent on the test's thread with its ``n``; keeps what it was sent."""
+    """Answers a request sent on the test's thread (by the inline scheduler) with its ``n``; keeps
+    what it was sent."""
 
     def __init__(self, capabilities: dict[str, Any] | None = None) -> None:
         self.sent: list[Request] = []
@@ -58,7 +58,10 @@ class FakePool:
     def info(self, name: str) -> ImplInfo:
         return ImplInfo(name, f"fake:{name}", capabilities=self.capabilities)
 
-    def request(self, name: str, request: Request, *, suite: str | None = None) -> Reply:
+    def primary(self, name: str) -> None:
+        return None
+
+    def request_alone(self, name: str, request: Request, *, worker: Any = None, suite: str | None = None) -> Reply:
         self.sent.append(request)
         return Reply(Status.OK, "", {"n": request.options["n"]})
 
@@ -123,12 +126,13 @@ def test_a_planned_request_keeps_the_worker_it_asks_for() -> None:
         (Isolation.SHARED, None, None), (Isolation.DEDICATED, "torch_compile", ("kernel", "torch_compile"))]
 
 
-def test_without_a_scheduler_a_request_is_sent_as_it_is_read_and_a_warm_up_never() -> None:
+def test_with_the_inline_scheduler_a_request_is_sent_as_it_is_read_and_a_warm_up_never() -> None:
     suite, pool = Echo([Planned(request(0, Op.WARM), warm=True), Planned(request(1)), Planned(request(2))],
                        verdict=lambda replies: Judgement(Verdict.PASSED) if replies[1] else failed("?")), FakePool()
     runner = Runner({"echo": suite}, pool, Outcomes())  # type: ignore[arg-type]
     item = item_of()
-    runner.submit(item)  # nothing to submit to
+    runner.submit(item)  # the inline scheduler runs nothing until the test reads a reply
+    assert pool.sent == []
     runner.run(Node(item))  # type: ignore[arg-type]
     assert [reply.data["n"] if reply else None for reply in suite.read] == [None, 1, 2]
     assert [sent.options["n"] for sent in pool.sent] == [1, 2]

@@ -195,7 +195,7 @@ def test_a_point_over_the_default_profiles_call_limit_ends_the_sweep_and_says_wh
         def info(self, name: str) -> ImplInfo:
             return ImplInfo(name, "fake:naive", capabilities={"memory_class": "quadratic"})
 
-        def request(self, name: str, request: Request) -> Reply:
+        def request_alone(self, name: str, request: Request) -> Reply:
             asked.append(request)
             n = request.case.seqlen_q
             stop = "one call took 2300 ms" if n == 16384 else ""
@@ -233,7 +233,7 @@ def test_a_point_that_ran_out_of_memory_ends_the_sweep_as_data_not_as_a_skip() -
         def info(self, name: str) -> ImplInfo:
             return ImplInfo(name, "fake:naive", capabilities={"memory_class": "quadratic"})
 
-        def request(self, name: str, request: Request) -> Reply:
+        def request_alone(self, name: str, request: Request) -> Reply:
             n = request.case.seqlen_q
             asked.append(n)
             if n == 4096:

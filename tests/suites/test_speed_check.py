@@ -49,7 +49,7 @@ class FakePool:
     def info(self, name: str) -> ImplInfo:
         return self.impls[name]
 
-    def request(self, name: str, request: Request) -> Reply:
+    def request_alone(self, name: str, request: Request) -> Reply:
         self.asked.append(name)
         median = self.script[name].pop(0)
         clock = self.clocks.get(name)
@@ -269,7 +269,7 @@ def test_no_baseline_gates_nothing_unless_one_is_required(tmp_path: Path) -> Non
 
 def test_a_refusal_skips_with_the_reason(tmp_path: Path) -> None:
     pool = FakePool({"ref": [1.0], "kernel": []})
-    pool.request = lambda name, request: Reply(Status.UNSUPPORTED, "head_dim=64 (supported: 128)")  # type: ignore[method-assign]
+    pool.request_alone = lambda name, request: Reply(Status.UNSUPPORTED, "head_dim=64 (supported: 128)")  # type: ignore[method-assign]
     with judged("skipped", "kernel does not support it: head_dim=64"):
         make_check(pool, BaselineStore(tmp_path, DEVICE)).check("kernel", "forward", CASE)
 
@@ -277,8 +277,8 @@ def test_a_refusal_skips_with_the_reason(tmp_path: Path) -> None:
 class ProgramPool(FakePool):
     """A pool whose speed requests may name the worker that warmed the case up."""
 
-    def request(self, name: str, request: Request, worker: object = None) -> Reply:  # type: ignore[override]
-        return super().request(name, request)
+    def request_alone(self, name: str, request: Request, worker: object = None) -> Reply:  # type: ignore[override]
+        return super().request_alone(name, request)
 
 
 def _warmed(check: SpeedCheck, impl: str, program: str) -> Job:
@@ -384,7 +384,7 @@ def test_a_case_over_the_limit_skips_with_the_time_its_call_took(tmp_path: Path)
             return Reply(Status.OK, "", {"over_limit_ms": 2313.4, "input_sets": 1})
         return Reply(Status.OK, "", {"timing": timing(1.0).to_dict(), "input_sets": 1})
 
-    pool.request = request  # type: ignore[method-assign]
+    pool.request_alone = request  # type: ignore[method-assign]
     check = SpeedCheck(pool, Outcomes(), SpeedSettings("ref", 0, 400.0, False, 1000.0), BaselineStore(tmp_path, DEVICE),
                        lambda key: 0.08, "cuda")
     for _ in range(2):  # asked once; the second test of the same case skips from what the first learned
@@ -399,8 +399,8 @@ def test_a_case_over_the_limit_skips_with_the_time_its_call_took(tmp_path: Path)
 class SyncingPool(FakePool):
     """A pool whose kernel's calls synchronize with the host (a ``.tolist()`` inside)."""
 
-    def request(self, name: str, request: Request) -> Reply:
-        reply = super().request(name, request)
+    def request_alone(self, name: str, request: Request) -> Reply:
+        reply = super().request_alone(name, request)
         if name == "kernel":
             reply.data["syncs"] = "called a synchronizing CUDA operation"
         return reply
@@ -469,8 +469,8 @@ class SharedPool(FakePool):
         super().__init__(script)
         self.others = others
 
-    def request(self, name: str, request: Request) -> Reply:
-        reply = super().request(name, request)
+    def request_alone(self, name: str, request: Request) -> Reply:
+        reply = super().request_alone(name, request)
         return Reply(reply.status, reply.message, {**reply.data, "gpu_processes": {"others": self.others}})
 
 
@@ -513,8 +513,8 @@ def test_a_gpu_with_only_this_runs_workers_on_it_is_not_shared(tmp_path: Path,
 class EscapingPool(SharedPool):
     """Replies as a worker whose host waited three times what the events timed for each call."""
 
-    def request(self, name: str, request: Request) -> Reply:
-        reply = super().request(name, request)
+    def request_alone(self, name: str, request: Request) -> Reply:
+        reply = super().request_alone(name, request)
         data = dict(reply.data)
         data["timing"] = {**data["timing"], "wait_ms": 3.5 * data["timing"]["median_ms"] + 1.0}
         return Reply(reply.status, reply.message, data)
@@ -541,9 +541,9 @@ class WherePool(FakePool):
         super().__init__(script)
         self.sent_to: list[object] = []
 
-    def request(self, name: str, request: Request, worker: object = None) -> Reply:  # type: ignore[override]
+    def request_alone(self, name: str, request: Request, worker: object = None) -> Reply:  # type: ignore[override]
         self.sent_to.append(worker)
-        return super().request(name, request)
+        return super().request_alone(name, request)
 
 
 def test_a_case_is_timed_where_it_was_warmed_up_unless_that_worker_was_stopped(tmp_path: Path) -> None:
@@ -569,8 +569,8 @@ class AskedPool(FakePool):
         self.options: dict[str, dict] = {}
         self.program = program
 
-    def request(self, name: str, request: Request, worker: object = None) -> Reply:  # type: ignore[override]
-        reply = super().request(name, request)
+    def request_alone(self, name: str, request: Request, worker: object = None) -> Reply:  # type: ignore[override]
+        reply = super().request_alone(name, request)
         self.options[name] = dict(request.options)
         if request.option("program"):
             reply.data["program"] = self.program

@@ -13,6 +13,8 @@ reply means for the queue).
   implementation that compiles nothing, a chain's requests whose ``follows`` says no).
 - :mod:`~pytest_attnkit.controller.scheduling.oom_retry`: an out-of-memory run again alone, then
   with room made, and which reply counts.
+- :mod:`~pytest_attnkit.controller.scheduling.submission`: what both schedulers (the threaded one
+  and :class:`~pytest_attnkit.controller.inline.InlineScheduler`) do with a submitted request.
 
 Nothing here imports the pool; the pool imports nothing of the scheduler.
 """

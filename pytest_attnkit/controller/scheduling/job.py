@@ -8,7 +8,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable
 
-from pytest_attnkit.controller.process import Worker
+from pytest_attnkit.controller.process import Launch, Worker
 from pytest_attnkit.messages import Isolation, Reply, Request
 
 
@@ -56,6 +56,9 @@ class Job:
     #: (implementation, ``tag``) (DEDICATED).
     isolation: Isolation = Isolation.SHARED
     tag: str | None = None
+    #: Runs in a worker started under a launcher for it alone (the sanitize suite's run under
+    #: compute-sanitizer), which the pool closes before the reply is handed on.
+    launch: Launch | None = None
 
     @property
     def dedicated(self) -> "tuple[str, str] | None":

@@ -14,9 +14,13 @@ status (``Status.OUT_OF_MEMORY``), never read from a message.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from enum import Enum
+from typing import Protocol
 
+from pytest_attnkit.controller.ledger import Ledger
 from pytest_attnkit.controller.pool import ROOM_ROUNDS
+from pytest_attnkit.controller.process import Worker
 from pytest_attnkit.controller.scheduling.job import Job
 from pytest_attnkit.messages import Reply, Status
 
@@ -26,6 +30,14 @@ class Again(Enum):
 
     ALONE = "alone"  # it ran beside others: again with nothing beside it
     WITH_ROOM = "with room"  # it ran alone: again once idle workers are stopped
+
+
+def beside(job: Job, running: Collection[Job]) -> None:
+    """``job`` starts while ``running`` run: each of them ran beside another (an out-of-memory
+    then runs again alone)."""
+    for other in running:
+        other.shared = True
+    job.shared = job.shared or bool(running)
 
 
 def retries(job: Job, reply: Reply) -> bool:
@@ -55,3 +67,21 @@ def room_made(job: Job, everyone: bool) -> None:
     """Room was made for ``job``; if every other worker was stopped, its next reply is the last."""
     if everyone:
         job.cleared = ROOM_ROUNDS + 1
+
+
+def make_room(job: Job, worker: Worker, pool: "Evicts", ledger: Ledger) -> None:
+    """Before ``job`` runs again in ``worker`` after running out of memory alone: stop idle
+    workers (:func:`room_round` says how many), and count them in the ledger."""
+    room = room_round(job)
+    if room is None:
+        return
+    failed, every = room
+    stopped, everyone = pool.evict(worker, failed, every=every)
+    ledger.cleared_gpu(job.impl, stopped)
+    room_made(job, everyone)
+
+
+class Evicts(Protocol):
+    """What :func:`make_room` asks of the pool (:meth:`~pytest_attnkit.controller.pool.WorkerPool.evict`)."""
+
+    def evict(self, keep: Worker, failed: Reply | None, *, every: bool = False) -> tuple[int, bool]: ...

@@ -14,9 +14,13 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
 
+from pytest_attnkit.controller.scheduling.admission import Hold, MemoryBudget
 from pytest_attnkit.controller.scheduling.job import Job
+
+Lent = TypeVar("Lent")
 
 
 def awaited(pending: Mapping[str, deque[Job]]) -> Job | None:
@@ -62,3 +66,35 @@ class WorkLeft:
         """``ready`` jobs, the implementation with the most work left per running request first."""
         return sorted(ready, key=lambda job: (-self.of(job.impl, len(pending.get(job.impl, ())),
                                                        running.get(job.impl, 0)), job.seq))
+
+
+def choose(pending: Mapping[str, deque[Job]], running: Sequence[Job], *, jobs: int, budget: MemoryBudget,
+           work_left: WorkLeft, busy: Callable[[Job], bool],
+           lease: Callable[[Job, int], "Lent | None"]) -> "tuple[Job, Lent] | None":
+    """The job to start now and the worker ``lease(job, room)`` lends it, or None: the awaited
+    job first (:func:`awaited`; in one slot more than ``jobs``), then, while a slot is free, the
+    earliest ready job where admission holds for it (:meth:`MemoryBudget.hold`), else the ready
+    jobs that fit the budget, the most work left per running request first (:class:`WorkLeft`)."""
+    first = awaited(pending)
+    if first is not None and budget.fits(first, running) and len(running) <= jobs:
+        lent = lease(first, 1)
+        if lent is not None:
+            return first, lent
+    if len(running) >= jobs:
+        return None
+    heads = [job for queue in pending.values() if (job := first_ready(queue, busy)) is not None]
+    if not heads:
+        return None
+    earliest = min(heads, key=lambda job: job.seq)
+    hold = budget.hold(earliest, running)
+    if hold is Hold.BLOCK:
+        return None  # it has waited long enough: nothing else starts until it has room
+    if hold is Hold.FIRST:
+        lent = lease(earliest, 0)  # its room has come: it goes first
+        return (earliest, lent) if lent is not None else None
+    per_impl = {impl: sum(job.impl == impl for job in running) for impl in pending}
+    for job in work_left.ranked([job for job in heads if budget.fits(job, running)], pending, per_impl):
+        lent = lease(job, 0)
+        if lent is not None:
+            return job, lent
+    return None

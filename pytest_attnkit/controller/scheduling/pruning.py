@@ -13,6 +13,9 @@ A cancelled future is "not run" to the suite that reads it: no reply is made up.
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Mapping
+
 from pytest_attnkit.controller.scheduling.job import Job
 
 #: Warm-ups of an implementation whose requests compiled less than this, each, are not worth
@@ -45,3 +48,17 @@ def stopped(job: Job) -> bool:
     if job.follows is None or job.after is None or not job.after.future.done():
         return False
     return job.after.future.cancelled() or not job.follows(job.after.future.result())
+
+
+def drop_unrun(pending: Mapping[str, deque[Job]], warm_ups: WarmUpPruning) -> bool:
+    """Cancel, unrun, the queued warm-ups that would compile nothing and the jobs whose
+    ``follows`` says no (a stopped sweep's points: each cancelled point stops the next); whether
+    any was."""
+    dropped_any = False
+    for queue in pending.values():
+        while dropped := [job for job in queue if warm_ups.pointless(job) or stopped(job)]:
+            for job in dropped:
+                queue.remove(job)
+                job.future.cancel()
+            dropped_any = True
+    return dropped_any
