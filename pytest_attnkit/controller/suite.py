@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pytest_attnkit.contract import Case
-from pytest_attnkit.controller.outcome import Judged, Judgement, Verdict
+from pytest_attnkit.controller.outcome import Judged, Judgement, Outcomes, Verdict
 from pytest_attnkit.controller.process import Launch
 from pytest_attnkit.messages import Isolation, Reply, Request
 

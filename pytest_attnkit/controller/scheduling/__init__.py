@@ -16,5 +16,6 @@ reply means for the queue).
 - :mod:`~pytest_attnkit.controller.scheduling.submission`: what both schedulers (the threaded one
   and :class:`~pytest_attnkit.controller.inline.InlineScheduler`) do with a submitted request.
 
-Nothing here imports the pool; the pool imports nothing of the scheduler.
+Nothing here calls the pool (``oom_retry`` reads one constant of it, ``ROOM_ROUNDS``); the pool
+imports nothing of the scheduler.
 """
