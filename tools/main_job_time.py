@@ -43,6 +43,19 @@ def _device() -> str:
         return "no nvidia-smi (CPU)"
 
 
+def _host() -> str:
+    """The host's processor and cores: compiles (Inductor, Triton) run on them, so a cold run's time
+    follows the host as much as the GPU (results/2026-11-26-session5)."""
+    model = "unknown processor"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            model = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), model)
+    except OSError:
+        pass
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{model}, {usable} usable cores, load average {os.getloadavg()[0]:.1f}"
+
+
 def _smi_sampler(path: Path) -> subprocess.Popen[bytes] | None:
     if shutil.which("nvidia-smi") is None:
         return None
@@ -80,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         sampler.terminate()
         sampler.wait()
     report = folder / "attnkit-report.json"
-    lines = [f"command: {' '.join(command)}", f"date: {started_at}", f"device: {_device()}",
+    lines = [f"command: {' '.join(command)}", f"date: {started_at}", f"device: {_device()}", f"host: {_host()}",
              f"cache: {cache} ({'emptied first' if args.cold else 'as left by earlier runs'})",
              f"exit status: {status}{stopped}", f"wall time: {wall:.1f} s"]
     if report.exists():
