@@ -358,23 +358,34 @@ def installed_suites(document: dict[str, Any]) -> list[str]:
     return sorted({test["suite"] for test in document["tests"]} - set(SUITES))
 
 
+def verdict_suites(document: dict[str, Any]) -> list[str]:
+    """The suites whose summary row is their tests' outcomes, counted as correctness's are: sanitize
+    when the run collected its tests, then the installed suites."""
+    ran = {suite for suites in document.get("collected", {}).values() for suite, count in suites.items() if count}
+    ran |= {test["suite"] for test in document["tests"]}
+    return (["sanitize"] if "sanitize" in ran else []) + installed_suites(document)
+
+
 def headline_lines(document: dict[str, Any]) -> list[str]:
     """A block per implementation: correctness, accuracy, memory, speed, gate and the properties,
-    each on its own line, then a line per installed suite (its tests' outcomes, as correctness's)."""
+    each on its own line (accuracy only where correctness ran), then a line for sanitize and one per
+    installed suite (their tests' outcomes, as correctness's)."""
     lines = []
     width = name_width(document["implementations"])
     for name in document["implementations"]:
         memory = ", ".join(f"{sweep['direction']} {memory_figure(sweep)}"
                            for sweep in document["memory"] if sweep["impl"] == name)
-        rows = [("correctness", correctness_verdict(document, name))]
-        if document["implementations"][name]["status"] == ImplStatus.AVAILABLE:
+        correctness = correctness_verdict(document, name)
+        rows = [("correctness", correctness)]
+        if document["implementations"][name]["status"] == ImplStatus.AVAILABLE and correctness != "not run":
             rows.append(("accuracy", accuracy_headline(document, name)))
         rows += [("memory", memory or "-"),
                  ("speed", speed_headline(document, name)), ("gate", gate_headline(document, name))]
         verdicts = property_verdicts(document, name)
         if verdicts:
             rows.append(("properties", " · ".join(verdict.replace(" ", NO_BREAK) for verdict in verdicts)))
-        rows += [(suite, correctness_verdict(document, name, suite)) for suite in installed_suites(document)]
+        # Sanitize's verdict reads like correctness's: its tests' outcomes (when it ran).
+        rows += [(suite, correctness_verdict(document, name, suite)) for suite in verdict_suites(document)]
         first = True
         for label, value in rows:
             prefix = f"{name if first else '':<{width}} {label:<12} "

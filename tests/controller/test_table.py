@@ -36,3 +36,24 @@ def test_fixed_widths_wrap_a_long_last_cell_under_its_column() -> None:
 def test_a_row_of_the_wrong_length_is_refused() -> None:
     with pytest.raises(ValueError, match="a row of 2 cells in a table of 1 columns"):
         Section([Column("a", "a")]).add("1", "2")
+
+
+def _document(tests: list[tuple[str, str]], collected: dict[str, int]) -> dict:
+    """A report document for one available implementation ``k``, with tests (suite, outcome)."""
+    return {"implementations": {"k": {"status": "available", "capabilities": {}}}, "interrupted": False,
+            "tests": [{"impl": "k", "suite": suite, "outcome": outcome, "case": "c", "reason": None}
+                      for suite, outcome in tests],
+            "collected": {"k": collected}, "memory": [], "properties": [],
+            "speed": {"ceilings": {}, "measurements": [], "gate": []}}
+
+
+def test_a_sanitize_run_s_summary_gives_its_verdict_and_no_rows_of_suites_that_did_not_run() -> None:
+    from pytest_attnkit.controller.table import headline_lines
+
+    lines = headline_lines(_document([("sanitize", "passed"), ("sanitize", "failed")], {"sanitize": 2}))
+    rows = {line.split()[1 if line.startswith("k") else 0]: line for line in lines}
+    assert "sanitize" in rows and "FAIL: 2 of 2 cases run (1 passed, 1 failed)" in rows["sanitize"], lines
+    assert rows["correctness"].endswith("not run") and "accuracy" not in rows, lines
+    # A run without sanitize has no such row; one with correctness keeps its accuracy row.
+    lines = headline_lines(_document([("correctness", "passed")], {"correctness": 1}))
+    assert not any(" sanitize " in line for line in lines) and any(" accuracy " in line for line in lines), lines
