@@ -433,6 +433,157 @@ if gl is not None:
         tma.async_copy_shared_to_global(o_desc, [off_b, off_h, row0, 0], o_buf)
         return turns
 
+    @gluon.jit
+    def _deal(r, cta, n_ctas):
+        # The r-th item of persistent CTA `cta` of `n_ctas`: a snake over the items in order, round
+        # r taking items [r * n_ctas, (r + 1) * n_ctas), forwards in even rounds, backwards in odd.
+        # The items come heaviest first (causal), so a CTA that got a heavier one in one round gets
+        # a lighter one in the next: every CTA's sum is about the mean.
+        return r * n_ctas + cta + (r & 1) * (n_ctas - 1 - 2 * cta)
+
+    @gluon.jit
+    def _work(item, n_m, n_bh, H_Q, GROUP, n_q, n_k,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+        # Work item -> (off_b, off_h, off_hkv, start_m, n_tiles, n_whole). Causal: the row blocks
+        # with the most key tiles first, over every head (item j: row block n_m - 1 - j // n_bh of
+        # head j % n_bh). Not causal (all items equal): a head's row blocks are consecutive, so the
+        # CTAs that run at once share its K and V in L2.
+        if CAUSAL:
+            pid_m = n_m - 1 - item // n_bh
+            off_bh = item % n_bh
+        else:
+            pid_m = item % n_m
+            off_bh = item // n_m
+        start_m = pid_m * BLOCK_M
+        off_b = off_bh // H_Q
+        off_h = off_bh % H_Q
+        off_hkv = off_h // GROUP
+        # Key tiles of this item: [0, n_tiles), of which [0, n_whole) every row sees whole (as the
+        # one-item kernel computes them).
+        diag = n_k - n_q
+        if CAUSAL:
+            last_row = gl.minimum(start_m + BLOCK_M, n_q) - 1
+            hi = gl.minimum(last_row + diag + 1, n_k)
+            whole = gl.minimum(start_m + diag + 1, n_k)
+        else:
+            hi = n_k
+            whole = n_k
+        n_tiles = gl.cdiv(gl.maximum(hi, 0), BLOCK_N)
+        n_whole = gl.minimum(gl.maximum(whole, 0) // BLOCK_N, n_tiles)
+        return off_b, off_h, off_hkv, start_m, n_tiles, n_whole
+
+    @gluon.jit
+    def _producer_persistent(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
+                             q_full, q_empty, k_full, v_full, k_empty, v_empty,
+                             cta, n_ctas, n_mine, n_m, n_bh, H_Q, GROUP, n_q, n_k,
+                             BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr,
+                             CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr):
+        g = 0  # K/V tiles this CTA loaded before the item: the rings' position
+        for r in range(n_mine):
+            off_b, off_h, off_hkv, start_m, n_tiles, n_whole = _work(
+                _deal(r, cta, n_ctas), n_m, n_bh, H_Q, GROUP, n_q, n_k, CONSUMERS * ROWS, BLOCK_N, CAUSAL)
+            _load_item(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, k_full, v_full, k_empty,
+                       v_empty, off_b, off_h, off_hkv, start_m, n_tiles, g, r, BLOCK_N, STAGES, ROWS, CONSUMERS,
+                       True)
+            g += n_tiles
+
+    @gluon.jit
+    def _consumer_persistent(o_desc, q_smem, o_smem, k_smem, v_smem, q_full, q_empty, k_full, v_full, k_empty,
+                             v_empty, turn, lse_ptr, stride_lb, stride_lh,
+                             cta, n_ctas, n_mine, n_m, n_bh, H_Q, GROUP, n_q, n_k, qk_scale,
+                             HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                             ROWS: gl.constexpr, CID: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
+                             EAGER: gl.constexpr, CONSUMERS: gl.constexpr):
+        g = 0  # K/V tiles this CTA took before the item (as the producer counts them)
+        turns = 0  # every consumer takes as many turns per item, so the parity carries on
+        for r in range(n_mine):
+            off_b, off_h, off_hkv, start_m, n_tiles, n_whole = _work(
+                _deal(r, cta, n_ctas), n_m, n_bh, H_Q, GROUP, n_q, n_k, CONSUMERS * ROWS, BLOCK_N, CAUSAL)
+            lse_item = lse_ptr + off_b.to(gl.int64) * stride_lb + off_h.to(gl.int64) * stride_lh
+            turns = _consumer_item(o_desc, q_smem.index(CID), o_smem.index(CID), k_smem, v_smem, q_full, q_empty,
+                                   k_full, v_full, k_empty, v_empty, turn, lse_item, off_b, off_h, start_m, n_q,
+                                   n_k, n_tiles, n_whole, qk_scale, g, r, turns,
+                                   HEAD_DIM, BLOCK_N, STAGES, ROWS, CID, CAUSAL, PINGPONG, EAGER, CONSUMERS, True)
+            g += n_tiles
+        tma.store_wait(pendings=0)
+
+    # The persistent grid (Config(persistent=True)): one CTA per SM (or per item, if fewer), each
+    # taking its items by _deal. Its own kernel, so the one-item kernel's code stays as measured.
+    @gluon.jit(do_not_specialize=("stride_lb", "stride_lh", "H_Q", "GROUP", "n_q", "n_k", "n_bh"))
+    def _attn_fwd_sm90_persistent(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_lh,
+                                  H_Q, GROUP, n_q, n_k, n_bh, qk_scale,
+                                  HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                                  CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                                  EAGER: gl.constexpr, CONSUMERS: gl.constexpr):
+        ROWS: gl.constexpr = 64
+        BLOCK_M: gl.constexpr = CONSUMERS * ROWS
+        n_m = gl.cdiv(n_q, BLOCK_M)
+        cta = gl.program_id(0)
+        n_ctas = gl.num_programs(0)
+        # Items dealt to this CTA: a full round each, and in the last, partial round the snake's
+        # position `cta` (forwards) or `n_ctas - 1 - cta` (backwards) if it is below what is left.
+        total = n_m * n_bh
+        rounds = total // n_ctas
+        last_pos = cta + (rounds & 1) * (n_ctas - 1 - 2 * cta)
+        n_mine = rounds + (last_pos < total - rounds * n_ctas).to(gl.int32)
+
+        smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, ROWS, HEAD_DIM], smem_layout)
+        o_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, ROWS, HEAD_DIM], smem_layout)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], smem_layout)
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], smem_layout)
+        q_full = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for c in gl.static_range(CONSUMERS):
+            mbarrier.init(q_full.index(c), count=1)
+            mbarrier.init(q_empty.index(c), count=1)
+            mbarrier.init(turn.index(c), count=1)
+        for s in gl.static_range(STAGES):
+            mbarrier.init(k_full.index(s), count=1)
+            mbarrier.init(v_full.index(s), count=1)
+            mbarrier.init(k_empty.index(s), count=CONSUMERS)
+            mbarrier.init(v_empty.index(s), count=CONSUMERS)
+        fence_async_shared()
+
+        # The argument tuples stay inline (see _attn_fwd_sm90).
+        if CONSUMERS == 3:
+            gl.warp_specialize([
+                (_producer_persistent, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, k_full,
+                                        v_full, k_empty, v_empty, cta, n_ctas, n_mine, n_m, n_bh, H_Q, GROUP, n_q,
+                                        n_k, BLOCK_N, STAGES, ROWS, CONSUMERS, CAUSAL)),
+                (_consumer_persistent, (o_desc, q_smem, o_smem, k_smem, v_smem, q_full, q_empty, k_full, v_full,
+                                        k_empty, v_empty, turn, lse_ptr, stride_lb, stride_lh, cta, n_ctas, n_mine,
+                                        n_m, n_bh, H_Q, GROUP, n_q, n_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS,
+                                        0, CAUSAL, PINGPONG, EAGER, CONSUMERS)),
+                (_consumer_persistent, (o_desc, q_smem, o_smem, k_smem, v_smem, q_full, q_empty, k_full, v_full,
+                                        k_empty, v_empty, turn, lse_ptr, stride_lb, stride_lh, cta, n_ctas, n_mine,
+                                        n_m, n_bh, H_Q, GROUP, n_q, n_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS,
+                                        1, CAUSAL, PINGPONG, EAGER, CONSUMERS)),
+                (_consumer_persistent, (o_desc, q_smem, o_smem, k_smem, v_smem, q_full, q_empty, k_full, v_full,
+                                        k_empty, v_empty, turn, lse_ptr, stride_lb, stride_lh, cta, n_ctas, n_mine,
+                                        n_m, n_bh, H_Q, GROUP, n_q, n_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS,
+                                        2, CAUSAL, PINGPONG, EAGER, CONSUMERS)),
+            ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
+        else:
+            gl.warp_specialize([
+                (_producer_persistent, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, k_full,
+                                        v_full, k_empty, v_empty, cta, n_ctas, n_mine, n_m, n_bh, H_Q, GROUP, n_q,
+                                        n_k, BLOCK_N, STAGES, ROWS, CONSUMERS, CAUSAL)),
+                (_consumer_persistent, (o_desc, q_smem, o_smem, k_smem, v_smem, q_full, q_empty, k_full, v_full,
+                                        k_empty, v_empty, turn, lse_ptr, stride_lb, stride_lh, cta, n_ctas, n_mine,
+                                        n_m, n_bh, H_Q, GROUP, n_q, n_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS,
+                                        0, CAUSAL, PINGPONG, EAGER, CONSUMERS)),
+                (_consumer_persistent, (o_desc, q_smem, o_smem, k_smem, v_smem, q_full, q_empty, k_full, v_full,
+                                        k_empty, v_empty, turn, lse_ptr, stride_lb, stride_lh, cta, n_ctas, n_mine,
+                                        n_m, n_bh, H_Q, GROUP, n_q, n_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS,
+                                        1, CAUSAL, PINGPONG, EAGER, CONSUMERS)),
+            ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
+
     # Lengths and head counts as plain integers: specializing them (== 1, % 16) only multiplies
     # compilations; nothing here loads along them with pointer arithmetic.
     @gluon.jit(do_not_specialize=("stride_lb", "stride_lh", "H_Q", "GROUP", "n_q", "n_k"))
@@ -564,7 +715,25 @@ def launch_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.stages, CAUSAL=bool(causal),
                   PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, EAGER=config.eager,
                   CONSUMERS=config.consumers, num_warps=4)
+    if config.persistent:  # _attn_fwd_sm90_persistent: n_bh before the scale, one CTA per SM
+        args = args[:-1] + (batch * heads_q, ) + args[-1:]
+        items = triton.cdiv(n_q, config.block_m) * batch * heads_q
+        return args, kwargs, (min(items, sm_count(q.device)), )
     return args, kwargs, (triton.cdiv(n_q, config.block_m), batch * heads_q)
+
+
+def kernel(config: Config):
+    """The Gluon kernel a configuration launches: the one-item grid's or the persistent one."""
+    return _attn_fwd_sm90_persistent if config.persistent else _attn_fwd_sm90
+
+
+def sm_count(device: torch.device) -> int:
+    """SMs of the GPU (one persistent CTA each); an H100 SXM's 132 where no GPU answers (the
+    compile tools)."""
+    try:
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    except Exception:
+        return 132
 
 
 def warmup(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
@@ -578,7 +747,7 @@ def warmup(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scal
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((batch, heads_q, n_q), dtype=torch.float32, device=q.device)
     args, kwargs, grid = launch_arguments(q, k, v, o, lse, causal, scale, config)
-    return _attn_fwd_sm90.warmup(*args, **kwargs, grid=grid)
+    return kernel(config).warmup(*args, **kwargs, grid=grid)
 
 
 def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
@@ -605,5 +774,5 @@ def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
                 or lse.dtype != torch.float32 or not lse.is_contiguous()):
             raise ValueError("out must be a contiguous output like q and a contiguous float32 [B, Hq, Nq] LSE")
     args, kwargs, grid = launch_arguments(q, k, v, o, lse, causal, scale, config)
-    _attn_fwd_sm90[grid](*args, **kwargs)
+    kernel(config)[grid](*args, **kwargs)
     return o, lse
