@@ -78,7 +78,11 @@ CORRECTNESS_SHAPES = (
     (1, 2, 2, 64, 1),            # one key
 )
 #: The shapes each --variants configuration is checked on (bf16, both head dims, both causal flags).
-VARIANT_SHAPES = ((1, 2, 2, 1000, 1000), (1, 2, 1, 4097, 4097), (1, 2, 2, 4097, 1000), (2, 4, 2, 113, 113))
+#: The last two have more row blocks than an H100 or H200 has SMs (512 and 1056 with 128 rows), so
+#: that a persistent configuration (``-p``) takes several items a CTA, causal ones of unequal
+#: lengths and (Nq > Nk) some with no key tile.
+VARIANT_SHAPES = ((1, 2, 2, 1000, 1000), (1, 2, 1, 4097, 4097), (1, 2, 2, 4097, 1000), (2, 4, 2, 113, 113),
+                  (4, 16, 8, 1000, 1000), (2, 16, 4, 4097, 1000))
 #: The issue's speed cases, bf16, each causal and not.
 BENCH_SHAPES = (
     (1, 16, 16384, 128),
@@ -372,8 +376,8 @@ def bench_cases(variants: list[str], gf=None, dtypes: tuple[str, ...] = ("bfloat
 def variants_table(bench: dict, variants: list[str], dtypes: tuple[str, ...]) -> list[str]:
     """The configurations' table: TFLOP/s of the default and of each variant, each dtype's cases,
     with cuDNN's TFLOP/s (same dtype, same run) and the best Gluon one's ratio to it."""
-    lines = ["| case | dtype | cuDNN | default | " + " | ".join(variants) + " | best / cuDNN |",
-             "|---|---|---|---|" + "---|" * len(variants) + "---|"]
+    lines = ["| case | dtype | cuDNN | default | " + " | ".join(variants) + " | best / cuDNN | max diff |",
+             "|---|---|---|---|" + "---|" * len(variants) + "---|---|"]
     for dtype in dtypes:
         for batch, heads, n, head_dim in BENCH_SHAPES:
             for causal in (False, True):
@@ -384,8 +388,13 @@ def variants_table(bench: dict, variants: list[str], dtypes: tuple[str, ...]) ->
                 cells = [f"{x:.0f}" if x is not None else "-" for x in [base.get("sdpa_cudnn")] + mine]
                 got = [x for x in mine if x is not None]
                 best = f"{max(got) / base['sdpa_cudnn']:.2f}" if got and base.get("sdpa_cudnn") else "-"
+                # The largest |out - cuDNN's out| of the Gluon runs of this row (a wrong one stands out).
+                diffs = [d for key in (label, f"{label} variants")
+                         for name, d in bench.get(key, {}).get("max_diff_vs_cudnn", {}).items()
+                         if name.startswith("gluon")]
+                worst = f"{max(diffs):.1e}" if diffs else "-"
                 lines.append(f"| {harness.case_label(batch, heads, n, head_dim, causal)} | {SHORT[dtype]} | "
-                             + " | ".join(cells) + f" | {best} |")
+                             + " | ".join(cells) + f" | {best} | {worst} |")
     return lines
 
 
