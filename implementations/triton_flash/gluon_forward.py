@@ -122,11 +122,15 @@ class Config:
     #: load during this one's epilogue, O leaves through a buffer of its own, and causal items are
     #: dealt heaviest first in a snake so that every CTA gets about the same work (see "Persistent").
     persistent: bool = False
+    #: Causal, one-item grid: the grid's axes swapped, heads on the first (the fastest the hardware
+    #: starts CTAs along), so every head's longest row blocks start before any shorter one
+    #: (FlashAttention-3's order); without it each head's are longest first, head after head.
+    heavy_first: bool = False
 
     def __str__(self) -> str:
         return (f"n{self.block_n}s{self.stages}{'' if self.pingpong else '-nopp'}"
                 f"{'-eager' if self.eager else ''}{f'-c{self.consumers}' if self.consumers != 2 else ''}"
-                f"{'-p' if self.persistent else ''}-r{self.consumer_regs}")
+                f"{'-p' if self.persistent else ''}{'-hf' if self.heavy_first else ''}-r{self.consumer_regs}")
 
     @staticmethod
     def parse(text: str) -> "Config":
@@ -134,7 +138,7 @@ class Config:
         ``n128s2-eager-p``: the form ``str`` writes (``-nopp``: no turns; ``-eager``: each PV product
         waited for in its own step, FlashAttention-3's order, instead of one QK^T later; ``-c3``:
         three consumers, with 160 registers each unless ``-rREGS`` says otherwise; ``-p``:
-        persistent)."""
+        persistent; ``-hf``: causal row blocks heaviest first over all heads)."""
         parts = text.strip().split("-")
         head = parts[0]
         if not (head.startswith("n") and "s" in head):
@@ -152,6 +156,8 @@ class Config:
                 fields["consumers"] = int(part[1:])
             elif part == "p":
                 fields["persistent"] = True
+            elif part == "hf":
+                fields["heavy_first"] = True
             else:
                 raise ValueError(f"config {text!r}: unknown part {part!r}")
         if fields.get("consumers") == 3:
@@ -591,16 +597,21 @@ if gl is not None:
                        H_Q, GROUP, n_q, n_k, qk_scale,
                        HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                        CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                       EAGER: gl.constexpr, CONSUMERS: gl.constexpr):
+                       EAGER: gl.constexpr, CONSUMERS: gl.constexpr, HEAVY_FIRST: gl.constexpr = False):
         ROWS: gl.constexpr = 64
         BLOCK_M: gl.constexpr = CONSUMERS * ROWS
         n_m = gl.cdiv(n_q, BLOCK_M)
-        # Causal: the longest row blocks first, so that the grid's tail is short ones.
-        pid_m = gl.program_id(0)
-        if CAUSAL:
-            pid_m = n_m - 1 - pid_m
+        if HEAVY_FIRST:
+            # Causal, grid (B * Hq, n_m): every head's longest row block, then every head's next.
+            pid_m = n_m - 1 - gl.program_id(1)
+            off_bh = gl.program_id(0)
+        else:
+            # Causal: the longest row blocks first, so that the grid's tail is short ones.
+            pid_m = gl.program_id(0)
+            if CAUSAL:
+                pid_m = n_m - 1 - pid_m
+            off_bh = gl.program_id(1)
         start_m = pid_m * BLOCK_M
-        off_bh = gl.program_id(1)
         off_b = off_bh // H_Q
         off_h = off_bh % H_Q
         off_hkv = off_h // GROUP
@@ -719,6 +730,9 @@ def launch_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch
         args = args[:-1] + (batch * heads_q, ) + args[-1:]
         items = triton.cdiv(n_q, config.block_m) * batch * heads_q
         return args, kwargs, (min(items, sm_count(q.device)), )
+    if config.heavy_first and causal:
+        kwargs["HEAVY_FIRST"] = True
+        return args, kwargs, (batch * heads_q, triton.cdiv(n_q, config.block_m))
     return args, kwargs, (triton.cdiv(n_q, config.block_m), batch * heads_q)
 
 

@@ -10,7 +10,7 @@ gf = pytest.importorskip("implementations.triton_flash.gluon_forward")
 
 @pytest.mark.parametrize("text", ["n128s2-eager-r240", "n128s3-eager-r240", "n128s3-eager-c3-r160",
                                   "n64s2-nopp-r232", "n128s2-eager-c3-r152", "n128s2-eager-p-r240",
-                                  "n128s3-eager-c3-p-r160"])
+                                  "n128s3-eager-c3-p-r160", "n128s2-eager-hf-r240"])
 def test_a_configuration_reads_back_as_written(text: str) -> None:
     assert str(gf.Config.parse(text)) == text
 
@@ -42,6 +42,7 @@ def test_persistent_adds_an_o_buffer_and_a_q_empty_barrier_per_consumer_and_is_o
     for head_dim in (64, 128):
         for causal in (False, True):
             assert not gf.default_config(head_dim, causal).persistent
+            assert not gf.default_config(head_dim, causal).heavy_first
 
 
 def test_an_unknown_part_is_refused() -> None:

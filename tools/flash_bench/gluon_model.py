@@ -387,11 +387,12 @@ DEALING_CASES = (("b8-h16-q1024 d128 causal", 1024, 128, 2), ("b4-h16-q4096 d128
                  ("b4-h32-q4096 d64 causal", 4096, 128, 2), ("b1-h16-q16384 d128 causal", 16384, 16, 2))
 
 
-def dealing_balance(n_ctas: int = 132, per_item: float = 1.0) -> list[tuple[str, float, float, float]]:
+def dealing_balance(n_ctas: int = 132, per_item: float = 1.0) -> list[tuple[str, float, float, float, float]]:
     """Per case, the busiest CTA's work over the mean (work: key tiles, plus ``per_item`` tile's
     worth for each item's prologue and epilogue): the one-item grid (the hardware starts each CTA
     on the first free SM: a greedy list in launch order, a head's row blocks longest first), the
-    gluon-persistent branch's static dealing (item j to CTA j % n_ctas, head-major), the snake."""
+    gluon-persistent branch's static dealing (item j to CTA j % n_ctas, head-major), the snake, and
+    the one-item grid with its axes swapped (``-hf``: every head's longest row blocks first)."""
     import heapq
 
     rows = []
@@ -400,14 +401,15 @@ def dealing_balance(n_ctas: int = 132, per_item: float = 1.0) -> list[tuple[str,
         n_m = -(-n // block_m)
         cost = [tile_ranges(m * block_m, n, n, 128, True, block_m)[0] + per_item for m in range(n_m)]
         mean = n_bh * sum(cost) / n_ctas
-        heap = [0.0] * n_ctas
+        heap, heavy = [0.0] * n_ctas, [0.0] * n_ctas
         stride = [0.0] * n_ctas
         for j in range(n_m * n_bh):
             m = n_m - 1 - j % n_m  # head-major, longest first within a head
             heapq.heappush(heap, heapq.heappop(heap) + cost[m])
             stride[j % n_ctas] += cost[m]
+            heapq.heappush(heavy, heapq.heappop(heavy) + cost[n_m - 1 - j // n_bh])
         snake = [sum(cost[m] for _, m, _ in items) for items in deal_items(n, n, n_bh, n_ctas, block_m, 128, True)]
-        rows.append((name, max(heap) / mean, max(stride) / mean, max(snake) / mean))
+        rows.append((name, max(heap) / mean, max(stride) / mean, max(snake) / mean, max(heavy) / mean))
     return rows
 
 
@@ -591,9 +593,9 @@ def main() -> int:
     print(f"dealing: fails on {len(caught_dealing)} of 2 planted mistakes: {', '.join(caught_dealing)}")
     for per_item in (0.0, 1.0):
         print(f"dealing: busiest CTA / mean on 132 SMs (key tiles + {per_item:g} a item): one-item grid, "
-              "static (j % 132), snake:")
-        for name, grid, stride, snake in dealing_balance(132, per_item):
-            print(f"  {name}: {grid:.3f} {stride:.3f} {snake:.3f}")
+              "static (j % 132), snake, one-item grid heaviest first (-hf):")
+        for name, grid, stride, snake, heavy in dealing_balance(132, per_item):
+            print(f"  {name}: {grid:.3f} {stride:.3f} {snake:.3f} {heavy:.3f}")
     print(f"schedule: {check_schedule()} CTAs visit tiles 1..n_tiles-1 once, in order, the unmasked ones "
           "whole for every row")
     print(f"numerics: {check_numerics()} shapes match float64 attention (output and LSE); "
