@@ -31,9 +31,11 @@ cannot take the run with it:
 4. report: the tables, printed and written to DIR.
 
 Each case has a deadline (``--case-timeout``, seconds): a warp-specialized kernel that is wrong
-usually hangs instead of failing. On the first case past it, the child is killed, the case is
-named as hung, and the run stops there (a crash, e.g. an illegal address, is recorded and the
-next case runs in a fresh child). FLOPs are 4 * B * Hq * D * (pairs of a query and a key it
+usually hangs instead of failing. On the first case past it, the child is killed and the case is
+named as hung. A default configuration's hang stops the run there; a ``--variants``
+configuration's drops that configuration (its other cases and its timing) and the rest go on in a
+fresh child, as they do after a crash (e.g. an illegal address, recorded). A variant that fails
+a case is not timed either; a timing case that hangs is left out. FLOPs are 4 * B * Hq * D * (pairs of a query and a key it
 sees), the harness's count (``pytest_attnkit.counts``); causal counts the visible pairs.
 
 Written to DIR: ``check.json`` (every result, the environment, the command), ``check.md`` (the
@@ -444,6 +446,42 @@ def report(results: dict, bench: dict, variants: list[str], hello: dict,
     return "\n".join(lines)
 
 
+def _config_of(case_id: str) -> str:
+    """A correctness case's configuration: the bracketed end of its id."""
+    return case_id.rsplit("[", 1)[-1].rstrip("]")
+
+
+def run_going_on(mode: str, cases: list[dict], out: Path, timeout: float, log,
+                 variants: set | None) -> tuple[dict, dict, list[str]]:
+    """``harness.run_cases``, going on past a hang where the rest can still say something: in
+    correctness (``variants`` given), a hang in a variant's case drops that variant's other
+    cases and the rest run in a fresh child (a hang in a default's case stops the run, as
+    before); in timing (``variants`` None), a hung case is left out and the others run.
+    (Results, the device's hello, the hung cases' ids.)"""
+    results: dict = {}
+    hello: dict = {}
+    hung_ids: list[str] = []
+    pending = list(cases)
+    while pending:
+        got, device, hung = harness.run_cases(Path(__file__), mode, pending, out, timeout, log, _describe)
+        results.update(got)
+        hello = hello or device
+        if not hung:
+            break
+        hung_ids.append(hung)
+        if hung == "startup":
+            break
+        dropped = None
+        if variants is not None:
+            dropped = _config_of(hung)
+            if dropped not in variants:
+                break
+            log(f"  going on without {dropped}")
+        pending = [case for case in pending if case["id"] not in results
+                   and (dropped is None or case.get("config") != dropped)]
+    return results, hello, hung_ids
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", metavar="DIR", help="folder for the results (created; required)")
@@ -508,13 +546,18 @@ def main() -> int:
 
     log("== correctness")
     cases = correctness_cases(variants, gf.default_config, gf)
-    correct, hello, hung = harness.run_cases(Path(__file__), "correct", cases, out, args.case_timeout, log, _describe)
+    correct, hello, hung_list = run_going_on("correct", cases, out, args.case_timeout, log, set(variants))
     record["device"] = hello
     record["correct"] = correct
-    if hung:
+    hung = next((h for h in hung_list if not h.endswith("]") or _config_of(h) not in variants), None)
+    if hung_list:
         status = 2
     elif any(not r.get("passed") for r in correct.values()):
         status = max(status, 1)
+    # A variant that hung or failed a case is not timed (the defaults' cases stop the run as before).
+    bad = sorted({_config_of(case_id) for case_id, r in correct.items() if not r.get("passed")} & set(variants))
+    record["variants_not_timed"] = bad
+    timed_variants = [v for v in variants if v not in bad]
 
     bench: dict = {}
     if hung:
@@ -522,9 +565,9 @@ def main() -> int:
     elif args.skip_timing:
         log("== timing skipped (--skip-timing)")
     else:
-        log("== timing")
-        bench, _, hung_bench = harness.run_cases(Path(__file__), "time", bench_cases(variants, gf, timing_dtypes), out,
-                                                 args.case_timeout, log, _describe)
+        log("== timing" + (f" (not timed, failed or hung: {', '.join(bad)})" if bad else ""))
+        bench, _, hung_bench = run_going_on("time", bench_cases(timed_variants, gf, timing_dtypes), out,
+                                            args.case_timeout, log, None)
         if hung_bench:
             status = 2
     record["bench"] = bench
