@@ -20,8 +20,8 @@ cannot take the run with it:
    for the natural LSE (kernel's base-2 LSE times ln 2) on rows that see a key; rows that see
    none must be exactly 0 with LSE +inf. The kernel also runs twice more and must give the same
    bits (a race in a warp-specialized kernel tends to show as run-to-run differences).
-3. timing: the issue's cases (bf16, and fp16 too with ``--timing-dtypes bfloat16,float16``; b1-h16-q16384 d128, b4-h16-q4096 d128, b4-h32-q4096 d64,
-   b8-h16-q1024 d128; each causal and not) with ``triton.testing.do_bench`` (median, L2 flushed),
+3. timing: the issue's cases (bf16, and fp16 too with ``--timing-dtypes bfloat16,float16``;
+   b1-h16-q16384 d128, b4-h16-q4096 d128, b4-h32-q4096 d64, b8-h16-q1024 d128; each causal and not) with ``triton.testing.do_bench`` (median, L2 flushed),
    for the Gluon forward, SDPA with the cuDNN backend, SDPA with the FLASH backend and the
    existing triton_flash forward (``launch.flash_fwd``, what Gluon would replace), and the bf16
    matmul ceiling; then each ``--variants`` configuration of the Gluon forward on the same
@@ -35,8 +35,8 @@ usually hangs instead of failing. On the first case past it, the child is killed
 named as hung. A default configuration's hang stops the run there; a ``--variants``
 configuration's drops that configuration (its other cases and its timing) and the rest go on in a
 fresh child, as they do after a crash (e.g. an illegal address, recorded). A variant that fails
-a case is not timed either; a timing case that hangs is left out. FLOPs are 4 * B * Hq * D * (pairs of a query and a key it
-sees), the harness's count (``pytest_attnkit.counts``); causal counts the visible pairs.
+a case is not timed either; a timing case that hangs is left out. FLOPs are 4 * B * Hq * D *
+(pairs of a query and a key it sees), the harness's count (``pytest_attnkit.counts``); causal counts the visible pairs.
 
 Written to DIR: ``check.json`` (every result, the environment, the command), ``check.md`` (the
 tables), ``compile.log``, and each child's stderr (``*.stderr``). The exit status is 0 when
