@@ -574,6 +574,9 @@ def main() -> int:
     record["seconds"] = round(time.time() - started, 1)
 
     text = report({"correct": correct}, bench, variants, hello, timing_dtypes)
+    if bad or hung_list:
+        text += (f"\n\nNot timed (a case failed or hung): {', '.join(bad) or 'none'}; hung: "
+                 f"{', '.join(hung_list) or 'none'}")
     header = (f"# Gluon forward check ({record['date']})\n\n`{record['command']}` on {hello.get('device', '?')} "
               f"(torch {hello.get('torch', '?')}, triton {hello.get('triton', '?')}, CUDA {hello.get('cuda', '?')}); "
               f"{record['seconds']:.0f} s; exit status {status}.\n\n")
