@@ -74,6 +74,19 @@ after a partition-wide ``bar.sync`` the compiler inserts):
   of turns (the same tiles, plus the last PV), and an arrive can only follow the previous
   consumer's wait, so a barrier is never two phases ahead of its waiter.
 
+Persistent (``Config(persistent=True)``, ``-p``; not a default: NOTES.md, v14 and v16). Its own
+kernel, ``_attn_fwd_sm90_persistent``: one CTA per SM (or per item, if fewer), each looping over
+work items (a row block of one head) with the one-item kernel's code (``_load_item``,
+``_consumer_item``). The K/V ring's stages and phases follow ``g``, the CTA's tile count over its
+items, and the turns' count carries on. Q's part ``c`` goes back to the producer on ``q_empty[c]``
+(count 1) once every product that read it has completed (the producer waits parity
+``(item & 1) ^ 1``; ``q_full``'s phase is ``item & 1``), and O leaves through a buffer of its own,
+so the next item's Q and K/V load during this item's epilogue. Causal items come heaviest first
+over all heads and are dealt in a snake (``_deal``: forwards in even rounds, backwards in odd), so
+that every CTA's sum of key tiles is about the mean; v14's static dealing lost 9-28% causal.
+``Config(heavy_first=True)`` (``-hf``) is the one-item grid's causal order with the grid's axes
+swapped: every head's longest row block starts first.
+
 ``tools/flash_bench/gluon_model.py`` simulates this protocol under random interleavings (and the
 tile ranges and masks against float64); ``tools/flash_bench/gluon_compile.py`` compiles for sm_90a
 and checks the SASS for instructions that touch registers of an in-flight ``wgmma``.
@@ -120,7 +133,7 @@ class Config:
     consumers: int = 2
     #: One CTA per SM walking work items (a row block of one head each): the next item's Q and K/V
     #: load during this one's epilogue, O leaves through a buffer of its own, and causal items are
-    #: dealt heaviest first in a snake so that every CTA gets about the same work (see "Persistent").
+    #: dealt heaviest first in a snake so that every CTA gets about the same work (module docstring).
     persistent: bool = False
     #: Causal, one-item grid: the grid's axes swapped, heads on the first (the fastest the hardware
     #: starts CTAs along), so every head's longest row blocks start before any shorter one
@@ -142,7 +155,8 @@ class Config:
         parts = text.strip().split("-")
         head = parts[0]
         if not (head.startswith("n") and "s" in head):
-            raise ValueError(f"config {text!r}: expected nBLOCKsSTAGES[-nopp][-eager][-c3][-p][-rREGS], e.g. n128s2")
+            raise ValueError(f"config {text!r}: expected nBLOCKsSTAGES[-nopp][-eager][-c3][-p][-hf][-rREGS], "
+                             "e.g. n128s2")
         block_n, stages = head[1:].split("s")
         fields = dict(block_n=int(block_n), stages=int(stages))
         for part in parts[1:]:
