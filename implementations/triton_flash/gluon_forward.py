@@ -74,6 +74,19 @@ after a partition-wide ``bar.sync`` the compiler inserts):
   of turns (the same tiles, plus the last PV), and an arrive can only follow the previous
   consumer's wait, so a barrier is never two phases ahead of its waiter.
 
+Persistent (``Config(persistent=True)``, ``-p``; not a default: NOTES.md, v14 and v16). Its own
+kernel, ``_attn_fwd_sm90_persistent``: one CTA per SM (or per item, if fewer), each looping over
+work items (a row block of one head) with the one-item kernel's code (``_load_item``,
+``_consumer_item``). The K/V ring's stages and phases follow ``g``, the CTA's tile count over its
+items, and the turns' count carries on. Q's part ``c`` goes back to the producer on ``q_empty[c]``
+(count 1) once every product that read it has completed (the producer waits parity
+``(item & 1) ^ 1``; ``q_full``'s phase is ``item & 1``), and O leaves through a buffer of its own,
+so the next item's Q and K/V load during this item's epilogue. Causal items come heaviest first
+over all heads and are dealt in a snake (``_deal``: forwards in even rounds, backwards in odd), so
+that every CTA's sum of key tiles is about the mean; v14's static dealing lost 9-28% causal.
+``Config(heavy_first=True)`` (``-hf``) is the one-item grid's causal order with the grid's axes
+swapped: every head's longest row block starts first.
+
 ``tools/flash_bench/gluon_model.py`` simulates this protocol under random interleavings (and the
 tile ranges and masks against float64); ``tools/flash_bench/gluon_compile.py`` compiles for sm_90a
 and checks the SASS for instructions that touch registers of an in-flight ``wgmma``.
@@ -118,22 +131,32 @@ class Config:
     #: choice at d64, where the softmax, not the tensor cores, sets the pace: a third consumer keeps
     #: two softmaxes under one's products). Three need ``consumer_regs`` <= 160 (:func:`register_reason`).
     consumers: int = 2
+    #: One CTA per SM walking work items (a row block of one head each): the next item's Q and K/V
+    #: load during this one's epilogue, O leaves through a buffer of its own, and causal items are
+    #: dealt heaviest first in a snake so that every CTA gets about the same work (module docstring).
+    persistent: bool = False
+    #: Causal, one-item grid: the grid's axes swapped, heads on the first (the fastest the hardware
+    #: starts CTAs along), so every head's longest row blocks start before any shorter one
+    #: (FlashAttention-3's order); without it each head's are longest first, head after head.
+    heavy_first: bool = False
 
     def __str__(self) -> str:
         return (f"n{self.block_n}s{self.stages}{'' if self.pingpong else '-nopp'}"
                 f"{'-eager' if self.eager else ''}{f'-c{self.consumers}' if self.consumers != 2 else ''}"
-                f"-r{self.consumer_regs}")
+                f"{'-p' if self.persistent else ''}{'-hf' if self.heavy_first else ''}-r{self.consumer_regs}")
 
     @staticmethod
     def parse(text: str) -> "Config":
-        """``n128s2``, ``n64s3``, ``n128s2-nopp``, ``n128s2-eager``, ``n128s2-r232``, ``n128s3-c3``:
-        the form ``str`` writes (``-nopp``: no turns; ``-eager``: each PV product waited for in its
-        own step, FlashAttention-3's order, instead of one QK^T later; ``-c3``: three consumers, with
-        160 registers each unless ``-rREGS`` says otherwise)."""
+        """``n128s2``, ``n64s3``, ``n128s2-nopp``, ``n128s2-eager``, ``n128s2-r232``, ``n128s3-c3``,
+        ``n128s2-eager-p``: the form ``str`` writes (``-nopp``: no turns; ``-eager``: each PV product
+        waited for in its own step, FlashAttention-3's order, instead of one QK^T later; ``-c3``:
+        three consumers, with 160 registers each unless ``-rREGS`` says otherwise; ``-p``:
+        persistent; ``-hf``: causal row blocks heaviest first over all heads)."""
         parts = text.strip().split("-")
         head = parts[0]
         if not (head.startswith("n") and "s" in head):
-            raise ValueError(f"config {text!r}: expected nBLOCKsSTAGES[-nopp][-eager][-c3][-rREGS], e.g. n128s2")
+            raise ValueError(f"config {text!r}: expected nBLOCKsSTAGES[-nopp][-eager][-c3][-p][-hf][-rREGS], "
+                             "e.g. n128s2")
         block_n, stages = head[1:].split("s")
         fields = dict(block_n=int(block_n), stages=int(stages))
         for part in parts[1:]:
@@ -145,6 +168,10 @@ class Config:
                 fields["consumer_regs"] = int(part[1:])
             elif part in ("c2", "c3"):
                 fields["consumers"] = int(part[1:])
+            elif part == "p":
+                fields["persistent"] = True
+            elif part == "hf":
+                fields["heavy_first"] = True
             else:
                 raise ValueError(f"config {text!r}: unknown part {part!r}")
         if fields.get("consumers") == 3:
@@ -159,11 +186,13 @@ class Config:
 
 def shared_bytes(config: Config, head_dim: int, element_size: int = 2) -> int:
     """Shared memory the kernel asks for: Q (a part per consumer, reused for O), the K/V ring,
-    barriers (``q_full`` and ``turn`` per consumer, four per stage)."""
+    barriers (``q_full`` and ``turn`` per consumer, four per stage); persistent: O's own buffer and
+    ``q_empty`` per consumer."""
     q = config.block_m * head_dim * element_size
+    o = q if config.persistent else 0
     kv = 2 * config.stages * config.block_n * head_dim * element_size
-    barriers = 8 * (2 * config.consumers + 4 * config.stages)
-    return q + kv + barriers
+    barriers = 8 * ((3 if config.persistent else 2) * config.consumers + 4 * config.stages)
+    return q + o + kv + barriers
 
 
 #: The fewest registers the producer warp group keeps: it gets what the consumers leave of the
@@ -216,26 +245,42 @@ if gl is not None:
                   q_full, k_full, v_full, k_empty, v_empty,
                   off_b, off_h, off_hkv, start_m, n_tiles,
                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr, CONSUMERS: gl.constexpr):
-        # Q: one part per consumer, each on its own barrier (it stays for the whole CTA).
+        # The one item of this CTA; Q stays for the whole CTA (q_full stands in for q_empty, unused).
+        _load_item(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_full, k_full, v_full, k_empty, v_empty,
+                   off_b, off_h, off_hkv, start_m, n_tiles, 0, 0, BLOCK_N, STAGES, ROWS, CONSUMERS, False)
+
+    @gluon.jit
+    def _load_item(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
+                   q_full, q_empty, k_full, v_full, k_empty, v_empty,
+                   off_b, off_h, off_hkv, start_m, n_tiles, g, it,
+                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr, CONSUMERS: gl.constexpr,
+                   PERSISTENT: gl.constexpr):
+        # One work item's loads. g: K/V tiles this CTA loaded before the item (the ring's position);
+        # it: items before it (Q's phase). Both 0 in the one-item grid.
+        # Q: one part per consumer, each on its own barrier; persistent, into a part its consumer
+        # handed back (every product that read the last item's Q has completed).
         q_bytes: gl.constexpr = q_desc.block_type.nbytes
         for c in gl.static_range(CONSUMERS):
+            if PERSISTENT:
+                mbarrier.wait(q_empty.index(c), (it & 1) ^ 1)
             mbarrier.expect(q_full.index(c), q_bytes)
             tma.async_copy_global_to_shared(q_desc, [off_b, off_h, start_m + c * ROWS, 0], q_full.index(c),
                                             q_smem.index(c))
         # K runs one tile ahead of V: a K stage frees after QK^T, a V stage only after the PV
         # product that reads it, which is later; V waiting for its stage must not hold up K.
         if n_tiles > 0:
-            _load_tile(k_desc, k_smem, k_full, k_empty, off_b, off_hkv, 0, BLOCK_N, STAGES)
+            _load_tile(k_desc, k_smem, k_full, k_empty, off_b, off_hkv, 0, g, BLOCK_N, STAGES)
         for t in range(n_tiles):
             if t + 1 < n_tiles:
-                _load_tile(k_desc, k_smem, k_full, k_empty, off_b, off_hkv, t + 1, BLOCK_N, STAGES)
-            _load_tile(v_desc, v_smem, v_full, v_empty, off_b, off_hkv, t, BLOCK_N, STAGES)
+                _load_tile(k_desc, k_smem, k_full, k_empty, off_b, off_hkv, t + 1, g + t + 1, BLOCK_N, STAGES)
+            _load_tile(v_desc, v_smem, v_full, v_empty, off_b, off_hkv, t, g + t, BLOCK_N, STAGES)
 
     @gluon.jit
-    def _load_tile(desc, smem, full, empty, off_b, off_hkv, t, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-        # Wait until every consumer released the stage's previous tile, then TMA tile t into it.
-        s = t % STAGES
-        mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)
+    def _load_tile(desc, smem, full, empty, off_b, off_hkv, t, g, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        # Key tile t, the g-th tile through the ring: wait until every consumer released the
+        # stage's previous tile, then TMA tile t into it.
+        s = g % STAGES
+        mbarrier.wait(empty.index(s), ((g // STAGES) & 1) ^ 1)
         mbarrier.expect(full.index(s), desc.block_type.nbytes)
         tma.async_copy_global_to_shared(desc, [off_b, off_hkv, t * BLOCK_N, 0], full.index(s), smem.index(s))
 
@@ -274,26 +319,27 @@ if gl is not None:
             mbarrier.arrive(turn.index((CID + 1) % CONSUMERS), count=1)
 
     @gluon.jit
-    def _step(t, q_buf, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
+    def _step(t, g, q_buf, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
               qk, o, p_prev, p_op, alpha, m_i, l_i, rows, n_k, diag, qk_scale,
               s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CID: gl.constexpr, CAUSAL: gl.constexpr,
               MASKED: gl.constexpr, PINGPONG: gl.constexpr, EAGER: gl.constexpr, CONSUMERS: gl.constexpr):
         # Tile t's QK^T and tile t-1's PV on the tensor cores, tile t's softmax under the PV.
         # Coming in: P_{t-1} (p_op) and alpha_{t-1}; unless EAGER, PV_{t-2} still in flight, its
-        # P (p_prev) kept alive until the wait that retires it.
-        s = t % STAGES
-        sp = (t - 1) % STAGES
-        mbarrier.wait(k_full.index(s), (t // STAGES) & 1)
+        # P (p_prev) kept alive until the wait that retires it. g: the tile's position in the ring
+        # (t, or in a persistent CTA, t plus the tiles of its earlier items).
+        s = g % STAGES
+        sp = (g - 1) % STAGES
+        mbarrier.wait(k_full.index(s), (g // STAGES) & 1)
         turns = _take_turn(turn, turns, CID, PINGPONG)
         # use_acc=False: the old scores are only the registers the product overwrites.
         qk = warpgroup_mma(q_buf, k_smem.index(s).permute((1, 0)), qk, use_acc=False, is_async=True)
         if not EAGER:
             # PV_{t-2} completes (QK^T_t may still run); tile t-2's V stage goes back (none at t = 1).
             o, p_prev = warpgroup_mma_wait(num_outstanding=1, deps=(o, p_prev))
-            mbarrier.arrive(v_empty.index((t + STAGES - 2) % STAGES), count=1, pred=t >= 2)
+            mbarrier.arrive(v_empty.index((g + STAGES - 2) % STAGES), count=1, pred=t >= 2)
         o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-        mbarrier.wait(v_full.index(sp), ((t - 1) // STAGES) & 1)
+        mbarrier.wait(v_full.index(sp), ((g - 1) // STAGES) & 1)
         o = warpgroup_mma(p_op, v_smem.index(sp), o, is_async=True)
         _pass_turn(turn, CID, PINGPONG, CONSUMERS)
         qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))
@@ -314,6 +360,22 @@ if gl is not None:
                   HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr,
                   CID: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, EAGER: gl.constexpr,
                   CONSUMERS: gl.constexpr):
+        # The one item of this CTA: O leaves through Q's buffer (q_full stands in for q_empty, unused).
+        q_buf = q_smem.index(CID)
+        _consumer_item(o_desc, q_buf, q_buf, k_smem, v_smem, q_full, q_full, k_full, v_full, k_empty, v_empty, turn,
+                       lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, 0, 0, 0,
+                       HEAD_DIM, BLOCK_N, STAGES, ROWS, CID, CAUSAL, PINGPONG, EAGER, CONSUMERS, False)
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _consumer_item(o_desc, q_buf, o_buf, k_smem, v_smem, q_full, q_empty, k_full, v_full, k_empty, v_empty, turn,
+                       lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, g, it, turns,
+                       HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr,
+                       CID: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, EAGER: gl.constexpr,
+                       CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr):
+        # One work item of consumer CID; returns the turns taken so far. g: K/V tiles the CTA took
+        # before the item (the ring's position), it: items before it (Q's phase); both 0 in the
+        # one-item grid, where o_buf is q_buf and q_empty is unused. lse_ptr: this head's LSE row.
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -322,23 +384,23 @@ if gl is not None:
         row0 = start_m + CID * ROWS
         rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
         diag = n_k - n_q
-        q_buf = q_smem.index(CID)
+        turns = gl.to_tensor(turns)  # the one-item grid passes 0, a constexpr; the turns come back int32
 
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
         l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
         o = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
-        # Q is waited for even with no key tile: its load is in flight, and the buffer takes O.
-        mbarrier.wait(q_full.index(CID), 0)
+        # Q is waited for even with no key tile: its load is in flight (and the buffer may take O).
+        mbarrier.wait(q_full.index(CID), it & 1)
         if n_tiles > 0:
-            turns = 0
             qk = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
             # Tile 0: QK^T alone; the general mask (it is exact on a whole tile too).
-            mbarrier.wait(k_full.index(0), 0)
+            s0 = g % STAGES
+            mbarrier.wait(k_full.index(s0), (g // STAGES) & 1)
             turns = _take_turn(turn, turns, CID, PINGPONG)
-            qk = warpgroup_mma(q_buf, k_smem.index(0).permute((1, 0)), qk, use_acc=False, is_async=True)
+            qk = warpgroup_mma(q_buf, k_smem.index(s0).permute((1, 0)), qk, use_acc=False, is_async=True)
             _pass_turn(turn, CID, PINGPONG, CONSUMERS)
             qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
-            mbarrier.arrive(k_empty.index(0), count=1)
+            mbarrier.arrive(k_empty.index(s0), count=1)
             p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, rows, 0, n_k, diag, qk_scale,
                                           s_layout, BLOCK_N, CAUSAL, True)
             p_op = gl.convert_layout(p.to(q_buf.dtype), p_layout)
@@ -348,27 +410,30 @@ if gl is not None:
             # Tiles every row sees whole, then the masked ones (the diagonal, the ragged end).
             for t in range(1, n_whole):
                 qk, o, p_prev, p_op, alpha, m_i, l_i, turns = _step(
-                    t, q_buf, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
+                    t, g + t, q_buf, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
                     qk, o, p_prev, p_op, alpha, m_i, l_i, rows, n_k, diag, qk_scale,
                     s_layout, o_layout, p_layout, BLOCK_N, STAGES, CID, CAUSAL, False, PINGPONG, EAGER, CONSUMERS)
             for t in range(gl.maximum(n_whole, 1), n_tiles):
                 qk, o, p_prev, p_op, alpha, m_i, l_i, turns = _step(
-                    t, q_buf, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
+                    t, g + t, q_buf, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
                     qk, o, p_prev, p_op, alpha, m_i, l_i, rows, n_k, diag, qk_scale,
                     s_layout, o_layout, p_layout, BLOCK_N, STAGES, CID, CAUSAL, True, PINGPONG, EAGER, CONSUMERS)
             # The last tile's PV.
             last = n_tiles - 1
-            sl = last % STAGES
+            sl = (g + last) % STAGES
             if not EAGER:
                 o, p_prev = warpgroup_mma_wait(num_outstanding=0, deps=(o, p_prev))
-                mbarrier.arrive(v_empty.index((last + STAGES - 1) % STAGES), count=1, pred=last >= 1)
+                mbarrier.arrive(v_empty.index((g + last + STAGES - 1) % STAGES), count=1, pred=last >= 1)
             o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-            mbarrier.wait(v_full.index(sl), (last // STAGES) & 1)
+            mbarrier.wait(v_full.index(sl), ((g + last) // STAGES) & 1)
             turns = _take_turn(turn, turns, CID, PINGPONG)
             o = warpgroup_mma(p_op, v_smem.index(sl), o, is_async=True)
             _pass_turn(turn, CID, PINGPONG, CONSUMERS)
             o, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o, p_op))
             mbarrier.arrive(v_empty.index(sl), count=1)
+        if PERSISTENT:
+            # Every product that read this Q has completed: the producer may load the next item's.
+            mbarrier.arrive(q_empty.index(CID), count=1)
 
         # Epilogue: o / l and the base-2 LSE; a row that saw no key writes 0 and +inf.
         seen = l_i > 0.0
@@ -377,12 +442,167 @@ if gl is not None:
         inv_l = gl.convert_layout(1.0 / l_safe, gl.SliceLayout(1, o_layout))
         out = (o * inv_l[:, None]).to(q_buf.dtype)
         gl.store(lse_ptr + rows, lse, mask=rows < n_q)
-        # Q's buffer holds O on its way out (every product that read Q has completed).
+        if PERSISTENT:
+            # O's own buffer, once the last item's store has read it; this store runs on while
+            # the next item starts (the caller waits for it at the end).
+            tma.store_wait(pendings=0)
+        # One-item grid: Q's buffer holds O on its way out (every product that read Q has completed).
         fence_async_shared()
-        q_buf.store(out)
+        o_buf.store(out)
         fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [off_b, off_h, row0, 0], q_buf)
+        tma.async_copy_shared_to_global(o_desc, [off_b, off_h, row0, 0], o_buf)
+        return turns
+
+    @gluon.jit
+    def _deal(r, cta, n_ctas):
+        # The r-th item of persistent CTA `cta` of `n_ctas`: a snake over the items in order, round
+        # r taking items [r * n_ctas, (r + 1) * n_ctas), forwards in even rounds, backwards in odd.
+        # The items come heaviest first (causal), so a CTA that got a heavier one in one round gets
+        # a lighter one in the next: every CTA's sum is about the mean.
+        return r * n_ctas + cta + (r & 1) * (n_ctas - 1 - 2 * cta)
+
+    @gluon.jit
+    def _work(item, n_m, n_bh, H_Q, GROUP, n_q, n_k,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+        # Work item -> (off_b, off_h, off_hkv, start_m, n_tiles, n_whole). Causal: the row blocks
+        # with the most key tiles first, over every head (item j: row block n_m - 1 - j // n_bh of
+        # head j % n_bh). Not causal (all items equal): a head's row blocks are consecutive, so the
+        # CTAs that run at once share its K and V in L2.
+        if CAUSAL:
+            pid_m = n_m - 1 - item // n_bh
+            off_bh = item % n_bh
+        else:
+            pid_m = item % n_m
+            off_bh = item // n_m
+        start_m = pid_m * BLOCK_M
+        off_b = off_bh // H_Q
+        off_h = off_bh % H_Q
+        off_hkv = off_h // GROUP
+        # Key tiles of this item: [0, n_tiles), of which [0, n_whole) every row sees whole (as the
+        # one-item kernel computes them).
+        diag = n_k - n_q
+        if CAUSAL:
+            last_row = gl.minimum(start_m + BLOCK_M, n_q) - 1
+            hi = gl.minimum(last_row + diag + 1, n_k)
+            whole = gl.minimum(start_m + diag + 1, n_k)
+        else:
+            hi = n_k
+            whole = n_k
+        n_tiles = gl.cdiv(gl.maximum(hi, 0), BLOCK_N)
+        n_whole = gl.minimum(gl.maximum(whole, 0) // BLOCK_N, n_tiles)
+        return off_b, off_h, off_hkv, start_m, n_tiles, n_whole
+
+    @gluon.jit
+    def _producer_persistent(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
+                             q_full, q_empty, k_full, v_full, k_empty, v_empty,
+                             cta, n_ctas, n_mine, n_m, n_bh, H_Q, GROUP, n_q, n_k,
+                             BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr,
+                             CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr):
+        g = 0  # K/V tiles this CTA loaded before the item: the rings' position
+        for r in range(n_mine):
+            off_b, off_h, off_hkv, start_m, n_tiles, n_whole = _work(
+                _deal(r, cta, n_ctas), n_m, n_bh, H_Q, GROUP, n_q, n_k, CONSUMERS * ROWS, BLOCK_N, CAUSAL)
+            _load_item(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, k_full, v_full, k_empty,
+                       v_empty, off_b, off_h, off_hkv, start_m, n_tiles, g, r, BLOCK_N, STAGES, ROWS, CONSUMERS,
+                       True)
+            g += n_tiles
+
+    @gluon.jit
+    def _consumer_persistent(o_desc, q_smem, o_smem, k_smem, v_smem, q_full, q_empty, k_full, v_full, k_empty,
+                             v_empty, turn, lse_ptr, stride_lb, stride_lh,
+                             cta, n_ctas, n_mine, n_m, n_bh, H_Q, GROUP, n_q, n_k, qk_scale,
+                             HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                             ROWS: gl.constexpr, CID: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
+                             EAGER: gl.constexpr, CONSUMERS: gl.constexpr):
+        g = 0  # K/V tiles this CTA took before the item (as the producer counts them)
+        turns = 0  # every consumer takes as many turns per item, so the parity carries on
+        for r in range(n_mine):
+            off_b, off_h, off_hkv, start_m, n_tiles, n_whole = _work(
+                _deal(r, cta, n_ctas), n_m, n_bh, H_Q, GROUP, n_q, n_k, CONSUMERS * ROWS, BLOCK_N, CAUSAL)
+            lse_item = lse_ptr + off_b.to(gl.int64) * stride_lb + off_h.to(gl.int64) * stride_lh
+            turns = _consumer_item(o_desc, q_smem.index(CID), o_smem.index(CID), k_smem, v_smem, q_full, q_empty,
+                                   k_full, v_full, k_empty, v_empty, turn, lse_item, off_b, off_h, start_m, n_q,
+                                   n_k, n_tiles, n_whole, qk_scale, g, r, turns,
+                                   HEAD_DIM, BLOCK_N, STAGES, ROWS, CID, CAUSAL, PINGPONG, EAGER, CONSUMERS, True)
+            g += n_tiles
         tma.store_wait(pendings=0)
+
+    # The persistent grid (Config(persistent=True)): one CTA per SM (or per item, if fewer), each
+    # taking its items by _deal. Its own kernel, so the one-item kernel's code stays as measured.
+    @gluon.jit(do_not_specialize=("stride_lb", "stride_lh", "H_Q", "GROUP", "n_q", "n_k", "n_bh"))
+    def _attn_fwd_sm90_persistent(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_lh,
+                                  H_Q, GROUP, n_q, n_k, n_bh, qk_scale,
+                                  HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                                  CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                                  EAGER: gl.constexpr, CONSUMERS: gl.constexpr):
+        ROWS: gl.constexpr = 64
+        BLOCK_M: gl.constexpr = CONSUMERS * ROWS
+        n_m = gl.cdiv(n_q, BLOCK_M)
+        cta = gl.program_id(0)
+        n_ctas = gl.num_programs(0)
+        # Items dealt to this CTA: a full round each, and in the last, partial round the snake's
+        # position `cta` (forwards) or `n_ctas - 1 - cta` (backwards) if it is below what is left.
+        total = n_m * n_bh
+        rounds = total // n_ctas
+        last_pos = cta + (rounds & 1) * (n_ctas - 1 - 2 * cta)
+        n_mine = rounds + (last_pos < total - rounds * n_ctas).to(gl.int32)
+
+        smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, ROWS, HEAD_DIM], smem_layout)
+        o_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, ROWS, HEAD_DIM], smem_layout)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], smem_layout)
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], smem_layout)
+        q_full = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for c in gl.static_range(CONSUMERS):
+            mbarrier.init(q_full.index(c), count=1)
+            mbarrier.init(q_empty.index(c), count=1)
+            mbarrier.init(turn.index(c), count=1)
+        for s in gl.static_range(STAGES):
+            mbarrier.init(k_full.index(s), count=1)
+            mbarrier.init(v_full.index(s), count=1)
+            mbarrier.init(k_empty.index(s), count=CONSUMERS)
+            mbarrier.init(v_empty.index(s), count=CONSUMERS)
+        fence_async_shared()
+
+        # The argument tuples stay inline (see _attn_fwd_sm90).
+        if CONSUMERS == 3:
+            gl.warp_specialize([
+                (_producer_persistent, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, k_full,
+                                        v_full, k_empty, v_empty, cta, n_ctas, n_mine, n_m, n_bh, H_Q, GROUP, n_q,
+                                        n_k, BLOCK_N, STAGES, ROWS, CONSUMERS, CAUSAL)),
+                (_consumer_persistent, (o_desc, q_smem, o_smem, k_smem, v_smem, q_full, q_empty, k_full, v_full,
+                                        k_empty, v_empty, turn, lse_ptr, stride_lb, stride_lh, cta, n_ctas, n_mine,
+                                        n_m, n_bh, H_Q, GROUP, n_q, n_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS,
+                                        0, CAUSAL, PINGPONG, EAGER, CONSUMERS)),
+                (_consumer_persistent, (o_desc, q_smem, o_smem, k_smem, v_smem, q_full, q_empty, k_full, v_full,
+                                        k_empty, v_empty, turn, lse_ptr, stride_lb, stride_lh, cta, n_ctas, n_mine,
+                                        n_m, n_bh, H_Q, GROUP, n_q, n_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS,
+                                        1, CAUSAL, PINGPONG, EAGER, CONSUMERS)),
+                (_consumer_persistent, (o_desc, q_smem, o_smem, k_smem, v_smem, q_full, q_empty, k_full, v_full,
+                                        k_empty, v_empty, turn, lse_ptr, stride_lb, stride_lh, cta, n_ctas, n_mine,
+                                        n_m, n_bh, H_Q, GROUP, n_q, n_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS,
+                                        2, CAUSAL, PINGPONG, EAGER, CONSUMERS)),
+            ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
+        else:
+            gl.warp_specialize([
+                (_producer_persistent, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, k_full,
+                                        v_full, k_empty, v_empty, cta, n_ctas, n_mine, n_m, n_bh, H_Q, GROUP, n_q,
+                                        n_k, BLOCK_N, STAGES, ROWS, CONSUMERS, CAUSAL)),
+                (_consumer_persistent, (o_desc, q_smem, o_smem, k_smem, v_smem, q_full, q_empty, k_full, v_full,
+                                        k_empty, v_empty, turn, lse_ptr, stride_lb, stride_lh, cta, n_ctas, n_mine,
+                                        n_m, n_bh, H_Q, GROUP, n_q, n_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS,
+                                        0, CAUSAL, PINGPONG, EAGER, CONSUMERS)),
+                (_consumer_persistent, (o_desc, q_smem, o_smem, k_smem, v_smem, q_full, q_empty, k_full, v_full,
+                                        k_empty, v_empty, turn, lse_ptr, stride_lb, stride_lh, cta, n_ctas, n_mine,
+                                        n_m, n_bh, H_Q, GROUP, n_q, n_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS,
+                                        1, CAUSAL, PINGPONG, EAGER, CONSUMERS)),
+            ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
     # Lengths and head counts as plain integers: specializing them (== 1, % 16) only multiplies
     # compilations; nothing here loads along them with pointer arithmetic.
@@ -391,16 +611,21 @@ if gl is not None:
                        H_Q, GROUP, n_q, n_k, qk_scale,
                        HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                        CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                       EAGER: gl.constexpr, CONSUMERS: gl.constexpr):
+                       EAGER: gl.constexpr, CONSUMERS: gl.constexpr, HEAVY_FIRST: gl.constexpr = False):
         ROWS: gl.constexpr = 64
         BLOCK_M: gl.constexpr = CONSUMERS * ROWS
         n_m = gl.cdiv(n_q, BLOCK_M)
-        # Causal: the longest row blocks first, so that the grid's tail is short ones.
-        pid_m = gl.program_id(0)
-        if CAUSAL:
-            pid_m = n_m - 1 - pid_m
+        if HEAVY_FIRST:
+            # Causal, grid (B * Hq, n_m): every head's longest row block, then every head's next.
+            pid_m = n_m - 1 - gl.program_id(1)
+            off_bh = gl.program_id(0)
+        else:
+            # Causal: the longest row blocks first, so that the grid's tail is short ones.
+            pid_m = gl.program_id(0)
+            if CAUSAL:
+                pid_m = n_m - 1 - pid_m
+            off_bh = gl.program_id(1)
         start_m = pid_m * BLOCK_M
-        off_bh = gl.program_id(1)
         off_b = off_bh // H_Q
         off_h = off_bh % H_Q
         off_hkv = off_h // GROUP
@@ -515,7 +740,28 @@ def launch_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.stages, CAUSAL=bool(causal),
                   PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, EAGER=config.eager,
                   CONSUMERS=config.consumers, num_warps=4)
+    if config.persistent:  # _attn_fwd_sm90_persistent: n_bh before the scale, one CTA per SM
+        args = args[:-1] + (batch * heads_q, ) + args[-1:]
+        items = triton.cdiv(n_q, config.block_m) * batch * heads_q
+        return args, kwargs, (min(items, sm_count(q.device)), )
+    if config.heavy_first and causal:
+        kwargs["HEAVY_FIRST"] = True
+        return args, kwargs, (batch * heads_q, triton.cdiv(n_q, config.block_m))
     return args, kwargs, (triton.cdiv(n_q, config.block_m), batch * heads_q)
+
+
+def kernel(config: Config):
+    """The Gluon kernel a configuration launches: the one-item grid's or the persistent one."""
+    return _attn_fwd_sm90_persistent if config.persistent else _attn_fwd_sm90
+
+
+def sm_count(device: torch.device) -> int:
+    """SMs of the GPU (one persistent CTA each); an H100 SXM's 132 where no GPU answers (the
+    compile tools)."""
+    try:
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    except Exception:
+        return 132
 
 
 def warmup(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
@@ -529,7 +775,7 @@ def warmup(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scal
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((batch, heads_q, n_q), dtype=torch.float32, device=q.device)
     args, kwargs, grid = launch_arguments(q, k, v, o, lse, causal, scale, config)
-    return _attn_fwd_sm90.warmup(*args, **kwargs, grid=grid)
+    return kernel(config).warmup(*args, **kwargs, grid=grid)
 
 
 def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
@@ -556,5 +802,5 @@ def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
                 or lse.dtype != torch.float32 or not lse.is_contiguous()):
             raise ValueError("out must be a contiguous output like q and a contiguous float32 [B, Hq, Nq] LSE")
     args, kwargs, grid = launch_arguments(q, k, v, o, lse, causal, scale, config)
-    _attn_fwd_sm90[grid](*args, **kwargs)
+    kernel(config)[grid](*args, **kwargs)
     return o, lse

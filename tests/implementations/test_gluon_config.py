@@ -9,7 +9,8 @@ gf = pytest.importorskip("implementations.triton_flash.gluon_forward")
 
 
 @pytest.mark.parametrize("text", ["n128s2-eager-r240", "n128s3-eager-r240", "n128s3-eager-c3-r160",
-                                  "n64s2-nopp-r232", "n128s2-eager-c3-r152"])
+                                  "n64s2-nopp-r232", "n128s2-eager-c3-r152", "n128s2-eager-p-r240",
+                                  "n128s3-eager-c3-p-r160", "n128s2-eager-hf-r240"])
 def test_a_configuration_reads_back_as_written(text: str) -> None:
     assert str(gf.Config.parse(text)) == text
 
@@ -31,6 +32,17 @@ def test_shared_memory_counts_a_q_part_and_two_barriers_per_consumer() -> None:
     three = gf.Config.parse("n128s3-eager-c3")
     assert gf.shared_bytes(three, 64) == 192 * 64 * 2 + 2 * 3 * 128 * 64 * 2 + 8 * (2 * 3 + 4 * 3)
     assert gf.shared_bytes(three, 64) <= gf.SHARED_LIMIT < gf.shared_bytes(three, 128)
+
+
+def test_persistent_adds_an_o_buffer_and_a_q_empty_barrier_per_consumer_and_is_off_by_default() -> None:
+    plain, persistent = gf.Config.parse("n128s2-eager"), gf.Config.parse("n128s2-eager-p")
+    assert persistent.persistent and not plain.persistent
+    assert gf.shared_bytes(persistent, 128) - gf.shared_bytes(plain, 128) == 128 * 128 * 2 + 8 * 2
+    assert gf.shared_bytes(persistent, 128) <= gf.SHARED_LIMIT < gf.shared_bytes(gf.Config.parse("n128s3-eager-p"), 128)
+    for head_dim in (64, 128):
+        for causal in (False, True):
+            assert not gf.default_config(head_dim, causal).persistent
+            assert not gf.default_config(head_dim, causal).heavy_first
 
 
 def test_an_unknown_part_is_refused() -> None:

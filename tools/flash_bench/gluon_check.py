@@ -3,6 +3,7 @@
 Usage, on the Hopper machine, from the repository root (about 3 minutes on an H200):
 
     python3 tools/flash_bench/gluon_check.py --out DIR [--variants n128s2,n128s3,...] [--case-timeout 60]
+        [--timing-dtypes bfloat16,float16]
 
 Needs torch with CUDA and triton 3.6 (Gluon); the project need not be installed (the checkout's
 folders are imported). Four phases, each in child processes, so that a hung or crashed kernel
@@ -19,19 +20,23 @@ cannot take the run with it:
    for the natural LSE (kernel's base-2 LSE times ln 2) on rows that see a key; rows that see
    none must be exactly 0 with LSE +inf. The kernel also runs twice more and must give the same
    bits (a race in a warp-specialized kernel tends to show as run-to-run differences).
-3. timing: the issue's cases (bf16; b1-h16-q16384 d128, b4-h16-q4096 d128, b4-h32-q4096 d64,
-   b8-h16-q1024 d128; each causal and not) with ``triton.testing.do_bench`` (median, L2 flushed),
+3. timing: the issue's cases (bf16, and fp16 too with ``--timing-dtypes bfloat16,float16``;
+   b1-h16-q16384 d128, b4-h16-q4096 d128, b4-h32-q4096 d64, b8-h16-q1024 d128; each causal and not) with ``triton.testing.do_bench`` (median, L2 flushed),
    for the Gluon forward, SDPA with the cuDNN backend, SDPA with the FLASH backend and the
    existing triton_flash forward (``launch.flash_fwd``, what Gluon would replace), and the bf16
    matmul ceiling; then each ``--variants`` configuration of the Gluon forward on the same
-   cases, each first checked against cuDNN's output.
+   cases, each first checked against cuDNN's output. Every dtype of ``--timing-dtypes`` times
+   the same cases in that dtype, cuDNN and the others in it too; cases not in bf16 are named
+   with the dtype (``b8-h16-q1024 d128 fp16``).
 4. report: the tables, printed and written to DIR.
 
 Each case has a deadline (``--case-timeout``, seconds): a warp-specialized kernel that is wrong
-usually hangs instead of failing. On the first case past it, the child is killed, the case is
-named as hung, and the run stops there (a crash, e.g. an illegal address, is recorded and the
-next case runs in a fresh child). FLOPs are 4 * B * Hq * D * (pairs of a query and a key it
-sees), the harness's count (``pytest_attnkit.counts``); causal counts the visible pairs.
+usually hangs instead of failing. On the first case past it, the child is killed and the case is
+named as hung. A default configuration's hang stops the run there; a ``--variants``
+configuration's drops that configuration (its other cases and its timing) and the rest go on in a
+fresh child, as they do after a crash (e.g. an illegal address, recorded). A variant that fails
+a case is not timed either; a timing case that hangs is left out. FLOPs are 4 * B * Hq * D *
+(pairs of a query and a key it sees), the harness's count (``pytest_attnkit.counts``); causal counts the visible pairs.
 
 Written to DIR: ``check.json`` (every result, the environment, the command), ``check.md`` (the
 tables), ``compile.log``, and each child's stderr (``*.stderr``). The exit status is 0 when
@@ -75,7 +80,11 @@ CORRECTNESS_SHAPES = (
     (1, 2, 2, 64, 1),            # one key
 )
 #: The shapes each --variants configuration is checked on (bf16, both head dims, both causal flags).
-VARIANT_SHAPES = ((1, 2, 2, 1000, 1000), (1, 2, 1, 4097, 4097), (1, 2, 2, 4097, 1000), (2, 4, 2, 113, 113))
+#: The last two have more row blocks than an H100 or H200 has SMs (512 and 1056 with 128 rows), so
+#: that a persistent configuration (``-p``) takes several items a CTA, causal ones of unequal
+#: lengths and (Nq > Nk) some with no key tile.
+VARIANT_SHAPES = ((1, 2, 2, 1000, 1000), (1, 2, 1, 4097, 4097), (1, 2, 2, 4097, 1000), (2, 4, 2, 113, 113),
+                  (4, 16, 8, 1000, 1000), (2, 16, 4, 4097, 1000))
 #: The issue's speed cases, bf16, each causal and not.
 BENCH_SHAPES = (
     (1, 16, 16384, 128),
@@ -208,7 +217,7 @@ def _bench_case(case: dict, gf, tf_launch) -> dict:
 
     batch, heads, n, head_dim = case["shape"]
     causal = case["causal"]
-    q, k, v = _inputs((batch, heads, heads, n, n), "bfloat16", head_dim, 1234)
+    q, k, v = _inputs((batch, heads, heads, n, n), case.get("dtype", "bfloat16"), head_dim, 1234)
     scale = head_dim ** -0.5
     flops = _flops(batch, heads, n, head_dim, causal)
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
@@ -338,23 +347,61 @@ def _correctness_case(dtype, head_dim, causal, config, shape, seed) -> dict:
             "shape": list(shape), "seed": seed}
 
 
-def bench_cases(variants: list[str], gf=None) -> list[dict]:
+#: A dtype's short name in case names and tables.
+SHORT = {"bfloat16": "bf16", "float16": "fp16"}
+
+
+def bench_label(batch: int, heads: int, n: int, head_dim: int, causal: bool, dtype: str = "bfloat16") -> str:
+    """A timing case's name: the harness's (``b4-h32-q4096 d64 causal``), and `` fp16`` after it
+    for a dtype other than bf16 (bf16's names stay those of earlier runs' check.json)."""
+    label = harness.case_label(batch, heads, n, head_dim, causal)
+    return label if dtype == "bfloat16" else f"{label} {SHORT[dtype]}"
+
+
+def bench_cases(variants: list[str], gf=None, dtypes: tuple[str, ...] = ("bfloat16",)) -> list[dict]:
     cases = [{"id": "matmul bf16 8192^3", "kind": "ceiling"}]
-    for batch, heads, n, head_dim in BENCH_SHAPES:
-        for causal in (False, True):
-            label = harness.case_label(batch, heads, n, head_dim, causal)
-            cases.append({"id": label, "shape": [batch, heads, n, head_dim], "causal": causal})
-    if variants:
+    for dtype in dtypes:
+        for batch, heads, n, head_dim in BENCH_SHAPES:
+            for causal in (False, True):
+                label = bench_label(batch, heads, n, head_dim, causal, dtype)
+                cases.append({"id": label, "shape": [batch, heads, n, head_dim], "causal": causal, "dtype": dtype})
+    for dtype in dtypes if variants else ():
         for batch, heads, n, head_dim in BENCH_SHAPES:
             configs = [v for v in variants if gf is None or fits(gf, v, head_dim)]
             for causal in (False, True) if configs else ():
-                label = f"{harness.case_label(batch, heads, n, head_dim, causal)} variants"
+                label = f"{bench_label(batch, heads, n, head_dim, causal, dtype)} variants"
                 cases.append({"id": label, "shape": [batch, heads, n, head_dim], "causal": causal,
-                              "configs": configs, "baselines": False})
+                              "configs": configs, "baselines": False, "dtype": dtype})
     return cases
 
 
-def report(results: dict, bench: dict, variants: list[str], hello: dict) -> str:
+def variants_table(bench: dict, variants: list[str], dtypes: tuple[str, ...]) -> list[str]:
+    """The configurations' table: TFLOP/s of the default and of each variant, each dtype's cases,
+    with cuDNN's TFLOP/s (same dtype, same run) and the best Gluon one's ratio to it."""
+    lines = ["| case | dtype | cuDNN | default | " + " | ".join(variants) + " | best / cuDNN | max diff |",
+             "|---|---|---|---|" + "---|" * len(variants) + "---|---|"]
+    for dtype in dtypes:
+        for batch, heads, n, head_dim in BENCH_SHAPES:
+            for causal in (False, True):
+                label = bench_label(batch, heads, n, head_dim, causal, dtype)
+                base = bench.get(label, {}).get("tflops", {})
+                t = bench.get(f"{label} variants", {}).get("tflops", {})
+                mine = [base.get("gluon")] + [t.get(f"gluon {v}") for v in variants]
+                cells = [f"{x:.0f}" if x is not None else "-" for x in [base.get("sdpa_cudnn")] + mine]
+                got = [x for x in mine if x is not None]
+                best = f"{max(got) / base['sdpa_cudnn']:.2f}" if got and base.get("sdpa_cudnn") else "-"
+                # The largest |out - cuDNN's out| of the Gluon runs of this row (a wrong one stands out).
+                diffs = [d for key in (label, f"{label} variants")
+                         for name, d in bench.get(key, {}).get("max_diff_vs_cudnn", {}).items()
+                         if name.startswith("gluon")]
+                worst = f"{max(diffs):.1e}" if diffs else "-"
+                lines.append(f"| {harness.case_label(batch, heads, n, head_dim, causal)} | {SHORT[dtype]} | "
+                             + " | ".join(cells) + f" | {best} | {worst} |")
+    return lines
+
+
+def report(results: dict, bench: dict, variants: list[str], hello: dict,
+           dtypes: tuple[str, ...] = ("bfloat16",)) -> str:
     lines = []
     correct = results.get("correct", {})
     passed = sum(1 for r in correct.values() if r.get("passed"))
@@ -372,19 +419,22 @@ def report(results: dict, bench: dict, variants: list[str], hello: dict) -> str:
                      f"{worst['out']['max_error'] / worst['out']['allowed']:.2f} ({worst['id']})")
     lines.append("")
     ceiling = bench.get("matmul bf16 8192^3", {})
-    lines.append(f"## Speed (bf16, TFLOP/s, do_bench median; {hello.get('device', '?')}; "
-                 f"bf16 matmul ceiling {ceiling.get('tflops', float('nan')):.0f})")
+    lines.append(f"## Speed ({', '.join(SHORT[d] for d in dtypes)}; TFLOP/s, do_bench median; "
+                 f"{hello.get('device', '?')}; bf16 matmul ceiling {ceiling.get('tflops', float('nan')):.0f})")
     lines.append("")
-    lines.append("| case | gluon | sdpa cuDNN | sdpa FLASH | triton_flash | gluon / cuDNN | triton_flash / cuDNN |")
-    lines.append("|---|---|---|---|---|---|---|")
-    for batch, heads, n, head_dim in BENCH_SHAPES:
-        for causal in (False, True):
-            label = harness.case_label(batch, heads, n, head_dim, causal)
-            t = bench.get(label, {}).get("tflops", {})
-            cells = [f"{t[name]:.0f}" if name in t else "-" for name in IMPLS]
-            ratios = [f"{t[name] / t['sdpa_cudnn']:.2f}" if name in t and "sdpa_cudnn" in t else "-"
-                      for name in ("gluon", "triton_flash")]
-            lines.append(f"| {label} | " + " | ".join(cells + ratios) + " |")
+    lines.append("| case | dtype | gluon | sdpa cuDNN | sdpa FLASH | triton_flash | gluon / cuDNN "
+                 "| triton_flash / cuDNN |")
+    lines.append("|---|---|---|---|---|---|---|---|")
+    for dtype in dtypes:
+        for batch, heads, n, head_dim in BENCH_SHAPES:
+            for causal in (False, True):
+                label = bench_label(batch, heads, n, head_dim, causal, dtype)
+                t = bench.get(label, {}).get("tflops", {})
+                cells = [f"{t[name]:.0f}" if name in t else "-" for name in IMPLS]
+                ratios = [f"{t[name] / t['sdpa_cudnn']:.2f}" if name in t and "sdpa_cudnn" in t else "-"
+                          for name in ("gluon", "triton_flash")]
+                lines.append(f"| {harness.case_label(batch, heads, n, head_dim, causal)} | {SHORT[dtype]} | "
+                             + " | ".join(cells + ratios) + " |")
     if variants:
         from implementations.triton_flash.gluon_forward import default_config
 
@@ -392,8 +442,44 @@ def report(results: dict, bench: dict, variants: list[str], hello: dict) -> str:
         lines.append("Gluon configurations (TFLOP/s; the default is gluon_forward.default_config's, "
                      f"{harness.defaults_words(default_config)}; max |out - cuDNN| of each in check.json):")
         lines.append("")
-        lines += harness.variants_table(bench, variants, BENCH_SHAPES)
+        lines += variants_table(bench, variants, dtypes)
     return "\n".join(lines)
+
+
+def _config_of(case_id: str) -> str:
+    """A correctness case's configuration: the bracketed end of its id."""
+    return case_id.rsplit("[", 1)[-1].rstrip("]")
+
+
+def run_going_on(mode: str, cases: list[dict], out: Path, timeout: float, log,
+                 variants: set | None) -> tuple[dict, dict, list[str]]:
+    """``harness.run_cases``, going on past a hang where the rest can still say something: in
+    correctness (``variants`` given), a hang in a variant's case drops that variant's other
+    cases and the rest run in a fresh child (a hang in a default's case stops the run, as
+    before); in timing (``variants`` None), a hung case is left out and the others run.
+    (Results, the device's hello, the hung cases' ids.)"""
+    results: dict = {}
+    hello: dict = {}
+    hung_ids: list[str] = []
+    pending = list(cases)
+    while pending:
+        got, device, hung = harness.run_cases(Path(__file__), mode, pending, out, timeout, log, _describe)
+        results.update(got)
+        hello = hello or device
+        if not hung:
+            break
+        hung_ids.append(hung)
+        if hung == "startup":
+            break
+        dropped = None
+        if variants is not None:
+            dropped = _config_of(hung)
+            if dropped not in variants:
+                break
+            log(f"  going on without {dropped}")
+        pending = [case for case in pending if case["id"] not in results
+                   and (dropped is None or case.get("config") != dropped)]
+    return results, hello, hung_ids
 
 
 def main() -> int:
@@ -405,6 +491,9 @@ def main() -> int:
     parser.add_argument("--case-timeout", type=float, default=60.0, metavar="S",
                         help="seconds a case may take before it counts as hung (default 60)")
     parser.add_argument("--skip-timing", action="store_true", help="correctness only")
+    parser.add_argument("--timing-dtypes", default="bfloat16", metavar="DTYPES",
+                        help="comma-separated dtypes the timing phase runs the issue's cases in, each against "
+                             "cuDNN in the same dtype (default: bfloat16; issue 42's goal: bfloat16,float16)")
     parser.add_argument("--child", nargs=2, metavar=("MODE", "CASES"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -424,18 +513,24 @@ def main() -> int:
 
     gf = load_gluon_forward()  # no CUDA in this process: the Config parser and the defaults only
     variants = [v for v in args.variants.split(",") if v.strip()]
+    timing_dtypes = tuple(d.strip() for d in args.timing_dtypes.split(",") if d.strip())
+    if not timing_dtypes or any(d not in DTYPES for d in timing_dtypes):
+        parser.error(f"--timing-dtypes: a comma-separated list of {', '.join(DTYPES)}")
     for text in variants:
         gf.Config.parse(text)  # a typo fails here, not in a child
     started = time.time()
     record = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
-              "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "variants": variants}
+              "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "variants": variants,
+              "timing_dtypes": list(timing_dtypes)}
 
     log("== compile (parallel children)")
     specs, seen_specs = [], set()
     for dtype in DTYPES:
         for head_dim in HEAD_DIMS:
             for causal in (False, True):
-                for config in [str(gf.default_config(head_dim, causal))] + (variants if dtype == "bfloat16" else []):
+                # Variants run in bf16's correctness cases and in every timed dtype.
+                timed_here = dtype == "bfloat16" or dtype in timing_dtypes
+                for config in [str(gf.default_config(head_dim, causal))] + (variants if timed_here else []):
                     key = (dtype, head_dim, causal, config)
                     if key not in seen_specs and fits(gf, config, head_dim):
                         seen_specs.add(key)
@@ -451,13 +546,18 @@ def main() -> int:
 
     log("== correctness")
     cases = correctness_cases(variants, gf.default_config, gf)
-    correct, hello, hung = harness.run_cases(Path(__file__), "correct", cases, out, args.case_timeout, log, _describe)
+    correct, hello, hung_list = run_going_on("correct", cases, out, args.case_timeout, log, set(variants))
     record["device"] = hello
     record["correct"] = correct
-    if hung:
+    hung = next((h for h in hung_list if not h.endswith("]") or _config_of(h) not in variants), None)
+    if hung_list:
         status = 2
     elif any(not r.get("passed") for r in correct.values()):
         status = max(status, 1)
+    # A variant that hung or failed a case is not timed (the defaults' cases stop the run as before).
+    bad = sorted({_config_of(case_id) for case_id, r in correct.items() if not r.get("passed")} & set(variants))
+    record["variants_not_timed"] = bad
+    timed_variants = [v for v in variants if v not in bad]
 
     bench: dict = {}
     if hung:
@@ -465,15 +565,18 @@ def main() -> int:
     elif args.skip_timing:
         log("== timing skipped (--skip-timing)")
     else:
-        log("== timing")
-        bench, _, hung_bench = harness.run_cases(Path(__file__), "time", bench_cases(variants, gf), out,
-                                                 args.case_timeout, log, _describe)
+        log("== timing" + (f" (not timed, failed or hung: {', '.join(bad)})" if bad else ""))
+        bench, _, hung_bench = run_going_on("time", bench_cases(timed_variants, gf, timing_dtypes), out,
+                                            args.case_timeout, log, None)
         if hung_bench:
             status = 2
     record["bench"] = bench
     record["seconds"] = round(time.time() - started, 1)
 
-    text = report({"correct": correct}, bench, variants, hello)
+    text = report({"correct": correct}, bench, variants, hello, timing_dtypes)
+    if bad or hung_list:
+        text += (f"\n\nNot timed (a case failed or hung): {', '.join(bad) or 'none'}; hung: "
+                 f"{', '.join(hung_list) or 'none'}")
     header = (f"# Gluon forward check ({record['date']})\n\n`{record['command']}` on {hello.get('device', '?')} "
               f"(torch {hello.get('torch', '?')}, triton {hello.get('triton', '?')}, CUDA {hello.get('cuda', '?')}); "
               f"{record['seconds']:.0f} s; exit status {status}.\n\n")

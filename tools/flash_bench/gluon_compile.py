@@ -12,7 +12,7 @@ A stand-in driver (``sm90_compile._TargetOnly``) answers Triton's questions abou
   and how much of the softmax (MUFU.EX2) ptxas left to run while the warp group's own PV product
   is in flight (FlashAttention-3's overlap inside a warp group).
 
-Usage: python3 tools/flash_bench/gluon_compile.py [--quick] [--dump DIR] [--config n128s2 ...]
+Usage: python3 tools/flash_bench/gluon_compile.py [--quick] [--dump DIR] [--config n128s2 ...] [--causal]
 (``--quick``: the default configurations, bf16, causal and not; ``--config`` adds others.)
 Exit status 1 if any configuration fails to compile, spills, or does not fit in shared memory.
 """
@@ -239,6 +239,9 @@ def describe(compiled, shared_limit: int) -> tuple[str, bool]:
     line = (f"regs {regs} at launch, setmaxnreg dec {dec} inc {inc}; spills {spills} B; shared "
             f"{shared} B{'' if fits else ' (OVER THE LIMIT)'}; PTX wgmma {wgmma}, TMA loads {tma_loads} "
             f"stores {tma_stores}; SASS HGMMA {hgmma}, UTMALDG {utma[0]}, UTMASTG {utma[1]}; {loop}")
+    if spills and loops:  # where the spills sit: outside the product loops they cost once an item
+        local = [sum(_opcode(text).startswith(("LDL", "STL")) for text in body) for body in loops]
+        line += f"; local-memory instrs in the product loops {local}"
     if warnings:
         line += "; ptxas: " + " | ".join(warnings)
     return line, spills == 0 and fits and regs > 0 and not hazards
@@ -250,6 +253,8 @@ def main() -> int:
     parser.add_argument("--config", action="append", default=[], metavar="CFG",
                         help="another configuration to compile at d128 and d64 (e.g. n128s3, n128s2-eager)")
     parser.add_argument("--dump", metavar="DIR", help="write each kernel's PTX, SASS and TTGIR here")
+    parser.add_argument("--causal", action="store_true",
+                        help="compile each --config causal too (the persistent grid deals causal items its own way)")
     args = parser.parse_args()
 
     sys.path.insert(0, str(HERE))
@@ -266,7 +271,7 @@ def main() -> int:
 
     print(f"triton {triton.__version__}, torch {torch.__version__}, target sm_90a (no GPU: a stand-in driver)")
     extra = [] if args.quick else ["n128s3", "n128s2", "n64s2", "n128s2-nopp", "n128s2-eager"]
-    matrix = config_matrix(gf, args.quick, extra + args.config)
+    matrix = config_matrix(gf, args.quick, extra + args.config, args.causal)
 
     def warm(head_dim, causal, dtype, config):
         q = torch.empty(1, 2, 1000, head_dim, dtype=dtype)
@@ -277,11 +282,11 @@ def main() -> int:
     return 1 if failures else 0
 
 
-def config_matrix(module, quick: bool, configs: list[str]) -> list[tuple]:
+def config_matrix(module, quick: bool, configs: list[str], causal_too: bool = False) -> list[tuple]:
     """What to compile, (head dim, causal, dtype, config): ``module``'s (gluon_forward's or
     gluon_backward's) default of each head dim, causal and not, in bf16 (and fp16 unless
     ``quick``); then each of ``configs`` at each head dim, bf16 and not causal, unless it is that
-    head dim's default."""
+    head dim's default (and causal too with ``causal_too``, unless it is the causal default)."""
     import torch
 
     matrix = []
@@ -293,8 +298,9 @@ def config_matrix(module, quick: bool, configs: list[str]) -> list[tuple]:
     for text in configs:
         config = module.Config.parse(text)
         for head_dim in module.HEAD_DIMS:
-            if config != module.default_config(head_dim, False):
-                matrix.append((head_dim, False, torch.bfloat16, config))
+            for causal in (False, True) if causal_too else (False, ):
+                if config != module.default_config(head_dim, causal):
+                    matrix.append((head_dim, causal, torch.bfloat16, config))
     return matrix
 
 

@@ -12,7 +12,12 @@ kernel line by line, and each is checked here:
   scheduler interleaves them many times for each tile count, ring depth and turn setting, and the
   model fails on a deadlock, on a stage refilled while a consumer's product still reads it, on a
   product that reads a stage holding another tile than the one it wants, and on consumers whose
-  product issues do not alternate (with turns).
+  product issues do not alternate (with turns). The persistent kernel (``Config(persistent=True)``)
+  runs as one CTA taking a list of work items (the ring's position and the turns carried on, Q's
+  parts handed back on ``q_empty``), with the item lists its snake dealing gives small causal grids.
+- ``dealing``: the persistent grid's snake (``_deal``, ``n_mine``, ``_work``) deals every (head,
+  row block) to exactly one CTA once, and how even each CTA's work is on the issue's causal cases
+  against the one-item grid and the static dealing the gluon-persistent branch had.
 - ``schedule``: each CTA's tile range (``n_tiles``, ``n_whole``) and the consumer's loop split (tile
   0 alone, the whole tiles, the masked ones) visit each tile once, in order, and leave a tile
   unmasked only where every row of the CTA sees every key of it.
@@ -49,10 +54,17 @@ BLOCK_M, ROWS = 128, 64
 class Protocol:
     """The kernel's shared state: barriers, the K/V ring's contents, who reads what."""
 
-    def __init__(self, n_tiles: int, stages: int, pingpong: bool, rng: random.Random, consumers: int = 2) -> None:
+    def __init__(self, n_tiles: "int | list[int]", stages: int, pingpong: bool, rng: random.Random,
+                 consumers: int = 2) -> None:
+        # A list: the persistent kernel, one CTA taking work items with these tile counts in turn.
+        self.persistent = isinstance(n_tiles, list)
+        self.items = list(n_tiles) if self.persistent else [n_tiles]
         self.n_tiles, self.stages, self.pingpong, self.rng = n_tiles, stages, pingpong, rng
         self.consumers = consumers
         self.q_full = [MBarrier(f"q_full{c}", 1) for c in range(consumers)]
+        self.q_empty = [MBarrier(f"q_empty{c}", 1) for c in range(consumers)]
+        self.q_content: list = [None] * consumers  # the item whose Q part a buffer holds (once landed)
+        self.q_readers: list[set] = [set() for _ in range(consumers)]
         self.turn = [MBarrier(f"turn{c}", 1) for c in range(consumers)]
         self.full = {kind: [MBarrier(f"{kind}_full{s}", 1) for s in range(stages)] for kind in "kv"}
         self.empty = {kind: [MBarrier(f"{kind}_empty{s}", consumers) for s in range(stages)] for kind in "kv"}
@@ -86,37 +98,59 @@ class Protocol:
         self.readers[kind][stage].discard(consumer)
         self.empty[kind][stage].arrive()
 
+    def tma_load_q(self, c: int, item: int) -> None:
+        assert not self.q_readers[c], f"Q part {c} refilled with item {item} while consumer {c} reads it"
+        self.q_content[c] = None
+
+        def land() -> None:
+            self.q_content[c] = item
+
+        self.in_flight.append((self.q_full[c], 1, land))
+
+    def read_q(self, c: int, item: int) -> None:
+        assert self.q_content[c] == item, f"consumer {c} reads Q for item {item}, which holds {self.q_content[c]}"
+        self.q_readers[c].add(c)
+
     def land_one(self) -> None:
         barrier, nbytes, action = self.in_flight.pop(self.rng.randrange(len(self.in_flight)))
         action()
         barrier.complete_tx(nbytes)
 
 
-def producer(p: Protocol, refill_xor: int = 1):
-    # _producer: the Q parts, K_0, then per tile K_{t+1} (one ahead) and V_t; each load waits
-    # for its stage's empty barrier on parity ((t // STAGES) & 1) ^ 1 (_load_tile).
-    for c in range(p.consumers):
-        p.q_full[c].expect(1)
-        p.in_flight.append((p.q_full[c], 1, lambda: None))
-
-    def load(kind, t):
-        s = t % p.stages
-        yield ("wait", p.empty[kind][s], ((t // p.stages) & 1) ^ refill_xor)
+def producer(p: Protocol, refill_xor: int = 1, q_xor: "int | None" = 1, ring_carries: bool = True):
+    # _load_item, per work item: the Q parts (persistent: each once its consumer handed it back, on
+    # parity (item & 1) ^ 1), K_0, then per tile K_{t+1} (one ahead) and V_t; each load waits for
+    # its stage's empty barrier on parity ((g // STAGES) & 1) ^ 1, g counting the CTA's tiles
+    # through the ring over every item (_load_tile). (q_xor None, ring_carries False: planted
+    # mistakes, no wait for Q's part; g restarting at each item.)
+    def load(kind, t, g, it):
+        s = g % p.stages
+        yield ("wait", p.empty[kind][s], ((g // p.stages) & 1) ^ refill_xor)
         p.full[kind][s].expect(1)
-        p.tma_load(kind, s, t)
+        p.tma_load(kind, s, (it, t))
 
-    if p.n_tiles > 0:
-        yield from load("k", 0)
-    for t in range(p.n_tiles):
-        if t + 1 < p.n_tiles:
-            yield from load("k", t + 1)
-        yield from load("v", t)
+    g = 0
+    for it, n_tiles in enumerate(p.items):
+        for c in range(p.consumers):
+            if p.persistent and q_xor is not None:
+                yield ("wait", p.q_empty[c], (it & 1) ^ q_xor)
+            p.q_full[c].expect(1)
+            p.tma_load_q(c, it)
+        if n_tiles > 0:
+            yield from load("k", 0, g, it)
+        for t in range(n_tiles):
+            if t + 1 < n_tiles:
+                yield from load("k", t + 1, g + t + 1, it)
+            yield from load("v", t, g + t, it)
+        g += n_tiles if ring_carries else 0
 
 
 def consumer(p: Protocol, cid: int, eager: bool = False, turn_parity=None, next_turn=None):
-    # _consumer: the prologue (QK^T of tile 0), _step for tiles 1.., the last PV. A read is open
-    # from its product's issue to the release after the wait that retires that product: K_t in
-    # step t; V_{t-1} at the end of step t (eager) or after the first wait of step t+1 (default).
+    # _consumer_item, per work item: the prologue (QK^T of tile 0), _step for tiles 1.., the last
+    # PV, then (persistent) Q handed back. A read is open from its product's issue to the release
+    # after the wait that retires that product: K_t in step t; V_{t-1} at the end of step t (eager)
+    # or after the first wait of step t+1 (default). Stages and phases follow g, the CTA's tile
+    # count over its items; the turns' count carries on from item to item.
     turns = 0
     stages = p.stages
     parity = turn_parity or (lambda c, k: (k & 1) ^ (1 if c == 0 else 0))
@@ -132,59 +166,69 @@ def consumer(p: Protocol, cid: int, eager: bool = False, turn_parity=None, next_
         if p.pingpong:
             p.turn[passes_to(cid)].arrive()
 
-    yield ("wait", p.q_full[cid], 0)
-    if p.n_tiles == 0:
-        return
-    yield ("wait", p.full["k"][0], 0)
-    yield from take_turn()
-    p.read(cid, "k", 0, 0)
-    p.issues.append(cid)
-    pass_turn()
-    yield ("yield",)  # the QK^T product runs; its wait follows
-    p.release(cid, "k", 0, 0)
-    for t in range(1, p.n_tiles):
-        s, sp = t % stages, (t - 1) % stages
-        yield ("wait", p.full["k"][s], (t // stages) & 1)
-        yield from take_turn()
-        p.read(cid, "k", s, t)
-        if not eager:
-            yield ("yield",)  # wait(1): PV_{t-2} retires
-            if t >= 2:
-                p.release(cid, "v", (t - 2) % stages, t - 2)
-        yield ("wait", p.full["v"][sp], ((t - 1) // stages) & 1)
-        p.read(cid, "v", sp, t - 1)
-        p.issues.append(cid)
-        pass_turn()
-        yield ("yield",)
-        p.release(cid, "k", s, t)  # after the wait that completes S_t
-        yield ("yield",)  # the softmax
-        if eager:
-            p.release(cid, "v", sp, t - 1)  # after the wait that completes PV_{t-1}
-    last = p.n_tiles - 1
-    sl = last % stages
-    if not eager and last >= 1:
-        yield ("yield",)  # wait(0): PV_{last-1} retires
-        p.release(cid, "v", (last - 1) % stages, last - 1)
-    yield ("wait", p.full["v"][sl], (last // stages) & 1)
-    yield from take_turn()
-    p.read(cid, "v", sl, last)
-    p.issues.append(cid)
-    pass_turn()
-    yield ("yield",)
-    p.release(cid, "v", sl, last)
+    g = 0
+    for it, n_tiles in enumerate(p.items):
+        yield ("wait", p.q_full[cid], it & 1)
+        p.read_q(cid, it)
+        if n_tiles > 0:
+            s0 = g % stages
+            yield ("wait", p.full["k"][s0], (g // stages) & 1)
+            yield from take_turn()
+            p.read(cid, "k", s0, (it, 0))
+            p.issues.append(cid)
+            pass_turn()
+            yield ("yield",)  # the QK^T product runs; its wait follows
+            p.release(cid, "k", s0, (it, 0))
+            for t in range(1, n_tiles):
+                gt = g + t
+                s, sp = gt % stages, (gt - 1) % stages
+                yield ("wait", p.full["k"][s], (gt // stages) & 1)
+                yield from take_turn()
+                p.read(cid, "k", s, (it, t))
+                if not eager:
+                    yield ("yield",)  # wait(1): PV_{t-2} retires
+                    if t >= 2:
+                        p.release(cid, "v", (gt - 2) % stages, (it, t - 2))
+                yield ("wait", p.full["v"][sp], ((gt - 1) // stages) & 1)
+                p.read(cid, "v", sp, (it, t - 1))
+                p.issues.append(cid)
+                pass_turn()
+                yield ("yield",)
+                p.release(cid, "k", s, (it, t))  # after the wait that completes S_t
+                yield ("yield",)  # the softmax
+                if eager:
+                    p.release(cid, "v", sp, (it, t - 1))  # after the wait that completes PV_{t-1}
+            last = n_tiles - 1
+            gl_ = g + last
+            sl = gl_ % stages
+            if not eager and last >= 1:
+                yield ("yield",)  # wait(0): PV_{last-1} retires
+                p.release(cid, "v", (gl_ - 1) % stages, (it, last - 1))
+            yield ("wait", p.full["v"][sl], (gl_ // stages) & 1)
+            yield from take_turn()
+            p.read(cid, "v", sl, (it, last))
+            p.issues.append(cid)
+            pass_turn()
+            yield ("yield",)
+            p.release(cid, "v", sl, (it, last))
+        p.q_readers[cid].discard(cid)
+        if p.persistent:
+            p.q_empty[cid].arrive()  # every product that read this Q has completed
+        g += n_tiles
 
 
-def _drive(p: Protocol, eager: bool = False, turn_parity=None, refill_xor: int = 1, next_turn=None) -> None:
+def _drive(p: Protocol, eager: bool = False, turn_parity=None, refill_xor: int = 1, next_turn=None,
+           q_xor: "int | None" = 1, ring_carries: bool = True) -> None:
     """One random interleaving of the partitions (the producer and each consumer) to the end;
     AssertionError on a deadlock (no partition can move and no copy is in flight) or on a race
     (see Protocol)."""
-    partitions = {"producer": producer(p, refill_xor),
+    partitions = {"producer": producer(p, refill_xor, q_xor, ring_carries),
                   **{f"consumer{c}": consumer(p, c, eager, turn_parity, next_turn) for c in range(p.consumers)}}
     interleave(p, partitions, f"n_tiles={p.n_tiles} stages={p.stages} pingpong={p.pingpong} consumers={p.consumers}")
     if p.pingpong:  # the consumers issue in turn: 0, 1, (2,) 0, 1, ...
         assert all(b == (a + 1) % p.consumers for a, b in zip(p.issues, p.issues[1:])) and p.issues[:1] in ([], [0]), (
             f"turns did not rotate: {p.issues}")
-    assert len(p.issues) == p.consumers * (p.n_tiles + 1 if p.n_tiles else 0)
+    assert len(p.issues) == sum(p.consumers * (n + 1 if n else 0) for n in p.items)
 
 
 def check_protocol(seeds: int) -> int:
@@ -193,6 +237,18 @@ def check_protocol(seeds: int) -> int:
             (0, 1, 2, 3, 4, 5, 7, 12), (2, 3, 4), (True, False), (False, True), (2, 3)):
         for seed in range(seeds):
             _drive(Protocol(n_tiles, stages, pingpong, random.Random(seed), consumers), eager)
+            cases += 1
+    # The persistent kernel: one CTA taking items in turn. The item lists are what _deal gives
+    # CTAs of small causal grids (unequal tile counts, none for rows that see no key), and a few
+    # by hand.
+    lists = [[1, 1, 1], [3, 0, 2], [5, 4, 0, 0, 7], [2] * 6]
+    for n_q, n_k, n_bh, n_ctas in ((640, 640, 3, 4), (700, 300, 2, 3), (384, 1000, 5, 4)):
+        dealt = deal_items(n_q, n_k, n_bh, n_ctas, 128, 128, True)
+        lists += [[tiles for _, _, tiles in items] for items in dealt[:2]]
+    for items, stages, pingpong, eager, consumers in itertools.product(lists, (2, 3), (True, False), (False, True),
+                                                                     (2, 3)):
+        for seed in range(max(1, seeds // 4)):
+            _drive(Protocol(list(items), stages, pingpong, random.Random(seed), consumers), eager)
             cases += 1
     return cases
 
@@ -240,7 +296,121 @@ def check_protocol_catches_mistakes() -> list[str]:
         except AssertionError:
             caught.append("empty barriers counting two of three consumers")
             break
+    # Persistent: the producer loading the next item's Q without waiting for its consumer.
+    for seed in range(200):
+        try:
+            _drive(Protocol([3, 2, 4], 2, True, random.Random(seed)), q_xor=None)
+        except AssertionError:
+            caught.append("next Q loaded before its part was handed back")
+            break
+    # Persistent: the ring's position restarting at each item (g not carried): phases go wrong.
+    for seed in range(200):
+        try:
+            _drive(Protocol([3, 2, 4], 2, True, random.Random(seed), consumers=3), eager=True, ring_carries=False)
+        except AssertionError:
+            caught.append("ring position not carried from item to item")
+            break
     return caught
+
+
+# ---------------------------------------------------------------------------------------------
+# The persistent grid's dealing
+# ---------------------------------------------------------------------------------------------
+
+
+def deal(r: int, cta: int, n_ctas: int) -> int:
+    """``_deal``: the r-th item of CTA ``cta``, a snake over the items in order."""
+    return r * n_ctas + cta + (r & 1) * (n_ctas - 1 - 2 * cta)
+
+
+def items_of(total: int, cta: int, n_ctas: int) -> int:
+    """``n_mine`` as ``_attn_fwd_sm90_persistent`` computes it: the items dealt to ``cta``."""
+    rounds = total // n_ctas
+    last_pos = cta + (rounds & 1) * (n_ctas - 1 - 2 * cta)
+    return rounds + int(last_pos < total - rounds * n_ctas)
+
+
+def work_item(item: int, n_m: int, n_bh: int, causal: bool) -> tuple[int, int]:
+    """``_work``'s (head, row block) of an item: causal, the row blocks with the most key tiles
+    first over every head; otherwise a head's row blocks consecutive."""
+    if causal:
+        return item % n_bh, n_m - 1 - item // n_bh
+    return item // n_m, item % n_m
+
+
+def deal_items(n_q: int, n_k: int, n_bh: int, n_ctas: int, block_m: int, block_n: int, causal: bool,
+               dealer=deal, count=items_of) -> list[list[tuple[int, int, int]]]:
+    """Each persistent CTA's items in its order: (head, row block, key tiles)."""
+    n_m = -(-n_q // block_m)
+    out = []
+    for cta in range(n_ctas):
+        mine = []
+        for r in range(count(n_m * n_bh, cta, n_ctas)):
+            bh, pid_m = work_item(dealer(r, cta, n_ctas), n_m, n_bh, causal)
+            mine.append((bh, pid_m, tile_ranges(pid_m * block_m, n_q, n_k, block_n, causal, block_m)[0]))
+        out.append(mine)
+    return out
+
+
+def check_dealing(dealer=deal, count=items_of) -> int:
+    """Every (head, row block) is dealt to exactly one CTA once, over grids with partial last
+    rounds of both directions, fewer items than CTAs, and Nq != Nk."""
+    cases = 0
+    for n_q, n_k, n_bh, n_ctas, causal, block_m in itertools.product(
+            (1, 128, 300, 1000, 4097), (1, 700, 4097), (1, 3, 16), (1, 4, 7, 132), (False, True), (128, 192)):
+        n_m = -(-n_q // block_m)
+        n_ctas = min(n_ctas, n_m * n_bh)  # the host's grid: at most one CTA per item
+        dealt = [(bh, m) for items in deal_items(n_q, n_k, n_bh, n_ctas, block_m, 128, causal, dealer, count)
+                 for bh, m, _ in items]
+        assert sorted(dealt) == [(bh, m) for bh in range(n_bh) for m in range(n_m)], (
+            f"n_q={n_q} n_bh={n_bh} n_ctas={n_ctas} causal={causal}: items dealt {len(dealt)} of {n_m * n_bh}, "
+            f"{len(set(dealt))} distinct")
+        cases += 1
+    return cases
+
+
+def check_dealing_catches_mistakes() -> list[str]:
+    caught = []
+    for name, dealer, count in (
+            ("odd rounds dealt from n_ctas - cta", lambda r, c, n: r * n + (c if r % 2 == 0 else n - c), items_of),
+            ("the last round's count from the forward position", deal,
+             lambda total, c, n: total // n + int(c < total - total // n * n))):
+        try:
+            check_dealing(dealer, count)
+        except (AssertionError, IndexError):
+            caught.append(name)
+    return caught
+
+
+#: The issue's causal cases: (name, Nq = Nk, batch x heads, consumers), on 132 SMs.
+DEALING_CASES = (("b8-h16-q1024 d128 causal", 1024, 128, 2), ("b4-h16-q4096 d128 causal", 4096, 64, 2),
+                 ("b4-h32-q4096 d64 causal", 4096, 128, 2), ("b1-h16-q16384 d128 causal", 16384, 16, 2))
+
+
+def dealing_balance(n_ctas: int = 132, per_item: float = 1.0) -> list[tuple[str, float, float, float, float]]:
+    """Per case, the busiest CTA's work over the mean (work: key tiles, plus ``per_item`` tile's
+    worth for each item's prologue and epilogue): the one-item grid (the hardware starts each CTA
+    on the first free SM: a greedy list in launch order, a head's row blocks longest first), the
+    gluon-persistent branch's static dealing (item j to CTA j % n_ctas, head-major), the snake, and
+    the one-item grid with its axes swapped (``-hf``: every head's longest row blocks first)."""
+    import heapq
+
+    rows = []
+    for name, n, n_bh, consumers in DEALING_CASES:
+        block_m = 64 * consumers
+        n_m = -(-n // block_m)
+        cost = [tile_ranges(m * block_m, n, n, 128, True, block_m)[0] + per_item for m in range(n_m)]
+        mean = n_bh * sum(cost) / n_ctas
+        heap, heavy = [0.0] * n_ctas, [0.0] * n_ctas
+        stride = [0.0] * n_ctas
+        for j in range(n_m * n_bh):
+            m = n_m - 1 - j % n_m  # head-major, longest first within a head
+            heapq.heappush(heap, heapq.heappop(heap) + cost[m])
+            stride[j % n_ctas] += cost[m]
+            heapq.heappush(heavy, heapq.heappop(heavy) + cost[n_m - 1 - j // n_bh])
+        snake = [sum(cost[m] for _, m, _ in items) for items in deal_items(n, n, n_bh, n_ctas, block_m, 128, True)]
+        rows.append((name, max(heap) / mean, max(stride) / mean, max(snake) / mean, max(heavy) / mean))
+    return rows
 
 
 # ---------------------------------------------------------------------------------------------
@@ -417,12 +587,20 @@ def main() -> int:
     args = parser.parse_args()
     print(f"protocol: {check_protocol(args.seeds)} interleavings, no deadlock, no race, turns rotate")
     caught = check_protocol_catches_mistakes()
-    print(f"protocol: the model fails on {len(caught)} of 5 planted mistakes: {', '.join(caught)}")
+    print(f"protocol: the model fails on {len(caught)} of 7 planted mistakes: {', '.join(caught)}")
+    print(f"dealing: {check_dealing()} persistent grids deal every item once")
+    caught_dealing = check_dealing_catches_mistakes()
+    print(f"dealing: fails on {len(caught_dealing)} of 2 planted mistakes: {', '.join(caught_dealing)}")
+    for per_item in (0.0, 1.0):
+        print(f"dealing: busiest CTA / mean on 132 SMs (key tiles + {per_item:g} a item): one-item grid, "
+              "static (j % 132), snake, one-item grid heaviest first (-hf):")
+        for name, grid, stride, snake, heavy in dealing_balance(132, per_item):
+            print(f"  {name}: {grid:.3f} {stride:.3f} {snake:.3f} {heavy:.3f}")
     print(f"schedule: {check_schedule()} CTAs visit tiles 1..n_tiles-1 once, in order, the unmasked ones "
           "whole for every row")
     print(f"numerics: {check_numerics()} shapes match float64 attention (output and LSE); "
           "an unmasked diagonal is caught")
-    return 0 if len(caught) == 5 else 1
+    return 0 if len(caught) == 7 and len(caught_dealing) == 2 else 1
 
 
 if __name__ == "__main__":
