@@ -23,7 +23,7 @@ from pytest_attnkit.contract import AccuracyBudget, Case, MemoryClass, accuracy_
 from pytest_attnkit.controller import footprint
 from pytest_attnkit.controller.outcome import Judgement, Outcomes, Verdict
 from pytest_attnkit.controller.pool import WorkerPool
-from pytest_attnkit.controller.suite import Planned, Properties, Suite, SuiteItem, TestSpec
+from pytest_attnkit.controller.suite import Planned, Properties, RunParts, Suite, SuiteContext, SuiteItem, TestSpec
 from pytest_attnkit.messages import Op, Reply, Request
 from pytest_attnkit.records import CorrectnessResult
 
@@ -46,6 +46,11 @@ class CorrectnessCheck(Suite):
     trials: int
     #: The accuracy chosen for one (implementation, case), or None for the implementation's own.
     accuracy: Callable[[str, Case], "str | AccuracyBudget | None"] | None = None
+
+    @classmethod
+    def build(cls, context: SuiteContext, parts: RunParts) -> CorrectnessCheck:
+        return cls(parts.pool, context.outcomes, context.seed, context.settings.trials,
+                   accuracy=parts.accuracy)
 
     def _request(self, impl: str, case: Case, backward: bool) -> Request:
         options: dict[str, Any] = {"trials": self.trials}

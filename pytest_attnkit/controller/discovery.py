@@ -31,6 +31,8 @@ from pytest_attnkit.registry import SUITE_GROUP, EntryPointRef, discover
 #: The bundled suites by name, in the order of --attnkit-suite's list.
 BUNDLED: dict[str, type[Suite]] = {suite.name: suite for suite in (CorrectnessCheck, MemoryCheck, SpeedCheck,
                                                                     PropertyCheck, SanitizeCheck)}
+#: The bundled suites in the order the session builds them (the order of its ``suites``).
+BUILD_ORDER: tuple[type[Suite], ...] = (CorrectnessCheck, MemoryCheck, PropertyCheck, SanitizeCheck, SpeedCheck)
 #: The distribution that registers the bundled suites.
 OWN_DISTRIBUTION = "pytest-attnkit"
 

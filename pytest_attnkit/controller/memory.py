@@ -29,14 +29,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 from pytest_attnkit.cases import MEMORY_CALL_LIMIT_MS, MIN_SWEEP_POINTS, MemorySweep, named_memory_sweep
 from pytest_attnkit.contract import Case, MemoryClass
 from pytest_attnkit.controller import footprint
 from pytest_attnkit.controller.outcome import Judged, Judgement, Outcomes, failed, skipped
 from pytest_attnkit.controller.pool import WorkerPool
-from pytest_attnkit.controller.suite import Planned, Suite, SuiteItem, TestSpec, verdict_of
+from pytest_attnkit.controller.suite import Planned, RunParts, Suite, SuiteContext, SuiteItem, TestSpec, verdict_of
 from pytest_attnkit.controller.table import memory_table
 from pytest_attnkit.messages import Op, Reply, Request, Status
 from pytest_attnkit.records import MemoryPoint, PointStatus
@@ -266,6 +266,14 @@ class MemoryCheck(Suite):
     #: The environment's ``memory_meter``: "process" where each worker's meter sees its own
     #: allocations only (the sweep runs beside other work), else "device" (the GPU alone).
     meter: str = "device"
+
+    @classmethod
+    def build(cls, context: SuiteContext, parts: RunParts) -> MemoryCheck:
+        return cls(parts.pool, context.outcomes, context.device, context.seed, profile=context.profile,
+                   meter=str(parts.environment.get("memory_meter") or "device"))
+
+    def report_sections(self, document: Mapping[str, Any]) -> dict[str, Any]:
+        return {"memory": [sweep.to_dict() for sweep in self.results]}
 
     def sweep_of(self, item: SuiteItem) -> MemorySweep:
         return named_memory_sweep(self.profile, item.spec.params["sweep"])

@@ -21,13 +21,14 @@ check's in a worker of its own per implementation (:attr:`Property.isolation`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 from pytest_attnkit.contract import Case, MemoryClass
 from pytest_attnkit.controller import footprint
 from pytest_attnkit.controller.outcome import Judged, Judgement, Outcomes, failed, skipped
 from pytest_attnkit.controller.pool import WorkerPool
-from pytest_attnkit.controller.suite import Planned, Properties, Suite, SuiteItem, TestSpec, verdict_of
+from pytest_attnkit.controller.suite import (Planned, Properties, RunParts, Suite, SuiteContext, SuiteItem, TestSpec,
+                                            verdict_of)
 from pytest_attnkit.messages import Op, Reply, Request, Status
 from pytest_attnkit.properties import PROPERTIES, Property, by_name
 
@@ -50,6 +51,13 @@ class PropertyCheck(Suite):
     device: str
     #: Every check's result, for the report and the summary.
     results: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, context: SuiteContext, parts: RunParts) -> PropertyCheck:
+        return cls(parts.pool, context.outcomes, context.seed, context.device)
+
+    def report_sections(self, document: Mapping[str, Any]) -> dict[str, Any]:
+        return {"properties": list(self.results)}
 
     def skip_reason(self, check: Property, impl: str, case: Case) -> str | None:
         """Why this check does not apply to this implementation and case, or None."""

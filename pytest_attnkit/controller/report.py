@@ -2,9 +2,10 @@
 
 :func:`build` gathers the run's records into one JSON-able document (schema
 ``pytest-attnkit/report``, version 2): the environment, the implementations, every test's
-outcome, the memory sweeps with their fits, and the speed measurements with their figures and the
-gate's decisions, each with structured fields (implementation, mode, the case's shape), never a
-string to parse back. Every view renders from it: the terminal summary and the Markdown
+outcome, and the sections each suite fills
+(:meth:`~pytest_attnkit.controller.suite.Suite.report_sections`): the memory sweeps with their
+fits, the speed measurements with their figures and the gate's decisions, and so on, each with
+structured fields (implementation, mode, the case's shape), never a string to parse back. Every view renders from it: the terminal summary and the Markdown
 (:mod:`pytest_attnkit.controller.table`) and the plots (:mod:`pytest_attnkit.controller.plots`).
 :func:`write` puts the files of ``--attnkit-report DIR`` on disk; with ``GITHUB_STEP_SUMMARY`` set,
 the Markdown is appended to it (cut well under GitHub's 1 MiB). :func:`save_baseline` saves the
@@ -16,16 +17,15 @@ from __future__ import annotations
 import json
 import os
 import platform
-from dataclasses import asdict, fields
+from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 from pytest_attnkit.contract import Case
 from pytest_attnkit.controller.baselines import MIN_RUNS, BaselineError, BaselineStore
 from pytest_attnkit.controller.gate import Decision, GateVerdict
 from pytest_attnkit.controller.impls import ImplInfo
-from pytest_attnkit.controller.memory import MemorySweepResult
-from pytest_attnkit.controller.speed import SpeedCheck
+from pytest_attnkit.controller.suite import Suite
 from pytest_attnkit.controller.table import markdown
 from pytest_attnkit.controller.terminal import NO_BREAK
 from pytest_attnkit.records import SpeedMeasurement, Timing
@@ -38,28 +38,13 @@ PLOTS_NEED = "pip install matplotlib (the README's install line includes it)"
 
 
 def build(*, environment: dict[str, Any], device: str, profile: str, impls: list[ImplInfo],
-          outcomes: list[dict[str, Any]], memory: list[MemorySweepResult], speed: SpeedCheck | None,
-          interrupted: bool, baseline: dict[str, Any], against: dict[str, Any] | None = None,
-          properties: list[dict[str, Any]] | None = None, sanitize: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The whole run as one document; ``baseline`` says which file gated the run, if any;
-    ``against`` describes --attnkit-against's REV, whose paired verdicts are the ``ab`` list;
-    ``properties``: the properties suite's results (controller/properties.py)."""
-    measurements, gate = [], []
-    ceilings = speed.ceilings if speed else {}
-    for result in (speed.results.values() if speed else ()):
-        entry = result.measurement.to_dict()
-        entry["ratio_to_reference"] = result.ratio_to_reference
-        if ceilings:
-            entry["share_of_matmul"] = result.measurement.tflops / ceilings["matmul_bf16_tflops"]
-            entry["share_of_copy"] = result.measurement.gbps / ceilings["copy_gbps"]
-        if against and result.measurement.impl in against["twins"].values():
-            entry["of_revision"] = against["label"]  # never saved into a baseline
-        measurements.append(entry)
-        if result.decision is not None:
-            gate.append({"impl": result.measurement.impl, "mode": result.measurement.mode,
-                         "case": result.measurement.case.id, **asdict(result.decision)})
-    ab = [result.to_dict(against["label"]) for result in speed.ab.values()] if speed and against else []
-    return {
+          outcomes: list[dict[str, Any]], interrupted: bool, against: dict[str, Any] | None = None,
+          suites: Iterable[Suite] = ()) -> dict[str, Any]:
+    """The whole run as one document; ``against`` describes --attnkit-against's REV, whose paired
+    verdicts are the ``ab`` list. Each of ``suites`` fills its own sections
+    (:meth:`Suite.report_sections`, in the order given); a bundled suite's sections are in every
+    document, empty where it did not run."""
+    document: dict[str, Any] = {
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,
         "interrupted": interrupted,
@@ -71,29 +56,20 @@ def build(*, environment: dict[str, Any], device: str, profile: str, impls: list
                                         "capabilities": info.capabilities,
                                         "path_note": info.path_note} for info in impls},
         "tests": outcomes,
-        "memory": [sweep.to_dict() for sweep in memory],
-        "properties": list(properties or []),
-        "sanitize": list(sanitize or []),
+        "memory": [],  # controller/memory.py
+        "properties": [],  # controller/properties.py
+        "sanitize": [],  # controller/sanitize.py
         "against": against,
-        "ab": ab,
-        "speed": {
-            "ceilings": ceilings,
-            "gpu_state": speed.gpu_state if speed else {},
-            "measurements": measurements,
-            "gate": gate,
-            "machine_factor": speed.machine_factor() if speed and gate else None,
-            "reference": speed.settings.reference if speed else None,
-            "notes": list(speed.notes.values()) if speed else [],
-            # Cases not timed: one call took longer than the profile times (cases.CALL_LIMIT_MS).
-            "over_limit": [{"impl": key.impl, "mode": key.mode, "case": key.case_id, "call_ms": took,
-                            "limit_ms": speed.settings.call_limit_ms}
-                           for key, took in speed.over_limit.items()] if speed else [],
-            **baseline,
-        },
+        "ab": [],  # controller/speed.py, with "speed"
+        "speed": {"ceilings": {}, "gpu_state": {}, "measurements": [], "gate": [], "machine_factor": None,
+                  "reference": None, "notes": [], "over_limit": [], **baseline_state(None)},
     }
+    for suite in suites:
+        document.update(suite.report_sections(document))
+    return document
 
 
-def speed_records(document: dict[str, Any]) -> list[tuple[SpeedMeasurement, Decision | None, float | None]]:
+def speed_records(document: Mapping[str, Any]) -> list[tuple[SpeedMeasurement, Decision | None, float | None]]:
     """The document's speed measurements as records, with their gate decisions and ratios to the
     reference: what a baseline save writes, whichever process timed them."""
     decisions = {(d["impl"], d["mode"], d["case"]): d for d in document["speed"]["gate"]}
@@ -111,7 +87,7 @@ def speed_records(document: dict[str, Any]) -> list[tuple[SpeedMeasurement, Deci
     return records
 
 
-def shared_gpu(document: dict[str, Any]) -> str | None:
+def shared_gpu(document: Mapping[str, Any]) -> str | None:
     """Why this run's timings cannot be saved as a baseline because other processes computed on
     the GPU while cases were timed (``shared_with``), or None when none did."""
     shared = [m for m in document["speed"]["measurements"] if m.get("shared_with")]
@@ -253,7 +229,7 @@ def baseline_state(store: BaselineStore | None) -> dict[str, Any]:
     return {"baseline_file": str(store.path), "baseline_found": store.found}
 
 
-def save_baseline(store: BaselineStore, document: dict[str, Any], environment: dict[str, Any], *,
+def save_baseline(store: BaselineStore, document: Mapping[str, Any], environment: dict[str, Any], *,
                   interrupted: bool) -> list[str]:
     """Save the document's speed records into ``store`` (``--attnkit-save-baseline``); returns the
     summary's lines: what was saved, or why nothing was (an interrupted run, a shared GPU, no

@@ -61,7 +61,7 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 from pytest_attnkit.contract import Case
 from pytest_attnkit.controller import footprint, table
@@ -69,7 +69,7 @@ from pytest_attnkit.controller.outcome import Judged, Judgement, Outcomes, faile
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.process import Launch
 from pytest_attnkit.controller.runner import Runner
-from pytest_attnkit.controller.suite import Planned, Suite, SuiteItem, TestSpec, verdict_of
+from pytest_attnkit.controller.suite import Planned, RunParts, Suite, SuiteContext, SuiteItem, TestSpec, verdict_of
 from pytest_attnkit.controller.terminal import NO_BREAK
 from pytest_attnkit.messages import Op, Reply, Request, Status
 
@@ -212,12 +212,34 @@ class SanitizeCheck(Suite):
     log_dir: Path | None = None
     #: Tests gathered ahead at once (each a worker under the tool beside the others).
     parallel: int = 1
+    #: ``--attnkit-sanitize``'s tools, which the header names (memcheck when none).
+    tools: tuple[str, ...] = ()
     #: Every test's outcome under the tool, for the report.
     results: list[dict[str, Any]] = field(default_factory=list)
     _names: set[str] = field(default_factory=set)
     #: Each planned test's log (:meth:`plan` names it, the verdict reads it).
     _logs: dict[SuiteItem, Path] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def build(cls, context: SuiteContext, parts: RunParts) -> SanitizeCheck | None:
+        """Only when selected. The tool's logs go beside the report, else into a temporary folder
+        that is kept."""
+        settings = context.settings
+        if cls.name not in settings.suite:
+            return None
+        return cls(parts.pool, context.outcomes, context.seed, context.device, find_sanitizer(settings.sanitizer),
+                   log_dir=settings.path("report") / "sanitize" if settings.report else None,
+                   parallel=max(1, parts.jobs // 2), tools=tuple(settings.sanitize))
+
+    def header_lines(self) -> list[str]:
+        return [self.header(list(self.tools))]
+
+    def report_sections(self, document: Mapping[str, Any]) -> dict[str, Any]:
+        return {"sanitize": list(self.results)}
+
+    def closing_lines(self, document: Mapping[str, Any]) -> list[str]:
+        return kept_logs(document)
 
     def skip_reason(self) -> str | None:
         if self.device != "cuda":

@@ -25,27 +25,20 @@ from typing import Any
 
 import pytest
 
-from pytest_attnkit import cases as case_sets
 from pytest_attnkit.controller import against, caches, footprint, report, xdist
 from pytest_attnkit.controller.against import Revision
-from pytest_attnkit.controller.baselines import BaselineError, BaselineStore
-from pytest_attnkit.controller.correctness import CorrectnessCheck
-from pytest_attnkit.controller.discovery import BUNDLED, load_selected
+from pytest_attnkit.controller.discovery import BUILD_ORDER, BUNDLED, load_selected
 from pytest_attnkit.controller.impls import ImplStatus
 from pytest_attnkit.controller.inline import InlineScheduler
 from pytest_attnkit.controller.items import ITEM_KEY
-from pytest_attnkit.controller.memory import MemoryCheck
 from pytest_attnkit.controller.options import Settings, moved_rootdir
 from pytest_attnkit.controller.outcome import Outcomes, Verdict
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.process import WorkerFailure
-from pytest_attnkit.controller.properties import PropertyCheck
 from pytest_attnkit.controller.runner import Runner
 from pytest_attnkit.controller.selection import CaseSelection
-from pytest_attnkit.controller.sanitize import SanitizeCheck, find_sanitizer, kept_logs
 from pytest_attnkit.controller.scheduler import Scheduler
-from pytest_attnkit.controller.speed import SpeedCheck, SpeedSettings
-from pytest_attnkit.controller.suite import Suite, SuiteContext
+from pytest_attnkit.controller.suite import RunParts, Suite, SuiteContext
 from pytest_attnkit.controller.tally import Tally
 from pytest_attnkit.controller import table
 from pytest_attnkit.messages import Op, Request
@@ -150,37 +143,22 @@ class AttnkitSession:
             self.pool.close()  # the xdist workers run the tests; the descriptions stay for the header
         else:
             self._start_scheduler()
-        settings = self.settings
         self.runner = Runner(self.suites, self.pool, self.outcomes, self.scheduler)
-        self.suites["correctness"] = CorrectnessCheck(self.pool, self.outcomes, settings.seed, settings.trials,
-                                                      accuracy=self.selection.accuracy)
-        self.suites["memory"] = MemoryCheck(self.pool, self.outcomes, self.device, settings.seed, profile=self.profile,
-                                            meter=str(self.environment.get("memory_meter") or "device"))
-        self.suites["properties"] = PropertyCheck(self.pool, self.outcomes, settings.seed, self.device)
-        if "sanitize" in settings.suite:
-            # The tool's logs go beside the report, else into a temporary folder that is kept.
-            self.suites["sanitize"] = SanitizeCheck(
-                self.pool, self.outcomes, settings.seed, self.device, find_sanitizer(settings.sanitizer),
-                log_dir=settings.path("report") / "sanitize" if settings.report else None,
-                parallel=max(1, self.jobs // 2))
-        if "speed" in settings.suite:
-            device_name = str(self.environment.get("device_name", "unknown"))
-            try:
-                store = BaselineStore(settings.path("baseline_dir"), device_name)
-            except BaselineError as error:
-                raise pytest.UsageError(f"attnkit: {error}") from None
-            self.suites["speed"] = SpeedCheck(
-                self.pool, self.outcomes, SpeedSettings(settings.reference, settings.seed, settings.budget_ms,
-                                                        settings.require_baseline,
-                                                        case_sets.CALL_LIMIT_MS.get(self.profile),
-                                                        read_programs=settings.save_baseline),
-                store, self.selection.threshold, self.device,
-                counterparts=dict(self.revision.counterparts) if self.revision else {},
-                ab_threshold=self.selection.ab_threshold, sent=self.runner.sent,
-                parallel_problem=xdist.parallel_timing_problem(self.config, self.device, self._cuda_device_count()))
-        context = SuiteContext(settings, self.device, self.profile, self.outcomes, self.pool.info, self.config)
-        for name, suite_type in installed.items():
-            self.suites[name] = suite_type(context)
+        self._build_suites([*BUILD_ORDER, *installed.values()], self.runner)
+
+    def _build_suites(self, suite_types: list[type[Suite]], runner: Runner) -> None:
+        """Each suite that takes part in this run (:meth:`Suite.build`), in ``suite_types``' order."""
+        context = SuiteContext(self.settings, self.device, self.profile, self.outcomes, self.pool.info, self.config)
+        selection = self.selection
+        parts = RunParts(pool=self.pool, environment=self.environment, accuracy=selection.accuracy,
+                         threshold=selection.threshold, ab_threshold=selection.ab_threshold, jobs=self.jobs,
+                         revision=self.revision, sent=runner.sent,
+                         parallel_problem=xdist.parallel_timing_problem(self.config, self.device,
+                                                                       self._cuda_device_count()))
+        for suite_type in suite_types:
+            suite = suite_type.build(context, parts)
+            if suite is not None:
+                self.suites[suite.name] = suite
 
     def _usable_cores(self) -> int:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -282,15 +260,10 @@ class AttnkitSession:
         worker hands its document to the controller (:meth:`add_worker_document`), which saves
         and reports for the whole run."""
         interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
-        speed = self.suites.get("speed")
-        store = speed.store if isinstance(speed, SpeedCheck) else None
         self.document = report.build(
             environment=self.environment, device=self.device, profile=self.profile,
-            impls=list(self.pool.impls.values()), outcomes=self.tally.tests,
-            memory=self.suites["memory"].results if "memory" in self.suites else [], speed=speed, interrupted=interrupted,
-            baseline=report.baseline_state(store), against=against.report_state(self.revision),
-            properties=self.suites["properties"].results if "properties" in self.suites else [],
-            sanitize=self.suites["sanitize"].results if "sanitize" in self.suites else [])
+            impls=list(self.pool.impls.values()), outcomes=self.tally.tests, interrupted=interrupted,
+            against=against.report_state(self.revision), suites=self.suites.values())
         self.document["collected"] = {name: dict(suites) for name, suites in self.tally.collected.items()}
         self.document["time"] = {**self.pool.ledger.to_dict(self.pool.primary_startups()), "jobs": self.jobs}
         report.merge(self.document, self.worker_documents)
@@ -298,12 +271,11 @@ class AttnkitSession:
             self.config.workeroutput["attnkit"] = json.dumps(self.document, default=str)  # type: ignore[attr-defined]
             return []
         self.untested = asked_for_but_untested(self.document, self.settings.impl)
-        lines: list[str] = []
-        if store is not None and self.settings.save_baseline:
-            lines += report.save_baseline(store, self.document, self.environment, interrupted=interrupted)
+        document = self.document
+        lines = [line for suite in self.suites.values() for line in suite.finish(document, interrupted=interrupted)]
         if self.settings.report:
-            lines.extend(report.write(self.document, self.settings.path("report")))
-        return lines + kept_logs(self.document)
+            lines.extend(report.write(document, self.settings.path("report")))
+        return lines + [line for suite in self.suites.values() for line in suite.closing_lines(document)]
 
     def add_worker_document(self, text: str) -> None:
         """A pytest-xdist worker's report document, folded in at the end (on the controller)."""
@@ -311,15 +283,14 @@ class AttnkitSession:
 
     # -- the header -------------------------------------------------------------------------
     def header_lines(self) -> list[str]:
-        speed = self.suites.get("speed")
-        gate = table.gate_header(speed.store, require_baseline=self.settings.require_baseline,
-                                 revision=self.revision) if isinstance(speed, SpeedCheck) else None
+        """The run's header: the suites' own lines (:meth:`Suite.header_lines`) in the order of
+        --attnkit-suite's list (the speed suite's gate before the sanitize suite's tool)."""
         workers = table.workers_header(inprocess=self.settings.inprocess, jobs=self.jobs,
                                        xdist_controller=xdist.is_controller(self.config))
-        sanitizer = self.suites.get("sanitize")
-        sanitize = sanitizer.header(self.settings.sanitize) if isinstance(sanitizer, SanitizeCheck) else None
+        suite_lines = [line for name in self.suite_types if name in self.suites
+                       for line in self.suites[name].header_lines()]
         return table.header_lines(environment=self.environment, device=self.device, profile=self.profile,
                                   suites=self.settings.suite, seed=self.settings.seed, workers=workers,
                                   caches=caches.describe(self.cache_root, self.cache_env),
-                                  impls=self.pool.impls.values(), gate=gate, warning=self.rootdir_warning,
-                                  sanitize=sanitize)
+                                  impls=self.pool.impls.values(), suite_lines=suite_lines,
+                                  warning=self.rootdir_warning)

@@ -29,12 +29,15 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, ClassVar, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
 
+import pytest
+
+from pytest_attnkit import cases as case_sets
 from pytest_attnkit.contract import Case, MemoryClass
-from pytest_attnkit.controller import footprint
-from pytest_attnkit.controller.baselines import BaselineStore
+from pytest_attnkit.controller import footprint, report, table
+from pytest_attnkit.controller.baselines import BaselineError, BaselineStore
 from pytest_attnkit.controller.gate import (MACHINE_FACTOR_LIMIT, Decision, GateVerdict, Pool, at_equal_clocks,
                                             decide, explained_by_clock, machine_factor, noise_threshold)
 from pytest_attnkit.controller.impls import ImplStatus
@@ -43,9 +46,12 @@ from pytest_attnkit.controller.paired import MIN_PAIRS, PairedDecision, SyncKind
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.process import WorkerFailure, worker_pids
 from pytest_attnkit.controller.scheduler import Job
-from pytest_attnkit.controller.suite import Planned, Suite, SuiteItem, TestSpec, verdict_of
+from pytest_attnkit.controller.suite import Planned, RunParts, Suite, SuiteContext, SuiteItem, TestSpec, verdict_of
 from pytest_attnkit.messages import Op, Reply, Request, Status
 from pytest_attnkit.records import EntryKey, SpeedMeasurement, Timing
+
+if TYPE_CHECKING:
+    from pytest_attnkit.controller.against import Revision
 
 CONFIRMATION_ROUNDS = 2
 #: A call is suspected of escaping the timed stream when, after issuing it, the host waits for the
@@ -189,6 +195,10 @@ class SpeedCheck(Suite):
     sent: Callable[[SuiteItem], Sequence[Job | None]] = lambda item: ()
     #: Why speed tests cannot run here (timing beside another pytest-xdist worker on one device), or None.
     parallel_problem: str | None = None
+    #: --attnkit-against's REV, which the header's gate line names.
+    revision: Revision | None = None
+    #: --attnkit-save-baseline: save this run's timings into ``store`` as it ends (:meth:`finish`).
+    save_baseline: bool = False
     _measured: dict[EntryKey, SpeedMeasurement] = field(default_factory=dict)
     _refused: dict[EntryKey, Reply] = field(default_factory=dict)
     #: Cases whose call took longer than the profile times (settings.call_limit_ms), and how long.
@@ -223,6 +233,73 @@ class SpeedCheck(Suite):
         mode = "backward" if item.backward else "forward"
         return verdict_of(lambda properties: self.check(item.impl, mode, item.case, properties=properties,
                                                         benchmark=fixtures.get("benchmark")))
+
+    # -- the run -----------------------------------------------------------------------------
+    @classmethod
+    def build(cls, context: SuiteContext, parts: RunParts) -> SpeedCheck | None:
+        """Only when selected, with this device's baseline file (one that cannot be read is a
+        usage error)."""
+        settings = context.settings
+        if cls.name not in settings.suite:
+            return None
+        try:
+            store = BaselineStore(settings.path("baseline_dir"), str(parts.environment.get("device_name", "unknown")))
+        except BaselineError as error:
+            raise pytest.UsageError(f"attnkit: {error}") from None
+        speed_settings = SpeedSettings(settings.reference, settings.seed, settings.budget_ms, settings.require_baseline,
+                                       case_sets.CALL_LIMIT_MS.get(context.profile),
+                                       read_programs=settings.save_baseline)
+        revision = parts.revision
+        return cls(parts.pool, context.outcomes, speed_settings, store, parts.threshold, context.device,
+                   counterparts=dict(revision.counterparts) if revision else {}, ab_threshold=parts.ab_threshold,
+                   sent=parts.sent, parallel_problem=parts.parallel_problem, revision=revision,
+                   save_baseline=settings.save_baseline)
+
+    def header_lines(self) -> list[str]:
+        """The gate: the baseline file, or that nothing will be gated; the A/B against REV."""
+        gate = table.gate_header(self.store, require_baseline=self.settings.require_baseline, revision=self.revision)
+        return [f"gate: {gate}"]
+
+    def report_sections(self, document: Mapping[str, Any]) -> dict[str, Any]:
+        """The ``speed`` section (every measurement with its gate decision, the ceilings, the
+        notes, the baseline file) and the ``ab`` list of --attnkit-against's paired verdicts."""
+        against = document.get("against")
+        measurements, gate = [], []
+        for result in self.results.values():
+            entry = result.measurement.to_dict()
+            entry["ratio_to_reference"] = result.ratio_to_reference
+            if self.ceilings:
+                entry["share_of_matmul"] = result.measurement.tflops / self.ceilings["matmul_bf16_tflops"]
+                entry["share_of_copy"] = result.measurement.gbps / self.ceilings["copy_gbps"]
+            if against and result.measurement.impl in against["twins"].values():
+                entry["of_revision"] = against["label"]  # never saved into a baseline
+            measurements.append(entry)
+            if result.decision is not None:
+                gate.append({"impl": result.measurement.impl, "mode": result.measurement.mode,
+                             "case": result.measurement.case.id, **asdict(result.decision)})
+        return {
+            "ab": [result.to_dict(against["label"]) for result in self.ab.values()] if against else [],
+            "speed": {
+                "ceilings": self.ceilings,
+                "gpu_state": self.gpu_state,
+                "measurements": measurements,
+                "gate": gate,
+                "machine_factor": self.machine_factor() if gate else None,
+                "reference": self.settings.reference,
+                "notes": list(self.notes.values()),
+                # Cases not timed: one call took longer than the profile times (cases.CALL_LIMIT_MS).
+                "over_limit": [{"impl": key.impl, "mode": key.mode, "case": key.case_id, "call_ms": took,
+                                "limit_ms": self.settings.call_limit_ms} for key, took in self.over_limit.items()],
+                **report.baseline_state(self.store),
+            },
+        }
+
+    def finish(self, document: Mapping[str, Any], *, interrupted: bool) -> list[str]:
+        """With --attnkit-save-baseline, save the document's timings (not an interrupted run's:
+        the stored baseline stays whole)."""
+        if not self.save_baseline:
+            return []
+        return report.save_baseline(self.store, document, document["environment"], interrupted=interrupted)
 
     # -- measuring ---------------------------------------------------------------------------
     def _measure_ceilings(self) -> None:

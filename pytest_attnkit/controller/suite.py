@@ -12,6 +12,13 @@ of the test through the scheduler, or on the test's own thread with ``--attnkit-
 settles the judgement (:meth:`pytest_attnkit.controller.outcome.Outcomes.settle`). Follow-up
 requests a judgement needs (speed's timing and confirmation rounds) the suite still sends through
 the pool while it judges.
+
+The session builds every suite the same way (:meth:`Suite.build`, with the run's
+:class:`SuiteContext` and :class:`RunParts`) and knows none of them by name: it asks each one for
+its lines of the header (:meth:`Suite.header_lines`), its sections of the report document
+(:meth:`Suite.report_sections`), what it does as the run ends (:meth:`Suite.finish`: the speed
+suite saves a baseline) and the summary's last lines (:meth:`Suite.closing_lines`: where the
+sanitize suite kept its logs).
 """
 
 from __future__ import annotations
@@ -26,8 +33,13 @@ from pytest_attnkit.controller.process import Launch
 from pytest_attnkit.messages import Isolation, Reply, Request
 
 if TYPE_CHECKING:
+    from pytest_attnkit.controller.against import Revision
+    from pytest_attnkit.contract import AccuracyBudget
     from pytest_attnkit.controller.impls import ImplInfo
     from pytest_attnkit.controller.options import Settings
+    from pytest_attnkit.controller.pool import WorkerPool
+    from pytest_attnkit.controller.scheduler import Job
+    from pytest_attnkit.records import EntryKey
 
 Properties = list[tuple[str, object]]
 
@@ -107,6 +119,28 @@ class SuiteContext:
         return self.settings.seed
 
 
+@dataclass(frozen=True)
+class RunParts:
+    """The run's own parts, which the session hands :meth:`Suite.build` beside the
+    :class:`SuiteContext`: what the bundled suites are built from. An installed suite needs none
+    of them (the default :meth:`Suite.build` leaves them out)."""
+
+    pool: "WorkerPool"
+    environment: Mapping[str, Any]  # what the probe found (device name, memory meter, ...)
+    #: The case set's choices (:class:`~pytest_attnkit.controller.selection.CaseSelection`): the
+    #: accuracy of an (implementation, case), None for the implementation's own; the speed gate's
+    #: threshold of a case; the A/B gate's.
+    accuracy: Callable[[str, Case], "str | AccuracyBudget | None"]
+    threshold: Callable[["EntryKey"], float]
+    ab_threshold: Callable[["EntryKey"], float]
+    jobs: int  # requests that may run at once
+    revision: "Revision | None"  # --attnkit-against's REV, materialised
+    #: The jobs the runner sent ahead for an item's plan (:meth:`Runner.sent`).
+    sent: Callable[[SuiteItem], Sequence["Job | None"]]
+    #: Why timings cannot be taken here (beside another pytest-xdist worker on one device), or None.
+    parallel_problem: str | None
+
+
 class Suite:
     """The contract of a suite, as the session and the runner use it.
 
@@ -124,8 +158,39 @@ class Suite:
 
     def __init__(self, context: SuiteContext) -> None:
         """An installed suite is built with the run's :class:`SuiteContext` (the bundled suites
-        take what they need one by one)."""
+        take what they need one by one, in their :meth:`build`)."""
         self.context = context
+
+    @classmethod
+    def build(cls, context: SuiteContext, parts: RunParts) -> Suite | None:
+        """The suite for this run, or None where it does not take part in it (sanitize and speed
+        when ``--attnkit-suite`` leaves them out). An installed suite, built only when selected,
+        is ``cls(context)``; the bundled suites take what they need of ``parts``."""
+        return cls(context)
+
+    def header_lines(self) -> list[str]:
+        """Lines for the run's header, each shown after ``attnkit:`` (the speed suite's gate, the
+        sanitize suite's tool)."""
+        return []
+
+    def report_sections(self, document: Mapping[str, Any]) -> dict[str, Any]:
+        """The report document's keys this suite fills, from its results; ``document``: what is
+        built so far (the environment, the implementations, the tests, ``against``). A bundled
+        suite's keys are in every document, empty where it did not run
+        (:func:`pytest_attnkit.controller.report.build`)."""
+        return {}
+
+    def finish(self, document: Mapping[str, Any], *, interrupted: bool) -> list[str]:
+        """What the suite does once the document is built, before the report files are written
+        (the speed suite saves a baseline); returns lines for the terminal summary. Run by the
+        process that reports the run (under pytest-xdist, the controller), ``interrupted`` when
+        the run was (Ctrl-C, SIGTERM)."""
+        return []
+
+    def closing_lines(self, document: Mapping[str, Any]) -> list[str]:
+        """The terminal summary's last lines, after the report files' (the sanitize suite: where
+        it kept compute-sanitizer's logs)."""
+        return []
 
     @classmethod
     def spec(cls, function: str) -> TestSpec | None:

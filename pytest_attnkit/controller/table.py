@@ -130,8 +130,9 @@ def markdown_table(section: Section) -> list[str]:
 
 
 def header_lines(*, environment: dict[str, Any], device: str, profile: str, suites: list[str], seed: int,
-                 workers: str, caches: str, impls: Iterable[Any], gate: str | None, warning: str | None,
-                 sanitize: str | None = None) -> list[str]:
+                 workers: str, caches: str, impls: Iterable[Any], suite_lines: Iterable[str] = (),
+                 warning: str | None) -> list[str]:
+    """The run's header; ``suite_lines``: the suites' own (Suite.header_lines), each after ``attnkit:``."""
     env = environment
     name = env.get("device_name", "?")
     if device == "cuda":
@@ -146,10 +147,8 @@ def header_lines(*, environment: dict[str, Any], device: str, profile: str, suit
         *wrap(f"attnkit: profile {profile}, suites {', '.join(suites)}, seed {seed}; {workers}", "attnkit:   "),
         *wrap(f"attnkit: {caches}", "attnkit:   "),
     ]
-    if gate:
-        lines += wrap(f"attnkit: gate: {gate}", "attnkit:   ")
-    if sanitize:
-        lines += wrap(f"attnkit: {sanitize}", "attnkit:   ")
+    for line in suite_lines:
+        lines += wrap(f"attnkit: {line}", "attnkit:   ")
     if warning:
         lines += wrap(f"attnkit: WARNING: {warning}", "attnkit:   ")
     impls = list(impls)

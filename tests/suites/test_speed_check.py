@@ -489,8 +489,8 @@ def test_a_timing_on_a_shared_gpu_says_so_and_is_never_saved(tmp_path: Path, mon
     assert {result.measurement.shared_with for result in check.results.values()} == {(777,)}
     assert "the GPU was shared with other processes (pid 777) while 2 case(s) were timed" in check.notes["shared"]
 
-    document = report.build(environment={}, device="cuda", profile="default", impls=[], outcomes=[], memory=[],
-                            speed=check, interrupted=False, baseline={})
+    document = report.build(environment={}, device="cuda", profile="default", impls=[], outcomes=[],
+                            interrupted=False, suites=[check])
     assert [record[0].shared_with for record in report.speed_records(document)] == [(777,), (777,)]
     assert report.shared_gpu(document).startswith("the GPU was shared with other processes (pid 777)")
     assert store.path.read_bytes() == saved
@@ -505,8 +505,8 @@ def test_a_gpu_with_only_this_runs_workers_on_it_is_not_shared(tmp_path: Path,
     check.check("ref", "forward", CASE)
     check.check("kernel", "forward", CASE)
     assert "shared" not in check.notes
-    document = report.build(environment={}, device="cuda", profile="default", impls=[], outcomes=[], memory=[],
-                            speed=check, interrupted=False, baseline={})
+    document = report.build(environment={}, device="cuda", profile="default", impls=[], outcomes=[],
+                            interrupted=False, suites=[check])
     assert report.shared_gpu(document) is None
 
 
