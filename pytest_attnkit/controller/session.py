@@ -5,16 +5,17 @@ environment in a worker (the pytest process itself never imports torch or touche
 device and the case set (:mod:`~pytest_attnkit.controller.selection`), starts the worker pool
 (:mod:`pytest_attnkit.controller.pool`) and the scheduler: the one that runs requests ahead of the
 tests (:mod:`pytest_attnkit.controller.scheduler`), or with ``--attnkit-jobs=1`` the inline one
-(:mod:`pytest_attnkit.controller.inline`), builds one suite per selected kind
-(:class:`~pytest_attnkit.controller.suite.Suite`: :mod:`~pytest_attnkit.controller.correctness`,
-:mod:`~pytest_attnkit.controller.memory`, :mod:`~pytest_attnkit.controller.speed`,
-:mod:`~pytest_attnkit.controller.properties`, :mod:`~pytest_attnkit.controller.sanitize`) and the
-runner that runs their tests (:mod:`pytest_attnkit.controller.runner`). At collection it works out
-each test's :class:`~pytest_attnkit.controller.suite.SuiteItem` and asks each implementation once
-what it refuses (the runner's :meth:`~pytest_attnkit.controller.runner.Runner.mark_refusals`); once pytest has selected the tests the
-runner sends their plans ahead (:meth:`AttnkitSession.submit_ahead`). At the end it builds the
-report document once (:mod:`pytest_attnkit.controller.report`), from which the terminal summary and
-the report files are rendered.
+(:mod:`pytest_attnkit.controller.inline`), and the runner that runs the suites' tests
+(:mod:`pytest_attnkit.controller.runner`). It knows no suite by name: each one, bundled
+(:mod:`pytest_attnkit.controller.discovery` lists them) or installed, is a
+:class:`~pytest_attnkit.controller.suite.Suite` that builds itself for the run or stays out of it
+(:meth:`~pytest_attnkit.controller.suite.Suite.build`), and gives its header lines, its sections
+of the report and what it does as the run ends. At collection the session works out each test's
+:class:`~pytest_attnkit.controller.suite.SuiteItem` and asks each implementation once what it
+refuses (the runner's :meth:`~pytest_attnkit.controller.runner.Runner.mark_refusals`); once pytest
+has selected the tests the runner sends their plans ahead (:meth:`AttnkitSession.submit_ahead`).
+At the end it builds the report document once (:mod:`pytest_attnkit.controller.report`), from
+which the terminal summary and the report files are rendered.
 """
 
 from __future__ import annotations
@@ -252,8 +253,9 @@ class AttnkitSession:
                                    if ITEM_KEY in item.stash and item.get_closest_marker("skip") is None)
 
     def finish(self, exitstatus: int) -> list[str]:
-        """Build the report document, save the baseline, write the report files; returns lines
-        for the terminal summary.
+        """Build the report document (each suite its sections), let each suite finish
+        (:meth:`Suite.finish`: the speed suite saves a baseline), write the report files; returns
+        lines for the terminal summary, the suites' closing lines last (:meth:`Suite.closing_lines`).
 
         An interrupted run (Ctrl-C, or SIGTERM from a CI timeout) saves no baseline, so the stored
         one stays whole, but still writes the report of what it gathered. Under pytest-xdist each
