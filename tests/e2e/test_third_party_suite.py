@@ -35,6 +35,29 @@ def tail_garbage(q, k, v, *, causal=False, scale=None):
     return out
 """
 SUITE = "attnkit_example_suite.controller:BoundsSuite"
+#: The example suite with every run hook of Suite given (docs/suites.md), each leaving a trace.
+HOOKED = """
+from attnkit_example_suite.controller import BoundsSuite
+
+class HookedBounds(BoundsSuite):
+    @classmethod
+    def build(cls, context, parts):
+        suite = cls(context)
+        suite.jobs = parts.jobs
+        return suite
+
+    def header_lines(self):
+        return [f"bounds: HOOKED HEADER, {self.context.profile} profile"]
+
+    def report_sections(self, document):
+        return {"bounds_summary": {"tests": len(document["tests"]), "jobs": self.jobs}}
+
+    def finish(self, document, *, interrupted):
+        return [f"bounds FINISHED: {document['bounds_summary']['tests']} test(s), interrupted {interrupted}"]
+
+    def closing_lines(self, document):
+        return ["bounds CLOSING LINE"]
+"""
 
 
 @pytest.fixture
@@ -44,7 +67,8 @@ def installed(fake_dist, monkeypatch: pytest.MonkeyPatch):
 
     def install(target: str = SUITE) -> Path:
         root = fake_dist({"good": fake("good"), "tail_garbage": "planted:tail_garbage"},
-                         extra_modules={"planted": PLANTED}, groups={"attnkit.suites": {"bounds": target}})
+                         extra_modules={"planted": PLANTED, "hooked": HOOKED},
+                         groups={"attnkit.suites": {"bounds": target}})
         shutil.copytree(EXAMPLE, root / "attnkit_example_suite", dirs_exist_ok=True)
         monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
         return root
@@ -94,6 +118,26 @@ def test_an_installed_suite_runs_scheduled_judged_and_reported_like_a_bundled_on
     assert "bounds FAIL: 1 of 1 cases run (0 passed, 1 failed), 0 skipped" in summary
     markdown = (report / "attnkit-report.md").read_text()
     assert "| gate | bounds |" in markdown and "| FAIL: 1 of 1 cases run (0 passed, 1 failed), 0 skipped |" in markdown
+
+
+def test_an_installed_suite_s_run_hooks_build_it_and_add_to_the_header_report_and_summary(
+        pytester: pytest.Pytester, installed) -> None:
+    """The session asks an installed suite what it asks the bundled ones (Suite.build,
+    header_lines, report_sections, finish, closing_lines), and in the summary the finish lines
+    come before the report's, the closing lines after."""
+    installed("hooked:HookedBounds")
+    report = pytester.path / "report"
+    result = pytester.runpytest_subprocess(
+        "--attnkit", "--attnkit-suite=bounds", "--attnkit-impl=good", "--attnkit-jobs=2", "-k", "q17-k17",
+        f"--attnkit-report={report}", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    lines = result.stdout.lines
+    assert "attnkit: bounds: HOOKED HEADER, smoke profile" in lines
+    document = json.loads((report / "attnkit-report.json").read_text())
+    assert document["bounds_summary"] == {"tests": 1, "jobs": 2}
+    finished, written, closing = (lines.index(line) for line in (
+        "bounds FINISHED: 1 test(s), interrupted False", f"report: {report}{os.sep}", "bounds CLOSING LINE"))
+    assert finished < written < closing
 
 
 def said_failure(output: str, case: str) -> bool:
