@@ -14,8 +14,9 @@ pickle.
 
 A file is checked whole when it is read (:func:`validate`): a field of the wrong type, null or
 missing is a :class:`BaselineError` naming the file and the field
-(``entries["torch_sdpa::forward::b1-..."].median_ms``), which the session turns into a usage
-error before any test runs, never a crash of the run or a failure charged to a kernel.
+(``entries["torch_sdpa::forward::b1-..."].median_ms``), which the speed suite turns into a usage
+error as it is built, before any test runs: never a crash of the run or a failure charged to a
+kernel.
 
 Two runs may save into one folder at once (two CI jobs, or a user's two terminals). A save takes
 an exclusive lock on the folder (``flock``), reads the file again under it and adds this run to

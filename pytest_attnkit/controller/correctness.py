@@ -6,7 +6,7 @@ rerun just that test, and records the errors as the test's junit properties and,
 judgement's ``record``, in the report document, passed or failed.
 
 Which accuracy judges a case is chosen here (the hook ``pytest_attnkit_accuracy``, through the
-``accuracy`` callable the session gives) and sent with the request; with none chosen, the worker
+``accuracy`` callable of the run's parts) and sent with the request; with none chosen, the worker
 uses the implementation's declared ``accuracy``.
 
 It is a :class:`~pytest_attnkit.controller.suite.Suite`: its plan is the one request of a test,

@@ -5,8 +5,9 @@
 outcome, and the sections each suite fills
 (:meth:`~pytest_attnkit.controller.suite.Suite.report_sections`): the memory sweeps with their
 fits, the speed measurements with their figures and the gate's decisions, and so on, each with
-structured fields (implementation, mode, the case's shape), never a string to parse back. Every view renders from it: the terminal summary and the Markdown
-(:mod:`pytest_attnkit.controller.table`) and the plots (:mod:`pytest_attnkit.controller.plots`).
+structured fields (implementation, mode, the case's shape), never a string to parse back. Every
+view renders from it: the terminal summary and the Markdown (:mod:`pytest_attnkit.controller.table`)
+and the plots (:mod:`pytest_attnkit.controller.plots`).
 :func:`write` puts the files of ``--attnkit-report DIR`` on disk; with ``GITHUB_STEP_SUMMARY`` set,
 the Markdown is appended to it (cut well under GitHub's 1 MiB). :func:`save_baseline` saves the
 document's speed records for ``--attnkit-save-baseline``.

@@ -22,7 +22,10 @@ suspicious-speedup check is off and the gate's default threshold is a doubling
 As a :class:`~pytest_attnkit.controller.suite.Suite`, a test's plan is a warm-up of its case,
 compiled ahead while the GPU has other work (none for REV's counterparts); the test then times the case
 with the GPU alone in the worker that warmed it up, asking the pool itself (the timing, the
-reference's, the confirmation rounds and the A/B blocks are the judgement's own requests).
+reference's, the confirmation rounds and the A/B blocks are the judgement's own requests). It is
+built only when selected, with this device's baseline file (:meth:`SpeedCheck.build`), gives the
+header's gate line, fills the report's ``speed`` and ``ab`` sections, and as the run ends saves
+the baseline that ``--attnkit-save-baseline`` asks for (:meth:`SpeedCheck.finish`).
 """
 
 from __future__ import annotations
