@@ -74,7 +74,8 @@ after a partition-wide ``bar.sync`` the compiler inserts):
   of turns (the same tiles, plus the last PV), and an arrive can only follow the previous
   consumer's wait, so a barrier is never two phases ahead of its waiter.
 
-Persistent (``Config(persistent=True)``, ``-p``; not a default: NOTES.md, v14 and v16). Its own
+Persistent (``Config(persistent=True)``, ``-p``; the default only at d128 without causal over at
+most 2k keys: NOTES.md, v14, v16 and v16.1). Its own
 kernel, ``_attn_fwd_sm90_persistent``: one CTA per SM (or per item, if fewer), each looping over
 work items (a row block of one head) with the one-item kernel's code (``_load_item``,
 ``_consumer_item``). The K/V ring's stages and phases follow ``g``, the CTA's tile count over its
@@ -216,7 +217,13 @@ def register_reason(config: Config) -> str | None:
     return None
 
 
-def default_config(head_dim: int, causal: bool) -> Config:
+#: Key lengths up to which d128 without causal takes the persistent grid (``-p``): each CTA's row
+#: block has at most 16 key tiles, so its prologue and epilogue, which a persistent CTA overlaps
+#: with the next item's loads, are a large part of it.
+PERSISTENT_MAX_KEYS = 2048
+
+
+def default_config(head_dim: int, causal: bool, n_k: int | None = None) -> Config:
     """The tiles used when none is given: FlashAttention-3's 128 x 128 for d128; at d64 the K/V
     tiles are half the size, so a deeper ring costs little. FlashAttention-3's wait order
     (``eager``): on an H100 it ran 1.3-1.6x the one-QK^T-later order at 4k and 16k (NOTES.md, v13;
@@ -226,7 +233,15 @@ def default_config(head_dim: int, causal: bool) -> Config:
     at b4-h32-q4096 bf16 it ran 486 TFLOP/s against 438 for two (``n128s3-eager``) and 453 for
     cuDNN. Causal d64 keeps two: there c3 ran 366 against 396 (cuDNN 406). d128 keeps two: c3 ran
     about half as fast there (326 against 629 at 16k). NOTES.md, v14.2;
-    results/2026-11-26-session4/gluon (forward-c3)."""
+    results/2026-11-26-session4/gluon (forward-c3).
+
+    d128 without causal over at most :data:`PERSISTENT_MAX_KEYS` keys (``n_k``) takes the persistent
+    grid (``n128s2-eager-p``): on an H100 at b8/b16-h16-q1024, GPU time alone (CUDA graph replay),
+    564 and 532 TFLOP/s against 540 and 505 (+4-5%; cuDNN 598, 583); at 4k and 16k it gained
+    nothing measurable, and under causal it lost 23% at 1k (NOTES.md, v16.1;
+    results/2026-11-26-session5/gluon)."""
+    if head_dim == 128 and not causal and n_k is not None and n_k <= PERSISTENT_MAX_KEYS:
+        return Config(block_n=128, stages=2, eager=True, persistent=True)
     if head_dim == 64:
         if not causal:
             return Config(block_n=128, stages=3, eager=True, consumers=3, consumer_regs=MAX_REGS_THREE_CONSUMERS)
@@ -771,7 +786,7 @@ def warmup(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scal
     and head counts are not specialized: one kernel serves every shape of a dtype, head dim, causal
     flag and configuration. The bench tools use it to compile ahead, or for a GPU not present."""
     batch, heads_q, n_q, head_dim = q.shape
-    config = default_config(head_dim, causal) if config is None else config
+    config = default_config(head_dim, causal, k.shape[2]) if config is None else config
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((batch, heads_q, n_q), dtype=torch.float32, device=q.device)
     args, kwargs, grid = launch_arguments(q, k, v, o, lse, causal, scale, config)
@@ -788,7 +803,7 @@ def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
     :func:`default_config`. ``out`` hands in the two outputs, contiguous (a check poisons them
     first). The caller checks :func:`supports` first: this function does not."""
     batch, heads_q, n_q, head_dim = q.shape
-    config = default_config(head_dim, causal) if config is None else config
+    config = default_config(head_dim, causal, k.shape[2]) if config is None else config
     if shared_bytes(config, head_dim) > SHARED_LIMIT:
         raise ValueError(f"config {config} needs {shared_bytes(config, head_dim)} B of shared memory at d{head_dim}")
     if (reason := register_reason(config)) is not None:
