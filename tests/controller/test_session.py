@@ -1,0 +1,98 @@
+"""The session (pytest_attnkit/controller/session.py), driven directly, as the plugin drives it: on
+the CPU, with real worker processes. It builds the suites a run selects through their own
+``Suite.build`` and knows none of them by name; it asks them for the header's lines and the
+report's sections; a baseline file it cannot read is a usage error naming the file; and closing
+it leaves no worker behind."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+from pytest_attnkit.controller import options, session as session_module
+from pytest_attnkit.controller.discovery import BUNDLED
+from pytest_attnkit.controller.session import AttnkitSession
+
+SMALL = ("--attnkit-impl=torch_sdpa", "--attnkit-jobs=2", "--attnkit-device=cpu")
+
+
+def _session(pytester: pytest.Pytester, *args: str) -> AttnkitSession:
+    config = pytester.parseconfig("--attnkit", *SMALL, *args)
+    return AttnkitSession(options.resolve(config), config)
+
+
+def _workers_alive(session: AttnkitSession) -> list:
+    every = {id(worker): worker for worker in [*session.pool._workers.values(), *session.pool._all]}
+    return [worker for worker in every.values() if worker.alive]
+
+
+def test_the_session_names_no_suite_and_imports_none() -> None:
+    """Issue 45: the session wires the suites and knows none of them by name."""
+    tree = ast.parse(Path(session_module.__file__).read_text(encoding="utf-8"))
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    suite_modules = {BUNDLED[name].__module__ for name in BUNDLED}
+    assert not imported & suite_modules, imported & suite_modules
+    names = [node.value for node in ast.walk(tree)
+             if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in BUNDLED]
+    assert names == [], names
+
+
+def test_it_builds_the_selected_suites_asks_them_for_the_header_and_the_report_and_closes_its_workers(
+        pytester: pytest.Pytester, tmp_path: Path) -> None:
+    session = _session(pytester, "--attnkit-suite=correctness,speed", f"--attnkit-baseline-dir={tmp_path}",
+                       f"--attnkit-report={tmp_path / 'report'}")
+    try:
+        session.start()
+        # Speed and sanitize take part only when selected; the others always (in this order).
+        assert list(session.suites) == ["correctness", "memory", "properties", "speed"]
+        assert all(session.suites[name].name == name for name in session.suites)
+        header = "\n".join(session.header_lines())
+        assert "attnkit: gate: " in header and "sanitize" not in header, header
+        assert _workers_alive(session)
+        lines = session.finish(0)
+    finally:
+        session.close()
+    assert not _workers_alive(session)
+    document = json.loads((tmp_path / "report" / "attnkit-report.json").read_text())
+    # Every section is there, filled by its suite or empty: the report's shape is fixed.
+    for key in ("tests", "memory", "properties", "sanitize", "speed", "ab", "time"):
+        assert key in document, key
+    assert document["speed"]["baseline_file"].startswith(str(tmp_path)), document["speed"]
+    assert any("attnkit-report.json" in line for line in lines), lines
+
+
+def test_without_speed_there_is_no_gate_line_and_an_empty_speed_section(pytester: pytest.Pytester) -> None:
+    session = _session(pytester, "--attnkit-suite=correctness")
+    try:
+        session.start()
+        assert "speed" not in session.suites and "sanitize" not in session.suites
+        assert not any("gate:" in line for line in session.header_lines())
+        session.finish(0)
+        assert session.document is not None
+        assert session.document["speed"]["measurements"] == [] and session.document["ab"] == []
+    finally:
+        session.close()
+
+
+def test_a_baseline_file_it_cannot_read_stops_the_run_naming_it(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    # The CPU's baseline file: the environment probe names the device; any name's file is read the same way.
+    session = _session(pytester, "--attnkit-suite=speed", f"--attnkit-baseline-dir={tmp_path}")
+    try:
+        session._probe_environment()
+        device = str(session.environment.get("device_name", "unknown"))
+    finally:
+        session.close()
+    from pytest_attnkit.controller.baselines import baseline_path
+
+    broken = baseline_path(tmp_path, device)
+    broken.write_text("{not json", encoding="utf-8")
+    session = _session(pytester, "--attnkit-suite=speed", f"--attnkit-baseline-dir={tmp_path}")
+    try:
+        with pytest.raises(pytest.UsageError, match=f"attnkit: baseline file {broken} cannot be read"):
+            session.start()
+    finally:
+        session.close()
+    assert not _workers_alive(session)
