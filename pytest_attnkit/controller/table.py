@@ -706,7 +706,7 @@ def markdown(document: dict[str, Any]) -> str:
     out += [f"Device: {document['device']} ({env.get('device_name')}); torch {env.get('torch')}, triton {env.get('triton')}, "
             f"cupy {env.get('cupy')}; profile {document['profile']}.", ""]
     names = list(document["implementations"])
-    installed = installed_suites(document)
+    installed = verdict_suites(document)  # sanitize, when it ran, and the installed suites
     if names:
         out += ["| implementation | correctness | memory exponent | speed (forward, d128) | gate |"
                 + "".join(f" {suite} |" for suite in installed), "|---|---|---|---|---|" + "---|" * len(installed)]

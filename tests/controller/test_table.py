@@ -57,3 +57,14 @@ def test_a_sanitize_run_s_summary_gives_its_verdict_and_no_rows_of_suites_that_d
     # A run without sanitize has no such row; one with correctness keeps its accuracy row.
     lines = headline_lines(_document([("correctness", "passed")], {"correctness": 1}))
     assert not any(" sanitize " in line for line in lines) and any(" accuracy " in line for line in lines), lines
+
+
+def test_the_markdown_report_has_a_sanitize_column_only_when_sanitize_ran() -> None:
+    from pytest_attnkit.controller.table import markdown
+
+    def header(document: dict) -> str:
+        document.update(environment={}, device="cuda", profile="default")
+        return next(line for line in markdown(document).splitlines() if line.startswith("| implementation"))
+
+    assert header(_document([("sanitize", "passed")], {"sanitize": 1})).endswith("| gate | sanitize |")
+    assert header(_document([("correctness", "passed")], {"correctness": 1})).endswith("| gate |")
