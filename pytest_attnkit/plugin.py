@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from pytest_attnkit.controller import options, xdist
+from pytest_attnkit.controller.items import ITEM_KEY
 from pytest_attnkit.controller.outcome import FittedMessage
 from pytest_attnkit.controller.report import ReportInUse, check_writable, claim
 from pytest_attnkit.controller.session import SESSION_KEY, AttnkitSession
@@ -298,17 +299,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     session = config.stash.get(SESSION_KEY, None)
     if session is not None and session.runner is not None:
         session.runner.mark_refusals(items, session.suite_types)
-        # The reference's speed tests run first: the gate divides every other implementation's
-        # timings by how much slower the machine runs the reference
-        # (pytest_attnkit/controller/gate.py: machine_factor).
-        reference = session.settings.reference
+        # Each suite says where its tests run (the speed suite: its reference's first).
+        suites = session.suites
 
-        def speed_reference_first(item: pytest.Item) -> int:
-            params = getattr(getattr(item, "callspec", None), "params", {})
-            is_speed = item.get_closest_marker("attnkit_speed") is not None
-            return 0 if not is_speed or params.get("attnkit_impl") == reference else 1
+        def test_order(item: pytest.Item) -> int:
+            key = item.stash.get(ITEM_KEY, None)
+            suite = suites.get(key.suite) if key is not None else None
+            return suite.test_order(key) if suite is not None else 0
 
-        items.sort(key=speed_reference_first)
+        items.sort(key=test_order)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

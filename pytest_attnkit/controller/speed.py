@@ -258,6 +258,11 @@ class SpeedCheck(Suite):
                    sent=parts.sent, parallel_problem=parts.parallel_problem, revision=revision,
                    save_baseline=settings.save_baseline)
 
+    def test_order(self, item: SuiteItem) -> int:
+        """The reference's tests first: the gate divides every other implementation's timings by
+        how much slower the machine runs the reference (gate.py: machine_factor)."""
+        return 0 if item.impl == self.settings.reference else 1
+
     def header_lines(self) -> list[str]:
         """The gate: the baseline file, or that nothing will be gated; the A/B against REV."""
         gate = table.gate_header(self.store, require_baseline=self.settings.require_baseline, revision=self.revision)

@@ -215,6 +215,11 @@ class Suite:
         order among equals)."""
         return 0
 
+    def test_order(self, item: SuiteItem) -> int:
+        """Where the item's test runs among the collected tests (lower first; pytest's order among
+        equals): the speed suite runs its reference's tests before any other implementation's."""
+        return 0
+
     def plan(self, item: SuiteItem) -> list[Planned]:
         """The requests the item needs, sent ahead of it or, with ``--attnkit-jobs=1``, as it runs."""
         raise NotImplementedError

@@ -125,3 +125,18 @@ def test_a_history_restarts_only_far_beyond_noise() -> None:
     assert changed_beyond_noise(decision("improvement", 0.25))
     assert changed_beyond_noise(decision("regression", 1.5))
     assert not changed_beyond_noise(decision("unchanged", 0.5))
+
+
+def test_the_reference_s_speed_tests_run_before_any_other_implementation_s(pytester: pytest.Pytester) -> None:
+    """The gate divides every other implementation's timings by how much slower the machine runs
+    the reference (gate.py: machine_factor), so the speed suite orders its reference's tests first
+    (SpeedCheck.test_order); the other suites' tests keep pytest's order."""
+    result = pytester.runpytest("--attnkit", "-p", "no:cacheprovider", "--attnkit-suite=correctness,speed",
+                                "--attnkit-impl=torch_sdpa,triton_flash", "--attnkit-reference=triton_flash",
+                                "--collect-only", "-q")
+    ids = [line for line in result.stdout.lines if "::test_" in line]
+    speed = [line for line in ids if "test_speed.py::" in line]
+    assert speed and ids[:len(speed)] != speed, ids[:3]  # correctness keeps its place, first
+    owners = ["triton_flash" in line for line in speed]
+    first_other = owners.index(False)
+    assert first_other > 0 and not any(owners[first_other:]), speed
