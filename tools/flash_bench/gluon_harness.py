@@ -412,6 +412,14 @@ class MBarrier:
         return (self.phase & 1) != parity
 
 
+def model_args(doc: str, seeds: int):
+    """A model's arguments: ``--seeds``, the random interleavings per protocol case (default
+    ``seeds``)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, default=seeds, help="random interleavings per protocol case")
+    return parser.parse_args()
+
+
 def interleave(p, partitions: dict, where: str) -> None:
     """Run ``partitions`` (name: generator) in one random order (``p.rng``) to the end, each
     blocked while its last ``("wait", barrier, parity)`` has not passed, landing ``p``'s TMA copies
