@@ -30,7 +30,8 @@ Needs torch with CUDA and triton 3.6; the project need not be installed. Four ph
    is timed too (its max difference from cuDNN's gradients recorded), and ``TIMING_ONLY``: the
    defaults with ``-noadds`` (dQ's adds left out, dQ wrong: timing only), which says what the
    float atomics cost.
-4. report: the tables, printed and written to DIR (``check.md``, ``check.json``).
+4. report: the tables, printed and written to DIR (``check.md``, ``check.json``; the compile
+   times in ``compile.log``).
 
 Exit status 0 when everything ran and passed, 1 on a failed case, 2 on a hang, 3 on a compile failure.
 """
@@ -43,7 +44,6 @@ import math
 import os
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -344,14 +344,7 @@ def selftest() -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", metavar="DIR", help="folder for the results (created; required)")
-    parser.add_argument("--variants", default=DEFAULT_VARIANTS, metavar="CFGS",
-                        help=f"comma-separated backward configurations to check and time beside the default "
-                             f"(default: {DEFAULT_VARIANTS}; '' for none)")
-    parser.add_argument("--case-timeout", type=float, default=60.0, metavar="S",
-                        help="seconds a case may take before it counts as hung (default 60)")
-    parser.add_argument("--skip-timing", action="store_true", help="correctness only")
+    parser = harness.check_parser(__doc__, "backward", DEFAULT_VARIANTS)
     parser.add_argument("--quick", action="store_true",
                         help="a first look (about a minute): the defaults on three shapes each, no --variants, "
                              "the timing of the defaults and -noadds only")
@@ -366,21 +359,12 @@ def main() -> int:
     if not args.out:
         parser.error("--out DIR is required")
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-
-    def log(text: str) -> None:
-        print(text, flush=True)
-
     gb, _ = _module()  # no CUDA in this process: the Config parser and the defaults only
     variants = [] if args.quick else [v.strip() for v in args.variants.split(",") if v.strip()]
     for text in variants:
         gb.Config.parse(text)  # a typo fails here, not in a child
-    started = time.time()
-    record = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
-              "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "variants": variants}
+    record = harness.check_record(variants)
 
-    log("== compile (parallel children)")
     specs, seen = [], set()
     for dtype in DTYPES:
         for head_dim in HEAD_DIMS:
@@ -394,55 +378,23 @@ def main() -> int:
                                       "dtype": dtype, "head_dim": head_dim, "causal": causal, "config": config})
                 specs.append({"id": f"forward {dtype} d{head_dim} {'causal' if causal else 'full'}", "dtype": dtype,
                               "head_dim": head_dim, "causal": causal, "config": "", "forward": True})
-    t0 = time.time()
-    compiled = harness.compile_all(Path(__file__), specs, out, log)
-    record["compile"] = {"seconds_wall": round(time.time() - t0, 1), "kernels": compiled,
-                         "failed": [s["id"] for s in specs if s["id"] not in compiled]}
-    log(f"  {len(compiled)} of {len(specs)} kernels compiled in {time.time() - t0:.0f} s")
-    status = 3 if record["compile"]["failed"] else 0
     # Variants whose shared memory does not fit at a head dim are left out there (compile list).
     fits = {(s["head_dim"], s["config"]) for s in specs if not s.get("forward")}
-
-    log("== correctness")
     cases = [c for c in correctness_cases(variants, gb.default_config) if (c["head_dim"], c["config"]) in fits]
     if args.quick:
         cases = [c for c in cases if tuple(c["shape"]) in QUICK_SHAPES]
-    correct, hello, hung = harness.run_cases(Path(__file__), "correct", cases, out, args.case_timeout, log, _describe)
-    record["device"] = hello
-    record["correct"] = correct
-    if hung:
-        status = 2
-    elif any(not r.get("passed") for r in correct.values()):
-        status = max(status, 1)
+    timed = variants + [v for v in TIMING_ONLY if v not in variants]
 
-    bench: dict = {}
-    if hung:
-        log(f"== timing skipped: {hung} hung")
-    elif args.skip_timing:
-        log("== timing skipped (--skip-timing)")
-    else:
-        log("== timing")
-        timing = bench_cases(variants + [v for v in TIMING_ONLY if v not in variants])
+    def timing_cases(to_time: list[str]) -> list[dict]:
+        timing = bench_cases(to_time + [v for v in TIMING_ONLY if v not in to_time])
         for case in timing:
             if case.get("configs"):
                 case["configs"] = [c for c in case["configs"] if (case["shape"][3], c) in fits]
-        bench, _, hung_bench = harness.run_cases(Path(__file__), "time", timing, out, args.case_timeout, log,
-                                                 _describe)
-        if hung_bench:
-            status = 2
-    record["bench"] = bench
-    record["seconds"] = round(time.time() - started, 1)
+        return timing
 
-    text = report(correct, bench, variants + [v for v in TIMING_ONLY if v not in variants], hello, gb)
-    header = (f"# Gluon backward check ({record['date']})\n\n`{record['command']}` on {hello.get('device', '?')} "
-              f"(torch {hello.get('torch', '?')}, triton {hello.get('triton', '?')}, CUDA {hello.get('cuda', '?')}); "
-              f"{record['seconds']:.0f} s; exit status {status}.\n\n")
-    (out / "check.md").write_text(header + text + "\n")
-    (out / "check.json").write_text(json.dumps(record, indent=1, default=str))
-    log("")
-    log(text)
-    log(f"\n{record['seconds']:.0f} s; results in {out}/check.md and check.json; exit status {status}")
-    return status
+    return harness.check_main(Path(__file__), args, "Gluon backward check", record, specs, cases, timing_cases,
+                              lambda correct, bench, hello, bad, hung: report(correct, bench, timed, hello, gb),
+                              _describe, going_on=False)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ not fit in shared memory.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import os
 import re
@@ -25,8 +24,8 @@ os.environ.pop("TRITON_INTERPRET", None)
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from gluon_compile import (_hazards, _opcode, _sass, compile_matrix, config_matrix,  # noqa: E402
-                           ensure_package, ptx_counts)
+from gluon_compile import (_hazards, _opcode, _sass, compile_matrix, compile_parser, config_matrix,  # noqa: E402
+                           ensure_package, ptx_counts, stand_in_target)
 
 
 def load_gluon_backward():
@@ -81,25 +80,10 @@ def describe(compiled, shared_limit: int) -> tuple[str, bool]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="only the default configurations, bf16")
-    parser.add_argument("--config", action="append", default=[], metavar="CFG",
-                        help="another configuration to compile at d128 and d64 (e.g. m64s3, m128s2-r232)")
-    parser.add_argument("--dump", metavar="DIR", help="write each kernel's PTX, SASS and TTGIR here")
-    args = parser.parse_args()
-
-    import torch
-    from sm90_compile import _TargetOnly
-    from triton.runtime import driver
-
-    driver.set_active(_TargetOnly(90))
-    gb = load_gluon_backward()
-    if gb.GLUON_IMPORT_ERROR is not None:
-        print(f"Gluon is not available: {gb.GLUON_IMPORT_ERROR}")
+    args = compile_parser(__doc__, "m64s3, m128s2-r232").parse_args()
+    gb, torch = stand_in_target(load_gluon_backward)
+    if gb is None:
         return 1
-    import triton
-
-    print(f"triton {triton.__version__}, torch {torch.__version__}, target sm_90a (no GPU: a stand-in driver)")
     extra = [] if args.quick else ["m64s2", "m64s3", "m128s2", "m64s2-split", "m64s2-q128", "m64s2-krows",
                                      "m64s2-rot", "m64s2-sum"]
     matrix = config_matrix(gb, args.quick, extra + args.config)

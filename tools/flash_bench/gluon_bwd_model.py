@@ -28,7 +28,6 @@ Usage: PYTHONPATH=. python3 tools/flash_bench/gluon_bwd_model.py [--seeds N]   (
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import math
 import random
@@ -40,7 +39,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from gluon_harness import MBarrier, interleave  # noqa: E402
+from gluon_harness import MBarrier, interleave, model_args  # noqa: E402
 
 KEYS = 64
 BLOCK_N = 2 * KEYS
@@ -558,9 +557,7 @@ def check_harness_rule(gb) -> list[str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, default=100, help="random interleavings per protocol case")
-    args = parser.parse_args()
+    args = model_args(__doc__, 100)
     print(f"protocol: {check_protocol(args.seeds)} interleavings, no deadlock, no race, every stage released")
     caught = check_protocol_catches_mistakes()
     print(f"protocol: the model fails on {len(caught)} of {2 * len(PLANTED)} planted mistakes: {', '.join(caught)}")

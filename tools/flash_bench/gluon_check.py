@@ -50,7 +50,6 @@ import json
 import math
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -446,51 +445,8 @@ def report(results: dict, bench: dict, variants: list[str], hello: dict,
     return "\n".join(lines)
 
 
-def _config_of(case_id: str) -> str:
-    """A correctness case's configuration: the bracketed end of its id."""
-    return case_id.rsplit("[", 1)[-1].rstrip("]")
-
-
-def run_going_on(mode: str, cases: list[dict], out: Path, timeout: float, log,
-                 variants: set | None) -> tuple[dict, dict, list[str]]:
-    """``harness.run_cases``, going on past a hang where the rest can still say something: in
-    correctness (``variants`` given), a hang in a variant's case drops that variant's other
-    cases and the rest run in a fresh child (a hang in a default's case stops the run, as
-    before); in timing (``variants`` None), a hung case is left out and the others run.
-    (Results, the device's hello, the hung cases' ids.)"""
-    results: dict = {}
-    hello: dict = {}
-    hung_ids: list[str] = []
-    pending = list(cases)
-    while pending:
-        got, device, hung = harness.run_cases(Path(__file__), mode, pending, out, timeout, log, _describe)
-        results.update(got)
-        hello = hello or device
-        if not hung:
-            break
-        hung_ids.append(hung)
-        if hung == "startup":
-            break
-        dropped = None
-        if variants is not None:
-            dropped = _config_of(hung)
-            if dropped not in variants:
-                break
-            log(f"  going on without {dropped}")
-        pending = [case for case in pending if case["id"] not in results
-                   and (dropped is None or case.get("config") != dropped)]
-    return results, hello, hung_ids
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", metavar="DIR", help="folder for the results (created; required)")
-    parser.add_argument("--variants", default=DEFAULT_VARIANTS, metavar="CFGS",
-                        help=f"comma-separated Gluon configurations to check and time beside the default "
-                             f"(default: {DEFAULT_VARIANTS}; '' for none)")
-    parser.add_argument("--case-timeout", type=float, default=60.0, metavar="S",
-                        help="seconds a case may take before it counts as hung (default 60)")
-    parser.add_argument("--skip-timing", action="store_true", help="correctness only")
+    parser = harness.check_parser(__doc__, "Gluon", DEFAULT_VARIANTS)
     parser.add_argument("--timing-dtypes", default="bfloat16", metavar="DTYPES",
                         help="comma-separated dtypes the timing phase runs the issue's cases in, each against "
                              "cuDNN in the same dtype (default: bfloat16; issue 42's goal: bfloat16,float16)")
@@ -501,14 +457,6 @@ def main() -> int:
     if not args.out:
         parser.error("--out DIR is required")
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    log_lines: list[str] = []
-
-    def log(text: str) -> None:
-        print(text, flush=True)
-        log_lines.append(text)
-
     from gluon_compile import load_gluon_forward
 
     gf = load_gluon_forward()  # no CUDA in this process: the Config parser and the defaults only
@@ -518,12 +466,8 @@ def main() -> int:
         parser.error(f"--timing-dtypes: a comma-separated list of {', '.join(DTYPES)}")
     for text in variants:
         gf.Config.parse(text)  # a typo fails here, not in a child
-    started = time.time()
-    record = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
-              "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "variants": variants,
-              "timing_dtypes": list(timing_dtypes)}
+    record = harness.check_record(variants, timing_dtypes=list(timing_dtypes))
 
-    log("== compile (parallel children)")
     specs, seen_specs = [], set()
     for dtype in DTYPES:
         for head_dim in HEAD_DIMS:
@@ -536,56 +480,18 @@ def main() -> int:
                         seen_specs.add(key)
                         specs.append({"id": f"{dtype} d{head_dim} {'causal' if causal else 'full'} {config}",
                                       "dtype": dtype, "head_dim": head_dim, "causal": causal, "config": config})
-    t0 = time.time()
-    compiled = harness.compile_all(Path(__file__), specs, out, log)
-    record["compile"] = {"seconds_wall": round(time.time() - t0, 1), "kernels": compiled,
-                         "failed": [s["id"] for s in specs if s["id"] not in compiled]}
-    log(f"  {len(compiled)} of {len(specs)} kernels compiled in {time.time() - t0:.0f} s")
-    (out / "compile.log").write_text(json.dumps(record["compile"], indent=1))
-    status = 3 if record["compile"]["failed"] else 0
 
-    log("== correctness")
-    cases = correctness_cases(variants, gf.default_config, gf)
-    correct, hello, hung_list = run_going_on("correct", cases, out, args.case_timeout, log, set(variants))
-    record["device"] = hello
-    record["correct"] = correct
-    hung = next((h for h in hung_list if not h.endswith("]") or _config_of(h) not in variants), None)
-    if hung_list:
-        status = 2
-    elif any(not r.get("passed") for r in correct.values()):
-        status = max(status, 1)
-    # A variant that hung or failed a case is not timed (the defaults' cases stop the run as before).
-    bad = sorted({_config_of(case_id) for case_id, r in correct.items() if not r.get("passed")} & set(variants))
-    record["variants_not_timed"] = bad
-    timed_variants = [v for v in variants if v not in bad]
+    def report_all(correct: dict, bench: dict, hello: dict, bad: list[str], hung_list: list[str]) -> str:
+        text = report({"correct": correct}, bench, variants, hello, timing_dtypes)
+        if bad or hung_list:
+            text += (f"\n\nNot timed (a case failed or hung): {', '.join(bad) or 'none'}; hung: "
+                     f"{', '.join(hung_list) or 'none'}")
+        return text
 
-    bench: dict = {}
-    if hung:
-        log(f"== timing skipped: {hung} hung")
-    elif args.skip_timing:
-        log("== timing skipped (--skip-timing)")
-    else:
-        log("== timing" + (f" (not timed, failed or hung: {', '.join(bad)})" if bad else ""))
-        bench, _, hung_bench = run_going_on("time", bench_cases(timed_variants, gf, timing_dtypes), out,
-                                            args.case_timeout, log, None)
-        if hung_bench:
-            status = 2
-    record["bench"] = bench
-    record["seconds"] = round(time.time() - started, 1)
-
-    text = report({"correct": correct}, bench, variants, hello, timing_dtypes)
-    if bad or hung_list:
-        text += (f"\n\nNot timed (a case failed or hung): {', '.join(bad) or 'none'}; hung: "
-                 f"{', '.join(hung_list) or 'none'}")
-    header = (f"# Gluon forward check ({record['date']})\n\n`{record['command']}` on {hello.get('device', '?')} "
-              f"(torch {hello.get('torch', '?')}, triton {hello.get('triton', '?')}, CUDA {hello.get('cuda', '?')}); "
-              f"{record['seconds']:.0f} s; exit status {status}.\n\n")
-    (out / "check.md").write_text(header + text + "\n")
-    (out / "check.json").write_text(json.dumps(record, indent=1, default=str))
-    log("")
-    log(text)
-    log(f"\n{record['seconds']:.0f} s; results in {out}/check.md and check.json; exit status {status}")
-    return status
+    return harness.check_main(Path(__file__), args, "Gluon forward check", record, specs,
+                              correctness_cases(variants, gf.default_config, gf),
+                              lambda timed: bench_cases(timed, gf, timing_dtypes), report_all, _describe,
+                              going_on=True)
 
 
 if __name__ == "__main__":

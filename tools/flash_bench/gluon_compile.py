@@ -248,28 +248,15 @@ def describe(compiled, shared_limit: int) -> tuple[str, bool]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="only the default configurations, bf16")
-    parser.add_argument("--config", action="append", default=[], metavar="CFG",
-                        help="another configuration to compile at d128 and d64 (e.g. n128s3, n128s2-eager)")
-    parser.add_argument("--dump", metavar="DIR", help="write each kernel's PTX, SASS and TTGIR here")
+    parser = compile_parser(__doc__, "n128s3, n128s2-eager")
     parser.add_argument("--causal", action="store_true",
                         help="compile each --config causal too (the persistent grid deals causal items its own way)")
     args = parser.parse_args()
 
     sys.path.insert(0, str(HERE))
-    import torch
-    from sm90_compile import _TargetOnly
-    from triton.runtime import driver
-
-    driver.set_active(_TargetOnly(90))
-    gf = load_gluon_forward()
-    if gf.GLUON_IMPORT_ERROR is not None:
-        print(f"Gluon is not available: {gf.GLUON_IMPORT_ERROR}")
+    gf, torch = stand_in_target(load_gluon_forward)
+    if gf is None:
         return 1
-    import triton
-
-    print(f"triton {triton.__version__}, torch {torch.__version__}, target sm_90a (no GPU: a stand-in driver)")
     extra = [] if args.quick else ["n128s3", "n128s2", "n64s2", "n128s2-nopp", "n128s2-eager"]
     matrix = config_matrix(gf, args.quick, extra + args.config, args.causal)
 
@@ -280,6 +267,36 @@ def main() -> int:
     failures, _ = compile_matrix(gf, matrix, "", warm, describe, args.dump, 2000)
     print("OK" if failures == 0 else f"{failures} configuration(s) failed, spilled or did not fit")
     return 1 if failures else 0
+
+
+def compile_parser(doc: str, examples: str) -> argparse.ArgumentParser:
+    """A compile tool's argument parser with the options both have (``--quick``, ``--config``
+    with ``examples``, ``--dump``); the tool adds its own."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="only the default configurations, bf16")
+    parser.add_argument("--config", action="append", default=[], metavar="CFG",
+                        help=f"another configuration to compile at d128 and d64 (e.g. {examples})")
+    parser.add_argument("--dump", metavar="DIR", help="write each kernel's PTX, SASS and TTGIR here")
+    return parser
+
+
+def stand_in_target(load):
+    """Set sm_90a's stand-in driver (no GPU), load the kernel's module by ``load()`` and print the
+    versions: (the module, torch), or (None, torch) with the reason printed where Gluon is not
+    available."""
+    import torch
+    from sm90_compile import _TargetOnly
+    from triton.runtime import driver
+
+    driver.set_active(_TargetOnly(90))
+    module = load()
+    if module.GLUON_IMPORT_ERROR is not None:
+        print(f"Gluon is not available: {module.GLUON_IMPORT_ERROR}")
+        return None, torch
+    import triton
+
+    print(f"triton {triton.__version__}, torch {torch.__version__}, target sm_90a (no GPU: a stand-in driver)")
+    return module, torch
 
 
 def config_matrix(module, quick: bool, configs: list[str], causal_too: bool = False) -> list[tuple]:

@@ -9,7 +9,9 @@ case, ``compiled`` per kernel. The parent (:func:`run_cases`) gives each case a 
 first case past it the child is killed and the run stops there (a warp-specialized kernel that is
 wrong usually hangs); a crash is recorded and the next case runs in a fresh child.
 :func:`compile_all` compiles in parallel children. ``selftest`` children (:func:`selftest_child`)
-plant results, a crash and a hang, to check the parent without a GPU.
+plant results, a crash and a hang, to check the parent without a GPU. :func:`check_main` is a
+check's whole parent after its arguments (:func:`check_parser`, :func:`check_record`): compile,
+correctness, timing, report.
 
 Models. :class:`MBarrier` is an mbarrier's arithmetic; :func:`interleave` runs a kernel's
 partitions, written as generators that yield ``("wait", barrier, parity)`` or ``("yield",)``, in
@@ -18,6 +20,7 @@ one random order to the end, landing the TMA copies in flight at random points t
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import queue
@@ -26,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -207,6 +211,141 @@ def compile_all(script: Path, specs: list[dict], out: Path, log) -> dict:
     return seconds
 
 
+def config_of(case_id: str) -> str:
+    """A correctness case's configuration: the bracketed end of its id."""
+    return case_id.rsplit("[", 1)[-1].rstrip("]")
+
+
+def run_going_on(script: Path, mode: str, cases: list[dict], out: Path, timeout: float, log, describe,
+                 variants: set | None) -> tuple[dict, dict, list[str]]:
+    """:func:`run_cases`, going on past a hang where the rest can still say something: in
+    correctness (``variants`` given), a hang in a variant's case drops that variant's other
+    cases and the rest run in a fresh child (a hang in a default's case stops the run, as
+    before); in timing (``variants`` None), a hung case is left out and the others run.
+    (Results, the device's hello, the hung cases' ids.)"""
+    results: dict = {}
+    hello: dict = {}
+    hung_ids: list[str] = []
+    pending = list(cases)
+    while pending:
+        got, device, hung = run_cases(script, mode, pending, out, timeout, log, describe)
+        results.update(got)
+        hello = hello or device
+        if not hung:
+            break
+        hung_ids.append(hung)
+        if hung == "startup":
+            break
+        dropped = None
+        if variants is not None:
+            dropped = config_of(hung)
+            if dropped not in variants:
+                break
+            log(f"  going on without {dropped}")
+        pending = [case for case in pending if case["id"] not in results
+                   and (dropped is None or case.get("config") != dropped)]
+    return results, hello, hung_ids
+
+
+def check_parser(doc: str, what: str, default_variants: str):
+    """A GPU check's argument parser with the options both checks have (``--out``,
+    ``--variants`` of ``what`` configurations, ``--case-timeout``, ``--skip-timing``); the tool adds
+    its own, then ``--child``."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", metavar="DIR", help="folder for the results (created; required)")
+    parser.add_argument("--variants", default=default_variants, metavar="CFGS",
+                        help=f"comma-separated {what} configurations to check and time beside the default "
+                             f"(default: {default_variants}; '' for none)")
+    parser.add_argument("--case-timeout", type=float, default=60.0, metavar="S",
+                        help="seconds a case may take before it counts as hung (default 60)")
+    parser.add_argument("--skip-timing", action="store_true", help="correctness only")
+    return parser
+
+
+def check_record(variants: list[str], **extra) -> dict:
+    """The start of a check's check.json: the command, the date, the variants and ``extra``."""
+    return {"command": " ".join([Path(sys.executable).name, *sys.argv]),
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "variants": variants, **extra}
+
+
+def check_main(script: Path, args, title: str, record: dict, specs: list[dict], cases: list[dict],
+               bench_cases, report, describe, going_on: bool) -> int:
+    """A GPU check's parent, after its arguments: compile ``specs``, run the correctness
+    ``cases``, time ``bench_cases(variants to time)`` unless a case hung or ``args.skip_timing``,
+    and write ``report(correct, bench, hello, variants not timed, hung ids)`` (the text) with a
+    header naming ``title`` to ``args.out``'s check.md, ``record`` (command, date, variants, ...,
+    then every result) to check.json and the compile times to compile.log. ``describe(mode,
+    event)`` is the line logged for each result. With ``going_on`` (:func:`run_going_on`), a
+    variant's hang drops that variant only, a variant that failed or hung a case is not timed and a
+    hung timing case is left out; without, the first hang stops the phase (and the timing after a
+    correctness hang). The exit status: 0 all passed, 1 a failed case, 2 a hang, 3 a compile
+    failure."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def log(text: str) -> None:
+        print(text, flush=True)
+
+    variants = record["variants"]
+    started = time.time()
+    log("== compile (parallel children)")
+    t0 = time.time()
+    compiled = compile_all(script, specs, out, log)
+    record["compile"] = {"seconds_wall": round(time.time() - t0, 1), "kernels": compiled,
+                         "failed": [s["id"] for s in specs if s["id"] not in compiled]}
+    log(f"  {len(compiled)} of {len(specs)} kernels compiled in {time.time() - t0:.0f} s")
+    (out / "compile.log").write_text(json.dumps(record["compile"], indent=1))
+    status = 3 if record["compile"]["failed"] else 0
+
+    log("== correctness")
+    if going_on:
+        correct, hello, hung_list = run_going_on(script, "correct", cases, out, args.case_timeout, log, describe,
+                                                 set(variants))
+        hung = next((h for h in hung_list if not h.endswith("]") or config_of(h) not in variants), None)
+    else:
+        correct, hello, hung = run_cases(script, "correct", cases, out, args.case_timeout, log, describe)
+        hung_list = [hung] if hung else []
+    record["device"] = hello
+    record["correct"] = correct
+    if hung_list:
+        status = 2
+    elif any(not r.get("passed") for r in correct.values()):
+        status = max(status, 1)
+    bad: list[str] = []
+    if going_on:
+        # A variant that hung or failed a case is not timed (the defaults' cases stop the run as before).
+        bad = sorted({config_of(case_id) for case_id, r in correct.items() if not r.get("passed")} & set(variants))
+        record["variants_not_timed"] = bad
+
+    bench: dict = {}
+    if hung:
+        log(f"== timing skipped: {hung} hung")
+    elif args.skip_timing:
+        log("== timing skipped (--skip-timing)")
+    else:
+        log("== timing" + (f" (not timed, failed or hung: {', '.join(bad)})" if bad else ""))
+        timing = bench_cases([v for v in variants if v not in bad])
+        if going_on:
+            bench, _, hung_bench = run_going_on(script, "time", timing, out, args.case_timeout, log, describe, None)
+        else:
+            bench, _, hung_bench = run_cases(script, "time", timing, out, args.case_timeout, log, describe)
+        if hung_bench:
+            status = 2
+    record["bench"] = bench
+    record["seconds"] = round(time.time() - started, 1)
+
+    text = report(correct, bench, hello, bad, hung_list)
+    header = (f"# {title} ({record['date']})\n\n`{record['command']}` on {hello.get('device', '?')} "
+              f"(torch {hello.get('torch', '?')}, triton {hello.get('triton', '?')}, CUDA {hello.get('cuda', '?')}); "
+              f"{record['seconds']:.0f} s; exit status {status}.\n\n")
+    (out / "check.md").write_text(header + text + "\n")
+    (out / "check.json").write_text(json.dumps(record, indent=1, default=str))
+    log("")
+    log(text)
+    log(f"\n{record['seconds']:.0f} s; results in {out}/check.md and check.json; exit status {status}")
+    return status
+
+
 def defaults_words(default_config) -> str:
     """A kernel's ``default_config`` choices, for a report's words: each head dim's non-causal
     default, and the causal one where it differs."""
@@ -271,6 +410,14 @@ class MBarrier:
     def passed(self, parity: int) -> bool:
         # The phase of parity `parity` has completed: the current phase's parity differs.
         return (self.phase & 1) != parity
+
+
+def model_args(doc: str, seeds: int):
+    """A model's arguments: ``--seeds``, the random interleavings per protocol case (default
+    ``seeds``)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, default=seeds, help="random interleavings per protocol case")
+    return parser.parse_args()
 
 
 def interleave(p, partitions: dict, where: str) -> None:

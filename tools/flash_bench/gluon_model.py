@@ -34,14 +34,13 @@ Usage: python3 tools/flash_bench/gluon_model.py [--seeds N]   (about 30 s on 2 c
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import math
 import random
 import sys
 
 import torch
-from gluon_harness import MBarrier, interleave
+from gluon_harness import MBarrier, interleave, model_args
 
 BLOCK_M, ROWS = 128, 64
 
@@ -582,9 +581,7 @@ def check_numerics() -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, default=200, help="random interleavings per protocol case")
-    args = parser.parse_args()
+    args = model_args(__doc__, 200)
     print(f"protocol: {check_protocol(args.seeds)} interleavings, no deadlock, no race, turns rotate")
     caught = check_protocol_catches_mistakes()
     print(f"protocol: the model fails on {len(caught)} of 7 planted mistakes: {', '.join(caught)}")
