@@ -371,6 +371,8 @@ def headline_lines(document: dict[str, Any]) -> list[str]:
     installed suite (their tests' outcomes, as correctness's)."""
     lines = []
     width = name_width(document["implementations"])
+    # Sanitize's verdict reads like correctness's: its tests' outcomes (when it ran).
+    by_outcomes = verdict_suites(document)
     for name in document["implementations"]:
         memory = ", ".join(f"{sweep['direction']} {memory_figure(sweep)}"
                            for sweep in document["memory"] if sweep["impl"] == name)
@@ -383,8 +385,7 @@ def headline_lines(document: dict[str, Any]) -> list[str]:
         verdicts = property_verdicts(document, name)
         if verdicts:
             rows.append(("properties", " · ".join(verdict.replace(" ", NO_BREAK) for verdict in verdicts)))
-        # Sanitize's verdict reads like correctness's: its tests' outcomes (when it ran).
-        rows += [(suite, correctness_verdict(document, name, suite)) for suite in verdict_suites(document)]
+        rows += [(suite, correctness_verdict(document, name, suite)) for suite in by_outcomes]
         first = True
         for label, value in rows:
             prefix = f"{name if first else '':<{width}} {label:<12} "
