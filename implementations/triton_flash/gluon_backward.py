@@ -2,10 +2,12 @@
 
 Status: compile-checked for sm_90a (``tools/flash_bench/gluon_bwd_compile.py``), its barrier
 protocol, tile ranges and arithmetic modelled on the CPU (``tools/flash_bench/gluon_bwd_model.py``),
-and run on an H100 (``tools/flash_bench/gluon_bwd_check.py``, 2026-11-26): right on 132 of 132
-cases, but 0.56-0.63x cuDNN and slower than the Triton backward (NOTES.md, v15.1;
-results/2026-11-26-session4/gluon). Nothing calls it by default: :mod:`.launch` keeps the Triton
-backward. The design notes and the prediction below are v15's, from before that run.
+and run on an H100 (``tools/flash_bench/gluon_bwd_check.py``): right on every case of the check.
+First 0.56-0.63x cuDNN with dQ's float adds (NOTES.md, v15.1); with dQ leaving by TMA reduces
+from swizzled buffers (``-tmar-sw``, the default since v17) 0.77-0.88x, about the Triton
+backward's speed at d128 but not above it everywhere (results/2026-11-26-session6/gluon-bwd-tmar).
+Nothing calls it by default: :mod:`.launch` keeps the Triton backward. The design notes and the
+prediction below are v15's, from before those runs; ``-tmar`` is described where dQ is.
 
 The math. For one (batch, query head), with the forward's base-2 LSE ``L_i`` and
 ``delta_i = rowsum(dO_i * O_i)`` (the Triton path's preprocess kernel, as :mod:`.launch` uses it):
@@ -47,6 +49,9 @@ Partitions (``gl.warp_specialize``), 12 warps, one CTA per SM (shared memory):
       wait all: arrive q_empty[s] (no product reads stage s any more)
       scale * dQ piece -> an fp32 shared buffer; then 16 rows at a time,
         red.global.add.v4.f32 into dQ's fp32 [B, Hq, Nq, D] accumulator (rows < Nq)
+        (-tmar, the default: store_wait + barrier before the first piece's store, then fence,
+        barrier, and one TMA reduce-add of the buffer per 32 columns (-sw) or of all of it,
+        issued by one thread; the descriptor drops rows past Nq)
 
   and at the end dK_c * scale and dV_c go to K_c's and V_c's buffers and out by TMA stores
   (rows past Nk dropped). ``Config(qrows=False)`` (``-krows``) is the other layout (S^T = K_c
@@ -55,8 +60,13 @@ Partitions (``gl.warp_specialize``), 12 warps, one CTA per SM (shared memory):
 
 Each consumer adds its own 64 keys' share of dQ: no barrier between the consumers. FA3 instead
 writes both dS halves to shared memory, syncs the two warp groups, and has a dedicated warp add
-dQ with TMA ``reduce-add``; triton 3.6's Hopper ``tma`` module has no reduce, hence the adds from
-the consumers, twice FA3's dQ traffic (``-noadds``, timing only, measures their cost). dQ is
+dQ with TMA ``reduce-add``. Triton 3.6's Hopper ``tma`` module does not name a reduce, hence v15's
+adds from the consumers, twice FA3's dQ traffic (``-noadds``, timing only, measures their cost).
+Its Gluon builder does have the op (the Triton path's descriptor atomics lower to it):
+``_tma_reduce_add`` issues it, and ``-tmar`` reduces each consumer's share from its fp32 buffer
+(still twice FA3's L2 traffic, but no per-thread adds). ``-sw`` swizzles those buffers (128-byte
+rows, so 32 columns a reduce): unswizzled, a warp's accumulator rows, 512 bytes apart at d128,
+fall on the same banks, 8-way conflicts on every dQ store. dQ is
 summed in whatever order the CTAs arrive: not bit-reproducible run to run (dK, dV are).
 ``-sum`` (``Config(sum_dq=True)``) is FA3's sum without its TMA reduce: each consumer writes its
 share to its fp32 buffer and arrives on ``dq_ready`` (count 2), waits for it (parity ``it & 1``),
@@ -118,7 +128,7 @@ KEYS_PER_CONSUMER = 64
 #: Keys per CTA: two consumer warp groups.
 BLOCK_N = 2 * KEYS_PER_CONSUMER
 #: Set to 1 to let callers that ask (:func:`enabled`) take this kernel. Off by default: on an H100
-#: it ran 0.56-0.63x cuDNN, below the Triton backward (NOTES.md, v15.1).
+#: it is level with the Triton backward at 4k-16k d128 and below it at d64 and 1k (NOTES.md, v17).
 ENV_SWITCH = "ATTNKIT_TRITON_FLASH_GLUON_BWD"
 
 
@@ -147,9 +157,17 @@ class Config:
     #: ``-sum``: the two consumers' dQ shares summed in shared memory before the adds, each adding
     #: half the rows (half the traffic, FlashAttention-3's sum; two barriers a tile between them).
     sum_dq: bool = False
+    #: ``-tmar``: each consumer's dQ share leaves its fp32 shared buffer by one TMA reduce-add
+    #: (``cp.reduce.async.bulk.tensor``, issued by one thread) instead of 16-row ``red.global``
+    #: adds from every thread: FlashAttention-3's way out, without its sum (NOTES.md, v17).
+    tma_dq: bool = False
+    #: ``-sw`` (with ``-tmar``): the fp32 dQ buffers 128-byte swizzled, reduced 32 columns at a
+    #: time. Unswizzled, a warp's accumulator rows (512 bytes apart at d128) all fall on the same
+    #: shared-memory banks: 8-way conflicts on every dQ store.
+    dq_swizzle: bool = False
 
     def __str__(self) -> str:
-        return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'' if self.dq_cols == 64 else f'-q{self.dq_cols}'}{'' if self.qrows else '-krows'}{'' if self.dq_adds else '-noadds'}{'-rot' if self.rotate else ''}{'-sum' if self.sum_dq else ''}-r{self.consumer_regs}"
+        return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'' if self.dq_cols == 64 else f'-q{self.dq_cols}'}{'' if self.qrows else '-krows'}{'' if self.dq_adds else '-noadds'}{'-rot' if self.rotate else ''}{'-sum' if self.sum_dq else ''}{'-tmar' if self.tma_dq else ''}{'-sw' if self.dq_swizzle else ''}-r{self.consumer_regs}"
 
     @staticmethod
     def parse(text: str) -> "Config":
@@ -158,7 +176,7 @@ class Config:
         parts = text.strip().split("-")
         head = parts[0]
         if not (head.startswith("m") and "s" in head):
-            raise ValueError(f"config {text!r}: expected mBLOCKsSTAGES[-split][-qCOLS][-krows][-noadds][-rot][-sum][-rREGS], e.g. m64s2")
+            raise ValueError(f"config {text!r}: expected mBLOCKsSTAGES[-split][-qCOLS][-krows][-noadds][-rot][-sum][-tmar[-sw]][-rREGS], e.g. m64s2")
         block_m, stages = head[1:].split("s")
         fields = dict(block_m=int(block_m), stages=int(stages))
         for part in parts[1:]:
@@ -172,12 +190,20 @@ class Config:
                 fields["rotate"] = True
             elif part == "sum":
                 fields["sum_dq"] = True
+            elif part == "tmar":
+                fields["tma_dq"] = True
+            elif part == "sw":
+                fields["dq_swizzle"] = True
             elif part.startswith("q") and part[1:].isdigit():
                 fields["dq_cols"] = int(part[1:])
             elif part.startswith("r") and part[1:].isdigit():
                 fields["consumer_regs"] = int(part[1:])
             else:
                 raise ValueError(f"config {text!r}: unknown part {part!r}")
+        if fields.get("tma_dq") and (fields.get("sum_dq") or fields.get("dq_adds") is False):
+            raise ValueError(f"config {text!r}: -tmar is the adds' other way out; not with -sum or -noadds")
+        if fields.get("dq_swizzle") and not fields.get("tma_dq"):
+            raise ValueError(f"config {text!r}: -sw swizzles the buffers -tmar reduces from; it needs -tmar")
         return Config(**fields)
 
 
@@ -194,10 +220,11 @@ def shared_bytes(config: Config, head_dim: int, element_size: int = 2) -> int:
 
 def default_config(head_dim: int, causal: bool) -> Config:
     """64 query rows per tile (FlashAttention-3's tile for d128's backward: 64 x 128); at d64 the
-    Q/dO stages are half the size, so a deeper ring costs little."""
+    Q/dO stages are half the size, so a deeper ring costs little. dQ leaves by TMA reduces from
+    swizzled buffers (``-tmar-sw``): 1.23-1.48x the adds on an H100 (NOTES.md, v17)."""
     if head_dim == 64:
-        return Config(block_m=64, stages=3)
-    return Config(block_m=64, stages=2)
+        return Config(block_m=64, stages=3, tma_dq=True, dq_swizzle=True)
+    return Config(block_m=64, stages=2, tma_dq=True, dq_swizzle=True)
 
 
 def query_tiles(n0: int, n_q: int, n_k: int, block_m: int, causal: bool) -> tuple[int, int, int]:
@@ -236,6 +263,17 @@ def walk_order(t_first: int, t_whole: int, t_end: int, key_block: int, rotate: b
 # ---------------------------------------------------------------------------------------------
 
 if gl is not None:
+    from triton._C.libtriton import ir as _ir
+    from triton.experimental.gluon.language._core import builtin as _builtin
+
+    @_builtin
+    def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+        # Triton 3.6's Gluon builds this op (the Triton path's descriptor atomics lower to it)
+        # but its Hopper ``tma`` module does not name it: ``cp.reduce.async.bulk.tensor.add``
+        # of a shared buffer into global memory, one thread issuing, as TMA stores are.
+        coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+        _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord,
+                                                  src.handle)
 
     @gluon.jit
     def _tile(j, t_whole, t_end, rot, ROTATE: gl.constexpr):
@@ -282,11 +320,12 @@ if gl is not None:
 
     @gluon.jit
     def _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, p_buf, dq_smem, dq_ready, dq_free, q_full, q_empty, dk, dv,
-                  lse_h, delta_h, dq_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
+                  lse_h, delta_h, dq_h, off_b, off_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
                   kv_layout: gl.constexpr, add_layout: gl.constexpr, BLOCK_M: gl.constexpr,
                   HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, KEYS: gl.constexpr, CAUSAL: gl.constexpr,
                   MASKED: gl.constexpr, SPLIT_DQ: gl.constexpr, DQ_PARTS: gl.constexpr, QROWS: gl.constexpr,
-                  DQ_ADDS: gl.constexpr, CID: gl.constexpr, SUM_DQ: gl.constexpr):
+                  DQ_ADDS: gl.constexpr, CID: gl.constexpr, SUM_DQ: gl.constexpr, TMA_DQ: gl.constexpr,
+                  DQ_SWIZZLE: gl.constexpr):
         # One query tile for this consumer's 64 keys: see the module docstring for the order.
         dq_buf = dq_smem.index(CID)
         s = it % STAGES
@@ -402,6 +441,12 @@ if gl is not None:
                     # Both consumers have read the previous tile's two buffers (a fresh barrier
                     # passes parity 1: tile 0 goes straight in).
                     mbarrier.wait(dq_free.index(0), (it & 1) ^ 1)
+            if TMA_DQ:
+                if h == 0:
+                    # The previous tile's reduce has read the buffer: its issuing thread waits,
+                    # and the warp group waits for that thread.
+                    tma.store_wait(pendings=0)
+                    gl.thread_barrier()
             if DQ_PARTS == 1:
                 dq_buf.store(dq * sm_scale)
             else:
@@ -420,6 +465,16 @@ if gl is not None:
                 offsets = rows[:, None] * HEAD_DIM + dcols[None, :]
                 gl.atomic_add(dq_h + offsets, part, mask=(rows < n_q)[:, None], sem="relaxed", scope="gpu")
             mbarrier.arrive(dq_free.index(0), count=1)
+        elif TMA_DQ:
+            # Every thread's share is in the buffer (the barrier), seen by the async proxy (the
+            # fence); the descriptor bounds the head, so rows past Nq are dropped.
+            fence_async_shared()
+            gl.thread_barrier()
+            if DQ_SWIZZLE:
+                for c in gl.static_range(HEAD_DIM // 32):
+                    _tma_reduce_add(dq_h, [off_b, off_h, t * BLOCK_M, c * 32], dq_buf.slice(c * 32, 32, dim=1))
+            else:
+                _tma_reduce_add(dq_h, [off_b, off_h, t * BLOCK_M, 0], dq_buf)
         else:
             for r in gl.static_range(BLOCK_M // 16 if DQ_ADDS else 0):
                 part = dq_buf.slice(r * 16, 16, dim=0).load(add_layout)
@@ -437,7 +492,7 @@ if gl is not None:
                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                       KEYS: gl.constexpr, CID: gl.constexpr, CAUSAL: gl.constexpr, SPLIT_DQ: gl.constexpr,
                       DQ_PARTS: gl.constexpr, QROWS: gl.constexpr, DQ_ADDS: gl.constexpr, ROTATE: gl.constexpr,
-                      SUM_DQ: gl.constexpr):
+                      SUM_DQ: gl.constexpr, TMA_DQ: gl.constexpr, DQ_SWIZZLE: gl.constexpr):
         kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, HEAD_DIM, 16])
         k_c = k_smem.index(CID)
@@ -458,22 +513,25 @@ if gl is not None:
             row_base = (off_b * H_Q + off_h).to(gl.int64) * n_q
             lse_h = lse_ptr + row_base
             delta_h = delta_ptr + row_base
-            dq_h = dq_ptr + row_base * HEAD_DIM
+            if TMA_DQ:
+                dq_h = dq_ptr  # dQ's descriptor: the reduce addresses (batch, head, row)
+            else:
+                dq_h = dq_ptr + row_base * HEAD_DIM
             # The causal diagonal's tiles (masked), then the tiles every key of the CTA sees whole.
             for t in range(t_first, t_whole):
                 dk, dv = _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, p_buf, dq_smem, dq_ready, dq_free,
                                    q_full, q_empty, dk, dv,
-                                   lse_h, delta_h, dq_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
+                                   lse_h, delta_h, dq_h, off_b, off_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
                                    kv_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
-                                   True, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, CID, SUM_DQ)
+                                   True, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, CID, SUM_DQ, TMA_DQ, DQ_SWIZZLE)
                 it += 1
             for j in range(t_whole, t_end):
                 t = _tile(j, t_whole, t_end, rot, ROTATE)
                 dk, dv = _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, p_buf, dq_smem, dq_ready, dq_free,
                                    q_full, q_empty, dk, dv,
-                                   lse_h, delta_h, dq_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
+                                   lse_h, delta_h, dq_h, off_b, off_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
                                    kv_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
-                                   False, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, CID, SUM_DQ)
+                                   False, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, CID, SUM_DQ, TMA_DQ, DQ_SWIZZLE)
                 it += 1
         # dK (times the softmax scale) and dV of this consumer's keys, through K_c's and V_c's
         # buffers (no product reads them any more: every wait above was for 0 outstanding) and
@@ -492,7 +550,7 @@ if gl is not None:
                        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                        CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, SPLIT_DQ: gl.constexpr,
                        DQ_PARTS: gl.constexpr, QROWS: gl.constexpr, DQ_ADDS: gl.constexpr, ROTATE: gl.constexpr,
-                       SUM_DQ: gl.constexpr):
+                       SUM_DQ: gl.constexpr, TMA_DQ: gl.constexpr, DQ_SWIZZLE: gl.constexpr):
         KEYS: gl.constexpr = 64
         n0 = gl.program_id(0) * (2 * KEYS)
         off_bkv = gl.program_id(1)
@@ -531,7 +589,12 @@ if gl is not None:
             # dS^T, keys as rows; P^T stays in registers (p_smem is an alias, never used).
             ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, KEYS, BLOCK_M], ds_layout)
             p_smem = ds_smem
-        dq_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+        if DQ_SWIZZLE:
+            dq_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
+        elif TMA_DQ:
+            dq_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+        else:
+            dq_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
         dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM], dq_layout)
         kv_full = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         q_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -555,13 +618,13 @@ if gl is not None:
                              lse_ptr, delta_ptr, dq_ptr, dk_desc, dv_desc,
                              off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, rot, qk_scale, sm_scale,
                              HEAD_DIM, BLOCK_M, STAGES, KEYS, 0, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, ROTATE,
-                             SUM_DQ)),
+                             SUM_DQ, TMA_DQ, DQ_SWIZZLE)),
             (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, kv_full, q_full, q_empty,
                              dq_ready, dq_free,
                              lse_ptr, delta_ptr, dq_ptr, dk_desc, dv_desc,
                              off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, rot, qk_scale, sm_scale,
                              HEAD_DIM, BLOCK_M, STAGES, KEYS, 1, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, ROTATE,
-                             SUM_DQ)),
+                             SUM_DQ, TMA_DQ, DQ_SWIZZLE)),
         ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -610,13 +673,16 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     heads_kv, n_k = k.shape[1], k.shape[2]
     args = (descriptor(q, config.block_m), descriptor(do, config.block_m),
             descriptor(k, KEYS_PER_CONSUMER), descriptor(v, KEYS_PER_CONSUMER),
-            descriptor(dk, KEYS_PER_CONSUMER), descriptor(dv, KEYS_PER_CONSUMER), lse, delta, dq_acc,
+            descriptor(dk, KEYS_PER_CONSUMER), descriptor(dv, KEYS_PER_CONSUMER), lse, delta,
+            (descriptor(dq_acc, config.block_m, 128, 32) if config.dq_swizzle
+             else descriptor(dq_acc, config.block_m, swizzle=0) if config.tma_dq else dq_acc),
             heads_q, heads_q // heads_kv, n_q, n_k, scale * LOG2E, scale)
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages, CAUSAL=bool(causal),
                   CONSUMER_REGS=config.consumer_regs, SPLIT_DQ=config.split_dq,
                   DQ_PARTS=max(1, head_dim // config.dq_cols), QROWS=config.qrows,
                   DQ_ADDS=config.dq_adds, ROTATE=config.rotate,
-                  SUM_DQ=config.sum_dq, num_warps=4)
+                  SUM_DQ=config.sum_dq, TMA_DQ=config.tma_dq,
+                  DQ_SWIZZLE=config.dq_swizzle, num_warps=4)
     return args, kwargs, (triton.cdiv(n_k, BLOCK_N), batch * heads_kv)
 
 

@@ -102,8 +102,10 @@ def strides_reason(*tensors: torch.Tensor) -> str | None:
     return None
 
 
-def descriptor(t: torch.Tensor, rows: int) -> "TensorDescriptor":
-    """A TMA descriptor of blocks ``[1, 1, rows, D]`` on ``[B, H, N, D]``: 4-d, so that each
-    (batch, head) is bounded: loads past its last row read zeros, stores there are dropped."""
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
-    return TensorDescriptor.from_tensor(t, [1, 1, rows, t.shape[-1]], layout)
+def descriptor(t: torch.Tensor, rows: int, swizzle: int = 128, cols: int | None = None) -> "TensorDescriptor":
+    """A TMA descriptor of blocks ``[1, 1, rows, cols]`` (``cols`` None: D) on ``[B, H, N, D]``:
+    4-d, so that each (batch, head) is bounded: loads past its last row read zeros, stores there
+    are dropped. The backward's fp32 dQ takes ``swizzle`` 0 with whole rows, or 128 with 32
+    columns (a swizzled box spans at most 128 bytes)."""
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=8 * t.element_size(), rank=4)
+    return TensorDescriptor.from_tensor(t, [1, 1, rows, t.shape[-1] if cols is None else cols], layout)

@@ -85,7 +85,7 @@ def main() -> int:
     if gb is None:
         return 1
     extra = [] if args.quick else ["m64s2", "m64s3", "m128s2", "m64s2-split", "m64s2-q128", "m64s2-krows",
-                                     "m64s2-rot", "m64s2-sum"]
+                                     "m64s2-rot", "m64s2-sum", "m64s2-tmar"]
     matrix = config_matrix(gb, args.quick, extra + args.config)
 
     def warm(head_dim, causal, dtype, config):

@@ -9,11 +9,16 @@ the kernel's design line by line; a mistake copied into both passes. Three check
   land at random later times, and each consumer's wgmma groups in flight from their issue to the
   ``warpgroup_mma_wait`` that retires them (groups retire in order; ``wait(n)`` leaves the newest
   n). A random scheduler interleaves them many times for each query-tile count, group size, ring
-  depth and dQ variant (``SPLIT_DQ``, ``DQ_PARTS``). The model fails on a deadlock; on a TMA
+  depth and dQ variant (``SPLIT_DQ``, ``DQ_PARTS``; the adds, ``-sum``, ``-tmar``). The model
+  fails on a deadlock; on a TMA
   write into a Q/dO stage that a product may still read, or that a consumer has not released; on
   a product reading a stage that holds another tile, or one still being written; on the
   consumer's own generic stores (dS^T into its buffer, dK/dV into K_c/V_c for the TMA store)
-  while a product that reads that buffer is in flight.
+  while a product that reads that buffer is in flight; for ``-tmar``, on a dQ share written into
+  a buffer a TMA reduce still reads (no ``store_wait`` first), a reduce of a buffer missing a
+  piece, or a consumer ending with a reduce in flight. Each consumer is one coroutine: the
+  barriers among a warp group's own threads (before the reduce, after ``store_wait``) are not
+  modelled; the SASS shows them (``BAR.SYNC`` of 128 threads around ``UTMAREDG``).
 - ``schedule``: :func:`gluon_backward.query_tiles` (the kernel's integer formulas) skips only
   query tiles where no query sees a key of the block, and leaves a tile unmasked only where every
   valid query of it sees every valid key of the block.
@@ -71,6 +76,25 @@ class Protocol:
         self.dq_free = MBarrier("dq_free", 2)
         self.dq_content: list[int | None] = [None, None]
         self.dq_reading: set = set()
+        # TMA_DQ: per consumer, the tile whose dQ share a TMA reduce is reading from its buffer
+        # (until the consumer's store_wait), and the pieces of the tile the buffer holds.
+        self.reducing: list[int | None] = [None, None]
+        self.dq_pieces: list[tuple[int, int]] = [(-1, 0), (-1, 0)]
+
+    def dq_piece(self, cid: int, it: int) -> None:
+        assert self.reducing[cid] is None, (
+            f"consumer {cid} writes tile {it}'s dQ into its buffer while the reduce of tile {self.reducing[cid]} "
+            "reads it")
+        done = self.dq_pieces[cid][1] if self.dq_pieces[cid][0] == it else 0
+        self.dq_pieces[cid] = (it, done + 1)
+
+    def reduce(self, cid: int, it: int, pieces: int) -> None:
+        assert self.dq_pieces[cid] == (it, pieces), (
+            f"consumer {cid} reduces tile {it}'s dQ from a buffer holding {self.dq_pieces[cid]} (tile, pieces)")
+        self.reducing[cid] = it
+
+    def store_wait(self, cid: int) -> None:
+        self.reducing[cid] = None
 
     def dq_store(self, cid: int, it: int) -> None:
         assert not self.dq_reading, f"consumer {cid} writes dQ buffer {cid} (tile {it}) while {self.dq_reading} read"
@@ -146,7 +170,7 @@ def producer(p: Protocol, refill_xor: int = 1):
 
 
 def consumer(p: Protocol, cid: int, split_dq: bool, dq_parts: int, plant: str = "", qrows: bool = True,
-             sum_dq: bool = False):
+             sum_dq: bool = False, tma_dq: bool = False):
     # _bwd_consumer / _bwd_step, in the kernel's order. Buffers: ("stage", s) = Q_s and dO_s,
     # ("kv",) = K_c and V_c, ("ds",) and ("p",) = this consumer's dS and P buffers (QROWS: both
     # written before dV's and dK's products read them; keys as rows: only dS^T, after).
@@ -194,6 +218,12 @@ def consumer(p: Protocol, cid: int, split_dq: bool, dq_parts: int, plant: str = 
                 yield ("wait", p.dq_free, (it & 1) ^ 1)
             if sum_dq:
                 p.dq_store(cid, it)
+            if tma_dq:
+                if h == 0 and plant != "no store_wait before the dQ store":
+                    p.store_wait(cid)  # tma.store_wait(0), then the warp group's barrier
+                p.dq_piece(cid, it)
+                if plant == "reduce after the first piece" and h == 0:
+                    p.reduce(cid, it, dq_parts)
             yield ("yield",)  # dQ piece to shared memory
         if sum_dq:
             p.dq_ready.arrive()
@@ -203,7 +233,9 @@ def consumer(p: Protocol, cid: int, split_dq: bool, dq_parts: int, plant: str = 
             yield ("yield",)  # the sums and the atomic adds of half the rows
             p.dq_reading.discard(cid)
             p.dq_free.arrive()
-        yield ("yield",)  # the atomic adds
+        if tma_dq and plant != "reduce after the first piece":
+            p.reduce(cid, it, dq_parts)  # fence, barrier, the reduce
+        yield ("yield",)  # the atomic adds (TMA_DQ: the reduce runs on)
         if plant == "ds store before its reader retired":
             # The mistake: the next tile's dS^T written while this tile's dQ product may run
             # (the wait moved after the store): modelled by reissuing a reader first.
@@ -216,13 +248,16 @@ def consumer(p: Protocol, cid: int, split_dq: bool, dq_parts: int, plant: str = 
         p.issue(cid, {("kv",)}, p.n_iters - 1)
     p.store(cid, ("kv",))
     yield ("yield",)
+    if tma_dq and plant != "no last store_wait":
+        p.store_wait(cid)  # the epilogue's store_wait(0): the CTA may not end under a reduce
+    assert not tma_dq or p.reducing[cid] is None, f"consumer {cid} ends with tile {p.reducing[cid]}'s reduce in flight"
 
 
 def _drive(p: Protocol, split_dq: bool = False, dq_parts: int = 1, refill_xor: int = 1, plant: str = "",
-           qrows: bool = True, sum_dq: bool = False) -> None:
+           qrows: bool = True, sum_dq: bool = False, tma_dq: bool = False) -> None:
     partitions = {"producer": producer(p, refill_xor),
-                  "consumer0": consumer(p, 0, split_dq, dq_parts, plant, qrows, sum_dq),
-                  "consumer1": consumer(p, 1, split_dq, dq_parts, plant, qrows, sum_dq)}
+                  "consumer0": consumer(p, 0, split_dq, dq_parts, plant, qrows, sum_dq, tma_dq),
+                  "consumer1": consumer(p, 1, split_dq, dq_parts, plant, qrows, sum_dq, tma_dq)}
     interleave(p, partitions, f"n_iters={p.n_iters} stages={p.stages}")
     assert all(not g for g in p.groups), "products left in flight at the end"
     assert all(not h for h in p.holding), "stages never released"
@@ -231,10 +266,11 @@ def _drive(p: Protocol, split_dq: bool = False, dq_parts: int = 1, refill_xor: i
 def check_protocol(seeds: int) -> int:
     cases = 0
     # n_iters = GROUP x query tiles of the CTA (0: a causal key block no query sees).
-    for n_iters, stages, split_dq, dq_parts, qrows, sum_dq in itertools.product(
-            (0, 1, 2, 3, 5, 8, 13), (2, 3, 4), (False, True), (1, 2), (True, False), (False, True)):
+    for n_iters, stages, split_dq, dq_parts, qrows, dq_out in itertools.product(
+            (0, 1, 2, 3, 5, 8, 13), (2, 3, 4), (False, True), (1, 2), (True, False), ("adds", "sum", "tma")):
         for seed in range(seeds):
-            _drive(Protocol(n_iters, stages, random.Random(seed)), split_dq, dq_parts, qrows=qrows, sum_dq=sum_dq)
+            _drive(Protocol(n_iters, stages, random.Random(seed)), split_dq, dq_parts, qrows=qrows,
+                   sum_dq=dq_out == "sum", tma_dq=dq_out == "tma")
             cases += 1
     return cases
 
@@ -245,6 +281,20 @@ PLANTED = ("empty barriers counting one consumer", "producer's first wait on par
 
 
 SUM_PLANTED = ("dq_free not waited", "dq_ready not waited")
+TMA_PLANTED = ("no store_wait before the dQ store", "reduce after the first piece", "no last store_wait")
+
+
+def check_tma_catches_mistakes() -> list[str]:
+    """-tmar's waits and order: each mistake planted must fail."""
+    caught = []
+    for mistake in TMA_PLANTED:
+        for seed in range(300):
+            try:
+                _drive(Protocol(6, 2, random.Random(seed)), dq_parts=2, plant=mistake, tma_dq=True)
+            except AssertionError:
+                caught.append(mistake)
+                break
+    return caught
 
 
 def check_sum_catches_mistakes() -> list[str]:
@@ -569,6 +619,10 @@ def main() -> int:
     print(f"protocol (-sum): the model fails on {len(sum_caught)} of {len(SUM_PLANTED)} planted mistakes: "
           f"{', '.join(sum_caught)}")
     missed += [m for m in SUM_PLANTED if m not in sum_caught]
+    tma_caught = check_tma_catches_mistakes()
+    print(f"protocol (-tmar): the model fails on {len(tma_caught)} of {len(TMA_PLANTED)} planted mistakes: "
+          f"{', '.join(tma_caught)}")
+    missed += [m for m in TMA_PLANTED if m not in tma_caught]
     gb = load_backward()
     print(f"schedule: {check_schedule(gb)} (key block, lengths, BLOCK_M) cases: no seen tile skipped, no "
           "unmasked tile partly hidden, every tile walked once (rotated or not)")
