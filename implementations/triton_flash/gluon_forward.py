@@ -140,11 +140,16 @@ class Config:
     #: starts CTAs along), so every head's longest row blocks start before any shorter one
     #: (FlashAttention-3's order); without it each head's are longest first, head after head.
     heavy_first: bool = False
+    #: ``-g`` (with ``-p``, causal): the heads dealt in groups (:func:`head_group`), heaviest first
+    #: within each group, not over every head at once: every head's K and V in flight at once
+    #: overflowed the L2 at 1k (NOTES.md, v16.1).
+    grouped: bool = False
 
     def __str__(self) -> str:
         return (f"n{self.block_n}s{self.stages}{'' if self.pingpong else '-nopp'}"
                 f"{'-eager' if self.eager else ''}{f'-c{self.consumers}' if self.consumers != 2 else ''}"
-                f"{'-p' if self.persistent else ''}{'-hf' if self.heavy_first else ''}-r{self.consumer_regs}")
+                f"{'-p' if self.persistent else ''}{'-g' if self.grouped else ''}{'-hf' if self.heavy_first else ''}"
+                f"-r{self.consumer_regs}")
 
     @staticmethod
     def parse(text: str) -> "Config":
@@ -152,11 +157,12 @@ class Config:
         ``n128s2-eager-p``: the form ``str`` writes (``-nopp``: no turns; ``-eager``: each PV product
         waited for in its own step, FlashAttention-3's order, instead of one QK^T later; ``-c3``:
         three consumers, with 160 registers each unless ``-rREGS`` says otherwise; ``-p``:
-        persistent; ``-hf``: causal row blocks heaviest first over all heads)."""
+        persistent; ``-g``: its causal heads in groups; ``-hf``: causal row blocks heaviest first
+        over all heads)."""
         parts = text.strip().split("-")
         head = parts[0]
         if not (head.startswith("n") and "s" in head):
-            raise ValueError(f"config {text!r}: expected nBLOCKsSTAGES[-nopp][-eager][-c3][-p][-hf][-rREGS], "
+            raise ValueError(f"config {text!r}: expected nBLOCKsSTAGES[-nopp][-eager][-c3][-p[-g]][-hf][-rREGS], "
                              "e.g. n128s2")
         block_n, stages = head[1:].split("s")
         fields = dict(block_n=int(block_n), stages=int(stages))
@@ -173,10 +179,14 @@ class Config:
                 fields["persistent"] = True
             elif part == "hf":
                 fields["heavy_first"] = True
+            elif part == "g":
+                fields["grouped"] = True
             else:
                 raise ValueError(f"config {text!r}: unknown part {part!r}")
         if fields.get("consumers") == 3:
             fields.setdefault("consumer_regs", MAX_REGS_THREE_CONSUMERS)
+        if fields.get("grouped") and not fields.get("persistent"):
+            raise ValueError(f"config {text!r}: -g groups the persistent grid's heads; it needs -p")
         return Config(**fields)
 
     @property
@@ -221,6 +231,9 @@ def register_reason(config: Config) -> str | None:
 #: block has at most 16 key tiles, so its prologue and epilogue, which a persistent CTA overlaps
 #: with the next item's loads, are a large part of it.
 PERSISTENT_MAX_KEYS = 2048
+#: Key lengths up to which causal calls take the persistent grid over head groups (``-p-g``):
+#: measured better than the one-item grid at 1k, 2k and 4k (d64 and d128); not measured beyond.
+GROUPED_MAX_KEYS = 4096
 
 
 def default_config(head_dim: int, causal: bool, n_k: int | None = None) -> Config:
@@ -239,7 +252,15 @@ def default_config(head_dim: int, causal: bool, n_k: int | None = None) -> Confi
     grid (``n128s2-eager-p``): on an H100 at b8/b16-h16-q1024, GPU time alone (CUDA graph replay),
     564 and 532 TFLOP/s against 540 and 505 (+4-5%; cuDNN 598, 583); at 4k and 16k it gained
     nothing measurable, and under causal it lost 23% at 1k (NOTES.md, v16.1;
-    results/2026-11-26-session5/gluon)."""
+    results/2026-11-26-session5/gluon).
+
+    Causal over at most :data:`GROUPED_MAX_KEYS` keys takes the persistent grid dealing heaviest
+    first within groups of heads (``-p-g``, :func:`grouped_grid`): on an H100, GPU time alone,
+    b8/b16-h16-q1024 d128 406 and 409 TFLOP/s against 358 and 333 (cuDNN 406, 443), 1k d64 +13%,
+    2k +1%, 4k d128 548 against 522 (cuDNN 500), 4k d64 +3% (NOTES.md, v18;
+    results/2026-11-26-session6/gluon-fwd-grouped)."""
+    if causal and n_k is not None and n_k <= GROUPED_MAX_KEYS:
+        return Config(block_n=128, stages=3 if head_dim == 64 else 2, eager=True, persistent=True, grouped=True)
     if head_dim == 128 and not causal and n_k is not None and n_k <= PERSISTENT_MAX_KEYS:
         return Config(block_n=128, stages=2, eager=True, persistent=True)
     if head_dim == 64:
@@ -477,15 +498,21 @@ if gl is not None:
         return r * n_ctas + cta + (r & 1) * (n_ctas - 1 - 2 * cta)
 
     @gluon.jit
-    def _work(item, n_m, n_bh, H_Q, GROUP, n_q, n_k,
+    def _work(item, n_m, n_bh, n_group, H_Q, GROUP, n_q, n_k,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-        # Work item -> (off_b, off_h, off_hkv, start_m, n_tiles, n_whole). Causal: the row blocks
-        # with the most key tiles first, over every head (item j: row block n_m - 1 - j // n_bh of
-        # head j % n_bh). Not causal (all items equal): a head's row blocks are consecutive, so the
-        # CTAs that run at once share its K and V in L2.
+        # Work item -> (off_b, off_h, off_hkv, start_m, n_tiles, n_whole). Causal: the heads in
+        # groups of n_group, group after group, and in each group the row blocks with the most key
+        # tiles first (item j of a group of g heads: row block n_m - 1 - j // g of its head j % g);
+        # n_group = n_bh is one group, heaviest first over every head. Not causal (all items
+        # equal): a head's row blocks are consecutive, so the CTAs that run at once share its K
+        # and V in L2.
         if CAUSAL:
-            pid_m = n_m - 1 - item // n_bh
-            off_bh = item % n_bh
+            per_group = n_group * n_m
+            first = (item // per_group) * n_group
+            within = item - first * n_m
+            heads = gl.minimum(n_group, n_bh - first)
+            pid_m = n_m - 1 - within // heads
+            off_bh = first + within % heads
         else:
             pid_m = item % n_m
             off_bh = item // n_m
@@ -510,13 +537,13 @@ if gl is not None:
     @gluon.jit
     def _producer_persistent(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                              q_full, q_empty, k_full, v_full, k_empty, v_empty,
-                             cta, n_ctas, n_mine, n_m, n_bh, H_Q, GROUP, n_q, n_k,
+                             cta, n_ctas, n_mine, n_m, n_bh, n_group, H_Q, GROUP, n_q, n_k,
                              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr,
                              CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr):
         g = 0  # K/V tiles this CTA loaded before the item: the rings' position
         for r in range(n_mine):
             off_b, off_h, off_hkv, start_m, n_tiles, n_whole = _work(
-                _deal(r, cta, n_ctas), n_m, n_bh, H_Q, GROUP, n_q, n_k, CONSUMERS * ROWS, BLOCK_N, CAUSAL)
+                _deal(r, cta, n_ctas), n_m, n_bh, n_group, H_Q, GROUP, n_q, n_k, CONSUMERS * ROWS, BLOCK_N, CAUSAL)
             _load_item(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, k_full, v_full, k_empty,
                        v_empty, off_b, off_h, off_hkv, start_m, n_tiles, g, r, BLOCK_N, STAGES, ROWS, CONSUMERS,
                        True)
@@ -525,7 +552,7 @@ if gl is not None:
     @gluon.jit
     def _consumer_persistent(o_desc, q_smem, o_smem, k_smem, v_smem, q_full, q_empty, k_full, v_full, k_empty,
                              v_empty, turn, lse_ptr, stride_lb, stride_lh,
-                             cta, n_ctas, n_mine, n_m, n_bh, H_Q, GROUP, n_q, n_k, qk_scale,
+                             cta, n_ctas, n_mine, n_m, n_bh, n_group, H_Q, GROUP, n_q, n_k, qk_scale,
                              HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                              ROWS: gl.constexpr, CID: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
                              EAGER: gl.constexpr, CONSUMERS: gl.constexpr):
@@ -533,7 +560,7 @@ if gl is not None:
         turns = 0  # every consumer takes as many turns per item, so the parity carries on
         for r in range(n_mine):
             off_b, off_h, off_hkv, start_m, n_tiles, n_whole = _work(
-                _deal(r, cta, n_ctas), n_m, n_bh, H_Q, GROUP, n_q, n_k, CONSUMERS * ROWS, BLOCK_N, CAUSAL)
+                _deal(r, cta, n_ctas), n_m, n_bh, n_group, H_Q, GROUP, n_q, n_k, CONSUMERS * ROWS, BLOCK_N, CAUSAL)
             lse_item = lse_ptr + off_b.to(gl.int64) * stride_lb + off_h.to(gl.int64) * stride_lh
             turns = _consumer_item(o_desc, q_smem.index(CID), o_smem.index(CID), k_smem, v_smem, q_full, q_empty,
                                    k_full, v_full, k_empty, v_empty, turn, lse_item, off_b, off_h, start_m, n_q,
@@ -544,9 +571,9 @@ if gl is not None:
 
     # The persistent grid (Config(persistent=True)): one CTA per SM (or per item, if fewer), each
     # taking its items by _deal. Its own kernel, so the one-item kernel's code stays as measured.
-    @gluon.jit(do_not_specialize=("stride_lb", "stride_lh", "H_Q", "GROUP", "n_q", "n_k", "n_bh"))
+    @gluon.jit(do_not_specialize=("stride_lb", "stride_lh", "H_Q", "GROUP", "n_q", "n_k", "n_bh", "n_group"))
     def _attn_fwd_sm90_persistent(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_lh,
-                                  H_Q, GROUP, n_q, n_k, n_bh, qk_scale,
+                                  H_Q, GROUP, n_q, n_k, n_bh, n_group, qk_scale,
                                   HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                                   CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                                   EAGER: gl.constexpr, CONSUMERS: gl.constexpr):
@@ -589,33 +616,33 @@ if gl is not None:
         if CONSUMERS == 3:
             gl.warp_specialize([
                 (_producer_persistent, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, k_full,
-                                        v_full, k_empty, v_empty, cta, n_ctas, n_mine, n_m, n_bh, H_Q, GROUP, n_q,
+                                        v_full, k_empty, v_empty, cta, n_ctas, n_mine, n_m, n_bh, n_group, H_Q, GROUP, n_q,
                                         n_k, BLOCK_N, STAGES, ROWS, CONSUMERS, CAUSAL)),
                 (_consumer_persistent, (o_desc, q_smem, o_smem, k_smem, v_smem, q_full, q_empty, k_full, v_full,
                                         k_empty, v_empty, turn, lse_ptr, stride_lb, stride_lh, cta, n_ctas, n_mine,
-                                        n_m, n_bh, H_Q, GROUP, n_q, n_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS,
+                                        n_m, n_bh, n_group, H_Q, GROUP, n_q, n_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS,
                                         0, CAUSAL, PINGPONG, EAGER, CONSUMERS)),
                 (_consumer_persistent, (o_desc, q_smem, o_smem, k_smem, v_smem, q_full, q_empty, k_full, v_full,
                                         k_empty, v_empty, turn, lse_ptr, stride_lb, stride_lh, cta, n_ctas, n_mine,
-                                        n_m, n_bh, H_Q, GROUP, n_q, n_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS,
+                                        n_m, n_bh, n_group, H_Q, GROUP, n_q, n_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS,
                                         1, CAUSAL, PINGPONG, EAGER, CONSUMERS)),
                 (_consumer_persistent, (o_desc, q_smem, o_smem, k_smem, v_smem, q_full, q_empty, k_full, v_full,
                                         k_empty, v_empty, turn, lse_ptr, stride_lb, stride_lh, cta, n_ctas, n_mine,
-                                        n_m, n_bh, H_Q, GROUP, n_q, n_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS,
+                                        n_m, n_bh, n_group, H_Q, GROUP, n_q, n_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS,
                                         2, CAUSAL, PINGPONG, EAGER, CONSUMERS)),
             ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
         else:
             gl.warp_specialize([
                 (_producer_persistent, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, k_full,
-                                        v_full, k_empty, v_empty, cta, n_ctas, n_mine, n_m, n_bh, H_Q, GROUP, n_q,
+                                        v_full, k_empty, v_empty, cta, n_ctas, n_mine, n_m, n_bh, n_group, H_Q, GROUP, n_q,
                                         n_k, BLOCK_N, STAGES, ROWS, CONSUMERS, CAUSAL)),
                 (_consumer_persistent, (o_desc, q_smem, o_smem, k_smem, v_smem, q_full, q_empty, k_full, v_full,
                                         k_empty, v_empty, turn, lse_ptr, stride_lb, stride_lh, cta, n_ctas, n_mine,
-                                        n_m, n_bh, H_Q, GROUP, n_q, n_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS,
+                                        n_m, n_bh, n_group, H_Q, GROUP, n_q, n_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS,
                                         0, CAUSAL, PINGPONG, EAGER, CONSUMERS)),
                 (_consumer_persistent, (o_desc, q_smem, o_smem, k_smem, v_smem, q_full, q_empty, k_full, v_full,
                                         k_empty, v_empty, turn, lse_ptr, stride_lb, stride_lh, cta, n_ctas, n_mine,
-                                        n_m, n_bh, H_Q, GROUP, n_q, n_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS,
+                                        n_m, n_bh, n_group, H_Q, GROUP, n_q, n_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS,
                                         1, CAUSAL, PINGPONG, EAGER, CONSUMERS)),
             ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
@@ -755,14 +782,32 @@ def launch_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.stages, CAUSAL=bool(causal),
                   PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, EAGER=config.eager,
                   CONSUMERS=config.consumers, num_warps=4)
-    if config.persistent:  # _attn_fwd_sm90_persistent: n_bh before the scale, one CTA per SM
-        args = args[:-1] + (batch * heads_q, ) + args[-1:]
-        items = triton.cdiv(n_q, config.block_m) * batch * heads_q
-        return args, kwargs, (min(items, sm_count(q.device)), )
+    if config.persistent:  # _attn_fwd_sm90_persistent: n_bh, n_group before the scale, a CTA per SM
+        n_m, n_bh = triton.cdiv(n_q, config.block_m), batch * heads_q
+        n_ctas = min(n_m * n_bh, sm_count(q.device))
+        n_ctas, n_group = grouped_grid(n_m, n_bh, n_ctas) if config.grouped and causal else (n_ctas, n_bh)
+        args = args[:-1] + (n_bh, n_group) + args[-1:]
+        return args, kwargs, (n_ctas, )
     if config.heavy_first and causal:
         kwargs["HEAVY_FIRST"] = True
         return args, kwargs, (batch * heads_q, triton.cdiv(n_q, config.block_m))
     return args, kwargs, (triton.cdiv(n_q, config.block_m), batch * heads_q)
+
+
+def grouped_grid(n_m: int, n_bh: int, n_ctas: int) -> tuple[int, int]:
+    """(CTAs, heads per group) for ``-g`` with at most ``n_ctas`` CTAs: a group is exactly two
+    rounds of the snake (``2 x CTAs`` items of ``n_m`` row blocks each), so that each round's
+    heavy items pair with the next round's light ones inside the group; a group that is not a
+    whole number of rounds drifts the pairing from group to group (1.5-1.7x the mean work on the
+    busiest CTA at 2k-4k, gluon_model.py). So the CTAs are the most, at most ``n_ctas``, whose
+    double is a multiple of ``n_m``: 132 at 1k (33 heads a group, 16.5 MiB of K and V at d128),
+    128 at 2k-16k (16 to 2 heads). Where no such count exists, or all heads fit in one group,
+    one group: ``-p``'s order."""
+    step = n_m // math.gcd(n_m, 2)
+    ctas = n_ctas // step * step
+    if ctas == 0 or 2 * ctas // n_m >= n_bh:
+        return n_ctas, n_bh
+    return ctas, 2 * ctas // n_m
 
 
 def kernel(config: Config):

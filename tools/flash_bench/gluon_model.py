@@ -329,23 +329,42 @@ def items_of(total: int, cta: int, n_ctas: int) -> int:
     return rounds + int(last_pos < total - rounds * n_ctas)
 
 
-def work_item(item: int, n_m: int, n_bh: int, causal: bool) -> tuple[int, int]:
-    """``_work``'s (head, row block) of an item: causal, the row blocks with the most key tiles
-    first over every head; otherwise a head's row blocks consecutive."""
+def work_item(item: int, n_m: int, n_bh: int, causal: bool, n_group: int | None = None) -> tuple[int, int]:
+    """``_work``'s (head, row block) of an item: causal, the heads in groups of ``n_group`` (None:
+    one group of all), and in each the row blocks with the most key tiles first; otherwise a
+    head's row blocks consecutive."""
     if causal:
-        return item % n_bh, n_m - 1 - item // n_bh
+        group = n_bh if n_group is None else n_group
+        first = item // (group * n_m) * group
+        within = item - first * n_m
+        heads = min(group, n_bh - first)
+        return first + within % heads, n_m - 1 - within // heads
     return item // n_m, item % n_m
 
 
+def grouped_grid(n_m: int, n_bh: int, n_ctas: int) -> tuple[int, int]:
+    """``gluon_forward.grouped_grid``, the host's CTAs and group for ``-g`` (imported: the model
+    deals with the kernel's own choice)."""
+    from gluon_compile import ensure_package
+    import importlib
+
+    ensure_package()
+    module = importlib.import_module("pytest_attnkit.implementations.triton_flash.gluon_forward")
+    return module.grouped_grid(n_m, n_bh, n_ctas)
+
+
 def deal_items(n_q: int, n_k: int, n_bh: int, n_ctas: int, block_m: int, block_n: int, causal: bool,
-               dealer=deal, count=items_of) -> list[list[tuple[int, int, int]]]:
-    """Each persistent CTA's items in its order: (head, row block, key tiles)."""
+               dealer=deal, count=items_of, grouped: bool = False) -> list[list[tuple[int, int, int]]]:
+    """Each persistent CTA's items in its order: (head, row block, key tiles); ``grouped``: ``-g``."""
     n_m = -(-n_q // block_m)
+    n_group = None
+    if grouped and causal:
+        n_ctas, n_group = grouped_grid(n_m, n_bh, n_ctas)
     out = []
     for cta in range(n_ctas):
         mine = []
         for r in range(count(n_m * n_bh, cta, n_ctas)):
-            bh, pid_m = work_item(dealer(r, cta, n_ctas), n_m, n_bh, causal)
+            bh, pid_m = work_item(dealer(r, cta, n_ctas), n_m, n_bh, causal, n_group)
             mine.append((bh, pid_m, tile_ranges(pid_m * block_m, n_q, n_k, block_n, causal, block_m)[0]))
         out.append(mine)
     return out
@@ -355,12 +374,13 @@ def check_dealing(dealer=deal, count=items_of) -> int:
     """Every (head, row block) is dealt to exactly one CTA once, over grids with partial last
     rounds of both directions, fewer items than CTAs, and Nq != Nk."""
     cases = 0
-    for n_q, n_k, n_bh, n_ctas, causal, block_m in itertools.product(
-            (1, 128, 300, 1000, 4097), (1, 700, 4097), (1, 3, 16), (1, 4, 7, 132), (False, True), (128, 192)):
+    for n_q, n_k, n_bh, n_ctas, causal, block_m, grouped in itertools.product(
+            (1, 128, 300, 1000, 4097), (1, 700, 4097), (1, 3, 16, 37), (1, 4, 7, 132), (False, True), (128, 192),
+            (False, True)):
         n_m = -(-n_q // block_m)
         n_ctas = min(n_ctas, n_m * n_bh)  # the host's grid: at most one CTA per item
-        dealt = [(bh, m) for items in deal_items(n_q, n_k, n_bh, n_ctas, block_m, 128, causal, dealer, count)
-                 for bh, m, _ in items]
+        dealt = [(bh, m) for items in deal_items(n_q, n_k, n_bh, n_ctas, block_m, 128, causal, dealer, count,
+                                                 grouped) for bh, m, _ in items]
         assert sorted(dealt) == [(bh, m) for bh in range(n_bh) for m in range(n_m)], (
             f"n_q={n_q} n_bh={n_bh} n_ctas={n_ctas} causal={causal}: items dealt {len(dealt)} of {n_m * n_bh}, "
             f"{len(set(dealt))} distinct")
@@ -386,12 +406,13 @@ DEALING_CASES = (("b8-h16-q1024 d128 causal", 1024, 128, 2), ("b4-h16-q4096 d128
                  ("b4-h32-q4096 d64 causal", 4096, 128, 2), ("b1-h16-q16384 d128 causal", 16384, 16, 2))
 
 
-def dealing_balance(n_ctas: int = 132, per_item: float = 1.0) -> list[tuple[str, float, float, float, float]]:
+def dealing_balance(n_ctas: int = 132, per_item: float = 1.0) -> list[tuple[str, float, float, float, float, float]]:
     """Per case, the busiest CTA's work over the mean (work: key tiles, plus ``per_item`` tile's
     worth for each item's prologue and epilogue): the one-item grid (the hardware starts each CTA
     on the first free SM: a greedy list in launch order, a head's row blocks longest first), the
     gluon-persistent branch's static dealing (item j to CTA j % n_ctas, head-major), the snake, and
-    the one-item grid with its axes swapped (``-hf``: every head's longest row blocks first)."""
+    the one-item grid with its axes swapped (``-hf``: every head's longest row blocks first), and
+    the snake over head groups (``-p-g``), with the heads in flight at once of each."""
     import heapq
 
     rows = []
@@ -408,7 +429,10 @@ def dealing_balance(n_ctas: int = 132, per_item: float = 1.0) -> list[tuple[str,
             stride[j % n_ctas] += cost[m]
             heapq.heappush(heavy, heapq.heappop(heavy) + cost[n_m - 1 - j // n_bh])
         snake = [sum(cost[m] for _, m, _ in items) for items in deal_items(n, n, n_bh, n_ctas, block_m, 128, True)]
-        rows.append((name, max(heap) / mean, max(stride) / mean, max(snake) / mean, max(heavy) / mean))
+        grouped = [sum(cost[m] for _, m, _ in items)
+                   for items in deal_items(n, n, n_bh, n_ctas, block_m, 128, True, grouped=True)]
+        rows.append((name, max(heap) / mean, max(stride) / mean, max(snake) / mean, max(heavy) / mean,
+                     max(grouped) / mean))
     return rows
 
 
@@ -590,9 +614,9 @@ def main() -> int:
     print(f"dealing: fails on {len(caught_dealing)} of 2 planted mistakes: {', '.join(caught_dealing)}")
     for per_item in (0.0, 1.0):
         print(f"dealing: busiest CTA / mean on 132 SMs (key tiles + {per_item:g} a item): one-item grid, "
-              "static (j % 132), snake, one-item grid heaviest first (-hf):")
-        for name, grid, stride, snake, heavy in dealing_balance(132, per_item):
-            print(f"  {name}: {grid:.3f} {stride:.3f} {snake:.3f} {heavy:.3f}")
+              "static (j % 132), snake, one-item grid heaviest first (-hf), snake over head groups (-p-g):")
+        for name, grid, stride, snake, heavy, grouped in dealing_balance(132, per_item):
+            print(f"  {name}: {grid:.3f} {stride:.3f} {snake:.3f} {heavy:.3f} {grouped:.3f}")
     print(f"schedule: {check_schedule()} CTAs visit tiles 1..n_tiles-1 once, in order, the unmasked ones "
           "whole for every row")
     print(f"numerics: {check_numerics()} shapes match float64 attention (output and LSE); "
