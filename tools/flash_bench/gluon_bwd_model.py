@@ -284,26 +284,14 @@ SUM_PLANTED = ("dq_free not waited", "dq_ready not waited")
 TMA_PLANTED = ("no store_wait before the dQ store", "reduce after the first piece", "no last store_wait")
 
 
-def check_tma_catches_mistakes() -> list[str]:
-    """-tmar's waits and order: each mistake planted must fail."""
+def check_dq_out_catches_mistakes(mistakes: tuple[str, ...], **drive) -> list[str]:
+    """A dQ way out's own waits and order (``-sum``: ``sum_dq=True``; ``-tmar``: ``tma_dq=True``):
+    each mistake planted must fail."""
     caught = []
-    for mistake in TMA_PLANTED:
+    for mistake in mistakes:
         for seed in range(300):
             try:
-                _drive(Protocol(6, 2, random.Random(seed)), dq_parts=2, plant=mistake, tma_dq=True)
-            except AssertionError:
-                caught.append(mistake)
-                break
-    return caught
-
-
-def check_sum_catches_mistakes() -> list[str]:
-    """-sum's own barriers: each left out must fail."""
-    caught = []
-    for mistake in SUM_PLANTED:
-        for seed in range(300):
-            try:
-                _drive(Protocol(6, 2, random.Random(seed)), dq_parts=2, plant=mistake, sum_dq=True)
+                _drive(Protocol(6, 2, random.Random(seed)), dq_parts=2, plant=mistake, **drive)
             except AssertionError:
                 caught.append(mistake)
                 break
@@ -615,11 +603,11 @@ def main() -> int:
               if f"{m} ({w} as rows)" not in caught]
     if missed:
         print(f"protocol: NOT caught: {', '.join(missed)}")
-    sum_caught = check_sum_catches_mistakes()
+    sum_caught = check_dq_out_catches_mistakes(SUM_PLANTED, sum_dq=True)
     print(f"protocol (-sum): the model fails on {len(sum_caught)} of {len(SUM_PLANTED)} planted mistakes: "
           f"{', '.join(sum_caught)}")
     missed += [m for m in SUM_PLANTED if m not in sum_caught]
-    tma_caught = check_tma_catches_mistakes()
+    tma_caught = check_dq_out_catches_mistakes(TMA_PLANTED, tma_dq=True)
     print(f"protocol (-tmar): the model fails on {len(tma_caught)} of {len(TMA_PLANTED)} planted mistakes: "
           f"{', '.join(tma_caught)}")
     missed += [m for m in TMA_PLANTED if m not in tma_caught]
