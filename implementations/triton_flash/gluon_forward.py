@@ -227,7 +227,7 @@ def register_reason(config: Config) -> str | None:
     return None
 
 
-#: Key lengths up to which d128 without causal takes the persistent grid (``-p``): each CTA's row
+#: Key lengths up to which calls without causal take the persistent grid (``-p``): each CTA's row
 #: block has at most 16 key tiles, so its prologue and epilogue, which a persistent CTA overlaps
 #: with the next item's loads, are a large part of it.
 PERSISTENT_MAX_KEYS = 2048
@@ -248,11 +248,12 @@ def default_config(head_dim: int, causal: bool, n_k: int | None = None) -> Confi
     about half as fast there (326 against 629 at 16k). NOTES.md, v14.2;
     results/2026-11-26-session4/gluon (forward-c3).
 
-    d128 without causal over at most :data:`PERSISTENT_MAX_KEYS` keys (``n_k``) takes the persistent
-    grid (``n128s2-eager-p``): on an H100 at b8/b16-h16-q1024, GPU time alone (CUDA graph replay),
-    564 and 532 TFLOP/s against 540 and 505 (+4-5%; cuDNN 598, 583); at 4k and 16k it gained
-    nothing measurable, and under causal it lost 23% at 1k (NOTES.md, v16.1;
-    results/2026-11-26-session5/gluon).
+    Without causal over at most :data:`PERSISTENT_MAX_KEYS` keys (``n_k``) the persistent grid
+    (``n128s2-eager-p``; d64 ``n128s3-eager-p``, two consumers): on an H100 at b8/b16-h16-q1024
+    d128, GPU time alone (CUDA graph replay), 564 and 532 TFLOP/s against 540 and 505 (+4-5%;
+    cuDNN 598, 583); at 4k and 16k it gained nothing measurable (NOTES.md, v16.1;
+    results/2026-11-26-session5/gluon). At b8/b16-h32-q1024 d64, 394 and 395 against the three
+    consumers' 369 and 367 (+7%; cuDNN 437, 448; session6/gluon-fwd-grouped/d64_1k.txt).
 
     Causal over at most :data:`GROUPED_MAX_KEYS` keys takes the persistent grid dealing heaviest
     first within groups of heads (``-p-g``, :func:`grouped_grid`): on an H100, GPU time alone,
@@ -261,8 +262,8 @@ def default_config(head_dim: int, causal: bool, n_k: int | None = None) -> Confi
     results/2026-11-26-session6/gluon-fwd-grouped)."""
     if causal and n_k is not None and n_k <= GROUPED_MAX_KEYS:
         return Config(block_n=128, stages=3 if head_dim == 64 else 2, eager=True, persistent=True, grouped=True)
-    if head_dim == 128 and not causal and n_k is not None and n_k <= PERSISTENT_MAX_KEYS:
-        return Config(block_n=128, stages=2, eager=True, persistent=True)
+    if not causal and n_k is not None and n_k <= PERSISTENT_MAX_KEYS:
+        return Config(block_n=128, stages=3 if head_dim == 64 else 2, eager=True, persistent=True)
     if head_dim == 64:
         if not causal:
             return Config(block_n=128, stages=3, eager=True, consumers=3, consumer_regs=MAX_REGS_THREE_CONSUMERS)

@@ -43,12 +43,13 @@ def test_persistent_adds_an_o_buffer_and_a_q_empty_barrier_per_consumer_and_is_t
         for causal in (False, True):
             for n_k in (None, 1024, 4096, 16384):
                 config = gf.default_config(head_dim, causal, n_k)
-                # Persistent only where it was measured to gain: d128 without causal over short
-                # keys (results/2026-11-26-session5/gluon: +4-5% at 1k; 4k, 16k nothing), and
+                # Persistent only where it was measured to gain: without causal over short keys
+                # (results/2026-11-26-session5/gluon: d128 +4-5% at 1k, 4k and 16k nothing;
+                # session6/gluon-fwd-grouped/d64_1k.txt: d64 +7% at 1k over three consumers), and
                 # causal up to 4k keys with its heads in groups (session6/gluon-fwd-grouped: +1% to
                 # +23%; the ungrouped order lost 23% at 1k).
                 grouped = causal and n_k is not None and n_k <= gf.GROUPED_MAX_KEYS
-                assert config.persistent == (grouped or (head_dim == 128 and not causal and n_k is not None
+                assert config.persistent == (grouped or (not causal and n_k is not None
                                                          and n_k <= gf.PERSISTENT_MAX_KEYS)), (head_dim, causal, n_k)
                 assert config.grouped == grouped
                 assert not config.heavy_first

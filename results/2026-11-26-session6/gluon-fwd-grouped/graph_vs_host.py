@@ -1,7 +1,8 @@
 """Causal forwards: GPU time (CUDA graph replay) vs do_bench (host included) vs host time per
 call, cuDNN beside the Gluon forward's default, -p and -p-g (session 6; session 5's
 graph_vs_host.py with the grouped persistent grid). Run from the repository root on the GPU:
-python3 results/2026-11-26-session6/gluon-fwd-grouped/graph_vs_host.py"""
+python3 results/2026-11-26-session6/gluon-fwd-grouped/graph_vs_host.py [d64]
+(``d64``: the 1k d64 cases, causal and not, over more configurations)."""
 import statistics as st
 import sys
 import time
@@ -51,15 +52,23 @@ def host_ms(fn, n=200):
 
 CASES = [(8, 16, 1024, 128), (16, 16, 1024, 128), (8, 32, 1024, 64), (4, 16, 2048, 128), (4, 16, 4096, 128),
          (4, 32, 4096, 64)]
-for (b, h, n, d) in CASES:
-    for dtype in (torch.bfloat16, torch.float16):
-        causal = True
+# ``d64``: the 1k d64 cases, causal and not, over more configurations (d64_1k.txt).
+D64 = len(sys.argv) > 1 and sys.argv[1] == 'd64'
+D64_CONFIGS = ('n128s3-eager-p', 'n128s3-eager-p-g', 'n128s3-eager-c3-p', 'n128s3-eager-c3-p-g', 'n64s3-eager-p-g',
+               'n128s2-eager-p-g', 'n64s4-eager')
+for (b, h, n, d), causal in ([((8, 32, 1024, 64), c) for c in (True, False)] + [((16, 32, 1024, 64), c) for c in (True, False)]
+                             if D64 else [(case, True) for case in CASES]):
+    for dtype in ((torch.bfloat16, ) if D64 else (torch.bfloat16, torch.float16)):
         q, k, v = (torch.randn(b, h, n, d, device='cuda', dtype=dtype) for _ in range(3))
         scale = d ** -0.5
-        flops = 4 * b * h * d * (n * (n + 1) // 2)
+        flops = 4 * b * h * d * (n * (n + 1) // 2 if causal else n * n)
         stages = 's2' if d == 128 else 's3'
         cands = {'cudnn': None, 'default': gf.default_config(d, causal, n),
                  '-p': gf.Config.parse(f'n128{stages}-eager-p'), '-p-g': gf.Config.parse(f'n128{stages}-eager-p-g')}
+        if D64:
+            cands = {'cudnn': None, 'default': gf.default_config(d, causal, n),
+                     **{text: gf.Config.parse(text) for text in D64_CONFIGS
+                        if causal or not text.endswith('-g')}}
         out = []
         for name, cfg in cands.items():
             if name == 'cudnn':
@@ -76,5 +85,5 @@ for (b, h, n, d) in CASES:
                 out.append(f"{name} {flops / g / 1e9:.0f}/{flops / db / 1e9:.0f}/h{hm * 1e3:.0f}us")
             except Exception as e:
                 out.append(f"{name} ERR {type(e).__name__}: {str(e)[:80]}")
-        print(f"b{b}-h{h}-q{n} d{d} {str(dtype)[6:]} causal: TFLOP/s graph/do_bench/host per call: "
+        print(f"b{b}-h{h}-q{n} d{d} {str(dtype)[6:]} {'causal' if causal else 'full'}: TFLOP/s graph/do_bench/host per call: "
               + "; ".join(out), flush=True)
