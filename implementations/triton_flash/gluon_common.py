@@ -62,12 +62,13 @@ def device_reason(device: torch.device) -> str | None:
     return None
 
 
-def plain_variants(causal: bool, variants: object | None) -> bool:
+def plain_variants(causal: bool, variants: object | None, alibi: bool = False) -> bool:
     """Whether ``variants`` (None, or :class:`.launch.Variants`) asks for no more than plain or
-    causal attention: no window, softcap, ALiBi or sinks."""
+    causal attention (with ``alibi``, ALiBi too): no window, softcap or sinks."""
     if variants is None or getattr(variants, "key", None) is None:
         return True
-    return variants.key() == (bool(causal), None, False, False, False)
+    return variants.key() in ((bool(causal), None, False, False, False),) + (
+        ((bool(causal), None, False, True, False),) if alibi else ())
 
 
 def dense_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:

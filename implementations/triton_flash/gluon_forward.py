@@ -322,23 +322,35 @@ if gl is not None:
         tma.async_copy_global_to_shared(desc, [off_b, off_hkv, t * BLOCK_N, 0], full.index(s), smem.index(s))
 
     @gluon.jit
-    def _softmax(qk, m_i, l_i, rows, start_n, n_k, diag, qk_scale,
-                 s_layout: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr):
+    def _softmax(qk, m_i, l_i, rows, start_n, n_k, diag, qk_scale, slope, row_pos,
+                 s_layout: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr,
+                 ALIBI: gl.constexpr):
         # One tile's online-softmax update: (p, alpha, m', l'). In masked tiles, keys past Nk and
-        # (causal) keys past the row's diagonal become -inf before the maximum.
+        # (causal) keys past the row's diagonal become -inf before the maximum. ALiBi: the base-2
+        # scores take ``- slope * |i + Nk - Nq - j|`` (``slope`` times log2(e); ``row_pos`` the
+        # rows' i + Nk - Nq in float32, exact below 2**24, as the Triton kernel's float form).
+        if ALIBI:
+            cols_f = (start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))).to(gl.float32)
+            qk = qk * qk_scale - slope * gl.abs(row_pos[:, None] - cols_f[None, :])
         if MASKED:
             cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
             visible = cols[None, :] < n_k
             if CAUSAL:
                 visible = visible & (cols[None, :] <= rows[:, None] + diag)
             qk = gl.where(visible, qk, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(qk, 1) * qk_scale)
+        if ALIBI:
+            m_new = gl.maximum(m_i, gl.max(qk, 1))
+        else:
+            m_new = gl.maximum(m_i, gl.max(qk, 1) * qk_scale)
         if MASKED:
             m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
         else:
             m_use = m_new
         alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(qk * qk_scale - m_use[:, None])
+        if ALIBI:
+            p = gl.exp2(qk - m_use[:, None])
+        else:
+            p = gl.exp2(qk * qk_scale - m_use[:, None])
         l_i = l_i * alpha + gl.sum(p, 1)
         return p, alpha, m_new, l_i
 
@@ -357,10 +369,11 @@ if gl is not None:
 
     @gluon.jit
     def _step(t, g, q_buf, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
-              qk, o, p_prev, p_op, alpha, m_i, l_i, rows, n_k, diag, qk_scale,
+              qk, o, p_prev, p_op, alpha, m_i, l_i, rows, n_k, diag, qk_scale, slope, row_pos,
               s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CID: gl.constexpr, CAUSAL: gl.constexpr,
-              MASKED: gl.constexpr, PINGPONG: gl.constexpr, EAGER: gl.constexpr, CONSUMERS: gl.constexpr):
+              MASKED: gl.constexpr, PINGPONG: gl.constexpr, EAGER: gl.constexpr, CONSUMERS: gl.constexpr,
+              ALIBI: gl.constexpr):
         # Tile t's QK^T and tile t-1's PV on the tensor cores, tile t's softmax under the PV.
         # Coming in: P_{t-1} (p_op) and alpha_{t-1}; unless EAGER, PV_{t-2} still in flight, its
         # P (p_prev) kept alive until the wait that retires it. g: the tile's position in the ring
@@ -381,8 +394,8 @@ if gl is not None:
         _pass_turn(turn, CID, PINGPONG, CONSUMERS)
         qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))
         mbarrier.arrive(k_empty.index(s), count=1)
-        p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, rows, t * BLOCK_N, n_k, diag, qk_scale,
-                                      s_layout, BLOCK_N, CAUSAL, MASKED)
+        p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, rows, t * BLOCK_N, n_k, diag, qk_scale, slope, row_pos,
+                                      s_layout, BLOCK_N, CAUSAL, MASKED, ALIBI)
         p_next = gl.convert_layout(p.to(q_buf.dtype), p_layout)
         if EAGER:
             # FlashAttention-3's order. ptxas 12.8 hoists this wait above the softmax (NOTES v12).
@@ -393,23 +406,24 @@ if gl is not None:
 
     @gluon.jit
     def _consumer(o_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty, turn,
-                  lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale,
+                  lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr, H_Q,
                   HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr,
                   CID: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, EAGER: gl.constexpr,
-                  CONSUMERS: gl.constexpr):
+                  CONSUMERS: gl.constexpr, ALIBI: gl.constexpr):
         # The one item of this CTA: O leaves through Q's buffer (q_full stands in for q_empty, unused).
         q_buf = q_smem.index(CID)
         _consumer_item(o_desc, q_buf, q_buf, k_smem, v_smem, q_full, q_full, k_full, v_full, k_empty, v_empty, turn,
-                       lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, 0, 0, 0,
-                       HEAD_DIM, BLOCK_N, STAGES, ROWS, CID, CAUSAL, PINGPONG, EAGER, CONSUMERS, False)
+                       lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr, H_Q, 0, 0, 0,
+                       HEAD_DIM, BLOCK_N, STAGES, ROWS, CID, CAUSAL, PINGPONG, EAGER, CONSUMERS, False, ALIBI)
         tma.store_wait(pendings=0)
 
     @gluon.jit
     def _consumer_item(o_desc, q_buf, o_buf, k_smem, v_smem, q_full, q_empty, k_full, v_full, k_empty, v_empty, turn,
-                       lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, g, it, turns,
+                       lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr, H_Q,
+                       g, it, turns,
                        HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr,
                        CID: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, EAGER: gl.constexpr,
-                       CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr):
+                       CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr, ALIBI: gl.constexpr):
         # One work item of consumer CID; returns the turns taken so far. g: K/V tiles the CTA took
         # before the item (the ring's position), it: items before it (Q's phase); both 0 in the
         # one-item grid, where o_buf is q_buf and q_empty is unused. lse_ptr: this head's LSE row.
@@ -422,6 +436,13 @@ if gl is not None:
         rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
         diag = n_k - n_q
         turns = gl.to_tensor(turns)  # the one-item grid passes 0, a constexpr; the turns come back int32
+        if ALIBI:
+            # This (batch, head)'s slope (times log2(e), [B, Hq] contiguous) and rows' positions.
+            slope = gl.load(slopes_ptr + off_b * H_Q + off_h)
+            row_pos = (rows + diag).to(gl.float32)
+        else:
+            slope = qk_scale
+            row_pos = rows
 
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
         l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
@@ -438,8 +459,8 @@ if gl is not None:
             _pass_turn(turn, CID, PINGPONG, CONSUMERS)
             qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
             mbarrier.arrive(k_empty.index(s0), count=1)
-            p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, rows, 0, n_k, diag, qk_scale,
-                                          s_layout, BLOCK_N, CAUSAL, True)
+            p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, rows, 0, n_k, diag, qk_scale, slope, row_pos,
+                                          s_layout, BLOCK_N, CAUSAL, True, ALIBI)
             p_op = gl.convert_layout(p.to(q_buf.dtype), p_layout)
             p_prev = p_op  # no product in flight yet; the first step's wait passes at once
             if not EAGER:
@@ -448,13 +469,15 @@ if gl is not None:
             for t in range(1, n_whole):
                 qk, o, p_prev, p_op, alpha, m_i, l_i, turns = _step(
                     t, g + t, q_buf, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
-                    qk, o, p_prev, p_op, alpha, m_i, l_i, rows, n_k, diag, qk_scale,
-                    s_layout, o_layout, p_layout, BLOCK_N, STAGES, CID, CAUSAL, False, PINGPONG, EAGER, CONSUMERS)
+                    qk, o, p_prev, p_op, alpha, m_i, l_i, rows, n_k, diag, qk_scale, slope, row_pos,
+                    s_layout, o_layout, p_layout, BLOCK_N, STAGES, CID, CAUSAL, False, PINGPONG, EAGER, CONSUMERS,
+                    ALIBI)
             for t in range(gl.maximum(n_whole, 1), n_tiles):
                 qk, o, p_prev, p_op, alpha, m_i, l_i, turns = _step(
                     t, g + t, q_buf, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
-                    qk, o, p_prev, p_op, alpha, m_i, l_i, rows, n_k, diag, qk_scale,
-                    s_layout, o_layout, p_layout, BLOCK_N, STAGES, CID, CAUSAL, True, PINGPONG, EAGER, CONSUMERS)
+                    qk, o, p_prev, p_op, alpha, m_i, l_i, rows, n_k, diag, qk_scale, slope, row_pos,
+                    s_layout, o_layout, p_layout, BLOCK_N, STAGES, CID, CAUSAL, True, PINGPONG, EAGER, CONSUMERS,
+                    ALIBI)
             # The last tile's PV.
             last = n_tiles - 1
             sl = (g + last) % STAGES
@@ -553,10 +576,10 @@ if gl is not None:
     @gluon.jit
     def _consumer_persistent(o_desc, q_smem, o_smem, k_smem, v_smem, q_full, q_empty, k_full, v_full, k_empty,
                              v_empty, turn, lse_ptr, stride_lb, stride_lh,
-                             cta, n_ctas, n_mine, n_m, n_bh, n_group, H_Q, GROUP, n_q, n_k, qk_scale,
+                             cta, n_ctas, n_mine, n_m, n_bh, n_group, H_Q, GROUP, n_q, n_k, qk_scale, slopes_ptr,
                              HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                              ROWS: gl.constexpr, CID: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
-                             EAGER: gl.constexpr, CONSUMERS: gl.constexpr):
+                             EAGER: gl.constexpr, CONSUMERS: gl.constexpr, ALIBI: gl.constexpr):
         g = 0  # K/V tiles this CTA took before the item (as the producer counts them)
         turns = 0  # every consumer takes as many turns per item, so the parity carries on
         for r in range(n_mine):
@@ -565,8 +588,9 @@ if gl is not None:
             lse_item = lse_ptr + off_b.to(gl.int64) * stride_lb + off_h.to(gl.int64) * stride_lh
             turns = _consumer_item(o_desc, q_smem.index(CID), o_smem.index(CID), k_smem, v_smem, q_full, q_empty,
                                    k_full, v_full, k_empty, v_empty, turn, lse_item, off_b, off_h, start_m, n_q,
-                                   n_k, n_tiles, n_whole, qk_scale, g, r, turns,
-                                   HEAD_DIM, BLOCK_N, STAGES, ROWS, CID, CAUSAL, PINGPONG, EAGER, CONSUMERS, True)
+                                   n_k, n_tiles, n_whole, qk_scale, slopes_ptr, H_Q, g, r, turns,
+                                   HEAD_DIM, BLOCK_N, STAGES, ROWS, CID, CAUSAL, PINGPONG, EAGER, CONSUMERS, True,
+                                   ALIBI)
             g += n_tiles
         tma.store_wait(pendings=0)
 
@@ -574,10 +598,10 @@ if gl is not None:
     # taking its items by _deal. Its own kernel, so the one-item kernel's code stays as measured.
     @gluon.jit(do_not_specialize=("stride_lb", "stride_lh", "H_Q", "GROUP", "n_q", "n_k", "n_bh", "n_group"))
     def _attn_fwd_sm90_persistent(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_lh,
-                                  H_Q, GROUP, n_q, n_k, n_bh, n_group, qk_scale,
+                                  H_Q, GROUP, n_q, n_k, n_bh, n_group, qk_scale, slopes_ptr,
                                   HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                                   CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                                  EAGER: gl.constexpr, CONSUMERS: gl.constexpr):
+                                  EAGER: gl.constexpr, CONSUMERS: gl.constexpr, ALIBI: gl.constexpr = False):
         ROWS: gl.constexpr = 64
         BLOCK_M: gl.constexpr = CONSUMERS * ROWS
         n_m = gl.cdiv(n_q, BLOCK_M)
@@ -621,16 +645,16 @@ if gl is not None:
                                         n_k, BLOCK_N, STAGES, ROWS, CONSUMERS, CAUSAL)),
                 (_consumer_persistent, (o_desc, q_smem, o_smem, k_smem, v_smem, q_full, q_empty, k_full, v_full,
                                         k_empty, v_empty, turn, lse_ptr, stride_lb, stride_lh, cta, n_ctas, n_mine,
-                                        n_m, n_bh, n_group, H_Q, GROUP, n_q, n_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS,
-                                        0, CAUSAL, PINGPONG, EAGER, CONSUMERS)),
+                                        n_m, n_bh, n_group, H_Q, GROUP, n_q, n_k, qk_scale, slopes_ptr, HEAD_DIM, BLOCK_N,
+                                        STAGES, ROWS, 0, CAUSAL, PINGPONG, EAGER, CONSUMERS, ALIBI)),
                 (_consumer_persistent, (o_desc, q_smem, o_smem, k_smem, v_smem, q_full, q_empty, k_full, v_full,
                                         k_empty, v_empty, turn, lse_ptr, stride_lb, stride_lh, cta, n_ctas, n_mine,
-                                        n_m, n_bh, n_group, H_Q, GROUP, n_q, n_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS,
-                                        1, CAUSAL, PINGPONG, EAGER, CONSUMERS)),
+                                        n_m, n_bh, n_group, H_Q, GROUP, n_q, n_k, qk_scale, slopes_ptr, HEAD_DIM, BLOCK_N,
+                                        STAGES, ROWS, 1, CAUSAL, PINGPONG, EAGER, CONSUMERS, ALIBI)),
                 (_consumer_persistent, (o_desc, q_smem, o_smem, k_smem, v_smem, q_full, q_empty, k_full, v_full,
                                         k_empty, v_empty, turn, lse_ptr, stride_lb, stride_lh, cta, n_ctas, n_mine,
-                                        n_m, n_bh, n_group, H_Q, GROUP, n_q, n_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS,
-                                        2, CAUSAL, PINGPONG, EAGER, CONSUMERS)),
+                                        n_m, n_bh, n_group, H_Q, GROUP, n_q, n_k, qk_scale, slopes_ptr, HEAD_DIM, BLOCK_N,
+                                        STAGES, ROWS, 2, CAUSAL, PINGPONG, EAGER, CONSUMERS, ALIBI)),
             ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
         else:
             gl.warp_specialize([
@@ -639,22 +663,23 @@ if gl is not None:
                                         n_k, BLOCK_N, STAGES, ROWS, CONSUMERS, CAUSAL)),
                 (_consumer_persistent, (o_desc, q_smem, o_smem, k_smem, v_smem, q_full, q_empty, k_full, v_full,
                                         k_empty, v_empty, turn, lse_ptr, stride_lb, stride_lh, cta, n_ctas, n_mine,
-                                        n_m, n_bh, n_group, H_Q, GROUP, n_q, n_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS,
-                                        0, CAUSAL, PINGPONG, EAGER, CONSUMERS)),
+                                        n_m, n_bh, n_group, H_Q, GROUP, n_q, n_k, qk_scale, slopes_ptr, HEAD_DIM, BLOCK_N,
+                                        STAGES, ROWS, 0, CAUSAL, PINGPONG, EAGER, CONSUMERS, ALIBI)),
                 (_consumer_persistent, (o_desc, q_smem, o_smem, k_smem, v_smem, q_full, q_empty, k_full, v_full,
                                         k_empty, v_empty, turn, lse_ptr, stride_lb, stride_lh, cta, n_ctas, n_mine,
-                                        n_m, n_bh, n_group, H_Q, GROUP, n_q, n_k, qk_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS,
-                                        1, CAUSAL, PINGPONG, EAGER, CONSUMERS)),
+                                        n_m, n_bh, n_group, H_Q, GROUP, n_q, n_k, qk_scale, slopes_ptr, HEAD_DIM, BLOCK_N,
+                                        STAGES, ROWS, 1, CAUSAL, PINGPONG, EAGER, CONSUMERS, ALIBI)),
             ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
     # Lengths and head counts as plain integers: specializing them (== 1, % 16) only multiplies
     # compilations; nothing here loads along them with pointer arithmetic.
     @gluon.jit(do_not_specialize=("stride_lb", "stride_lh", "H_Q", "GROUP", "n_q", "n_k"))
     def _attn_fwd_sm90(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_lh,
-                       H_Q, GROUP, n_q, n_k, qk_scale,
+                       H_Q, GROUP, n_q, n_k, qk_scale, slopes_ptr,
                        HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                        CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                       EAGER: gl.constexpr, CONSUMERS: gl.constexpr, HEAVY_FIRST: gl.constexpr = False):
+                       EAGER: gl.constexpr, CONSUMERS: gl.constexpr, HEAVY_FIRST: gl.constexpr = False,
+                       ALIBI: gl.constexpr = False):
         ROWS: gl.constexpr = 64
         BLOCK_M: gl.constexpr = CONSUMERS * ROWS
         n_m = gl.cdiv(n_q, BLOCK_M)
@@ -714,25 +739,25 @@ if gl is not None:
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty,
                              v_empty, off_b, off_h, off_hkv, start_m, n_tiles, BLOCK_N, STAGES, ROWS, CONSUMERS)),
                 (_consumer, (o_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty, turn,
-                             lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale,
-                             HEAD_DIM, BLOCK_N, STAGES, ROWS, 0, CAUSAL, PINGPONG, EAGER, CONSUMERS)),
+                             lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr, H_Q,
+                             HEAD_DIM, BLOCK_N, STAGES, ROWS, 0, CAUSAL, PINGPONG, EAGER, CONSUMERS, ALIBI)),
                 (_consumer, (o_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty, turn,
-                             lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale,
-                             HEAD_DIM, BLOCK_N, STAGES, ROWS, 1, CAUSAL, PINGPONG, EAGER, CONSUMERS)),
+                             lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr, H_Q,
+                             HEAD_DIM, BLOCK_N, STAGES, ROWS, 1, CAUSAL, PINGPONG, EAGER, CONSUMERS, ALIBI)),
                 (_consumer, (o_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty, turn,
-                             lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale,
-                             HEAD_DIM, BLOCK_N, STAGES, ROWS, 2, CAUSAL, PINGPONG, EAGER, CONSUMERS)),
+                             lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr, H_Q,
+                             HEAD_DIM, BLOCK_N, STAGES, ROWS, 2, CAUSAL, PINGPONG, EAGER, CONSUMERS, ALIBI)),
             ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
         else:
             gl.warp_specialize([
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty,
                              v_empty, off_b, off_h, off_hkv, start_m, n_tiles, BLOCK_N, STAGES, ROWS, CONSUMERS)),
                 (_consumer, (o_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty, turn,
-                             lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale,
-                             HEAD_DIM, BLOCK_N, STAGES, ROWS, 0, CAUSAL, PINGPONG, EAGER, CONSUMERS)),
+                             lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr, H_Q,
+                             HEAD_DIM, BLOCK_N, STAGES, ROWS, 0, CAUSAL, PINGPONG, EAGER, CONSUMERS, ALIBI)),
                 (_consumer, (o_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty, turn,
-                             lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale,
-                             HEAD_DIM, BLOCK_N, STAGES, ROWS, 1, CAUSAL, PINGPONG, EAGER, CONSUMERS)),
+                             lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr, H_Q,
+                             HEAD_DIM, BLOCK_N, STAGES, ROWS, 1, CAUSAL, PINGPONG, EAGER, CONSUMERS, ALIBI)),
             ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -747,12 +772,12 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
     """Why this kernel does not take the call (None: it does). Covered: dense ``[B, H, N, D]``
     float16/bfloat16 q, k, v on a Hopper GPU (sm_90), head dim 64 or 128 (V's the same), GQA/MQA
     (Hq a multiple of Hkv), causal or not, any lengths >= 1, a positive scale, strides TMA can
-    address (head dim contiguous, the rest multiples of 16 bytes). Not: varlen, paged KV, windows,
-    softcap, ALiBi, sinks (``variants`` other than plain causal), float32, FP8, other head dims."""
+    address (head dim contiguous, the rest multiples of 16 bytes), ALiBi. Not: varlen, paged KV,
+    windows, softcap, sinks, float32, FP8, other head dims."""
     if layout is not None:
         return "packed sequences and paged KV caches take the existing kernels"
-    if not plain_variants(causal, variants):
-        return "variants (window, softcap, ALiBi, sinks) take the existing kernels"
+    if not plain_variants(causal, variants, alibi=True):
+        return "variants (window, softcap, sinks) take the existing kernels"
     if (reason := dense_reason(q, k, v)) is not None:
         return reason
     if scale is not None and not (math.isfinite(scale) and scale > 0):
@@ -772,22 +797,26 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sc
 
 
 def launch_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-                     causal: bool, scale: float, config: Config) -> tuple[tuple, dict, tuple[int, int]]:
+                     causal: bool, scale: float, config: Config,
+                     slopes: torch.Tensor | None = None) -> tuple[tuple, dict, tuple[int, int]]:
     """(positional arguments, keyword arguments, grid) of one launch: what :func:`flash_fwd` runs
-    and what ``tools/flash_bench/gluon_compile.py`` compiles without a GPU."""
+    and what ``tools/flash_bench/gluon_compile.py`` compiles without a GPU. ``slopes``: ALiBi's,
+    times log2(e), float32 [B, Hq] contiguous (None: no ALiBi)."""
     batch, heads_q, n_q, head_dim = q.shape
     heads_kv, n_k = k.shape[1], k.shape[2]
     args = (descriptor(q, ROWS_PER_CONSUMER), descriptor(k, config.block_n), descriptor(v, config.block_n),
             descriptor(o, ROWS_PER_CONSUMER), lse, lse.stride(0), lse.stride(1),
-            heads_q, heads_q // heads_kv, n_q, n_k, scale * LOG2E)
+            heads_q, heads_q // heads_kv, n_q, n_k, scale * LOG2E, slopes)
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.stages, CAUSAL=bool(causal),
                   PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, EAGER=config.eager,
                   CONSUMERS=config.consumers, num_warps=4)
+    if slopes is not None:
+        kwargs["ALIBI"] = True
     if config.persistent:  # _attn_fwd_sm90_persistent: n_bh, n_group before the scale, a CTA per SM
         n_m, n_bh = triton.cdiv(n_q, config.block_m), batch * heads_q
         n_ctas = min(n_m * n_bh, sm_count(q.device))
         n_ctas, n_group = grouped_grid(n_m, n_bh, n_ctas) if config.grouped and causal else (n_ctas, n_bh)
-        args = args[:-1] + (n_bh, n_group) + args[-1:]
+        args = args[:-2] + (n_bh, n_group) + args[-2:]
         return args, kwargs, (n_ctas, )
     if config.heavy_first and causal:
         kwargs["HEAVY_FIRST"] = True
@@ -826,28 +855,31 @@ def sm_count(device: torch.device) -> int:
 
 
 def warmup(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
-           config: Config | None = None):
+           config: Config | None = None, alibi: bool = False):
     """Compile (without launching) the kernel :func:`flash_fwd` would run on these inputs, and
     return Triton's compiled kernel (its ``asm``: ``ptx``, ``cubin``...; its ``metadata``). Lengths
     and head counts are not specialized: one kernel serves every shape of a dtype, head dim, causal
-    flag and configuration. The bench tools use it to compile ahead, or for a GPU not present."""
+    flag and configuration (``alibi``: the kernel with ALiBi). The bench tools use it to compile
+    ahead, or for a GPU not present."""
     batch, heads_q, n_q, head_dim = q.shape
     config = default_config(head_dim, causal, k.shape[2]) if config is None else config
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((batch, heads_q, n_q), dtype=torch.float32, device=q.device)
-    args, kwargs, grid = launch_arguments(q, k, v, o, lse, causal, scale, config)
+    slopes = torch.empty((batch, heads_q), dtype=torch.float32, device=q.device) if alibi else None
+    args, kwargs, grid = launch_arguments(q, k, v, o, lse, causal, scale, config, slopes)
     return kernel(config).warmup(*args, **kwargs, grid=grid)
 
 
 def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
-              config: Config | None = None, *,
+              config: Config | None = None, *, alibi_slopes: torch.Tensor | None = None,
               out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(output ``[B, Hq, Nq, D]`` in q's dtype, base-2 LSE float32 ``[B, Hq, Nq]``) for a call that
     :func:`supports` takes, as :func:`.launch.flash_fwd` returns them (its backward reads this LSE;
     the natural one is it times ln 2). ``scale`` multiplies q . k (``1/sqrt(D)`` is the caller's
     default); ``causal`` is bottom-right. ``config`` forces tiles (bench tools); by default
-    :func:`default_config`. ``out`` hands in the two outputs, contiguous (a check poisons them
-    first). The caller checks :func:`supports` first: this function does not."""
+    :func:`default_config`. ``alibi_slopes``: float32 [Hq] or [B, Hq] (the contract's), the bias
+    ``- slope * |i + Nk - Nq - j|`` on the scores. ``out`` hands in the two outputs, contiguous (a
+    check poisons them first). The caller checks :func:`supports` first: this function does not."""
     batch, heads_q, n_q, head_dim = q.shape
     config = default_config(head_dim, causal, k.shape[2]) if config is None else config
     if shared_bytes(config, head_dim) > SHARED_LIMIT:
@@ -862,6 +894,9 @@ def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
         if (o.shape != q.shape or o.dtype != q.dtype or not o.is_contiguous() or lse.shape != (batch, heads_q, n_q)
                 or lse.dtype != torch.float32 or not lse.is_contiguous()):
             raise ValueError("out must be a contiguous output like q and a contiguous float32 [B, Hq, Nq] LSE")
-    args, kwargs, grid = launch_arguments(q, k, v, o, lse, causal, scale, config)
+    slopes = None
+    if alibi_slopes is not None:
+        slopes = (alibi_slopes.float() * LOG2E).expand(batch, heads_q).contiguous()
+    args, kwargs, grid = launch_arguments(q, k, v, o, lse, causal, scale, config, slopes)
     kernel(config)[grid](*args, **kwargs)
     return o, lse

@@ -595,7 +595,7 @@ def _gluon_off() -> bool:
 def gluon_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, variants: Variants, layout: object,
                scale: float) -> str | None:
     """None where the forward runs the Gluon kernel (:mod:`.gluon_forward`: Hopper, fp16/bf16,
-    d64/d128, plain or causal, dense), else why it takes the Triton kernels. On an H100 it ran
+    d64/d128, plain or causal, ALiBi or not, dense), else why it takes the Triton kernels. On an H100 it ran
     0.86-1.13x cuDNN where this module's kernel ran 0.73-0.88x (NOTES.md, v13).
     ``ATTNKIT_TRITON_FLASH_GLUON=0`` turns it off."""
     if _gluon_off():
@@ -614,14 +614,15 @@ def path_note(device: torch.device) -> str:
     reason = gluon_forward.device_reason(device)
     if reason is not None:
         return f"forward: Triton kernels (the Gluon forward needs {reason})"
-    return ("forward: Gluon (sm_90) on dense fp16/bf16 d64/d128, causal or not; Triton kernels for the "
-            "rest and the backward")
+    return ("forward: Gluon (sm_90) on dense fp16/bf16 d64/d128, causal or not, ALiBi or not; Triton kernels "
+            "for the rest and the backward")
 
 
 def _launch_gluon(p: _Problem, o: torch.Tensor, lse: torch.Tensor, tiles: Tiles | None) -> None:
     from . import gluon_forward
 
-    gluon_forward.flash_fwd(p.q, p.k, p.v, p.variants.causal, p.scale, out=(o, lse))
+    gluon_forward.flash_fwd(p.q, p.k, p.v, p.variants.causal, p.scale, alibi_slopes=p.variants.alibi_slopes,
+                            out=(o, lse))
 
 
 def _plan_fwd(p: _Problem, o: torch.Tensor, lse: torch.Tensor) -> tuple[Callable[..., None], Tiles]:

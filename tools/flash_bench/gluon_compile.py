@@ -12,7 +12,7 @@ A stand-in driver (``sm90_compile._TargetOnly``) answers Triton's questions abou
   and how much of the softmax (MUFU.EX2) ptxas left to run while the warp group's own PV product
   is in flight (FlashAttention-3's overlap inside a warp group).
 
-Usage: python3 tools/flash_bench/gluon_compile.py [--quick] [--dump DIR] [--config n128s2 ...] [--causal]
+Usage: python3 tools/flash_bench/gluon_compile.py [--quick] [--dump DIR] [--config n128s2 ...] [--causal] [--alibi]
 (``--quick``: the default configurations, bf16, causal and not; ``--config`` adds others.)
 Exit status 1 if any configuration fails to compile, spills, or does not fit in shared memory.
 """
@@ -251,6 +251,7 @@ def main() -> int:
     parser = compile_parser(__doc__, "n128s3, n128s2-eager")
     parser.add_argument("--causal", action="store_true",
                         help="compile each --config causal too (the persistent grid deals causal items its own way)")
+    parser.add_argument("--alibi", action="store_true", help="compile every kernel with ALiBi (its own kernels)")
     args = parser.parse_args()
 
     sys.path.insert(0, str(HERE))
@@ -262,9 +263,9 @@ def main() -> int:
 
     def warm(head_dim, causal, dtype, config):
         q = torch.empty(1, 2, 1000, head_dim, dtype=dtype)
-        return gf.warmup(q, torch.empty_like(q), torch.empty_like(q), causal, head_dim ** -0.5, config)
+        return gf.warmup(q, torch.empty_like(q), torch.empty_like(q), causal, head_dim ** -0.5, config, args.alibi)
 
-    failures, _ = compile_matrix(gf, matrix, "", warm, describe, args.dump, 2000)
+    failures, _ = compile_matrix(gf, matrix, "alibi " if args.alibi else "", warm, describe, args.dump, 2000)
     print("OK" if failures == 0 else f"{failures} configuration(s) failed, spilled or did not fit")
     return 1 if failures else 0
 
