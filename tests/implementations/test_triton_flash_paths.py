@@ -38,3 +38,18 @@ def test_variants_and_packed_layouts_are_not_the_gluon_kernel_s() -> None:
     windowed = launch.Variants(causal=True, window=(32, 0))
     assert "variants" in gluon_forward.unsupported_reason(q, q, q, True, 0.125, variants=windowed)
     assert "packed" in gluon_forward.unsupported_reason(q, q, q, False, 0.125, layout=object())
+
+
+def test_alibi_is_the_gluon_forward_s_and_not_the_gluon_backward_s() -> None:
+    # The forward takes ALiBi (NOTES.md v19): its refusal on the CPU is the device's, not the
+    # variant's; softcap and sinks stay with the Triton kernels, and so does every variant of
+    # the (switched-off) Gluon backward.
+    from implementations.triton_flash import gluon_backward, gluon_forward
+
+    q = _dense()
+    alibi = launch.Variants(causal=True, alibi_slopes=torch.ones(2))
+    reason = gluon_forward.unsupported_reason(q, q, q, True, 0.125, variants=alibi)
+    assert reason is not None and "variants" not in reason
+    for other in (launch.Variants(softcap=30.0), launch.Variants(alibi_slopes=torch.ones(2), sinks=torch.ones(2))):
+        assert "variants" in gluon_forward.unsupported_reason(q, q, q, False, 0.125, variants=other)
+    assert "variants" in gluon_backward.unsupported_reason(q, q, q, True, 0.125, variants=alibi)
