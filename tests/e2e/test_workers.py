@@ -34,11 +34,11 @@ def test_crashes_fail_their_tests_and_the_run_goes_on(pytester: pytest.Pytester,
 
 def test_deadline_kills_a_hung_worker_and_a_fresh_one_takes_over(pytester: pytest.Pytester, fake_dist) -> None:
     fake_dist({name: fake(name) for name in ("good", "hangs")})
-    outcomes, _ = run_attnkit(pytester, "--attnkit-impl", "good,hangs", "--attnkit-timeout", "4", "-k", CASES)
+    outcomes, _ = run_attnkit(pytester, "--attnkit-impl", "good,hangs", "--attnkit-timeout", "2", "-k", CASES)
     for case in (SMALL, GQA):
         hung = outcomes[f"test_forward[hangs-{case}]"]
         assert hung.outcome == "failed"
-        assert "passed its deadline of 4 s while running 'correctness' and was killed" in hung.text
+        assert "passed its deadline of 2 s while running 'correctness' and was killed" in hung.text
         assert "in hangs" in hung.text  # faulthandler's dump shows where it was stuck
         assert outcomes[f"test_forward[good-{case}]"].outcome == "passed"
 
