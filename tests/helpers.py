@@ -30,6 +30,13 @@ def run_attnkit(pytester: pytest.Pytester, *args: str) -> tuple[dict[str, Outcom
     return outcomes, recorder
 
 
+def only(function: str, cases: dict[str, tuple[str, ...]]) -> str:
+    """A ``-k`` expression that selects ``function`` on each implementation's ``cases`` alone
+    (``{impl: (case id, ...)}``): a rule's test asserts a fault on the cases it must fail, and its
+    other cases would cost a run the time of a request each without an assertion on them."""
+    return f"{function} and (" + " or ".join(f"{impl}-{case}" for impl, ids in cases.items() for case in ids) + ")"
+
+
 def fake(name: str) -> str:
     """The entry-point target of an implementation in tests/fakes/fake_kernels.py."""
     return f"fake_kernels:{name}"

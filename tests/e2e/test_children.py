@@ -116,11 +116,11 @@ def test_what_a_worker_started_ends_with_the_worker_not_the_run(pytester: pytest
     root = fake_dist({**{name: fake(name) for name in ("starts_children_and_crashes", "starts_children_and_hangs")},
                       "zz_hangs": fake("hangs")})
     process, log = _start(pytester, root, marker, "--attnkit-impl=starts_children_and_crashes,starts_children_and_hangs,"
-                          "zz_hangs", "--attnkit-jobs=1", "--attnkit-timeout=8", "-v", "-k",
+                          "zz_hangs", "--attnkit-jobs=1", "--attnkit-timeout=5", "-v", "-k",
                           "test_forward and q17-k17")
     try:
         # The crash and the deadline come first (tests run in the implementations' order); zz_hangs
-        # then holds the run for its 8 s.
+        # then holds the run for its 5 s, long past the look below.
         deadline = time.monotonic() + 120
         while "[zz_hangs-" not in log.read_text() and time.monotonic() < deadline and process.poll() is None:
             time.sleep(0.2)

@@ -111,7 +111,7 @@ def test_memory_suite_says_why_it_measures_nothing_on_the_cpu(pytester: pytest.P
 def test_a_node_id_as_pytest_printed_it_reruns_just_that_test(pytester: pytest.Pytester, fake_dist) -> None:
     fake_dist({"good": fake("good"), "wrong_scale": fake("wrong_scale")})
     node_id = f"pytest_attnkit/suites/test_correctness.py::test_forward[wrong_scale-{SMALL}]"
-    failed = pytester.runpytest("--attnkit", "-k", f"test_forward and {SMALL}")
+    failed = pytester.runpytest("--attnkit", "--attnkit-impl=good,wrong_scale", "-k", f"test_forward and {SMALL}")
     failed.stdout.fnmatch_lines([f"FAILED {node_id}*"])
     failed.stdout.fnmatch_lines(["*pytest --attnkit --attnkit-impl=wrong_scale --attnkit-seed=0 -k*"])
     again = pytester.runpytest("--attnkit", node_id)

@@ -108,7 +108,8 @@ def test_a_case_that_fits_only_without_the_other_workers_passes(pytester: pytest
     (the pool's own requests) and with the scheduler, it runs once more with the others stopped,
     and passes. Before issue 41 its tests failed with the out-of-memory."""
     fake_dist({name: fake(name) for name in ("good", "crowded_out")})
-    outcomes = _outcomes(pytester, "-k", "test_forward and q17-", f"--attnkit-jobs={jobs}")
+    outcomes = _outcomes(pytester, "--attnkit-impl=good,crowded_out", "-k", "test_forward and q17-",
+                         f"--attnkit-jobs={jobs}")
     crowded = {name: outcome for name, outcome in outcomes.items() if "crowded_out" in name}
     assert crowded and set(crowded.values()) == {"passed"}, outcomes
     assert {outcome for name, outcome in outcomes.items() if "[good-" in name} == {"passed"}
@@ -116,7 +117,8 @@ def test_a_case_that_fits_only_without_the_other_workers_passes(pytester: pytest
 
 def test_a_case_that_does_not_fit_alone_is_skipped_with_the_numbers(pytester: pytest.Pytester, fake_dist) -> None:
     fake_dist({name: fake(name) for name in ("good", "never_fits")})
-    outcomes, _ = run_attnkit(pytester, "--attnkit-suite=correctness", "-k", "test_forward and q17-")
+    outcomes, _ = run_attnkit(pytester, "--attnkit-suite=correctness", "--attnkit-impl=good,never_fits",
+                              "-k", "test_forward and q17-")
     never = [outcome for name, outcome in outcomes.items() if "never_fits" in name]
     assert never and {outcome.outcome for outcome in never} == {"skipped"}
     text = never[0].text

@@ -34,11 +34,11 @@ def test_crashes_fail_their_tests_and_the_run_goes_on(pytester: pytest.Pytester,
 
 def test_deadline_kills_a_hung_worker_and_a_fresh_one_takes_over(pytester: pytest.Pytester, fake_dist) -> None:
     fake_dist({name: fake(name) for name in ("good", "hangs")})
-    outcomes, _ = run_attnkit(pytester, "--attnkit-impl", "good,hangs", "--attnkit-timeout", "4", "-k", CASES)
+    outcomes, _ = run_attnkit(pytester, "--attnkit-impl", "good,hangs", "--attnkit-timeout", "2", "-k", CASES)
     for case in (SMALL, GQA):
         hung = outcomes[f"test_forward[hangs-{case}]"]
         assert hung.outcome == "failed"
-        assert "passed its deadline of 4 s while running 'correctness' and was killed" in hung.text
+        assert "passed its deadline of 2 s while running 'correctness' and was killed" in hung.text
         assert "in hangs" in hung.text  # faulthandler's dump shows where it was stuck
         assert outcomes[f"test_forward[good-{case}]"].outcome == "passed"
 
@@ -172,11 +172,11 @@ def test_a_deadline_counts_the_call_not_its_compiling(pytester: pytest.Pytester,
     # Compiling takes longer than the deadline (and longer still beside other workers); the call does
     # not: the verdict is the call's, the same whatever ran beside it.
     fake_dist({"slow_compile": "slow_compile:attn"}, extra_modules={"slow_compile": SLOW_TO_COMPILE})
-    monkeypatch.setenv("ATTNKIT_TEST_COMPILE_S", "7")
+    monkeypatch.setenv("ATTNKIT_TEST_COMPILE_S", "4")
     verdicts = {}
     for jobs in ("1", "2"):
         outcomes, _ = run_attnkit(pytester, "--attnkit-impl=slow_compile", f"--attnkit-jobs={jobs}",
-                                  "--attnkit-timeout=5", "-k", "test_forward and q17-k17")
+                                  "--attnkit-timeout=3", "-k", "test_forward and q17-k17")
         verdicts[jobs] = {name: (outcome.outcome, outcome.text[:300]) for name, outcome in outcomes.items()}
     assert verdicts["1"] == verdicts["2"] == {f"test_forward[slow_compile-{SMALL}]": ("passed", "")}
 
@@ -186,11 +186,11 @@ def test_a_compiler_that_hangs_is_killed_at_its_own_deadline(pytester: pytest.Py
     fake_dist({"slow_compile": "slow_compile:attn"}, extra_modules={"slow_compile": SLOW_TO_COMPILE})
     monkeypatch.setenv("ATTNKIT_TEST_COMPILE_S", "3600")
     started = time.monotonic()
-    outcomes, _ = run_attnkit(pytester, "--attnkit-impl=slow_compile", "--attnkit-jobs=1", "--attnkit-timeout=4",
+    outcomes, _ = run_attnkit(pytester, "--attnkit-impl=slow_compile", "--attnkit-jobs=1", "--attnkit-timeout=2",
                               "-k", "test_forward and q17-k17")
     hung = outcomes[f"test_forward[slow_compile-{SMALL}]"]
     assert hung.outcome == "failed"
-    assert "compiled for more than 16 s (4 x its deadline of 4 s) while running 'correctness' and was killed" in hung.text
+    assert "compiled for more than 8 s (4 x its deadline of 2 s) while running 'correctness' and was killed" in hung.text
     assert "in _slow_backend" in hung.text  # faulthandler's dump: stuck in the compiler
     assert time.monotonic() - started < 60
 
