@@ -1,8 +1,8 @@
 """A FlashAttention forward for Hopper (sm_90a) in Triton's Gluon dialect (triton 3.6), after FlashAttention-3.
 
 :mod:`.launch` takes it on Hopper for the calls :func:`supports` accepts (dense fp16/bf16, d64 and
-d128, plain or causal; ``ATTNKIT_TRITON_FLASH_GLUON=0`` turns it off); the kernels in
-:mod:`.kernels` stay the path for every other GPU, case and variant. On H100s it ran right on 168
+d128, plain or causal, ALiBi or not; ``ATTNKIT_TRITON_FLASH_GLUON=0`` turns it off); the kernels
+in :mod:`.kernels` stay the path for every other GPU, case and variant (ALiBi: NOTES.md, v19). On H100s it ran right on 168
 of 168 checked cases, three times bit-identical, at 0.87-1.24x cuDNN (NOTES.md, v13 and v13.1;
 results/2026-11-25-h100-session3, results/2026-11-26-gpus).
 
@@ -74,8 +74,8 @@ after a partition-wide ``bar.sync`` the compiler inserts):
   of turns (the same tiles, plus the last PV), and an arrive can only follow the previous
   consumer's wait, so a barrier is never two phases ahead of its waiter.
 
-Persistent (``Config(persistent=True)``, ``-p``; the default only at d128 without causal over at
-most 2k keys: NOTES.md, v14, v16 and v16.1). Its own
+Persistent (``Config(persistent=True)``, ``-p``; the default without causal over at most 2k keys,
+and with ``-g`` under causal over at most 4k: NOTES.md, v14, v16, v16.1 and v18). Its own
 kernel, ``_attn_fwd_sm90_persistent``: one CTA per SM (or per item, if fewer), each looping over
 work items (a row block of one head) with the one-item kernel's code (``_load_item``,
 ``_consumer_item``). The K/V ring's stages and phases follow ``g``, the CTA's tile count over its
@@ -83,8 +83,11 @@ items, and the turns' count carries on. Q's part ``c`` goes back to the producer
 (count 1) once every product that read it has completed (the producer waits parity
 ``(item & 1) ^ 1``; ``q_full``'s phase is ``item & 1``), and O leaves through a buffer of its own,
 so the next item's Q and K/V load during this item's epilogue. Causal items come heaviest first
-over all heads and are dealt in a snake (``_deal``: forwards in even rounds, backwards in odd), so
-that every CTA's sum of key tiles is about the mean; v14's static dealing lost 9-28% causal.
+and are dealt in a snake (``_deal``: forwards in even rounds, backwards in odd), so that every
+CTA's sum of key tiles is about the mean; v14's static dealing lost 9-28% causal. Heaviest first
+over all heads at once overflowed the L2 at 1k (v16.1); ``-g`` (``Config(grouped=True)``) takes
+the heads in groups of two whole rounds each (:func:`grouped_grid`), heaviest first within a
+group.
 ``Config(heavy_first=True)`` (``-hf``) is the one-item grid's causal order with the grid's axes
 swapped: every head's longest row block starts first.
 
@@ -232,7 +235,8 @@ def register_reason(config: Config) -> str | None:
 #: with the next item's loads, are a large part of it.
 PERSISTENT_MAX_KEYS = 2048
 #: Key lengths up to which causal calls take the persistent grid over head groups (``-p-g``):
-#: measured better than the one-item grid at 1k, 2k and 4k (d64 and d128); not measured beyond.
+#: measured better than the one-item grid at 1k, 2k and 4k (d64 and d128, 64-512 batch x heads);
+#: not measured beyond.
 GROUPED_MAX_KEYS = 4096
 
 
