@@ -41,9 +41,9 @@ def test_variants_and_packed_layouts_are_not_the_gluon_kernel_s() -> None:
 
 
 def test_alibi_is_the_gluon_forward_s_and_not_the_gluon_backward_s() -> None:
-    # The forward takes ALiBi (NOTES.md v19): its refusal on the CPU is the device's, not the
-    # variant's; softcap and sinks stay with the Triton kernels, and so does every variant of
-    # the (switched-off) Gluon backward.
+    # The forward takes ALiBi (implementations/triton_flash/NOTES.md v19): its refusal on the
+    # CPU is the device's, not the variant's; softcap and sinks stay with the Triton kernels,
+    # and so does every variant of the (switched-off) Gluon backward.
     from implementations.triton_flash import gluon_backward, gluon_forward
 
     q = _dense()
