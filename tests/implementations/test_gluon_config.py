@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-gf = pytest.importorskip("implementations.triton_flash.gluon_forward")
+from pytest_attnkit.implementations.triton_flash import gluon_forward as gf
 
 
 @pytest.mark.parametrize("text", ["n128s2-eager-r240", "n128s3-eager-r240", "n128s3-eager-c3-r160",

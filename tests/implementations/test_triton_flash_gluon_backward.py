@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-gluon_backward = pytest.importorskip("implementations.triton_flash.gluon_backward")
+from pytest_attnkit.implementations.triton_flash import gluon_backward
 
 
 def test_off_hopper_it_says_why() -> None:

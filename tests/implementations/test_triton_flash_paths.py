@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-launch = pytest.importorskip("implementations.triton_flash.launch")
+from pytest_attnkit.implementations.triton_flash import launch
 
 
 def _dense(device: str = "cpu", dtype: torch.dtype = torch.float16) -> torch.Tensor:
@@ -32,7 +32,7 @@ def test_the_switch_turns_the_gluon_forward_off(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_variants_and_packed_layouts_are_not_the_gluon_kernel_s() -> None:
-    from implementations.triton_flash import gluon_forward
+    from pytest_attnkit.implementations.triton_flash import gluon_forward
 
     q = _dense()
     windowed = launch.Variants(causal=True, window=(32, 0))
@@ -44,7 +44,7 @@ def test_alibi_is_the_gluon_forward_s_and_not_the_gluon_backward_s() -> None:
     # The forward takes ALiBi (implementations/triton_flash/NOTES.md v19): its refusal on the
     # CPU is the device's, not the variant's; softcap and sinks stay with the Triton kernels,
     # and so does every variant of the (switched-off) Gluon backward.
-    from implementations.triton_flash import gluon_backward, gluon_forward
+    from pytest_attnkit.implementations.triton_flash import gluon_backward, gluon_forward
 
     q = _dense()
     alibi = launch.Variants(causal=True, alibi_slopes=torch.ones(2))
