@@ -143,7 +143,7 @@ class Config:
     #: starts CTAs along), so every head's longest row blocks start before any shorter one
     #: (FlashAttention-3's order); without it each head's are longest first, head after head.
     heavy_first: bool = False
-    #: ``-g`` (with ``-p``, causal): the heads dealt in groups (:func:`head_group`), heaviest first
+    #: ``-g`` (with ``-p``, causal): the heads dealt in groups (:func:`grouped_grid`), heaviest first
     #: within each group, not over every head at once: every head's K and V in flight at once
     #: overflowed the L2 at 1k (NOTES.md, v16.1).
     grouped: bool = False
