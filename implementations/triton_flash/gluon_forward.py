@@ -333,11 +333,10 @@ if gl is not None:
         # (causal) keys past the row's diagonal become -inf before the maximum. ALiBi: the base-2
         # scores take ``- slope * |i + Nk - Nq - j|`` (``slope`` times log2(e); ``row_pos`` the
         # rows' i + Nk - Nq in float32, exact below 2**24, as the Triton kernel's float form).
+        cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         if ALIBI:
-            cols_f = (start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))).to(gl.float32)
-            qk = qk * qk_scale - slope * gl.abs(row_pos[:, None] - cols_f[None, :])
+            qk = qk * qk_scale - slope * gl.abs(row_pos[:, None] - cols.to(gl.float32)[None, :])
         if MASKED:
-            cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
             visible = cols[None, :] < n_k
             if CAUSAL:
                 visible = visible & (cols[None, :] <= rows[:, None] + diag)
