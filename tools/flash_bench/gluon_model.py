@@ -345,12 +345,9 @@ def work_item(item: int, n_m: int, n_bh: int, causal: bool, n_group: int | None 
 def grouped_grid(n_m: int, n_bh: int, n_ctas: int) -> tuple[int, int]:
     """``gluon_forward.grouped_grid``, the host's CTAs and group for ``-g`` (imported: the model
     deals with the kernel's own choice)."""
-    from gluon_compile import ensure_package
-    import importlib
+    from gluon_compile import load_gluon_forward
 
-    ensure_package()
-    module = importlib.import_module("pytest_attnkit.implementations.triton_flash.gluon_forward")
-    return module.grouped_grid(n_m, n_bh, n_ctas)
+    return load_gluon_forward().grouped_grid(n_m, n_bh, n_ctas)
 
 
 def deal_items(n_q: int, n_k: int, n_bh: int, n_ctas: int, block_m: int, block_n: int, causal: bool,
