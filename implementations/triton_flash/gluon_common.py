@@ -67,8 +67,10 @@ def plain_variants(causal: bool, variants: object | None, alibi: bool = False) -
     causal attention (with ``alibi``, ALiBi too): no window, softcap or sinks."""
     if variants is None or getattr(variants, "key", None) is None:
         return True
-    return variants.key() in ((bool(causal), None, False, False, False),) + (
-        ((bool(causal), None, False, True, False),) if alibi else ())
+    # Variants.key(): (causal, window, softcap, ALiBi, sinks).
+    key = variants.key()
+    return key == (bool(causal), None, False, False, False) or (
+        alibi and key == (bool(causal), None, False, True, False))
 
 
 def dense_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
