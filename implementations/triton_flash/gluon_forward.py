@@ -2,9 +2,9 @@
 
 :mod:`.launch` takes it on Hopper for the calls :func:`supports` accepts (dense fp16/bf16, d64 and
 d128, plain or causal, ALiBi or not; ``ATTNKIT_TRITON_FLASH_GLUON=0`` turns it off); the kernels
-in :mod:`.kernels` stay the path for every other GPU, case and variant (ALiBi: NOTES.md, v19). On H100s it ran right on 168
-of 168 checked cases, three times bit-identical, at 0.87-1.24x cuDNN (NOTES.md, v13 and v13.1;
-results/2026-11-25-h100-session3, results/2026-11-26-gpus).
+in :mod:`.kernels` stay the path for every other GPU, case and variant (ALiBi: NOTES.md, v19).
+On H100s it ran right on 168 of 168 checked cases, three times bit-identical, at 0.87-1.24x cuDNN
+(NOTES.md, v13 and v13.1; results/2026-11-25-h100-session3, results/2026-11-26-gpus).
 
 The math. For one (batch, query head) pair, ``o_i = sum_j softmax_j(s_ij) v_j`` with
 ``s_ij = scale * q_i . k_j``. A CTA owns 128 query rows and walks the keys in tiles of
