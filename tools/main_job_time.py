@@ -117,6 +117,11 @@ def _time_table(time_section: dict) -> list[str]:
                      f"{row['compile_s']:>9.1f} {row['span_s']:>7.1f}")
     lines.append(f"  worker start-up {sum(time_section.get('startup_s', {}).values()):.0f} s; the pytest thread "
                  f"waited {time_section.get('waited_s', 0):.0f} s for results")
+    from pytest_attnkit.controller.ledger import timeline_line
+
+    line = timeline_line(time_section.get("events") or [])
+    if line:
+        lines.append(f"  {line}")
     return lines
 
 

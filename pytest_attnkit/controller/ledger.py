@@ -8,6 +8,11 @@ time" table and the report's ``time`` section say, per suite and implementation,
 requests ran, the seconds workers were busy with them (of which compiling) and the wall-clock
 span from the first to the last; and for the run, the most requests that ran at once.
 
+The run's timeline (:func:`timeline`) says when the first request started, until when requests
+ran beside one another, and how long the requests that had the GPU to themselves took (the speed
+suite's timing, above all): on a GPU that phase is often half the run, and no number of jobs
+shortens it.
+
 Busy seconds add up across workers running at the same time, so they can exceed the run's wall
 time; that is the point of running them together. "warm" requests compile the memory and speed
 suites' kernels ahead of them (:mod:`pytest_attnkit.controller.scheduler`) and are counted in rows
@@ -63,8 +68,9 @@ class Ledger:
         self._running = 0
         self.most_at_once = 0
         #: Every request: (suite, implementation, start and wall seconds, compile seconds, queued
-        #: seconds), the start counted from the ledger's; the report keeps them for a timeline.
-        self.events: list[tuple[str, str, float, float, float, float]] = []
+        #: seconds, whether it had the GPU alone), the start counted from the ledger's; the report
+        #: keeps them for a timeline (:func:`timeline`).
+        self.events: list[tuple[str, str, float, float, float, float, bool]] = []
         #: Per implementation: requests run again alone after an out-of-memory beside others.
         self.retried_alone: dict[str, int] = {}
         #: Per implementation: rounds of room made for a request that ran out of memory alone (idle
@@ -80,14 +86,15 @@ class Ledger:
             self.most_at_once = max(self.most_at_once, self._running)
 
     def record(self, suite: str, impl: str, spent: Spent, started: float, ended: float, *,
-               queued_s: float = 0.0, counted: bool = True) -> None:
-        """A request ended; ``counted`` False when :meth:`began` was not called for it."""
+               queued_s: float = 0.0, counted: bool = True, alone: bool = False) -> None:
+        """A request ended; ``counted`` False when :meth:`began` was not called for it; ``alone``
+        where it had the GPU to itself."""
         with self._lock:
             if counted:
                 self._running = max(0, self._running - 1)
             self.accounts.setdefault((suite, impl), Account()).add(spent, started, ended, queued_s)
             self.events.append((suite, impl, round(started - self.started, 3), round(ended - started, 3),
-                                round(float(spent.compile_s), 3), round(queued_s, 3)))
+                                round(float(spent.compile_s), 3), round(queued_s, 3), alone))
 
     def ran_out_of_memory(self, impl: str) -> None:
         """A request of ``impl`` ran out of device memory beside others and goes again, alone."""
@@ -127,5 +134,42 @@ class Ledger:
                     "retried_alone": dict(sorted(self.retried_alone.items())),
                     "retried_cleared": dict(sorted(self.retried_cleared.items())),
                     "stopped_workers": self.stopped_workers,
-                    "events": [dict(zip(("suite", "impl", "start_s", "wall_s", "compile_s", "queued_s"), event))
-                               for event in self.events]}
+                    "events": [dict(zip(("suite", "impl", "start_s", "wall_s", "compile_s", "queued_s", "alone"),
+                                        event)) for event in self.events]}
+
+
+def timeline(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """From a report's ``time.events``: when the first request started (``first_s``), when the
+    last of those run beside one another ended (``together_until_s``; None if none was), and of
+    those that had the GPU alone, how many ran (``alone_requests``), from when to when
+    (``alone_from_s``, ``alone_until_s``) and their seconds added up (``alone_s``: what no number
+    of jobs shortens). None without events. Events of a report written before the ``alone`` field
+    count as run beside one another."""
+    if not events:
+        return None
+    together = [event for event in events if not event.get("alone")]
+    alone = [event for event in events if event.get("alone")]
+
+    def end(event: dict[str, Any]) -> float:
+        return float(event["start_s"]) + float(event["wall_s"])
+
+    return {"first_s": min(float(event["start_s"]) for event in events),
+            "together_until_s": max(map(end, together)) if together else None,
+            "alone_requests": len(alone),
+            "alone_from_s": min(float(event["start_s"]) for event in alone) if alone else None,
+            "alone_until_s": max(map(end, alone)) if alone else None,
+            "alone_s": sum(float(event["wall_s"]) for event in alone)}
+
+
+def timeline_line(events: list[dict[str, Any]]) -> str | None:
+    """:func:`timeline` in words, for the time table; None without events."""
+    phases = timeline(events)
+    if phases is None:
+        return None
+    parts = [f"the first request started at {phases['first_s']:.0f} s"]
+    if phases["together_until_s"] is not None:
+        parts.append(f"requests ran beside one another until {phases['together_until_s']:.0f} s")
+    if phases["alone_requests"]:
+        parts.append(f"{phases['alone_requests']} requests run alone took {phases['alone_s']:.0f} s, from "
+                     f"{phases['alone_from_s']:.0f} to {phases['alone_until_s']:.0f} s")
+    return "timeline: " + "; ".join(parts)

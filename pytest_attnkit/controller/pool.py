@@ -495,7 +495,7 @@ class WorkerPool:
                 self.ledger.cleared_gpu(name, stopped)
                 reply = self.ask(worker, name, request)
             self.ledger.record(suite or suite_of(request), name, reply.spent, started,
-                               time.monotonic())
+                               time.monotonic(), alone=True)
         return reply
 
     def support(self, name: str, queries: list[dict[str, Any]]) -> list[str | None] | None:

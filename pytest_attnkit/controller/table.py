@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 from pytest_attnkit.contract import MemoryClass
 from pytest_attnkit.controller.gate import GateVerdict
 from pytest_attnkit.controller.impls import ImplStatus
+from pytest_attnkit.controller.ledger import timeline_line
 from pytest_attnkit.controller.options import SUITES
 from pytest_attnkit.controller.outcome import Verdict
 from pytest_attnkit.controller.paired import SyncKind
@@ -672,6 +673,9 @@ def time_lines(document: dict[str, Any]) -> list[str]:
     startup = sum((time.get("startup_s") or {}).values())
     lines += wrap(f"in all: workers busy {busy:.0f} s, of which compiling {compiled:.0f} s; workers started in "
                   f"{startup:.0f} s; the pytest thread waited {time.get('waited_s', 0):.0f} s for results", "  ")
+    line = None if time.get("xdist_workers") else timeline_line(time.get("events") or [])
+    if line:  # under pytest-xdist each process counts from its own start: no one timeline
+        lines += wrap(line, "  ")
     retried = time.get("retried_alone") or {}
     if retried:
         lines += wrap("ran again alone after running out of device memory beside other requests (the second "

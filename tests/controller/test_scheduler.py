@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import re
 import threading
 import time
 from concurrent.futures import CancelledError
@@ -21,6 +22,7 @@ import pytest
 
 from fakes.fake_workers import FakePool, FakeWorker, work
 from pytest_attnkit.controller.impls import ImplInfo
+from pytest_attnkit.controller.ledger import timeline
 from pytest_attnkit.controller.pool import suite_of
 from pytest_attnkit.controller.memory import goes_on
 from pytest_attnkit.controller.scheduler import Scheduler
@@ -472,3 +474,32 @@ def test_close_closes_the_workers_of_their_own_too(made) -> None:
         time.sleep(0.01)
     scheduler.close()
     assert job.worker is not None and job.worker.closed
+
+
+def test_the_timeline_tells_the_requests_run_together_from_those_that_had_the_gpu_alone(made) -> None:
+    """The time table's timeline: a scheduled request counts as run beside others, one the pool
+    sends with the GPU to itself (speed's timing) as alone, with its seconds, from when to when.
+    On an H200 the alone phase was 112 s of a 206 s run (results/2026-11-27-session8): the line
+    says so without reading the events by hand."""
+    pool = FakePool(names=("a",), seconds=0.2)
+    scheduler = made(pool, jobs=2)
+    scheduler.wait(scheduler.submit("a", "correctness", work({"n": 1})))
+    pool.request_alone("a", work({"n": 2}, suite="speed"), suite="speed")
+    section = scheduler.ledger.to_dict()
+    assert [event["alone"] for event in section["events"]] == [False, True]
+    phases = timeline(section["events"])
+    assert phases is not None and phases["alone_requests"] == 1
+    assert phases["together_until_s"] <= phases["alone_from_s"] < phases["alone_until_s"]
+    assert 0.15 < phases["alone_s"] < 5
+    lines = time_lines({"time": section})
+    start = next(index for index, line in enumerate(lines) if line.startswith("timeline:"))
+    line = " ".join([lines[start], *itertools.takewhile(lambda more: more.startswith("  "), lines[start + 1:])])
+    line = re.sub(r" +", " ", line)
+    assert all(len(text) <= 100 for text in lines)
+    assert re.fullmatch(r"timeline: the first request started at \d+ s; requests ran beside one another until "
+                        r"\d+ s; 1 requests run alone took \d+ s, from \d+ to \d+ s", line), line
+    # Under pytest-xdist each process counts from its own start: the merged report has no timeline.
+    assert not [line for line in time_lines({"time": {**section, "xdist_workers": 2}}) if "timeline" in line]
+    # A report written before the field existed: every request counts as run beside others.
+    old = [{key: value for key, value in event.items() if key != "alone"} for event in section["events"]]
+    assert timeline(old)["alone_requests"] == 0 and timeline([]) is None
