@@ -19,7 +19,10 @@ The rules:
 - **Order** (:mod:`~pytest_attnkit.controller.scheduling.order`). Each implementation's requests start in the order they were submitted (memory
   sweeps first, then pytest's order, warm-ups last: :meth:`pytest_attnkit.controller.suite.Suite.order`),
   skipping those that wait for another to end (a memory sweep's next point waits for
-  the point before; its other sweeps and requests go ahead meanwhile). A free slot goes to the implementation with the most work left per running request:
+  the point before; its other sweeps and requests go ahead meanwhile). Requests that took
+  :data:`~pytest_attnkit.controller.scheduling.durations.LONG_S` or more the last time they ran
+  (:mod:`~pytest_attnkit.controller.scheduling.durations`, kept in the compile-cache folder) start
+  before the rest, longest first. A free slot goes to the implementation with the most work left per running request:
   its queued requests times the mean time its requests took so far (the mean over all until it
   has one). So the run ends when the slowest implementation ends, not long after the others:
   a compiled kernel that takes seconds per case gets most of the slots, one that takes
@@ -75,6 +78,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 import threading
 import time
 from collections import deque
@@ -86,6 +90,7 @@ from pytest_attnkit.controller.pool import Lease
 from pytest_attnkit.controller.process import Launch, Worker
 from pytest_attnkit.controller.scheduling import oom_retry, order, pruning
 from pytest_attnkit.controller.scheduling.admission import MemoryBudget
+from pytest_attnkit.controller.scheduling.durations import Durations
 from pytest_attnkit.controller.scheduling.job import Job
 from pytest_attnkit.controller.scheduling.order import WorkLeft
 from pytest_attnkit.controller.scheduling.pruning import WarmUpPruning
@@ -131,8 +136,11 @@ class Scheduler(Submissions):
     """The queue of requests submitted ahead of the tests, the dispatcher thread that starts them
     and the threads they run on (``jobs`` of them, and one more for the request a test waits for)."""
 
-    def __init__(self, pool: Workers, *, jobs: int, budget_bytes: int | None, ledger: Ledger) -> None:
+    def __init__(self, pool: Workers, *, jobs: int, budget_bytes: int | None, ledger: Ledger,
+                 durations: Durations | None = None) -> None:
         super().__init__(pool)
+        #: How long each request took last time (the long ones start first), and this run's.
+        self.durations = durations if durations is not None else Durations(None)
         self.jobs = max(1, jobs)
         self.budget, self.budget_bytes = MemoryBudget(budget_bytes), budget_bytes
         self.ledger = ledger
@@ -152,6 +160,7 @@ class Scheduler(Submissions):
         """Queue a submitted job for the dispatcher (see :class:`Submissions`)."""
         job.request = dataclasses.replace(job.request, release_memory=True)  # others run beside it
         job.alone = self.budget.over(job)
+        job.long_s = self.durations.long(job)
         with self._cond:
             if self._closed:
                 job.future.cancel()
@@ -208,6 +217,9 @@ class Scheduler(Submissions):
             self._dispatcher.join()
         self._executor.shutdown(wait=True)
         self.pool.retire_all(spare)
+        problem = self.durations.save()  # for the next run's order
+        if problem:
+            print(f"attnkit: {problem}", file=sys.stderr)
 
     # -- the dispatcher thread -----------------------------------------------------------------
     def _dispatch_loop(self) -> None:
@@ -234,7 +246,7 @@ class Scheduler(Submissions):
             self._cond.notify_all()  # exclusive() may be waiting for the queue to empty
         return order.choose(self._pending, list(self._running), jobs=self.jobs, budget=self.budget,
                             work_left=self._work_left, busy=lambda job: self.pool.busy(job.dedicated, job.launch),
-                            lease=self._lease)
+                            lease=self._lease, long_first=bool(self.durations.remembered))
 
     def _lease(self, job: Job, room: int = 0) -> Lease | None:
         """A worker for ``job`` from the pool (see :meth:`WorkerPool.lease`)."""
@@ -260,6 +272,7 @@ class Scheduler(Submissions):
             self._running.pop(job, None)
             self.budget.ended(job)
             self._work_left.record(job.impl, ended - started)
+            self.durations.record(job, ended - started)
             self._pruning.record(job.impl, reply.spent.compile_s)
             if retry and not self._closed:
                 if oom_retry.run_again(job, reply) is oom_retry.Again.ALONE:

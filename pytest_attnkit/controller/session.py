@@ -28,6 +28,7 @@ import pytest
 
 from pytest_attnkit.controller import against, caches, footprint, report, xdist
 from pytest_attnkit.controller.against import Revision
+from pytest_attnkit.controller.baselines import device_slug
 from pytest_attnkit.controller.discovery import BUILD_ORDER, BUNDLED, load_selected
 from pytest_attnkit.controller.impls import ImplStatus
 from pytest_attnkit.controller.inline import InlineScheduler
@@ -39,6 +40,7 @@ from pytest_attnkit.controller.process import WorkerFailure
 from pytest_attnkit.controller.runner import Runner
 from pytest_attnkit.controller.selection import CaseSelection
 from pytest_attnkit.controller.scheduler import Scheduler
+from pytest_attnkit.controller.scheduling.durations import Durations, durations_path
 from pytest_attnkit.controller.suite import RunParts, Suite, SuiteContext
 from pytest_attnkit.controller.tally import Tally
 from pytest_attnkit.controller import table
@@ -188,7 +190,11 @@ class AttnkitSession:
         if self.device == "cuda":
             budget = footprint.budget_bytes(self.environment.get("device_memory_bytes"),
                                             self.jobs + len(self.pool.impls))
-        self.scheduler = Scheduler(self.pool, jobs=self.jobs, budget_bytes=budget, ledger=self.pool.ledger)
+        slug = device_slug(str(self.environment.get("device_name") or self.device))
+        placed = xdist.xdist_worker(self.config)  # each xdist worker runs its own share: its own file
+        durations = Durations(durations_path(self.cache_root, slug if placed is None else f"{slug}.gw{placed[0]}"))
+        self.scheduler = Scheduler(self.pool, jobs=self.jobs, budget_bytes=budget, ledger=self.pool.ledger,
+                                   durations=durations)
         self.pool.share(extras=self.jobs, alone=self.scheduler.exclusive)
 
     def _cuda_device_count(self) -> int:
@@ -293,6 +299,8 @@ class AttnkitSession:
                        for line in self.suites[name].header_lines()]
         return table.header_lines(environment=self.environment, device=self.device, profile=self.profile,
                                   suites=self.settings.suite, seed=self.settings.seed, workers=workers,
-                                  caches=caches.describe(self.cache_root, self.cache_env),
+                                  caches=caches.describe(self.cache_root, self.cache_env)
+                                  + (f"; {self.scheduler.durations.describe()}" if isinstance(self.scheduler, Scheduler)
+                                     else ""),
                                   impls=self.pool.impls.values(), suite_lines=suite_lines,
                                   warning=self.rootdir_warning)

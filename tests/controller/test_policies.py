@@ -86,6 +86,28 @@ def test_the_first_ready_job_skips_those_waiting_for_another_or_for_their_busy_w
     assert order.first_ready(queue, busy=lambda candidate: False) is waits
 
 
+def test_requests_that_took_long_last_time_start_first_longest_first_and_the_rest_keep_their_order() -> None:
+    """A tail in the making (results/2026-11-27-session8): the long requests of an
+    implementation, remembered from the last run (``Job.long_s``, as Durations.long gives it), go
+    before its others, the longest first; a long one that waits for another does not, nor one that
+    must run alone; requests under LONG_S keep the suites' order, as does every request without
+    ``long_first``."""
+    before = job()
+    short, long, longer, waits = job(), job(long_s=5.0), job(long_s=17.6), job(after=before, long_s=40.0)
+    queue = deque([short, long, longer, waits])
+    assert order.first_ready(queue, busy=lambda candidate: False) is short
+    assert order.first_ready(queue, busy=lambda candidate: False, long_first=True) is longer
+    queue.remove(longer)
+    assert order.first_ready(queue, busy=lambda candidate: False, long_first=True) is long
+    queue.remove(long)
+    assert order.first_ready(queue, busy=lambda candidate: False, long_first=True) is short
+    before.future.set_result(Reply(Status.OK))
+    assert order.first_ready(queue, busy=lambda candidate: False, long_first=True) is waits
+    alone = job(alone=True, long_s=60.0)  # moved ahead, it would hold its queue until the GPU is free
+    assert order.first_ready(deque([short, alone]), busy=lambda candidate: False, long_first=True) is short
+    assert order.first_ready(deque(), busy=lambda candidate: False, long_first=True) is None
+
+
 def test_a_free_slot_goes_to_the_most_work_left_per_running_request() -> None:
     work = WorkLeft()
     assert work.mean_s("a") == 1.0  # nothing finished yet

@@ -9,6 +9,8 @@ reply means for the queue).
   of a request that waits for room (``MAX_HOLD_S``).
 - :mod:`~pytest_attnkit.controller.scheduling.order`: which ready request starts first (the awaited
   one and what it waits for, then the most work left per running request).
+- :mod:`~pytest_attnkit.controller.scheduling.durations`: how long each request took last time, per
+  GPU, in the compile-cache folder: the long ones start first.
 - :mod:`~pytest_attnkit.controller.scheduling.pruning`: what is cancelled unrun (warm-ups of an
   implementation that compiles nothing, a chain's requests whose ``follows`` says no).
 - :mod:`~pytest_attnkit.controller.scheduling.oom_retry`: an out-of-memory run again alone, then

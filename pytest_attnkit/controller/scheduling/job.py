@@ -59,6 +59,10 @@ class Job:
     #: Runs in a worker started under a launcher for it alone (the sanitize suite's run under
     #: compute-sanitizer), which the pool closes before the reply is handed on.
     launch: Launch | None = None
+    #: How long its request took the last time it ran, where that was long (0 otherwise: see
+    #: :mod:`~pytest_attnkit.controller.scheduling.durations`): it then starts before the rest of
+    #: its implementation's queue, longest first.
+    long_s: float = 0.0
 
     @property
     def dedicated(self) -> "tuple[str, str] | None":

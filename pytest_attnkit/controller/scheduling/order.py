@@ -4,7 +4,9 @@
   waits for in turn (``after``), starts before every other (:func:`awaited`).
 - Each implementation's requests start in the order they were submitted, skipping those that wait
   for another to end (:func:`first_ready`: a memory sweep's next point waits for the point before;
-  its other sweeps and requests go ahead meanwhile).
+  its other sweeps and requests go ahead meanwhile); but those that took many seconds the last time
+  they ran start before the rest, longest first
+  (:mod:`~pytest_attnkit.controller.scheduling.durations`), so they make no tail.
 - A free slot goes to the implementation with the most work left per running request
   (:class:`WorkLeft`): its queued requests times the mean time its requests took so far (the mean
   over all until it has one). So the run ends when the slowest implementation ends, not long after
@@ -34,10 +36,22 @@ def awaited(pending: Mapping[str, deque[Job]]) -> Job | None:
     return job
 
 
-def first_ready(queue: deque[Job], busy: Callable[[Job], bool]) -> Job | None:
+def first_ready(queue: deque[Job], busy: Callable[[Job], bool], long_first: bool = False) -> Job | None:
     """The first job of an implementation's queue that waits for no other (nor for its own
-    worker, ``busy`` with the request before it)."""
-    return next((job for job in queue if (job.after is None or job.after.future.done()) and not busy(job)), None)
+    worker, ``busy`` with the request before it); with ``long_first``, the ready job that took
+    longest the last time it ran (``Job.long_s``), if any took long. A job that must run alone is
+    not moved ahead: it would keep the rest of its queue waiting until the GPU is free (the
+    earliest job's hold is what makes room)."""
+    ready = (job for job in queue if (job.after is None or job.after.future.done()) and not busy(job))
+    if not long_first:
+        return next(ready, None)
+    first, longest = None, None
+    for job in ready:
+        if first is None:
+            first = job
+        if job.long_s > 0 and not job.alone and (longest is None or job.long_s > longest.long_s):
+            longest = job
+    return longest or first
 
 
 class WorkLeft:
@@ -70,11 +84,12 @@ class WorkLeft:
 
 def choose(pending: Mapping[str, deque[Job]], running: Sequence[Job], *, jobs: int, budget: MemoryBudget,
            work_left: WorkLeft, busy: Callable[[Job], bool],
-           lease: Callable[[Job, int], "Lent | None"]) -> "tuple[Job, Lent] | None":
+           lease: Callable[[Job, int], "Lent | None"], long_first: bool = False) -> "tuple[Job, Lent] | None":
     """The job to start now and the worker ``lease(job, room)`` lends it, or None: the awaited
     job first (:func:`awaited`; in one slot more than ``jobs``), then, while a slot is free, the
     earliest ready job where admission holds for it (:meth:`MemoryBudget.hold`), else the ready
-    jobs that fit the budget, the most work left per running request first (:class:`WorkLeft`)."""
+    jobs that fit the budget, the most work left per running request first (:class:`WorkLeft`);
+    ``long_first``: see :func:`first_ready`."""
     first = awaited(pending)
     if first is not None and budget.fits(first, running) and len(running) <= jobs:
         lent = lease(first, 1)
@@ -82,7 +97,7 @@ def choose(pending: Mapping[str, deque[Job]], running: Sequence[Job], *, jobs: i
             return first, lent
     if len(running) >= jobs:
         return None
-    heads = [job for queue in pending.values() if (job := first_ready(queue, busy)) is not None]
+    heads = [job for queue in pending.values() if (job := first_ready(queue, busy, long_first)) is not None]
     if not heads:
         return None
     earliest = min(heads, key=lambda job: job.seq)
