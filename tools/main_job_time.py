@@ -127,17 +127,24 @@ def _time_table(time_section: dict) -> list[str]:
 
 def compare(args: argparse.Namespace) -> int:
     """Outcomes case for case; speed tests are compared too (their verdict is the gate's)."""
-    runs = []
+    from pytest_attnkit.controller.ledger import timeline_line
+
+    runs, timelines = [], []
     for path in (args.first, args.second):
         raw = Path(path).read_bytes()
         document = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)  # a committed .json.gz too
         runs.append({test["test"]: test["outcome"] for test in document["tests"]})
+        # A report from before the events said "alone": the speed suite's timing was what ran alone.
+        events = [event if "alone" in event else {**event, "alone": event["suite"] == "speed"}
+                  for event in (document.get("time") or {}).get("events", [])]
+        timelines.append(timeline_line(events) or "no timeline (no events)")
     first, second = runs
     common = sorted(set(first) & set(second))
     differ = [test for test in common if first[test] != second[test]]
     lines = [f"{args.first}: {len(first)} tests; {args.second}: {len(second)} tests; {len(common)} in both",
              f"same outcome: {len(common) - len(differ)}; different: {len(differ)}"]
     lines += [f"  {test}: {first[test]} -> {second[test]}" for test in differ]
+    lines += [f"{label} {line}" for label, line in zip(("first: ", "second:"), timelines)]
     only = sorted(set(first) ^ set(second))
     if only:
         lines.append(f"in one run only: {len(only)}")
