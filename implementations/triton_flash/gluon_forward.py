@@ -95,6 +95,15 @@ swapped: every head's longest row block starts first.
 tile ranges and masks against float64); ``tools/flash_bench/gluon_compile.py`` compiles for sm_90a
 and checks the SASS for instructions that touch registers of an in-flight ``wgmma``.
 
+FP8 (``FP8=True``, the one-item grid only; NOTES.md, v20): e4m3 Q, K and V^T (keys contiguous:
+FP8 ``wgmma`` reads its B operand K-major, so V is transposed on the host, :func:`keys_last`),
+wgmma's K of 32, the scores scaled before the maximum (the scale carries q's and k's descales,
+of either sign), P through a shared buffer per consumer (triton 3.6 cannot keep an in-flight
+``wgmma``'s 8-bit register operand alive: "Unexpected bitwidth in WGMMAWaitGroupOp"), stored once
+the previous PV product has read it, and O in bf16 times V's descale through a buffer of its own.
+Compile-checked for sm_90a (``gluon_compile.py --fp8``: no spills; the bf16 kernels' SASS
+unchanged), not yet run on a GPU: nothing takes it unless ``ATTNKIT_TRITON_FLASH_GLUON_FP8=1``.
+
 The host side: :func:`supports` (which calls this kernel takes), :func:`flash_fwd` (the launcher,
 with :func:`.launch.flash_fwd`'s signature for the dense case), :class:`Config` (tiles: the default,
 or one a bench tool passes), :func:`warmup` (compile without launching).
@@ -285,17 +294,18 @@ if gl is not None:
     def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                   q_full, k_full, v_full, k_empty, v_empty,
                   off_b, off_h, off_hkv, start_m, n_tiles,
-                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr, CONSUMERS: gl.constexpr):
+                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr, CONSUMERS: gl.constexpr,
+                  FP8: gl.constexpr = False):
         # The one item of this CTA; Q stays for the whole CTA (q_full stands in for q_empty, unused).
         _load_item(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_full, k_full, v_full, k_empty, v_empty,
-                   off_b, off_h, off_hkv, start_m, n_tiles, 0, 0, BLOCK_N, STAGES, ROWS, CONSUMERS, False)
+                   off_b, off_h, off_hkv, start_m, n_tiles, 0, 0, BLOCK_N, STAGES, ROWS, CONSUMERS, False, FP8)
 
     @gluon.jit
     def _load_item(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                    q_full, q_empty, k_full, v_full, k_empty, v_empty,
                    off_b, off_h, off_hkv, start_m, n_tiles, g, it,
                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr, CONSUMERS: gl.constexpr,
-                   PERSISTENT: gl.constexpr):
+                   PERSISTENT: gl.constexpr, FP8: gl.constexpr = False):
         # One work item's loads. g: K/V tiles this CTA loaded before the item (the ring's position);
         # it: items before it (Q's phase). Both 0 in the one-item grid.
         # Q: one part per consumer, each on its own barrier; persistent, into a part its consumer
@@ -314,34 +324,43 @@ if gl is not None:
         for t in range(n_tiles):
             if t + 1 < n_tiles:
                 _load_tile(k_desc, k_smem, k_full, k_empty, off_b, off_hkv, t + 1, g + t + 1, BLOCK_N, STAGES)
-            _load_tile(v_desc, v_smem, v_full, v_empty, off_b, off_hkv, t, g + t, BLOCK_N, STAGES)
+            _load_tile(v_desc, v_smem, v_full, v_empty, off_b, off_hkv, t, g + t, BLOCK_N, STAGES, FP8)
 
     @gluon.jit
-    def _load_tile(desc, smem, full, empty, off_b, off_hkv, t, g, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    def _load_tile(desc, smem, full, empty, off_b, off_hkv, t, g, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                   KEYS_LAST: gl.constexpr = False):
         # Key tile t, the g-th tile through the ring: wait until every consumer released the
-        # stage's previous tile, then TMA tile t into it.
+        # stage's previous tile, then TMA tile t into it. KEYS_LAST: the tensor is [B, H, D, N]
+        # (FP8's V^T), its tile t the columns [t * BLOCK_N, (t + 1) * BLOCK_N).
         s = g % STAGES
         mbarrier.wait(empty.index(s), ((g // STAGES) & 1) ^ 1)
         mbarrier.expect(full.index(s), desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc, [off_b, off_hkv, t * BLOCK_N, 0], full.index(s), smem.index(s))
+        if KEYS_LAST:
+            tma.async_copy_global_to_shared(desc, [off_b, off_hkv, 0, t * BLOCK_N], full.index(s), smem.index(s))
+        else:
+            tma.async_copy_global_to_shared(desc, [off_b, off_hkv, t * BLOCK_N, 0], full.index(s), smem.index(s))
 
     @gluon.jit
     def _softmax(qk, m_i, l_i, rows, start_n, n_k, diag, qk_scale, slope, row_pos,
                  s_layout: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr,
-                 ALIBI: gl.constexpr):
+                 ALIBI: gl.constexpr, FP8: gl.constexpr = False):
         # One tile's online-softmax update: (p, alpha, m', l'). In masked tiles, keys past Nk and
         # (causal) keys past the row's diagonal become -inf before the maximum. ALiBi: the base-2
         # scores take ``- slope * |i + Nk - Nq - j|`` (``slope`` times log2(e); ``row_pos`` the
         # rows' i + Nk - Nq in float32, exact below 2**24, as the Triton kernel's float form).
+        # FP8: the scale carries q's and k's descales, of either sign: the scores are scaled before
+        # the maximum (one more multiply a score), as ALiBi's are.
         cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         if ALIBI:
             qk = qk * qk_scale - slope * gl.abs(row_pos[:, None] - cols.to(gl.float32)[None, :])
+        if FP8:
+            qk = qk * qk_scale
         if MASKED:
             visible = cols[None, :] < n_k
             if CAUSAL:
                 visible = visible & (cols[None, :] <= rows[:, None] + diag)
             qk = gl.where(visible, qk, float("-inf"))
-        if ALIBI:
+        if ALIBI or FP8:
             m_new = gl.maximum(m_i, gl.max(qk, 1))
         else:
             m_new = gl.maximum(m_i, gl.max(qk, 1) * qk_scale)
@@ -350,7 +369,7 @@ if gl is not None:
         else:
             m_use = m_new
         alpha = gl.exp2(m_i - m_use)
-        if ALIBI:
+        if ALIBI or FP8:
             p = gl.exp2(qk - m_use[:, None])
         else:
             p = gl.exp2(qk * qk_scale - m_use[:, None])
@@ -376,8 +395,12 @@ if gl is not None:
               s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CID: gl.constexpr, CAUSAL: gl.constexpr,
               MASKED: gl.constexpr, PINGPONG: gl.constexpr, EAGER: gl.constexpr, CONSUMERS: gl.constexpr,
-              ALIBI: gl.constexpr):
+              ALIBI: gl.constexpr, FP8: gl.constexpr = False, p_buf=None):
         # Tile t's QK^T and tile t-1's PV on the tensor cores, tile t's softmax under the PV.
+        # FP8 (eager only): P goes to the PV product from p_buf, the consumer's shared buffer,
+        # stored once PV_{t-1} has read the last one (triton 3.6 cannot keep 8-bit registers of
+        # an in-flight wgmma alive: "Unexpected bitwidth in WGMMAWaitGroupOp"); p_op is a
+        # placeholder then.
         # Coming in: P_{t-1} (p_op) and alpha_{t-1}; unless EAGER, PV_{t-2} still in flight, its
         # P (p_prev) kept alive until the wait that retires it. g: the tile's position in the ring
         # (t, or in a persistent CTA, t plus the tiles of its earlier items).
@@ -393,31 +416,44 @@ if gl is not None:
             mbarrier.arrive(v_empty.index((g + STAGES - 2) % STAGES), count=1, pred=t >= 2)
         o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         mbarrier.wait(v_full.index(sp), ((g - 1) // STAGES) & 1)
-        o = warpgroup_mma(p_op, v_smem.index(sp), o, is_async=True)
+        if FP8:  # V^T's tile [D, BLOCK_N], keys contiguous: K-major, as FP8 wgmma reads B
+            o = warpgroup_mma(p_buf, v_smem.index(sp).permute((1, 0)), o, is_async=True)
+        else:
+            o = warpgroup_mma(p_op, v_smem.index(sp), o, is_async=True)
         _pass_turn(turn, CID, PINGPONG, CONSUMERS)
         qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))
         mbarrier.arrive(k_empty.index(s), count=1)
         p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, rows, t * BLOCK_N, n_k, diag, qk_scale, slope, row_pos,
-                                      s_layout, BLOCK_N, CAUSAL, MASKED, ALIBI)
-        p_next = gl.convert_layout(p.to(q_buf.dtype), p_layout)
-        if EAGER:
-            # FlashAttention-3's order. ptxas 12.8 hoists this wait above the softmax (NOTES v12).
-            # The new P is a dependency too: computed before the wait, in other registers.
-            o, p_op, p_next = warpgroup_mma_wait(num_outstanding=0, deps=(o, p_op, p_next))
+                                      s_layout, BLOCK_N, CAUSAL, MASKED, ALIBI, FP8)
+        if FP8:
+            p8 = p.to(q_buf.dtype)
+            o = warpgroup_mma_wait(num_outstanding=0, deps=(o, ))
+            p_buf.store(p8)  # PV_{t-1} has read the buffer
+            fence_async_shared()
             mbarrier.arrive(v_empty.index(sp), count=1)
+            p_next = p_op  # the placeholder
+        else:
+            p_next = gl.convert_layout(p.to(q_buf.dtype), p_layout)
+            if EAGER:
+                # FlashAttention-3's order. ptxas 12.8 hoists this wait above the softmax (NOTES v12).
+                # The new P is a dependency too: computed before the wait, in other registers.
+                o, p_op, p_next = warpgroup_mma_wait(num_outstanding=0, deps=(o, p_op, p_next))
+                mbarrier.arrive(v_empty.index(sp), count=1)
         return qk, o, p_op, p_next, alpha, m_i, l_i, turns
 
     @gluon.jit
-    def _consumer(o_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty, turn,
-                  lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr, H_Q,
+    def _consumer(o_desc, q_smem, o_smem, p_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty, turn,
+                  lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr, H_Q, v_scale,
                   HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr,
                   CID: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, EAGER: gl.constexpr,
-                  CONSUMERS: gl.constexpr, ALIBI: gl.constexpr):
-        # The one item of this CTA: O leaves through Q's buffer (q_full stands in for q_empty, unused).
-        q_buf = q_smem.index(CID)
-        _consumer_item(o_desc, q_buf, q_buf, k_smem, v_smem, q_full, q_full, k_full, v_full, k_empty, v_empty, turn,
-                       lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr, H_Q, 0, 0, 0,
-                       HEAD_DIM, BLOCK_N, STAGES, ROWS, CID, CAUSAL, PINGPONG, EAGER, CONSUMERS, False, ALIBI)
+                  CONSUMERS: gl.constexpr, ALIBI: gl.constexpr, FP8: gl.constexpr = False):
+        # The one item of this CTA: O leaves through Q's buffer (o_smem is q_smem), or FP8's bf16
+        # O through a buffer of its own (q_full stands in for q_empty, unused).
+        _consumer_item(o_desc, q_smem.index(CID), o_smem.index(CID), k_smem, v_smem, q_full, q_full, k_full, v_full,
+                       k_empty, v_empty, turn, lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale,
+                       slopes_ptr, H_Q, 0, 0, 0,
+                       HEAD_DIM, BLOCK_N, STAGES, ROWS, CID, CAUSAL, PINGPONG, EAGER, CONSUMERS, False, ALIBI,
+                       FP8, v_scale, p_smem.index(CID))
         tma.store_wait(pendings=0)
 
     @gluon.jit
@@ -426,15 +462,19 @@ if gl is not None:
                        g, it, turns,
                        HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr,
                        CID: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, EAGER: gl.constexpr,
-                       CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr, ALIBI: gl.constexpr):
+                       CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr, ALIBI: gl.constexpr,
+                       FP8: gl.constexpr = False, v_scale=1.0, p_buf=None):
         # One work item of consumer CID; returns the turns taken so far. g: K/V tiles the CTA took
         # before the item (the ring's position), it: items before it (Q's phase); both 0 in the
         # one-item grid, where o_buf is q_buf and q_empty is unused. lse_ptr: this head's LSE row.
+        # FP8: wgmma's K is 32 (8-bit operands), and P as its register A operand holds 4 keys a
+        # thread where 16-bit holds 2 (k_width).
+        K_INSTR: gl.constexpr = 32 if FP8 else 16
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, BLOCK_N, 16])
+                                                           instr_shape=[16, BLOCK_N, K_INSTR])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, HEAD_DIM, 16])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+                                                           instr_shape=[16, HEAD_DIM, K_INSTR])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4 if FP8 else 2)
         row0 = start_m + CID * ROWS
         rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
         diag = n_k - n_q
@@ -463,8 +503,13 @@ if gl is not None:
             qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
             mbarrier.arrive(k_empty.index(s0), count=1)
             p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, rows, 0, n_k, diag, qk_scale, slope, row_pos,
-                                          s_layout, BLOCK_N, CAUSAL, True, ALIBI)
-            p_op = gl.convert_layout(p.to(q_buf.dtype), p_layout)
+                                          s_layout, BLOCK_N, CAUSAL, True, ALIBI, FP8)
+            if FP8:  # P through p_buf (see _step); p_op a placeholder
+                p_buf.store(p.to(q_buf.dtype))
+                fence_async_shared()
+                p_op = l_i
+            else:
+                p_op = gl.convert_layout(p.to(q_buf.dtype), p_layout)
             p_prev = p_op  # no product in flight yet; the first step's wait passes at once
             if not EAGER:
                 o = warpgroup_mma_init(o)  # o is carried as a product in flight
@@ -474,13 +519,13 @@ if gl is not None:
                     t, g + t, q_buf, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
                     qk, o, p_prev, p_op, alpha, m_i, l_i, rows, n_k, diag, qk_scale, slope, row_pos,
                     s_layout, o_layout, p_layout, BLOCK_N, STAGES, CID, CAUSAL, False, PINGPONG, EAGER, CONSUMERS,
-                    ALIBI)
+                    ALIBI, FP8, p_buf)
             for t in range(gl.maximum(n_whole, 1), n_tiles):
                 qk, o, p_prev, p_op, alpha, m_i, l_i, turns = _step(
                     t, g + t, q_buf, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
                     qk, o, p_prev, p_op, alpha, m_i, l_i, rows, n_k, diag, qk_scale, slope, row_pos,
                     s_layout, o_layout, p_layout, BLOCK_N, STAGES, CID, CAUSAL, True, PINGPONG, EAGER, CONSUMERS,
-                    ALIBI)
+                    ALIBI, FP8, p_buf)
             # The last tile's PV.
             last = n_tiles - 1
             sl = (g + last) % STAGES
@@ -490,9 +535,14 @@ if gl is not None:
             o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             mbarrier.wait(v_full.index(sl), ((g + last) // STAGES) & 1)
             turns = _take_turn(turn, turns, CID, PINGPONG)
-            o = warpgroup_mma(p_op, v_smem.index(sl), o, is_async=True)
-            _pass_turn(turn, CID, PINGPONG, CONSUMERS)
-            o, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o, p_op))
+            if FP8:
+                o = warpgroup_mma(p_buf, v_smem.index(sl).permute((1, 0)), o, is_async=True)
+                _pass_turn(turn, CID, PINGPONG, CONSUMERS)
+                o = warpgroup_mma_wait(num_outstanding=0, deps=(o, ))
+            else:
+                o = warpgroup_mma(p_op, v_smem.index(sl), o, is_async=True)
+                _pass_turn(turn, CID, PINGPONG, CONSUMERS)
+                o, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o, p_op))
             mbarrier.arrive(v_empty.index(sl), count=1)
         if PERSISTENT:
             # Every product that read this Q has completed: the producer may load the next item's.
@@ -502,8 +552,11 @@ if gl is not None:
         seen = l_i > 0.0
         l_safe = gl.where(seen, l_i, 1.0)
         lse = gl.where(seen, m_i + gl.log2(l_safe), float("inf"))
-        inv_l = gl.convert_layout(1.0 / l_safe, gl.SliceLayout(1, o_layout))
-        out = (o * inv_l[:, None]).to(q_buf.dtype)
+        if FP8:  # V's descale, and O in bf16 (o_buf's dtype)
+            inv_l = gl.convert_layout(v_scale / l_safe, gl.SliceLayout(1, o_layout))
+        else:
+            inv_l = gl.convert_layout(1.0 / l_safe, gl.SliceLayout(1, o_layout))
+        out = (o * inv_l[:, None]).to(o_buf.dtype)
         gl.store(lse_ptr + rows, lse, mask=rows < n_q)
         if PERSISTENT:
             # O's own buffer, once the last item's store has read it; this store runs on while
@@ -678,11 +731,11 @@ if gl is not None:
     # compilations; nothing here loads along them with pointer arithmetic.
     @gluon.jit(do_not_specialize=("stride_lb", "stride_lh", "H_Q", "GROUP", "n_q", "n_k"))
     def _attn_fwd_sm90(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_lh,
-                       H_Q, GROUP, n_q, n_k, qk_scale, slopes_ptr,
+                       H_Q, GROUP, n_q, n_k, qk_scale, slopes_ptr, descale_ptr,
                        HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                        CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                        EAGER: gl.constexpr, CONSUMERS: gl.constexpr, HEAVY_FIRST: gl.constexpr = False,
-                       ALIBI: gl.constexpr = False):
+                       ALIBI: gl.constexpr = False, FP8: gl.constexpr = False):
         ROWS: gl.constexpr = 64
         BLOCK_M: gl.constexpr = CONSUMERS * ROWS
         n_m = gl.cdiv(n_q, BLOCK_M)
@@ -713,10 +766,32 @@ if gl is not None:
         n_tiles = gl.cdiv(gl.maximum(hi, 0), BLOCK_N)
         n_whole = gl.minimum(gl.maximum(whole, 0) // BLOCK_N, n_tiles)
 
-        smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, ROWS, HEAD_DIM], smem_layout)
-        k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], smem_layout)
-        v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], smem_layout)
+        if FP8:
+            # e4m3 Q, K and V^T (keys contiguous, [D, BLOCK_N] tiles: FP8 wgmma reads B K-major),
+            # rows of HEAD_DIM bytes (Q, K) and BLOCK_N bytes (V^T), each swizzled by its width;
+            # O in bf16 through a buffer of its own. descale_ptr: float32 [B, Hkv, 3], q's, k's
+            # and v's descales; q's and k's go into the scores' scale, v's into O's.
+            row_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=min(HEAD_DIM, 128),
+                                                            element_bitwidth=8, rank=2)
+            vt_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=min(BLOCK_N, 128),
+                                                           element_bitwidth=8, rank=2)
+            o_layout16: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+            q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, ROWS, HEAD_DIM], row_layout)
+            o_smem = gl.allocate_shared_memory(o_desc.dtype, [CONSUMERS, ROWS, HEAD_DIM], o_layout16)
+            k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], row_layout)
+            v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, HEAD_DIM, BLOCK_N], vt_layout)
+            p_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, ROWS, BLOCK_N], vt_layout)
+            which = (off_b * (H_Q // GROUP) + off_hkv) * 3
+            qk_scale = qk_scale * gl.load(descale_ptr + which) * gl.load(descale_ptr + which + 1)
+            v_scale = gl.load(descale_ptr + which + 2)
+        else:
+            smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+            q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, ROWS, HEAD_DIM], smem_layout)
+            o_smem = q_smem
+            k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], smem_layout)
+            v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], smem_layout)
+            p_smem = q_smem  # unused
+            v_scale = qk_scale  # unused
         q_full = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
         turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
         k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -740,27 +815,34 @@ if gl is not None:
         if CONSUMERS == 3:
             gl.warp_specialize([
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty,
-                             v_empty, off_b, off_h, off_hkv, start_m, n_tiles, BLOCK_N, STAGES, ROWS, CONSUMERS)),
-                (_consumer, (o_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty, turn,
-                             lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr, H_Q,
-                             HEAD_DIM, BLOCK_N, STAGES, ROWS, 0, CAUSAL, PINGPONG, EAGER, CONSUMERS, ALIBI)),
-                (_consumer, (o_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty, turn,
-                             lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr, H_Q,
-                             HEAD_DIM, BLOCK_N, STAGES, ROWS, 1, CAUSAL, PINGPONG, EAGER, CONSUMERS, ALIBI)),
-                (_consumer, (o_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty, turn,
-                             lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr, H_Q,
-                             HEAD_DIM, BLOCK_N, STAGES, ROWS, 2, CAUSAL, PINGPONG, EAGER, CONSUMERS, ALIBI)),
+                             v_empty, off_b, off_h, off_hkv, start_m, n_tiles, BLOCK_N, STAGES, ROWS, CONSUMERS,
+                             FP8)),
+                (_consumer, (o_desc, q_smem, o_smem, p_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty,
+                             turn, lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr,
+                             H_Q, v_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS, 0, CAUSAL, PINGPONG, EAGER, CONSUMERS,
+                             ALIBI, FP8)),
+                (_consumer, (o_desc, q_smem, o_smem, p_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty,
+                             turn, lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr,
+                             H_Q, v_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS, 1, CAUSAL, PINGPONG, EAGER, CONSUMERS,
+                             ALIBI, FP8)),
+                (_consumer, (o_desc, q_smem, o_smem, p_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty,
+                             turn, lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr,
+                             H_Q, v_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS, 2, CAUSAL, PINGPONG, EAGER, CONSUMERS,
+                             ALIBI, FP8)),
             ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
         else:
             gl.warp_specialize([
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty,
-                             v_empty, off_b, off_h, off_hkv, start_m, n_tiles, BLOCK_N, STAGES, ROWS, CONSUMERS)),
-                (_consumer, (o_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty, turn,
-                             lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr, H_Q,
-                             HEAD_DIM, BLOCK_N, STAGES, ROWS, 0, CAUSAL, PINGPONG, EAGER, CONSUMERS, ALIBI)),
-                (_consumer, (o_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty, turn,
-                             lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr, H_Q,
-                             HEAD_DIM, BLOCK_N, STAGES, ROWS, 1, CAUSAL, PINGPONG, EAGER, CONSUMERS, ALIBI)),
+                             v_empty, off_b, off_h, off_hkv, start_m, n_tiles, BLOCK_N, STAGES, ROWS, CONSUMERS,
+                             FP8)),
+                (_consumer, (o_desc, q_smem, o_smem, p_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty,
+                             turn, lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr,
+                             H_Q, v_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS, 0, CAUSAL, PINGPONG, EAGER, CONSUMERS,
+                             ALIBI, FP8)),
+                (_consumer, (o_desc, q_smem, o_smem, p_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty,
+                             turn, lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr,
+                             H_Q, v_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS, 1, CAUSAL, PINGPONG, EAGER, CONSUMERS,
+                             ALIBI, FP8)),
             ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -821,6 +903,7 @@ def launch_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch
         n_ctas, n_group = grouped_grid(n_m, n_bh, n_ctas) if config.grouped and causal else (n_ctas, n_bh)
         args = args[:-2] + (n_bh, n_group) + args[-2:]
         return args, kwargs, (n_ctas, )
+    args = args + (None, )  # the one-item kernel's descale_ptr: FP8's only (launch_arguments_fp8)
     if config.heavy_first and causal:
         kwargs["HEAVY_FIRST"] = True
         return args, kwargs, (batch * heads_q, triton.cdiv(n_q, config.block_m))
@@ -903,3 +986,112 @@ def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
     args, kwargs, grid = launch_arguments(q, k, v, o, lse, causal, scale, config, slopes)
     kernel(config)[grid](*args, **kwargs)
     return o, lse
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8 (e4m3) forward: the one-item kernel with FP8=True. Written and compile-checked for sm_90a
+# (tools/flash_bench/gluon_compile.py --fp8); NOT yet run on a GPU, so nothing takes it unless
+# ATTNKIT_TRITON_FLASH_GLUON_FP8=1 (launch.flash_fwd_fp8).
+# ---------------------------------------------------------------------------------------------
+
+#: FP8 inputs this kernel takes: e4m3, as the Triton FP8 forward (:data:`.launch.FP8_DTYPES`).
+FP8_DTYPES = (torch.float8_e4m3fn, )
+
+
+def fp8_unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                           variants: object | None = None) -> str | None:
+    """Why the FP8 kernel does not take the call (None: it does): dense ``[B, H, N, D]`` e4m3 q, k,
+    v on a Hopper GPU, head dim 64 or 128 (V's the same), GQA, causal or not, strides TMA can
+    address. Not: variants, other dtypes or head dims."""
+    if not plain_variants(causal, variants):
+        return "variants take the existing FP8 kernel"
+    tensors = (q, k, v)
+    if any(not isinstance(t, torch.Tensor) or t.dim() != 4 for t in tensors):
+        return "dense [batch, heads, seqlen, head_dim] tensors only"
+    if (reason := device_reason(q.device)) is not None:
+        return reason
+    if q.dtype not in FP8_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"float8_e4m3fn q, k, v, got {q.dtype}, {k.dtype}, {v.dtype}"
+    batch, heads_q, n_q, head_dim = q.shape
+    if head_dim not in HEAD_DIMS or k.shape[-1] != head_dim or v.shape[-1] != head_dim:
+        return f"head dims {HEAD_DIMS} (V's equal to Q's), got {head_dim}, {k.shape[-1]}, {v.shape[-1]}"
+    if k.shape != v.shape or k.shape[0] != batch or k.shape[1] == 0 or heads_q % k.shape[1]:
+        return f"k, v shapes {tuple(k.shape)}, {tuple(v.shape)} do not fit q {tuple(q.shape)}"
+    if batch * heads_q * n_q == 0 or k.shape[2] == 0:
+        return "empty inputs take the existing path"
+    if batch * heads_q > 65535:
+        return "batch x heads above 65535 (the grid's second axis)"
+    return strides_reason(q, k)
+
+
+def fp8_config(head_dim: int) -> Config:
+    """The FP8 kernel's tiles: the one-item grid, two consumers, 128 keys a tile; the tiles are
+    half the bytes of bf16's, so the ring is three deep at both head dims."""
+    return Config(block_n=128, stages=3, eager=True)
+
+
+def keys_last(v: torch.Tensor) -> torch.Tensor:
+    """V as ``[B, H, D, N]`` with the keys contiguous (FP8 wgmma reads its B operand K-major), rows
+    padded to 16 keys so that TMA can address them; a view of the first ``N`` columns."""
+    batch, heads, n_k, head_dim = v.shape
+    padded = triton.cdiv(n_k, 16) * 16
+    v_t = torch.empty((batch, heads, head_dim, padded), dtype=v.dtype, device=v.device)[..., :n_k]
+    v_t.copy_(v.transpose(2, 3))
+    return v_t
+
+
+def launch_arguments_fp8(q: torch.Tensor, k: torch.Tensor, v_t: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                         descales: torch.Tensor, causal: bool, scale: float,
+                         config: Config) -> tuple[tuple, dict, tuple[int, int]]:
+    """(positional arguments, keyword arguments, grid) of one FP8 launch: ``v_t`` from
+    :func:`keys_last`, ``o`` bf16 ``[B, Hq, Nq, D]``, ``descales`` float32 ``[B, Hkv, 3]`` (q's, k's,
+    v's)."""
+    batch, heads_q, n_q, head_dim = q.shape
+    heads_kv, n_k = k.shape[1], k.shape[2]
+    swizzle = min(head_dim, 128)
+    args = (descriptor(q, ROWS_PER_CONSUMER, swizzle), descriptor(k, config.block_n, swizzle),
+            descriptor(v_t, head_dim, min(config.block_n, 128), cols=config.block_n),
+            descriptor(o, ROWS_PER_CONSUMER), lse, lse.stride(0), lse.stride(1),
+            heads_q, heads_q // heads_kv, n_q, n_k, scale * LOG2E, None, descales)
+    kwargs = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.stages, CAUSAL=bool(causal),
+                  PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, EAGER=config.eager,
+                  CONSUMERS=config.consumers, FP8=True, num_warps=4)
+    return args, kwargs, (triton.cdiv(n_q, config.block_m), batch * heads_q)
+
+
+def fp8_descales(descales: tuple[torch.Tensor | None, ...], batch: int, heads_kv: int,
+                 device: torch.device) -> torch.Tensor:
+    """q's, k's and v's descales (each float [B, Hkv] or None for 1) as one float32 [B, Hkv, 3]."""
+    ones = torch.ones((batch, heads_kv), dtype=torch.float32, device=device)
+    return torch.stack([ones if d is None else d.to(torch.float32) for d in descales], dim=-1).contiguous()
+
+
+def warmup_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+               config: Config | None = None):
+    """Compile (without launching) the FP8 kernel for these inputs (see :func:`warmup`)."""
+    batch, heads_q, n_q, head_dim = q.shape
+    config = fp8_config(head_dim) if config is None else config
+    o = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty((batch, heads_q, n_q), dtype=torch.float32, device=q.device)
+    v_t = torch.empty((batch, k.shape[1], head_dim, triton.cdiv(k.shape[2], 16) * 16), dtype=v.dtype,
+                      device=v.device)[..., :k.shape[2]]
+    descales = torch.empty((batch, k.shape[1], 3), dtype=torch.float32, device=q.device)
+    args, kwargs, grid = launch_arguments_fp8(q, k, v_t, o, lse, descales, causal, scale, config)
+    return _attn_fwd_sm90.warmup(*args, **kwargs, grid=grid)
+
+
+def flash_fwd_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+                  descales: tuple[torch.Tensor | None, ...] = (None, None, None),
+                  config: Config | None = None) -> torch.Tensor:
+    """The FP8 forward's output, bf16 ``[B, Hq, Nq, D]``, for a call :func:`fp8_unsupported_reason`
+    takes: ``softmax(scale * q_descale * k_descale * q k^T) v * v_descale`` (descales float
+    ``[B, Hkv]`` or None for 1; FlashAttention-3's), as :func:`.launch.flash_fwd_fp8` returns it."""
+    batch, heads_q, n_q, head_dim = q.shape
+    config = fp8_config(head_dim) if config is None else config
+    o = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty((batch, heads_q, n_q), dtype=torch.float32, device=q.device)  # written, not returned
+    args, kwargs, grid = launch_arguments_fp8(q, k, keys_last(v), o, lse,
+                                              fp8_descales(descales, batch, k.shape[1], q.device),
+                                              causal, scale, config)
+    _attn_fwd_sm90[grid](*args, **kwargs)
+    return o

@@ -53,3 +53,37 @@ def test_alibi_is_the_gluon_forward_s_and_not_the_gluon_backward_s() -> None:
     for other in (launch.Variants(softcap=30.0), launch.Variants(alibi_slopes=torch.ones(2), sinks=torch.ones(2))):
         assert "variants" in gluon_forward.unsupported_reason(q, q, q, False, 0.125, variants=other)
     assert "variants" in gluon_backward.unsupported_reason(q, q, q, True, 0.125, variants=alibi)
+
+
+def test_the_gluon_fp8_forward_is_taken_only_when_asked_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The FP8 Gluon kernel is compile-checked, not yet run on a GPU: off unless
+    ATTNKIT_TRITON_FLASH_GLUON_FP8=1, and the header (here a Hopper's, its device check stubbed)
+    says when it is on. What it refuses: the CPU, dtypes other than e4m3, variants."""
+    from pytest_attnkit.implementations.triton_flash import gluon_forward
+
+    hopper = torch.device("cuda")
+    monkeypatch.setattr(gluon_forward, "device_reason", lambda device: None)  # the header of a Hopper
+    assert launch.path_note(hopper).startswith("forward: Gluon") and "FP8" not in launch.path_note(hopper)
+    monkeypatch.undo()
+    q = _dense(dtype=torch.float8_e4m3fn)
+    assert "CUDA device" in gluon_forward.fp8_unsupported_reason(q, q, q, False)
+    windowed = launch.Variants(causal=True, window=(32, 0))
+    assert "variants" in gluon_forward.fp8_unsupported_reason(q, q, q, True, variants=windowed)
+    monkeypatch.setattr(gluon_forward, "device_reason", lambda device: None)
+    assert "float8_e4m3fn" in gluon_forward.fp8_unsupported_reason(_dense(), _dense(), _dense(), False)
+    monkeypatch.setenv("ATTNKIT_TRITON_FLASH_GLUON_FP8", "1")
+    assert "FP8 too (ATTNKIT_TRITON_FLASH_GLUON_FP8=1, not yet run on a GPU)" in launch.path_note(hopper)
+    monkeypatch.setenv("ATTNKIT_TRITON_FLASH_GLUON", "0")  # the Gluon switch turns FP8 off too
+    assert "FP8" not in launch.path_note(hopper)
+
+
+def test_the_gluon_fp8_inputs_v_with_keys_last_and_the_descales_in_one_tensor() -> None:
+    from pytest_attnkit.implementations.triton_flash import gluon_forward
+
+    v = torch.randn(2, 3, 37, 64).to(torch.float8_e4m3fn)
+    v_t = gluon_forward.keys_last(v)
+    assert v_t.shape == (2, 3, 64, 37) and v_t.stride(-1) == 1 and v_t.stride(-2) == 48  # padded to 16 keys
+    assert torch.equal(v_t.transpose(2, 3).float(), v.float())
+    descales = gluon_forward.fp8_descales((None, torch.full((2, 3), 2.0), torch.full((2, 3), 0.5)), 2, 3,
+                                          torch.device("cpu"))
+    assert descales.shape == (2, 3, 3) and descales.is_contiguous() and descales[1, 2].tolist() == [1.0, 2.0, 0.5]

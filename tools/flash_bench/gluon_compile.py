@@ -13,7 +13,8 @@ A stand-in driver (``sm90_compile._TargetOnly``) answers Triton's questions abou
   is in flight (FlashAttention-3's overlap inside a warp group).
 
 Usage: python3 tools/flash_bench/gluon_compile.py [--quick] [--dump DIR] [--config n128s2 ...] [--causal] [--alibi]
-(``--quick``: the default configurations, bf16, causal and not; ``--config`` adds others.)
+[--fp8] (``--quick``: the default configurations, bf16, causal and not; ``--config`` adds others;
+``--fp8``: the FP8 kernel, e4m3, at each head dim, causal and not.)
 Exit status 1 if any configuration fails to compile, spills, or does not fit in shared memory.
 """
 
@@ -252,6 +253,8 @@ def main() -> int:
     parser.add_argument("--causal", action="store_true",
                         help="compile each --config causal too (the persistent grid deals causal items its own way)")
     parser.add_argument("--alibi", action="store_true", help="compile every kernel with ALiBi (its own kernels)")
+    parser.add_argument("--fp8", action="store_true",
+                        help="compile the FP8 (e4m3) kernel instead, d64 and d128, causal and not (fp8_config)")
     args = parser.parse_args()
 
     sys.path.insert(0, str(HERE))
@@ -260,12 +263,18 @@ def main() -> int:
         return 1
     extra = [] if args.quick else ["n128s3", "n128s2", "n64s2", "n128s2-nopp", "n128s2-eager"]
     matrix = config_matrix(gf, args.quick, extra + args.config, args.causal)
+    if args.fp8:
+        matrix = [(head_dim, causal, torch.float8_e4m3fn, gf.fp8_config(head_dim))
+                  for head_dim in gf.HEAD_DIMS for causal in (False, True)]
 
     def warm(head_dim, causal, dtype, config):
         q = torch.empty(1, 2, 1000, head_dim, dtype=dtype)
+        if args.fp8:
+            return gf.warmup_fp8(q, torch.empty_like(q), torch.empty_like(q), causal, head_dim ** -0.5, config)
         return gf.warmup(q, torch.empty_like(q), torch.empty_like(q), causal, head_dim ** -0.5, config, args.alibi)
 
-    failures, _ = compile_matrix(gf, matrix, "alibi " if args.alibi else "", warm, describe, args.dump, 2000)
+    prefix = "fp8 " if args.fp8 else "alibi " if args.alibi else ""
+    failures, _ = compile_matrix(gf, matrix, prefix, warm, describe, args.dump, 2000)
     print("OK" if failures == 0 else f"{failures} configuration(s) failed, spilled or did not fit")
     return 1 if failures else 0
 
