@@ -73,10 +73,12 @@ def plain_variants(causal: bool, variants: object | None, alibi: bool = False) -
         alibi and key == (bool(causal), None, False, True, False))
 
 
-def dense_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
+def dense_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtypes: tuple[torch.dtype, ...] = DTYPES,
+                 dtype_words: str = "float16 or bfloat16") -> str | None:
     """Why q, k, v are not the dense inputs both kernels take (None: they are): tensors
-    ``[B, H, N, D]`` on one Hopper GPU (:func:`device_reason`), float16/bfloat16 of one dtype, head
-    dim 64 or 128 (V's the same), Hq a multiple of Hkv, nothing empty."""
+    ``[B, H, N, D]`` on one Hopper GPU (:func:`device_reason`), of one dtype among ``dtypes``
+    (float16/bfloat16; the FP8 forward's e4m3, said as ``dtype_words``), head dim 64 or 128 (V's
+    the same), Hq a multiple of Hkv, nothing empty."""
     tensors = (q, k, v)
     if not all(isinstance(t, torch.Tensor) for t in tensors):
         return "q, k, v must be tensors"
@@ -86,8 +88,8 @@ def dense_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | Non
         return reason
     if any(t.device != q.device for t in tensors):
         return "q, k, v on one device"
-    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
-        return f"float16 or bfloat16 q, k, v of one dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+    if q.dtype not in dtypes or k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"{dtype_words} q, k, v of one dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
     batch, heads_q, n_q, head_dim = q.shape
     if head_dim not in HEAD_DIMS or k.shape[-1] != head_dim or v.shape[-1] != head_dim:
         return f"head dims {HEAD_DIMS} (V's equal to Q's), got {head_dim}, {k.shape[-1]}, {v.shape[-1]}"

@@ -1005,20 +1005,9 @@ def fp8_unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca
     address. Not: variants, other dtypes or head dims."""
     if not plain_variants(causal, variants):
         return "variants take the existing FP8 kernel"
-    tensors = (q, k, v)
-    if any(not isinstance(t, torch.Tensor) or t.dim() != 4 for t in tensors):
-        return "dense [batch, heads, seqlen, head_dim] tensors only"
-    if (reason := device_reason(q.device)) is not None:
+    if (reason := dense_reason(q, k, v, FP8_DTYPES, "float8_e4m3fn")) is not None:
         return reason
-    if q.dtype not in FP8_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
-        return f"float8_e4m3fn q, k, v, got {q.dtype}, {k.dtype}, {v.dtype}"
-    batch, heads_q, n_q, head_dim = q.shape
-    if head_dim not in HEAD_DIMS or k.shape[-1] != head_dim or v.shape[-1] != head_dim:
-        return f"head dims {HEAD_DIMS} (V's equal to Q's), got {head_dim}, {k.shape[-1]}, {v.shape[-1]}"
-    if k.shape != v.shape or k.shape[0] != batch or k.shape[1] == 0 or heads_q % k.shape[1]:
-        return f"k, v shapes {tuple(k.shape)}, {tuple(v.shape)} do not fit q {tuple(q.shape)}"
-    if batch * heads_q * n_q == 0 or k.shape[2] == 0:
-        return "empty inputs take the existing path"
+    batch, heads_q = q.shape[:2]
     if batch * heads_q > 65535:
         return "batch x heads above 65535 (the grid's second axis)"
     return strides_reason(q, k)
@@ -1073,8 +1062,7 @@ def warmup_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, 
     config = fp8_config(head_dim) if config is None else config
     o = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
     lse = torch.empty((batch, heads_q, n_q), dtype=torch.float32, device=q.device)
-    v_t = torch.empty((batch, k.shape[1], head_dim, triton.cdiv(k.shape[2], 16) * 16), dtype=v.dtype,
-                      device=v.device)[..., :k.shape[2]]
+    v_t = keys_last(v)
     descales = torch.empty((batch, k.shape[1], 3), dtype=torch.float32, device=q.device)
     args, kwargs, grid = launch_arguments_fp8(q, k, v_t, o, lse, descales, causal, scale, config)
     return _attn_fwd_sm90.warmup(*args, **kwargs, grid=grid)

@@ -59,7 +59,7 @@ def test_the_gluon_fp8_forward_is_taken_only_when_asked_and_says_so(monkeypatch:
     """The FP8 Gluon kernel is compile-checked, not yet run on a GPU: off unless
     ATTNKIT_TRITON_FLASH_GLUON_FP8=1, and the header (here a Hopper's, its device check stubbed)
     says when it is on. What it refuses: the CPU, dtypes other than e4m3, variants."""
-    from pytest_attnkit.implementations.triton_flash import gluon_forward
+    from pytest_attnkit.implementations.triton_flash import gluon_common, gluon_forward
 
     hopper = torch.device("cuda")
     monkeypatch.setattr(gluon_forward, "device_reason", lambda device: None)  # the header of a Hopper
@@ -70,6 +70,7 @@ def test_the_gluon_fp8_forward_is_taken_only_when_asked_and_says_so(monkeypatch:
     windowed = launch.Variants(causal=True, window=(32, 0))
     assert "variants" in gluon_forward.fp8_unsupported_reason(q, q, q, True, variants=windowed)
     monkeypatch.setattr(gluon_forward, "device_reason", lambda device: None)
+    monkeypatch.setattr(gluon_common, "device_reason", lambda device: None)  # dense_reason's check
     assert "float8_e4m3fn" in gluon_forward.fp8_unsupported_reason(_dense(), _dense(), _dense(), False)
     monkeypatch.setenv("ATTNKIT_TRITON_FLASH_GLUON_FP8", "1")
     assert "FP8 too (ATTNKIT_TRITON_FLASH_GLUON_FP8=1, not yet run on a GPU)" in launch.path_note(hopper)
