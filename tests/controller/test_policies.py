@@ -121,6 +121,29 @@ def test_a_free_slot_goes_to_the_most_work_left_per_running_request() -> None:
     assert work.ranked([fast, slow], pending, {"slow": 20}) == [fast, slow]  # slow already has many slots
 
 
+def test_the_work_left_counts_what_queued_requests_took_last_time_and_not_those_run_alone() -> None:
+    """results/2026-11-27-session9: an implementation with as many requests as another but four
+    times their remembered seconds gets the free slots, until its share of running requests
+    matches; a request not remembered counts as its implementation's mean so far, and one that
+    must run alone (with nothing beside it, whoever holds the slots) counts nothing."""
+    work = WorkLeft()
+    for _ in range(4):
+        work.record("flex", 2.0)
+        work.record("sdpa", 2.0)  # the same mean: a count of requests could not tell them apart
+    flex = deque(job("flex", last_s=4.0) for _ in range(10))
+    sdpa = deque(job("sdpa", last_s=1.0) for _ in range(10))
+    pending = {"flex": flex, "sdpa": sdpa}
+    assert work.queued_s("flex", flex) == pytest.approx(40.0) and work.queued_s("sdpa", sdpa) == pytest.approx(10.0)
+    assert work.ranked([sdpa[0], flex[0]], pending, {}) == [flex[0], sdpa[0]]
+    assert work.ranked([sdpa[0], flex[0]], pending, {"flex": 3}) == [flex[0], sdpa[0]]  # 40/4 > 10/1
+    assert work.ranked([sdpa[0], flex[0]], pending, {"flex": 4}) == [sdpa[0], flex[0]]  # 40/5 < 10/1
+    sdpa.extend(job("sdpa") for _ in range(10))  # not remembered: the mean so far, 2 s each
+    assert work.queued_s("sdpa", sdpa) == pytest.approx(30.0)
+    sdpa.extend(job("sdpa", last_s=100.0, alone=True) for _ in range(3))
+    assert work.queued_s("sdpa", sdpa) == pytest.approx(30.0)
+    assert work.queued_s("new", deque([job("new")])) == pytest.approx(2.0)  # the mean over all
+
+
 # -- pruning --------------------------------------------------------------------------------------
 def test_warm_ups_are_pointless_once_an_implementation_has_shown_it_compiles_nothing() -> None:
     pruned = WarmUpPruning()

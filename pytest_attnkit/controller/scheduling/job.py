@@ -63,6 +63,10 @@ class Job:
     #: :mod:`~pytest_attnkit.controller.scheduling.durations`): it then starts before the rest of
     #: its implementation's queue, longest first.
     long_s: float = 0.0
+    #: How long its request took the last time it ran, however long, or None (never run, or
+    #: nothing remembered): the work left in its implementation's queue counts it
+    #: (:class:`~pytest_attnkit.controller.scheduling.order.WorkLeft`).
+    last_s: float | None = None
 
     @property
     def dedicated(self) -> "tuple[str, str] | None":

@@ -8,9 +8,9 @@
   they ran start before the rest, longest first
   (:mod:`~pytest_attnkit.controller.scheduling.durations`), so they make no tail.
 - A free slot goes to the implementation with the most work left per running request
-  (:class:`WorkLeft`): its queued requests times the mean time its requests took so far (the mean
-  over all until it has one). So the run ends when the slowest implementation ends, not long after
-  the others.
+  (:class:`WorkLeft`): the seconds its queued requests took the last time they ran, and for those
+  not remembered, the mean time its requests took so far (the mean over all until it has one).
+  So the run ends when the slowest implementation ends, not long after the others.
 """
 
 from __future__ import annotations
@@ -55,7 +55,15 @@ def first_ready(queue: deque[Job], busy: Callable[[Job], bool], long_first: bool
 
 
 class WorkLeft:
-    """Per implementation, (requests finished, seconds they took): the work left in its queue."""
+    """Per implementation, (requests finished, seconds they took): the work left in its queue.
+
+    Counted as the queue's requests would take: the time each took the last time it ran
+    (``Job.last_s``), else the implementation's mean so far. A count of requests times one mean
+    is blind to what is in the queue: on an H200 warm run, torch_flex's 293 requests (434 s of
+    work) and triton_flash's 292 (103 s) looked alike while every worker was started, torch_flex got
+    5 to 8 of the 16 slots until the others ran out of work at 42 s, and ran on alone until 66 s
+    (results/2026-11-27-session9). Requests that must run alone are left out: they run with nothing
+    beside them, whoever holds the slots."""
 
     def __init__(self) -> None:
         self._done: dict[str, tuple[int, float]] = {}
@@ -72,14 +80,26 @@ class WorkLeft:
         total_count = sum(count for count, _ in self._done.values())
         return sum(seconds for _, seconds in self._done.values()) / total_count if total_count else 1.0
 
-    def of(self, impl: str, queued: int, running: int) -> float:
+    def queued_s(self, impl: str, queue: "deque[Job] | Sequence[Job]") -> float:
+        """The seconds ``impl``'s queued requests would take (see the class's docstring)."""
+        remembered, unknown = 0.0, 0
+        for job in queue:
+            if job.alone:
+                continue
+            if job.last_s is None:
+                unknown += 1
+            else:
+                remembered += job.last_s
+        return remembered + (unknown * self.mean_s(impl) if unknown else 0.0)
+
+    def of(self, impl: str, queue: "deque[Job] | Sequence[Job]", running: int) -> float:
         """Seconds of queued work per running request (plus the one it would start)."""
-        return queued * self.mean_s(impl) / (running + 1)
+        return self.queued_s(impl, queue) / (running + 1)
 
     def ranked(self, ready: list[Job], pending: Mapping[str, deque[Job]], running: Mapping[str, int]) -> list[Job]:
         """``ready`` jobs, the implementation with the most work left per running request first."""
-        return sorted(ready, key=lambda job: (-self.of(job.impl, len(pending.get(job.impl, ())),
-                                                       running.get(job.impl, 0)), job.seq))
+        work = {impl: self.of(impl, pending.get(impl, ()), running.get(impl, 0)) for impl in {job.impl for job in ready}}
+        return sorted(ready, key=lambda job: (-work[job.impl], job.seq))
 
 
 def choose(pending: Mapping[str, deque[Job]], running: Sequence[Job], *, jobs: int, budget: MemoryBudget,
