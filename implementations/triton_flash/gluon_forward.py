@@ -96,13 +96,16 @@ tile ranges and masks against float64); ``tools/flash_bench/gluon_compile.py`` c
 and checks the SASS for instructions that touch registers of an in-flight ``wgmma``.
 
 FP8 (``FP8=True``, the one-item grid only; NOTES.md, v20): e4m3 Q, K and V^T (keys contiguous:
-FP8 ``wgmma`` reads its B operand K-major, so V is transposed on the host, :func:`keys_last`),
+FP8 ``wgmma`` reads its B operand K-major, so V is transposed on the host, ``launch.keys_contiguous``),
 wgmma's K of 32, the scores scaled before the maximum (the scale carries q's and k's descales,
 of either sign), P through a shared buffer per consumer (triton 3.6 cannot keep an in-flight
 ``wgmma``'s 8-bit register operand alive: "Unexpected bitwidth in WGMMAWaitGroupOp"), stored once
 the previous PV product has read it, and O in bf16 times V's descale through a buffer of its own.
 Compile-checked for sm_90a (``gluon_compile.py --fp8``: no spills; the bf16 kernels' SASS
-unchanged), not yet run on a GPU: nothing takes it unless ``ATTNKIT_TRITON_FLASH_GLUON_FP8=1``.
+unchanged). Run on an H200 and an H100 (NOTES.md, v20.1): right on the harness's FP8 cases; at
+d128 the kernel is 1.0-1.14x the Triton FP8 kernel and 1.3x the Gluon bf16 one, at d64 0.83x the
+Triton FP8 kernel. Its call lost to the Triton path through torch's copy of V^T, since replaced by
+the Triton path's copy, not yet re-run: nothing takes it unless ``ATTNKIT_TRITON_FLASH_GLUON_FP8=1``.
 
 The host side: :func:`supports` (which calls this kernel takes), :func:`flash_fwd` (the launcher,
 with :func:`.launch.flash_fwd`'s signature for the dense case), :class:`Config` (tiles: the default,
@@ -989,9 +992,10 @@ def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
 
 
 # ---------------------------------------------------------------------------------------------
-# FP8 (e4m3) forward: the one-item kernel with FP8=True. Written and compile-checked for sm_90a
-# (tools/flash_bench/gluon_compile.py --fp8); NOT yet run on a GPU, so nothing takes it unless
-# ATTNKIT_TRITON_FLASH_GLUON_FP8=1 (launch.flash_fwd_fp8).
+# FP8 (e4m3) forward: the one-item kernel with FP8=True. Compile-checked for sm_90a
+# (tools/flash_bench/gluon_compile.py --fp8) and run on a GPU (NOTES.md, v20.1); nothing takes it
+# unless ATTNKIT_TRITON_FLASH_GLUON_FP8=1 (launch.flash_fwd_fp8) until a GPU run shows its call,
+# with V^T from the Triton path's copy, at least as fast as the Triton FP8 forward.
 # ---------------------------------------------------------------------------------------------
 
 #: FP8 inputs this kernel takes: e4m3, as the Triton FP8 forward (:data:`.launch.FP8_DTYPES`).
@@ -1019,21 +1023,20 @@ def fp8_config(head_dim: int) -> Config:
     return Config(block_n=128, stages=3, eager=True)
 
 
-def keys_last(v: torch.Tensor) -> torch.Tensor:
-    """V as ``[B, H, D, N]`` with the keys contiguous (FP8 wgmma reads its B operand K-major), rows
-    padded to 16 keys so that TMA can address them; a view of the first ``N`` columns."""
+def keys_last_like(v: torch.Tensor) -> torch.Tensor:
+    """An empty ``[B, H, D, N]`` of ``v``'s (``[B, H, N, D]``) dtype with the keys contiguous and
+    rows padded to 16 keys, the layout :func:`flash_fwd_fp8` takes V in (for a warm-up, which
+    compiles without reading it)."""
     batch, heads, n_k, head_dim = v.shape
     padded = triton.cdiv(n_k, 16) * 16
-    v_t = torch.empty((batch, heads, head_dim, padded), dtype=v.dtype, device=v.device)[..., :n_k]
-    v_t.copy_(v.transpose(2, 3))
-    return v_t
+    return torch.empty((batch, heads, head_dim, padded), dtype=v.dtype, device=v.device)[..., :n_k]
 
 
 def launch_arguments_fp8(q: torch.Tensor, k: torch.Tensor, v_t: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                          descales: torch.Tensor, causal: bool, scale: float,
                          config: Config) -> tuple[tuple, dict, tuple[int, int]]:
     """(positional arguments, keyword arguments, grid) of one FP8 launch: ``v_t`` from
-    :func:`keys_last`, ``o`` bf16 ``[B, Hq, Nq, D]``, ``descales`` float32 ``[B, Hkv, 3]`` (q's, k's,
+    ``flash_fwd_fp8``'s, ``o`` bf16 ``[B, Hq, Nq, D]``, ``descales`` float32 ``[B, Hkv, 3]`` (q's, k's,
     v's)."""
     batch, heads_q, n_q, head_dim = q.shape
     heads_kv, n_k = k.shape[1], k.shape[2]
@@ -1062,23 +1065,29 @@ def warmup_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, 
     config = fp8_config(head_dim) if config is None else config
     o = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
     lse = torch.empty((batch, heads_q, n_q), dtype=torch.float32, device=q.device)
-    v_t = keys_last(v)
+    v_t = keys_last_like(v)
     descales = torch.empty((batch, k.shape[1], 3), dtype=torch.float32, device=q.device)
     args, kwargs, grid = launch_arguments_fp8(q, k, v_t, o, lse, descales, causal, scale, config)
     return _attn_fwd_sm90.warmup(*args, **kwargs, grid=grid)
 
 
-def flash_fwd_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+def flash_fwd_fp8(q: torch.Tensor, k: torch.Tensor, v_t: torch.Tensor, causal: bool, scale: float,
                   descales: tuple[torch.Tensor | None, ...] = (None, None, None),
                   config: Config | None = None) -> torch.Tensor:
     """The FP8 forward's output, bf16 ``[B, Hq, Nq, D]``, for a call :func:`fp8_unsupported_reason`
     takes: ``softmax(scale * q_descale * k_descale * q k^T) v * v_descale`` (descales float
-    ``[B, Hkv]`` or None for 1; FlashAttention-3's), as :func:`.launch.flash_fwd_fp8` returns it."""
+    ``[B, Hkv]`` or None for 1; FlashAttention-3's), as :func:`.launch.flash_fwd_fp8` returns it.
+
+    ``v_t`` is V as ``[B, H, D, N]`` with the keys contiguous (FP8 wgmma reads its B operand
+    K-major) and each row 16-byte aligned, as TMA needs: the Triton FP8 kernel's copy
+    (``launch.keys_contiguous(v).transpose(2, 3)``). torch's own strided copy of an e4m3
+    ``v.transpose(2, 3)`` took 222 us a call at 16k tokens x 2048 on an H100, against 21 us for that
+    one, and made this forward slower than the Triton one (NOTES.md, v20.1)."""
     batch, heads_q, n_q, head_dim = q.shape
     config = fp8_config(head_dim) if config is None else config
     o = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
     lse = torch.empty((batch, heads_q, n_q), dtype=torch.float32, device=q.device)  # written, not returned
-    args, kwargs, grid = launch_arguments_fp8(q, k, keys_last(v), o, lse,
+    args, kwargs, grid = launch_arguments_fp8(q, k, v_t, o, lse,
                                               fp8_descales(descales, batch, k.shape[1], q.device),
                                               causal, scale, config)
     _attn_fwd_sm90[grid](*args, **kwargs)

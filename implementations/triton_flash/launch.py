@@ -614,14 +614,14 @@ def path_note(device: torch.device) -> str:
     reason = gluon_forward.device_reason(device)
     if reason is not None:
         return f"forward: Triton kernels (the Gluon forward needs {reason})"
-    fp8 = "; FP8 too (ATTNKIT_TRITON_FLASH_GLUON_FP8=1, not yet run on a GPU)" if _gluon_fp8_on() else ""
+    fp8 = "; FP8 too (ATTNKIT_TRITON_FLASH_GLUON_FP8=1, on trial)" if _gluon_fp8_on() else ""
     return ("forward: Gluon (sm_90) on dense fp16/bf16 d64/d128, causal or not, ALiBi or not" + fp8
             + "; Triton kernels for the rest and the backward")
 
 
 def _gluon_fp8_on() -> bool:
-    """The Gluon FP8 forward is taken only when asked for: written and compile-checked, not yet run
-    on a GPU (:mod:`.gluon_forward`, its FP8 section)."""
+    """The Gluon FP8 forward is taken only when asked for: right on a GPU, but not yet shown faster
+    than the Triton FP8 forward there (:mod:`.gluon_forward`, its FP8 section; NOTES.md, v20.1)."""
     return os.environ.get("ATTNKIT_TRITON_FLASH_GLUON_FP8") == "1" and not _gluon_off()
 
 
@@ -791,12 +791,14 @@ def flash_fwd_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if n_k == 0:
         return o.zero_()
     q, k = _head_dim_contiguous(q), _head_dim_contiguous(k)
+    v_t = keys_contiguous(v)
     if tiles is None and _gluon_fp8_on():
         from . import gluon_forward
 
-        if gluon_forward.fp8_unsupported_reason(q, k, v, causal) is None:
-            return gluon_forward.flash_fwd_fp8(q, k, v, causal, scale, descales)
-    v_t = keys_contiguous(v)
+        # V^T's rows must start 16-byte aligned for TMA: a copy's are; a V handed in with its keys
+        # contiguous already (returned as it is) may have one key and a row stride of anything.
+        if gluon_forward.fp8_unsupported_reason(q, k, v, causal) is None and v_t.stride(3) % 16 == 0:
+            return gluon_forward.flash_fwd_fp8(q, k, v_t.transpose(2, 3), causal, scale, descales)
     descales = _descales(descales, batch, heads_kv, q.device)
     if tiles is None:
         plan_key = (q.shape, k.shape, q.dtype, causal, q.device)

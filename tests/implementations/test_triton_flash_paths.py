@@ -56,7 +56,7 @@ def test_alibi_is_the_gluon_forward_s_and_not_the_gluon_backward_s() -> None:
 
 
 def test_the_gluon_fp8_forward_is_taken_only_when_asked_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The FP8 Gluon kernel is compile-checked, not yet run on a GPU: off unless
+    """The FP8 Gluon kernel is right on a GPU but not yet shown faster than the Triton one: off unless
     ATTNKIT_TRITON_FLASH_GLUON_FP8=1, and the header (here a Hopper's, its device check stubbed)
     says when it is on. What it refuses: the CPU, dtypes other than e4m3, variants."""
     from pytest_attnkit.implementations.triton_flash import gluon_common, gluon_forward
@@ -73,18 +73,23 @@ def test_the_gluon_fp8_forward_is_taken_only_when_asked_and_says_so(monkeypatch:
     monkeypatch.setattr(gluon_common, "device_reason", lambda device: None)  # dense_reason's check
     assert "float8_e4m3fn" in gluon_forward.fp8_unsupported_reason(_dense(), _dense(), _dense(), False)
     monkeypatch.setenv("ATTNKIT_TRITON_FLASH_GLUON_FP8", "1")
-    assert "FP8 too (ATTNKIT_TRITON_FLASH_GLUON_FP8=1, not yet run on a GPU)" in launch.path_note(hopper)
+    assert "FP8 too (ATTNKIT_TRITON_FLASH_GLUON_FP8=1, on trial)" in launch.path_note(hopper)
     monkeypatch.setenv("ATTNKIT_TRITON_FLASH_GLUON", "0")  # the Gluon switch turns FP8 off too
     assert "FP8" not in launch.path_note(hopper)
 
 
 def test_the_gluon_fp8_inputs_v_with_keys_last_and_the_descales_in_one_tensor() -> None:
+    """V^T as the Gluon FP8 kernel takes it (the Triton FP8 kernel's copy seen keys last, whose
+    values the GPU run checks; its warm-up's empty one here), rows padded to 16 keys; a V handed in
+    keys-contiguous with rows 16-byte aligned is taken as it is; the descales in one tensor."""
     from pytest_attnkit.implementations.triton_flash import gluon_forward
 
     v = torch.randn(2, 3, 37, 64).to(torch.float8_e4m3fn)
-    v_t = gluon_forward.keys_last(v)
+    v_t = gluon_forward.keys_last_like(v)
     assert v_t.shape == (2, 3, 64, 37) and v_t.stride(-1) == 1 and v_t.stride(-2) == 48  # padded to 16 keys
-    assert torch.equal(v_t.transpose(2, 3).float(), v.float())
+    assert v_t.dtype == v.dtype
+    given = torch.randn(2, 3, 64, 48).to(torch.float8_e4m3fn)[..., :37].transpose(2, 3)  # keys contiguous
+    assert launch.keys_contiguous(given) is given and given.stride(3) % 16 == 0
     descales = gluon_forward.fp8_descales((None, torch.full((2, 3), 2.0), torch.full((2, 3), 0.5)), 2, 3,
                                           torch.device("cpu"))
     assert descales.shape == (2, 3, 3) and descales.is_contiguous() and descales[1, 2].tolist() == [1.0, 2.0, 0.5]
