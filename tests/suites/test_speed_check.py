@@ -520,10 +520,18 @@ class EscapingPool(SharedPool):
         return Reply(reply.status, reply.message, data)
 
 
-def test_work_that_escapes_the_timed_stream_fails_and_on_a_shared_gpu_is_not_judged(tmp_path: Path) -> None:
+def test_work_that_escapes_the_timed_stream_fails_and_on_a_shared_gpu_is_not_judged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """On an H200 beside a matmul loop in another process, torch_sdpa itself "escaped the timed
     stream" (0.90 ms by events, 2.94 ms waited): the host waits for the other process's kernels
-    too. There the check cannot tell, and says so; alone on the GPU it fails the kernel."""
+    too. There the check cannot tell, and says so; alone on the GPU it fails the kernel.
+
+    No worker of this pytest process may have had pid 777 (they are this run's own, not "others"):
+    in a fresh container, where pids start low, an earlier test's worker did, and the check saw a
+    GPU to itself."""
+    from pytest_attnkit.controller import process
+
+    monkeypatch.setattr(process, "_STARTED", set())
     alone = make_check(EscapingPool({"kernel": [1.0]}, []), BaselineStore(tmp_path, DEVICE))
     with judged("failed", r"kernel on .* \(forward\): its work escapes the timed stream: CUDA events on the "
                           r"current stream saw 1\.0000 ms per call, but after issuing a call the host waited 4\.5000 ms"):
