@@ -14,7 +14,8 @@ A stand-in driver (``sm90_compile._TargetOnly``) answers Triton's questions abou
 
 Usage: python3 tools/flash_bench/gluon_compile.py [--quick] [--dump DIR] [--config n128s2 ...] [--causal] [--alibi]
 [--fp8] (``--quick``: the default configurations, bf16, causal and not; ``--config`` adds others;
-``--fp8``: the FP8 kernel, e4m3, at each head dim, causal and not.)
+``--fp8``: the FP8 kernel, e4m3, at each head dim, causal and not, in its configuration and each
+``--config``.)
 Exit status 1 if any configuration fails to compile, spills, or does not fit in shared memory.
 """
 
@@ -254,7 +255,8 @@ def main() -> int:
                         help="compile each --config causal too (the persistent grid deals causal items its own way)")
     parser.add_argument("--alibi", action="store_true", help="compile every kernel with ALiBi (its own kernels)")
     parser.add_argument("--fp8", action="store_true",
-                        help="compile the FP8 (e4m3) kernel instead, d64 and d128, causal and not (fp8_config)")
+                        help="compile the FP8 (e4m3) kernel instead, d64 and d128, causal and not "
+                             "(fp8_config, and each --config)")
     args = parser.parse_args()
 
     sys.path.insert(0, str(HERE))
@@ -263,9 +265,10 @@ def main() -> int:
         return 1
     extra = [] if args.quick else ["n128s3", "n128s2", "n64s2", "n128s2-nopp", "n128s2-eager"]
     matrix = config_matrix(gf, args.quick, extra + args.config, args.causal)
-    if args.fp8:
-        matrix = [(head_dim, causal, torch.float8_e4m3fn, gf.fp8_config(head_dim))
-                  for head_dim in gf.HEAD_DIMS for causal in (False, True)]
+    if args.fp8:  # the FP8 kernel's configuration, and each --config (one-item grid, eager only)
+        matrix = [(head_dim, causal, torch.float8_e4m3fn, config)
+                  for head_dim in gf.HEAD_DIMS for causal in (False, True)
+                  for config in [gf.fp8_config(head_dim)] + [gf.Config.parse(text) for text in args.config]]
 
     def warm(head_dim, causal, dtype, config):
         q = torch.empty(1, 2, 1000, head_dim, dtype=dtype)

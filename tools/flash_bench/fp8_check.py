@@ -1,0 +1,254 @@
+"""One GPU run for triton_flash's FP8 (e4m3) Gluon forward: right on many shapes, and how fast its
+call is beside the Triton FP8 forward and the bf16 forwards (issue 42, goal 3; NOTES.md v20, v20.1).
+
+Usage, on the Hopper machine after tools/install_offline.sh, from the repository root (about two
+minutes on an H200; run it under ``timeout``: a configuration that hangs hangs the run):
+
+    python3 tools/flash_bench/fp8_check.py --out DIR [--configs n128s3-eager,n128s2-eager,...]
+        [--skip-correctness] [--skip-timing]
+
+1. correctness: every shape of ``gluon_check.CORRECTNESS_SHAPES`` (odd lengths, Nq != Nk both
+   ways, GQA and MQA, one row, one key, 16k) at d64 and d128, causal and not, in e4m3 with the
+   harness's FP8 inputs (a descale per batch and kv head), judged by the harness itself
+   (``pytest_attnkit.worker.correctness.run_correctness``, FlashAttention-3's FP8 rule), through
+   the Gluon FP8 forward in each configuration of ``--configs``. Each case also says whether the
+   Gluon kernel took it (a call the Gluon path refuses goes to the Triton FP8 kernel and would
+   pass without testing it).
+2. timing: the speed suite's FP8 shapes (16k tokens x 2048, d128 and d64, N 4k and 16k), causal
+   and not: the whole call as the harness times it (``triton.testing.do_bench``, median, L2
+   flushed), for the Gluon FP8 forward in each configuration, the Triton FP8 forward, the Gluon
+   bf16 forward on the dequantized values and cuDNN's bf16; then, for the first configuration, the
+   CUDA time of each kernel one call launches (torch.profiler), so that a copy outside the
+   attention kernel shows.
+
+Writes DIR/fp8_check.json and DIR/fp8_check.md; exit status 1 when a case failed or the Gluon
+kernel took none of a configuration's cases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(REPO))
+
+#: Configurations tried by default: the FP8 kernel's own (gluon_forward.fp8_config), the ring two
+#: deep, 64 keys a tile, and three consumers at d64 (FlashAttention-3's d64 choice; the softmax
+#: sets the pace there).
+DEFAULT_CONFIGS = "n128s3-eager,n128s2-eager,n64s3-eager,n128s3-eager-c3-r160"
+#: (batch, heads, N, head dim): the speed suite's FP8 shapes (pytest_attnkit.cases.speed_cases).
+TIMING_SHAPES = ((1, 16, 16384, 128), (4, 16, 4096, 128), (1, 32, 16384, 64), (4, 32, 4096, 64))
+
+
+def _fits(gf, config, head_dim: int) -> bool:
+    """Whether the configuration's registers fit, and its FP8 tiles fit shared memory (one byte an
+    element for Q, K, V^T and P, two for O's buffer)."""
+    if gf.register_reason(config) is not None:
+        return False
+    rows = 64 * config.consumers
+    shared = (rows * head_dim * 3 + config.stages * config.block_n * head_dim * 2 + rows * config.block_n)
+    return shared <= gf.SHARED_LIMIT
+
+
+class GluonCalls:
+    """Counts the calls the Gluon FP8 forward takes, and sets the configuration it launches."""
+
+    def __init__(self, gf) -> None:
+        self.gf, self.count, self.config = gf, 0, None
+        original = gf.flash_fwd_fp8
+
+        def counted(q, k, v_t, causal, scale, descales=(None, None, None), config=None):
+            self.count += 1
+            return original(q, k, v_t, causal, scale, descales, self.config if config is None else config)
+
+        gf.flash_fwd_fp8 = counted
+
+
+def correctness(impl, gf, calls: GluonCalls, configs: list[str]) -> list[dict]:
+    from gluon_check import CORRECTNESS_SHAPES
+
+    from pytest_attnkit.contract import Case
+    from pytest_attnkit.worker.correctness import run_correctness
+
+    results = []
+    for text in configs:
+        config = gf.Config.parse(text)
+        calls.config = config
+        for head_dim in (64, 128):
+            if not _fits(gf, config, head_dim):
+                continue
+            for causal in (False, True):
+                for seed, (batch, heads_q, heads_kv, n_q, n_k) in enumerate(CORRECTNESS_SHAPES):
+                    case = Case(batch, heads_q, heads_kv, n_q, n_k, head_dim, "float8_e4m3fn", causal=causal)
+                    before = calls.count
+                    started = time.perf_counter()
+                    reply = run_correctness(impl, case, device="cuda", base_seed=seed, trials=2, backward=False)
+                    took = time.perf_counter() - started
+                    record = {"config": text, "case": case.id, "status": reply.status.value, "ok": reply.ok,
+                              "gluon_calls": calls.count - before, "seconds": round(took, 2),
+                              "message": "" if reply.ok else reply.message[:600]}
+                    results.append(record)
+                    print(f"  {'ok  ' if reply.ok else 'FAIL'} [{text}] {case.id}: gluon calls {record['gluon_calls']}"
+                          f" ({took:.1f} s){'' if reply.ok else ' ' + record['message'][:200]}", flush=True)
+    calls.config = None
+    return results
+
+
+def timing(impl, gf, calls: GluonCalls, configs: list[str]) -> list[dict]:
+    import torch
+    import triton
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    from pytest_attnkit.contract import Case
+    from pytest_attnkit.counts import flop_count
+    from pytest_attnkit.worker.inputs import call_implementation, make_inputs
+
+    def bench(fn) -> float:
+        return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+    rows = []
+    for batch, heads, n, head_dim in TIMING_SHAPES:
+        for causal in (False, True):
+            case = Case(batch, heads, heads, n, n, head_dim, "float8_e4m3fn", causal=causal)
+            inputs = make_inputs(case, "cuda", 1234)
+            flops = flop_count(case, "forward")
+            row = {"case": case.id, "flops": flops, "ms": {}, "gluon_took": {}}
+            os.environ["ATTNKIT_TRITON_FLASH_GLUON_FP8"] = "1"
+            for text in configs:
+                config = gf.Config.parse(text)
+                if not _fits(gf, config, head_dim):
+                    continue
+                calls.config, before = config, calls.count
+                call = lambda: call_implementation(impl, case, inputs.q, inputs.k, inputs.v, inputs)  # noqa: E731
+                try:
+                    call()
+                    row["gluon_took"][text] = calls.count > before
+                    row["ms"][f"gluon fp8 {text}"] = bench(call)
+                except Exception as error:  # one configuration that fails must not lose the others
+                    row.setdefault("errors", {})[text] = f"{type(error).__name__}: {str(error)[:300]}"
+            calls.config = None
+            os.environ["ATTNKIT_TRITON_FLASH_GLUON_FP8"] = "0"
+            row["ms"]["triton fp8"] = bench(lambda: call_implementation(impl, case, inputs.q, inputs.k, inputs.v, inputs))
+            # bf16 on the dequantized values (each tensor times its descale per batch and kv head).
+            q, k, v = (_dequantized(t, d, heads) for t, d in ((inputs.q, inputs.q_descale),
+                                                              (inputs.k, inputs.k_descale),
+                                                              (inputs.v, inputs.v_descale)))
+            row["ms"]["gluon bf16"] = bench(lambda: impl(q, k, v, causal=causal))
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                row["ms"]["cudnn bf16"] = bench(lambda: sdpa(q, k, v, is_causal=causal))
+            row["tflops"] = {name: flops / ms / 1e9 for name, ms in row["ms"].items()}
+            if configs:
+                os.environ["ATTNKIT_TRITON_FLASH_GLUON_FP8"] = "1"
+                calls.config = gf.Config.parse(configs[0])
+                row["kernels_us"] = _kernels(lambda: call_implementation(impl, case, inputs.q, inputs.k, inputs.v, inputs))
+                calls.config = None
+            rows.append(row)
+            print(f"  {case.id}: " + ", ".join(f"{name} {value:.0f}" for name, value in row["tflops"].items())
+                  + " TFLOP/s", flush=True)
+            inputs = q = k = v = None  # this case's tensors go before the next case's are made
+            torch.cuda.empty_cache()
+    return rows
+
+
+def _dequantized(t, descale, heads: int):
+    import torch
+
+    per_head = descale.repeat_interleave(heads // descale.shape[1], dim=1)[:, :, None, None]
+    return (t.float() * per_head).to(torch.bfloat16)
+
+
+def _kernels(call) -> dict[str, float]:
+    """CUDA microseconds per call of each kernel ``call`` launches (torch.profiler, 20 calls)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(20):
+            call()
+        torch.cuda.synchronize()
+    return {event.key[:80]: round(event.device_time_total / 20, 1)
+            for event in prof.key_averages() if event.device_time_total > 0}
+
+
+def report(correct: list[dict], rows: list[dict], configs: list[str], device: str) -> str:
+    lines = [f"# FP8 Gluon forward check ({device})", ""]
+    if correct:
+        failed = [r for r in correct if not r["ok"]]
+        untested = [r for r in correct if r["ok"] and not r["gluon_calls"]]
+        lines.append(f"## Correctness: {len(correct) - len(failed)} of {len(correct)} cases passed; "
+                     f"{len(untested)} passed without the Gluon kernel taking them")
+        lines += [f"- FAIL [{r['config']}] {r['case']}: {r['message'][:300]}" for r in failed]
+        lines.append("")
+    if rows:
+        names = list(rows[0]["ms"])
+        lines.append("## Speed (TFLOP/s of the whole call, do_bench median, L2 flushed)")
+        lines.append("")
+        lines.append("| case | " + " | ".join(names) + " | best gluon fp8 / triton fp8 | / gluon bf16 |")
+        lines.append("|---|" + "---|" * (len(names) + 2))
+        for row in rows:
+            t = row["tflops"]
+            gluon = [value for name, value in t.items() if name.startswith("gluon fp8")]
+            best = max(gluon) if gluon else None
+            ratios = [f"{best / t[name]:.2f}" if best and name in t else "-" for name in ("triton fp8", "gluon bf16")]
+            lines.append(f"| {row['case']} | " + " | ".join(f"{t[name]:.0f}" if name in t else "-" for name in names)
+                         + " | " + " | ".join(ratios) + " |")
+        lines.append("")
+        lines.append(f"Kernels of one call, first configuration ({configs[0] if configs else '-'}; CUDA us per call):")
+        lines.append("")
+        for row in rows:
+            kernels = ", ".join(f"{name.split('(')[0][:40]} {us:.0f}" for name, us in row.get("kernels_us", {}).items())
+            lines.append(f"- {row['case']}: {kernels}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="folder for fp8_check.json and fp8_check.md")
+    parser.add_argument("--configs", default=DEFAULT_CONFIGS, help=f"Gluon configurations (default {DEFAULT_CONFIGS})")
+    parser.add_argument("--skip-correctness", action="store_true")
+    parser.add_argument("--skip-timing", action="store_true")
+    args = parser.parse_args()
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("fp8_check needs a CUDA GPU (Hopper)", file=sys.stderr)
+        return 4
+    from pytest_attnkit import registry
+    from pytest_attnkit.implementations.triton_flash import gluon_forward as gf
+
+    configs = [text.strip() for text in args.configs.split(",") if text.strip()]
+    for text in configs:
+        gf.Config.parse(text)  # a typo fails here
+    refs = registry.select(registry.discover(), ["triton_flash"])
+    impl = registry.load_implementation(refs[0].name, refs[0].value)
+    calls = GluonCalls(gf)
+    os.environ["ATTNKIT_TRITON_FLASH_GLUON_FP8"] = "1"
+    device = f"{torch.cuda.get_device_name()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+    print(f"fp8_check on {device}; configurations {', '.join(configs)}", flush=True)
+    correct = [] if args.skip_correctness else correctness(impl, gf, calls, configs)
+    rows = [] if args.skip_timing else timing(impl, gf, calls, configs)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "fp8_check.json").write_text(json.dumps({"device": device, "configs": configs, "correctness": correct,
+                                                    "timing": rows}, indent=1))
+    text = report(correct, rows, configs, device)
+    (out / "fp8_check.md").write_text(text + "\n")
+    print("\n" + text)
+    bad = any(not r["ok"] for r in correct) or any(
+        correct and not any(r["gluon_calls"] for r in correct if r["config"] == text) for text in configs)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
