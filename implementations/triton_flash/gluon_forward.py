@@ -97,8 +97,9 @@ and checks the SASS for instructions that touch registers of an in-flight ``wgmm
 
 FP8 (``FP8=True``, the one-item grid only; NOTES.md, v20): e4m3 Q, K and V^T (keys contiguous:
 FP8 ``wgmma`` reads its B operand K-major, so V is transposed on the host, ``launch.keys_contiguous``),
-wgmma's K of 32, the scores scaled before the maximum (the scale carries q's and k's descales,
-of either sign), P through a shared buffer per consumer (triton 3.6 cannot keep an in-flight
+wgmma's K of 32, the scale (it carries q's and k's descales, of either sign) in the exp2's FFMA
+on whole tiles, the sign picking the raw scores' maximum or minimum, and before the maximum on
+masked ones (NOTES.md, v20.2), P through a shared buffer per consumer (triton 3.6 cannot keep an in-flight
 ``wgmma``'s 8-bit register operand alive: "Unexpected bitwidth in WGMMAWaitGroupOp"), stored once
 the previous PV product has read it, and O in bf16 times V's descale through a buffer of its own.
 Compile-checked for sm_90a (``gluon_compile.py --fp8``: no spills; the bf16 kernels' SASS
@@ -351,20 +352,29 @@ if gl is not None:
         # (causal) keys past the row's diagonal become -inf before the maximum. ALiBi: the base-2
         # scores take ``- slope * |i + Nk - Nq - j|`` (``slope`` times log2(e); ``row_pos`` the
         # rows' i + Nk - Nq in float32, exact below 2**24, as the Triton kernel's float form).
-        # FP8: the scale carries q's and k's descales, of either sign: the scores are scaled before
-        # the maximum (one more multiply a score), as ALiBi's are.
+        # FP8: the scale carries q's and k's descales, of either sign. In a masked tile the scores
+        # are scaled before the maximum, as ALiBi's are; in a whole tile the scale goes into the
+        # exp2's multiply-add, as bf16's does, and its sign picks the raw scores' maximum or
+        # minimum (one branch a tile, the same in every thread): 64 multiplies a thread fewer in a
+        # loop of 552 instructions at d128 (NOTES.md, v20.2).
         cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         if ALIBI:
             qk = qk * qk_scale - slope * gl.abs(row_pos[:, None] - cols.to(gl.float32)[None, :])
-        if FP8:
+        if FP8 and MASKED:
             qk = qk * qk_scale
         if MASKED:
             visible = cols[None, :] < n_k
             if CAUSAL:
                 visible = visible & (cols[None, :] <= rows[:, None] + diag)
             qk = gl.where(visible, qk, float("-inf"))
-        if ALIBI or FP8:
+        if ALIBI or (FP8 and MASKED):
             m_new = gl.maximum(m_i, gl.max(qk, 1))
+        elif FP8:
+            if qk_scale >= 0:
+                extreme = gl.max(qk, 1)
+            else:
+                extreme = gl.min(qk, 1)
+            m_new = gl.maximum(m_i, extreme * qk_scale)
         else:
             m_new = gl.maximum(m_i, gl.max(qk, 1) * qk_scale)
         if MASKED:
@@ -372,7 +382,7 @@ if gl is not None:
         else:
             m_use = m_new
         alpha = gl.exp2(m_i - m_use)
-        if ALIBI or FP8:
+        if ALIBI or (FP8 and MASKED):
             p = gl.exp2(qk - m_use[:, None])
         else:
             p = gl.exp2(qk * qk_scale - m_use[:, None])

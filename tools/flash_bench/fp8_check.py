@@ -13,7 +13,8 @@ minutes on an H200; run it under ``timeout``: a configuration that hangs hangs t
    (``pytest_attnkit.worker.correctness.run_correctness``, FlashAttention-3's FP8 rule), through
    the Gluon FP8 forward in each configuration of ``--configs``. Each case also says whether the
    Gluon kernel took it (a call the Gluon path refuses goes to the Triton FP8 kernel and would
-   pass without testing it).
+   pass without testing it); then a negative q descale, which the harness's inputs never have,
+   against the float64 oracle within 2x the Triton FP8 kernel's error.
 2. timing: the speed suite's FP8 shapes (16k tokens x 2048, d128 and d64, N 4k and 16k), causal
    and not: the whole call as the harness times it (``triton.testing.do_bench``, median, L2
    flushed), for the Gluon FP8 forward in each configuration, the Triton FP8 forward, the Gluon
@@ -98,6 +99,48 @@ def correctness(impl, gf, calls: GluonCalls, configs: list[str]) -> list[dict]:
                     print(f"  {'ok  ' if reply.ok else 'FAIL'} [{text}] {case.id}: gluon calls {record['gluon_calls']}"
                           f" ({took:.1f} s){'' if reply.ok else ' ' + record['message'][:200]}", flush=True)
     calls.config = None
+    return results
+
+
+def signs(impl, gf, calls: GluonCalls, configs: list[str]) -> list[dict]:
+    """A negative q descale (the scores' scale negative: the Gluon kernel's whole tiles then take the
+    raw scores' minimum, NOTES.md v20.2): each configuration's output against the float64 oracle,
+    within 2x the Triton FP8 kernel's error (FlashAttention-3's FP8 rule with that kernel as the
+    plain reference). The harness's inputs have positive descales only."""
+    import torch
+
+    from pytest_attnkit.contract import Case
+    from pytest_attnkit.oracle import attention_math
+    from pytest_attnkit.worker.inputs import call_implementation, make_inputs
+    from pytest_attnkit.worker.tolerance import compare
+
+    results = []
+    for head_dim in (64, 128):
+        for causal in (False, True):
+            case = Case(1, 2, 2, 1000, 1000, head_dim, "float8_e4m3fn", causal=causal)
+            inputs = make_inputs(case, "cuda", 7)
+            inputs.q_descale = -inputs.q_descale
+            q, k, v = (_dequantized(t, d, 2).double() for t, d in ((inputs.q, inputs.q_descale),
+                                                                   (inputs.k, inputs.k_descale),
+                                                                   (inputs.v, inputs.v_descale)))
+            oracle = attention_math(q, k, v, causal=causal)
+            os.environ["ATTNKIT_TRITON_FLASH_GLUON_FP8"] = "0"
+            plain = call_implementation(impl, case, inputs.q, inputs.k, inputs.v, inputs)
+            os.environ["ATTNKIT_TRITON_FLASH_GLUON_FP8"] = "1"
+            for text in configs:
+                config = gf.Config.parse(text)
+                if not _fits(gf, config, head_dim):
+                    continue
+                calls.config, before = config, calls.count
+                out = call_implementation(impl, case, inputs.q, inputs.k, inputs.v, inputs)
+                verdict = compare("out", out, oracle, plain, dtype=torch.bfloat16, factor=2.0, rule="fp8")
+                record = {"config": text, "case": case.id + " (q descale < 0)", "ok": verdict.passed,
+                          "gluon_calls": calls.count - before, "max_error": verdict.max_error,
+                          "allowed": verdict.allowed}
+                results.append(record)
+                print(f"  {'ok  ' if verdict.passed else 'FAIL'} [{text}] {record['case']}: error "
+                      f"{verdict.max_error:.2e} <= {verdict.allowed:.2e}, gluon calls {record['gluon_calls']}", flush=True)
+            calls.config = None
     return results
 
 
@@ -187,7 +230,7 @@ def report(correct: list[dict], rows: list[dict], configs: list[str], device: st
         untested = [r for r in correct if r["ok"] and not r["gluon_calls"]]
         lines.append(f"## Correctness: {len(correct) - len(failed)} of {len(correct)} cases passed; "
                      f"{len(untested)} passed without the Gluon kernel taking them")
-        lines += [f"- FAIL [{r['config']}] {r['case']}: {r['message'][:300]}" for r in failed]
+        lines += [f"- FAIL [{r['config']}] {r['case']}: {r.get('message') or r.get('max_error')}"[:400] for r in failed]
         lines.append("")
     if rows:
         names = list(rows[0]["ms"])
@@ -236,7 +279,7 @@ def main() -> int:
     os.environ["ATTNKIT_TRITON_FLASH_GLUON_FP8"] = "1"
     device = f"{torch.cuda.get_device_name()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
     print(f"fp8_check on {device}; configurations {', '.join(configs)}", flush=True)
-    correct = [] if args.skip_correctness else correctness(impl, gf, calls, configs)
+    correct = [] if args.skip_correctness else correctness(impl, gf, calls, configs) + signs(impl, gf, calls, configs)
     rows = [] if args.skip_timing else timing(impl, gf, calls, configs)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
