@@ -108,6 +108,10 @@ d128 the kernel is 1.0-1.14x the Triton FP8 kernel and 1.3x the Gluon bf16 one, 
 Triton FP8 kernel. Its call lost to the Triton path through torch's copy of V^T, since replaced by
 the Triton path's copy, not yet re-run: nothing takes it unless ``ATTNKIT_TRITON_FLASH_GLUON_FP8=1``.
 
+``-sm`` (``Config.sum_mma``, the one-item grid only, off by default; NOTES.md, v20.3): each row's
+sum of P from the tensor cores, a ``P @ ones`` product beside each PV product, instead of 64 adds
+a tile in registers. Compile-checked, not yet run on a GPU.
+
 The host side: :func:`supports` (which calls this kernel takes), :func:`flash_fwd` (the launcher,
 with :func:`.launch.flash_fwd`'s signature for the dense case), :class:`Config` (tiles: the default,
 or one a bench tool passes), :func:`warmup` (compile without launching).
@@ -132,6 +136,9 @@ from .gluon_common import (fence_async_shared, gl, gluon, mbarrier, tma, triton,
 ROWS_PER_CONSUMER = 64
 #: Query rows per CTA: two consumer warp groups.
 BLOCK_M = 2 * ROWS_PER_CONSUMER
+#: ``-sm``: columns of the ``P @ ones`` product that gives the row sums (wgmma's N; each column
+#: the same sum). Written as the literal 16 in the kernel.
+SUM_COLS = 16
 
 
 @dataclass(frozen=True)
@@ -160,12 +167,16 @@ class Config:
     #: within each group, not over every head at once: every head's K and V in flight at once
     #: overflowed the L2 at 1k (NOTES.md, v16.1).
     grouped: bool = False
+    #: ``-sm`` (one-item grid): each row's sum of P from the tensor cores, a product ``P @ ones``
+    #: issued beside PV (B a constant tile of ones in shared memory), instead of a sum of each
+    #: score in registers: 8 instructions a tile for 64 adds (NOTES.md, v20.3).
+    sum_mma: bool = False
 
     def __str__(self) -> str:
         return (f"n{self.block_n}s{self.stages}{'' if self.pingpong else '-nopp'}"
                 f"{'-eager' if self.eager else ''}{f'-c{self.consumers}' if self.consumers != 2 else ''}"
                 f"{'-p' if self.persistent else ''}{'-g' if self.grouped else ''}{'-hf' if self.heavy_first else ''}"
-                f"-r{self.consumer_regs}")
+                f"{'-sm' if self.sum_mma else ''}-r{self.consumer_regs}")
 
     @staticmethod
     def parse(text: str) -> "Config":
@@ -174,7 +185,7 @@ class Config:
         waited for in its own step, FlashAttention-3's order, instead of one QK^T later; ``-c3``:
         three consumers, with 160 registers each unless ``-rREGS`` says otherwise; ``-p``:
         persistent; ``-g``: its causal heads in groups; ``-hf``: causal row blocks heaviest first
-        over all heads)."""
+        over all heads; ``-sm``: the row sums from the tensor cores, one-item grid only)."""
         parts = text.strip().split("-")
         head = parts[0]
         if not (head.startswith("n") and "s" in head):
@@ -197,12 +208,16 @@ class Config:
                 fields["heavy_first"] = True
             elif part == "g":
                 fields["grouped"] = True
+            elif part == "sm":
+                fields["sum_mma"] = True
             else:
                 raise ValueError(f"config {text!r}: unknown part {part!r}")
         if fields.get("consumers") == 3:
             fields.setdefault("consumer_regs", MAX_REGS_THREE_CONSUMERS)
         if fields.get("grouped") and not fields.get("persistent"):
             raise ValueError(f"config {text!r}: -g groups the persistent grid's heads; it needs -p")
+        if fields.get("sum_mma") and fields.get("persistent"):
+            raise ValueError(f"config {text!r}: -sm is written for the one-item grid only, not -p")
         return Config(**fields)
 
     @property
@@ -219,7 +234,20 @@ def shared_bytes(config: Config, head_dim: int, element_size: int = 2) -> int:
     o = q if config.persistent else 0
     kv = 2 * config.stages * config.block_n * head_dim * element_size
     barriers = 8 * ((3 if config.persistent else 2) * config.consumers + 4 * config.stages)
-    return q + o + kv + barriers
+    ones = config.consumers * config.block_n * SUM_COLS * element_size if config.sum_mma else 0
+    return q + o + kv + barriers + ones
+
+
+def fp8_shared_bytes(config: Config, head_dim: int) -> int:
+    """Shared memory the FP8 kernel asks for: e4m3 Q, the K/V^T ring and P (a tile per consumer),
+    O's bf16 buffer, the barriers, and with ``-sm`` the tiles of ones."""
+    q = config.block_m * head_dim
+    o = 2 * config.block_m * head_dim
+    kv = 2 * config.stages * config.block_n * head_dim
+    p = config.block_m * config.block_n
+    barriers = 8 * (2 * config.consumers + 4 * config.stages)
+    ones = config.consumers * config.block_n * SUM_COLS if config.sum_mma else 0
+    return q + o + kv + p + barriers + ones
 
 
 #: The fewest registers the producer warp group keeps: it gets what the consumers leave of the
@@ -347,7 +375,7 @@ if gl is not None:
     @gluon.jit
     def _softmax(qk, m_i, l_i, rows, start_n, n_k, diag, qk_scale, slope, row_pos,
                  s_layout: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr,
-                 ALIBI: gl.constexpr, FP8: gl.constexpr = False):
+                 ALIBI: gl.constexpr, FP8: gl.constexpr = False, SUM_MMA: gl.constexpr = False):
         # One tile's online-softmax update: (p, alpha, m', l'). In masked tiles, keys past Nk and
         # (causal) keys past the row's diagonal become -inf before the maximum. ALiBi: the base-2
         # scores take ``- slope * |i + Nk - Nq - j|`` (``slope`` times log2(e); ``row_pos`` the
@@ -386,7 +414,8 @@ if gl is not None:
             p = gl.exp2(qk - m_use[:, None])
         else:
             p = gl.exp2(qk * qk_scale - m_use[:, None])
-        l_i = l_i * alpha + gl.sum(p, 1)
+        if not SUM_MMA:  # -sm: the row sums come from the tensor cores (_step), l_i passes through
+            l_i = l_i * alpha + gl.sum(p, 1)
         return p, alpha, m_new, l_i
 
     @gluon.jit
@@ -408,7 +437,8 @@ if gl is not None:
               s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CID: gl.constexpr, CAUSAL: gl.constexpr,
               MASKED: gl.constexpr, PINGPONG: gl.constexpr, EAGER: gl.constexpr, CONSUMERS: gl.constexpr,
-              ALIBI: gl.constexpr, FP8: gl.constexpr = False, p_buf=None):
+              ALIBI: gl.constexpr, FP8: gl.constexpr = False, p_buf=None, SUM_MMA: gl.constexpr = False,
+              ones_buf=None, l_layout: gl.constexpr = None):
         # Tile t's QK^T and tile t-1's PV on the tensor cores, tile t's softmax under the PV.
         # FP8 (eager only): P goes to the PV product from p_buf, the consumer's shared buffer,
         # stored once PV_{t-1} has read the last one (triton 3.6 cannot keep 8-bit registers of
@@ -417,6 +447,8 @@ if gl is not None:
         # Coming in: P_{t-1} (p_op) and alpha_{t-1}; unless EAGER, PV_{t-2} still in flight, its
         # P (p_prev) kept alive until the wait that retires it. g: the tile's position in the ring
         # (t, or in a persistent CTA, t plus the tiles of its earlier items).
+        # SUM_MMA (-sm): l_i is the [ROWS, 16] accumulator of P @ ones, issued right after each PV
+        # and retired by the same waits; with two products behind QK^T_t, its wait allows two.
         s = g % STAGES
         sp = (g - 1) % STAGES
         mbarrier.wait(k_full.index(s), (g // STAGES) & 1)
@@ -425,22 +457,37 @@ if gl is not None:
         qk = warpgroup_mma(q_buf, k_smem.index(s).permute((1, 0)), qk, use_acc=False, is_async=True)
         if not EAGER:
             # PV_{t-2} completes (QK^T_t may still run); tile t-2's V stage goes back (none at t = 1).
-            o, p_prev = warpgroup_mma_wait(num_outstanding=1, deps=(o, p_prev))
+            if SUM_MMA:
+                o, p_prev, l_i = warpgroup_mma_wait(num_outstanding=1, deps=(o, p_prev, l_i))
+            else:
+                o, p_prev = warpgroup_mma_wait(num_outstanding=1, deps=(o, p_prev))
             mbarrier.arrive(v_empty.index((g + STAGES - 2) % STAGES), count=1, pred=t >= 2)
         o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        if SUM_MMA:
+            l_i = l_i * gl.convert_layout(alpha, gl.SliceLayout(1, l_layout))[:, None]
         mbarrier.wait(v_full.index(sp), ((g - 1) // STAGES) & 1)
         if FP8:  # V^T's tile [D, BLOCK_N], keys contiguous: K-major, as FP8 wgmma reads B
             o = warpgroup_mma(p_buf, v_smem.index(sp).permute((1, 0)), o, is_async=True)
+            if SUM_MMA:
+                l_i = warpgroup_mma(p_buf, ones_buf.permute((1, 0)), l_i, is_async=True)
         else:
             o = warpgroup_mma(p_op, v_smem.index(sp), o, is_async=True)
+            if SUM_MMA:
+                l_i = warpgroup_mma(p_op, ones_buf, l_i, is_async=True)
         _pass_turn(turn, CID, PINGPONG, CONSUMERS)
-        qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))
+        if SUM_MMA:
+            qk = warpgroup_mma_wait(num_outstanding=2, deps=(qk, ))
+        else:
+            qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))
         mbarrier.arrive(k_empty.index(s), count=1)
         p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, rows, t * BLOCK_N, n_k, diag, qk_scale, slope, row_pos,
-                                      s_layout, BLOCK_N, CAUSAL, MASKED, ALIBI, FP8)
+                                      s_layout, BLOCK_N, CAUSAL, MASKED, ALIBI, FP8, SUM_MMA)
         if FP8:
             p8 = p.to(q_buf.dtype)
-            o = warpgroup_mma_wait(num_outstanding=0, deps=(o, ))
+            if SUM_MMA:
+                o, l_i = warpgroup_mma_wait(num_outstanding=0, deps=(o, l_i))
+            else:
+                o = warpgroup_mma_wait(num_outstanding=0, deps=(o, ))
             p_buf.store(p8)  # PV_{t-1} has read the buffer
             fence_async_shared()
             mbarrier.arrive(v_empty.index(sp), count=1)
@@ -450,7 +497,10 @@ if gl is not None:
             if EAGER:
                 # FlashAttention-3's order. ptxas 12.8 hoists this wait above the softmax (NOTES v12).
                 # The new P is a dependency too: computed before the wait, in other registers.
-                o, p_op, p_next = warpgroup_mma_wait(num_outstanding=0, deps=(o, p_op, p_next))
+                if SUM_MMA:
+                    o, p_op, p_next, l_i = warpgroup_mma_wait(num_outstanding=0, deps=(o, p_op, p_next, l_i))
+                else:
+                    o, p_op, p_next = warpgroup_mma_wait(num_outstanding=0, deps=(o, p_op, p_next))
                 mbarrier.arrive(v_empty.index(sp), count=1)
         return qk, o, p_op, p_next, alpha, m_i, l_i, turns
 
@@ -459,14 +509,26 @@ if gl is not None:
                   lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr, H_Q, v_scale,
                   HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr,
                   CID: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, EAGER: gl.constexpr,
-                  CONSUMERS: gl.constexpr, ALIBI: gl.constexpr, FP8: gl.constexpr = False):
+                  CONSUMERS: gl.constexpr, ALIBI: gl.constexpr, FP8: gl.constexpr = False, ones_smem=None,
+                  SUM_MMA: gl.constexpr = False):
         # The one item of this CTA: O leaves through Q's buffer (o_smem is q_smem), or FP8's bf16
         # O through a buffer of its own (q_full stands in for q_empty, unused).
+        # SUM_MMA: this consumer's tile of ones, B of P @ ones ([BLOCK_N, 16]; FP8's K-major
+        # [16, BLOCK_N], as V^T), written once; the compiler puts the warp group's barrier between
+        # the stores and the first product that reads them, as for FP8's P.
+        if SUM_MMA:
+            fill: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0])
+            if FP8:
+                # (a float8 constant cannot be made directly in triton 3.6: 1.0 in float32, converted)
+                ones_smem.index(CID).store(gl.full([16, BLOCK_N], 1.0, gl.float32, layout=fill).to(q_smem.dtype))
+            else:
+                ones_smem.index(CID).store(gl.full([BLOCK_N, 16], 1.0, q_smem.dtype, layout=fill))
+            fence_async_shared()
         _consumer_item(o_desc, q_smem.index(CID), o_smem.index(CID), k_smem, v_smem, q_full, q_full, k_full, v_full,
                        k_empty, v_empty, turn, lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale,
                        slopes_ptr, H_Q, 0, 0, 0,
                        HEAD_DIM, BLOCK_N, STAGES, ROWS, CID, CAUSAL, PINGPONG, EAGER, CONSUMERS, False, ALIBI,
-                       FP8, v_scale, p_smem.index(CID))
+                       FP8, v_scale, p_smem.index(CID), SUM_MMA, ones_smem.index(CID))
         tma.store_wait(pendings=0)
 
     @gluon.jit
@@ -476,7 +538,8 @@ if gl is not None:
                        HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr,
                        CID: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, EAGER: gl.constexpr,
                        CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr, ALIBI: gl.constexpr,
-                       FP8: gl.constexpr = False, v_scale=1.0, p_buf=None):
+                       FP8: gl.constexpr = False, v_scale=1.0, p_buf=None, SUM_MMA: gl.constexpr = False,
+                       ones_buf=None):
         # One work item of consumer CID; returns the turns taken so far. g: K/V tiles the CTA took
         # before the item (the ring's position), it: items before it (Q's phase); both 0 in the
         # one-item grid, where o_buf is q_buf and q_empty is unused. lse_ptr: this head's LSE row.
@@ -488,6 +551,9 @@ if gl is not None:
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, HEAD_DIM, K_INSTR])
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4 if FP8 else 2)
+        # SUM_MMA: P @ ones's accumulator, 16 columns each holding the row's sum (SUM_COLS).
+        l_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, 16, K_INSTR])
         row0 = start_m + CID * ROWS
         rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
         diag = n_k - n_q
@@ -501,7 +567,10 @@ if gl is not None:
             row_pos = rows
 
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-        l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
+        if SUM_MMA:
+            l_i = gl.zeros([ROWS, 16], gl.float32, layout=l_layout)
+        else:
+            l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
         o = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
         # Q is waited for even with no key tile: its load is in flight (and the buffer may take O).
         mbarrier.wait(q_full.index(CID), it & 1)
@@ -516,52 +585,71 @@ if gl is not None:
             qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
             mbarrier.arrive(k_empty.index(s0), count=1)
             p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, rows, 0, n_k, diag, qk_scale, slope, row_pos,
-                                          s_layout, BLOCK_N, CAUSAL, True, ALIBI, FP8)
+                                          s_layout, BLOCK_N, CAUSAL, True, ALIBI, FP8, SUM_MMA)
             if FP8:  # P through p_buf (see _step); p_op a placeholder
                 p_buf.store(p.to(q_buf.dtype))
                 fence_async_shared()
-                p_op = l_i
+                p_op = m_i
             else:
                 p_op = gl.convert_layout(p.to(q_buf.dtype), p_layout)
             p_prev = p_op  # no product in flight yet; the first step's wait passes at once
             if not EAGER:
                 o = warpgroup_mma_init(o)  # o is carried as a product in flight
+                if SUM_MMA:
+                    l_i = warpgroup_mma_init(l_i)
             # Tiles every row sees whole, then the masked ones (the diagonal, the ragged end).
             for t in range(1, n_whole):
                 qk, o, p_prev, p_op, alpha, m_i, l_i, turns = _step(
                     t, g + t, q_buf, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
                     qk, o, p_prev, p_op, alpha, m_i, l_i, rows, n_k, diag, qk_scale, slope, row_pos,
                     s_layout, o_layout, p_layout, BLOCK_N, STAGES, CID, CAUSAL, False, PINGPONG, EAGER, CONSUMERS,
-                    ALIBI, FP8, p_buf)
+                    ALIBI, FP8, p_buf, SUM_MMA, ones_buf, l_layout)
             for t in range(gl.maximum(n_whole, 1), n_tiles):
                 qk, o, p_prev, p_op, alpha, m_i, l_i, turns = _step(
                     t, g + t, q_buf, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
                     qk, o, p_prev, p_op, alpha, m_i, l_i, rows, n_k, diag, qk_scale, slope, row_pos,
                     s_layout, o_layout, p_layout, BLOCK_N, STAGES, CID, CAUSAL, True, PINGPONG, EAGER, CONSUMERS,
-                    ALIBI, FP8, p_buf)
+                    ALIBI, FP8, p_buf, SUM_MMA, ones_buf, l_layout)
             # The last tile's PV.
             last = n_tiles - 1
             sl = (g + last) % STAGES
             if not EAGER:
-                o, p_prev = warpgroup_mma_wait(num_outstanding=0, deps=(o, p_prev))
+                if SUM_MMA:
+                    o, p_prev, l_i = warpgroup_mma_wait(num_outstanding=0, deps=(o, p_prev, l_i))
+                else:
+                    o, p_prev = warpgroup_mma_wait(num_outstanding=0, deps=(o, p_prev))
                 mbarrier.arrive(v_empty.index((g + last + STAGES - 1) % STAGES), count=1, pred=last >= 1)
             o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            if SUM_MMA:
+                l_i = l_i * gl.convert_layout(alpha, gl.SliceLayout(1, l_layout))[:, None]
             mbarrier.wait(v_full.index(sl), ((g + last) // STAGES) & 1)
             turns = _take_turn(turn, turns, CID, PINGPONG)
             if FP8:
                 o = warpgroup_mma(p_buf, v_smem.index(sl).permute((1, 0)), o, is_async=True)
+                if SUM_MMA:
+                    l_i = warpgroup_mma(p_buf, ones_buf.permute((1, 0)), l_i, is_async=True)
                 _pass_turn(turn, CID, PINGPONG, CONSUMERS)
-                o = warpgroup_mma_wait(num_outstanding=0, deps=(o, ))
+                if SUM_MMA:
+                    o, l_i = warpgroup_mma_wait(num_outstanding=0, deps=(o, l_i))
+                else:
+                    o = warpgroup_mma_wait(num_outstanding=0, deps=(o, ))
             else:
                 o = warpgroup_mma(p_op, v_smem.index(sl), o, is_async=True)
+                if SUM_MMA:
+                    l_i = warpgroup_mma(p_op, ones_buf, l_i, is_async=True)
                 _pass_turn(turn, CID, PINGPONG, CONSUMERS)
-                o, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o, p_op))
+                if SUM_MMA:
+                    o, p_op, l_i = warpgroup_mma_wait(num_outstanding=0, deps=(o, p_op, l_i))
+                else:
+                    o, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o, p_op))
             mbarrier.arrive(v_empty.index(sl), count=1)
         if PERSISTENT:
             # Every product that read this Q has completed: the producer may load the next item's.
             mbarrier.arrive(q_empty.index(CID), count=1)
 
         # Epilogue: o / l and the base-2 LSE; a row that saw no key writes 0 and +inf.
+        if SUM_MMA:  # every column of P @ ones holds the row's sum
+            l_i = gl.convert_layout(gl.max(l_i, 1), gl.SliceLayout(1, s_layout))
         seen = l_i > 0.0
         l_safe = gl.where(seen, l_i, 1.0)
         lse = gl.where(seen, m_i + gl.log2(l_safe), float("inf"))
@@ -748,7 +836,7 @@ if gl is not None:
                        HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                        CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                        EAGER: gl.constexpr, CONSUMERS: gl.constexpr, HEAVY_FIRST: gl.constexpr = False,
-                       ALIBI: gl.constexpr = False, FP8: gl.constexpr = False):
+                       ALIBI: gl.constexpr = False, FP8: gl.constexpr = False, SUM_MMA: gl.constexpr = False):
         ROWS: gl.constexpr = 64
         BLOCK_M: gl.constexpr = CONSUMERS * ROWS
         n_m = gl.cdiv(n_q, BLOCK_M)
@@ -805,6 +893,14 @@ if gl is not None:
             v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], smem_layout)
             p_smem = q_smem  # unused
             v_scale = qk_scale  # unused
+        if SUM_MMA:  # -sm: each consumer's tile of ones, B of P @ ones (FP8's K-major, as V^T)
+            if FP8:
+                ones_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, 16, BLOCK_N], vt_layout)
+            else:
+                ones_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16, rank=2)
+                ones_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, BLOCK_N, 16], ones_layout)
+        else:
+            ones_smem = q_smem  # unused
         q_full = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
         turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
         k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -833,15 +929,15 @@ if gl is not None:
                 (_consumer, (o_desc, q_smem, o_smem, p_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty,
                              turn, lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr,
                              H_Q, v_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS, 0, CAUSAL, PINGPONG, EAGER, CONSUMERS,
-                             ALIBI, FP8)),
+                             ALIBI, FP8, ones_smem, SUM_MMA)),
                 (_consumer, (o_desc, q_smem, o_smem, p_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty,
                              turn, lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr,
                              H_Q, v_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS, 1, CAUSAL, PINGPONG, EAGER, CONSUMERS,
-                             ALIBI, FP8)),
+                             ALIBI, FP8, ones_smem, SUM_MMA)),
                 (_consumer, (o_desc, q_smem, o_smem, p_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty,
                              turn, lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr,
                              H_Q, v_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS, 2, CAUSAL, PINGPONG, EAGER, CONSUMERS,
-                             ALIBI, FP8)),
+                             ALIBI, FP8, ones_smem, SUM_MMA)),
             ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
         else:
             gl.warp_specialize([
@@ -851,11 +947,11 @@ if gl is not None:
                 (_consumer, (o_desc, q_smem, o_smem, p_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty,
                              turn, lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr,
                              H_Q, v_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS, 0, CAUSAL, PINGPONG, EAGER, CONSUMERS,
-                             ALIBI, FP8)),
+                             ALIBI, FP8, ones_smem, SUM_MMA)),
                 (_consumer, (o_desc, q_smem, o_smem, p_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty,
                              turn, lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr,
                              H_Q, v_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS, 1, CAUSAL, PINGPONG, EAGER, CONSUMERS,
-                             ALIBI, FP8)),
+                             ALIBI, FP8, ones_smem, SUM_MMA)),
             ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -900,6 +996,8 @@ def launch_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch
     """(positional arguments, keyword arguments, grid) of one launch: what :func:`flash_fwd` runs
     and what ``tools/flash_bench/gluon_compile.py`` compiles without a GPU. ``slopes``: ALiBi's,
     times log2(e), float32 [B, Hq] contiguous (None: no ALiBi)."""
+    if config.sum_mma and config.persistent:
+        raise ValueError(f"config {config}: -sm is written for the one-item grid only")
     batch, heads_q, n_q, head_dim = q.shape
     heads_kv, n_k = k.shape[1], k.shape[2]
     args = (descriptor(q, ROWS_PER_CONSUMER), descriptor(k, config.block_n), descriptor(v, config.block_n),
@@ -910,6 +1008,8 @@ def launch_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch
                   CONSUMERS=config.consumers, num_warps=4)
     if slopes is not None:
         kwargs["ALIBI"] = True
+    if config.sum_mma:
+        kwargs["SUM_MMA"] = True
     if config.persistent:  # _attn_fwd_sm90_persistent: n_bh, n_group before the scale, a CTA per SM
         n_m, n_bh = triton.cdiv(n_q, config.block_m), batch * heads_q
         n_ctas = min(n_m * n_bh, sm_count(q.device))
@@ -1058,6 +1158,8 @@ def launch_arguments_fp8(q: torch.Tensor, k: torch.Tensor, v_t: torch.Tensor, o:
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.stages, CAUSAL=bool(causal),
                   PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, EAGER=config.eager,
                   CONSUMERS=config.consumers, FP8=True, num_warps=4)
+    if config.sum_mma:
+        kwargs["SUM_MMA"] = True
     return args, kwargs, (triton.cdiv(n_q, config.block_m), batch * heads_q)
 
 

@@ -10,7 +10,8 @@ from pytest_attnkit.implementations.triton_flash import gluon_forward as gf
 
 @pytest.mark.parametrize("text", ["n128s2-eager-r240", "n128s3-eager-r240", "n128s3-eager-c3-r160",
                                   "n64s2-nopp-r232", "n128s2-eager-c3-r152", "n128s2-eager-p-r240",
-                                  "n128s3-eager-c3-p-r160", "n128s2-eager-hf-r240", "n128s2-eager-p-g-r240"])
+                                  "n128s3-eager-c3-p-r160", "n128s2-eager-hf-r240", "n128s2-eager-p-g-r240",
+                                  "n128s2-eager-sm-r240", "n128s3-eager-c3-sm-r160"])
 def test_a_configuration_reads_back_as_written(text: str) -> None:
     assert str(gf.Config.parse(text)) == text
 
@@ -87,3 +88,29 @@ def test_the_default_takes_three_consumers_only_at_d64_without_causal() -> None:
             config = gf.default_config(head_dim, causal)
             assert gf.register_reason(config) is None
             assert gf.shared_bytes(config, head_dim) <= gf.SHARED_LIMIT
+
+
+def test_row_sums_on_the_tensor_cores_are_off_by_default_one_item_only_and_count_their_tiles_of_ones() -> None:
+    """``-sm`` (NOTES.md v20.3): P @ ones beside PV, a [BLOCK_N, 16] tile of ones per consumer in
+    shared memory; written for the one-item grid, so the persistent grid refuses it, by name and
+    at launch; the FP8 kernel's memory counts one byte an element (and O's bf16 buffer, P's tile)."""
+    sums = gf.Config.parse("n128s2-eager-sm")
+    assert sums.sum_mma and not gf.Config.parse("n128s2-eager").sum_mma
+    assert gf.shared_bytes(sums, 128) - gf.shared_bytes(gf.Config.parse("n128s2-eager"), 128) == 2 * 128 * 16 * 2
+    for head_dim in gf.HEAD_DIMS:
+        for causal in (False, True):
+            for n_k in (None, 1024, 16384):
+                assert not gf.default_config(head_dim, causal, n_k).sum_mma
+    with pytest.raises(ValueError, match="one-item grid only"):
+        gf.Config.parse("n128s2-eager-p-sm")
+    import torch
+
+    q = torch.empty(1, 2, 256, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="one-item grid only"):  # a Config made directly, not parsed
+        gf.launch_arguments(q, q, q, q, torch.empty(1, 2, 256), False, 0.125,
+                            gf.Config(eager=True, persistent=True, sum_mma=True))
+    fp8 = gf.fp8_config(128)
+    assert gf.fp8_shared_bytes(fp8, 128) == 128 * 128 + 2 * 128 * 128 + 2 * 3 * 128 * 128 + 128 * 128 + 8 * (4 + 12)
+    with_sums = gf.Config(block_n=128, stages=3, eager=True, sum_mma=True)
+    assert gf.fp8_shared_bytes(with_sums, 128) - gf.fp8_shared_bytes(fp8, 128) == 2 * 128 * 16
+    assert gf.fp8_shared_bytes(with_sums, 128) <= gf.SHARED_LIMIT < gf.shared_bytes(with_sums, 128)

@@ -49,13 +49,11 @@ TIMING_SHAPES = ((1, 16, 16384, 128), (4, 16, 4096, 128), (1, 32, 16384, 64), (4
 
 
 def _fits(gf, config, head_dim: int) -> bool:
-    """Whether the configuration's registers fit, and its FP8 tiles fit shared memory (one byte an
-    element for Q, K, V^T and P, two for O's buffer)."""
+    """Whether the configuration's registers fit, and its FP8 tiles fit shared memory
+    (``gluon_forward.fp8_shared_bytes``)."""
     if gf.register_reason(config) is not None or (config.consumers == 3 and head_dim != 64):
         return False  # three consumers only at d64, as bf16's (O and S would not fit 160 registers at d128)
-    rows = 64 * config.consumers
-    shared = (rows * head_dim * 3 + config.stages * config.block_n * head_dim * 2 + rows * config.block_n)
-    return shared <= gf.SHARED_LIMIT
+    return gf.fp8_shared_bytes(config, head_dim) <= gf.SHARED_LIMIT
 
 
 class GluonCalls:

@@ -347,7 +347,8 @@ def compile_matrix(module, matrix: list[tuple], prefix: str, warm, describe, dum
         folder.mkdir(parents=True, exist_ok=True)
     for head_dim, causal, dtype, config in matrix:
         name = f"{prefix}d{head_dim} {'causal' if causal else 'full'} {str(dtype).split('.')[-1]} {config}"
-        need = module.shared_bytes(config, head_dim)
+        fp8 = dtype.itemsize == 1 and hasattr(module, "fp8_shared_bytes")
+        need = module.fp8_shared_bytes(config, head_dim) if fp8 else module.shared_bytes(config, head_dim)
         if need > module.SHARED_LIMIT:
             print(f"{name}: skipped, needs {need} B of shared memory (limit {module.SHARED_LIMIT})", flush=True)
             continue
