@@ -56,6 +56,14 @@ def _fits(gf, config, head_dim: int) -> bool:
     return gf.fp8_shared_bytes(config, head_dim) <= gf.SHARED_LIMIT
 
 
+def _fitting(gf, configs: list[str], head_dim: int):
+    """(name, Config) of each configuration that can run at this head dim (:func:`_fits`)."""
+    for text in configs:
+        config = gf.Config.parse(text)
+        if _fits(gf, config, head_dim):
+            yield text, config
+
+
 class GluonCalls:
     """Counts the calls the Gluon FP8 forward takes, and sets the configuration it launches."""
 
@@ -90,14 +98,19 @@ def correctness(impl, gf, calls: GluonCalls, configs: list[str]) -> list[dict]:
                     started = time.perf_counter()
                     reply = run_correctness(impl, case, device="cuda", base_seed=seed, trials=2, backward=False)
                     took = time.perf_counter() - started
-                    record = {"config": text, "case": case.id, "status": reply.status.value, "ok": reply.ok,
-                              "gluon_calls": calls.count - before, "seconds": round(took, 2),
-                              "message": "" if reply.ok else reply.message[:600]}
-                    results.append(record)
-                    print(f"  {'ok  ' if reply.ok else 'FAIL'} [{text}] {case.id}: gluon calls {record['gluon_calls']}"
-                          f" ({took:.1f} s){'' if reply.ok else ' ' + record['message'][:200]}", flush=True)
+                    _keep(results, {"config": text, "case": case.id, "status": reply.status.value, "ok": reply.ok,
+                                    "gluon_calls": calls.count - before, "seconds": round(took, 2),
+                                    "message": "" if reply.ok else reply.message[:600]},
+                          f"{took:.1f} s" + ("" if reply.ok else " " + reply.message[:200]))
     calls.config = None
     return results
+
+
+def _keep(results: list[dict], record: dict, detail: str) -> None:
+    """Add one correctness record and print its line."""
+    results.append(record)
+    print(f"  {'ok  ' if record['ok'] else 'FAIL'} [{record['config']}] {record['case']}: "
+          f"gluon calls {record['gluon_calls']}, {detail}", flush=True)
 
 
 def signs(impl, gf, calls: GluonCalls, configs: list[str]) -> list[dict]:
@@ -125,19 +138,14 @@ def signs(impl, gf, calls: GluonCalls, configs: list[str]) -> list[dict]:
             os.environ["ATTNKIT_TRITON_FLASH_GLUON_FP8"] = "0"
             plain = call_implementation(impl, case, inputs.q, inputs.k, inputs.v, inputs)
             os.environ["ATTNKIT_TRITON_FLASH_GLUON_FP8"] = "1"
-            for text in configs:
-                config = gf.Config.parse(text)
-                if not _fits(gf, config, head_dim):
-                    continue
+            for text, config in _fitting(gf, configs, head_dim):
                 calls.config, before = config, calls.count
                 out = call_implementation(impl, case, inputs.q, inputs.k, inputs.v, inputs)
                 verdict = compare("out", out, oracle, plain, dtype=torch.bfloat16, factor=2.0, rule="fp8")
-                record = {"config": text, "case": case.id + " (q descale < 0)", "ok": verdict.passed,
-                          "gluon_calls": calls.count - before, "max_error": verdict.max_error,
-                          "allowed": verdict.allowed}
-                results.append(record)
-                print(f"  {'ok  ' if verdict.passed else 'FAIL'} [{text}] {record['case']}: error "
-                      f"{verdict.max_error:.2e} <= {verdict.allowed:.2e}, gluon calls {record['gluon_calls']}", flush=True)
+                _keep(results, {"config": text, "case": case.id + " (q descale < 0)", "ok": verdict.passed,
+                                "gluon_calls": calls.count - before, "max_error": verdict.max_error,
+                                "allowed": verdict.allowed},
+                      f"error {verdict.max_error:.2e}, allowed {verdict.allowed:.2e}")
             calls.config = None
     return results
 
@@ -163,10 +171,7 @@ def timing(impl, gf, calls: GluonCalls, configs: list[str]) -> list[dict]:
             flops = flop_count(case, "forward")
             row = {"case": case.id, "flops": flops, "ms": {}, "gluon_took": {}}
             os.environ["ATTNKIT_TRITON_FLASH_GLUON_FP8"] = "1"
-            for text in configs:
-                config = gf.Config.parse(text)
-                if not _fits(gf, config, head_dim):
-                    continue
+            for text, config in _fitting(gf, configs, head_dim):
                 calls.config, before = config, calls.count
                 call = lambda: call_implementation(impl, case, inputs.q, inputs.k, inputs.v, inputs)  # noqa: E731
                 try:
