@@ -514,8 +514,9 @@ if gl is not None:
         # The one item of this CTA: O leaves through Q's buffer (o_smem is q_smem), or FP8's bf16
         # O through a buffer of its own (q_full stands in for q_empty, unused).
         # SUM_MMA: this consumer's tile of ones, B of P @ ones ([BLOCK_N, 16]; FP8's K-major
-        # [16, BLOCK_N], as V^T), written once; the compiler puts the warp group's barrier between
-        # the stores and the first product that reads them, as for FP8's P.
+        # [16, BLOCK_N], as V^T), written once, fenced for the async proxy, and the warp group's
+        # barrier after it: every thread's stores are in before the first product reads the tile
+        # (triton 3.6 inserts none for it; a barrier that comes later anyway is no proof).
         if SUM_MMA:
             fill: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0])
             if FP8:
@@ -524,6 +525,7 @@ if gl is not None:
             else:
                 ones_smem.index(CID).store(gl.full([BLOCK_N, 16], 1.0, q_smem.dtype, layout=fill))
             fence_async_shared()
+            gl.thread_barrier()
         _consumer_item(o_desc, q_smem.index(CID), o_smem.index(CID), k_smem, v_smem, q_full, q_full, k_full, v_full,
                        k_empty, v_empty, turn, lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale,
                        slopes_ptr, H_Q, 0, 0, 0,
@@ -1148,6 +1150,9 @@ def launch_arguments_fp8(q: torch.Tensor, k: torch.Tensor, v_t: torch.Tensor, o:
     """(positional arguments, keyword arguments, grid) of one FP8 launch: ``v_t`` from
     ``flash_fwd_fp8``'s, ``o`` bf16 ``[B, Hq, Nq, D]``, ``descales`` float32 ``[B, Hkv, 3]`` (q's, k's,
     v's)."""
+    if not config.eager:
+        raise ValueError(f"config {config}: the FP8 kernel is eager only (P's shared buffer is refilled "
+                         "once the PV product before has read it)")
     batch, heads_q, n_q, head_dim = q.shape
     heads_kv, n_k = k.shape[1], k.shape[2]
     swizzle = min(head_dim, 128)

@@ -793,12 +793,13 @@ def flash_fwd_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     q, k = _head_dim_contiguous(q), _head_dim_contiguous(k)
     v_t = keys_contiguous(v)
     if tiles is None and _gluon_fp8_on():
-        from . import gluon_forward
+        from . import gluon_common, gluon_forward
 
-        # V^T's rows must start 16-byte aligned for TMA: a copy's are; a V handed in with its keys
-        # contiguous already (returned as it is) may have one key and a row stride of anything.
-        if gluon_forward.fp8_unsupported_reason(q, k, v, causal) is None and v_t.stride(3) % 16 == 0:
-            return gluon_forward.flash_fwd_fp8(q, k, v_t.transpose(2, 3), causal, scale, descales)
+        # TMA needs V^T's base and strides 16-byte aligned: a copy's are; a V handed in with its
+        # keys contiguous already (returned as it is) may be any slice of a larger tensor.
+        v_keys_last = v_t.transpose(2, 3)
+        if gluon_forward.fp8_unsupported_reason(q, k, v, causal) is None and gluon_common.aligned(v_keys_last):
+            return gluon_forward.flash_fwd_fp8(q, k, v_keys_last, causal, scale, descales)
     descales = _descales(descales, batch, heads_kv, q.device)
     if tiles is None:
         plan_key = (q.shape, k.shape, q.dtype, causal, q.device)

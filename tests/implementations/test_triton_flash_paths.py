@@ -82,14 +82,20 @@ def test_the_gluon_fp8_inputs_v_with_keys_last_and_the_descales_in_one_tensor() 
     """V^T as the Gluon FP8 kernel takes it (the Triton FP8 kernel's copy seen keys last, whose
     values the GPU run checks; its warm-up's empty one here), rows padded to 16 keys; a V handed in
     keys-contiguous with rows 16-byte aligned is taken as it is; the descales in one tensor."""
-    from pytest_attnkit.implementations.triton_flash import gluon_forward
+    from pytest_attnkit.implementations.triton_flash import gluon_common, gluon_forward
 
     v = torch.randn(2, 3, 37, 64).to(torch.float8_e4m3fn)
     v_t = gluon_forward.keys_last_like(v)
     assert v_t.shape == (2, 3, 64, 37) and v_t.stride(-1) == 1 and v_t.stride(-2) == 48  # padded to 16 keys
     assert v_t.dtype == v.dtype
     given = torch.randn(2, 3, 64, 48).to(torch.float8_e4m3fn)[..., :37].transpose(2, 3)  # keys contiguous
-    assert launch.keys_contiguous(given) is given and given.stride(3) % 16 == 0
+    assert launch.keys_contiguous(given) is given and gluon_common.aligned(given.transpose(2, 3))
+    # The same taken one key in: its base is 1 byte off, so the Gluon FP8 path must refuse it
+    # (launch.flash_fwd_fp8 checks V^T with gluon_common.aligned) and the Triton kernel take it.
+    shifted = torch.randn(2, 3, 64, 48).to(torch.float8_e4m3fn)[..., 1:38].transpose(2, 3)
+    assert launch.keys_contiguous(shifted) is shifted and not gluon_common.aligned(shifted.transpose(2, 3))
+    with pytest.raises(ValueError, match="eager only"):
+        gluon_forward.launch_arguments_fp8(v, v, v_t, v, v, v, False, 0.1, gluon_forward.Config.parse("n128s3"))
     descales = gluon_forward.fp8_descales((None, torch.full((2, 3), 2.0), torch.full((2, 3), 0.5)), 2, 3,
                                           torch.device("cpu"))
     assert descales.shape == (2, 3, 3) and descales.is_contiguous() and descales[1, 2].tolist() == [1.0, 2.0, 0.5]

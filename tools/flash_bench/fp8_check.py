@@ -51,7 +51,7 @@ TIMING_SHAPES = ((1, 16, 16384, 128), (4, 16, 4096, 128), (1, 32, 16384, 64), (4
 def _fits(gf, config, head_dim: int) -> bool:
     """Whether the configuration's registers fit, and its FP8 tiles fit shared memory
     (``gluon_forward.fp8_shared_bytes``)."""
-    if gf.register_reason(config) is not None or (config.consumers == 3 and head_dim != 64):
+    if not config.eager or gf.register_reason(config) is not None or (config.consumers == 3 and head_dim != 64):
         return False  # three consumers only at d64, as bf16's (O and S would not fit 160 registers at d128)
     return gf.fp8_shared_bytes(config, head_dim) <= gf.SHARED_LIMIT
 
