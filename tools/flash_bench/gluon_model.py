@@ -22,7 +22,7 @@ kernel line by line, and each is checked here:
   0 alone, the whole tiles, the masked ones) visit each tile once, in order, and leave a tile
   unmasked only where every row of the CTA sees every key of it.
 - ``numerics``: the consumer's arithmetic on one CTA in torch (float32, P rounded to the input
-  dtype), with the kernel's tile ranges (``n_tiles``, ``n_whole``), its prologue / whole / masked
+  dtype; with and without ``-sm``'s row sums of that rounded P beside O), with the kernel's tile ranges (``n_tiles``, ``n_whole``), its prologue / whole / masked
   / last-PV sequence, the masks and the shift for rows that have seen no key, against float64
   attention: lengths not multiples of the tile, Nq != Nk both ways, causal rows that see nothing.
 
@@ -484,8 +484,11 @@ def check_schedule() -> int:
 
 def consumer_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row0: int, start_m: int,
                   causal: bool, scale: float, block_n: int, dtype: torch.dtype,
-                  block_m: int = BLOCK_M) -> tuple[torch.Tensor, torch.Tensor]:
-    """One consumer's 64 rows as ``_consumer`` computes them: (output rows, base-2 LSE)."""
+                  block_m: int = BLOCK_M, sum_mma: bool = False,
+                  rescale_sum: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """One consumer's 64 rows as ``_consumer`` computes them: (output rows, base-2 LSE).
+    ``sum_mma`` (``-sm``): the row sums accumulate beside O, of P as rounded for the PV product,
+    rescaled by alpha with O (``rescale_sum=False`` plants the mistake of not rescaling them)."""
     n_q, n_k, d = q.shape[0], k.shape[0], q.shape[1]
     qk_scale = scale * 1.4426950408889634
     rows = torch.arange(row0, row0 + ROWS)
@@ -513,7 +516,13 @@ def consumer_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row0: int, 
         m_use = torch.where(m_new == float("-inf"), torch.zeros(()), m_new) if masked else m_new
         alpha = torch.exp2(m_i - m_use)
         p = torch.exp2(qk * qk_scale - m_use[:, None])
-        return p, alpha, m_new, l_i * alpha + p.sum(1)
+        return p, alpha, m_new, l_i if sum_mma else l_i * alpha + p.sum(1)
+
+    def product(o, l_i, alpha, p_op, vt):
+        # PV (and with -sm, P @ ones) into the accumulators, rescaled by alpha first.
+        if sum_mma:
+            l_i = (l_i * alpha if rescale_sum else l_i) + p_op.sum(1)
+        return o * alpha[:, None] + p_op @ vt, l_i
 
     m_i = torch.full((ROWS,), float("-inf"))
     l_i = torch.zeros(ROWS)
@@ -525,12 +534,10 @@ def consumer_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row0: int, 
         for t, masked in schedule(n_whole, n_tiles):
             kt, _ = kv_tile(t)
             qk = q_tile @ kt.T
-            o = o * alpha[:, None]
-            o = o + p_op @ kv_tile(t - 1)[1]
+            o, l_i = product(o, l_i, alpha, p_op, kv_tile(t - 1)[1])
             p, alpha, m_i, l_i = softmax(qk, m_i, l_i, t, masked)
             p_op = p.to(dtype).float()
-        o = o * alpha[:, None]
-        o = o + p_op @ kv_tile(n_tiles - 1)[1]
+        o, l_i = product(o, l_i, alpha, p_op, kv_tile(n_tiles - 1)[1])
     seen = l_i > 0
     l_safe = torch.where(seen, l_i, torch.ones(()))
     lse = torch.where(seen, m_i + torch.log2(l_safe), torch.tensor(float("inf")))
@@ -538,8 +545,9 @@ def consumer_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row0: int, 
 
 
 def model_forward(q, k, v, causal: bool, scale: float, block_n: int,
-                  consumers: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
-    """[Nq, D] attention of one head through the model, CTA by CTA, consumer by consumer."""
+                  consumers: int = 2, **rows_options) -> tuple[torch.Tensor, torch.Tensor]:
+    """[Nq, D] attention of one head through the model, CTA by CTA, consumer by consumer
+    (``rows_options``: :func:`consumer_rows`'s ``sum_mma`` and ``rescale_sum``)."""
     n_q = q.shape[0]
     out = torch.empty(n_q, q.shape[1], dtype=q.dtype)
     lse = torch.empty(n_q)
@@ -547,7 +555,8 @@ def model_forward(q, k, v, causal: bool, scale: float, block_n: int,
     for start_m in range(0, n_q, block_m):
         for cid in range(consumers):
             row0 = start_m + cid * ROWS
-            o_rows, lse_rows = consumer_rows(q, k, v, row0, start_m, causal, scale, block_n, q.dtype, block_m)
+            o_rows, lse_rows = consumer_rows(q, k, v, row0, start_m, causal, scale, block_n, q.dtype, block_m,
+                                             **rows_options)
             keep = slice(row0, min(row0 + ROWS, n_q))  # the TMA store and the LSE mask drop the rest
             count = keep.stop - keep.start
             if count > 0:
@@ -573,11 +582,12 @@ def check_numerics() -> int:
     shapes = [(113, 113), (1, 1), (1, 300), (300, 1), (200, 1000), (1000, 200), (257, 129), (129, 257),
               (191, 191), (193, 400), (400, 193), (385, 385),
               (256, 256), (64, 700), (700, 64), (384, 130), (130, 384)]
-    for (n_q, n_k), causal, block_n, consumers in itertools.product(shapes, (False, True), (128, 64), (2, 3)):
+    for (n_q, n_k), causal, block_n, consumers, sum_mma in itertools.product(shapes, (False, True), (128, 64), (2, 3),
+                                                                            (False, True)):
         d = 64
         q, k, v = (torch.randn(n, d).to(torch.float16) for n in (n_q, n_k, n_k))
         scale = d ** -0.5
-        out, lse2 = model_forward(q, k, v, causal, scale, block_n, consumers)
+        out, lse2 = model_forward(q, k, v, causal, scale, block_n, consumers, sum_mma=sum_mma)
         ref, ref_lse = reference(q, k, v, causal, scale)
         err = (out.double() - ref).abs().max().item()
         lse_nat = lse2.double() * math.log(2)
@@ -585,8 +595,11 @@ def check_numerics() -> int:
         assert torch.equal(torch.isfinite(lse_nat), finite), f"LSE infinities differ at {n_q}x{n_k} causal={causal}"
         assert torch.all(out[~finite] == 0), "rows that see no key must be zeros"
         lse_err = (lse_nat[finite] - ref_lse[finite]).abs().max().item() if finite.any() else 0.0
-        assert err < 5e-3 and lse_err < 1e-4, (
-            f"{n_q}x{n_k} causal={causal} block_n={block_n} consumers={consumers}: max error {err:.2e}, LSE {lse_err:.2e}")
+        # -sm sums P as rounded to fp16 for the PV product (2**-11 relative a term): its LSE is
+        # that sum's, a few 1e-4 off float64's where the float32 sum is within 1e-4.
+        assert err < 5e-3 and lse_err < (1e-3 if sum_mma else 1e-4), (
+            f"{n_q}x{n_k} causal={causal} block_n={block_n} consumers={consumers} sum_mma={sum_mma}: "
+            f"max error {err:.2e}, LSE {lse_err:.2e}")
         cases += 1
     # The model must fail on the mistakes it is here to catch.
     q, k, v = (torch.randn(n, 64).to(torch.float16) for n in (300, 200, 200))
@@ -598,6 +611,11 @@ def check_numerics() -> int:
         assert (out.double() - reference(q, k, v, True, 0.125)[0]).abs().max() > 1e-2, "an unmasked diagonal passed"
     finally:
         tile_ranges = original
+    # -sm's row sums not rescaled by alpha with O: wrong once a row's maximum grows after tile 0.
+    q, k, v = (torch.randn(n, 64).to(torch.float16) for n in (128, 1000, 1000))
+    k[900:] *= 4.0  # later keys score higher: the row maxima grow
+    out, _ = model_forward(q, k, v, False, 0.125, 128, sum_mma=True, rescale_sum=False)
+    assert (out.double() - reference(q, k, v, False, 0.125)[0]).abs().max() > 1e-2, "unrescaled -sm sums passed"
     return cases
 
 
@@ -616,8 +634,8 @@ def main() -> int:
             print(f"  {name}: {grid:.3f} {stride:.3f} {snake:.3f} {heavy:.3f} {grouped:.3f}")
     print(f"schedule: {check_schedule()} CTAs visit tiles 1..n_tiles-1 once, in order, the unmasked ones "
           "whole for every row")
-    print(f"numerics: {check_numerics()} shapes match float64 attention (output and LSE); "
-          "an unmasked diagonal is caught")
+    print(f"numerics: {check_numerics()} shapes match float64 attention (output and LSE), with and "
+          "without -sm's row sums; an unmasked diagonal and -sm sums not rescaled are caught")
     return 0 if len(caught) == 7 and len(caught_dealing) == 2 else 1
 
 
