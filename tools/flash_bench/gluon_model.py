@@ -22,9 +22,10 @@ kernel line by line, and each is checked here:
   0 alone, the whole tiles, the masked ones) visit each tile once, in order, and leave a tile
   unmasked only where every row of the CTA sees every key of it.
 - ``numerics``: the consumer's arithmetic on one CTA in torch (float32, P rounded to the input
-  dtype; with and without ``-sm``'s row sums of that rounded P beside O), with the kernel's tile ranges (``n_tiles``, ``n_whole``), its prologue / whole / masked
-  / last-PV sequence, the masks and the shift for rows that have seen no key, against float64
-  attention: lengths not multiples of the tile, Nq != Nk both ways, causal rows that see nothing.
+  dtype; with and without ``-sm``'s row sums of that rounded P beside O), with the kernel's tile
+  ranges (``n_tiles``, ``n_whole``), its prologue / whole / masked / last-PV sequence, the masks
+  and the shift for rows that have seen no key, against float64 attention: lengths not multiples
+  of the tile, Nq != Nk both ways, causal rows that see nothing.
 
 A model is not the kernel: a mistake copied into both passes here. What it does catch is a wrong
 parity, count, range or mask in the design the kernel follows.
