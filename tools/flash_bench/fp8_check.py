@@ -122,7 +122,7 @@ def signs(impl, gf, calls: GluonCalls, configs: list[str]) -> list[dict]:
 
     from pytest_attnkit.contract import Case
     from pytest_attnkit.oracle import attention_math
-    from pytest_attnkit.worker.inputs import call_implementation, make_inputs
+    from pytest_attnkit.worker.inputs import call_implementation, dequantized, make_inputs
     from pytest_attnkit.worker.tolerance import compare
 
     results = []
@@ -131,9 +131,7 @@ def signs(impl, gf, calls: GluonCalls, configs: list[str]) -> list[dict]:
             case = Case(1, 2, 2, 1000, 1000, head_dim, "float8_e4m3fn", causal=causal)
             inputs = make_inputs(case, "cuda", 7)
             inputs.q_descale = -inputs.q_descale
-            q, k, v = (_dequantized(t, d, 2).double() for t, d in ((inputs.q, inputs.q_descale),
-                                                                   (inputs.k, inputs.k_descale),
-                                                                   (inputs.v, inputs.v_descale)))
+            q, k, v = (t.double() for t in dequantized(case, inputs))
             oracle = attention_math(q, k, v, causal=causal)
             os.environ["ATTNKIT_TRITON_FLASH_GLUON_FP8"] = "0"
             plain = call_implementation(impl, case, inputs.q, inputs.k, inputs.v, inputs)
@@ -157,8 +155,10 @@ def timing(impl, gf, calls: GluonCalls, configs: list[str]) -> list[dict]:
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
     from pytest_attnkit.contract import Case
+    from versions import kernel_times
+
     from pytest_attnkit.counts import flop_count
-    from pytest_attnkit.worker.inputs import call_implementation, make_inputs
+    from pytest_attnkit.worker.inputs import call_implementation, dequantized, make_inputs
 
     def bench(fn) -> float:
         return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
@@ -168,12 +168,13 @@ def timing(impl, gf, calls: GluonCalls, configs: list[str]) -> list[dict]:
         for causal in (False, True):
             case = Case(batch, heads, heads, n, n, head_dim, "float8_e4m3fn", causal=causal)
             inputs = make_inputs(case, "cuda", 1234)
+            # The harness's call; which FP8 path it takes is the environment's and calls.config's.
+            call = lambda: call_implementation(impl, case, inputs.q, inputs.k, inputs.v, inputs)  # noqa: E731
             flops = flop_count(case, "forward")
             row = {"case": case.id, "flops": flops, "ms": {}, "gluon_took": {}}
             os.environ["ATTNKIT_TRITON_FLASH_GLUON_FP8"] = "1"
             for text, config in _fitting(gf, configs, head_dim):
                 calls.config, before = config, calls.count
-                call = lambda: call_implementation(impl, case, inputs.q, inputs.k, inputs.v, inputs)  # noqa: E731
                 try:
                     call()
                     row["gluon_took"][text] = calls.count > before
@@ -182,11 +183,9 @@ def timing(impl, gf, calls: GluonCalls, configs: list[str]) -> list[dict]:
                     row.setdefault("errors", {})[text] = f"{type(error).__name__}: {str(error)[:300]}"
             calls.config = None
             os.environ["ATTNKIT_TRITON_FLASH_GLUON_FP8"] = "0"
-            row["ms"]["triton fp8"] = bench(lambda: call_implementation(impl, case, inputs.q, inputs.k, inputs.v, inputs))
+            row["ms"]["triton fp8"] = bench(call)
             # bf16 on the dequantized values (each tensor times its descale per batch and kv head).
-            q, k, v = (_dequantized(t, d, heads) for t, d in ((inputs.q, inputs.q_descale),
-                                                              (inputs.k, inputs.k_descale),
-                                                              (inputs.v, inputs.v_descale)))
+            q, k, v = (t.to(torch.bfloat16) for t in dequantized(case, inputs))
             row["ms"]["gluon bf16"] = bench(lambda: impl(q, k, v, causal=causal))
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 row["ms"]["cudnn bf16"] = bench(lambda: sdpa(q, k, v, is_causal=causal))
@@ -194,7 +193,8 @@ def timing(impl, gf, calls: GluonCalls, configs: list[str]) -> list[dict]:
             if configs:
                 os.environ["ATTNKIT_TRITON_FLASH_GLUON_FP8"] = "1"
                 calls.config = gf.Config.parse(configs[0])
-                row["kernels_us"] = _kernels(lambda: call_implementation(impl, case, inputs.q, inputs.k, inputs.v, inputs))
+                call()
+                row["kernels_ms"] = kernel_times(call, calls=20, match="")
                 calls.config = None
             rows.append(row)
             print(f"  {case.id}: " + ", ".join(f"{name} {value:.0f}" for name, value in row["tflops"].items())
@@ -202,28 +202,6 @@ def timing(impl, gf, calls: GluonCalls, configs: list[str]) -> list[dict]:
             inputs = q = k = v = None  # this case's tensors go before the next case's are made
             torch.cuda.empty_cache()
     return rows
-
-
-def _dequantized(t, descale, heads: int):
-    import torch
-
-    per_head = descale.repeat_interleave(heads // descale.shape[1], dim=1)[:, :, None, None]
-    return (t.float() * per_head).to(torch.bfloat16)
-
-
-def _kernels(call) -> dict[str, float]:
-    """CUDA microseconds per call of each kernel ``call`` launches (torch.profiler, 20 calls)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    call()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(20):
-            call()
-        torch.cuda.synchronize()
-    return {event.key[:80]: round(event.device_time_total / 20, 1)
-            for event in prof.key_averages() if event.device_time_total > 0}
 
 
 def report(correct: list[dict], rows: list[dict], configs: list[str], device: str) -> str:
@@ -249,10 +227,10 @@ def report(correct: list[dict], rows: list[dict], configs: list[str], device: st
             lines.append(f"| {row['case']} | " + " | ".join(f"{t[name]:.0f}" if name in t else "-" for name in names)
                          + " | " + " | ".join(ratios) + " |")
         lines.append("")
-        lines.append(f"Kernels of one call, first configuration ({configs[0] if configs else '-'}; CUDA us per call):")
+        lines.append(f"Kernels of one call, first configuration ({configs[0] if configs else '-'}; CUDA ms per call):")
         lines.append("")
         for row in rows:
-            kernels = ", ".join(f"{name.split('(')[0][:40]} {us:.0f}" for name, us in row.get("kernels_us", {}).items())
+            kernels = ", ".join(f"{name.split('(')[0][:40]} {ms:.3f}" for name, ms in row.get("kernels_ms", {}).items())
             lines.append(f"- {row['case']}: {kernels}")
     return "\n".join(lines)
 
