@@ -160,7 +160,7 @@ class Scheduler(Submissions):
         """Queue a submitted job for the dispatcher (see :class:`Submissions`)."""
         job.request = dataclasses.replace(job.request, release_memory=True)  # others run beside it
         job.alone = self.budget.over(job)
-        job.long_s, job.last_s = self.durations.long(job), self.durations.of(job)
+        job.last_s = self.durations.of(job)
         with self._cond:
             if self._closed:
                 job.future.cancel()

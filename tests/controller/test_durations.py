@@ -16,7 +16,7 @@ import pytest
 from fakes.fake_workers import FakePool, work
 from pytest_attnkit.controller.ledger import Ledger
 from pytest_attnkit.controller.scheduler import Scheduler
-from pytest_attnkit.controller.scheduling.durations import LONG_S, SCHEMA, Durations, durations_path, request_key
+from pytest_attnkit.controller.scheduling.durations import LONG_S, SCHEMA, Durations, durations_path, long_s, request_key
 from pytest_attnkit.controller.scheduling.job import Job
 from pytest_attnkit.messages import Reply, Status
 
@@ -41,9 +41,9 @@ def test_durations_are_kept_merged_per_device_and_read_back(tmp_path: Path) -> N
     first.record(job({"n": 2}), 0.4)
     assert first.save() is None
     second = Durations(path)
-    assert second.of(job({"n": 1})) == 17.6 and second.long(job({"n": 1})) == 17.6
-    assert second.of(job({"n": 2})) == 0.4 and second.long(job({"n": 2})) == 0.0  # under LONG_S
-    assert second.of(job({"n": 3})) is None and second.long(job({"n": 3})) == 0.0
+    assert second.of(job({"n": 1})) == 17.6 and long_s(second.of(job({"n": 1}))) == 17.6
+    assert second.of(job({"n": 2})) == 0.4 and long_s(second.of(job({"n": 2}))) == 0.0  # under LONG_S
+    assert second.of(job({"n": 3})) is None and long_s(second.of(job({"n": 3}))) == 0.0
     assert "2 remembered" in second.describe() and f"the 1 of {LONG_S:g} s or more" in second.describe()
     second.record(job({"n": 1}), 2.0)  # this run's time replaces the last; others are kept
     assert second.save() is None

@@ -88,12 +88,13 @@ def test_the_first_ready_job_skips_those_waiting_for_another_or_for_their_busy_w
 
 def test_requests_that_took_long_last_time_start_first_longest_first_and_the_rest_keep_their_order() -> None:
     """A tail in the making (results/2026-11-27-session8): the long requests of an
-    implementation, remembered from the last run (``Job.long_s``, as Durations.long gives it), go
+    implementation, remembered from the last run (``Job.last_s``, at least LONG_S), go
     before its others, the longest first; a long one that waits for another does not, nor one that
     must run alone; requests under LONG_S keep the suites' order, as does every request without
     ``long_first``."""
     before = job()
-    short, long, longer, waits = job(), job(long_s=5.0), job(long_s=17.6), job(after=before, long_s=40.0)
+    short, long, longer = job(last_s=0.4), job(last_s=5.0), job(last_s=17.6)
+    waits = job(after=before, last_s=40.0)
     queue = deque([short, long, longer, waits])
     assert order.first_ready(queue, busy=lambda candidate: False) is short
     assert order.first_ready(queue, busy=lambda candidate: False, long_first=True) is longer
@@ -103,7 +104,7 @@ def test_requests_that_took_long_last_time_start_first_longest_first_and_the_res
     assert order.first_ready(queue, busy=lambda candidate: False, long_first=True) is short
     before.future.set_result(Reply(Status.OK))
     assert order.first_ready(queue, busy=lambda candidate: False, long_first=True) is waits
-    alone = job(alone=True, long_s=60.0)  # moved ahead, it would hold its queue until the GPU is free
+    alone = job(alone=True, last_s=60.0)  # moved ahead, it would hold its queue until the GPU is free
     assert order.first_ready(deque([short, alone]), busy=lambda candidate: False, long_first=True) is short
     assert order.first_ready(deque(), busy=lambda candidate: False, long_first=True) is None
 

@@ -41,6 +41,12 @@ SCHEMA = "attnkit-durations"
 SCHEMA_VERSION = 1
 
 
+def long_s(seconds: float | None) -> float:
+    """A remembered duration where it is at least :data:`LONG_S` (the request then starts first),
+    else 0."""
+    return seconds if seconds is not None and seconds >= LONG_S else 0.0
+
+
 def request_key(job: Job) -> str:
     """The key of a job's request in the file: the same request in the next run has the same."""
     wire = job.request.to_wire()
@@ -73,11 +79,6 @@ class Durations:
     def of(self, job: Job) -> float | None:
         """How long the job's request took the last time it ran, or None."""
         return self.remembered.get(request_key(job))
-
-    def long(self, job: Job) -> float:
-        """The remembered seconds where they are at least :data:`LONG_S`, else 0."""
-        seconds = self.of(job)
-        return seconds if seconds is not None and seconds >= LONG_S else 0.0
 
     def record(self, job: Job, seconds: float) -> None:
         self.now[request_key(job)] = round(float(seconds), 3)

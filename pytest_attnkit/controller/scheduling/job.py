@@ -59,13 +59,11 @@ class Job:
     #: Runs in a worker started under a launcher for it alone (the sanitize suite's run under
     #: compute-sanitizer), which the pool closes before the reply is handed on.
     launch: Launch | None = None
-    #: How long its request took the last time it ran, where that was long (0 otherwise: see
-    #: :mod:`~pytest_attnkit.controller.scheduling.durations`): it then starts before the rest of
-    #: its implementation's queue, longest first.
-    long_s: float = 0.0
-    #: How long its request took the last time it ran, however long, or None (never run, or
-    #: nothing remembered): the work left in its implementation's queue counts it
-    #: (:class:`~pytest_attnkit.controller.scheduling.order.WorkLeft`).
+    #: How long its request took the last time it ran, or None (never run, or nothing remembered:
+    #: :mod:`~pytest_attnkit.controller.scheduling.durations`). Where that was long it starts before
+    #: the rest of its implementation's queue, longest first
+    #: (:func:`~pytest_attnkit.controller.scheduling.order.first_ready`), and the work left in that
+    #: queue counts it (:class:`~pytest_attnkit.controller.scheduling.order.WorkLeft`).
     last_s: float | None = None
 
     @property

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 from pytest_attnkit.controller.scheduling.admission import Hold, MemoryBudget
+from pytest_attnkit.controller.scheduling.durations import long_s
 from pytest_attnkit.controller.scheduling.job import Job
 
 Lent = TypeVar("Lent")
@@ -39,18 +40,19 @@ def awaited(pending: Mapping[str, deque[Job]]) -> Job | None:
 def first_ready(queue: deque[Job], busy: Callable[[Job], bool], long_first: bool = False) -> Job | None:
     """The first job of an implementation's queue that waits for no other (nor for its own
     worker, ``busy`` with the request before it); with ``long_first``, the ready job that took
-    longest the last time it ran (``Job.long_s``), if any took long. A job that must run alone is
-    not moved ahead: it would keep the rest of its queue waiting until the GPU is free (the
-    earliest job's hold is what makes room)."""
+    longest the last time it ran (``Job.last_s``), if any took long (:func:`.durations.long_s`).
+    A job that must run alone is not moved ahead: it would keep the rest of its queue waiting
+    until the GPU is free (the earliest job's hold is what makes room)."""
     ready = (job for job in queue if (job.after is None or job.after.future.done()) and not busy(job))
     if not long_first:
         return next(ready, None)
-    first, longest = None, None
+    first, longest, longest_s = None, None, 0.0
     for job in ready:
         if first is None:
             first = job
-        if job.long_s > 0 and not job.alone and (longest is None or job.long_s > longest.long_s):
-            longest = job
+        seconds = long_s(job.last_s)
+        if seconds > longest_s and not job.alone:
+            longest, longest_s = job, seconds
     return longest or first
 
 
