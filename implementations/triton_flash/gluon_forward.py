@@ -432,6 +432,30 @@ if gl is not None:
             mbarrier.arrive(turn.index((CID + 1) % CONSUMERS), count=1)
 
     @gluon.jit
+    def _rescale(o, l_i, alpha, o_layout: gl.constexpr, l_layout: gl.constexpr, SUM_MMA: gl.constexpr):
+        # O, and with SUM_MMA the accumulator of P @ ones, to the new maximum (no product into
+        # them in flight).
+        o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        if SUM_MMA:
+            l_i = l_i * gl.convert_layout(alpha, gl.SliceLayout(1, l_layout))[:, None]
+        return o, l_i
+
+    @gluon.jit
+    def _issue_pv(o, l_i, p_op, p_buf, v_tile, ones_buf, FP8: gl.constexpr, SUM_MMA: gl.constexpr):
+        # PV into O, and with SUM_MMA P @ ones into l_i right after it, both async. FP8: P from its
+        # shared buffer and V^T's tile [D, BLOCK_N] (keys contiguous: K-major, as FP8 wgmma reads
+        # B), the tile of ones [16, BLOCK_N] alike; else P from registers.
+        if FP8:
+            o = warpgroup_mma(p_buf, v_tile.permute((1, 0)), o, is_async=True)
+            if SUM_MMA:
+                l_i = warpgroup_mma(p_buf, ones_buf.permute((1, 0)), l_i, is_async=True)
+        else:
+            o = warpgroup_mma(p_op, v_tile, o, is_async=True)
+            if SUM_MMA:
+                l_i = warpgroup_mma(p_op, ones_buf, l_i, is_async=True)
+        return o, l_i
+
+    @gluon.jit
     def _step(t, g, q_buf, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
               qk, o, p_prev, p_op, alpha, m_i, l_i, rows, n_k, diag, qk_scale, slope, row_pos,
               s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
@@ -462,18 +486,9 @@ if gl is not None:
             else:
                 o, p_prev = warpgroup_mma_wait(num_outstanding=1, deps=(o, p_prev))
             mbarrier.arrive(v_empty.index((g + STAGES - 2) % STAGES), count=1, pred=t >= 2)
-        o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-        if SUM_MMA:
-            l_i = l_i * gl.convert_layout(alpha, gl.SliceLayout(1, l_layout))[:, None]
+        o, l_i = _rescale(o, l_i, alpha, o_layout, l_layout, SUM_MMA)
         mbarrier.wait(v_full.index(sp), ((g - 1) // STAGES) & 1)
-        if FP8:  # V^T's tile [D, BLOCK_N], keys contiguous: K-major, as FP8 wgmma reads B
-            o = warpgroup_mma(p_buf, v_smem.index(sp).permute((1, 0)), o, is_async=True)
-            if SUM_MMA:
-                l_i = warpgroup_mma(p_buf, ones_buf.permute((1, 0)), l_i, is_async=True)
-        else:
-            o = warpgroup_mma(p_op, v_smem.index(sp), o, is_async=True)
-            if SUM_MMA:
-                l_i = warpgroup_mma(p_op, ones_buf, l_i, is_async=True)
+        o, l_i = _issue_pv(o, l_i, p_op, p_buf, v_smem.index(sp), ones_buf, FP8, SUM_MMA)
         _pass_turn(turn, CID, PINGPONG, CONSUMERS)
         if SUM_MMA:
             qk = warpgroup_mma_wait(num_outstanding=2, deps=(qk, ))
@@ -621,25 +636,17 @@ if gl is not None:
                 else:
                     o, p_prev = warpgroup_mma_wait(num_outstanding=0, deps=(o, p_prev))
                 mbarrier.arrive(v_empty.index((g + last + STAGES - 1) % STAGES), count=1, pred=last >= 1)
-            o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-            if SUM_MMA:
-                l_i = l_i * gl.convert_layout(alpha, gl.SliceLayout(1, l_layout))[:, None]
+            o, l_i = _rescale(o, l_i, alpha, o_layout, l_layout, SUM_MMA)
             mbarrier.wait(v_full.index(sl), ((g + last) // STAGES) & 1)
             turns = _take_turn(turn, turns, CID, PINGPONG)
+            o, l_i = _issue_pv(o, l_i, p_op, p_buf, v_smem.index(sl), ones_buf, FP8, SUM_MMA)
+            _pass_turn(turn, CID, PINGPONG, CONSUMERS)
             if FP8:
-                o = warpgroup_mma(p_buf, v_smem.index(sl).permute((1, 0)), o, is_async=True)
-                if SUM_MMA:
-                    l_i = warpgroup_mma(p_buf, ones_buf.permute((1, 0)), l_i, is_async=True)
-                _pass_turn(turn, CID, PINGPONG, CONSUMERS)
                 if SUM_MMA:
                     o, l_i = warpgroup_mma_wait(num_outstanding=0, deps=(o, l_i))
                 else:
                     o = warpgroup_mma_wait(num_outstanding=0, deps=(o, ))
             else:
-                o = warpgroup_mma(p_op, v_smem.index(sl), o, is_async=True)
-                if SUM_MMA:
-                    l_i = warpgroup_mma(p_op, ones_buf, l_i, is_async=True)
-                _pass_turn(turn, CID, PINGPONG, CONSUMERS)
                 if SUM_MMA:
                     o, p_op, l_i = warpgroup_mma_wait(num_outstanding=0, deps=(o, p_op, l_i))
                 else:
