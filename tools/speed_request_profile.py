@@ -64,11 +64,14 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=0, help="only the first N cases")
     parser.add_argument("--no-warm", action="store_true", help="no warm call before each timing request")
     parser.add_argument("--top", type=int, default=25, help="functions listed by cumulative time")
+    parser.add_argument("--budget-ms", type=float, default=None,
+                        help="timing budget per case (default: --attnkit-budget-ms's default)")
     args = parser.parse_args()
 
     import torch
 
     from pytest_attnkit import cases, registry
+    from pytest_attnkit.controller.options import SETTINGS
     from pytest_attnkit.messages import Op, Request
     from pytest_attnkit.worker.calls import warm_call
     from pytest_attnkit.worker.suite import WorkerContext
@@ -91,7 +94,8 @@ def main() -> int:
     if args.limit:
         pairs = pairs[:args.limit]
     handler, context = SpeedHandler(), WorkerContext(device, impl)
-    options = {"budget_ms": 400.0, "call_limit_ms": cases.CALL_LIMIT_MS.get(profile)}
+    budget_ms = args.budget_ms or next(setting.default for setting in SETTINGS if setting.dest == "budget_ms")
+    options = {"budget_ms": budget_ms, "call_limit_ms": cases.CALL_LIMIT_MS.get(profile)}
     print(f"{args.impl} on {device} ({torch.cuda.get_device_name() if device == 'cuda' else 'CPU'}), "
           f"profile {profile}: {len(pairs)} timing requests, {'no warm-up' if args.no_warm else 'each warmed up first'}")
     profiler, handled, rows = cProfile.Profile(), 0.0, []
