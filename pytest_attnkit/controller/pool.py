@@ -13,8 +13,8 @@ Where requests run ahead of the tests (:mod:`pytest_attnkit.controller.scheduler
 *which* request starts *when*), the pool decides *where*: :meth:`WorkerPool.lease` lends a worker
 of the request's implementation (an idle one, the one that ran the point before it, or a new
 *extra* one: at most ``jobs`` extras in all, one more for the request a test waits for; when full,
-an idle extra of an implementation with nothing queued is closed to start one, those that hold
-no warm-up first), or a worker of its own per (implementation, tag) for a DEDICATED request,
+an idle extra of an implementation with nothing queued is closed to start one, never one that
+holds a warm-up), or a worker of its own per (implementation, tag) for a DEDICATED request,
 closed after its last one, or a worker started under a launcher (compute-sanitizer) for one
 request, closed by :meth:`WorkerPool.finish` before its reply is handed on;
 :meth:`WorkerPool.give_back` takes it back. :meth:`WorkerPool.trim` closes the extras that hold
@@ -278,8 +278,11 @@ class WorkerPool:
         else an idle extra, else the primary, else a new extra: ``room`` more than
         :attr:`extras_cap` may exist (one for the request a test waits for). When that is full,
         an idle extra of another implementation that has nothing ``queued`` is taken out to
-        start one (those that hold no warm-up first), and the request's thread closes it
-        (:meth:`begin`)."""
+        start one, and the request's thread closes it (:meth:`begin`). One that holds a warm-up
+        is never taken: its speed tests are timed in it later, with the GPU alone, and a worker
+        started for them would pay each case's first call there (torch_flex on an H200,
+        2026-11-27: 6 s of first calls and 10 s of compile cache loads in the alone phase after
+        the others had taken its warm workers; results/2026-11-27-session10)."""
         with self._lock:
             if launch is not None:
                 if len(self._launched) >= launch.at_once:
@@ -313,12 +316,13 @@ class WorkerPool:
                 return self._lend(Lease(impl, primary))
             if sum(len(workers) for workers in self._extras.values()) < self.extras_cap + room:
                 return self._lend(Lease(impl, self._new_extra(impl)))
-            # Full: close an idle extra of an implementation with nothing queued, to start one here.
-            spares = [(worker in self._warm_holders, other, worker) for other, workers in self._extras.items()
+            # Full: close an idle extra of an implementation with nothing queued, to start one here;
+            # never one that holds a warm-up (see the docstring).
+            spares = [(other, worker) for other, workers in self._extras.items()
                       if other != impl and not queued(other) for worker in workers
-                      if worker in self._idle[other]]
+                      if worker in self._idle[other] and worker not in self._warm_holders]
             if spares:
-                _, other, spare = min(spares, key=lambda spare: spare[0])
+                other, spare = spares[0]
                 self._extras[other].remove(spare)
                 self._idle[other].remove(spare)
                 return self._lend(Lease(impl, self._new_extra(impl), retired=(other, spare)))

@@ -43,8 +43,8 @@ The rules:
 - **Warm-ups only where they compile** (:mod:`~pytest_attnkit.controller.scheduling.pruning`). Once an implementation's requests so far (its
   correctness cases come first) compiled nothing (a kernel built ahead of time, a library call,
   kernels all in the disk cache), its warm-ups are dropped unrun (cancelled): they would only take
-  GPU time. To make room for another implementation's worker, an idle one that holds no warm-up
-  is closed first.
+  GPU time. To make room for another implementation's worker, an idle one is closed, never one
+  that holds a warm-up: its speed tests are timed in it later.
 - **The GPU alone.** :meth:`exclusive` is for what must have the GPU to itself (speed timing, and
   memory sweeps where the meter sees every process's allocations): it waits until everything
   submitted has finished, and starts nothing else until it ends. The pool takes it for every

@@ -95,7 +95,7 @@ def test_a_lease_takes_an_idle_extra_then_the_primary_then_a_new_extra_up_to_the
     pool.close()
 
 
-def test_when_full_an_idle_extra_of_an_implementation_with_nothing_queued_makes_room() -> None:
+def test_when_full_an_idle_extra_of_an_implementation_with_nothing_queued_makes_room_unless_it_holds_a_warm_up() -> None:
     pool = sharing(extras=2)
     leases = [pool.lease("b") for _ in range(3)]  # b's primary and both extras
     warm, cold = leases[1], leases[2]
@@ -108,6 +108,9 @@ def test_when_full_an_idle_extra_of_an_implementation_with_nothing_queued_makes_
     assert not cold.worker.closed
     pool.begin(lease)  # on the request's thread
     assert cold.worker.closed and not warm.worker.closed
+    # Only b's warm worker is idle: it is never taken (its case is timed in it), so a waits.
+    assert pool.lease("a", queued=lambda impl: False) is None
+    assert warm.worker in pool.extras and not warm.worker.closed
     pool.close()
 
 
