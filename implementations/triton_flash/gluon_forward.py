@@ -103,14 +103,15 @@ masked ones (NOTES.md, v20.2), P through a shared buffer per consumer (triton 3.
 ``wgmma``'s 8-bit register operand alive: "Unexpected bitwidth in WGMMAWaitGroupOp"), stored once
 the previous PV product has read it, and O in bf16 times V's descale through a buffer of its own.
 Compile-checked for sm_90a (``gluon_compile.py --fp8``: no spills; the bf16 kernels' SASS
-unchanged). Run on an H200 and an H100 (NOTES.md, v20.1): right on the harness's FP8 cases; at
-d128 the kernel is 1.0-1.14x the Triton FP8 kernel and 1.3x the Gluon bf16 one, at d64 0.83x the
-Triton FP8 kernel. Its call lost to the Triton path through torch's copy of V^T, since replaced by
-the Triton path's copy, not yet re-run: nothing takes it unless ``ATTNKIT_TRITON_FLASH_GLUON_FP8=1``.
+unchanged). Run on an H200 (NOTES.md, v20.1 and v20.4): right on the harness's FP8 shapes; with
+V^T from the Triton path's copy, its call at d128 is 0.99-1.09x the Triton FP8 forward's and
+1.12-1.25x the Gluon bf16 one's, at d64 0.79-0.91x the Triton FP8 one's. So it takes e4m3 at d128
+by default (:func:`.launch._gluon_fp8_head_dims`; ``ATTNKIT_TRITON_FLASH_GLUON_FP8=1`` adds d64).
 
 ``-sm`` (``Config.sum_mma``, the one-item grid only, off by default; NOTES.md, v20.3): each row's
 sum of P from the tensor cores, a ``P @ ones`` product beside each PV product, instead of 64 adds
-a tile in registers. Compile-checked, not yet run on a GPU.
+a tile in registers. bf16 only: with FP8 its outputs were wrong on an H200 (NOTES.md, v20.4), and
+the FP8 launch refuses it. The bf16 kernel with it is compile-checked, not yet run on a GPU.
 
 The host side: :func:`supports` (which calls this kernel takes), :func:`flash_fwd` (the launcher,
 with :func:`.launch.flash_fwd`'s signature for the dense case), :class:`Config` (tiles: the default,
@@ -240,14 +241,13 @@ def shared_bytes(config: Config, head_dim: int, element_size: int = 2) -> int:
 
 def fp8_shared_bytes(config: Config, head_dim: int) -> int:
     """Shared memory the FP8 kernel asks for: e4m3 Q, the K/V^T ring and P (a tile per consumer),
-    O's bf16 buffer, the barriers, and with ``-sm`` the tiles of ones."""
+    O's bf16 buffer and the barriers."""
     q = config.block_m * head_dim
     o = 2 * config.block_m * head_dim
     kv = 2 * config.stages * config.block_n * head_dim
     p = config.block_m * config.block_n
     barriers = 8 * (2 * config.consumers + 4 * config.stages)
-    ones = config.consumers * config.block_n * SUM_COLS if config.sum_mma else 0
-    return q + o + kv + p + barriers + ones
+    return q + o + kv + p + barriers
 
 
 #: The fewest registers the producer warp group keeps: it gets what the consumers leave of the
@@ -442,13 +442,11 @@ if gl is not None:
 
     @gluon.jit
     def _issue_pv(o, l_i, p_op, p_buf, v_tile, ones_buf, FP8: gl.constexpr, SUM_MMA: gl.constexpr):
-        # PV into O, and with SUM_MMA P @ ones into l_i right after it, both async. FP8: P from its
-        # shared buffer and V^T's tile [D, BLOCK_N] (keys contiguous: K-major, as FP8 wgmma reads
-        # B), the tile of ones [16, BLOCK_N] alike; else P from registers.
+        # PV into O, and with SUM_MMA (not FP8) P @ ones into l_i right after it, both async. FP8:
+        # P from its shared buffer and V^T's tile [D, BLOCK_N] (keys contiguous: K-major, as FP8
+        # wgmma reads B); else P from registers.
         if FP8:
             o = warpgroup_mma(p_buf, v_tile.permute((1, 0)), o, is_async=True)
-            if SUM_MMA:
-                l_i = warpgroup_mma(p_buf, ones_buf.permute((1, 0)), l_i, is_async=True)
         else:
             o = warpgroup_mma(p_op, v_tile, o, is_async=True)
             if SUM_MMA:
@@ -499,10 +497,7 @@ if gl is not None:
                                       s_layout, BLOCK_N, CAUSAL, MASKED, ALIBI, FP8, SUM_MMA)
         if FP8:
             p8 = p.to(q_buf.dtype)
-            if SUM_MMA:
-                o, l_i = warpgroup_mma_wait(num_outstanding=0, deps=(o, l_i))
-            else:
-                o = warpgroup_mma_wait(num_outstanding=0, deps=(o, ))
+            o = warpgroup_mma_wait(num_outstanding=0, deps=(o, ))
             p_buf.store(p8)  # PV_{t-1} has read the buffer
             fence_async_shared()
             mbarrier.arrive(v_empty.index(sp), count=1)
@@ -528,17 +523,13 @@ if gl is not None:
                   SUM_MMA: gl.constexpr = False):
         # The one item of this CTA: O leaves through Q's buffer (o_smem is q_smem), or FP8's bf16
         # O through a buffer of its own (q_full stands in for q_empty, unused).
-        # SUM_MMA: this consumer's tile of ones, B of P @ ones ([BLOCK_N, 16]; FP8's K-major
-        # [16, BLOCK_N], as V^T), written once, fenced for the async proxy, and the warp group's
-        # barrier after it: every thread's stores are in before the first product reads the tile
-        # (triton 3.6 inserts none for it; a barrier that comes later anyway is no proof).
+        # SUM_MMA: this consumer's tile of ones, B of P @ ones ([BLOCK_N, 16]), written once,
+        # fenced for the async proxy, and the warp group's barrier after it: every thread's stores
+        # are in before the first product reads the tile (triton 3.6 inserts none for it; a
+        # barrier that comes later anyway is no proof).
         if SUM_MMA:
             fill: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0])
-            if FP8:
-                # (a float8 constant cannot be made directly in triton 3.6: 1.0 in float32, converted)
-                ones_smem.index(CID).store(gl.full([16, BLOCK_N], 1.0, gl.float32, layout=fill).to(q_smem.dtype))
-            else:
-                ones_smem.index(CID).store(gl.full([BLOCK_N, 16], 1.0, q_smem.dtype, layout=fill))
+            ones_smem.index(CID).store(gl.full([BLOCK_N, 16], 1.0, q_smem.dtype, layout=fill))
             fence_async_shared()
             gl.thread_barrier()
         _consumer_item(o_desc, q_smem.index(CID), o_smem.index(CID), k_smem, v_smem, q_full, q_full, k_full, v_full,
@@ -642,10 +633,7 @@ if gl is not None:
             o, l_i = _issue_pv(o, l_i, p_op, p_buf, v_smem.index(sl), ones_buf, FP8, SUM_MMA)
             _pass_turn(turn, CID, PINGPONG, CONSUMERS)
             if FP8:
-                if SUM_MMA:
-                    o, l_i = warpgroup_mma_wait(num_outstanding=0, deps=(o, l_i))
-                else:
-                    o = warpgroup_mma_wait(num_outstanding=0, deps=(o, ))
+                o = warpgroup_mma_wait(num_outstanding=0, deps=(o, ))
             else:
                 if SUM_MMA:
                     o, p_op, l_i = warpgroup_mma_wait(num_outstanding=0, deps=(o, p_op, l_i))
@@ -846,6 +834,7 @@ if gl is not None:
                        CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                        EAGER: gl.constexpr, CONSUMERS: gl.constexpr, HEAVY_FIRST: gl.constexpr = False,
                        ALIBI: gl.constexpr = False, FP8: gl.constexpr = False, SUM_MMA: gl.constexpr = False):
+        gl.static_assert(not (FP8 and SUM_MMA), "-sm is not for FP8: its sums came out wrong on an H200 (NOTES v20.4)")
         ROWS: gl.constexpr = 64
         BLOCK_M: gl.constexpr = CONSUMERS * ROWS
         n_m = gl.cdiv(n_q, BLOCK_M)
@@ -902,12 +891,9 @@ if gl is not None:
             v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], smem_layout)
             p_smem = q_smem  # unused
             v_scale = qk_scale  # unused
-        if SUM_MMA:  # -sm: each consumer's tile of ones, B of P @ ones (FP8's K-major, as V^T)
-            if FP8:
-                ones_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, 16, BLOCK_N], vt_layout)
-            else:
-                ones_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16, rank=2)
-                ones_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, BLOCK_N, 16], ones_layout)
+        if SUM_MMA:  # -sm: each consumer's tile of ones, B of P @ ones
+            ones_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16, rank=2)
+            ones_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, BLOCK_N, 16], ones_layout)
         else:
             ones_smem = q_smem  # unused
         q_full = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
@@ -1112,9 +1098,8 @@ def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
 
 # ---------------------------------------------------------------------------------------------
 # FP8 (e4m3) forward: the one-item kernel with FP8=True. Compile-checked for sm_90a
-# (tools/flash_bench/gluon_compile.py --fp8) and run on a GPU (NOTES.md, v20.1); nothing takes it
-# unless ATTNKIT_TRITON_FLASH_GLUON_FP8=1 (launch.flash_fwd_fp8) until a GPU run shows its call,
-# with V^T from the Triton path's copy, at least as fast as the Triton FP8 forward.
+# (tools/flash_bench/gluon_compile.py --fp8) and run on a GPU (NOTES.md, v20.1 and v20.4): the
+# e4m3 d128 forward's by default (launch.flash_fwd_fp8), d64 too with ATTNKIT_TRITON_FLASH_GLUON_FP8=1.
 # ---------------------------------------------------------------------------------------------
 
 #: FP8 inputs this kernel takes: e4m3, as the Triton FP8 forward (:data:`.launch.FP8_DTYPES`).
@@ -1160,6 +1145,9 @@ def launch_arguments_fp8(q: torch.Tensor, k: torch.Tensor, v_t: torch.Tensor, o:
     if not config.eager:
         raise ValueError(f"config {config}: the FP8 kernel is eager only (P's shared buffer is refilled "
                          "once the PV product before has read it)")
+    if config.sum_mma:
+        raise ValueError(f"config {config}: -sm is not for FP8 (its outputs were wrong on 40 of 44 shapes, right only "
+                         "where a row sees one key, on an H200, 2026-11-27; NOTES.md, v20.4)")
     batch, heads_q, n_q, head_dim = q.shape
     heads_kv, n_k = k.shape[1], k.shape[2]
     swizzle = min(head_dim, 128)
@@ -1170,8 +1158,6 @@ def launch_arguments_fp8(q: torch.Tensor, k: torch.Tensor, v_t: torch.Tensor, o:
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.stages, CAUSAL=bool(causal),
                   PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, EAGER=config.eager,
                   CONSUMERS=config.consumers, FP8=True, num_warps=4)
-    if config.sum_mma:
-        kwargs["SUM_MMA"] = True
     return args, kwargs, (triton.cdiv(n_q, config.block_m), batch * heads_q)
 
 
