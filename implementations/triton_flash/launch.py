@@ -614,20 +614,17 @@ def path_note(device: torch.device) -> str:
     reason = gluon_forward.device_reason(device)
     if reason is not None:
         return f"forward: Triton kernels (the Gluon forward needs {reason})"
-    fp8 = {(128, ): "; e4m3 d128 too", (64, 128): "; e4m3 d64/d128 too (ATTNKIT_TRITON_FLASH_GLUON_FP8=1)",
-           (): " (not e4m3: ATTNKIT_TRITON_FLASH_GLUON_FP8=0)"}[_gluon_fp8_head_dims()]
+    fp8 = "; FP8 too (ATTNKIT_TRITON_FLASH_GLUON_FP8=1, on trial)" if _gluon_fp8_on() else ""
     return ("forward: Gluon (sm_90) on dense fp16/bf16 d64/d128, causal or not, ALiBi or not" + fp8
             + "; Triton kernels for the rest and the backward")
 
 
-def _gluon_fp8_head_dims() -> tuple[int, ...]:
-    """The head dims whose e4m3 forward the Gluon kernel takes. By default d128 only: there its
-    call ran 0.99-1.09x the Triton FP8 forward's on an H200, at d64 0.79-0.80x (NOTES.md, v20.4).
-    ``ATTNKIT_TRITON_FLASH_GLUON_FP8=1`` takes d64 too, ``=0`` neither; the Gluon switch
-    (``ATTNKIT_TRITON_FLASH_GLUON=0``) turns it off with the rest."""
-    if _gluon_off():
-        return ()
-    return {"0": (), "1": (64, 128)}.get(os.environ.get("ATTNKIT_TRITON_FLASH_GLUON_FP8", ""), (128, ))
+def _gluon_fp8_on() -> bool:
+    """The Gluon FP8 forward is taken only when asked for: right on a GPU, but not faster than the
+    Triton FP8 forward there. In the harness's speed suite on an H200 its call at d128 took 0.95x
+    (4k) and 0.97-1.02x (16k) the Triton one's speed, at d64 0.79-0.91x in a bench
+    (:mod:`.gluon_forward`, its FP8 section; NOTES.md, v20.4)."""
+    return os.environ.get("ATTNKIT_TRITON_FLASH_GLUON_FP8") == "1" and not _gluon_off()
 
 
 def _launch_gluon(p: _Problem, o: torch.Tensor, lse: torch.Tensor, tiles: Tiles | None) -> None:
@@ -797,7 +794,7 @@ def flash_fwd_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         return o.zero_()
     q, k = _head_dim_contiguous(q), _head_dim_contiguous(k)
     v_t = keys_contiguous(v)
-    if tiles is None and head_dim in _gluon_fp8_head_dims():
+    if tiles is None and _gluon_fp8_on():
         from . import gluon_common, gluon_forward
 
         # TMA needs V^T's base and strides 16-byte aligned: a copy's are; a V handed in with its
