@@ -29,16 +29,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-#: The phases of a timing request, as (name, the functions whose cumulative time is that phase).
+#: The phases of a timing request, as (name, the functions whose cumulative time is that phase),
+#: each function as (its file's name, its name): ``worker/speed.py`` wraps the timer's ``warm_up``
+#: in one of its own, and counting both counted the warm-up twice (session 10's first profiles).
 #: A function listed under two phases would be counted twice: each appears once.
 PHASES = (
-    ("inputs", ("make_inputs",)),
-    ("warm-up (first calls)", ("warm_up",)),
-    ("sync check", ("synchronizes",)),
-    ("sample-count estimate", ("sample_count",)),
-    ("timed samples", ("samples",)),
-    ("NVML (state, processes)", ("gpu_state", "gpu_processes")),
-    ("program read", ("kernel_program",)),
+    ("inputs", (("inputs.py", "make_inputs"),)),
+    ("warm-up (first calls)", (("timer.py", "warm_up"),)),
+    ("sync check", (("speed.py", "synchronizes"),)),
+    ("sample-count estimate", (("timer.py", "sample_count"),)),
+    ("timed samples", (("timer.py", "samples"),)),
+    ("NVML (state, processes)", (("speed.py", "gpu_state"), ("speed.py", "gpu_processes"))),
+    ("program read", (("speed.py", "kernel_program"),)),
 )
 
 
@@ -50,7 +52,7 @@ def phase_seconds(stats: pstats.Stats, handled: float) -> list[tuple[str, float]
         if "pytest_attnkit" not in path:
             continue
         for name, functions in PHASES:
-            if function in functions:
+            if (Path(path).name, function) in functions:
                 totals[name] = totals.get(name, 0.0) + cumulative
     rows = [(name, totals.get(name, 0.0)) for name, _ in PHASES]
     return rows + [("the rest", max(0.0, handled - sum(seconds for _, seconds in rows)))]
