@@ -13,8 +13,8 @@ Where requests run ahead of the tests (:mod:`pytest_attnkit.controller.scheduler
 *which* request starts *when*), the pool decides *where*: :meth:`WorkerPool.lease` lends a worker
 of the request's implementation (an idle one, the one that ran the point before it, or a new
 *extra* one: at most ``jobs`` extras in all, one more for the request a test waits for; when full,
-an idle extra of an implementation with nothing queued is closed to start one, never one that
-holds a warm-up), or a worker of its own per (implementation, tag) for a DEDICATED request,
+an idle extra of an implementation with nothing queued is closed to start one, those that hold
+no warm-up first, then the warm-up's worker that compiled least), or a worker of its own per (implementation, tag) for a DEDICATED request,
 closed after its last one, or a worker started under a launcher (compute-sanitizer) for one
 request, closed by :meth:`WorkerPool.finish` before its reply is handed on;
 :meth:`WorkerPool.give_back` takes it back. :meth:`WorkerPool.trim` closes the extras that hold
@@ -131,7 +131,9 @@ class WorkerPool:
         self._idle: dict[str, list[Worker]] = {}
         self._extras: dict[str, list[Worker]] = {}
         #: Workers that ran a warm-up: their compiled kernels are worth keeping.
-        self._warm_holders: set[Worker] = set()
+        #: The workers that hold a warm-up's kernels, and how long their warm-ups compiled (what
+        #: losing the worker would cost its speed tests, roughly: see :meth:`lease`).
+        self._warm_holders: dict[Worker, float] = {}
         #: The workers of DEDICATED requests, by (implementation, tag); lent to no other request.
         self._dedicated: dict[tuple[str, str], Worker] = {}
         #: The workers lent now.
@@ -278,11 +280,14 @@ class WorkerPool:
         else an idle extra, else the primary, else a new extra: ``room`` more than
         :attr:`extras_cap` may exist (one for the request a test waits for). When that is full,
         an idle extra of another implementation that has nothing ``queued`` is taken out to
-        start one, and the request's thread closes it (:meth:`begin`). One that holds a warm-up
-        is never taken: its speed tests are timed in it later, with the GPU alone, and a worker
-        started for them would pay each case's first call there (torch_flex on an H200,
-        2026-11-27: 6 s of first calls and 10 s of compile cache loads in the alone phase after
-        the others had taken its warm workers; results/2026-11-27-session10)."""
+        start one, and the request's thread closes it (:meth:`begin`): one that holds no warm-up
+        first, then the one whose warm-ups compiled least. A warm-up's worker times its case later,
+        with the GPU alone, and a worker started for it there pays the case's first call again:
+        torch_flex's timings spent 6 s of first calls and 10 s of compile-cache loads so on an H200
+        (2026-11-27) after torch_sdpa's tail had taken its warm workers, where triton_flash's
+        kernels load from the disk cache in milliseconds. Never taking a warm worker cost more in a
+        cold run: torch_flex's compiling tail ran on 12 slots for 50 s, triton_flash's idle warm
+        workers holding the other 4 (results/2026-11-27-session10)."""
         with self._lock:
             if launch is not None:
                 if len(self._launched) >= launch.at_once:
@@ -316,13 +321,13 @@ class WorkerPool:
                 return self._lend(Lease(impl, primary))
             if sum(len(workers) for workers in self._extras.values()) < self.extras_cap + room:
                 return self._lend(Lease(impl, self._new_extra(impl)))
-            # Full: close an idle extra of an implementation with nothing queued, to start one here;
-            # never one that holds a warm-up (see the docstring).
-            spares = [(other, worker) for other, workers in self._extras.items()
-                      if other != impl and not queued(other) for worker in workers
-                      if worker in self._idle[other] and worker not in self._warm_holders]
+            # Full: close an idle extra of an implementation with nothing queued, to start one here:
+            # one that holds no warm-up, else the one whose warm-ups compiled least (the docstring).
+            spares = [((worker in self._warm_holders, self._warm_holders.get(worker, 0.0)), other, worker)
+                      for other, workers in self._extras.items() if other != impl and not queued(other)
+                      for worker in workers if worker in self._idle[other]]
             if spares:
-                other, spare = spares[0]
+                _, other, spare = min(spares, key=lambda spare: spare[0])
                 self._extras[other].remove(spare)
                 self._idle[other].remove(spare)
                 return self._lend(Lease(impl, self._new_extra(impl), retired=(other, spare)))
@@ -360,15 +365,16 @@ class WorkerPool:
             with self._lock:
                 self._launched.discard(lease.worker)
 
-    def give_back(self, lease: Lease, *, warmed: bool, last: bool = True) -> Worker | None:
-        """Take back a lent worker: idle again (it holds a warm-up's kernels if ``warmed``). A
+    def give_back(self, lease: Lease, *, warmed: bool, last: bool = True, compile_s: float = 0.0) -> Worker | None:
+        """Take back a lent worker: idle again (it holds a warm-up's kernels if ``warmed``, which
+        compiled ``compile_s``). A
         worker of its own whose ``last`` queued request this was is dropped, and returned for the
         caller to :meth:`retire` once the reply is out (closing takes a second or two)."""
         worker = lease.worker
         with self._lock:
             self._leased.discard(worker)
             if warmed:
-                self._warm_holders.add(worker)
+                self._warm_holders[worker] = self._warm_holders.get(worker, 0.0) + float(compile_s)
             if worker in self._extras.get(lease.impl, ()) or worker is self._workers.get(lease.impl):
                 self._idle.setdefault(lease.impl, []).append(worker)
             if lease.dedicated is not None and last and self._dedicated.get(lease.dedicated) is worker:

@@ -43,8 +43,8 @@ The rules:
 - **Warm-ups only where they compile** (:mod:`~pytest_attnkit.controller.scheduling.pruning`). Once an implementation's requests so far (its
   correctness cases come first) compiled nothing (a kernel built ahead of time, a library call,
   kernels all in the disk cache), its warm-ups are dropped unrun (cancelled): they would only take
-  GPU time. To make room for another implementation's worker, an idle one is closed, never one
-  that holds a warm-up: its speed tests are timed in it later.
+  GPU time. To make room for another implementation's worker, an idle one that holds no warm-up
+  is closed first, then the one whose warm-ups compiled least: its speed tests are timed in it.
 - **The GPU alone.** :meth:`exclusive` is for what must have the GPU to itself (speed timing, and
   memory sweeps where the meter sees every process's allocations): it waits until everything
   submitted has finished, and starts nothing else until it ends. The pool takes it for every
@@ -117,7 +117,8 @@ class Workers(Protocol):
 
     def begin(self, lease: Lease) -> None: ...
 
-    def give_back(self, lease: Lease, *, warmed: bool, last: bool = True) -> Worker | None: ...
+    def give_back(self, lease: Lease, *, warmed: bool, last: bool = True,
+                  compile_s: float = 0.0) -> Worker | None: ...
 
     def retire(self, impl: str, worker: Worker) -> None: ...
 
@@ -281,7 +282,7 @@ class Scheduler(Submissions):
             # A worker of its own whose last queued request this was is closed.
             last = job.dedicated is None or not any(other.dedicated == job.dedicated
                                                     for other in self._pending.get(job.impl, ()))
-            done_with = self.pool.give_back(lease, warmed=job.warm, last=last)
+            done_with = self.pool.give_back(lease, warmed=job.warm, last=last, compile_s=reply.spent.compile_s)
             self._cond.notify_all()
         if self._closed and not job.future.done():
             job.future.cancel()
