@@ -56,9 +56,10 @@ def test_alibi_is_the_gluon_forward_s_and_not_the_gluon_backward_s() -> None:
 
 
 def test_the_gluon_fp8_forward_is_taken_only_when_asked_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The FP8 Gluon kernel is right on a GPU but not faster than the Triton one (NOTES.md, v20.4): off unless
-    ATTNKIT_TRITON_FLASH_GLUON_FP8=1, and the header (here a Hopper's, its device check stubbed)
-    says when it is on. What it refuses: the CPU, dtypes other than e4m3, variants."""
+    """The FP8 Gluon kernel is right on a GPU but not faster than the Triton one
+    (implementations/triton_flash/NOTES.md, v20.4): off unless ATTNKIT_TRITON_FLASH_GLUON_FP8=1,
+    and the header (here a Hopper's, its device check stubbed) says when it is on. What it
+    refuses: the CPU, dtypes other than e4m3, variants."""
     from pytest_attnkit.implementations.triton_flash import gluon_common, gluon_forward
 
     hopper = torch.device("cuda")
