@@ -165,9 +165,14 @@ class Config:
     #: time. Unswizzled, a warp's accumulator rows (512 bytes apart at d128) all fall on the same
     #: shared-memory banks: 8-way conflicts on every dQ store.
     dq_swizzle: bool = False
+    #: ``-dsr`` (queries as rows only): dQ's product takes dS as its A operand from registers,
+    #: where it is computed, instead of from the shared buffer dK's product reads: 8 KiB less
+    #: shared-memory reading a consumer a tile at 64 x 64, for 16 more registers held until dQ's
+    #: product completes.
+    ds_regs: bool = False
 
     def __str__(self) -> str:
-        return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'' if self.dq_cols == 64 else f'-q{self.dq_cols}'}{'' if self.qrows else '-krows'}{'' if self.dq_adds else '-noadds'}{'-rot' if self.rotate else ''}{'-sum' if self.sum_dq else ''}{'-tmar' if self.tma_dq else ''}{'-sw' if self.dq_swizzle else ''}-r{self.consumer_regs}"
+        return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'' if self.dq_cols == 64 else f'-q{self.dq_cols}'}{'' if self.qrows else '-krows'}{'' if self.dq_adds else '-noadds'}{'-rot' if self.rotate else ''}{'-sum' if self.sum_dq else ''}{'-tmar' if self.tma_dq else ''}{'-sw' if self.dq_swizzle else ''}{'-dsr' if self.ds_regs else ''}-r{self.consumer_regs}"
 
     @staticmethod
     def parse(text: str) -> "Config":
@@ -176,7 +181,7 @@ class Config:
         parts = text.strip().split("-")
         head = parts[0]
         if not (head.startswith("m") and "s" in head):
-            raise ValueError(f"config {text!r}: expected mBLOCKsSTAGES[-split][-qCOLS][-krows][-noadds][-rot][-sum][-tmar[-sw]][-rREGS], e.g. m64s2")
+            raise ValueError(f"config {text!r}: expected mBLOCKsSTAGES[-split][-qCOLS][-krows][-noadds][-rot][-sum][-tmar[-sw]][-dsr][-rREGS], e.g. m64s2")
         block_m, stages = head[1:].split("s")
         fields = dict(block_m=int(block_m), stages=int(stages))
         for part in parts[1:]:
@@ -194,6 +199,8 @@ class Config:
                 fields["tma_dq"] = True
             elif part == "sw":
                 fields["dq_swizzle"] = True
+            elif part == "dsr":
+                fields["ds_regs"] = True
             elif part.startswith("q") and part[1:].isdigit():
                 fields["dq_cols"] = int(part[1:])
             elif part.startswith("r") and part[1:].isdigit():
@@ -204,6 +211,8 @@ class Config:
             raise ValueError(f"config {text!r}: -tmar is the adds' other way out; not with -sum or -noadds")
         if fields.get("dq_swizzle") and not fields.get("tma_dq"):
             raise ValueError(f"config {text!r}: -sw swizzles the buffers -tmar reduces from; it needs -tmar")
+        if fields.get("ds_regs") and fields.get("qrows") is False:
+            raise ValueError(f"config {text!r}: -dsr keeps dS as the queries-as-rows layout computes it; not with -krows")
         return Config(**fields)
 
 
@@ -325,7 +334,7 @@ if gl is not None:
                   HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, KEYS: gl.constexpr, CAUSAL: gl.constexpr,
                   MASKED: gl.constexpr, SPLIT_DQ: gl.constexpr, DQ_PARTS: gl.constexpr, QROWS: gl.constexpr,
                   DQ_ADDS: gl.constexpr, CID: gl.constexpr, SUM_DQ: gl.constexpr, TMA_DQ: gl.constexpr,
-                  DQ_SWIZZLE: gl.constexpr):
+                  DQ_SWIZZLE: gl.constexpr, DS_REGS: gl.constexpr = False):
         # One query tile for this consumer's 64 keys: see the module docstring for the order.
         dq_buf = dq_smem.index(CID)
         s = it % STAGES
@@ -368,6 +377,12 @@ if gl is not None:
             dv = warpgroup_mma(p_buf.permute((1, 0)), do_s, dv, is_async=True)
             dk = warpgroup_mma(ds_buf.permute((1, 0)), q_s, dk, is_async=True)
             ds_a = ds_buf
+            if DS_REGS:
+                # dQ's A operand (the layout of dQ's accumulator below, as its parent).
+                dsr_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                                     instr_shape=[16, HEAD_DIM // DQ_PARTS, 16])
+                ds_q = gl.convert_layout(dsq.to(q_s.dtype),
+                                         gl.DotOperandLayout(operand_index=0, parent=dsr_layout, k_width=2))
             if SPLIT_DQ:
                 dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
         else:
@@ -425,15 +440,22 @@ if gl is not None:
                 k_part = k_c
             else:
                 k_part = k_c.slice(h * DQ_N, DQ_N, dim=1)
-            dq = warpgroup_mma(ds_a, k_part, dq, use_acc=False, is_async=True)
+            if DS_REGS:
+                dq = warpgroup_mma(ds_q, k_part, dq, use_acc=False, is_async=True)
+            else:
+                dq = warpgroup_mma(ds_a, k_part, dq, use_acc=False, is_async=True)
             if h == 0:
                 # wgmma groups complete in order: dV's and dK's too (and the registers they read).
-                if QROWS:
+                if QROWS and DS_REGS:
+                    dv, dk, dq, ds_q = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq, ds_q))
+                elif QROWS:
                     dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq))
                 else:
                     dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq, p_op, ds_op))
                 # Every product that read stage s has completed: it goes back to the producer.
                 mbarrier.arrive(q_empty.index(s), count=1)
+            elif DS_REGS:
+                dq, ds_q = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds_q))
             else:
                 dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
             if SUM_DQ:
@@ -492,7 +514,8 @@ if gl is not None:
                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                       KEYS: gl.constexpr, CID: gl.constexpr, CAUSAL: gl.constexpr, SPLIT_DQ: gl.constexpr,
                       DQ_PARTS: gl.constexpr, QROWS: gl.constexpr, DQ_ADDS: gl.constexpr, ROTATE: gl.constexpr,
-                      SUM_DQ: gl.constexpr, TMA_DQ: gl.constexpr, DQ_SWIZZLE: gl.constexpr):
+                      SUM_DQ: gl.constexpr, TMA_DQ: gl.constexpr, DQ_SWIZZLE: gl.constexpr,
+                      DS_REGS: gl.constexpr = False):
         kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, HEAD_DIM, 16])
         k_c = k_smem.index(CID)
@@ -523,7 +546,8 @@ if gl is not None:
                                    q_full, q_empty, dk, dv,
                                    lse_h, delta_h, dq_h, off_b, off_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
                                    kv_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
-                                   True, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, CID, SUM_DQ, TMA_DQ, DQ_SWIZZLE)
+                                   True, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, CID, SUM_DQ, TMA_DQ, DQ_SWIZZLE,
+                                   DS_REGS)
                 it += 1
             for j in range(t_whole, t_end):
                 t = _tile(j, t_whole, t_end, rot, ROTATE)
@@ -531,7 +555,8 @@ if gl is not None:
                                    q_full, q_empty, dk, dv,
                                    lse_h, delta_h, dq_h, off_b, off_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
                                    kv_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
-                                   False, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, CID, SUM_DQ, TMA_DQ, DQ_SWIZZLE)
+                                   False, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, CID, SUM_DQ, TMA_DQ, DQ_SWIZZLE,
+                                   DS_REGS)
                 it += 1
         # dK (times the softmax scale) and dV of this consumer's keys, through K_c's and V_c's
         # buffers (no product reads them any more: every wait above was for 0 outstanding) and
@@ -550,7 +575,8 @@ if gl is not None:
                        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                        CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, SPLIT_DQ: gl.constexpr,
                        DQ_PARTS: gl.constexpr, QROWS: gl.constexpr, DQ_ADDS: gl.constexpr, ROTATE: gl.constexpr,
-                       SUM_DQ: gl.constexpr, TMA_DQ: gl.constexpr, DQ_SWIZZLE: gl.constexpr):
+                       SUM_DQ: gl.constexpr, TMA_DQ: gl.constexpr, DQ_SWIZZLE: gl.constexpr,
+                       DS_REGS: gl.constexpr = False):
         KEYS: gl.constexpr = 64
         n0 = gl.program_id(0) * (2 * KEYS)
         off_bkv = gl.program_id(1)
@@ -618,13 +644,13 @@ if gl is not None:
                              lse_ptr, delta_ptr, dq_ptr, dk_desc, dv_desc,
                              off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, rot, qk_scale, sm_scale,
                              HEAD_DIM, BLOCK_M, STAGES, KEYS, 0, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, ROTATE,
-                             SUM_DQ, TMA_DQ, DQ_SWIZZLE)),
+                             SUM_DQ, TMA_DQ, DQ_SWIZZLE, DS_REGS)),
             (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, kv_full, q_full, q_empty,
                              dq_ready, dq_free,
                              lse_ptr, delta_ptr, dq_ptr, dk_desc, dv_desc,
                              off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, rot, qk_scale, sm_scale,
                              HEAD_DIM, BLOCK_M, STAGES, KEYS, 1, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, ROTATE,
-                             SUM_DQ, TMA_DQ, DQ_SWIZZLE)),
+                             SUM_DQ, TMA_DQ, DQ_SWIZZLE, DS_REGS)),
         ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -682,7 +708,7 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
                   DQ_PARTS=max(1, head_dim // config.dq_cols), QROWS=config.qrows,
                   DQ_ADDS=config.dq_adds, ROTATE=config.rotate,
                   SUM_DQ=config.sum_dq, TMA_DQ=config.tma_dq,
-                  DQ_SWIZZLE=config.dq_swizzle, num_warps=4)
+                  DQ_SWIZZLE=config.dq_swizzle, DS_REGS=config.ds_regs, num_warps=4)
     return args, kwargs, (triton.cdiv(n_k, BLOCK_N), batch * heads_kv)
 
 

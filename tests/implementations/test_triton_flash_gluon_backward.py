@@ -18,11 +18,14 @@ def test_off_hopper_it_says_why() -> None:
 
 def test_configs_round_trip() -> None:
     for text in ("m64s2", "m64s3", "m128s2", "m64s2-split", "m64s2-q128", "m64s2-krows", "m64s2-noadds", "m64s2-rot",
-                 "m64s2-sum", "m64s3-rot-sum", "m64s2-tmar", "m64s3-tmar-sw"):
+                 "m64s2-sum", "m64s3-rot-sum", "m64s2-tmar", "m64s3-tmar-sw", "m64s3-tmar-sw-dsr"):
         config = gluon_backward.Config.parse(text)
         assert gluon_backward.Config.parse(str(config)) == config
-    # The TMA reduce replaces the adds: not beside -sum or -noadds; the swizzle is its buffers'.
-    for text in ("m64s2-sum-tmar", "m64s2-noadds-tmar", "m64s2-sw"):
+    assert gluon_backward.Config.parse("m64s3-tmar-sw-dsr").ds_regs
+    assert not any(gluon_backward.default_config(d, c).ds_regs for d in gluon_backward.HEAD_DIMS for c in (0, 1))
+    # The TMA reduce replaces the adds: not beside -sum or -noadds; the swizzle is its buffers';
+    # dS from registers is the queries-as-rows layout's (-krows keeps dS^T).
+    for text in ("m64s2-sum-tmar", "m64s2-noadds-tmar", "m64s2-sw", "m64s2-krows-dsr"):
         with pytest.raises(ValueError):
             gluon_backward.Config.parse(text)
     for head_dim in gluon_backward.HEAD_DIMS:
