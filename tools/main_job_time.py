@@ -101,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         counts = Counter(test["outcome"] for test in document["tests"])
         lines.append("outcomes: " + ", ".join(f"{count} {outcome}" for outcome, count in sorted(counts.items())))
         lines += _time_table(document.get("time") or {})
+        lines += _first_calls((document.get("speed") or {}).get("measurements") or [])
     text = "\n".join(lines) + "\n"
     (folder / "summary.txt").write_text(text)
     print(text, end="")
@@ -123,6 +124,19 @@ def _time_table(time_section: dict) -> list[str]:
     if line:
         lines.append(f"  {line}")
     return lines
+
+
+def _first_calls(measurements: list[dict]) -> list[str]:
+    """What the timed cases' first calls took, per implementation: they run with the GPU alone, and
+    a case whose warm-up ran in another worker (or was dropped) pays its compile-cache loads,
+    library plans and lazy kernel loading there (results/2026-11-27-session10)."""
+    seconds: Counter = Counter()
+    for measurement in measurements:
+        seconds[measurement["impl"]] += (measurement.get("timing", {}).get("first_call_ms") or 0.0) / 1e3
+    if not seconds:
+        return []
+    return ["  the timed cases' first calls (GPU alone): "
+            + ", ".join(f"{impl} {took:.1f} s" for impl, took in sorted(seconds.items()))]
 
 
 def compare(args: argparse.Namespace) -> int:
