@@ -14,9 +14,10 @@ Where requests run ahead of the tests (:mod:`pytest_attnkit.controller.scheduler
 of the request's implementation (an idle one, the one that ran the point before it, or a new
 *extra* one: at most ``jobs`` extras in all, one more for the request a test waits for; when full,
 an idle extra of an implementation with nothing queued is closed to start one, those that hold
-no warm-up first, then the warm-up's worker that compiled least), or a worker of its own per (implementation, tag) for a DEDICATED request,
-closed after its last one, or a worker started under a launcher (compute-sanitizer) for one
-request, closed by :meth:`WorkerPool.finish` before its reply is handed on;
+no warm-up first, then the warm-up's worker whose warm-ups compiled least each), or a worker of
+its own per (implementation, tag) for a DEDICATED request, closed after its last one, or a
+worker started under a launcher (compute-sanitizer) for one request, closed by
+:meth:`WorkerPool.finish` before its reply is handed on;
 :meth:`WorkerPool.give_back` takes it back. :meth:`WorkerPool.trim` closes the extras that hold
 no warm-up as the GPU-alone phase begins, and :meth:`WorkerPool.evict` stops idle workers so that
 a request that ran out of device memory alone can run again: only until what it lacked is free,
@@ -130,10 +131,10 @@ class WorkerPool:
         #: Per implementation: its workers not lent now (the primary among them), and its extras.
         self._idle: dict[str, list[Worker]] = {}
         self._extras: dict[str, list[Worker]] = {}
-        #: Workers that ran a warm-up: their compiled kernels are worth keeping.
-        #: The workers that hold a warm-up's kernels, and how long their warm-ups compiled (what
-        #: losing the worker would cost its speed tests, roughly: see :meth:`lease`).
-        self._warm_holders: dict[Worker, float] = {}
+        #: The workers that hold a warm-up's kernels: how many warm-ups each ran, and how long they
+        #: compiled in all (their mean says, roughly, what losing the worker costs a case: see
+        #: :meth:`lease`).
+        self._warm_holders: dict[Worker, tuple[int, float]] = {}
         #: The workers of DEDICATED requests, by (implementation, tag); lent to no other request.
         self._dedicated: dict[tuple[str, str], Worker] = {}
         #: The workers lent now.
@@ -281,13 +282,16 @@ class WorkerPool:
         :attr:`extras_cap` may exist (one for the request a test waits for). When that is full,
         an idle extra of another implementation that has nothing ``queued`` is taken out to
         start one, and the request's thread closes it (:meth:`begin`): one that holds no warm-up
-        first, then the one whose warm-ups compiled least. A warm-up's worker times its case later,
-        with the GPU alone, and a worker started for it there pays the case's first call again:
-        torch_flex's timings spent 6 s of first calls and 10 s of compile-cache loads so on an H200
-        (2026-11-27) after torch_sdpa's tail had taken its warm workers, where triton_flash's
-        kernels load from the disk cache in milliseconds. Never taking a warm worker cost more in a
-        cold run: torch_flex's compiling tail ran on 12 slots for 50 s, triton_flash's idle warm
-        workers holding the other 4 (results/2026-11-27-session10)."""
+        first, then the one whose warm-ups compiled least each. A warm-up's worker times its case
+        later, with the GPU alone, and a worker started for it there pays the case's first call
+        again: on an H200 (2026-11-27) torch_flex's timings took 34.2 s with the GPU alone after
+        torch_sdpa's tail had taken its warm workers, 21.1-21.4 s in runs that kept them, where
+        triton_flash's kernels load from the disk cache in milliseconds. Never taking a warm worker
+        cost more in a cold run: torch_flex's compiling tail ran on 12 slots for 55 s,
+        triton_flash's idle warm workers holding the other 4 (results/2026-11-27-session10). The
+        compile seconds are the first compile's, not a reload's: a cold run's Triton warm-up
+        compiles for seconds and reloads in milliseconds, so the mean per warm-up (torch_flex's
+        about twice triton_flash's, cold; fifty times, warm) ranks them, not the sum."""
         with self._lock:
             if launch is not None:
                 if len(self._launched) >= launch.at_once:
@@ -322,8 +326,8 @@ class WorkerPool:
             if sum(len(workers) for workers in self._extras.values()) < self.extras_cap + room:
                 return self._lend(Lease(impl, self._new_extra(impl)))
             # Full: close an idle extra of an implementation with nothing queued, to start one here:
-            # one that holds no warm-up, else the one whose warm-ups compiled least (the docstring).
-            spares = [((worker in self._warm_holders, self._warm_holders.get(worker, 0.0)), other, worker)
+            # one that holds no warm-up, else the one whose warm-ups compiled least each (the docstring).
+            spares = [((worker in self._warm_holders, self._warm_compile_s(worker)), other, worker)
                       for other, workers in self._extras.items() if other != impl and not queued(other)
                       for worker in workers if worker in self._idle[other]]
             if spares:
@@ -374,12 +378,18 @@ class WorkerPool:
         with self._lock:
             self._leased.discard(worker)
             if warmed:
-                self._warm_holders[worker] = self._warm_holders.get(worker, 0.0) + float(compile_s)
+                count, total = self._warm_holders.get(worker, (0, 0.0))
+                self._warm_holders[worker] = (count + 1, total + float(compile_s))
             if worker in self._extras.get(lease.impl, ()) or worker is self._workers.get(lease.impl):
                 self._idle.setdefault(lease.impl, []).append(worker)
             if lease.dedicated is not None and last and self._dedicated.get(lease.dedicated) is worker:
                 return self._dedicated.pop(lease.dedicated)
         return None
+
+    def _warm_compile_s(self, worker: Worker) -> float:
+        """The mean compile seconds of the warm-ups ``worker`` ran (0 for none)."""
+        count, total = self._warm_holders.get(worker, (0, 0.0))
+        return total / count if count else 0.0
 
     def retire(self, impl: str, worker: Worker) -> None:
         """Close one of ``impl``'s extra workers for good; its start-up time goes into the ledger."""
