@@ -695,6 +695,9 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     and what ``tools/flash_bench/gluon_bwd_compile.py`` compiles without a GPU. ``lse``, ``delta``
     contiguous float32 [B, Hq, Nq]; ``dq_acc`` contiguous float32 like q, zeroed; ``dk``, ``dv``
     contiguous like k."""
+    if config.ds_regs and not config.qrows:
+        raise ValueError(f"config {config}: -dsr keeps dS as the queries-as-rows layout computes it; "
+                         "with keys as rows (-krows) dS^T is in registers already")
     batch, heads_q, n_q, head_dim = q.shape
     heads_kv, n_k = k.shape[1], k.shape[2]
     args = (descriptor(q, config.block_m), descriptor(do, config.block_m),

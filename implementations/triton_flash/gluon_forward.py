@@ -168,9 +168,10 @@ class Config:
     #: within each group, not over every head at once: every head's K and V in flight at once
     #: overflowed the L2 at 1k (NOTES.md, v16.1).
     grouped: bool = False
-    #: ``-sm`` (one-item grid): each row's sum of P from the tensor cores, a product ``P @ ones``
-    #: issued beside PV (B a constant tile of ones in shared memory), instead of a sum of each
-    #: score in registers: 8 instructions a tile for 64 adds (NOTES.md, v20.3).
+    #: ``-sm`` (one-item grid, bf16/fp16 only): each row's sum of P from the tensor cores, a
+    #: product ``P @ ones`` issued beside PV (B a constant tile of ones in shared memory), instead
+    #: of a sum of each score in registers: 8 instructions a tile for 64 adds (NOTES.md, v20.3;
+    #: with FP8 it was wrong on an H200, v20.4, and the FP8 launch refuses it).
     sum_mma: bool = False
 
     def __str__(self) -> str:

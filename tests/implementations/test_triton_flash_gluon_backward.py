@@ -22,6 +22,10 @@ def test_configs_round_trip() -> None:
         config = gluon_backward.Config.parse(text)
         assert gluon_backward.Config.parse(str(config)) == config
     assert gluon_backward.Config.parse("m64s3-tmar-sw-dsr").ds_regs
+    q = torch.empty(1, 2, 256, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="-dsr"):  # a Config made directly, not parsed
+        gluon_backward.launch_arguments(q, q, q, q, torch.empty(1, 2, 256), torch.empty(1, 2, 256), q.float(), q, q,
+                                        False, 0.125, gluon_backward.Config(qrows=False, ds_regs=True))
     assert not any(gluon_backward.default_config(d, c).ds_regs for d in gluon_backward.HEAD_DIMS for c in (0, 1))
     # The TMA reduce replaces the adds: not beside -sum or -noadds; the swizzle is its buffers';
     # dS from registers is the queries-as-rows layout's (-krows keeps dS^T).
