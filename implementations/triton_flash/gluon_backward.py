@@ -171,6 +171,12 @@ class Config:
     #: product completes.
     ds_regs: bool = False
 
+    def __post_init__(self) -> None:
+        """A configuration the kernel is not written for is refused as it is made, parsed or not."""
+        if self.ds_regs and not self.qrows:
+            raise ValueError(f"config {self}: -dsr keeps dS as the queries-as-rows layout computes it; "
+                             "with keys as rows (-krows) dS^T is in registers already")
+
     def __str__(self) -> str:
         return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'' if self.dq_cols == 64 else f'-q{self.dq_cols}'}{'' if self.qrows else '-krows'}{'' if self.dq_adds else '-noadds'}{'-rot' if self.rotate else ''}{'-sum' if self.sum_dq else ''}{'-tmar' if self.tma_dq else ''}{'-sw' if self.dq_swizzle else ''}{'-dsr' if self.ds_regs else ''}-r{self.consumer_regs}"
 
@@ -211,8 +217,6 @@ class Config:
             raise ValueError(f"config {text!r}: -tmar is the adds' other way out; not with -sum or -noadds")
         if fields.get("dq_swizzle") and not fields.get("tma_dq"):
             raise ValueError(f"config {text!r}: -sw swizzles the buffers -tmar reduces from; it needs -tmar")
-        if fields.get("ds_regs") and fields.get("qrows") is False:
-            raise ValueError(f"config {text!r}: -dsr keeps dS as the queries-as-rows layout computes it; not with -krows")
         return Config(**fields)
 
 
@@ -376,13 +380,14 @@ if gl is not None:
             fence_async_shared()
             dv = warpgroup_mma(p_buf.permute((1, 0)), do_s, dv, is_async=True)
             dk = warpgroup_mma(ds_buf.permute((1, 0)), q_s, dk, is_async=True)
-            ds_a = ds_buf
             if DS_REGS:
-                # dQ's A operand (the layout of dQ's accumulator below, as its parent).
+                # dQ's A operand from registers (the layout of dQ's accumulator below, as its parent).
                 dsr_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                                      instr_shape=[16, HEAD_DIM // DQ_PARTS, 16])
-                ds_q = gl.convert_layout(dsq.to(q_s.dtype),
+                ds_a = gl.convert_layout(dsq.to(q_s.dtype),
                                          gl.DotOperandLayout(operand_index=0, parent=dsr_layout, k_width=2))
+            else:
+                ds_a = ds_buf
             if SPLIT_DQ:
                 dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
         else:
@@ -440,14 +445,11 @@ if gl is not None:
                 k_part = k_c
             else:
                 k_part = k_c.slice(h * DQ_N, DQ_N, dim=1)
-            if DS_REGS:
-                dq = warpgroup_mma(ds_q, k_part, dq, use_acc=False, is_async=True)
-            else:
-                dq = warpgroup_mma(ds_a, k_part, dq, use_acc=False, is_async=True)
+            dq = warpgroup_mma(ds_a, k_part, dq, use_acc=False, is_async=True)
             if h == 0:
                 # wgmma groups complete in order: dV's and dK's too (and the registers they read).
-                if QROWS and DS_REGS:
-                    dv, dk, dq, ds_q = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq, ds_q))
+                if QROWS and DS_REGS:  # dS's registers too, until dQ's product has read them
+                    dv, dk, dq, ds_a = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq, ds_a))
                 elif QROWS:
                     dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq))
                 else:
@@ -455,7 +457,7 @@ if gl is not None:
                 # Every product that read stage s has completed: it goes back to the producer.
                 mbarrier.arrive(q_empty.index(s), count=1)
             elif DS_REGS:
-                dq, ds_q = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds_q))
+                dq, ds_a = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds_a))
             else:
                 dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
             if SUM_DQ:
@@ -695,9 +697,6 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     and what ``tools/flash_bench/gluon_bwd_compile.py`` compiles without a GPU. ``lse``, ``delta``
     contiguous float32 [B, Hq, Nq]; ``dq_acc`` contiguous float32 like q, zeroed; ``dk``, ``dv``
     contiguous like k."""
-    if config.ds_regs and not config.qrows:
-        raise ValueError(f"config {config}: -dsr keeps dS as the queries-as-rows layout computes it; "
-                         "with keys as rows (-krows) dS^T is in registers already")
     batch, heads_q, n_q, head_dim = q.shape
     heads_kv, n_k = k.shape[1], k.shape[2]
     args = (descriptor(q, config.block_m), descriptor(do, config.block_m),

@@ -174,6 +174,11 @@ class Config:
     #: with FP8 it was wrong on an H200, v20.4, and the FP8 launch refuses it).
     sum_mma: bool = False
 
+    def __post_init__(self) -> None:
+        """A configuration the kernel is not written for is refused as it is made, parsed or not."""
+        if self.sum_mma and self.persistent:
+            raise ValueError(f"config {self}: -sm is written for the one-item grid only, not -p")
+
     def __str__(self) -> str:
         return (f"n{self.block_n}s{self.stages}{'' if self.pingpong else '-nopp'}"
                 f"{'-eager' if self.eager else ''}{f'-c{self.consumers}' if self.consumers != 2 else ''}"
@@ -218,8 +223,6 @@ class Config:
             fields.setdefault("consumer_regs", MAX_REGS_THREE_CONSUMERS)
         if fields.get("grouped") and not fields.get("persistent"):
             raise ValueError(f"config {text!r}: -g groups the persistent grid's heads; it needs -p")
-        if fields.get("sum_mma") and fields.get("persistent"):
-            raise ValueError(f"config {text!r}: -sm is written for the one-item grid only, not -p")
         return Config(**fields)
 
     @property
@@ -992,8 +995,6 @@ def launch_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch
     """(positional arguments, keyword arguments, grid) of one launch: what :func:`flash_fwd` runs
     and what ``tools/flash_bench/gluon_compile.py`` compiles without a GPU. ``slopes``: ALiBi's,
     times log2(e), float32 [B, Hq] contiguous (None: no ALiBi)."""
-    if config.sum_mma and config.persistent:
-        raise ValueError(f"config {config}: -sm is written for the one-item grid only")
     batch, heads_q, n_q, head_dim = q.shape
     heads_kv, n_k = k.shape[1], k.shape[2]
     args = (descriptor(q, ROWS_PER_CONSUMER), descriptor(k, config.block_n), descriptor(v, config.block_n),

@@ -92,9 +92,10 @@ def test_the_default_takes_three_consumers_only_at_d64_without_causal() -> None:
 
 def test_row_sums_on_the_tensor_cores_are_off_by_default_one_item_only_and_count_their_tiles_of_ones() -> None:
     """``-sm`` (implementations/triton_flash/NOTES.md, v20.3): P @ ones beside PV, a [BLOCK_N, 16]
-    tile of ones per consumer in shared memory; written for the one-item grid, so the persistent
-    grid refuses it, by name and at launch; so does the FP8 launch (its sums came out wrong on an
-    H200: implementations/triton_flash/NOTES.md, v20.4), whose memory counts one byte an element (and O's bf16 buffer, P's tile)."""
+    tile of ones per consumer in shared memory; written for the one-item grid, so a persistent
+    configuration with it is refused by name as it is made, parsed or not. The FP8 launch refuses
+    it too (its sums came out wrong on an H200: implementations/triton_flash/NOTES.md, v20.4); its
+    kernel's memory counts one byte an element (and O's bf16 buffer, P's tile)."""
     sums = gf.Config.parse("n128s2-eager-sm")
     assert sums.sum_mma and not gf.Config.parse("n128s2-eager").sum_mma
     assert gf.shared_bytes(sums, 128) - gf.shared_bytes(gf.Config.parse("n128s2-eager"), 128) == 2 * 128 * 16 * 2
