@@ -369,11 +369,12 @@ class WorkerPool:
             with self._lock:
                 self._launched.discard(lease.worker)
 
-    def give_back(self, lease: Lease, *, warmed: bool, last: bool = True, compile_s: float = 0.0) -> Worker | None:
+    def give_back(self, lease: Lease, *, warmed: bool, last: bool = True,
+                  compile_s: float = 0.0) -> Worker | None:
         """Take back a lent worker: idle again (it holds a warm-up's kernels if ``warmed``, which
-        compiled ``compile_s``). A
-        worker of its own whose ``last`` queued request this was is dropped, and returned for the
-        caller to :meth:`retire` once the reply is out (closing takes a second or two)."""
+        compiled ``compile_s``). A worker of its own whose ``last`` queued request this was is
+        dropped, and returned for the caller to :meth:`retire` once the reply is out (closing
+        takes a second or two)."""
         worker = lease.worker
         with self._lock:
             self._leased.discard(worker)
