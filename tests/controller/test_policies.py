@@ -109,6 +109,34 @@ def test_requests_that_took_long_last_time_start_first_longest_first_and_the_res
     assert order.first_ready(deque(), busy=lambda candidate: False, long_first=True) is None
 
 
+def test_while_a_queue_s_first_job_waits_for_room_the_ones_behind_it_that_fit_start(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """results/2026-11-27-session9 (h100-cold): a torch_flex warm-up that ran out of memory beside
+    others went back to the head of the last busy queue to run alone, and its 15 queued warm-ups
+    waited behind it for 31 s. Now the jobs behind a waiting head that fit start, until the head
+    has waited MAX_HOLD_S; a warm-up never holds them (nobody waits for it until the GPU-alone
+    phase), and starts once it fits."""
+    budget = MemoryBudget(100)
+    running = [job("a", gpu_bytes=10)]
+    budget.started(running[0])
+
+    def choose(pending: dict) -> object:
+        return order.choose(pending, running, jobs=4, budget=budget, work_left=WorkLeft(),
+                            busy=lambda candidate: False, lease=lambda candidate, room: "worker")
+
+    alone, small = job("a", alone=True), job("a", gpu_bytes=10)
+    assert choose({"a": deque([alone, small])}) == (small, "worker")
+    monkeypatch.setattr("pytest_attnkit.controller.scheduling.admission.MAX_HOLD_S", 0.0)
+    assert alone.held_since is not None
+    alone.held_since -= 1.0
+    assert choose({"a": deque([alone, small])}) is None  # it has waited long enough: it holds all
+    warm = job("a", alone=True, warm=True)
+    assert choose({"a": deque([warm, small])}) == (small, "worker")  # a warm-up holds nobody
+    assert choose({"a": deque([warm]), "b": deque([job("b", gpu_bytes=95)])}) is None  # neither fits
+    running.clear()
+    assert choose({"a": deque([warm, small])}) == (warm, "worker")  # the GPU is free: it starts
+
+
 def test_a_free_slot_goes_to_the_most_work_left_per_running_request() -> None:
     work = WorkLeft()
     assert work.mean_s("a") == 1.0  # nothing finished yet

@@ -4,8 +4,10 @@ pytest process, under the scheduler's lock.
 Each request carries an estimate of the device memory it needs
 (:mod:`pytest_attnkit.controller.footprint`); requests run together only while their estimates
 fit ``budget_bytes``, and one that fits alone (or that ran out of memory beside another) runs
-alone. Smaller requests may start ahead of the earliest one while it waits for room, for at most
-``MAX_HOLD_S``; then nothing new starts until it has its room, and once it has, it starts first.
+alone. Smaller requests (its own implementation's too) may start ahead of the earliest one while
+it waits for room, for at most ``MAX_HOLD_S``; then nothing new starts until it has its room, and
+once it has, it starts first. A warm-up never holds the others: nobody waits for it before the
+GPU-alone phase (:func:`pytest_attnkit.controller.scheduling.order.choose`).
 """
 
 from __future__ import annotations

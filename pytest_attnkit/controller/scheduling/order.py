@@ -4,7 +4,8 @@
   waits for in turn (``after``), starts before every other (:func:`awaited`).
 - Each implementation's requests start in the order they were submitted, skipping those that wait
   for another to end (:func:`first_ready`: a memory sweep's next point waits for the point before;
-  its other sweeps and requests go ahead meanwhile); but those that took many seconds the last time
+  its other sweeps and requests go ahead meanwhile) and, while the first waits for device memory,
+  those that do not fit; but those that took many seconds the last time
   they ran start before the rest, longest first
   (:mod:`~pytest_attnkit.controller.scheduling.durations`), so they make no tail.
 - A free slot goes to the implementation with the most work left per running request
@@ -37,13 +38,16 @@ def awaited(pending: Mapping[str, deque[Job]]) -> Job | None:
     return job
 
 
-def first_ready(queue: deque[Job], busy: Callable[[Job], bool], long_first: bool = False) -> Job | None:
+def first_ready(queue: deque[Job], busy: Callable[[Job], bool], long_first: bool = False,
+                fits: Callable[[Job], bool] = lambda job: True) -> Job | None:
     """The first job of an implementation's queue that waits for no other (nor for its own
-    worker, ``busy`` with the request before it); with ``long_first``, the ready job that took
-    longest the last time it ran (``Job.last_s``), if any took long (:func:`.durations.long_s`).
-    A job that must run alone is not moved ahead: it would keep the rest of its queue waiting
-    until the GPU is free (the earliest job's hold is what makes room)."""
-    ready = (job for job in queue if (job.after is None or job.after.future.done()) and not busy(job))
+    worker, ``busy`` with the request before it) and ``fits`` (the room on the GPU now); with
+    ``long_first``, the ready job that took longest the last time it ran (``Job.last_s``), if any
+    took long (:func:`.durations.long_s`). A job that must run alone is not moved ahead: it would
+    keep the rest of its queue waiting until the GPU is free (the earliest job's hold is what makes
+    room)."""
+    ready = (job for job in queue
+             if (job.after is None or job.after.future.done()) and not busy(job) and fits(job))
     if not long_first:
         return next(ready, None)
     first, longest, longest_s = None, None, 0.0
@@ -109,9 +113,17 @@ def choose(pending: Mapping[str, deque[Job]], running: Sequence[Job], *, jobs: i
            lease: Callable[[Job, int], "Lent | None"], long_first: bool = False) -> "tuple[Job, Lent] | None":
     """The job to start now and the worker ``lease(job, room)`` lends it, or None: the awaited
     job first (:func:`awaited`; in one slot more than ``jobs``), then, while a slot is free, the
-    earliest ready job where admission holds for it (:meth:`MemoryBudget.hold`), else the ready
-    jobs that fit the budget, the most work left per running request first (:class:`WorkLeft`);
-    ``long_first``: see :func:`first_ready`."""
+    earliest ready job where admission holds for it (:meth:`MemoryBudget.hold`), else each
+    implementation's first ready job that fits the budget, the most work left per running request
+    first (:class:`WorkLeft`); ``long_first``: see :func:`first_ready`.
+
+    Only a job some test will wait for holds the others: a warm-up (nobody waits for its reply
+    before the GPU-alone phase, which waits for it) starts once it fits, at the latest as the
+    requests beside it end. On an H100 (results/2026-11-27-session9, ``h100-cold``) a torch_flex
+    warm-up that ran out of memory beside others went back to the head of its queue to run alone;
+    torch_flex was the last implementation with work, and its 15 other warm-ups (2-6 s each)
+    waited behind it: 1-3 requests ran from 175 to 206 s while it waited for a 24 s request to end
+    and then compiled for 12 s alone."""
     first = awaited(pending)
     if first is not None and budget.fits(first, running) and len(running) <= jobs:
         lent = lease(first, 1)
@@ -122,15 +134,20 @@ def choose(pending: Mapping[str, deque[Job]], running: Sequence[Job], *, jobs: i
     heads = [job for queue in pending.values() if (job := first_ready(queue, busy, long_first)) is not None]
     if not heads:
         return None
-    earliest = min(heads, key=lambda job: job.seq)
-    hold = budget.hold(earliest, running)
+    holding = [job for job in heads if not job.warm]  # a warm-up's room comes as the phase ends
+    earliest = min(holding, key=lambda job: job.seq) if holding else None
+    hold = budget.hold(earliest, running) if earliest is not None else Hold.NONE
     if hold is Hold.BLOCK:
         return None  # it has waited long enough: nothing else starts until it has room
     if hold is Hold.FIRST:
+        assert earliest is not None
         lent = lease(earliest, 0)  # its room has come: it goes first
         return (earliest, lent) if lent is not None else None
+    # While a queue's first job waits for room, the ones behind it that fit go ahead.
+    fitting = [job for queue in pending.values()
+               if (job := first_ready(queue, busy, long_first, lambda job: budget.fits(job, running))) is not None]
     per_impl = {impl: sum(job.impl == impl for job in running) for impl in pending}
-    for job in work_left.ranked([job for job in heads if budget.fits(job, running)], pending, per_impl):
+    for job in work_left.ranked(fitting, pending, per_impl):
         lent = lease(job, 0)
         if lent is not None:
             return job, lent
