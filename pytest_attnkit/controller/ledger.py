@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_attnkit.messages import Spent
+from pytest_attnkit.messages import Reply, Request, Spent
 
 
 @dataclass
@@ -78,6 +78,9 @@ class Ledger:
         #: were stopped for them in all.
         self.retried_cleared: dict[str, int] = {}
         self.stopped_workers = 0
+        #: Every out-of-memory that sent a request to run again: which request, where it ran
+        #: (beside others or alone) and the failure's figures (:func:`out_of_memory_entry`).
+        self.out_of_memory: list[dict[str, Any]] = []
 
     def began(self) -> None:
         """A request started (for the most that ran at once)."""
@@ -100,6 +103,12 @@ class Ledger:
         """A request of ``impl`` ran out of device memory beside others and goes again, alone."""
         with self._lock:
             self.retried_alone[impl] = self.retried_alone.get(impl, 0) + 1
+
+    def ran_out(self, row: str, impl: str, request: Request, reply: Reply, *, beside: bool) -> None:
+        """A request of ``impl`` (counted in the time table's ``row``) ran out of device memory
+        (``beside`` others, or alone) and goes again."""
+        with self._lock:
+            self.out_of_memory.append(out_of_memory_entry(row, impl, request, reply, beside=beside))
 
     def cleared_gpu(self, impl: str, stopped: int) -> None:
         """A request of ``impl`` that ran out of memory alone goes again, ``stopped`` other workers
@@ -134,6 +143,7 @@ class Ledger:
                     "retried_alone": dict(sorted(self.retried_alone.items())),
                     "retried_cleared": dict(sorted(self.retried_cleared.items())),
                     "stopped_workers": self.stopped_workers,
+                    "out_of_memory": list(self.out_of_memory),
                     "events": [dict(zip(("suite", "impl", "start_s", "wall_s", "compile_s", "queued_s", "alone"),
                                         event)) for event in self.events]}
 
@@ -173,3 +183,30 @@ def timeline_line(events: list[dict[str, Any]]) -> str | None:
         parts.append(f"{phases['alone_requests']} requests run alone took {phases['alone_s']:.0f} s, from "
                      f"{phases['alone_from_s']:.0f} to {phases['alone_until_s']:.0f} s")
     return "timeline: " + "; ".join(parts)
+
+
+def out_of_memory_entry(row: str, impl: str, request: Request, reply: Reply, *, beside: bool) -> dict[str, Any]:
+    """One out-of-memory for the report: the request (its time-table row, case, direction), where it ran, and
+    what the worker measured (:mod:`pytest_attnkit.worker.out_of_memory`): the allocation asked
+    for, the free bytes at the failure, and what the other processes on the GPU held."""
+    figures = reply.data.get("out_of_memory") or {}
+    case = request.case
+    return {"impl": impl, "suite": row, "case": case.id if case is not None else "",
+            "mode": "backward" if request.backward else "forward", "beside": beside,
+            **{key: figures[key] for key in ("requested_bytes", "free_at_failure_bytes", "free_bytes",
+                                             "total_bytes", "other_processes", "other_bytes")
+               if figures.get(key) is not None}}
+
+
+def out_of_memory_line(entry: dict[str, Any]) -> str:
+    """One out-of-memory in words (the time table lists them)."""
+    def gib(key: str) -> str:
+        return f"{entry[key] / 2**30:.1f} GiB" if key in entry else "?"
+
+    where = "beside others" if entry.get("beside") else "alone"
+    named = " ".join(part for part in (entry["impl"], entry.get("suite"), entry.get("case")) if part)
+    text = f"{named} ({entry.get('mode', '')}), {where}: "
+    text += f"asked {gib('requested_bytes')}, {gib('free_at_failure_bytes')} free"
+    if "other_processes" in entry:
+        text += f"; {entry['other_processes']} other process(es) held {gib('other_bytes')}"
+    return text

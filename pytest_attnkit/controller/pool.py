@@ -437,8 +437,11 @@ class WorkerPool:
         run again; how many were stopped, and whether that was every other one. With the
         failure's figures (what the allocation asked for, what was free, what each process held:
         :mod:`pytest_attnkit.worker.out_of_memory`), only until what it lacked is free, cheapest
-        first: workers that hold no warm-up, then those that do (their kernels would be loaded
-        again), each group biggest first. Without them, when they name no worker to stop (what was
+        first: workers that hold no warm-up, biggest first, then those that do (their cases' first
+        calls would be paid again with the GPU alone), those whose warm-ups compiled least each
+        first (Triton's kernels load from the disk cache in milliseconds; a torch.compile
+        worker's first calls cost 9 s on an H100 once its warm workers were stopped,
+        results/2026-11-27-session9), then biggest first. Without them, when they name no worker to stop (what was
         free already covered the request with the margin: fragmentation, or memory the figures do
         not show), or with ``every`` (after :data:`ROOM_ROUNDS` rounds), every other worker."""
         if every or failed is None:
@@ -452,12 +455,12 @@ class WorkerPool:
             idle = [worker for workers in self._idle.values() for worker in workers if worker is not keep]
             idle += [worker for worker in self._dedicated.values() if worker is not keep
                      and worker not in self._leased]
-            warm = set(self._warm_holders)
+            warm = {worker: self._warm_compile_s(worker) for worker in self._warm_holders}
             idle += [primary for primary in self._workers.values() if primary is not keep
                      and primary not in idle and primary not in self._leased]
         by_pid = {worker: held.get(getattr(getattr(worker, "process", None), "pid", -1), 0) for worker in idle}
         chosen, freed = [], 0
-        for worker in sorted(idle, key=lambda worker: (worker in warm, -by_pid[worker])):
+        for worker in sorted(idle, key=lambda worker: (worker in warm, warm.get(worker, 0.0), -by_pid[worker])):
             if freed >= lacking * ROOM_MARGIN + ROOM_SLACK_BYTES:
                 break
             chosen.append(worker)
@@ -507,6 +510,7 @@ class WorkerPool:
                 # Other workers' processes still hold device memory: end enough of them (then
                 # all) and try again.
                 tries += 1
+                self.ledger.ran_out(suite or suite_of(request), name, request, reply, beside=False)
                 if self._alone is not None:
                     stopped, everyone = self.evict(worker, reply, every=tries > ROOM_ROUNDS)
                 else:

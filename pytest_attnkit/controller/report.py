@@ -145,6 +145,7 @@ def _merge_time(time: dict[str, Any], part: dict[str, Any]) -> None:
         for impl, count in part.get(key, {}).items():
             time.setdefault(key, {})[impl] = time[key].get(impl, 0) + count
     time["stopped_workers"] = time.get("stopped_workers", 0) + part.get("stopped_workers", 0)
+    time["out_of_memory"] = time.get("out_of_memory", []) + part.get("out_of_memory", [])
     time["most_at_once"] = time.get("most_at_once", 0) + part.get("most_at_once", 0)
     time["jobs"] = max(time.get("jobs", 1), part.get("jobs", 1))
     time["events"] = time.get("events", []) + [{**event, "xdist_worker": time.get("xdist_workers", 0)}

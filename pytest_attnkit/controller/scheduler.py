@@ -31,8 +31,9 @@ The rules:
   :mod:`~pytest_attnkit.controller.scheduling.oom_retry`). Each request carries an estimate of the device memory it needs; requests run
   together only while their estimates fit ``budget_bytes``, and one that fits alone runs alone.
   Smaller requests may start ahead of one that waits for room, for at most ``MAX_HOLD_S``; then
-  nothing new starts until it has its room. A request that runs out of device memory while
-  another ran beside it is run again alone; one that runs out alone is run again after idle
+  nothing new starts until it has its room (a warm-up never holds the others). A request that runs
+  out of device memory while another ran beside it is run again alone, in the worker it ran in
+  (which holds what it compiled); one that runs out alone is run again after idle
   workers are stopped until what it lacked is free (:meth:`~pytest_attnkit.controller.pool.WorkerPool.evict`; up to
   ``ROOM_ROUNDS`` times, each by the latest failure's figures), then after every other worker is
   stopped (idle workers hand back what torch and CuPy cached, not their CUDA
@@ -250,8 +251,13 @@ class Scheduler(Submissions):
                             lease=self._lease, long_first=bool(self.durations.remembered))
 
     def _lease(self, job: Job, room: int = 0) -> Lease | None:
-        """A worker for ``job`` from the pool (see :meth:`WorkerPool.lease`)."""
+        """A worker for ``job`` from the pool (see :meth:`WorkerPool.lease`): a sweep's next point
+        the one that ran the point before, a request that ran out of memory the one it ran in (it
+        holds what the request compiled: on an H100 a torch_flex warm-up run again elsewhere
+        compiled for 12 s, alone, results/2026-11-27-session9), while the pool keeps it."""
         same_as = job.after.worker if job.same_worker and job.after is not None else None
+        if job.first_oom is not None and job.worker is not None:
+            same_as = job.worker
         return self.pool.lease(job.impl, room=room, dedicated=job.dedicated, same_as=same_as,
                                queued=lambda impl: bool(self._pending.get(impl)), launch=job.launch)
 
@@ -276,6 +282,7 @@ class Scheduler(Submissions):
             self.durations.record(job, ended - started)
             self._pruning.record(job.impl, reply.spent.compile_s)
             if retry and not self._closed:
+                self.ledger.ran_out(job.ledger_row, job.impl, job.request, reply, beside=job.shared)
                 if oom_retry.run_again(job, reply) is oom_retry.Again.ALONE:
                     self.ledger.ran_out_of_memory(job.impl)
                 self._pending[job.impl].appendleft(job)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 from pytest_attnkit.contract import MemoryClass
 from pytest_attnkit.controller.gate import GateVerdict
 from pytest_attnkit.controller.impls import ImplStatus
-from pytest_attnkit.controller.ledger import timeline_line
+from pytest_attnkit.controller.ledger import out_of_memory_line, timeline_line
 from pytest_attnkit.controller.options import SUITES
 from pytest_attnkit.controller.outcome import Verdict
 from pytest_attnkit.controller.paired import SyncKind
@@ -648,6 +648,8 @@ def ab_lines(document: dict[str, Any]) -> list[str]:
 
 #: The order of the time table's rows: the suites in the order of --attnkit-suite's list, each suite's
 #: warm-ups (compiled ahead) before the suite.
+#: The out-of-memory failures the time table lists (the report keeps them all).
+OUT_OF_MEMORY_SHOWN = 8
 _TIME_ORDER = ("correctness", "memory (warm)", "memory", "speed (warm)", "speed", "properties", "sanitize")
 
 
@@ -685,6 +687,13 @@ def time_lines(document: dict[str, Any]) -> list[str]:
         lines += wrap(f"ran again after running out of device memory alone, {time.get('stopped_workers', 0)} other "
                       "worker(s) stopped first to hand back their memory (the last reply counts): "
                       + ", ".join(f"{impl} {count}" for impl, count in cleared.items()), "  ")
+    failures = time.get("out_of_memory") or []
+    if failures:
+        lines.append(f"the out-of-memory failures that sent them again ({len(failures)}):")
+        for entry in failures[:OUT_OF_MEMORY_SHOWN]:
+            lines += wrap("  " + out_of_memory_line(entry), "    ")
+        if len(failures) > OUT_OF_MEMORY_SHOWN:
+            lines.append(f"  and {len(failures) - OUT_OF_MEMORY_SHOWN} more (the report's time.out_of_memory)")
     return lines
 
 

@@ -196,6 +196,24 @@ def test_room_is_made_by_stopping_the_cheapest_workers_until_what_was_lacking_is
     pool.close()
 
 
+def test_of_the_workers_that_hold_warm_ups_those_whose_warm_ups_compiled_least_are_stopped_first() -> None:
+    """Triton's kernels load from the disk cache in milliseconds, torch_flex's first calls cost a
+    trace each: on an H100 its first calls took 9 s with the GPU alone once its warm workers had
+    been stopped (results/2026-11-27-session9). The cheap-to-warm worker goes first, though
+    smaller."""
+    pool = sharing(names=("a", "b", "c"), extras=2)
+    cheap, dear = pool.lease("b"), pool.lease("c")
+    assert cheap is not None and dear is not None
+    pool.give_back(cheap, warmed=True, compile_s=0.01)
+    pool.give_back(dear, warmed=True, compile_s=3.0)
+    held = {cheap.worker.pid: 5 * GIB, dear.worker.pid: 9 * GIB}
+    keep = pool.primaries["a"]
+    stopped, everyone = pool.evict(keep, _failure(held, requested=13 * GIB, free=10 * GIB))
+    # 3 GiB lacking x 1.25 + 1 GiB = 4.75 GiB: the cheap one (5 GiB) is enough
+    assert pool.order[-1] == ("stopped", (cheap.worker.pid,)) and stopped == 1
+    pool.close()
+
+
 def test_room_is_made_by_stopping_every_worker_when_the_figures_say_nothing_was_lacking_or_every_is_asked() -> None:
     """Free memory above what was asked, and yet out of memory (fragmentation): the figures cannot
     say whom to stop, so all of them go, rather than none and a "does not fit" skip; so do they

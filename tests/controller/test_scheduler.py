@@ -93,6 +93,43 @@ def test_an_out_of_memory_beside_another_runs_again_alone(made) -> None:
     assert pool.stops == 0  # alone, it fit: the other workers were left alone
 
 
+def test_an_out_of_memory_runs_again_in_the_worker_it_ran_in_and_the_report_names_it(made) -> None:
+    """The worker holds what the request compiled: on an H100 a torch_flex warm-up run again in
+    another worker compiled for 12 s, alone (results/2026-11-27-session9)."""
+    ran_in: list[tuple[Any, int]] = []
+
+    class Recording(FakePool):
+        def serve(self, worker: FakeWorker, request: Request) -> Reply:
+            ran_in.append((request.options["n"], worker.pid))
+            return super().serve(worker, request)
+
+    def behave(message: dict[str, Any], running: int) -> Reply:
+        if message["n"] == 0 and running > 1:
+            return Reply(Status.OUT_OF_MEMORY, "CUDA out of memory", {"out_of_memory": {
+                "requested_bytes": 2 << 30, "free_at_failure_bytes": 1 << 30, "other_processes": 3,
+                "other_bytes": 60 << 30}})
+        return Reply(Status.OK, "", {})
+
+    pool = Recording(behave=behave, seconds=0.05)
+    scheduler = made(pool, jobs=4)
+    # It starts first, in the primary; the others in extras, which the pool lends before the
+    # primary: run again anywhere, it would go to one of them.
+    first = scheduler.submit("a", "correctness", work({"n": 0, "seconds": 0.3}))
+    others = [scheduler.submit("a", "correctness", work({"n": n, "block": True})) for n in (1, 2, 3)]
+    deadline = time.monotonic() + 10
+    while first.first_oom is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    pool.release.set()
+    assert scheduler.wait(first).ok and all(scheduler.wait(job).ok for job in others)
+    tries = [pid for n, pid in ran_in if n == 0]
+    assert len(tries) == 2 and tries[0] == tries[1]
+    entry, = scheduler.ledger.to_dict()["out_of_memory"]
+    assert entry["impl"] == "a" and entry["beside"] and entry["requested_bytes"] == 2 << 30
+    lines = time_lines({"time": scheduler.ledger.to_dict()})
+    text = " ".join(line.strip() for line in lines)
+    assert "a correctness (forward), beside others: asked 2.0 GiB, 1.0 GiB free; 3 other process(es) held 60.0 GiB" in text, lines
+
+
 def test_an_out_of_memory_alone_runs_once_more_with_the_other_workers_stopped(made) -> None:
     def behave(message: dict[str, Any], running: int) -> Reply:
         return Reply(Status.OK, "", {"n": message["n"]}) if pool.stops else OUT_OF_MEMORY
