@@ -55,7 +55,11 @@ def sdpa_attention(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", *, c
     return out
 
 
-#: Query rows per SDPA call under a window bounded on the left.
+#: Query rows per SDPA call under a window bounded on the left or with ALiBi: the mask (and
+#: ALiBi's bias) is materialized per call, so one call over every row at 16k tokens and 16 heads
+#: built 34 GiB of bias (float32 distances, the masked copy, its cast): on an 80 GB H100 it ran
+#: out of memory beside the idle workers three times, and the room made for it stopped the warm
+#: workers whose speed tests came next (results/2026-11-27-session11). A chunk's is 1 GiB.
 CHUNK_ROWS = 1024
 
 
@@ -71,7 +75,7 @@ def _banded_sdpa(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", *, cau
     if causal:
         right = 0 if right < 0 else min(right, 0)
     gqa = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
-    step = CHUNK_ROWS if left >= 0 else max(seqlen_q, 1)
+    step = CHUNK_ROWS if left >= 0 or alibi_slopes is not None else max(seqlen_q, 1)
     outs = []
     for start in range(0, seqlen_q, step):
         stop = min(start + step, seqlen_q)

@@ -205,8 +205,10 @@ def out_of_memory_line(entry: dict[str, Any]) -> str:
 
     where = "beside others" if entry.get("beside") else "alone"
     named = " ".join(part for part in (entry["impl"], entry.get("suite"), entry.get("case")) if part)
-    text = f"{named} ({entry.get('mode', '')}), {where}: "
-    text += f"asked {gib('requested_bytes')}, {gib('free_at_failure_bytes')} free"
+    text = f"{named} ({entry.get('mode', '')}), {where}"
+    if "requested_bytes" not in entry and "other_processes" not in entry:
+        return text + " (the failure gave no figures)"
+    text += f": asked {gib('requested_bytes')}, {gib('free_at_failure_bytes')} free"
     if "other_processes" in entry:
         text += f"; {entry['other_processes']} other process(es) held {gib('other_bytes')}"
     return text
