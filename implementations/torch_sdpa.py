@@ -55,12 +55,28 @@ def sdpa_attention(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", *, c
     return out
 
 
-#: Query rows per SDPA call under a window bounded on the left or with ALiBi: the mask (and
-#: ALiBi's bias) is materialized per call, so one call over every row at 16k tokens and 16 heads
-#: built 34 GiB of bias (float32 distances, the masked copy, its cast): on an 80 GB H100 it ran
-#: out of memory beside the idle workers three times, and the room made for it stopped the warm
-#: workers whose speed tests came next (results/2026-11-27-session11). A chunk's is 1 GiB.
+#: Query rows per SDPA call under a window bounded on the left; and per block of ALiBi's bias
+#: as it is written into the mask (:func:`_alibi_mask`).
 CHUNK_ROWS = 1024
+
+
+def _alibi_mask(slopes: "torch.Tensor", distance: "torch.Tensor", visible: "torch.Tensor",
+                dtype: "torch.dtype") -> "torch.Tensor":
+    """ALiBi's bias, ``-slope * |distance|``, with ``-inf`` where a key is not visible, in
+    ``dtype``, built CHUNK_ROWS query rows at a time. Built in one piece it took float32 copies
+    of every head's scores: at 16k tokens and 16 heads 34 GiB for an 8 GiB mask, and on an 80 GB
+    H100 the speed case ran out of memory alone three times beside the idle workers; the room
+    made for it stopped the warm workers whose speed tests came next
+    (results/2026-11-27-session11). SDPA still gets the whole mask in one call: calls per chunk
+    of rows made the backward 2.5x slower (45 to 112 ms on an H200, same place)."""
+    import torch
+
+    mask = torch.empty(slopes.shape[0], *distance.shape, dtype=dtype, device=distance.device)
+    for start in range(0, distance.shape[0], CHUNK_ROWS):
+        rows = slice(start, start + CHUNK_ROWS)
+        bias = -slopes[:, None, None] * distance[rows].abs().to(slopes.dtype)
+        mask[:, rows] = bias.masked_fill_(~visible[rows], float("-inf"))
+    return mask
 
 
 def _banded_sdpa(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", *, causal: bool, scale: float | None,
@@ -75,7 +91,7 @@ def _banded_sdpa(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", *, cau
     if causal:
         right = 0 if right < 0 else min(right, 0)
     gqa = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
-    step = CHUNK_ROWS if left >= 0 or alibi_slopes is not None else max(seqlen_q, 1)
+    step = CHUNK_ROWS if left >= 0 else max(seqlen_q, 1)
     outs = []
     for start in range(0, seqlen_q, step):
         stop = min(start + step, seqlen_q)
@@ -98,8 +114,7 @@ def _banded_sdpa(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", *, cau
         visible |= ~sees_a_key
         mask: "torch.Tensor" = visible
         if alibi_slopes is not None:
-            bias = -alibi_slopes[:, None, None] * distance.abs().to(alibi_slopes.dtype)
-            mask = bias.masked_fill(~visible, float("-inf")).to(q.dtype)
+            mask = _alibi_mask(alibi_slopes, distance, visible, q.dtype)
         out = F.scaled_dot_product_attention(q[:, :, start:stop], k[:, :, first:end], v[:, :, first:end],
                                              attn_mask=mask, scale=scale, **gqa)
         if not bool(sees_a_key.all()):
