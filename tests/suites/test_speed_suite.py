@@ -140,3 +140,16 @@ def test_the_reference_s_speed_tests_run_before_any_other_implementation_s(pytes
     owners = ["triton_flash" in line for line in speed]
     first_other = owners.index(False)
     assert first_other > 0 and not any(owners[first_other:]), speed
+
+
+def test_after_the_reference_an_implementation_that_may_need_the_whole_gpu_is_timed_last(
+        pytester: pytest.Pytester) -> None:
+    """cupy_naive declares quadratic memory: its 16k cases may need every idle worker stopped,
+    the warm ones too, so its speed tests come after the linear implementations'
+    (results/2026-11-27-session11)."""
+    result = pytester.runpytest("--attnkit", "-p", "no:cacheprovider", "--attnkit-suite=speed",
+                                "--attnkit-impl=cupy_naive,torch_sdpa,triton_flash", "--collect-only", "-q")
+    speed = [line for line in result.stdout.lines if "test_speed.py::" in line]
+    owners = [next(name for name in ("cupy_naive", "torch_sdpa", "triton_flash") if f"[{name}-" in line)
+              for line in speed]
+    assert owners and owners == sorted(owners, key=("torch_sdpa", "triton_flash", "cupy_naive").index), owners
