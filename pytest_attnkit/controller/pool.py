@@ -14,7 +14,8 @@ Where requests run ahead of the tests (:mod:`pytest_attnkit.controller.scheduler
 of the request's implementation (an idle one, the one that ran the point before it, or a new
 *extra* one: at most ``jobs`` extras in all, one more for the request a test waits for; when full,
 an idle extra of an implementation with nothing queued is closed to start one, those that hold
-no warm-up first, then the warm-up's worker whose warm-ups compiled least each), or a worker of
+no warm-up first, then, for an implementation whose requests compile, the warm-up's worker whose
+warm-ups compiled least each), or a worker of
 its own per (implementation, tag) for a DEDICATED request, closed after its last one, or a
 worker started under a launcher (compute-sanitizer) for one request, closed by
 :meth:`WorkerPool.finish` before its reply is handed on;
@@ -52,6 +53,10 @@ from pytest_attnkit.controller.process import InProcessWorker, Launch, Worker, W
 from pytest_attnkit.controller.worker_log import log_folder
 from pytest_attnkit.messages import Op, Reply, Request, Spent, Status
 from pytest_attnkit.registry import EntryPointRef
+
+#: A request that compiled this long, or longer, shows that its implementation compiles: such an
+#: implementation may take another's warm worker to start one of its own (:meth:`WorkerPool.lease`).
+COMPILES_S = 0.05
 
 #: The suite each core request op belongs to, for the ledger: the names the scheduler's jobs carry, so
 #: that a suite has one row whether its requests run one at a time or ahead. A suite's own request
@@ -135,6 +140,9 @@ class WorkerPool:
         #: compiled in all (their mean says, roughly, what losing the worker costs a case: see
         #: :meth:`lease`).
         self._warm_holders: dict[Worker, tuple[int, float]] = {}
+        #: Per implementation: the most one of its requests compiled, in seconds (whether its
+        #: requests gain from a worker of their own: see :meth:`lease`).
+        self._most_compiled: dict[str, float] = {}
         #: The workers of DEDICATED requests, by (implementation, tag); lent to no other request.
         self._dedicated: dict[tuple[str, str], Worker] = {}
         #: The workers lent now.
@@ -291,7 +299,12 @@ class WorkerPool:
         triton_flash's idle warm workers holding the other 4 (results/2026-11-27-session10). The
         compile seconds are the first compile's, not a reload's: a cold run's Triton warm-up
         compiles for seconds and reloads in milliseconds, so the mean per warm-up (torch_flex's
-        about twice triton_flash's, cold; fifty times, warm) ranks them, not the sum."""
+        about twice triton_flash's, cold; fifty times, warm) ranks them, not the sum. A warm
+        worker is taken only for an implementation whose requests compile (one took
+        :data:`COMPILES_S` or more): one that compiles nothing gains a request's GPU time from a
+        worker more, and its start-up costs seconds. On an H200 warm run torch_sdpa's
+        correctness tail took torch_flex's warm workers, and torch_flex's timings paid 6.3 s of
+        first calls with the GPU alone, against 0.6 s (results/2026-11-27-session11)."""
         with self._lock:
             if launch is not None:
                 if len(self._launched) >= launch.at_once:
@@ -327,9 +340,11 @@ class WorkerPool:
                 return self._lend(Lease(impl, self._new_extra(impl)))
             # Full: close an idle extra of an implementation with nothing queued, to start one here:
             # one that holds no warm-up, else the one whose warm-ups compiled least each (the docstring).
+            takes_warm = self._most_compiled.get(impl, 0.0) >= COMPILES_S
             spares = [((worker in self._warm_holders, self._warm_compile_s(worker)), other, worker)
                       for other, workers in self._extras.items() if other != impl and not queued(other)
-                      for worker in workers if worker in self._idle[other]]
+                      for worker in workers if worker in self._idle[other]
+                      and (takes_warm or worker not in self._warm_holders)]
             if spares:
                 _, other, spare = min(spares, key=lambda spare: spare[0])
                 self._extras[other].remove(spare)
@@ -378,6 +393,7 @@ class WorkerPool:
         worker = lease.worker
         with self._lock:
             self._leased.discard(worker)
+            self._most_compiled[lease.impl] = max(self._most_compiled.get(lease.impl, 0.0), float(compile_s))
             if warmed:
                 count, total = self._warm_holders.get(worker, (0, 0.0))
                 self._warm_holders[worker] = (count + 1, total + float(compile_s))

@@ -45,7 +45,8 @@ The rules:
   correctness cases come first) compiled nothing (a kernel built ahead of time, a library call,
   kernels all in the disk cache), its warm-ups are dropped unrun (cancelled): they would only take
   GPU time. To make room for another implementation's worker, an idle one that holds no warm-up
-  is closed first, then the one whose warm-ups compiled least each: its speed tests are timed in it.
+  is closed first, then, for an implementation whose requests compile, the one whose warm-ups
+  compiled least each: its speed tests are timed in it.
 - **The GPU alone.** :meth:`exclusive` is for what must have the GPU to itself (speed timing, and
   memory sweeps where the meter sees every process's allocations): it waits until everything
   submitted has finished, and starts nothing else until it ends. The pool takes it for every

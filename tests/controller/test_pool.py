@@ -109,7 +109,10 @@ def test_when_full_an_idle_extra_of_an_implementation_with_nothing_queued_makes_
         assert again is not None and again.worker is cheap.worker
         pool.give_back(again, warmed=True, compile_s=0.2)
     pool.give_back(cold, warmed=False)
-    pool.lease("a")  # a's primary
+    first = pool.lease("a")  # a's primary: its request compiled, so a may take warm workers
+    assert first is not None
+    pool.give_back(first, warmed=False, compile_s=1.0)
+    pool.lease("a")  # a's primary, busy
     assert pool.lease("a", queued=lambda impl: impl == "b") is None  # b has work: its extras stay
     taken = []
     for _ in range(3):
@@ -119,6 +122,31 @@ def test_when_full_an_idle_extra_of_an_implementation_with_nothing_queued_makes_
         pool.begin(lease)  # on the request's thread: closes the one taken out
     assert taken == [cold.worker, cheap.worker, costly.worker]
     assert all(worker.closed for worker in taken)
+    pool.close()
+
+
+def test_when_full_only_an_implementation_whose_requests_compile_takes_a_warm_worker() -> None:
+    """A worker more gains an implementation that compiles nothing one request's GPU time at a
+    time, and its start-up costs seconds; the warm worker it would take costs the warmed cases
+    their first calls again with the GPU alone (on an H200 torch_sdpa's correctness tail took
+    torch_flex's: 6.3 s against 0.6 s, results/2026-11-27-session11)."""
+    pool = sharing(names=("a", "b", "c"), extras=1)
+    warm = pool.lease("b")
+    extra = pool.lease("b")
+    assert warm is not None and extra is not None and extra.worker is not pool.primaries["b"]
+    pool.give_back(warm, warmed=False)
+    pool.give_back(extra, warmed=True, compile_s=1.0)  # b's one extra holds a warm-up
+    library = pool.lease("a")  # a's primary, busy
+    assert library is not None
+    pool.give_back(library, warmed=False, compile_s=0.0)
+    library = pool.lease("a")
+    assert pool.lease("a", queued=lambda impl: False) is None  # a compiles nothing: b's warm extra stays
+    compiler = pool.lease("c")  # c's primary
+    assert compiler is not None
+    pool.give_back(compiler, warmed=False, compile_s=2.5)
+    compiler = pool.lease("c")
+    taken = pool.lease("c", queued=lambda impl: False)
+    assert taken is not None and taken.retired == ("b", extra.worker)
     pool.close()
 
 
