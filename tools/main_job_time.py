@@ -74,7 +74,9 @@ def run(args: argparse.Namespace) -> int:
                f"--junitxml={folder / 'junit.xml'}", f"--attnkit-report={folder}", f"--attnkit-cache-dir={cache}",
                *args.pytest_args]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    for name in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "CUPY_CACHE_DIR"):
+    from pytest_attnkit.controller.caches import VARIABLES
+
+    for name in VARIABLES:
         env.pop(name, None)  # the run's cache folder decides, cold or warm
     started_at = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     sampler = _smi_sampler(folder / "smi.csv")
