@@ -67,8 +67,10 @@ def _alibi_mask(slopes: "torch.Tensor", distance: "torch.Tensor", visible: "torc
     of every head's scores: at 16k tokens and 16 heads 34 GiB for an 8 GiB mask, and on an 80 GB
     H100 the speed case ran out of memory alone three times beside the idle workers; the room
     made for it stopped the warm workers whose speed tests came next
-    (results/2026-11-27-session11). SDPA still gets the whole mask in one call: calls per chunk
-    of rows made the backward 2.5x slower (45 to 112 ms on an H200, same place)."""
+    (results/2026-11-27-session11). Now the peak is about 11 GiB there: the mask (8 GiB in bf16),
+    one block's float32 bias (1 GiB), and the int64 distances and visibility (2.3 GiB) the caller
+    keeps. SDPA still gets the whole mask in one call: calls per chunk of rows made the backward
+    2.5x slower (45 to 112 ms on an H200, same place)."""
     import torch
 
     mask = torch.empty(slopes.shape[0], *distance.shape, dtype=dtype, device=distance.device)

@@ -54,8 +54,8 @@ from pytest_attnkit.controller.worker_log import log_folder
 from pytest_attnkit.messages import Op, Reply, Request, Spent, Status
 from pytest_attnkit.registry import EntryPointRef
 
-#: A request that compiled this long, or longer, shows that its implementation compiles: such an
-#: implementation may take another's warm worker to start one of its own (:meth:`WorkerPool.lease`).
+#: An implementation whose requests compiled this long each, on the mean, compiles: it may take
+#: another's warm worker to start one of its own (:meth:`WorkerPool.lease`).
 COMPILES_S = 0.05
 
 #: The suite each core request op belongs to, for the ledger: the names the scheduler's jobs carry, so
@@ -140,9 +140,9 @@ class WorkerPool:
         #: compiled in all (their mean says, roughly, what losing the worker costs a case: see
         #: :meth:`lease`).
         self._warm_holders: dict[Worker, tuple[int, float]] = {}
-        #: Per implementation: the most one of its requests compiled, in seconds (whether its
-        #: requests gain from a worker of their own: see :meth:`lease`).
-        self._most_compiled: dict[str, float] = {}
+        #: Per implementation: how many of its requests came back and how long they compiled in
+        #: all (whether its requests gain from a worker more: see :meth:`lease`).
+        self._compiled: dict[str, tuple[int, float]] = {}
         #: The workers of DEDICATED requests, by (implementation, tag); lent to no other request.
         self._dedicated: dict[tuple[str, str], Worker] = {}
         #: The workers lent now.
@@ -300,8 +300,9 @@ class WorkerPool:
         compile seconds are the first compile's, not a reload's: a cold run's Triton warm-up
         compiles for seconds and reloads in milliseconds, so the mean per warm-up (torch_flex's
         about twice triton_flash's, cold; fifty times, warm) ranks them, not the sum. A warm
-        worker is taken only for an implementation whose requests compile (one took
-        :data:`COMPILES_S` or more): one that compiles nothing gains a request's GPU time from a
+        worker is taken only for an implementation whose requests compile (they took
+        :data:`COMPILES_S` or more each, on the mean: a warm run's triton_flash compiled 0.05 s or
+        more in 3-4 requests of hundreds): one that compiles nothing gains a request's GPU time from a
         worker more, and its start-up costs seconds. On an H200 warm run torch_sdpa's
         correctness tail took torch_flex's warm workers, and torch_flex's timings paid 6.3 s of
         first calls with the GPU alone, against 0.6 s (results/2026-11-27-session11)."""
@@ -340,7 +341,8 @@ class WorkerPool:
                 return self._lend(Lease(impl, self._new_extra(impl)))
             # Full: close an idle extra of an implementation with nothing queued, to start one here:
             # one that holds no warm-up, else the one whose warm-ups compiled least each (the docstring).
-            takes_warm = self._most_compiled.get(impl, 0.0) >= COMPILES_S
+            count, total = self._compiled.get(impl, (0, 0.0))
+            takes_warm = count > 0 and total / count >= COMPILES_S
             spares = [((worker in self._warm_holders, self._warm_compile_s(worker)), other, worker)
                       for other, workers in self._extras.items() if other != impl and not queued(other)
                       for worker in workers if worker in self._idle[other]
@@ -393,7 +395,8 @@ class WorkerPool:
         worker = lease.worker
         with self._lock:
             self._leased.discard(worker)
-            self._most_compiled[lease.impl] = max(self._most_compiled.get(lease.impl, 0.0), float(compile_s))
+            count, total = self._compiled.get(lease.impl, (0, 0.0))
+            self._compiled[lease.impl] = (count + 1, total + float(compile_s))
             if warmed:
                 count, total = self._warm_holders.get(worker, (0, 0.0))
                 self._warm_holders[worker] = (count + 1, total + float(compile_s))
@@ -526,13 +529,13 @@ class WorkerPool:
                 # Other workers' processes still hold device memory: end enough of them (then
                 # all) and try again.
                 tries += 1
-                self.ledger.ran_out(suite or suite_of(request), name, request, reply, beside=False)
                 if self._alone is not None:
                     stopped, everyone = self.evict(worker, reply, every=tries > ROOM_ROUNDS)
                 else:
                     stopped, everyone = self.stop_others(worker), True
                 if not stopped:
                     break
+                self.ledger.ran_out(suite or suite_of(request), name, request, reply, beside=False)
                 self.ledger.cleared_gpu(name, stopped)
                 reply = self.ask(worker, name, request)
             self.ledger.record(suite or suite_of(request), name, reply.spent, started,

@@ -646,10 +646,11 @@ def ab_lines(document: dict[str, Any]) -> list[str]:
     return lines
 
 
-#: The order of the time table's rows: the suites in the order of --attnkit-suite's list, each suite's
-#: warm-ups (compiled ahead) before the suite.
 #: The out-of-memory failures the time table lists (the report keeps them all).
 OUT_OF_MEMORY_SHOWN = 8
+
+#: The order of the time table's rows: the suites in the order of --attnkit-suite's list, each suite's
+#: warm-ups (compiled ahead) before the suite.
 _TIME_ORDER = ("correctness", "memory (warm)", "memory", "speed (warm)", "speed", "properties", "sanitize")
 
 

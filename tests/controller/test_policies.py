@@ -132,9 +132,12 @@ def test_while_a_queue_s_first_job_waits_for_room_the_ones_behind_it_that_fit_st
     assert choose({"a": deque([alone, small])}) is None  # it has waited long enough: it holds all
     warm = job("a", alone=True, warm=True)
     assert choose({"a": deque([warm, small])}) == (small, "worker")  # a warm-up holds nobody
-    assert choose({"a": deque([warm]), "b": deque([job("b", gpu_bytes=95)])}) is None  # neither fits
+    big = job("a", gpu_bytes=95)  # behind a warm-up, it holds the others once it has waited
+    big.held_since = alone.held_since
+    assert choose({"a": deque([warm, big]), "b": deque([job("b", gpu_bytes=1)])}) is None
     running.clear()
-    assert choose({"a": deque([warm, small])}) == (warm, "worker")  # the GPU is free: it starts
+    others = {"b": deque([job("b", gpu_bytes=1) for _ in range(50)])}  # much more work left than a's
+    assert choose({"a": deque([warm, small]), **others}) == (warm, "worker")  # the GPU is free: it first
 
 
 def test_a_free_slot_goes_to_the_most_work_left_per_running_request() -> None:

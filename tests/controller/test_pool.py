@@ -136,11 +136,15 @@ def test_when_full_only_an_implementation_whose_requests_compile_takes_a_warm_wo
     assert warm is not None and extra is not None and extra.worker is not pool.primaries["b"]
     pool.give_back(warm, warmed=False)
     pool.give_back(extra, warmed=True, compile_s=1.0)  # b's one extra holds a warm-up
-    library = pool.lease("a")  # a's primary, busy
+    library = pool.lease("a")  # a's primary: one request of 0.5 s in 20 (a warm Triton run)
     assert library is not None
-    pool.give_back(library, warmed=False, compile_s=0.0)
+    pool.give_back(library, warmed=False, compile_s=0.5)
+    for _ in range(19):
+        library = pool.lease("a")
+        assert library is not None
+        pool.give_back(library, warmed=False, compile_s=0.0)
     library = pool.lease("a")
-    assert pool.lease("a", queued=lambda impl: False) is None  # a compiles nothing: b's warm extra stays
+    assert pool.lease("a", queued=lambda impl: False) is None  # a compiles little: b's warm extra stays
     compiler = pool.lease("c")  # c's primary
     assert compiler is not None
     pool.give_back(compiler, warmed=False, compile_s=2.5)

@@ -118,8 +118,9 @@ def choose(pending: Mapping[str, deque[Job]], running: Sequence[Job], *, jobs: i
     first (:class:`WorkLeft`); ``long_first``: see :func:`first_ready`.
 
     Only a job some test will wait for holds the others: a warm-up (nobody waits for its reply
-    before the GPU-alone phase, which waits for it) starts once it fits, at the latest as the
-    requests beside it end. On an H100 (results/2026-11-27-session9, ``h100-cold``) a torch_flex
+    before the GPU-alone phase, which waits for it) starts once it fits (one that must run alone,
+    the moment the GPU is free, before any other), at the latest once the other queued requests
+    have run. On an H100 (results/2026-11-27-session9, ``h100-cold``) a torch_flex
     warm-up that ran out of memory beside others went back to the head of its queue to run alone;
     torch_flex was the last implementation with work, and its 15 other warm-ups (2-6 s each)
     waited behind it: 1-3 requests ran from 175 to 206 s while it waited for a 24 s request to end
@@ -131,10 +132,9 @@ def choose(pending: Mapping[str, deque[Job]], running: Sequence[Job], *, jobs: i
             return first, lent
     if len(running) >= jobs:
         return None
-    heads = [job for queue in pending.values() if (job := first_ready(queue, busy, long_first)) is not None]
-    if not heads:
-        return None
-    holding = [job for job in heads if not job.warm]  # a warm-up's room comes as the phase ends
+    # Each queue's first ready job that is not a warm-up may hold the others.
+    holding = [job for queue in pending.values()
+               if (job := first_ready(queue, busy, long_first, lambda job: not job.warm)) is not None]
     earliest = min(holding, key=lambda job: job.seq) if holding else None
     hold = budget.hold(earliest, running) if earliest is not None else Hold.NONE
     if hold is Hold.BLOCK:
@@ -143,11 +143,14 @@ def choose(pending: Mapping[str, deque[Job]], running: Sequence[Job], *, jobs: i
         assert earliest is not None
         lent = lease(earliest, 0)  # its room has come: it goes first
         return (earliest, lent) if lent is not None else None
-    # While a queue's first job waits for room, the ones behind it that fit go ahead.
+    # While a queue's first job waits for room, the ones behind it that fit go ahead; one that
+    # must run alone, once the GPU is free for it, before them.
     fitting = [job for queue in pending.values()
                if (job := first_ready(queue, busy, long_first, lambda job: budget.fits(job, running))) is not None]
+    if not fitting:
+        return None
     per_impl = {impl: sum(job.impl == impl for job in running) for impl in pending}
-    for job in work_left.ranked(fitting, pending, per_impl):
+    for job in sorted(work_left.ranked(fitting, pending, per_impl), key=lambda job: not job.alone):
         lent = lease(job, 0)
         if lent is not None:
             return job, lent
