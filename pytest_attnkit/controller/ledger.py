@@ -188,14 +188,17 @@ def timeline_line(events: list[dict[str, Any]]) -> str | None:
 def out_of_memory_entry(row: str, impl: str, request: Request, reply: Reply, *, beside: bool) -> dict[str, Any]:
     """One out-of-memory for the report: the request (its time-table row, case, direction), where it ran, and
     what the worker measured (:mod:`pytest_attnkit.worker.out_of_memory`): the allocation asked
-    for, the free bytes at the failure, and what the other processes on the GPU held."""
+    for, the free bytes at the failure, what the failing process held once its request let go,
+    and what the other processes on the GPU held (in all, and the most one held)."""
     figures = reply.data.get("out_of_memory") or {}
     case = request.case
+    held = [int(used) for used in (figures.get("processes") or {}).values()]
     return {"impl": impl, "suite": row, "case": case.id if case is not None else "",
             "mode": "backward" if request.backward else "forward", "beside": beside,
             **{key: figures[key] for key in ("requested_bytes", "free_at_failure_bytes", "free_bytes",
-                                             "total_bytes", "other_processes", "other_bytes")
-               if figures.get(key) is not None}}
+                                             "total_bytes", "process_bytes", "other_processes", "other_bytes")
+               if figures.get(key) is not None},
+            **({"largest_other_bytes": max(held)} if held else {})}
 
 
 def out_of_memory_line(entry: dict[str, Any]) -> str:
@@ -209,6 +212,10 @@ def out_of_memory_line(entry: dict[str, Any]) -> str:
     if "requested_bytes" not in entry and "other_processes" not in entry:
         return text + " (the failure gave no figures)"
     text += f": asked {gib('requested_bytes')}, {gib('free_at_failure_bytes')} free"
+    if "process_bytes" in entry:
+        text += f"; it held {gib('process_bytes')}"
     if "other_processes" in entry:
         text += f"; {entry['other_processes']} other process(es) held {gib('other_bytes')}"
+        if "largest_other_bytes" in entry:
+            text += f", the most {gib('largest_other_bytes')}"
     return text

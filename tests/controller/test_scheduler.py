@@ -107,7 +107,7 @@ def test_an_out_of_memory_runs_again_in_the_worker_it_ran_in_and_the_report_name
         if message["n"] == 0 and running > 1:
             return Reply(Status.OUT_OF_MEMORY, "CUDA out of memory", {"out_of_memory": {
                 "requested_bytes": 2 << 30, "free_at_failure_bytes": 1 << 30, "other_processes": 3,
-                "other_bytes": 60 << 30}})
+                "other_bytes": 60 << 30, "processes": {"11": 10 << 30, "12": 20 << 30, "13": 30 << 30}}})
         return Reply(Status.OK, "", {})
 
     pool = Recording(behave=behave, seconds=0.05)
@@ -128,7 +128,7 @@ def test_an_out_of_memory_runs_again_in_the_worker_it_ran_in_and_the_report_name
     lines = time_lines({"time": scheduler.ledger.to_dict()})
     text = " ".join(line.strip() for line in lines)
     assert ("a correctness (forward), beside others: asked 2.0 GiB, 1.0 GiB free; 3 other process(es) held "
-            "60.0 GiB") in text, lines
+            "60.0 GiB, the most 30.0 GiB") in text, lines
 
 
 def test_an_out_of_memory_alone_runs_once_more_with_the_other_workers_stopped(made) -> None:
