@@ -11,13 +11,13 @@ compiled:
 - ``TORCHINDUCTOR_CACHE_DIR`` = ``<folder>/inductor`` (its FX graph and autotuning caches, and the
   Triton kernels it builds)
 - ``CUPY_CACHE_DIR`` = ``<folder>/cupy``
-- ``CUDA_CACHE_PATH`` = ``<folder>/cuda`` (the CUDA driver's cache of the PTX it compiled
-  for this GPU: libraries that build kernels at run time, as cuDNN's runtime-fused attention
-  does, hand the driver PTX, and its default place, ``~/.nv/ComputeCache``, is lost with the
-  machine. On a fresh H200 torch_sdpa's first calls with the GPU alone took 11.1 s, 6.0 s run
-  again on the same machine, one paged case 3276 ms against 5 ms:
-  results/2026-11-27-session11. That this cache is what differed is the likely reading, not yet
-  a measured one.)
+- ``CUDA_CACHE_PATH`` = ``<folder>/cuda`` (the CUDA driver's cache of the PTX it compiled for
+  this GPU, whose default place, ``~/.nv/ComputeCache``, is lost with the machine: kernels
+  shipped or built as PTX are translated once per machine. Whether cuDNN's run-time compiled
+  attention goes through it is not documented: NVRTC may give it SASS directly. On a fresh H200
+  torch_sdpa's first calls with the GPU alone took 11.1 s, 6.0 s run again on the same machine,
+  one paged case 3276 ms against 5 ms (results/2026-11-27-session11); this cache, the OS's page
+  cache of cuDNN's libraries, or both may account for it: not yet measured.)
 
 ``<folder>`` is ``--attnkit-cache-dir``, else ``$XDG_CACHE_HOME/pytest-attnkit``, else
 ``~/.cache/pytest-attnkit``; ``none`` leaves every compiler its own default. A variable the user
