@@ -229,8 +229,8 @@ def measure_point(impl: AttentionImpl, case: Case, *, backward: bool, seed: int,
                            peak_bytes=peak, retained_bytes=retained, unmetered_bytes=unmetered,
                            expected_bytes=expected, call_ms=round(call_ms, 1), stop=stop)
     except torch.cuda.OutOfMemoryError as error:
-        # torch's message goes on about allocator settings; the first two sentences say it all.
-        return MemoryPoint(case.sweep_length, PointStatus.OOM, message=". ".join(str(error).split(". ")[:2]).strip())
+        # The whole message: the handler reads its figures, then keeps its first two sentences.
+        return MemoryPoint(case.sweep_length, PointStatus.OOM, message=str(error).strip())
     except Exception as error:  # CuPy's OutOfMemoryError is not torch's
         if "out of memory" in str(error).lower() or type(error).__name__ == "OutOfMemoryError":
             return MemoryPoint(case.sweep_length, PointStatus.OOM,

@@ -70,6 +70,13 @@ def at_failure(message: str) -> dict[str, int]:
     return {key: value for key, value in figures.items() if value is not None}
 
 
+def message_figures(message: str) -> dict[str, int]:
+    """What an out-of-memory's message says: the allocation it asked for, and where torch's
+    message says them, the device's free bytes and this process's at the failure."""
+    asked = requested_bytes(message)
+    return {**({"requested_bytes": asked} if asked is not None else {}), **at_failure(message)}
+
+
 def device_memory() -> dict[str, Any]:
     """The device's free and total bytes now, and what this process and the others hold (the
     others' where NVML lists the processes on the GPU). Call after this process let go of what
@@ -108,7 +115,7 @@ def out_of_memory_reply(error: BaseException, data: dict[str, Any] | None = None
     first = next((line for line in text.splitlines() if line.strip()), type(error).__name__)
     if error.__traceback__ is not None:
         traceback.clear_frames(error.__traceback__)
-    figures = {"requested_bytes": requested_bytes(text), **at_failure(text), **device_memory()}
+    figures = {**message_figures(text), **device_memory()}
     # torch's message goes on about allocator settings; its first two sentences say it all.
     message = ". ".join(first.split(". ")[:2]).strip()
     return Reply(Status.OUT_OF_MEMORY, message, {**(data or {}), "out_of_memory": figures})

@@ -55,3 +55,25 @@ def test_without_a_cuda_device_there_is_no_nvml_device() -> None:
     nvml.device.cache_clear()
     assert nvml.device() is None
     assert out_of_memory.compute_processes is nvml.compute_processes
+
+
+def test_a_memory_point_that_ran_out_of_memory_replies_with_the_failure_s_figures() -> None:
+    """A memory sweep's point that ran out of memory gave the scheduler no figures (the H100's
+    time table: "the failure gave no figures", results/2026-11-27-session11), so room was made by
+    stopping every other worker. Now its reply carries what torch's whole message says, as any
+    request's out-of-memory does, and its message keeps the first two sentences."""
+    from pytest_attnkit.messages import Status
+    from pytest_attnkit.records import MemoryPoint, PointStatus
+    from pytest_attnkit.worker.suites.memory import out_of_memory_point
+
+    text = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of "
+            "which 1.50 GiB is free. Including non-PyTorch memory, this process has 3.25 GiB memory in use. "
+            "Of the allocated memory 1.1 GiB is allocated by PyTorch.")
+    reply = out_of_memory_point(MemoryPoint(32768, PointStatus.OOM, message=text))
+    assert reply.status is Status.OUT_OF_MEMORY
+    assert reply.message == "CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert MemoryPoint.from_dict(reply.data).message == reply.message  # the point the suite reads
+    figures = reply.data["out_of_memory"]
+    assert figures["requested_bytes"] == 2 * 2**30
+    assert figures["free_at_failure_bytes"] == int(1.5 * 2**30)
+    assert figures["process_at_failure_bytes"] == int(3.25 * 2**30)
