@@ -58,6 +58,18 @@ from pytest_attnkit.registry import EntryPointRef
 #: another's warm worker to start one of its own (:meth:`WorkerPool.lease`).
 COMPILES_S = 0.05
 
+def _added(tally: "tuple[int, float] | None", seconds: float) -> tuple[int, float]:
+    """A (requests, compile seconds) tally with one more request that compiled ``seconds``."""
+    count, total = tally or (0, 0.0)
+    return count + 1, total + float(seconds)
+
+
+def _mean_s(tally: "tuple[int, float] | None") -> float:
+    """A (requests, compile seconds) tally's mean compile seconds (0 for none)."""
+    count, total = tally or (0, 0.0)
+    return total / count if count else 0.0
+
+
 #: The suite each core request op belongs to, for the ledger: the names the scheduler's jobs carry, so
 #: that a suite has one row whether its requests run one at a time or ahead. A suite's own request
 #: (``Op.RUN``) names its suite; a request whose op is not its suite's is named by the caller
@@ -341,9 +353,8 @@ class WorkerPool:
                 return self._lend(Lease(impl, self._new_extra(impl)))
             # Full: close an idle extra of an implementation with nothing queued, to start one here:
             # one that holds no warm-up, else the one whose warm-ups compiled least each (the docstring).
-            count, total = self._compiled.get(impl, (0, 0.0))
-            takes_warm = count > 0 and total / count >= COMPILES_S
-            spares = [((worker in self._warm_holders, self._warm_compile_s(worker)), other, worker)
+            takes_warm = _mean_s(self._compiled.get(impl)) >= COMPILES_S
+            spares = [((worker in self._warm_holders, _mean_s(self._warm_holders.get(worker))), other, worker)
                       for other, workers in self._extras.items() if other != impl and not queued(other)
                       for worker in workers if worker in self._idle[other]
                       and (takes_warm or worker not in self._warm_holders)]
@@ -395,21 +406,14 @@ class WorkerPool:
         worker = lease.worker
         with self._lock:
             self._leased.discard(worker)
-            count, total = self._compiled.get(lease.impl, (0, 0.0))
-            self._compiled[lease.impl] = (count + 1, total + float(compile_s))
+            self._compiled[lease.impl] = _added(self._compiled.get(lease.impl), compile_s)
             if warmed:
-                count, total = self._warm_holders.get(worker, (0, 0.0))
-                self._warm_holders[worker] = (count + 1, total + float(compile_s))
+                self._warm_holders[worker] = _added(self._warm_holders.get(worker), compile_s)
             if worker in self._extras.get(lease.impl, ()) or worker is self._workers.get(lease.impl):
                 self._idle.setdefault(lease.impl, []).append(worker)
             if lease.dedicated is not None and last and self._dedicated.get(lease.dedicated) is worker:
                 return self._dedicated.pop(lease.dedicated)
         return None
-
-    def _warm_compile_s(self, worker: Worker) -> float:
-        """The mean compile seconds of the warm-ups ``worker`` ran (0 for none)."""
-        count, total = self._warm_holders.get(worker, (0, 0.0))
-        return total / count if count else 0.0
 
     def retire(self, impl: str, worker: Worker) -> None:
         """Close one of ``impl``'s extra workers for good; its start-up time goes into the ledger."""
@@ -474,7 +478,7 @@ class WorkerPool:
             idle = [worker for workers in self._idle.values() for worker in workers if worker is not keep]
             idle += [worker for worker in self._dedicated.values() if worker is not keep
                      and worker not in self._leased]
-            warm = {worker: self._warm_compile_s(worker) for worker in self._warm_holders}
+            warm = {worker: _mean_s(tally) for worker, tally in self._warm_holders.items()}
             idle += [primary for primary in self._workers.values() if primary is not keep
                      and primary not in idle and primary not in self._leased]
         by_pid = {worker: held.get(getattr(getattr(worker, "process", None), "pid", -1), 0) for worker in idle}

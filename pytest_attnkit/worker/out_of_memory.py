@@ -70,6 +70,12 @@ def at_failure(message: str) -> dict[str, int]:
     return {key: value for key, value in figures.items() if value is not None}
 
 
+def first_sentences(message: str) -> str:
+    """An out-of-memory's message cut to what says it all: torch's goes on about allocator
+    settings after its first two sentences."""
+    return ". ".join(message.split(". ")[:2]).strip()
+
+
 def message_figures(message: str) -> dict[str, int]:
     """What an out-of-memory's message says: the allocation it asked for, and where torch's
     message says them, the device's free bytes and this process's at the failure."""
@@ -116,7 +122,5 @@ def out_of_memory_reply(error: BaseException, data: dict[str, Any] | None = None
     if error.__traceback__ is not None:
         traceback.clear_frames(error.__traceback__)
     figures = {**message_figures(text), **device_memory()}
-    # torch's message goes on about allocator settings; its first two sentences say it all.
-    message = ". ".join(first.split(". ")[:2]).strip()
-    return Reply(Status.OUT_OF_MEMORY, message, {**(data or {}), "out_of_memory": figures})
+    return Reply(Status.OUT_OF_MEMORY, first_sentences(first), {**(data or {}), "out_of_memory": figures})
 

@@ -28,13 +28,12 @@ class MemoryHandler(SuiteHandler):
 
 
 def out_of_memory_point(point: MemoryPoint) -> Reply:
-    """The reply for a point that ran out of memory: the point, its message cut to what says it
-    all (torch's goes on about allocator settings after two sentences), and the failure's figures
-    as for any request's out-of-memory (the allocation asked for and the free bytes, from the whole
-    message; what the processes on the GPU hold now), which the scheduler reads to make room
-    before the point runs again and the time table lists."""
-    from pytest_attnkit.worker.out_of_memory import device_memory, message_figures
+    """The reply for a point that ran out of memory: the point, its message cut to its first
+    sentences, and the failure's figures as for any request's out-of-memory (the allocation asked
+    for and the free bytes, from the whole message; what the processes on the GPU hold now), which
+    the scheduler reads to make room before the point runs again and the time table lists."""
+    from pytest_attnkit.worker.out_of_memory import device_memory, first_sentences, message_figures
 
     figures = {**message_figures(point.message), **device_memory()}
-    short = replace(point, message=". ".join(point.message.split(". ")[:2]).strip())
+    short = replace(point, message=first_sentences(point.message))
     return Reply(Status.OUT_OF_MEMORY, short.message, {**short.to_dict(), "out_of_memory": figures})
