@@ -537,11 +537,12 @@ def clock_lines(measurements: list[dict[str, Any]]) -> list[str]:
     if not read:
         return []
     usual = max(median for _, median, _ in read)
-    slow = sorted((lowest, m["impl"], m["case"], m) for lowest, _, m in read if lowest < CLOCK_DROP * usual)
+    slow = sorted(((lowest, m) for lowest, _, m in read if lowest < CLOCK_DROP * usual),
+                  key=lambda pair: (pair[0], pair[1]["impl"], pair[1]["case"], pair[1]["mode"]))
     if not slow:
         return []
     shown = ", ".join(f"{m['impl']} {_MODES.get(m['mode'], m['mode'])} {m['case']} {lowest:.0f}"
-                      for lowest, _, _, m in slow)
+                      for lowest, m in slow)
     return wrap(f"the SM clock fell during {len(slow)} case(s) (their slowest sample's MHz, against {usual:.0f} MHz, "
                 f"the highest median clock of this run: a power or thermal cap; times are as measured): {shown}", "  ")
 

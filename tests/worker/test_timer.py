@@ -93,9 +93,9 @@ def test_a_case_timed_under_a_lower_clock_is_named() -> None:
 
     from pytest_attnkit.records import Timing
 
-    def measurement(impl: str, clocks: list[float]) -> dict:  # as the report document holds it
+    def measurement(impl: str, clocks: list[float], mode: str = "backward") -> dict:  # as the report holds it
         timing = Timing((5.0,) * len(clocks) or (5.0,), 1.0, "cuda-events", clocks_mhz=tuple(clocks))
-        return {"impl": impl, "mode": "backward", "case": "b1-h16-q16384-k16384-d128-bf16-alibi",
+        return {"impl": impl, "mode": mode, "case": "b1-h16-q16384-k16384-d128-bf16-alibi",
                 "timing": timing.to_dict()}
 
     lines = clock_lines([measurement("cool_kernel", [1980.0, 1975.0, 1970.0]),
@@ -106,3 +106,8 @@ def test_a_case_timed_under_a_lower_clock_is_named() -> None:
     assert "cool_kernel" not in text and all(len(line) <= 100 for line in lines)
     assert clock_lines([measurement("cool_kernel", [1980.0, 1960.0])]) == []
     assert clock_lines([measurement("cpu_kernel", [])]) == []
+    # one case's forward and backward at the same lowest clock (an H100 run's report crashed here)
+    lines = clock_lines([measurement("cool_kernel", [1980.0, 1980.0]), measurement("hot_kernel", [1980.0, 1800.0]),
+                         measurement("hot_kernel", [1980.0, 1800.0], mode="forward")])
+    text = " ".join(" ".join(lines).split())
+    assert "2 case(s)" in text and text.index("hot_kernel bwd") < text.index("hot_kernel fwd")
