@@ -8,7 +8,9 @@ time" table and the report's ``time`` section say, per suite and implementation,
 requests ran, the seconds workers were busy with them (of which compiling) and the wall-clock
 span from the first to the last; and for the run, the most requests that ran at once.
 
-The run's timeline (:func:`timeline`) says when the first request started, until when requests
+The run's timeline (:func:`timeline`) says when the first request started (and, from the
+session's :meth:`Ledger.mark`, what came before it: the device probed, the implementations'
+first workers started, the tests collected), until when requests
 ran beside one another, and how long the requests that had the GPU to themselves took (the speed
 suite's timing, above all): on a GPU that phase is often half the run, and no number of jobs
 shortens it.
@@ -81,6 +83,13 @@ class Ledger:
         #: Every out-of-memory that sent a request to run again: which request, where it ran
         #: (beside others or alone) and the failure's figures (:func:`out_of_memory_entry`).
         self.out_of_memory: list[dict[str, Any]] = []
+        #: The moments before the first request, in seconds from the ledger's start (:meth:`mark`).
+        self.marks: dict[str, float] = {}
+
+    def mark(self, moment: str) -> None:
+        """``moment`` (one of :data:`MARKS`) happened now; the first time counts."""
+        with self._lock:
+            self.marks.setdefault(moment, round(time.monotonic() - self.started, 2))
 
     def began(self) -> None:
         """A request started (for the most that ran at once)."""
@@ -143,7 +152,7 @@ class Ledger:
                     "retried_alone": dict(sorted(self.retried_alone.items())),
                     "retried_cleared": dict(sorted(self.retried_cleared.items())),
                     "stopped_workers": self.stopped_workers,
-                    "out_of_memory": list(self.out_of_memory),
+                    "out_of_memory": list(self.out_of_memory), "marks": dict(self.marks),
                     "events": [dict(zip(("suite", "impl", "start_s", "wall_s", "compile_s", "queued_s", "alone"),
                                         event)) for event in self.events]}
 
@@ -171,12 +180,20 @@ def timeline(events: list[dict[str, Any]]) -> dict[str, Any] | None:
             "alone_s": sum(float(event["wall_s"]) for event in alone)}
 
 
-def timeline_line(events: list[dict[str, Any]]) -> str | None:
-    """:func:`timeline` in words, for the time table; None without events."""
+#: The session's moments before the first request (:meth:`Ledger.mark`), in the words the
+#: timeline uses, in the order they happen.
+MARKS = {"probed": "the device probed", "started": "the implementations' first workers ready",
+         "collected": "the tests collected"}
+
+
+def timeline_line(events: list[dict[str, Any]], marks: dict[str, float] | None = None) -> str | None:
+    """:func:`timeline` in words, for the time table; None without events. ``marks``: the report's
+    ``time.marks`` (what happened before the first request, and when)."""
     phases = timeline(events)
     if phases is None:
         return None
-    parts = [f"the first request started at {phases['first_s']:.0f} s"]
+    before = [f"{words} at {marks[moment]:.0f} s" for moment, words in MARKS.items() if moment in (marks or {})]
+    parts = [f"the first request started at {phases['first_s']:.0f} s" + (f" ({', '.join(before)})" if before else "")]
     if phases["together_until_s"] is not None:
         parts.append(f"requests ran beside one another until {phases['together_until_s']:.0f} s")
     if phases["alone_requests"]:

@@ -123,6 +123,7 @@ class AttnkitSession:
             if None not in named:
                 refs = [ref for ref in refs if ref.name in named]
         self._probe_environment()
+        self.pool.ledger.mark("probed")
         self.profile = self.settings.profile if self.settings.profile != "auto" else (
             "smoke" if self.device == "cpu" else "default")
         self.pool.device = self.device
@@ -141,6 +142,7 @@ class AttnkitSession:
         # Every bundled suite's handler (the few this run does not build cost a worker the import
         # of a light module) and the selected installed suites'.
         self.pool.start(refs + counterparts, setups, handlers={name: suite.handler for name, suite in self.suite_types.items()})
+        self.pool.ledger.mark("started")
         against.check_loaded(self.settings, (self.pool.info(ref.name) for ref in counterparts))
         if xdist.is_controller(self.config):
             self.pool.close()  # the xdist workers run the tests; the descriptions stay for the header
@@ -254,6 +256,7 @@ class AttnkitSession:
     def submit_ahead(self, items: list[pytest.Item]) -> None:
         """Submit the selected tests' plans, in their suites' order (the runner; the inline
         scheduler runs each when its test reads the reply). A test skipped at collection sends nothing."""
+        self.pool.ledger.mark("collected")
         if self.runner is not None:
             self.runner.submit_all(item.stash[ITEM_KEY] for item in items
                                    if ITEM_KEY in item.stash and item.get_closest_marker("skip") is None)

@@ -677,7 +677,7 @@ def time_lines(document: dict[str, Any]) -> list[str]:
     startup = sum((time.get("startup_s") or {}).values())
     lines += wrap(f"in all: workers busy {busy:.0f} s, of which compiling {compiled:.0f} s; workers started in "
                   f"{startup:.0f} s; the pytest thread waited {time.get('waited_s', 0):.0f} s for results", "  ")
-    line = None if time.get("xdist_workers") else timeline_line(time.get("events") or [])
+    line = None if time.get("xdist_workers") else timeline_line(time.get("events") or [], time.get("marks"))
     if line:  # under pytest-xdist each process counts from its own start: no one timeline
         lines += wrap(line, "  ")
     retried = time.get("retried_alone") or {}

@@ -22,12 +22,12 @@ import pytest
 
 from fakes.fake_workers import FakePool, FakeWorker, work
 from pytest_attnkit.controller.impls import ImplInfo
-from pytest_attnkit.controller.ledger import timeline
+from pytest_attnkit.controller.ledger import timeline, timeline_line
 from pytest_attnkit.controller.pool import suite_of
 from pytest_attnkit.controller.memory import goes_on
 from pytest_attnkit.controller.scheduler import Scheduler
 from pytest_attnkit.controller.table import time_lines
-from pytest_attnkit.messages import Isolation, Op, Reply, Request, Spent, Status
+from pytest_attnkit.messages import Isolation, Reply, Request, Spent, Status
 
 
 @pytest.fixture
@@ -538,6 +538,16 @@ def test_the_timeline_tells_the_requests_run_together_from_those_that_had_the_gp
     assert all(len(text) <= 100 for text in lines)
     assert re.fullmatch(r"timeline: the first request started at \d+ s; requests ran beside one another until "
                         r"\d+ s; 1 requests run alone took \d+ s, from \d+ to \d+ s", line), line
+    # The session's moments before the first request, in the order they happened, where recorded.
+    scheduler.ledger.mark("collected")
+    scheduler.ledger.mark("probed")  # too late: the first mark of a moment counts, this one is new
+    scheduler.ledger.mark("collected")
+    marks = scheduler.ledger.to_dict()["marks"]
+    assert list(marks) == ["collected", "probed"] and marks["collected"] <= marks["probed"]
+    text = timeline_line(section["events"], {"probed": 2.4, "started": 8.0, "collected": 15.2})
+    assert "started at 0 s (the device probed at 2 s, the implementations' first workers ready at 8 s, the " \
+           "tests collected at 15 s); requests" in text, text
+    assert "(" not in timeline_line(section["events"], {})
     # Under pytest-xdist each process counts from its own start: the merged report has no timeline.
     assert not [line for line in time_lines({"time": {**section, "xdist_workers": 2}}) if "timeline" in line]
     # A report written before the field existed: every request counts as run beside others.
