@@ -122,7 +122,7 @@ def _time_table(time_section: dict) -> list[str]:
                  f"waited {time_section.get('waited_s', 0):.0f} s for results")
     from pytest_attnkit.controller.ledger import timeline_line
 
-    line = timeline_line(time_section.get("events") or [])
+    line = timeline_line(time_section.get("events") or [], time_section.get("marks"))
     if line:
         lines.append(f"  {line}")
     return lines
@@ -153,7 +153,8 @@ def compare(args: argparse.Namespace) -> int:
         # A report from before the events said "alone": the speed suite's timing was what ran alone.
         events = [event if "alone" in event else {**event, "alone": event["suite"] == "speed"}
                   for event in (document.get("time") or {}).get("events", [])]
-        timelines.append(timeline_line(events) or "no timeline (no events)")
+        timelines.append(timeline_line(events, (document.get("time") or {}).get("marks"))
+                         or "no timeline (no events)")
     first, second = runs
     common = sorted(set(first) & set(second))
     differ = [test for test in common if first[test] != second[test]]
