@@ -181,7 +181,8 @@ def timeline(events: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 #: The session's moments before the first request (:meth:`Ledger.mark`), in the words the
-#: timeline uses, in the order they happen.
+#: timeline uses (which says them in the order they happened: the implementations' first workers
+#: start beside the probe, and may be ready first).
 MARKS = {"probed": "the device probed", "started": "the implementations' first workers ready",
          "collected": "the tests collected"}
 
@@ -192,7 +193,8 @@ def timeline_line(events: list[dict[str, Any]], marks: dict[str, float] | None =
     phases = timeline(events)
     if phases is None:
         return None
-    before = [f"{words} at {marks[moment]:.0f} s" for moment, words in MARKS.items() if moment in (marks or {})]
+    marks = {moment: marks[moment] for moment in MARKS if moment in (marks or {})}
+    before = [f"{MARKS[moment]} at {seconds:.0f} s" for moment, seconds in sorted(marks.items(), key=lambda m: m[1])]
     parts = [f"the first request started at {phases['first_s']:.0f} s" + (f" ({', '.join(before)})" if before else "")]
     if phases["together_until_s"] is not None:
         parts.append(f"requests ran beside one another until {phases['together_until_s']:.0f} s")

@@ -20,9 +20,11 @@ which the terminal summary and the report files are rendered.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -46,6 +48,9 @@ from pytest_attnkit.controller.tally import Tally
 from pytest_attnkit.controller import table
 from pytest_attnkit.messages import Op, Request
 
+if TYPE_CHECKING:
+    from pytest_attnkit.registry import EntryPointRef
+
 SESSION_KEY = pytest.StashKey["AttnkitSession"]()
 
 
@@ -66,6 +71,10 @@ def asked_for_but_untested(document: dict[str, Any], asked: list[str]) -> list[s
             for name, info in document["implementations"].items()
             if info["status"] == ImplStatus.UNAVAILABLE and name not in ran]
 
+
+#: Device files whose presence says the probe will likely find a GPU (NVIDIA's driver; ROCm's,
+#: whose GPUs torch also calls "cuda"): see :meth:`AttnkitSession._likely_device`.
+GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/kfd")
 
 #: The bundled suites by name.
 SUITE_TYPES: dict[str, type[Suite]] = BUNDLED
@@ -122,27 +131,35 @@ class AttnkitSession:
             named = {xdist.implementation_of(param, [ref.name for ref in refs]) for param in only}
             if None not in named:
                 refs = [ref for ref in refs if ref.name in named]
-        self._probe_environment()
-        self.pool.ledger.mark("probed")
-        self.profile = self.settings.profile if self.settings.profile != "auto" else (
-            "smoke" if self.device == "cpu" else "default")
-        self.pool.device = self.device
-        self.jobs = self._jobs()
-        # With requests side by side, TorchInductor compiles in each worker itself instead of
-        # starting a pool of compile processes per worker (one per core, each).
-        compile_threads = {"TORCHINDUCTOR_COMPILE_THREADS": "1"} if self.jobs > 1 and not os.environ.get(
-            "TORCHINDUCTOR_COMPILE_THREADS") else {}
-        self.pool.env = {**self._worker_env(), **self.cache_env, **compile_threads}
+        # Built before the probe, so that the implementations' first workers can start beside it.
         self.revision, counterparts = against.materialise_for(self.settings, [ref.name for ref in refs])
-        self.selection = CaseSelection(self.settings, self.config, self.device, self.profile, self.pool,
-                                       against.counterpart_names(self.revision), self.tally.stand_ins)
         setups = {ref.name: self.revision.worker_setup() for ref in counterparts} if self.revision else {}
         installed = load_selected(self.settings.suite)  # a bad entry point is a usage error, before any worker
         self.suite_types = {**BUNDLED, **installed}
+        self.jobs = self._jobs()
         # Every bundled suite's handler (the few this run does not build cost a worker the import
         # of a light module) and the selected installed suites'.
-        self.pool.start(refs + counterparts, setups, handlers={name: suite.handler for name, suite in self.suite_types.items()})
-        self.pool.ledger.mark("started")
+        start = functools.partial(self._start_pool, refs + counterparts, setups,
+                                  {name: suite.handler for name, suite in self.suite_types.items()})
+        guess = self._likely_device()
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnkit-start") as beside:
+            early = beside.submit(start, guess) if guess is not None else None
+            self._probe_environment()  # a usage error waits for the early start; close() ends it
+        self.profile = self.settings.profile if self.settings.profile != "auto" else (
+            "smoke" if self.device == "cpu" else "default")
+        if early is None or guess != self.device:
+            if early is not None:  # guessed wrong: those workers have the other device's settings
+                ledger = self.pool.ledger
+                ledger.marks.pop("started", None)
+                self.pool.close()
+                self.pool = WorkerPool(device=self.device, timeout=self.settings.timeout,
+                                       inprocess=self.settings.inprocess)
+                self.pool.ledger = ledger
+            start(self.device)
+        else:
+            early.result()
+        self.selection = CaseSelection(self.settings, self.config, self.device, self.profile, self.pool,
+                                       against.counterpart_names(self.revision), self.tally.stand_ins)
         against.check_loaded(self.settings, (self.pool.info(ref.name) for ref in counterparts))
         if xdist.is_controller(self.config):
             self.pool.close()  # the xdist workers run the tests; the descriptions stay for the header
@@ -150,6 +167,34 @@ class AttnkitSession:
             self._start_scheduler()
         self.runner = Runner(self.suites, self.pool, self.outcomes, self.scheduler)
         self._build_suites([*BUILD_ORDER, *installed.values()], self.runner)
+
+    def _likely_device(self) -> str | None:
+        """The device the probe will name, as far as it can be told without importing torch, so
+        that the implementations' first workers start beside the probe (each start is mostly
+        ``import torch``, as the probe is: 5-6 s on session 12's H100 hosts, where the first
+        request waited 12 s after the probe's 6-8 s; results/2026-11-27-session12). A wrong guess
+        costs those workers: they are stopped and started again with the probe's device. None
+        where the workers must wait for the probe: in-process, and in a pytest-xdist worker, whose
+        GPU comes from the probe's device count."""
+        if self.settings.inprocess or xdist.xdist_worker(self.config) is not None:
+            return None
+        if self.settings.device != "auto":
+            return self.settings.device
+        if os.environ.get("CUDA_VISIBLE_DEVICES", "unset").strip() in ("", "-1"):
+            return "cpu"  # torch sees no GPU
+        return "cuda" if any(os.path.exists(node) for node in GPU_DEVICE_NODES) else "cpu"
+
+    def _start_pool(self, refs: list[EntryPointRef], setups: dict[str, dict[str, Any]], handlers: dict[str, str],
+                    device: str) -> None:
+        """The implementations' first workers, started and described, for ``device``."""
+        self.pool.device = device
+        # With requests side by side, TorchInductor compiles in each worker itself instead of
+        # starting a pool of compile processes per worker (one per core, each).
+        compile_threads = {"TORCHINDUCTOR_COMPILE_THREADS": "1"} if self.jobs > 1 and not os.environ.get(
+            "TORCHINDUCTOR_COMPILE_THREADS") else {}
+        self.pool.env = {**self._worker_env(device), **self.cache_env, **compile_threads}
+        self.pool.start(refs, setups, handlers=handlers)
+        self.pool.ledger.mark("started")
 
     def _build_suites(self, suite_types: list[type[Suite]], runner: Runner) -> None:
         """Each suite that takes part in this run (:meth:`Suite.build`), in ``suite_types``' order."""
@@ -202,10 +247,10 @@ class AttnkitSession:
     def _cuda_device_count(self) -> int:
         return int(self.environment.get("cuda_device_count") or 0)
 
-    def _worker_env(self) -> dict[str, str]:
+    def _worker_env(self, device: str) -> dict[str, str]:
         # On the CPU, Triton kernels run in Triton's interpreter; the variable must be set before
         # triton is imported, which is why each worker gets it from the start.
-        if self.device == "cpu":
+        if device == "cpu":
             # An A/B run alternates two workers on the same cores: OpenMP threads that spin after
             # their work (its default) would starve the other worker's next block.
             return {"TRITON_INTERPRET": "1", **({"OMP_WAIT_POLICY": "PASSIVE"} if self.settings.against else {})}
@@ -222,6 +267,7 @@ class AttnkitSession:
             raise pytest.UsageError(f"attnkit: could not probe the environment: {failure}") from None
         finally:
             probe.close()
+        self.pool.ledger.mark("probed")
         self.device = ("cuda" if self.environment.get("cuda_available") else "cpu") if requested == "auto" else requested
         if self.device == "cuda" and not self.environment.get("cuda_available"):
             raise pytest.UsageError(

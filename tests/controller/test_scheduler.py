@@ -548,6 +548,8 @@ def test_the_timeline_tells_the_requests_run_together_from_those_that_had_the_gp
     assert "started at 0 s (the device probed at 2 s, the implementations' first workers ready at 8 s, the " \
            "tests collected at 15 s); requests" in text, text
     assert "(" not in timeline_line(section["events"], {})
+    assert "(the implementations' first workers ready at 5 s, the device probed at 6 s)" in \
+        timeline_line(section["events"], {"probed": 6.1, "started": 5.0})
     # Under pytest-xdist each process counts from its own start: the merged report has no timeline.
     assert not [line for line in time_lines({"time": {**section, "xdist_workers": 2}}) if "timeline" in line]
     # A report written before the field existed: every request counts as run beside others.

@@ -96,3 +96,55 @@ def test_a_baseline_file_it_cannot_read_stops_the_run_naming_it(pytester: pytest
     finally:
         session.close()
     assert not _workers_alive(session)
+
+
+@pytest.mark.parametrize("guess", ["cpu", "cuda"])
+def test_the_first_workers_start_beside_the_probe_and_again_when_the_guess_was_wrong(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, guess: str) -> None:
+    """The implementations' first workers start while the probe runs, for the device the session
+    guesses (session 12's H100s: 6-8 s of probe, then 12 s until they were ready). Guessed right
+    (here the CPU), each starts once and the probe is done by the time they are ready or soon
+    after; guessed wrong (a GPU that torch does not see), they are stopped and started again with
+    the probe's device and its settings (Triton's interpreter on the CPU), and none is left alive."""
+    monkeypatch.setattr(AttnkitSession, "_likely_device", lambda self: guess)
+    config = pytester.parseconfig("--attnkit", "--attnkit-impl=torch_sdpa", "--attnkit-jobs=2")  # device auto
+    session = AttnkitSession(options.resolve(config), config)
+    first_pool = session.pool
+    try:
+        session.start()
+        assert session.device == "cpu" and session.pool.device == "cpu"
+        assert session.pool.env.get("TRITON_INTERPRET") == "1"
+        primary = session.pool.primary("torch_sdpa")
+        assert primary.alive and primary.init["device"] == "cpu"
+        marks = session.pool.ledger.marks
+        assert {"probed", "started"} <= set(marks)
+        if guess == "cpu":
+            assert session.pool is first_pool and primary.starts == 1
+        else:
+            assert session.pool is not first_pool and not _workers_alive_in(first_pool)
+            assert marks["started"] >= marks["probed"]  # the second start's, after the probe
+        assert session.pool.info("torch_sdpa").load_error is None
+    finally:
+        session.close()
+    assert not _workers_alive(session)
+
+
+def _workers_alive_in(pool) -> list:
+    return [worker for worker in [*pool._workers.values(), *pool._all] if worker.alive]
+
+
+def test_the_guess_follows_the_device_asked_for_and_what_torch_could_see(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    def guess(*args: str) -> str | None:
+        config = pytester.parseconfig("--attnkit", *args)
+        return AttnkitSession(options.resolve(config), config)._likely_device()
+
+    monkeypatch.setattr(session_module, "GPU_DEVICE_NODES", (str(pytester.path),))  # a path that exists
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert guess() == "cuda" and guess("--attnkit-device=cpu") == "cpu"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert guess() == "cpu" and guess("--attnkit-device=cuda") == "cuda"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setattr(session_module, "GPU_DEVICE_NODES", (str(pytester.path / "no-such-node"),))
+    assert guess() == "cpu"
+    assert guess("--attnkit-inprocess") is None  # the probe decides first
