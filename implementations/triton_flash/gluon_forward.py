@@ -1123,10 +1123,25 @@ def fp8_unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca
     return strides_reason(q, k)
 
 
-def fp8_config(head_dim: int) -> Config:
-    """The FP8 kernel's tiles: the one-item grid, two consumers, 128 keys a tile; the tiles are
-    half the bytes of bf16's, so the ring is three deep at both head dims."""
-    return Config(block_n=128, stages=3, eager=True)
+#: Causal FP8 calls over fewer keys than this keep two consumers (see :func:`fp8_config`).
+FP8_CAUSAL_C3_MIN_KEYS = 16384
+
+
+def fp8_config(head_dim: int, causal: bool = False, n_k: int | None = None) -> Config:
+    """The FP8 kernel's tiles: the one-item grid, 128 keys a tile, the ring three deep at both
+    head dims (the tiles are half the bytes of bf16's); three consumers (``c3-r160``, 192 rows a
+    program) except for causal calls over fewer than :data:`FP8_CAUSAL_C3_MIN_KEYS` keys, which
+    keep two (``n128s3-eager``).
+
+    On an H200, timed as the speed suite times (``fp8_check.py``, results/2026-11-27-session12/
+    i42), three consumers against two, TFLOP/s: d128 16k 948 / 804, causal 891 / 774, 4k 840 /
+    723, causal 543 / 595; d64 16k 600 / 452, causal 547 / 456, 4k 506 / 416, causal 332 / 361.
+    Causal 4k loses: 192-row programs leave its grid short of work. FP8's S and O take 128 of the
+    160 registers with P in shared memory, so d128 fits three consumers, as bf16 does not (NOTES.md,
+    v20.4, v20.5). Causal lengths between 4k and 16k are not measured; they keep two."""
+    if causal and (n_k is None or n_k < FP8_CAUSAL_C3_MIN_KEYS):
+        return Config(block_n=128, stages=3, eager=True)
+    return Config(block_n=128, stages=3, eager=True, consumers=3, consumer_regs=MAX_REGS_THREE_CONSUMERS)
 
 
 def keys_last_like(v: torch.Tensor) -> torch.Tensor:
@@ -1174,7 +1189,7 @@ def warmup_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, 
                config: Config | None = None):
     """Compile (without launching) the FP8 kernel for these inputs (see :func:`warmup`)."""
     batch, heads_q, n_q, head_dim = q.shape
-    config = fp8_config(head_dim) if config is None else config
+    config = fp8_config(head_dim, causal, k.shape[2]) if config is None else config
     o = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
     lse = torch.empty((batch, heads_q, n_q), dtype=torch.float32, device=q.device)
     v_t = keys_last_like(v)
@@ -1196,7 +1211,7 @@ def flash_fwd_fp8(q: torch.Tensor, k: torch.Tensor, v_t: torch.Tensor, causal: b
     ``v.transpose(2, 3)`` took 222 us a call at 16k tokens x 2048 on an H100, against 21 us for that
     one, and made this forward slower than the Triton one (NOTES.md, v20.1)."""
     batch, heads_q, n_q, head_dim = q.shape
-    config = fp8_config(head_dim) if config is None else config
+    config = fp8_config(head_dim, causal, k.shape[2]) if config is None else config
     o = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
     lse = torch.empty((batch, heads_q, n_q), dtype=torch.float32, device=q.device)  # written, not returned
     args, kwargs, grid = launch_arguments_fp8(q, k, v_t, o, lse,

@@ -111,7 +111,10 @@ def test_row_sums_on_the_tensor_cores_are_off_by_default_one_item_only_and_count
     with pytest.raises(ValueError, match="one-item grid only"):  # a Config made directly, not parsed
         gf.launch_arguments(q, q, q, q, torch.empty(1, 2, 256), False, 0.125,
                             gf.Config(eager=True, persistent=True, sum_mma=True))
-    fp8 = gf.fp8_config(128)
+    fp8 = gf.fp8_config(128, causal=True, n_k=4096)  # two consumers where three lost (causal 4k)
+    assert fp8.consumers == 2 and gf.fp8_config(64, causal=True, n_k=4096).consumers == 2
+    assert [gf.fp8_config(d, causal, n_k).consumers for d in (64, 128) for causal, n_k in
+            ((False, 4096), (False, 16384), (True, 16384))] == [3] * 6
     assert gf.fp8_shared_bytes(fp8, 128) == 128 * 128 + 2 * 128 * 128 + 2 * 3 * 128 * 128 + 128 * 128 + 8 * (4 + 12)
     q8 = q.to(torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="-sm is not for FP8"):
