@@ -104,9 +104,11 @@ masked ones (NOTES.md, v20.2), P through a shared buffer per consumer (triton 3.
 the previous PV product has read it, and O in bf16 times V's descale through a buffer of its own.
 Compile-checked for sm_90a (``gluon_compile.py --fp8``: no spills; the bf16 kernels' SASS
 unchanged). Run on an H200 (NOTES.md, v20.1 and v20.4): right on the harness's FP8 shapes; with
-V^T from the Triton path's copy, its call in the harness's speed suite at d128 is 0.95x (4k) and
-0.97-1.02x (16k) the Triton FP8 forward's, at d64 0.79-0.91x (a bench). So nothing takes it unless
-``ATTNKIT_TRITON_FLASH_GLUON_FP8=1`` (:func:`.launch._gluon_fp8_on`).
+V^T from the Triton path's copy, its call in the harness's speed suite at d128 was 0.95x (4k) and
+0.97-1.02x (16k) the Triton FP8 forward's with two consumers. With three (:func:`fp8_config`,
+NOTES.md v20.5) the speed suite timed it on an H200 1.10x (4k) and 1.14x (16k) at d128, 1.04x at
+d64 16k and 0.96x at d64 4k; not yet on an H100, whose baselines hold the Triton FP8 forward. So
+nothing takes it unless ``ATTNKIT_TRITON_FLASH_GLUON_FP8=1`` (:func:`.launch._gluon_fp8_on`).
 
 ``-sm`` (``Config.sum_mma``, the one-item grid only, off by default; NOTES.md, v20.3): each row's
 sum of P from the tensor cores, a ``P @ ones`` product beside each PV product, instead of 64 adds
@@ -1100,8 +1102,9 @@ def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
 
 # ---------------------------------------------------------------------------------------------
 # FP8 (e4m3) forward: the one-item kernel with FP8=True. Compile-checked for sm_90a
-# (tools/flash_bench/gluon_compile.py --fp8) and run on a GPU (NOTES.md, v20.1 and v20.4); not
-# faster than the Triton FP8 forward in the harness, so taken only with ATTNKIT_TRITON_FLASH_GLUON_FP8=1.
+# (tools/flash_bench/gluon_compile.py --fp8) and run on a GPU (NOTES.md, v20.1, v20.4, v20.5);
+# faster than the Triton FP8 forward on an H200 at d128 and d64 16k, not yet timed on an H100, so
+# taken only with ATTNKIT_TRITON_FLASH_GLUON_FP8=1.
 # ---------------------------------------------------------------------------------------------
 
 #: FP8 inputs this kernel takes: e4m3, as the Triton FP8 forward (:data:`.launch.FP8_DTYPES`).

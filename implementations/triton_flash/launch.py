@@ -620,10 +620,11 @@ def path_note(device: torch.device) -> str:
 
 
 def _gluon_fp8_on() -> bool:
-    """The Gluon FP8 forward is taken only when asked for: right on a GPU, but not faster than the
-    Triton FP8 forward there. In the harness's speed suite on an H200 its call at d128 took 0.95x
-    (4k) and 0.97-1.02x (16k) the Triton one's speed, at d64 0.79-0.91x in a bench
-    (:mod:`.gluon_forward`, its FP8 section; NOTES.md, v20.4)."""
+    """The Gluon FP8 forward is taken only when asked for. With three consumers
+    (:func:`.gluon_forward.fp8_config`) the speed suite on an H200 timed its call 1.10x (4k) and
+    1.14x (16k) the Triton FP8 forward's at d128, 1.04x at d64 16k and 0.96x at d64 4k (NOTES.md,
+    v20.5); it is not yet timed on an H100, whose baselines hold the Triton FP8 forward, so it
+    does not become the default before that run."""
     return os.environ.get("ATTNKIT_TRITON_FLASH_GLUON_FP8") == "1" and not _gluon_off()
 
 
