@@ -22,6 +22,12 @@ from typing import Any, Mapping
 from pytest_attnkit.contract import Case
 
 
+#: Set in a worker's environment (to ``torch``), it imports torch before it reads its first
+#: request: a spare worker does, while it waits for an implementation
+#: (:class:`pytest_attnkit.controller.process.Spares`).
+PRELOAD = "ATTNKIT_PRELOAD"
+
+
 class Op(str, Enum):
     """What a request asks a worker to do: one of the worker's core ops
     (pytest_attnkit/worker/server.py has one handler each), or :attr:`RUN`, a suite's request,

@@ -49,7 +49,8 @@ from typing import Any, Callable, ContextManager, Iterator
 
 from pytest_attnkit.controller.impls import ImplInfo
 from pytest_attnkit.controller.ledger import Ledger
-from pytest_attnkit.controller.process import InProcessWorker, Launch, Worker, WorkerFailure, WorkerProcess, close_all
+from pytest_attnkit.controller.process import (InProcessWorker, Launch, Spares, Worker, WorkerFailure, WorkerProcess,
+                                                close_all)
 from pytest_attnkit.controller.worker_log import log_folder
 from pytest_attnkit.messages import Op, Reply, Request, Spent, Status
 from pytest_attnkit.registry import EntryPointRef
@@ -128,6 +129,8 @@ class WorkerPool:
         self.env = dict(env or {})
         self.inprocess = inprocess
         self.log_dir = log_folder()  # named by this run; a killed run's is removed by the next
+        #: Interpreters started ahead for the extra workers (:meth:`start_spares`).
+        self.spares = Spares(self.log_dir)
         self.impls: dict[str, ImplInfo] = {}
         self._workers: dict[str, Worker] = {}
         #: How each implementation's workers start: (init message, environment), for more of them.
@@ -169,7 +172,14 @@ class WorkerPool:
         env = {**self.env, **(env or {})}
         if self.inprocess:
             return InProcessWorker(label, init, env=env)
-        return WorkerProcess(label, init, self.log_dir, env=env)
+        return WorkerProcess(label, init, self.log_dir, env=env, spares=self.spares)
+
+    def start_spares(self, count: int) -> None:
+        """Start ``count`` interpreters for the scheduler's extra workers now (their environment:
+        :attr:`env` and :attr:`extra_env`, as :meth:`new_worker` gives them), so that they have
+        imported torch by the time the first requests start extra workers (:class:`Spares`)."""
+        if not self.inprocess and count > 0:
+            self.spares.add({**self.env, **self.extra_env}, count)
 
     def share(self, *, extras: int, alone: Callable[[], ContextManager[None]]) -> None:
         """Requests run ahead of the tests, several at a time, from now on: the leases may start
@@ -563,6 +573,7 @@ class WorkerPool:
         with self._lock:
             lent = [*self._leased, *self._dedicated.values(), *self._launched,
                     *(worker for workers in self._extras.values() for worker in workers)]
+        self.spares.close()
         close_all([*self._workers.values(), *once, *lent])  # a worker still starting is killed
         self._once_threads.shutdown(wait=False, cancel_futures=True)
         self._workers.clear()

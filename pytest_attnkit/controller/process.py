@@ -24,6 +24,9 @@ that hangs still ends. A compilation takes longer beside other work (``--attnkit
 workers compile on the same cores, and TorchInductor compiles in the worker itself rather than
 in a pool of processes), and a verdict must not depend on what ran beside it.
 
+A worker's interpreter may have been started ahead, as a spare (:class:`Spares`): it imports torch
+while it waits, and the worker whose environment is the spare's takes it and sends its INIT.
+
 Whatever ends a worker ends what it started (:mod:`pytest_attnkit.descendants`): a live worker
 that is killed has its process tree frozen and killed with it, and once a worker has ended, its
 process group and every process that carries its mark in the environment are killed.
@@ -46,7 +49,7 @@ from typing import Any, Protocol
 
 from pytest_attnkit import descendants
 from pytest_attnkit.controller.worker_log import HEAD_BYTES, WorkerLog, excerpt
-from pytest_attnkit.messages import Op, Reply, Request, Status
+from pytest_attnkit.messages import PRELOAD, Op, Reply, Request, Status
 from pytest_attnkit.worker.compile_clock import read_published
 
 #: A request's compiling may take this many times its deadline (see the module docstring).
@@ -117,13 +120,138 @@ class Launch:
     at_once: int = 1
 
 
+@dataclass
+class Spawned:
+    """A worker's process just started (:func:`spawn`), before its INIT: the process, its end of
+    the socket, its log, the mark its processes carry and the file of its compile clock."""
+
+    process: subprocess.Popen[bytes]
+    socket: socket.socket
+    log_path: Path
+    log: WorkerLog
+    mark: str
+    clock: Path
+
+
+def spawn(name: str, env: dict[str, str], log_dir: Path, launcher: list[str] | None = None, *,
+          preload: bool = False) -> Spawned:
+    """Start a worker interpreter (under ``launcher`` when given) with ``env`` over this process's
+    environment, logging to ``log_dir/name.log``; ``preload``: it imports torch before it reads
+    its first request (a spare's, :class:`Spares`)."""
+    parent_socket, child_socket = socket.socketpair()
+    mark = uuid.uuid4().hex  # the mark this worker's processes carry, so that none outlives it (descendants.py)
+    clock = log_dir / f"{name}.clock"
+    full = dict(os.environ)
+    full.update(PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", **env, **{descendants.MARK: mark},
+                ATTNKIT_COMPILE_CLOCK=str(clock), **({PRELOAD: "torch"} if preload else {}))
+    log_path = log_dir / f"{name}.log"
+    log = WorkerLog(log_path)  # capped: its start and its end (controller/worker_log.py)
+    try:
+        process = subprocess.Popen(
+            [*(launcher or []), sys.executable, "-m", "pytest_attnkit.worker", "--fd", str(child_socket.fileno())],
+            pass_fds=(child_socket.fileno(),),
+            stdin=subprocess.DEVNULL,
+            stdout=log.writer(),
+            stderr=subprocess.STDOUT,
+            env=full,
+            start_new_session=True,  # so a deadline kill reaches the worker's own children too
+        )
+    except BaseException:
+        parent_socket.close()
+        raise
+    finally:
+        log.started()
+        child_socket.close()
+    _STARTED.add(process.pid)
+    return Spawned(process, parent_socket, log_path, log, mark, clock)
+
+
+class Spares:
+    """Worker interpreters started ahead, each importing torch while it waits to be given an
+    implementation (its INIT): a worker whose environment is a spare's takes that spare instead of
+    starting an interpreter of its own. The scheduler's extra workers start in the first second
+    of the run's requests, a dozen at once, and each start is mostly ``import torch``: 5-6 s on
+    session 12's H100 hosts, time in which the run's first requests waited
+    (results/2026-11-27-session12). Spares started while the session probes the device and the
+    implementations' first workers load are ready by then. Thread-safe."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self._lock = threading.Lock()
+        self._waiting: list[tuple[dict[str, str], Spawned]] = []
+        self._count = 0
+        self.closed = False
+
+    def add(self, env: dict[str, str], count: int) -> None:
+        """Start ``count`` spares with ``env`` (the environment their workers will have)."""
+        for _ in range(count):
+            with self._lock:
+                if self.closed:
+                    return
+                self._count += 1
+                name = f"spare.{self._count}"
+            spawned = spawn(name, env, self.log_dir, preload=True)
+            with self._lock:
+                if not self.closed:
+                    self._waiting.append((dict(env), spawned))
+                    continue
+            _end(spawned)
+
+    def take(self, env: dict[str, str]) -> Spawned | None:
+        """A waiting spare started with exactly ``env``, or None (a spare that died is ended)."""
+        while True:
+            with self._lock:
+                index = next((i for i, (their, _) in enumerate(self._waiting) if their == env), None)
+                if index is None:
+                    return None
+                _, spawned = self._waiting.pop(index)
+            if spawned.process.poll() is None:
+                return spawned
+            _end(spawned)
+
+    @property
+    def waiting(self) -> int:
+        with self._lock:
+            return len(self._waiting)
+
+    def close(self) -> None:
+        """End every spare not taken; none is started from now on."""
+        with self._lock:
+            self.closed = True
+            waiting, self._waiting = self._waiting, []
+        for _, spawned in waiting:
+            _end(spawned)
+
+
+def _end(spawned: Spawned) -> None:
+    """End a spare that no worker took: it runs no request, so it is killed with what it started."""
+    end_process(spawned.process, spawned.mark)
+    spawned.socket.close()
+
+
+def end_process(process: subprocess.Popen[bytes], mark: str) -> None:
+    """Kill a worker's process, its tree and its group, and every process carrying its mark."""
+    if process.poll() is None:
+        descendants.kill_tree(process.pid, include_root=True)
+    try:  # also after the worker exited: what it started in its group may still run
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if process.poll() is None:
+        process.kill()
+    process.wait()
+    descendants.kill_marked(mark)
+
+
 class WorkerProcess:
     """A worker interpreter for one implementation (or for the environment probe)."""
 
     def __init__(self, label: str, init: dict[str, Any], log_dir: Path, *, env: dict[str, str] | None = None,
                  startup_timeout: float = 180.0, launcher: list[str] | None = None,
-                 shutdown_timeout: float = 10.0) -> None:
+                 shutdown_timeout: float = 10.0, spares: Spares | None = None) -> None:
         self.label = label
+        #: Interpreters started ahead, one of which this worker takes when its environment matches.
+        self.spares = spares
         #: A command the worker runs under (compute-sanitizer and its options), or None.
         self.launcher = list(launcher or [])
         #: How long an idle worker may take to exit when asked (a sanitizer writes its report then).
@@ -155,30 +283,11 @@ class WorkerProcess:
 
         started = time.monotonic()
         self.starts += 1
-        self.log_path = self.log_dir / f"{self.label}.{self.starts}.log"
-        parent_socket, child_socket = socket.socketpair()
-        env = dict(os.environ)
-        # The mark this worker's processes carry, so that none outlives it (pytest_attnkit/descendants.py).
-        self._mark = uuid.uuid4().hex
-        self._clock = self.log_dir / f"{self.label}.{self.starts}.clock"
-        env.update(PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", **self.env, **{descendants.MARK: self._mark},
-                   ATTNKIT_COMPILE_CLOCK=str(self._clock))
-        self.log = WorkerLog(self.log_path)  # capped: its start and its end (controller/worker_log.py)
-        try:
-            self.process = subprocess.Popen(
-                [*self.launcher, sys.executable, "-m", "pytest_attnkit.worker", "--fd", str(child_socket.fileno())],
-                pass_fds=(child_socket.fileno(),),
-                stdin=subprocess.DEVNULL,
-                stdout=self.log.writer(),
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,  # so a deadline kill reaches the worker's own children too
-            )
-        finally:
-            self.log.started()
-        _STARTED.add(self.process.pid)
-        child_socket.close()
-        self.connection = Connection(parent_socket.detach())
+        taken = self.spares.take(self.env) if self.spares is not None and not self.launcher else None
+        spawned = taken or spawn(f"{self.label}.{self.starts}", self.env, self.log_dir, self.launcher)
+        self.log_path, self.log, self._mark, self._clock = spawned.log_path, spawned.log, spawned.mark, spawned.clock
+        self.process = spawned.process
+        self.connection = Connection(spawned.socket.detach())
         self.busy = False
         # The worker sees this process's sys.path, after any entries the implementation needs first
         # (another version's site, for --attnkit-against).
@@ -245,16 +354,7 @@ class WorkerProcess:
             self.connection = None
             self.busy = False
         if process is not None:
-            if process.poll() is None:
-                descendants.kill_tree(process.pid, include_root=True)
-            try:  # also after the worker exited: what it started in its group may still run
-                os.killpg(process.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            if process.poll() is None:
-                process.kill()
-            process.wait()
-            descendants.kill_marked(self._mark)
+            end_process(process, self._mark)
         if connection is not None:
             connection.close()
 

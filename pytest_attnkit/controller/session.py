@@ -193,6 +193,13 @@ class AttnkitSession:
         compile_threads = {"TORCHINDUCTOR_COMPILE_THREADS": "1"} if self.jobs > 1 and not os.environ.get(
             "TORCHINDUCTOR_COMPILE_THREADS") else {}
         self.pool.env = {**self._worker_env(device), **self.cache_env, **compile_threads}
+        if self.jobs > 1 and not xdist.is_controller(self.config):
+            # Each extra worker gets its share of the cores for its CPU threads (the primaries keep
+            # torch's default: on the CPU they time the speed suite). Their interpreters start now,
+            # beside the first workers': the first requests start a dozen of them at once.
+            threads = max(1, self._usable_cores() // self.jobs)
+            self.pool.extra_env = {} if os.environ.get("OMP_NUM_THREADS") else {"OMP_NUM_THREADS": str(threads)}
+            self.pool.start_spares(max(0, self.jobs - len(refs)))
         self.pool.start(refs, setups, handlers=handlers)
         self.pool.ledger.mark("started")
 
@@ -229,10 +236,6 @@ class AttnkitSession:
         if self.jobs <= 1:
             self.scheduler = InlineScheduler(self.pool)
             return
-        # Each extra worker gets its share of the cores for its CPU threads (the primaries keep
-        # torch's default: on the CPU they time the speed suite).
-        threads = max(1, self._usable_cores() // self.jobs)
-        self.pool.extra_env = {} if os.environ.get("OMP_NUM_THREADS") else {"OMP_NUM_THREADS": str(threads)}
         budget = None
         if self.device == "cuda":
             budget = footprint.budget_bytes(self.environment.get("device_memory_bytes"),

@@ -37,8 +37,10 @@ it is done, for the other workers that share the GPU.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import faulthandler
+import importlib
 import json
 import os
 import signal
@@ -50,7 +52,7 @@ from typing import Any, Callable, Mapping
 
 from pytest_attnkit import descendants
 from pytest_attnkit.contract import AttentionImpl, Case
-from pytest_attnkit.messages import Op, Reply, Request, Spent, Status
+from pytest_attnkit.messages import PRELOAD, Op, Reply, Request, Spent, Status
 from pytest_attnkit.worker import compile_clock
 from pytest_attnkit.worker.calls import ContractViolation, kernel_traceback
 from pytest_attnkit.worker.handlers import Handlers
@@ -320,6 +322,9 @@ def serve(fd: int) -> None:
     _die_with_parent()
     connection = Connection(fd)
     handler = Handler()
+    if os.environ.get(PRELOAD) == "torch":  # a spare: the import is done while it waits for its INIT
+        with contextlib.suppress(ImportError):
+            importlib.import_module("torch")
     while True:
         try:
             wire = json.loads(connection.recv_bytes())

@@ -8,12 +8,13 @@ torch is needed, and each worker starts in about a second.
 from __future__ import annotations
 
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
 from pytest_attnkit.controller.correctness import CorrectnessCheck
-from pytest_attnkit.controller.process import WorkerFailure, WorkerProcess
+from pytest_attnkit.controller.process import Spares, WorkerFailure, WorkerProcess
 from pytest_attnkit.messages import Op, Request, Status
 
 IMPLS = textwrap.dedent('''
@@ -137,3 +138,56 @@ def test_a_suite_whose_handler_cannot_be_imported_fails_its_requests_and_the_wor
     pid = worker.process.pid
     assert worker.request(Request(Op.DESCRIBE), 60).status is Status.OK
     assert worker.process.pid == pid
+
+
+def _maps_torch(pid: int) -> bool:
+    """Whether the process has torch's library loaded (Linux's /proc)."""
+    try:
+        return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/PID/maps (Linux)")
+def test_a_spare_imports_torch_before_its_worker_takes_it_and_one_not_taken_is_ended(tmp_path) -> None:
+    """Spares (the scheduler's extra workers' interpreters, started ahead): a spare imports torch
+    while it waits; a worker whose environment is the spare's takes it and answers from it, its
+    log the spare's; a worker with another environment starts its own; a spare that died is
+    passed over; closing ends the spares not taken, and no process of any of them is left."""
+    spares = Spares(tmp_path)
+    env = {"OMP_NUM_THREADS": "1"}
+    spares.add(env, 3)
+    assert spares.waiting == 3
+    pids = [spawned.process.pid for _, spawned in spares._waiting]
+    deadline = time.monotonic() + 120
+    while not all(_maps_torch(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert all(_maps_torch(pid) for pid in pids)  # before any INIT was sent
+    _, dead = spares._waiting[0]
+    dead.process.kill()
+    dead.process.wait()
+    worker = WorkerProcess("probe", {"device": "cpu"}, tmp_path, env=env, startup_timeout=60, spares=spares)
+    other = WorkerProcess("other", {"device": "cpu"}, tmp_path, env={"OMP_NUM_THREADS": "2"},
+                          startup_timeout=60, spares=spares)
+    try:
+        assert worker.request(Request(Op.DESCRIBE), 60).status is Status.OK
+        assert worker.process.pid == pids[1] and worker.log_path.name == "spare.2.log"
+        assert spares.waiting == 1  # the dead one was ended, the third still waits
+        assert other.request(Request(Op.DESCRIBE), 60).status is Status.OK
+        assert other.process.pid not in pids and other.log_path.name == "other.1.log"
+        spares.close()
+        spares.add(env, 1)  # closed: none is started any more
+        assert spares.waiting == 0 and spares.take(env) is None
+        assert not any(_alive(pid) for pid in (pids[0], pids[2]))
+    finally:
+        worker.close()
+        other.close()
+    assert not any(_alive(pid) for pid in pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

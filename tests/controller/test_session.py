@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ import pytest
 from pytest_attnkit.controller import options, session as session_module
 from pytest_attnkit.controller.discovery import BUNDLED
 from pytest_attnkit.controller.session import AttnkitSession
+from pytest_attnkit.messages import Op, Request
 
 SMALL = ("--attnkit-impl=torch_sdpa", "--attnkit-jobs=2", "--attnkit-device=cpu")
 
@@ -148,3 +150,26 @@ def test_the_guess_follows_the_device_asked_for_and_what_torch_could_see(
     monkeypatch.setattr(session_module, "GPU_DEVICE_NODES", (str(pytester.path / "no-such-node"),))
     assert guess() == "cpu"
     assert guess("--attnkit-inprocess") is None  # the probe decides first
+
+
+def test_the_extra_workers_interpreters_start_with_the_first_workers(pytester: pytest.Pytester) -> None:
+    """With requests side by side, the extra workers' interpreters (spares) start beside the
+    first workers, one for each job the implementations' first workers leave, with the extra
+    workers' environment; an extra worker takes one; closing the session ends those not taken."""
+    config = pytester.parseconfig("--attnkit", "--attnkit-impl=torch_sdpa", "--attnkit-jobs=4", "--attnkit-device=cpu")
+    session = AttnkitSession(options.resolve(config), config)
+    try:
+        session.start()
+        spares = session.pool.spares
+        assert spares.waiting == 3
+        env = {**session.pool.env, **session.pool.extra_env}
+        assert session.pool.extra_env.get("OMP_NUM_THREADS") or "OMP_NUM_THREADS" in os.environ
+        assert all(their == env for their, _ in spares._waiting)
+        pids = {spawned.process.pid for _, spawned in spares._waiting}
+        extra = session.pool.new_worker("torch_sdpa")
+        assert "capabilities" in extra.request(Request(Op.DESCRIBE), 120).data  # its implementation loaded
+        assert extra.process.pid in pids and spares.waiting == 2
+        extra.close()  # made here, not lent by the pool: the pool's close does not know it
+    finally:
+        session.close()
+    assert spares.waiting == 0 and not _workers_alive(session)
