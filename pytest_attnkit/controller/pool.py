@@ -111,6 +111,12 @@ class Lease:
     launched: bool = False
 
 
+#: The most spares the pool starts: on a host of 128 cores ``--attnkit-jobs=auto`` asks for 128
+#: jobs, of which the device memory's budget lets far fewer run, and each spare holds a few hundred
+#: MB of host memory for the run.
+MAX_SPARES = 16
+
+
 class WorkerPool:
     """Workers for the selected implementations, plus short-lived ones (the probe, the ceilings).
 
@@ -131,6 +137,8 @@ class WorkerPool:
         self.log_dir = log_folder()  # named by this run; a killed run's is removed by the next
         #: Interpreters started ahead for the extra workers (:meth:`start_spares`).
         self.spares = Spares(self.log_dir)
+        #: Set by :meth:`close`: a worker made after it is closed at once.
+        self.closed = False
         self.impls: dict[str, ImplInfo] = {}
         self._workers: dict[str, Worker] = {}
         #: How each implementation's workers start: (init message, environment), for more of them.
@@ -168,18 +176,23 @@ class WorkerPool:
         self._once: dict[str, tuple[Worker, Future[Reply]]] = {}
         self._once_threads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnkit-once")
 
-    def _new_worker(self, label: str, init: dict[str, Any], env: dict[str, str] | None = None) -> Worker:
+    def _new_worker(self, label: str, init: dict[str, Any], env: dict[str, str] | None = None, *,
+                    extra: bool = False) -> Worker:
+        """A worker (its process starts with its first request); ``extra``: one of the scheduler's
+        extra workers, the only ones that take a spare (with ``OMP_NUM_THREADS`` set outside, their
+        environment is the primaries' too, and a primary must not use up the extras' spares)."""
         env = {**self.env, **(env or {})}
         if self.inprocess:
             return InProcessWorker(label, init, env=env)
-        return WorkerProcess(label, init, self.log_dir, env=env, spares=self.spares)
+        return WorkerProcess(label, init, self.log_dir, env=env, spares=self.spares if extra else None)
 
     def start_spares(self, count: int) -> None:
-        """Start ``count`` interpreters for the scheduler's extra workers now (their environment:
-        :attr:`env` and :attr:`extra_env`, as :meth:`new_worker` gives them), so that they have
-        imported torch by the time the first requests start extra workers (:class:`Spares`)."""
+        """Start ``count`` interpreters (at most :data:`MAX_SPARES`) for the scheduler's extra
+        workers now (their environment: :attr:`env` and :attr:`extra_env`, as :meth:`new_worker`
+        gives them), so that they have imported torch by the time the first requests start extra
+        workers (:class:`Spares`)."""
         if not self.inprocess and count > 0:
-            self.spares.add({**self.env, **self.extra_env}, count)
+            self.spares.add({**self.env, **self.extra_env}, min(count, MAX_SPARES))
 
     def share(self, *, extras: int, alone: Callable[[], ContextManager[None]]) -> None:
         """Requests run ahead of the tests, several at a time, from now on: the leases may start
@@ -249,6 +262,8 @@ class WorkerPool:
         worker = self._new_worker(ref.name, init, setup.get("env"))
         self._workers[ref.name] = worker
         self._all.append(worker)
+        if self.closed:  # closed while starting beside the probe (the probe failed): none may outlive it
+            worker.close()
         try:
             described = worker.request(Request(Op.DESCRIBE), self.start_timeout).data
         except WorkerFailure as failure:
@@ -272,7 +287,8 @@ class WorkerPool:
         """One more worker for ``name`` (its process starts with its first request)."""
         init, env = self._starts[name]
         self._extra_count[name] = self._extra_count.get(name, 0) + 1
-        worker = self._new_worker(f"{name}.{self._extra_count[name] + 1}", init, {**(env or {}), **self.extra_env})
+        worker = self._new_worker(f"{name}.{self._extra_count[name] + 1}", init, {**(env or {}), **self.extra_env},
+                                  extra=True)
         self._all.append(worker)
         return worker
 
@@ -568,6 +584,7 @@ class WorkerPool:
     def close(self) -> None:
         """End every worker process the pool started (the scheduler, which stops lending first,
         is closed before it: :meth:`stop_lending`)."""
+        self.closed = True
         once = [worker for worker, _ in self._once.values()]
         self._once.clear()
         with self._lock:

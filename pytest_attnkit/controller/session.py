@@ -144,7 +144,11 @@ class AttnkitSession:
         guess = self._likely_device()
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnkit-start") as beside:
             early = beside.submit(start, guess) if guess is not None else None
-            self._probe_environment()  # a usage error waits for the early start; close() ends it
+            try:
+                self._probe_environment()
+            except BaseException:  # a usage error, Ctrl-C: the workers starting beside it end first
+                self.pool.close()
+                raise
         self.profile = self.settings.profile if self.settings.profile != "auto" else (
             "smoke" if self.device == "cpu" else "default")
         if early is None or guess != self.device:
@@ -180,8 +184,8 @@ class AttnkitSession:
             return None
         if self.settings.device != "auto":
             return self.settings.device
-        if os.environ.get("CUDA_VISIBLE_DEVICES", "unset").strip() in ("", "-1"):
-            return "cpu"  # torch sees no GPU
+        if os.environ.get("CUDA_VISIBLE_DEVICES", "unset").strip().lower() in ("", "-1", "nodevfiles"):
+            return "cpu"  # torch sees no GPU (Slurm writes NoDevFiles where it gave none)
         return "cuda" if any(os.path.exists(node) for node in GPU_DEVICE_NODES) else "cpu"
 
     def _start_pool(self, refs: list[EntryPointRef], setups: dict[str, dict[str, Any]], handlers: dict[str, str],

@@ -322,8 +322,8 @@ def serve(fd: int) -> None:
     _die_with_parent()
     connection = Connection(fd)
     handler = Handler()
-    if os.environ.get(PRELOAD) == "torch":  # a spare: the import is done while it waits for its INIT
-        with contextlib.suppress(ImportError):
+    if os.environ.pop(PRELOAD, None) == "torch":  # a spare: the import is done while it waits for its INIT
+        with contextlib.suppress(Exception):  # a torch that fails to import fails again at INIT, reported
             importlib.import_module("torch")
     while True:
         try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ast
 import json
-import os
+import time
 from pathlib import Path
 
 import pytest
@@ -152,18 +152,25 @@ def test_the_guess_follows_the_device_asked_for_and_what_torch_could_see(
     assert guess("--attnkit-inprocess") is None  # the probe decides first
 
 
-def test_the_extra_workers_interpreters_start_with_the_first_workers(pytester: pytest.Pytester) -> None:
+@pytest.mark.parametrize("omp", [None, "1"])
+def test_the_extra_workers_interpreters_start_with_the_first_workers(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, omp: str | None) -> None:
     """With requests side by side, the extra workers' interpreters (spares) start beside the
     first workers, one for each job the implementations' first workers leave, with the extra
-    workers' environment; an extra worker takes one; closing the session ends those not taken."""
+    workers' environment; only an extra worker takes one (with OMP_NUM_THREADS set outside, the
+    primaries' environment is the extras' too); closing the session ends those not taken."""
+    if omp is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
     config = pytester.parseconfig("--attnkit", "--attnkit-impl=torch_sdpa", "--attnkit-jobs=4", "--attnkit-device=cpu")
     session = AttnkitSession(options.resolve(config), config)
     try:
         session.start()
         spares = session.pool.spares
-        assert spares.waiting == 3
+        assert spares.waiting == 3  # the primary did not take one
         env = {**session.pool.env, **session.pool.extra_env}
-        assert session.pool.extra_env.get("OMP_NUM_THREADS") or "OMP_NUM_THREADS" in os.environ
+        assert ("OMP_NUM_THREADS" in session.pool.extra_env) is (omp is None)
         assert all(their == env for their, _ in spares._waiting)
         pids = {spawned.process.pid for _, spawned in spares._waiting}
         extra = session.pool.new_worker("torch_sdpa")
@@ -173,3 +180,24 @@ def test_the_extra_workers_interpreters_start_with_the_first_workers(pytester: p
     finally:
         session.close()
     assert spares.waiting == 0 and not _workers_alive(session)
+
+
+def test_a_probe_that_fails_ends_the_first_workers_starting_beside_it(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA asked for where torch sees none: the probe's usage error ends the workers and spares
+    started beside it, and comes at once, not after they have loaded (a hung one would hold it
+    up to the start-up deadline)."""
+    monkeypatch.setattr(session_module.AttnkitSession, "_probe_environment", _failing_probe)
+    config = pytester.parseconfig("--attnkit", "--attnkit-impl=torch_sdpa", "--attnkit-jobs=4", "--attnkit-device=cuda")
+    session = AttnkitSession(options.resolve(config), config)
+    started = time.monotonic()
+    with pytest.raises(pytest.UsageError, match="no CUDA device here"):
+        session.start()
+    assert time.monotonic() - started < 30
+    session.close()
+    assert session.pool.closed and session.pool.spares.waiting == 0 and not _workers_alive(session)
+
+
+def _failing_probe(self) -> None:
+    time.sleep(0.5)  # the first workers are starting meanwhile
+    raise pytest.UsageError("attnkit: no CUDA device here")

@@ -42,9 +42,9 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
-#: Configurations tried by default: the FP8 kernel's own (gluon_forward.fp8_config) and three
-#: consumers, at d64 and d128 (the softmax sets the pace: at d64 on an H200 three consumers ran
-#: 1.06-1.10x the Triton FP8 call at 16k; NOTES.md, v20.4). At d128 FP8's three consumers fit 160
+#: Configurations tried by default: two consumers and three, at d64 and d128 (the softmax sets the
+#: pace: on an H200 three consumers ran 1.16-1.33x two at 16k; NOTES.md, v20.5, where
+#: gluon_forward.fp8_config took three except causal under 16k keys). At d128 FP8's three consumers fit 160
 #: registers, as bf16's do not (P lives in shared memory); n128s2-eager-c3-r160 takes 164 KB of
 #: shared memory where s3 takes 197 KB. Others that compile for sm_90a without spills:
 #: n128s2-eager, n64s3-eager (``--configs``).

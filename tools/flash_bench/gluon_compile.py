@@ -268,7 +268,8 @@ def main() -> int:
     if args.fp8:  # the FP8 kernel's configuration, and each --config (one-item grid, eager only)
         matrix = [(head_dim, causal, torch.float8_e4m3fn, config)
                   for head_dim in gf.HEAD_DIMS for causal in (False, True)
-                  for config in [gf.fp8_config(head_dim)] + [gf.Config.parse(text) for text in args.config]]
+                  for config in dict.fromkeys([gf.fp8_config(head_dim, causal, n_k) for n_k in (4096, 16384)]
+                                              + [gf.Config.parse(text) for text in args.config])]
 
     def warm(head_dim, causal, dtype, config):
         q = torch.empty(1, 2, 1000, head_dim, dtype=dtype)
