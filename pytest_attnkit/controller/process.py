@@ -123,11 +123,11 @@ class Launch:
 @dataclass
 class Spawned:
     """A worker's process just started (:func:`spawn`), before its INIT: the process, its end of
-    the socket, its log, the mark its processes carry and the file of its compile clock."""
+    the socket, its log (and the log's path), the mark its processes carry and the file of its
+    compile clock."""
 
     process: subprocess.Popen[bytes]
     socket: socket.socket
-    log_path: Path
     log: WorkerLog
     mark: str
     clock: Path
@@ -144,8 +144,7 @@ def spawn(name: str, env: dict[str, str], log_dir: Path, launcher: list[str] | N
     full = dict(os.environ)
     full.update(PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", **env, **{descendants.MARK: mark},
                 ATTNKIT_COMPILE_CLOCK=str(clock), **({PRELOAD: "torch"} if preload else {}))
-    log_path = log_dir / f"{name}.log"
-    log = WorkerLog(log_path)  # capped: its start and its end (controller/worker_log.py)
+    log = WorkerLog(log_dir / f"{name}.log")  # capped: its start and its end (controller/worker_log.py)
     try:
         process = subprocess.Popen(
             [*(launcher or []), sys.executable, "-m", "pytest_attnkit.worker", "--fd", str(child_socket.fileno())],
@@ -163,7 +162,7 @@ def spawn(name: str, env: dict[str, str], log_dir: Path, launcher: list[str] | N
         log.started()
         child_socket.close()
     _STARTED.add(process.pid)
-    return Spawned(process, parent_socket, log_path, log, mark, clock)
+    return Spawned(process, parent_socket, log, mark, clock)
 
 
 class Spares:
@@ -285,7 +284,7 @@ class WorkerProcess:
         self.starts += 1
         taken = self.spares.take(self.env) if self.spares is not None and not self.launcher else None
         spawned = taken or spawn(f"{self.label}.{self.starts}", self.env, self.log_dir, self.launcher)
-        self.log_path, self.log, self._mark, self._clock = spawned.log_path, spawned.log, spawned.mark, spawned.clock
+        self.log_path, self.log, self._mark, self._clock = spawned.log.path, spawned.log, spawned.mark, spawned.clock
         self.process = spawned.process
         self.connection = Connection(spawned.socket.detach())
         self.busy = False
