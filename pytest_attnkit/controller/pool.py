@@ -380,15 +380,15 @@ class WorkerPool:
             # Full: close an idle extra of an implementation with nothing queued, to start one here:
             # one that holds no warm-up, else the one whose warm-ups compiled least each (the docstring).
             takes_warm = _mean_s(self._compiled.get(impl)) >= COMPILES_S
-            spares = [((worker in self._warm_holders, _mean_s(self._warm_holders.get(worker))), other, worker)
+            closable = [((worker in self._warm_holders, _mean_s(self._warm_holders.get(worker))), other, worker)
                       for other, workers in self._extras.items() if other != impl and not queued(other)
                       for worker in workers if worker in self._idle[other]
                       and (takes_warm or worker not in self._warm_holders)]
-            if spares:
-                _, other, spare = min(spares, key=lambda spare: spare[0])
-                self._extras[other].remove(spare)
-                self._idle[other].remove(spare)
-                return self._lend(Lease(impl, self._new_extra(impl), retired=(other, spare)))
+            if closable:
+                _, other, retiring = min(closable, key=lambda candidate: candidate[0])
+                self._extras[other].remove(retiring)
+                self._idle[other].remove(retiring)
+                return self._lend(Lease(impl, self._new_extra(impl), retired=(other, retiring)))
             return None
 
     def _lend(self, lease: Lease) -> Lease:
@@ -452,13 +452,13 @@ class WorkerPool:
         H100, twenty idle workers held 40 GB). The others stay: a speed test is timed in the
         worker that warmed its case up, which has its kernels compiled and loaded."""
         with self._lock:
-            spare = [(impl, worker) for impl, workers in self._extras.items() for worker in workers
-                     if worker not in self._warm_holders and worker in self._idle[impl]]
-            for impl, worker in spare:
+            unheld = [(impl, worker) for impl, workers in self._extras.items() for worker in workers
+                      if worker not in self._warm_holders and worker in self._idle[impl]]
+            for impl, worker in unheld:
                 self._extras[impl].remove(worker)
                 self._idle[impl].remove(worker)
-        close_all([worker for _, worker in spare])
-        for impl, worker in spare:
+        close_all([worker for _, worker in unheld])
+        for impl, worker in unheld:
             self.ledger.started_worker(impl, worker.startup_s)
 
     def stop_lending(self) -> "list[tuple[str, Worker]]":
