@@ -27,8 +27,7 @@ def _session(pytester: pytest.Pytester, *args: str) -> AttnkitSession:
 
 
 def _workers_alive(session: AttnkitSession) -> list:
-    every = {id(worker): worker for worker in [*session.pool._workers.values(), *session.pool._all]}
-    return [worker for worker in every.values() if worker.alive]
+    return _workers_alive_in(session.pool)
 
 
 def test_the_session_names_no_suite_and_imports_none() -> None:
@@ -132,7 +131,8 @@ def test_the_first_workers_start_beside_the_probe_and_again_when_the_guess_was_w
 
 
 def _workers_alive_in(pool) -> list:
-    return [worker for worker in [*pool._workers.values(), *pool._all] if worker.alive]
+    every = {id(worker): worker for worker in [*pool._workers.values(), *pool._all]}
+    return [worker for worker in every.values() if worker.alive]
 
 
 def test_the_guess_follows_the_device_asked_for_and_what_torch_could_see(
