@@ -106,9 +106,10 @@ Compile-checked for sm_90a (``gluon_compile.py --fp8``: no spills; the bf16 kern
 unchanged). Run on an H200 (NOTES.md, v20.1 and v20.4): right on the harness's FP8 shapes; with
 V^T from the Triton path's copy, its call in the harness's speed suite at d128 was 0.95x (4k) and
 0.97-1.02x (16k) the Triton FP8 forward's with two consumers. With three (:func:`fp8_config`,
-NOTES.md v20.5) the speed suite timed it on an H200 1.10x (4k) and 1.14x (16k) at d128, 1.04x at
-d64 16k and 0.96x at d64 4k; not yet on an H100, whose baselines hold the Triton FP8 forward. So
-nothing takes it unless ``ATTNKIT_TRITON_FLASH_GLUON_FP8=1`` (:func:`.launch._gluon_fp8_on`).
+NOTES.md v20.5, v20.6) the speed suite timed it 1.10x (4k) and 1.14x (16k) at d128 on an H200,
+1.09x and 1.15x on an H100, and 1.04-1.06x at d64 16k, 0.96-0.98x at d64 4k. So the forward takes
+it at d128 from 4k keys (causal from 16k) and at d64 from 16k (:func:`.launch._gluon_fp8_takes`;
+``ATTNKIT_TRITON_FLASH_GLUON_FP8=1`` or ``0`` takes it always or never).
 
 ``-sm`` (``Config.sum_mma``, the one-item grid only, off by default; NOTES.md, v20.3): each row's
 sum of P from the tensor cores, a ``P @ ones`` product beside each PV product, instead of 64 adds
@@ -1102,9 +1103,9 @@ def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
 
 # ---------------------------------------------------------------------------------------------
 # FP8 (e4m3) forward: the one-item kernel with FP8=True. Compile-checked for sm_90a
-# (tools/flash_bench/gluon_compile.py --fp8) and run on a GPU (NOTES.md, v20.1, v20.4, v20.5);
-# faster than the Triton FP8 forward on an H200 at d128 and d64 16k, not yet timed on an H100, so
-# taken only with ATTNKIT_TRITON_FLASH_GLUON_FP8=1.
+# (tools/flash_bench/gluon_compile.py --fp8) and run on a GPU (NOTES.md, v20.1, v20.4-v20.6);
+# faster than the Triton FP8 forward on an H200 and an H100 at d128 from 4k keys and d64 at 16k,
+# where launch._gluon_fp8_takes sends the calls.
 # ---------------------------------------------------------------------------------------------
 
 #: FP8 inputs this kernel takes: e4m3, as the Triton FP8 forward (:data:`.launch.FP8_DTYPES`).

@@ -614,18 +614,47 @@ def path_note(device: torch.device) -> str:
     reason = gluon_forward.device_reason(device)
     if reason is not None:
         return f"forward: Triton kernels (the Gluon forward needs {reason})"
-    fp8 = "; FP8 too (ATTNKIT_TRITON_FLASH_GLUON_FP8=1, on trial)" if _gluon_fp8_on() else ""
-    return ("forward: Gluon (sm_90) on dense fp16/bf16 d64/d128, causal or not, ALiBi or not" + fp8
-            + "; Triton kernels for the rest and the backward")
+    return ("forward: Gluon (sm_90) on dense fp16/bf16 d64/d128, causal or not, ALiBi or not; "
+            + _gluon_fp8_note() + "; Triton kernels for the rest and the backward")
 
 
-def _gluon_fp8_on() -> bool:
-    """The Gluon FP8 forward is taken only when asked for. With three consumers
-    (:func:`.gluon_forward.fp8_config`) the speed suite on an H200 timed its call 1.10x (4k) and
-    1.14x (16k) the Triton FP8 forward's at d128, 1.04x at d64 16k and 0.96x at d64 4k (NOTES.md,
-    v20.5); it is not yet timed on an H100, whose baselines hold the Triton FP8 forward, so it
-    does not become the default before that run."""
-    return os.environ.get("ATTNKIT_TRITON_FLASH_GLUON_FP8") == "1" and not _gluon_off()
+#: Below these key counts the Triton FP8 forward is the faster one, so the Gluon FP8 forward is
+#: taken from here up (:func:`_gluon_fp8_takes`): (head dim, causal) -> keys.
+GLUON_FP8_MIN_KEYS = {(128, False): 4096, (128, True): 16384, (64, False): 16384, (64, True): 16384}
+
+
+def _gluon_fp8_setting() -> str | None:
+    """``ATTNKIT_TRITON_FLASH_GLUON_FP8``: "1" always takes the Gluon FP8 forward where it runs,
+    "0" never does; unset (or anything else), :data:`GLUON_FP8_MIN_KEYS` decides. The Gluon
+    switch (``ATTNKIT_TRITON_FLASH_GLUON=0``) turns it off too."""
+    if _gluon_off():
+        return "0"
+    setting = os.environ.get("ATTNKIT_TRITON_FLASH_GLUON_FP8")
+    return setting if setting in ("0", "1") else None
+
+
+def _gluon_fp8_takes(head_dim: int, causal: bool, n_k: int) -> bool:
+    """Whether an FP8 call the Gluon kernel can run goes to it. The speed suite timed the two FP8
+    forwards on the same machine, Gluon's call against Triton's (results/2026-11-27-session12/fp8,
+    results/2026-11-27-session13/fp8-h100): d128 16k 1.14x on an H200 and 1.15x on an H100, d128
+    4k 1.10x and 1.09x, d64 16k 1.04x and 1.06x, d64 4k 0.96x and 0.98x. Causal, from
+    ``fp8_check`` on an H200 (results/2026-11-27-session12/i42): d128 16k 1.18x, d128 4k 0.95x,
+    d64 16k 1.07x, d64 4k 0.79x. So d128 from 4k keys (causal from 16k), d64 from 16k; below 4k
+    neither GPU timed it, and the Triton kernel keeps those calls (NOTES.md, v20.6)."""
+    setting = _gluon_fp8_setting()
+    if setting is not None:
+        return setting == "1"
+    least = GLUON_FP8_MIN_KEYS.get((head_dim, causal))
+    return least is not None and n_k >= least
+
+
+def _gluon_fp8_note() -> str:
+    setting = _gluon_fp8_setting()
+    if setting == "1":
+        return "FP8 too (ATTNKIT_TRITON_FLASH_GLUON_FP8=1)"
+    if setting == "0":
+        return "FP8 on the Triton kernel (ATTNKIT_TRITON_FLASH_GLUON_FP8=0)"
+    return "FP8 at d128 from 4k keys (causal from 16k) and d64 from 16k"
 
 
 def _launch_gluon(p: _Problem, o: torch.Tensor, lse: torch.Tensor, tiles: Tiles | None) -> None:
@@ -795,7 +824,7 @@ def flash_fwd_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         return o.zero_()
     q, k = _head_dim_contiguous(q), _head_dim_contiguous(k)
     v_t = keys_contiguous(v)
-    if tiles is None and _gluon_fp8_on():
+    if tiles is None and _gluon_fp8_takes(head_dim, causal, n_k):
         from . import gluon_common, gluon_forward
 
         # TMA needs V^T's base and strides 16-byte aligned: a copy's are; a V handed in with its

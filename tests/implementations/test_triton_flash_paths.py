@@ -55,16 +55,34 @@ def test_alibi_is_the_gluon_forward_s_and_not_the_gluon_backward_s() -> None:
     assert "variants" in gluon_backward.unsupported_reason(q, q, q, True, 0.125, variants=alibi)
 
 
-def test_the_gluon_fp8_forward_is_taken_only_when_asked_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The FP8 Gluon kernel is right on a GPU but not faster than the Triton one
-    (implementations/triton_flash/NOTES.md, v20.4): off unless ATTNKIT_TRITON_FLASH_GLUON_FP8=1,
-    and the header (here a Hopper's, its device check stubbed) says when it is on. What it
-    refuses: the CPU, dtypes other than e4m3, variants."""
+def test_the_gluon_fp8_forward_is_taken_where_it_was_faster_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The FP8 Gluon kernel beat the Triton one on an H200 and an H100 at d128 from 4k keys
+    (causal from 16k) and d64 from 16k, and lost below (implementations/triton_flash/NOTES.md,
+    v20.6): the rule sends exactly those calls to it, ATTNKIT_TRITON_FLASH_GLUON_FP8=1/0 forces
+    it either way, the Gluon switch turns it off, and the header (here a Hopper's, its device
+    check stubbed) says which. What it refuses: the CPU, dtypes other than e4m3, variants."""
     from pytest_attnkit.implementations.triton_flash import gluon_common, gluon_forward
 
+    monkeypatch.delenv("ATTNKIT_TRITON_FLASH_GLUON_FP8", raising=False)
+    monkeypatch.delenv("ATTNKIT_TRITON_FLASH_GLUON", raising=False)
+    takes = launch._gluon_fp8_takes
+    assert takes(128, False, 4096) and takes(128, False, 16384) and not takes(128, False, 4095)
+    assert not takes(128, False, 1024)
+    assert takes(128, True, 16384) and not takes(128, True, 4096)
+    assert takes(64, False, 16384) and takes(64, True, 16384)
+    assert not takes(64, False, 4096) and not takes(64, True, 16383)
+    assert not takes(96, False, 16384)  # a head dim no GPU timed (the kernel refuses it anyway)
     hopper = torch.device("cuda")
     monkeypatch.setattr(gluon_forward, "device_reason", lambda device: None)  # the header of a Hopper
-    assert launch.path_note(hopper).startswith("forward: Gluon") and "FP8" not in launch.path_note(hopper)
+    note = launch.path_note(hopper)
+    assert note.startswith("forward: Gluon") and "FP8 at d128 from 4k keys (causal from 16k) and d64 from 16k" in note
+    monkeypatch.setenv("ATTNKIT_TRITON_FLASH_GLUON_FP8", "0")
+    assert not takes(128, False, 16384) and "FP8 on the Triton kernel" in launch.path_note(hopper)
+    monkeypatch.setenv("ATTNKIT_TRITON_FLASH_GLUON_FP8", "1")
+    assert takes(128, True, 1024) and takes(64, False, 1)
+    assert "FP8 too (ATTNKIT_TRITON_FLASH_GLUON_FP8=1)" in launch.path_note(hopper)
+    monkeypatch.setenv("ATTNKIT_TRITON_FLASH_GLUON", "0")  # the Gluon switch turns FP8 off too
+    assert not takes(128, False, 16384) and "FP8" not in launch.path_note(hopper)
     monkeypatch.undo()
     q = _dense(dtype=torch.float8_e4m3fn)
     assert "CUDA device" in gluon_forward.fp8_unsupported_reason(q, q, q, False)
@@ -73,10 +91,6 @@ def test_the_gluon_fp8_forward_is_taken_only_when_asked_and_says_so(monkeypatch:
     monkeypatch.setattr(gluon_forward, "device_reason", lambda device: None)
     monkeypatch.setattr(gluon_common, "device_reason", lambda device: None)  # dense_reason's check
     assert "float8_e4m3fn" in gluon_forward.fp8_unsupported_reason(_dense(), _dense(), _dense(), False)
-    monkeypatch.setenv("ATTNKIT_TRITON_FLASH_GLUON_FP8", "1")
-    assert "FP8 too (ATTNKIT_TRITON_FLASH_GLUON_FP8=1, on trial)" in launch.path_note(hopper)
-    monkeypatch.setenv("ATTNKIT_TRITON_FLASH_GLUON", "0")  # the Gluon switch turns FP8 off too
-    assert "FP8" not in launch.path_note(hopper)
 
 
 def test_the_gluon_fp8_inputs_v_with_keys_last_and_the_descales_in_one_tensor() -> None:
