@@ -654,7 +654,12 @@ def _gluon_fp8_note() -> str:
         return "FP8 too (ATTNKIT_TRITON_FLASH_GLUON_FP8=1)"
     if setting == "0":
         return "FP8 on the Triton kernel (ATTNKIT_TRITON_FLASH_GLUON_FP8=0)"
-    return "FP8 at d128 from 4k keys (causal from 16k) and d64 from 16k"
+    parts = []
+    for head_dim in sorted({head_dim for head_dim, _ in GLUON_FP8_MIN_KEYS}, reverse=True):
+        plain, causal = GLUON_FP8_MIN_KEYS[(head_dim, False)], GLUON_FP8_MIN_KEYS[(head_dim, True)]
+        parts.append(f"d{head_dim} from {plain // 1024}k keys"
+                     + ("" if causal == plain else f" (causal from {causal // 1024}k)"))
+    return "FP8 at " + " and ".join(parts)
 
 
 def _launch_gluon(p: _Problem, o: torch.Tensor, lse: torch.Tensor, tiles: Tiles | None) -> None:
