@@ -1,26 +1,30 @@
-"""Three calls of one bundled-kernel case, for Nsight Compute to profile the third.
+"""Three calls of one attention case, for Nsight Compute to profile the third.
 
 Usage (on the GPU machine, after tools/install_offline.sh), for CASE one of fp8-d64-4k,
 bf16-d64-4k, fp8-d128-4k, bf16-d128-4k (a forward: dtype, head dim, sequence length; batch x
 heads fixed at 16k tokens x 2048 / D, the speed suite's shapes), or ``bwd-`` and a bf16 case with
 an optional Gluon backward configuration (``bwd-bf16-d128-4k``, ``bwd-bf16-d128-4k-m64s2-tmar-sw``):
-the Gluon backward (``gluon_backward.flash_bwd``, kernel ``_attn_bwd_sm90``) after one forward:
+the Gluon backward (``gluon_backward.flash_bwd``, kernel ``_attn_bwd_sm90``) after one forward.
+``--by triton`` runs the same backward through the Triton kernels (``launch.flash_bwd`` with the
+Gluon backward off, today's default) and ``--by cudnn`` through torch's cuDNN attention, so the
+three can be read side by side; the third call runs inside the NVTX range ``profiled``:
 
-    ncu --target-processes all -k regex:attn_fwd --launch-skip 2 --launch-count 1 \\
+    ncu --target-processes all --nvtx --nvtx-include "profiled/" \\
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \\
         --section WarpStateStats --section Occupancy --section LaunchStats \\
         --metrics sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active \\
-        python3 tools/flash_bench/ncu_case.py CASE
+        python3 tools/flash_bench/ncu_case.py CASE [--by gluon|triton|cudnn]
 """
 
-import sys
+import argparse
+import os
 
 import torch
 
 from pytest_attnkit.implementations.triton_flash import flash_attention
 
 
-def main(case: str) -> None:
+def main(case: str, by: str) -> None:
     backward = case.startswith("bwd-")
     dtype, head_dim, length, *config = case.removeprefix("bwd-").split("-", 3)
     d, n = int(head_dim[1:]), int(length[:-1]) * 1024
@@ -29,6 +33,28 @@ def main(case: str) -> None:
     q, k, v = (torch.randn(batch, heads, n, d, device="cuda", generator=gen) for _ in range(3))
     cast = torch.float8_e4m3fn if dtype == "fp8" else torch.bfloat16
     q, k, v = (t.to(cast) for t in (q, k, v))
+    if by == "cudnn":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        from torch.nn.functional import scaled_dot_product_attention
+
+        q, k, v = (t.requires_grad_(backward) for t in (q, k, v))
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            for index in range(3):
+                torch.cuda.synchronize()
+                out = scaled_dot_product_attention(q, k, v)
+                if backward:
+                    do = torch.randn_like(out)
+                    torch.cuda.synchronize()
+                    if index == 2:
+                        torch.cuda.nvtx.range_push("profiled")
+                    out.backward(do)
+                elif index == 2:
+                    torch.cuda.nvtx.range_push("profiled")
+                    out = scaled_dot_product_attention(q, k, v)
+                torch.cuda.synchronize()
+                if index == 2:
+                    torch.cuda.nvtx.range_pop()
+        return
     with torch.no_grad():
         if backward:
             from pytest_attnkit.implementations.triton_flash import gluon_backward, launch
@@ -36,13 +62,34 @@ def main(case: str) -> None:
             chosen = gluon_backward.Config.parse(config[0]) if config else None
             o, lse = launch.flash_fwd(q, k, v, False, d ** -0.5)
             do = torch.randn_like(q)
-            for _ in range(3):
-                gluon_backward.flash_bwd(do, q, k, v, o, lse, False, d ** -0.5, chosen)
+            for index in range(3):
+                torch.cuda.synchronize()
+                if index == 2:
+                    torch.cuda.nvtx.range_push("profiled")
+                if by == "triton":
+                    os.environ.pop("ATTNKIT_TRITON_FLASH_GLUON_BWD", None)
+                    launch.flash_bwd(do, q, k, v, o, lse, False, d ** -0.5)
+                else:
+                    gluon_backward.flash_bwd(do, q, k, v, o, lse, False, d ** -0.5, chosen)
+                torch.cuda.synchronize()
+                if index == 2:
+                    torch.cuda.nvtx.range_pop()
         else:
-            for _ in range(3):
+            for index in range(3):
+                torch.cuda.synchronize()
+                if index == 2:
+                    torch.cuda.nvtx.range_push("profiled")
                 flash_attention(q, k, v)
+                torch.cuda.synchronize()
+                if index == 2:
+                    torch.cuda.nvtx.range_pop()
     torch.cuda.synchronize()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("case")
+    parser.add_argument("--by", choices=("gluon", "triton", "cudnn"), default="gluon",
+                        help="the backward's implementation (forwards: gluon and triton are the bundled kernel)")
+    arguments = parser.parse_args()
+    main(arguments.case, arguments.by)
