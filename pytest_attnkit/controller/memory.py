@@ -317,7 +317,8 @@ class MemoryCheck(Suite):
                             after=index - 1 if index else None, follows=goes_on if index else None,
                             same_worker=bool(index))
                     for index, case in enumerate(cases)]
-        return [Planned(Request(Op.WARM, case, backward, self.seed, {"program": False}), estimate(case), warm=True)
+        return [Planned(Request(Op.WARM, case, backward, self.seed, {"program": False, "next_call": True}),
+                        estimate(case), warm=True)
                 for case in cases]
 
     def judge(self, item: SuiteItem, replies: Sequence[Reply | None], **fixtures: Any) -> Judgement:

@@ -424,17 +424,18 @@ class WorkerPool:
                 self._launched.discard(lease.worker)
 
     def give_back(self, lease: Lease, *, warmed: bool, last: bool = True,
-                  compile_s: float = 0.0) -> Worker | None:
+                  compile_s: float = 0.0, spared_s: float | None = None) -> Worker | None:
         """Take back a lent worker: idle again (it holds a warm-up's kernels if ``warmed``, which
-        compiled ``compile_s``). A worker of its own whose ``last`` queued request this was is
-        dropped, and returned for the caller to :meth:`retire` once the reply is out (closing
-        takes a second or two)."""
+        compiled ``compile_s``, and whose first call cost ``spared_s`` beyond its next: what its
+        case's timing would pay again elsewhere, the larger of the two counts). A worker of its
+        own whose ``last`` queued request this was is dropped, and returned for the caller to
+        :meth:`retire` once the reply is out (closing takes a second or two)."""
         worker = lease.worker
         with self._lock:
             self._leased.discard(worker)
             self._compiled[lease.impl] = _added(self._compiled.get(lease.impl), compile_s)
             if warmed:
-                self._warm_holders[worker] = _added(self._warm_holders.get(worker), compile_s)
+                self._warm_holders[worker] = _added(self._warm_holders.get(worker), max(compile_s, spared_s or 0.0))
             if worker in self._extras.get(lease.impl, ()) or worker is self._workers.get(lease.impl):
                 self._idle.setdefault(lease.impl, []).append(worker)
             if lease.dedicated is not None and last and self._dedicated.get(lease.dedicated) is worker:

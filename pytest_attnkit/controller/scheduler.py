@@ -41,12 +41,15 @@ The rules:
   counts: an out-of-memory caused by a neighbour is never the kernel's failure, and one with the
   GPU to itself is a case that does not fit, which its test skips with the numbers
   (:mod:`pytest_attnkit.worker.out_of_memory`).
-- **Warm-ups only where they compile** (:mod:`~pytest_attnkit.controller.scheduling.pruning`). Once an implementation's requests so far (its
-  correctness cases come first) compiled nothing (a kernel built ahead of time, a library call,
-  kernels all in the disk cache), its warm-ups are dropped unrun (cancelled): they would only take
-  GPU time. To make room for another implementation's worker, an idle one that holds no warm-up
-  is closed first, then, for an implementation whose requests compile, the one whose warm-ups
-  compiled least each: its speed tests are timed in it.
+- **Warm-ups only where they spare the timing something**
+  (:mod:`~pytest_attnkit.controller.scheduling.pruning`). Once an implementation's requests so far
+  (its correctness cases come first) compiled nothing (a kernel built ahead of time, a library
+  call, kernels all in the disk cache) and, on CUDA, its latest warm-ups' first calls cost no more
+  than a few calls (no plan built per shape, as cuDNN's is), its warm-ups are dropped unrun
+  (cancelled): they would only take GPU time. To make room for another implementation's worker,
+  an idle one that holds no warm-up is closed first, then, for an implementation whose requests
+  compile, the one whose warm-ups spared least each (compiled, or first calls' setup): its speed
+  tests are timed in it.
 - **The GPU alone.** :meth:`exclusive` is for what must have the GPU to itself (speed timing, and
   memory sweeps where the meter sees every process's allocations): it waits until everything
   submitted has finished, and starts nothing else until it ends. The pool takes it for every
@@ -120,7 +123,7 @@ class Workers(Protocol):
     def begin(self, lease: Lease) -> None: ...
 
     def give_back(self, lease: Lease, *, warmed: bool, last: bool = True,
-                  compile_s: float = 0.0) -> Worker | None: ...
+                  compile_s: float = 0.0, spared_s: float | None = None) -> Worker | None: ...
 
     def retire(self, impl: str, worker: Worker) -> None: ...
 
@@ -140,7 +143,7 @@ class Scheduler(Submissions):
     and the threads they run on (``jobs`` of them, and one more for the request a test waits for)."""
 
     def __init__(self, pool: Workers, *, jobs: int, budget_bytes: int | None, ledger: Ledger,
-                 durations: Durations | None = None) -> None:
+                 durations: Durations | None = None, first_calls: bool = False) -> None:
         super().__init__(pool)
         #: How long each request took last time (the long ones start first), and this run's.
         self.durations = durations if durations is not None else Durations(None)
@@ -153,7 +156,7 @@ class Scheduler(Submissions):
         self._paused = False
         self._closed = False  # close() has run
         self._work_left = WorkLeft()
-        self._pruning = WarmUpPruning()
+        self._pruning = WarmUpPruning(first_calls=first_calls)  # first_calls: warm-ups time theirs (CUDA)
         # One thread more than jobs: the job a test waits for may run beside jobs others.
         self._executor = ThreadPoolExecutor(max_workers=self.jobs + 1, thread_name_prefix="attnkit-job")
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name="attnkit-scheduler", daemon=True)
@@ -281,7 +284,8 @@ class Scheduler(Submissions):
             self.budget.ended(job)
             self._work_left.record(job.impl, ended - started)
             self.durations.record(job, ended - started)
-            self._pruning.record(job.impl, reply.spent.compile_s)
+            warm_up = reply if job.warm and reply.status is Status.OK else None
+            self._pruning.record(job.impl, reply.spent.compile_s, warm_up=warm_up)
             if retry and not self._closed:
                 self.ledger.ran_out(job.ledger_row, job.impl, job.request, reply, beside=job.shared)
                 if oom_retry.run_again(job, reply) is oom_retry.Again.ALONE:
@@ -290,7 +294,8 @@ class Scheduler(Submissions):
             # A worker of its own whose last queued request this was is closed.
             last = job.dedicated is None or not any(other.dedicated == job.dedicated
                                                     for other in self._pending.get(job.impl, ()))
-            done_with = self.pool.give_back(lease, warmed=job.warm, last=last, compile_s=reply.spent.compile_s)
+            done_with = self.pool.give_back(lease, warmed=job.warm, last=last, compile_s=reply.spent.compile_s,
+                                            spared_s=pruning.setup_s(reply) if warm_up is not None else None)
             self._cond.notify_all()
         if self._closed and not job.future.done():
             job.future.cancel()

@@ -248,7 +248,7 @@ class AttnkitSession:
         placed = xdist.xdist_worker(self.config)  # each xdist worker runs its own share: its own file
         durations = Durations(durations_path(self.cache_root, slug if placed is None else f"{slug}.gw{placed[0]}"))
         self.scheduler = Scheduler(self.pool, jobs=self.jobs, budget_bytes=budget, ledger=self.pool.ledger,
-                                   durations=durations)
+                                   durations=durations, first_calls=self.device == "cuda")
         self.pool.share(extras=self.jobs, alone=self.scheduler.exclusive)
 
     def _cuda_device_count(self) -> int:

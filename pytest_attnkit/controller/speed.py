@@ -226,7 +226,8 @@ class SpeedCheck(Suite):
         if self.device == "cuda" and not self._ceilings_asked:
             self.pool.start_once("ceilings")  # its start-up then runs beside other work
         linear = self.pool.info(item.impl).capabilities.get("memory_class") == MemoryClass.LINEAR
-        return [Planned(Request(Op.WARM, item.case, item.backward, self.settings.seed, {"program": True}),
+        return [Planned(Request(Op.WARM, item.case, item.backward, self.settings.seed,
+                                {"program": True, "next_call": True}),
                         footprint.request_bytes(item.case, backward=item.backward, references=False,
                                                 linear_memory=linear), warm=True)]
 

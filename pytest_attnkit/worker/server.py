@@ -260,13 +260,20 @@ class Handler:
         return self._run(request, request.backward, measure)
 
     def op_warm(self, request: Request) -> Reply:
-        """Run the case once, so that what it compiles is compiled (and in the disk caches)."""
+        """Run the case once, so that what it compiles is compiled (and in the disk caches). On
+        CUDA, where the request asks (``next_call``: the speed and memory suites' warm-ups), a
+        short case runs twice, and the reply says how long each call took
+        (``first_call_s``, ``next_call_s``: None where there was no second call): the first's
+        excess is what the warm-up spares the case's timing with the GPU alone, compiled or not
+        (cuDNN builds a plan per shape in each process: :mod:`pytest_attnkit.controller.scheduling.pruning`)."""
         from pytest_attnkit.worker.calls import warm_call
 
         backward = request.backward
 
         def measure(impl: AttentionImpl, case: Case) -> Reply:
-            warm_call(impl, case, device=self.device, seed=request.seed, backward=backward)
+            first_s, next_s = warm_call(impl, case, device=self.device, seed=request.seed, backward=backward,
+                                        again=self.device == "cuda" and bool(request.option("next_call")))
+            calls = {"first_call_s": first_s, "next_call_s": next_s}
             if request.option("program") and self.device == "cuda":
                 from pytest_attnkit.worker.speed import kernel_program
 
@@ -275,8 +282,8 @@ class Handler:
                 except Exception as error:  # a profiler that cannot start: the program stays unknown
                     program = None
                     print(f"attnkit: the kernels of {case.id} could not be read: {error!r}", file=sys.stderr)
-                return Reply(Status.OK, "", {"program": program})
-            return Reply(Status.OK)
+                return Reply(Status.OK, "", {"program": program, **calls})
+            return Reply(Status.OK, "", calls)
 
         return self._run(request, backward, measure)
 

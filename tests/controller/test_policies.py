@@ -1,7 +1,8 @@
 """The scheduler's policies one by one, without threads or workers
 (pytest_attnkit/controller/scheduling/): admission (the memory budget and its hold), order (the
 awaited job first, a chain's next job once the one before ended, the most work left first),
-pruning (warm-ups that compile nothing, a chain whose ``follows`` says no) and the out-of-memory
+pruning (warm-ups that compile nothing and whose first calls build nothing, a chain whose
+``follows`` says no) and the out-of-memory
 retry (by status, alone, then with room made, then with every other worker stopped)."""
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from pytest_attnkit.controller.scheduling import oom_retry, order, pruning
 from pytest_attnkit.controller.scheduling.admission import Hold, MemoryBudget
 from pytest_attnkit.controller.scheduling.job import Job
 from pytest_attnkit.controller.scheduling.order import WorkLeft
-from pytest_attnkit.controller.scheduling.pruning import WARM_COMPILE_S, WARM_EVIDENCE, WarmUpPruning
+from pytest_attnkit.controller.scheduling.pruning import (SETUP_CALLS, WARM_COMPILE_S, WARM_EVIDENCE, WarmUpPruning,
+                                                           setup_s, shows_setup)
 from pytest_attnkit.messages import Isolation, Op, Reply, Request, Status
 
 _seq = iter(range(10**6))
@@ -187,6 +189,45 @@ def test_warm_ups_are_pointless_once_an_implementation_has_shown_it_compiles_not
     assert pruned.pointless(warm) and not pruned.pointless(job())  # only warm-ups go
     pruned.record("a", 1.0)
     assert not pruned.pointless(warm)  # one request compiled: its warm-ups are worth their time
+
+
+def warmed(first_s: float, next_s: float | None) -> Reply:
+    """A warm-up's reply with the worker's timing of its two calls."""
+    return Reply(Status.OK, "", {"first_call_s": first_s, "next_call_s": next_s})
+
+
+def test_a_warm_up_shows_setup_where_its_first_call_cost_many_calls_beyond_the_next() -> None:
+    assert setup_s(warmed(0.3, 0.002)) == pytest.approx(0.298)
+    assert shows_setup(warmed(0.3, 0.002))  # a cuDNN plan: 150 calls
+    assert not shows_setup(warmed(0.3, 0.05))  # 5 calls: a long case's first call, not setup
+    assert shows_setup(warmed(0.002 + 0.001 * SETUP_CALLS + WARM_COMPILE_S, 0.001))
+    assert not shows_setup(warmed(WARM_COMPILE_S / 2, 0.0001))  # many calls, but too little to matter
+    assert setup_s(warmed(1.5, None)) is None and not shows_setup(warmed(1.5, None))  # a long case, called once
+    assert setup_s(Reply(Status.OK)) is None and not shows_setup(Reply(Status.OK))  # the CPU: no timing
+
+
+def test_on_cuda_warm_ups_that_compile_nothing_stay_while_their_latest_first_calls_show_setup() -> None:
+    pruned = WarmUpPruning(first_calls=True)
+    warm = job(warm=True)
+    for _ in range(WARM_EVIDENCE):
+        pruned.record("a", 0.0)  # its correctness cases compiled nothing
+    assert not pruned.pointless(warm)  # no warm-up has said how long its first call took
+    pruned.record("a", 0.0, warm_up=warmed(0.5, 0.001))  # the process's start (a module compiled once)
+    for _ in range(WARM_EVIDENCE - 1):
+        pruned.record("a", 0.0, warm_up=warmed(0.004, 0.003))
+    assert not pruned.pointless(warm)  # the start is among the latest
+    pruned.record("a", 0.0, warm_up=warmed(0.004, 0.003))
+    assert pruned.pointless(warm)  # the latest showed none: the start was once per process
+    pruned.record("a", 0.0, warm_up=warmed(0.3, 0.002))  # a plan per shape: every warm-up shows one
+    assert not pruned.pointless(warm)
+    compiling = WarmUpPruning(first_calls=True)
+    for _ in range(WARM_EVIDENCE):
+        compiling.record("a", 1.0, warm_up=warmed(0.004, 0.003))
+    assert not compiling.pointless(warm)  # what compiles keeps its warm-ups, as on the CPU
+    cpu = WarmUpPruning()
+    for _ in range(WARM_EVIDENCE):
+        cpu.record("a", 0.0)
+    assert cpu.pointless(warm)  # without first calls, compile seconds alone decide
 
 
 def test_a_chain_stops_where_follows_says_no_or_the_job_before_was_cancelled() -> None:

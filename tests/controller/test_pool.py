@@ -125,6 +125,29 @@ def test_when_full_an_idle_extra_of_an_implementation_with_nothing_queued_makes_
     pool.close()
 
 
+def test_a_warm_up_s_first_call_setup_counts_as_what_its_worker_would_cost_again() -> None:
+    """torch_sdpa's warm-ups compile nothing, but each built a cuDNN plan its timing would build
+    again elsewhere: its warm worker is taken after one whose warm-ups compiled less than that."""
+    pool = sharing(extras=2)
+    pool.lease("b")  # b's primary, busy
+    planned, compiled = pool.lease("b"), pool.lease("b")
+    assert planned is not None and compiled is not None
+    pool.give_back(planned, warmed=True, compile_s=0.0, spared_s=0.3)
+    pool.give_back(compiled, warmed=True, compile_s=0.1, spared_s=0.05)
+    first = pool.lease("a")  # a's primary: its request compiled, so a may take warm workers
+    assert first is not None
+    pool.give_back(first, warmed=False, compile_s=1.0)
+    pool.lease("a")  # busy
+    taken = []
+    for _ in range(2):
+        lease = pool.lease("a", queued=lambda impl: False)
+        assert lease is not None and lease.retired is not None
+        taken.append(lease.retired[1])
+        pool.begin(lease)
+    assert taken == [compiled.worker, planned.worker]
+    pool.close()
+
+
 def test_when_full_only_an_implementation_whose_requests_compile_takes_a_warm_worker() -> None:
     """A worker more gains an implementation that compiles nothing one request's GPU time at a
     time, and its start-up costs seconds; the warm worker it would take costs the warmed cases

@@ -177,6 +177,32 @@ def test_warm_ups_that_compile_nothing_are_dropped(made) -> None:
     assert not any(str(entry).startswith("b") for entry in pool.order)
 
 
+def test_on_cuda_warm_ups_whose_first_calls_build_a_plan_per_case_run_and_the_others_are_dropped(made) -> None:
+    """torch_sdpa compiles nothing, but cuDNN builds a plan per shape in each process: on a fresh
+    H200 its timed cases paid 12.6 s of first calls with the GPU alone once its warm-ups were
+    dropped (results/2026-11-27-session13). Each warm-up says how long its two calls took."""
+    def behave(message: dict[str, Any], running: int) -> Reply:
+        return Reply(Status.OK, "", {key: message[key] for key in ("first_call_s", "next_call_s") if key in message})
+
+    pool = FakePool(names=("plans", "plain"), behave=behave, seconds=0.01)
+    scheduler = made(pool, jobs=1, first_calls=True)
+    for n in range(3):  # neither compiles in its correctness cases
+        for impl in ("plans", "plain"):
+            scheduler.wait(scheduler.submit(impl, "correctness", work({"n": f"{impl}{n}"})))
+    plans = [scheduler.submit("plans", "speed", work({"n": f"p{n}", "first_call_s": 0.3, "next_call_s": 0.002}),
+                              warm=True) for n in range(6)]
+    assert all(scheduler.wait(job).ok for job in plans)  # every one spares its test a plan
+    plain = [scheduler.submit("plain", "speed", work({"n": f"q{n}", "first_call_s": 0.004, "next_call_s": 0.003}),
+                              warm=True) for n in range(6)]
+    with scheduler.exclusive():  # everything submitted has ended: one at a time (jobs 1), in order
+        pass
+    assert all(scheduler.wait(job).ok for job in plain[:3])
+    for job in plain[3:]:  # three said their first calls cost a call: the rest are dropped unrun
+        with pytest.raises(CancelledError):
+            scheduler.wait(job)
+    assert [entry for entry in pool.order if str(entry).startswith("q")] == ["q0", "q1", "q2"]
+
+
 def _sweep(made, points: int, data: Any) -> tuple[list[Any], list[Reply], FakePool]:
     """A sweep of ``points`` chained points whose replies carry ``data(n)``: the statuses, the
     replies and the pool (its ``order`` is what ran)."""

@@ -7,6 +7,7 @@ and one inner run checks what the pytest side then says."""
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
@@ -110,6 +111,40 @@ def test_inputs_too_big_to_copy_are_compared_by_checksum() -> None:
     pieces = list(calls._pieces(values, 4))
     assert sum(piece.numel() for piece in pieces) == values.numel() and max(piece.numel() for piece in pieces) <= 4
     assert sorted(torch.cat([piece.reshape(-1) for piece in pieces]).tolist()) == list(range(60))
+
+
+def test_a_warm_up_times_its_first_call_and_a_second_one_of_a_short_case_where_asked(monkeypatch) -> None:
+    """The first call's excess over the next is the setup the warm-up spares the case's timing
+    (controller/scheduling/pruning.py): here a plan built on the first call, as cuDNN's is."""
+    made: list[int] = []
+
+    def plans_once(q, k, v, *, causal=False, scale=None):
+        if not made:
+            time.sleep(0.2)  # the plan
+        made.append(1)
+        return _right(q, k, v, causal=causal, scale=scale)
+
+    first, later = calls.warm_call(FunctionImpl(plans_once), CASE, device="cpu", seed=0, backward=True, again=True)
+    assert len(made) == 2 and first >= 0.2 and later is not None and later < first - 0.15
+    assert calls.warm_call(FunctionImpl(_right), CASE, device="cpu", seed=0, backward=False)[1] is None
+    monkeypatch.setattr(calls, "NEXT_CALL_MAX_S", 0.0)  # a long case: its one call says nothing more
+    assert calls.warm_call(FunctionImpl(_right), CASE, device="cpu", seed=0, backward=False, again=True)[1] is None
+    # Both calls are held to the contract: a kernel that breaks it on its second call only is caught.
+    second: list[int] = []
+
+    def modifies_k_later(q, k, v, *, causal=False, scale=None):
+        second.append(1)
+        return (modifies_k if len(second) == 2 else _right)(q, k, v, causal=causal, scale=scale)
+
+    monkeypatch.setattr(calls, "NEXT_CALL_MAX_S", 1.0)
+    with pytest.raises(calls.ContractViolation, match="modified its input k"):
+        calls.warm_call(FunctionImpl(modifies_k_later), CASE, device="cpu", seed=0, backward=False, again=True)
+
+
+def test_a_warm_up_reply_says_how_long_its_first_call_took() -> None:
+    """On the CPU it asks no second call: there is no GPU-alone phase to spare."""
+    reply = _replies(_right)["warm-up"]
+    assert reply.status is Status.OK and reply.data["first_call_s"] > 0 and reply.data["next_call_s"] is None
 
 
 def test_the_pytest_side_says_it_in_every_suite(pytester: pytest.Pytester, fake_dist) -> None:

@@ -12,7 +12,8 @@ reply means for the queue).
 - :mod:`~pytest_attnkit.controller.scheduling.durations`: how long each request took last time, per
   GPU, in the compile-cache folder: the long ones start first.
 - :mod:`~pytest_attnkit.controller.scheduling.pruning`: what is cancelled unrun (warm-ups of an
-  implementation that compiles nothing, a chain's requests whose ``follows`` says no).
+  implementation that compiles nothing and whose first calls build nothing, a chain's requests
+  whose ``follows`` says no).
 - :mod:`~pytest_attnkit.controller.scheduling.oom_retry`: an out-of-memory run again alone, then
   with room made, and which reply counts.
 - :mod:`~pytest_attnkit.controller.scheduling.submission`: what both schedulers (the threaded one

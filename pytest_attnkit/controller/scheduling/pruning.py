@@ -1,9 +1,20 @@
 """Pruning: the queued requests cancelled unrun. Runs in the pytest process, under the scheduler's lock.
 
-- **Warm-ups only where they compile.** Once an implementation's requests so far (its correctness
-  cases come first) compiled nothing (a kernel built ahead of time, a library call, kernels all in
-  the disk cache), its warm-ups are dropped unrun: they would only take GPU time
-  (:class:`WarmUpPruning`).
+- **Warm-ups only where they spare the timing something.** A warm-up runs a case so that its test,
+  timed later with the GPU alone in the same worker, does not pay the case's first call there. Once
+  an implementation's requests so far (its correctness cases come first) compiled nothing (a kernel
+  built ahead of time, a library call, kernels all in the disk cache), and, on CUDA, its latest
+  warm-ups showed no first-call setup either, its warm-ups are dropped unrun: they would only take
+  GPU time (:class:`WarmUpPruning`). Setup is what a first call costs beyond the next call of the
+  same case in the same process (:func:`setup_s`), which the compile clock does not see: torch's
+  cuDNN attention builds a plan per shape in each process, and on a fresh H200 torch_sdpa's timed
+  cases paid 12.6 s of first calls with the GPU alone once its warm-ups were dropped, 4.6-5.3 s in
+  warm runs (results/2026-11-27-session13). A warm-up shows setup where its first call cost
+  :data:`WARM_COMPILE_S` or more beyond the next and at least :data:`SETUP_CALLS` calls (then its
+  two calls beside other work spare the GPU-alone phase more than they cost); a long case, called
+  once, shows none. The latest :data:`WARM_EVIDENCE` warm-ups decide, not the most any showed: a
+  process's own start (a module loaded or compiled once per worker, CuPy's) shows in its first
+  warm-up only, where a plan per shape shows in each.
 - **A chain that stops.** A job submitted with ``follows`` runs only if ``follows`` says yes of
   the reply of the job before it (a memory sweep's next point: the point before measured); else it
   is cancelled, and so is the next (:func:`stopped`).
@@ -17,29 +28,60 @@ from collections import deque
 from collections.abc import Mapping
 
 from pytest_attnkit.controller.scheduling.job import Job
+from pytest_attnkit.messages import Reply
 
 #: Warm-ups of an implementation whose requests compiled less than this, each, are not worth
 #: their GPU time once this many requests have shown it.
 WARM_COMPILE_S = 0.05
 WARM_EVIDENCE = 3
+#: A first call that costs this many calls of its case beyond the next one is setup worth a warm-up.
+SETUP_CALLS = 10
+
+
+def setup_s(reply: Reply) -> float | None:
+    """What a warm-up's first call cost beyond its next call (the worker's ``first_call_s`` and
+    ``next_call_s``), or None where the reply does not say (no second call: a long case, the CPU)."""
+    first, later = reply.data.get("first_call_s"), reply.data.get("next_call_s")
+    if first is None or later is None:
+        return None
+    return max(0.0, float(first) - float(later))
+
+
+def shows_setup(reply: Reply) -> bool:
+    """Whether a warm-up's reply shows first-call setup worth a warm-up (the module docstring)."""
+    setup = setup_s(reply)
+    return setup is not None and setup >= max(WARM_COMPILE_S, SETUP_CALLS * float(reply.data["next_call_s"]))
 
 
 class WarmUpPruning:
-    """Per implementation, (requests finished, the most one of them compiled, in seconds)."""
+    """Per implementation, (requests finished, the most one of them compiled, in seconds), and
+    whether each of its latest warm-ups showed setup. ``first_calls``: warm-ups report their first
+    calls (CUDA), so that pruning waits for them; else compile seconds alone decide."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, first_calls: bool = False) -> None:
+        self.first_calls = first_calls
         self._compiled: dict[str, tuple[int, float]] = {}
+        self._setups: dict[str, deque[bool]] = {}
 
-    def record(self, impl: str, compile_s: float) -> None:
+    def record(self, impl: str, compile_s: float, *, warm_up: Reply | None = None) -> None:
+        """A finished request of ``impl``, which compiled ``compile_s``; ``warm_up``: its reply, where
+        it was a warm-up."""
         count, most = self._compiled.get(impl, (0, 0.0))
         self._compiled[impl] = (count + 1, max(most, float(compile_s)))
+        if warm_up is not None:
+            self._setups.setdefault(impl, deque(maxlen=WARM_EVIDENCE)).append(shows_setup(warm_up))
 
     def pointless(self, job: Job) -> bool:
-        """Whether a warm-up would compile nothing (see the module docstring)."""
+        """Whether a warm-up would spare its test nothing (see the module docstring)."""
         if not job.warm:
             return False
         count, most = self._compiled.get(job.impl, (0, 0.0))
-        return count >= WARM_EVIDENCE and most < WARM_COMPILE_S
+        if count < WARM_EVIDENCE or most >= WARM_COMPILE_S:
+            return False
+        if not self.first_calls:
+            return True
+        latest = self._setups.get(job.impl, ())
+        return len(latest) >= WARM_EVIDENCE and not any(latest)
 
 
 def stopped(job: Job) -> bool:
