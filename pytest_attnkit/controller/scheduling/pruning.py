@@ -11,10 +11,13 @@
   cases paid 12.6 s of first calls with the GPU alone once its warm-ups were dropped, 4.6-5.3 s in
   warm runs (results/2026-11-27-session13). A warm-up shows setup where its first call cost
   :data:`WARM_COMPILE_S` or more beyond the next and at least :data:`SETUP_CALLS` calls (then its
-  two calls beside other work spare the GPU-alone phase more than they cost); a long case, called
-  once, shows none. The latest :data:`WARM_EVIDENCE` warm-ups decide, not the most any showed: a
-  process's own start (a module loaded or compiled once per worker, CuPy's) shows in its first
-  warm-up only, where a plan per shape shows in each.
+  two calls beside other work spare the GPU-alone phase more than they cost). A first call too long
+  for a second one (:data:`pytest_attnkit.worker.calls.NEXT_CALL_MAX_S`) says nothing either way
+  and is not counted: on an H100 torch_sdpa's first warm-ups in a process took 1.3-6.0 s (cuDNN's
+  start and its backward plans), and counting them as "no setup" dropped its warm-ups after five
+  (results/2026-11-27-session14). The latest :data:`WARM_EVIDENCE` warm-ups that said decide, not
+  the most any showed: a process's own start (a module loaded or compiled once per worker,
+  CuPy's) shows in its first warm-up only, where a plan per shape shows in each.
 - **A chain that stops.** A job submitted with ``follows`` runs only if ``follows`` says yes of
   the reply of the job before it (a memory sweep's next point: the point before measured); else it
   is cancelled, and so is the next (:func:`stopped`).
@@ -47,16 +50,19 @@ def setup_s(reply: Reply) -> float | None:
     return max(0.0, float(first) - float(later))
 
 
-def shows_setup(reply: Reply) -> bool:
-    """Whether a warm-up's reply shows first-call setup worth a warm-up (the module docstring)."""
+def shows_setup(reply: Reply) -> bool | None:
+    """Whether a warm-up's reply shows first-call setup worth a warm-up (the module docstring), or
+    None where it cannot say (one call only)."""
     setup = setup_s(reply)
-    return setup is not None and setup >= max(WARM_COMPILE_S, SETUP_CALLS * float(reply.data["next_call_s"]))
+    if setup is None:
+        return None
+    return setup >= max(WARM_COMPILE_S, SETUP_CALLS * float(reply.data["next_call_s"]))
 
 
 class WarmUpPruning:
     """Per implementation, (requests finished, the most one of them compiled, in seconds), and
-    whether each of its latest warm-ups showed setup. ``first_calls``: warm-ups report their first
-    calls (CUDA), so that pruning waits for them; else compile seconds alone decide."""
+    whether each of its latest warm-ups that could tell showed setup. ``first_calls``: warm-ups
+    report their first calls (CUDA), so that pruning waits for them; else compile seconds alone decide."""
 
     def __init__(self, *, first_calls: bool = False) -> None:
         self.first_calls = first_calls
@@ -68,8 +74,9 @@ class WarmUpPruning:
         it was a warm-up."""
         count, most = self._compiled.get(impl, (0, 0.0))
         self._compiled[impl] = (count + 1, max(most, float(compile_s)))
-        if warm_up is not None:
-            self._setups.setdefault(impl, deque(maxlen=WARM_EVIDENCE)).append(shows_setup(warm_up))
+        shown = shows_setup(warm_up) if warm_up is not None else None
+        if shown is not None:
+            self._setups.setdefault(impl, deque(maxlen=WARM_EVIDENCE)).append(shown)
 
     def pointless(self, job: Job) -> bool:
         """Whether a warm-up would spare its test nothing (see the module docstring)."""
