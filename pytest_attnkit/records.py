@@ -245,6 +245,9 @@ class SpeedMeasurement:
     #: pids, from NVML: worker/speed.py gpu_processes): its timings include their work, and a run
     #: with such a measurement saves no baseline.
     shared_with: tuple[int, ...] = ()
+    #: Whether it was timed in the worker that warmed the case up (whose first call there is paid),
+    #: not in one that met the case for the first time (controller/speed.py).
+    warm_worker: bool = False
 
     @property
     def key(self) -> EntryKey:
@@ -270,4 +273,5 @@ class SpeedMeasurement:
         return {"impl": self.impl, "mode": self.mode, "case": self.case.id, "shape": self.case.to_dict(),
                 "timing": self.timing.to_dict(), "input_sets": self.input_sets, "gpu_state": self.gpu_state,
                 "flops": self.flops, "bytes": self.bytes, "tflops": self.tflops, "gbps": self.gbps,
-                "program": self.program, "syncs": self.syncs, "shared_with": list(self.shared_with)}
+                "program": self.program, "syncs": self.syncs, "shared_with": list(self.shared_with),
+                "warm_worker": self.warm_worker}

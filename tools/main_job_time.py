@@ -133,12 +133,16 @@ def _first_calls(measurements: list[dict]) -> list[str]:
     a case whose warm-up ran in another worker (or was dropped) pays its compile-cache loads,
     library plans and lazy kernel loading there (results/2026-11-27-session10)."""
     seconds: Counter = Counter()
+    warm: Counter = Counter()
+    cases: Counter = Counter()
     for measurement in measurements:
         seconds[measurement["impl"]] += (measurement.get("timing", {}).get("first_call_ms") or 0.0) / 1e3
+        warm[measurement["impl"]] += bool(measurement.get("warm_worker"))
+        cases[measurement["impl"]] += 1
     if not seconds:
         return []
-    return ["  the timed cases' first calls (GPU alone): "
-            + ", ".join(f"{impl} {took:.1f} s" for impl, took in sorted(seconds.items()))]
+    return ["  the timed cases' first calls (GPU alone; cases timed in the worker that warmed them up): "
+            + ", ".join(f"{impl} {took:.1f} s ({warm[impl]} of {cases[impl]})" for impl, took in sorted(seconds.items()))]
 
 
 def compare(args: argparse.Namespace) -> int:

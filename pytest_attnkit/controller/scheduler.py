@@ -285,7 +285,7 @@ class Scheduler(Submissions):
             self._work_left.record(job.impl, ended - started)
             self.durations.record(job, ended - started)
             warm_up = reply if job.warm and reply.status is Status.OK else None
-            self._pruning.record(job.impl, reply.spent.compile_s, warm_up=warm_up)
+            self._pruning.record(job.impl, reply.spent.compile_s, warm_up=warm_up, backward=job.request.backward)
             if retry and not self._closed:
                 self.ledger.ran_out(job.ledger_row, job.impl, job.request, reply, beside=job.shared)
                 if oom_retry.run_again(job, reply) is oom_retry.Again.ALONE:
@@ -295,7 +295,7 @@ class Scheduler(Submissions):
             last = job.dedicated is None or not any(other.dedicated == job.dedicated
                                                     for other in self._pending.get(job.impl, ()))
             done_with = self.pool.give_back(lease, warmed=job.warm, last=last, compile_s=reply.spent.compile_s,
-                                            spared_s=pruning.setup_s(reply) if warm_up is not None else None)
+                                            spared_s=pruning.spared_s(reply) if warm_up is not None else None)
             self._cond.notify_all()
         if self._closed and not job.future.done():
             job.future.cancel()

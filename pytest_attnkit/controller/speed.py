@@ -387,7 +387,7 @@ class SpeedCheck(Suite):
         return SpeedMeasurement(impl, mode, case, Timing.from_dict(reply.data["timing"]),
                                 reply.data.get("input_sets", 1), reply.data.get("gpu_state", {}),
                                 self._program(impl, mode, case) or reply.data.get("program"),
-                                reply.data.get("syncs"), shared_with(reply))
+                                reply.data.get("syncs"), shared_with(reply), bool(self._where(impl, mode, case)))
 
     def _first_measurement(self, impl: str, mode: str, case: Case) -> SpeedMeasurement:
         key = EntryKey(impl, mode, case.id)

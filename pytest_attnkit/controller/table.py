@@ -514,13 +514,16 @@ def speed_lines(document: dict[str, Any], *, verbose: bool = False) -> list[str]
                       + ("; IQR and launch ms (the host's time to issue a call) with -v" if not verbose else
                          "; launch ms: the host's time to issue it, from an idle GPU, not in the GPU figures") + ")")
     first_calls: dict[str, float] = defaultdict(float)
+    timed: dict[str, list[bool]] = defaultdict(list)
     for m in speed["measurements"]:
         if m["timing"].get("first_call_ms") is not None:
             first_calls[m["impl"]] += m["timing"]["first_call_ms"] / 1e3
+            timed[m["impl"]].append(bool(m.get("warm_worker")))
     if first_calls:
         lines += wrap("first calls, summed per implementation (compilation and autotuning show here, outside the "
-                      "timings): " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in sorted(first_calls.items())),
-                      "  ")
+                      "timings; how many cases were timed in the worker that warmed them up): "
+                      + ", ".join(f"{name} {seconds:.1f} s ({sum(timed[name])} of {len(timed[name])})"
+                                  for name, seconds in sorted(first_calls.items())), "  ")
     return lines + clock_lines(speed["measurements"])
 
 

@@ -17,7 +17,7 @@ from pytest_attnkit.controller.scheduling.admission import Hold, MemoryBudget
 from pytest_attnkit.controller.scheduling.job import Job
 from pytest_attnkit.controller.scheduling.order import WorkLeft
 from pytest_attnkit.controller.scheduling.pruning import (SETUP_CALLS, WARM_COMPILE_S, WARM_EVIDENCE, WarmUpPruning,
-                                                           setup_s, shows_setup)
+                                                           setup_s, shows_setup, spared_s)
 from pytest_attnkit.messages import Isolation, Op, Reply, Request, Status
 
 _seq = iter(range(10**6))
@@ -204,6 +204,8 @@ def test_a_warm_up_shows_setup_where_its_first_call_cost_many_calls_beyond_the_n
     assert not shows_setup(warmed(WARM_COMPILE_S / 2, 0.0001))  # many calls, but too little to matter
     assert setup_s(warmed(1.5, None)) is None and shows_setup(warmed(1.5, None)) is None  # called once: unknown
     assert setup_s(Reply(Status.OK)) is None and shows_setup(Reply(Status.OK)) is None  # the CPU: no timing
+    assert spared_s(warmed(0.3, 0.002)) == pytest.approx(0.298) and spared_s(warmed(6.0, None)) == 6.0
+    assert spared_s(Reply(Status.OK)) is None
 
 
 def test_on_cuda_warm_ups_that_compile_nothing_stay_while_their_latest_first_calls_show_setup() -> None:
@@ -223,6 +225,11 @@ def test_on_cuda_warm_ups_that_compile_nothing_stay_while_their_latest_first_cal
     assert pruned.pointless(warm)  # the latest showed none: the start was once per process
     pruned.record("a", 0.0, warm_up=warmed(0.3, 0.002))  # a plan per shape: every warm-up shows one
     assert not pruned.pointless(warm)
+    backward = Job("a", "speed", Request(Op.WARM, backward=True), 0, next(_seq), warm=True)
+    assert not pruned.pointless(backward)  # its backwards are judged apart: none has said anything yet
+    for _ in range(WARM_EVIDENCE):
+        pruned.record("a", 0.0, warm_up=warmed(0.004, 0.003), backward=True)
+    assert pruned.pointless(backward) and not pruned.pointless(warm)
     compiling = WarmUpPruning(first_calls=True)
     for _ in range(WARM_EVIDENCE):
         compiling.record("a", 1.0, warm_up=warmed(0.004, 0.003))

@@ -17,7 +17,10 @@
   start and its backward plans), and counting them as "no setup" dropped its warm-ups after five
   (results/2026-11-27-session14). The latest :data:`WARM_EVIDENCE` warm-ups that said decide, not
   the most any showed: a process's own start (a module loaded or compiled once per worker,
-  CuPy's) shows in its first warm-up only, where a plan per shape shows in each.
+  CuPy's) shows in its first warm-up only, where a plan per shape shows in each. Forwards and
+  backwards are judged apart: on an H100 (h100-warm13) torch_sdpa's last forward warm-ups (paged
+  decoding, no plan to build) dropped every backward warm-up behind them, whose cases then paid
+  60-530 ms each with the GPU alone.
 - **A chain that stops.** A job submitted with ``follows`` runs only if ``follows`` says yes of
   the reply of the job before it (a memory sweep's next point: the point before measured); else it
   is cancelled, and so is the next (:func:`stopped`).
@@ -50,6 +53,17 @@ def setup_s(reply: Reply) -> float | None:
     return max(0.0, float(first) - float(later))
 
 
+def spared_s(reply: Reply) -> float | None:
+    """At most what a warm-up spared its case's timing: its setup, or where it made one call only,
+    that call (a process's first cuDNN call, 1.3-6.0 s on an H100, is mostly setup); None where the
+    reply says nothing (the CPU). The pool ranks warm workers by it."""
+    setup = setup_s(reply)
+    if setup is not None:
+        return setup
+    first = reply.data.get("first_call_s")
+    return None if first is None else float(first)
+
+
 def shows_setup(reply: Reply) -> bool | None:
     """Whether a warm-up's reply shows first-call setup worth a warm-up (the module docstring), or
     None where it cannot say (one call only)."""
@@ -67,16 +81,17 @@ class WarmUpPruning:
     def __init__(self, *, first_calls: bool = False) -> None:
         self.first_calls = first_calls
         self._compiled: dict[str, tuple[int, float]] = {}
-        self._setups: dict[str, deque[bool]] = {}
+        self._setups: dict[tuple[str, bool], deque[bool]] = {}
 
-    def record(self, impl: str, compile_s: float, *, warm_up: Reply | None = None) -> None:
+    def record(self, impl: str, compile_s: float, *, warm_up: Reply | None = None, backward: bool = False) -> None:
         """A finished request of ``impl``, which compiled ``compile_s``; ``warm_up``: its reply, where
-        it was a warm-up."""
+        it was a warm-up (of a ``backward``: forwards and backwards build plans of their own, and
+        their warm-ups are judged apart)."""
         count, most = self._compiled.get(impl, (0, 0.0))
         self._compiled[impl] = (count + 1, max(most, float(compile_s)))
         shown = shows_setup(warm_up) if warm_up is not None else None
         if shown is not None:
-            self._setups.setdefault(impl, deque(maxlen=WARM_EVIDENCE)).append(shown)
+            self._setups.setdefault((impl, backward), deque(maxlen=WARM_EVIDENCE)).append(shown)
 
     def pointless(self, job: Job) -> bool:
         """Whether a warm-up would spare its test nothing (see the module docstring)."""
@@ -87,7 +102,7 @@ class WarmUpPruning:
             return False
         if not self.first_calls:
             return True
-        latest = self._setups.get(job.impl, ())
+        latest = self._setups.get((job.impl, job.request.backward), ())
         return len(latest) >= WARM_EVIDENCE and not any(latest)
 
 
