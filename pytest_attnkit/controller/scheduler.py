@@ -46,7 +46,8 @@ The rules:
   (its correctness cases come first) compiled nothing (a kernel built ahead of time, a library
   call, kernels all in the disk cache) and, on CUDA, its latest warm-ups' first calls cost no more
   than a few calls (no plan built per shape, as cuDNN's is), its warm-ups are dropped unrun
-  (cancelled): they would only take GPU time. To make room for another implementation's worker,
+  (cancelled): they would only take GPU time; those kept run in its primary worker, which times
+  its cases (what they spare is that process's). To make room for another implementation's worker,
   an idle one that holds no warm-up is closed first, then, for an implementation whose requests
   compile, the one whose warm-ups spared least each (compiled, or first calls' setup): its speed
   tests are timed in it.
@@ -117,6 +118,8 @@ class Workers(Protocol):
               launch: Launch | None = None) -> Lease | None: ...
 
     def busy(self, dedicated: "tuple[str, str] | None", launch: Launch | None) -> bool: ...
+
+    def primary(self, name: str) -> Worker: ...
 
     def finish(self, lease: Lease) -> None: ...
 
@@ -258,10 +261,18 @@ class Scheduler(Submissions):
         """A worker for ``job`` from the pool (see :meth:`WorkerPool.lease`): a sweep's next point
         the one that ran the point before, a request that ran out of memory the one it ran in (it
         holds what the request compiled: on an H100 a torch_flex warm-up run again elsewhere
-        compiled for 12 s, alone, results/2026-11-27-session9), while the pool keeps it."""
+        compiled for 12 s, alone, results/2026-11-27-session9), while the pool keeps it; a warm-up of
+        an implementation that compiles nothing its primary, one at a time."""
         same_as = job.after.worker if job.same_worker and job.after is not None else None
         if job.first_oom is not None and job.worker is not None:
             same_as = job.worker
+        elif job.warm and same_as is None and self._pruning.compiles_nothing(job.impl):
+            # What such a warm-up spares is its process's own (a cuDNN plan per shape), which only
+            # the worker that times the case keeps: the primary, never closed to make room, times
+            # a case whose warm-up's worker is gone. On a fresh H100 and H200, torch_sdpa's warm-ups
+            # ran in extra workers, all closed for torch_flex's compiling tail, and none of its 37
+            # timed cases met its warm-up (h100-cold14, h200-cold16).
+            same_as = self.pool.primary(job.impl)
         return self.pool.lease(job.impl, room=room, dedicated=job.dedicated, same_as=same_as,
                                queued=lambda impl: bool(self._pending.get(impl)), launch=job.launch)
 

@@ -185,7 +185,7 @@ def test_on_cuda_warm_ups_whose_first_calls_build_a_plan_per_case_run_and_the_ot
         return Reply(Status.OK, "", {key: message[key] for key in ("first_call_s", "next_call_s") if key in message})
 
     pool = FakePool(names=("plans", "plain"), behave=behave, seconds=0.01)
-    scheduler = made(pool, jobs=1, first_calls=True)
+    scheduler = made(pool, jobs=4, first_calls=True)
     for n in range(3):  # neither compiles in its correctness cases
         for impl in ("plans", "plain"):
             scheduler.wait(scheduler.submit(impl, "correctness", work({"n": f"{impl}{n}"})))
@@ -194,9 +194,11 @@ def test_on_cuda_warm_ups_whose_first_calls_build_a_plan_per_case_run_and_the_ot
     plans += [scheduler.submit("plans", "speed", work({"n": f"p{n}", "first_call_s": 0.3, "next_call_s": 0.002}),
                                warm=True) for n in range(3, 6)]
     assert all(scheduler.wait(job).ok for job in plans)  # every one spares its test a plan
+    # ... in the worker that times the case when its own is gone: the primary, never closed for room
+    assert all(job.worker is pool.primaries["plans"] for job in plans)
     plain = [scheduler.submit("plain", "speed", work({"n": f"q{n}", "first_call_s": 0.004, "next_call_s": 0.003}),
                               warm=True) for n in range(6)]
-    with scheduler.exclusive():  # everything submitted has ended: one at a time (jobs 1), in order
+    with scheduler.exclusive():  # everything submitted has ended: one at a time (in the primary), in order
         pass
     assert all(scheduler.wait(job).ok for job in plain[:3])
     for job in plain[3:]:  # three said their first calls cost a call: the rest are dropped unrun

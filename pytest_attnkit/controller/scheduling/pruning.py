@@ -93,12 +93,14 @@ class WarmUpPruning:
         if shown is not None:
             self._setups.setdefault((impl, backward), deque(maxlen=WARM_EVIDENCE)).append(shown)
 
+    def compiles_nothing(self, impl: str) -> bool:
+        """Whether ``impl``'s requests so far (:data:`WARM_EVIDENCE` or more) compiled nothing."""
+        count, most = self._compiled.get(impl, (0, 0.0))
+        return count >= WARM_EVIDENCE and most < WARM_COMPILE_S
+
     def pointless(self, job: Job) -> bool:
         """Whether a warm-up would spare its test nothing (see the module docstring)."""
-        if not job.warm:
-            return False
-        count, most = self._compiled.get(job.impl, (0, 0.0))
-        if count < WARM_EVIDENCE or most >= WARM_COMPILE_S:
+        if not job.warm or not self.compiles_nothing(job.impl):
             return False
         if not self.first_calls:
             return True
