@@ -132,17 +132,13 @@ def _first_calls(measurements: list[dict]) -> list[str]:
     """What the timed cases' first calls took, per implementation: they run with the GPU alone, and
     a case whose warm-up ran in another worker (or was dropped) pays its compile-cache loads,
     library plans and lazy kernel loading there (results/2026-11-27-session10)."""
-    seconds: Counter = Counter()
-    warm: Counter = Counter()
-    cases: Counter = Counter()
-    for measurement in measurements:
-        seconds[measurement["impl"]] += (measurement.get("timing", {}).get("first_call_ms") or 0.0) / 1e3
-        warm[measurement["impl"]] += bool(measurement.get("warm_worker"))
-        cases[measurement["impl"]] += 1
-    if not seconds:
+    from pytest_attnkit.controller.table import first_calls
+
+    calls = first_calls(measurements)
+    if not calls:
         return []
     return ["  the timed cases' first calls (GPU alone; cases timed in the worker that warmed them up): "
-            + ", ".join(f"{impl} {took:.1f} s ({warm[impl]} of {cases[impl]})" for impl, took in sorted(seconds.items()))]
+            + ", ".join(f"{impl} {took:.1f} s ({warm} of {cases})" for impl, (took, warm, cases) in sorted(calls.items()))]
 
 
 def compare(args: argparse.Namespace) -> int:

@@ -10,7 +10,7 @@ not fit (IQR, launch time) shows with ``-v`` and in the report files.
 from __future__ import annotations
 
 import textwrap
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -513,18 +513,25 @@ def speed_lines(document: dict[str, Any], *, verbose: bool = False) -> list[str]
         lines += wrap("(median: GPU time per call, the stream held until the host had issued the call"
                       + ("; IQR and launch ms (the host's time to issue a call) with -v" if not verbose else
                          "; launch ms: the host's time to issue it, from an idle GPU, not in the GPU figures") + ")")
-    first_calls: dict[str, float] = defaultdict(float)
-    timed: dict[str, list[bool]] = defaultdict(list)
-    for m in speed["measurements"]:
-        if m["timing"].get("first_call_ms") is not None:
-            first_calls[m["impl"]] += m["timing"]["first_call_ms"] / 1e3
-            timed[m["impl"]].append(bool(m.get("warm_worker")))
-    if first_calls:
+    calls = first_calls(speed["measurements"])
+    if calls:
         lines += wrap("first calls, summed per implementation (compilation and autotuning show here, outside the "
                       "timings; how many cases were timed in the worker that warmed them up): "
-                      + ", ".join(f"{name} {seconds:.1f} s ({sum(timed[name])} of {len(timed[name])})"
-                                  for name, seconds in sorted(first_calls.items())), "  ")
+                      + ", ".join(f"{name} {seconds:.1f} s ({warm} of {cases})"
+                                  for name, (seconds, warm, cases) in sorted(calls.items())), "  ")
     return lines + clock_lines(speed["measurements"])
+
+
+def first_calls(measurements: list[dict[str, Any]]) -> dict[str, tuple[float, int, int]]:
+    """Per implementation, over the timed cases whose first call was timed: its seconds summed,
+    how many cases were timed in the worker that warmed them up (``warm_worker``), and how many."""
+    totals: dict[str, tuple[float, int, int]] = {}
+    for m in measurements:
+        took = m.get("timing", {}).get("first_call_ms")
+        if took is not None:
+            seconds, warm, cases = totals.get(m["impl"], (0.0, 0, 0))
+            totals[m["impl"]] = (seconds + took / 1e3, warm + bool(m.get("warm_worker")), cases + 1)
+    return totals
 
 
 #: A case whose slowest sample ran at a clock this far under the run's usual one is named.

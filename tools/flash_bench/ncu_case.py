@@ -24,6 +24,20 @@ import torch
 from pytest_attnkit.implementations.triton_flash import flash_attention
 
 
+def _three_calls(call, prepare=None) -> None:
+    """``call`` three times, synchronized, the third inside the NVTX range ``profiled``; where
+    given, ``prepare`` runs before each, outside the range, and what it returns is ``call``'s argument."""
+    for index in range(3):
+        made = () if prepare is None else (prepare(),)
+        torch.cuda.synchronize()
+        if index == 2:
+            torch.cuda.nvtx.range_push("profiled")
+        call(*made)
+        torch.cuda.synchronize()
+        if index == 2:
+            torch.cuda.nvtx.range_pop()
+
+
 def main(case: str, by: str) -> None:
     backward = case.startswith("bwd-")
     dtype, head_dim, length, *config = case.removeprefix("bwd-").split("-", 3)
@@ -39,21 +53,14 @@ def main(case: str, by: str) -> None:
 
         q, k, v = (t.requires_grad_(backward) for t in (q, k, v))
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            for index in range(3):
-                torch.cuda.synchronize()
-                out = scaled_dot_product_attention(q, k, v)
-                if backward:
-                    do = torch.randn_like(out)
-                    torch.cuda.synchronize()
-                    if index == 2:
-                        torch.cuda.nvtx.range_push("profiled")
-                    out.backward(do)
-                elif index == 2:
-                    torch.cuda.nvtx.range_push("profiled")
+            if backward:  # autograd runs it on a thread of its own: outside the range (the docstring)
+                def forward():
                     out = scaled_dot_product_attention(q, k, v)
-                torch.cuda.synchronize()
-                if index == 2:
-                    torch.cuda.nvtx.range_pop()
+                    return out, torch.randn_like(out)
+
+                _three_calls(lambda made: made[0].backward(made[1]), forward)
+            else:
+                _three_calls(lambda: scaled_dot_product_attention(q, k, v))
         return
     with torch.no_grad():
         if backward:
@@ -62,28 +69,13 @@ def main(case: str, by: str) -> None:
             chosen = gluon_backward.Config.parse(config[0]) if config else None
             o, lse = launch.flash_fwd(q, k, v, False, d ** -0.5)
             do = torch.randn_like(q)
-            for index in range(3):
-                torch.cuda.synchronize()
-                if index == 2:
-                    torch.cuda.nvtx.range_push("profiled")
-                if by == "triton":
-                    os.environ.pop("ATTNKIT_TRITON_FLASH_GLUON_BWD", None)
-                    launch.flash_bwd(do, q, k, v, o, lse, False, d ** -0.5)
-                else:
-                    gluon_backward.flash_bwd(do, q, k, v, o, lse, False, d ** -0.5, chosen)
-                torch.cuda.synchronize()
-                if index == 2:
-                    torch.cuda.nvtx.range_pop()
+            if by == "triton":
+                os.environ.pop("ATTNKIT_TRITON_FLASH_GLUON_BWD", None)  # launch.flash_bwd then takes the Triton kernels
+                _three_calls(lambda: launch.flash_bwd(do, q, k, v, o, lse, False, d ** -0.5))
+            else:
+                _three_calls(lambda: gluon_backward.flash_bwd(do, q, k, v, o, lse, False, d ** -0.5, chosen))
         else:
-            for index in range(3):
-                torch.cuda.synchronize()
-                if index == 2:
-                    torch.cuda.nvtx.range_push("profiled")
-                flash_attention(q, k, v)
-                torch.cuda.synchronize()
-                if index == 2:
-                    torch.cuda.nvtx.range_pop()
-    torch.cuda.synchronize()
+            _three_calls(lambda: flash_attention(q, k, v))
 
 
 if __name__ == "__main__":
