@@ -170,15 +170,23 @@ class Config:
     #: shared-memory reading a consumer a tile at 64 x 64, for 16 more registers held until dQ's
     #: product completes.
     ds_regs: bool = False
+    #: ``-pair`` (with ``-tmar``): one reduce a tile instead of two. Consumer 1 stores its scaled
+    #: share to its buffer and arrives on ``dq_ready``; consumer 0 waits for it, adds it to its own
+    #: share as it stores that, and reduces the sum; its arrival on ``dq_free`` lets consumer 1
+    #: write the next tile's share. Half the L2 reductions (cuDNN's way, NOTES.md v20.7), for one
+    #: more 32 KiB read of shared memory a tile at d128 and the consumers at most a tile apart.
+    pair_dq: bool = False
 
     def __post_init__(self) -> None:
         """A configuration the kernel is not written for is refused as it is made, parsed or not."""
         if self.ds_regs and not self.qrows:
             raise ValueError(f"config {self}: -dsr keeps dS as the queries-as-rows layout computes it; "
                              "with keys as rows (-krows) dS^T is in registers already")
+        if self.pair_dq and not self.tma_dq:
+            raise ValueError(f"config {self}: -pair sums the shares before the TMA reduce; it needs -tmar")
 
     def __str__(self) -> str:
-        return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'' if self.dq_cols == 64 else f'-q{self.dq_cols}'}{'' if self.qrows else '-krows'}{'' if self.dq_adds else '-noadds'}{'-rot' if self.rotate else ''}{'-sum' if self.sum_dq else ''}{'-tmar' if self.tma_dq else ''}{'-sw' if self.dq_swizzle else ''}{'-dsr' if self.ds_regs else ''}-r{self.consumer_regs}"
+        return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'' if self.dq_cols == 64 else f'-q{self.dq_cols}'}{'' if self.qrows else '-krows'}{'' if self.dq_adds else '-noadds'}{'-rot' if self.rotate else ''}{'-sum' if self.sum_dq else ''}{'-tmar' if self.tma_dq else ''}{'-sw' if self.dq_swizzle else ''}{'-dsr' if self.ds_regs else ''}{'-pair' if self.pair_dq else ''}-r{self.consumer_regs}"
 
     @staticmethod
     def parse(text: str) -> "Config":
@@ -187,7 +195,7 @@ class Config:
         parts = text.strip().split("-")
         head = parts[0]
         if not (head.startswith("m") and "s" in head):
-            raise ValueError(f"config {text!r}: expected mBLOCKsSTAGES[-split][-qCOLS][-krows][-noadds][-rot][-sum][-tmar[-sw]][-dsr][-rREGS], e.g. m64s2")
+            raise ValueError(f"config {text!r}: expected mBLOCKsSTAGES[-split][-qCOLS][-krows][-noadds][-rot][-sum][-tmar[-sw]][-dsr][-pair][-rREGS], e.g. m64s2")
         block_m, stages = head[1:].split("s")
         fields = dict(block_m=int(block_m), stages=int(stages))
         for part in parts[1:]:
@@ -207,6 +215,8 @@ class Config:
                 fields["dq_swizzle"] = True
             elif part == "dsr":
                 fields["ds_regs"] = True
+            elif part == "pair":
+                fields["pair_dq"] = True
             elif part.startswith("q") and part[1:].isdigit():
                 fields["dq_cols"] = int(part[1:])
             elif part.startswith("r") and part[1:].isdigit():
@@ -338,7 +348,7 @@ if gl is not None:
                   HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, KEYS: gl.constexpr, CAUSAL: gl.constexpr,
                   MASKED: gl.constexpr, SPLIT_DQ: gl.constexpr, DQ_PARTS: gl.constexpr, QROWS: gl.constexpr,
                   DQ_ADDS: gl.constexpr, CID: gl.constexpr, SUM_DQ: gl.constexpr, TMA_DQ: gl.constexpr,
-                  DQ_SWIZZLE: gl.constexpr, DS_REGS: gl.constexpr = False):
+                  DQ_SWIZZLE: gl.constexpr, DS_REGS: gl.constexpr = False, PAIR_DQ: gl.constexpr = False):
         # One query tile for this consumer's 64 keys: see the module docstring for the order.
         dq_buf = dq_smem.index(CID)
         s = it % STAGES
@@ -467,14 +477,29 @@ if gl is not None:
                     mbarrier.wait(dq_free.index(0), (it & 1) ^ 1)
             if TMA_DQ:
                 if h == 0:
-                    # The previous tile's reduce has read the buffer: its issuing thread waits,
-                    # and the warp group waits for that thread.
-                    tma.store_wait(pendings=0)
-                    gl.thread_barrier()
+                    if PAIR_DQ and CID == 1:
+                        # -pair: consumer 0 has read the previous tile's share from this buffer (a
+                        # fresh barrier passes parity 1: tile 0 goes straight in).
+                        mbarrier.wait(dq_free.index(0), (it & 1) ^ 1)
+                    else:
+                        if PAIR_DQ:
+                            # Consumer 1's share of this tile is in its buffer.
+                            mbarrier.wait(dq_ready.index(0), it & 1)
+                        # The previous tile's reduce has read the buffer: its issuing thread waits,
+                        # and the warp group waits for that thread.
+                        tma.store_wait(pendings=0)
+                        gl.thread_barrier()
             if DQ_PARTS == 1:
-                dq_buf.store(dq * sm_scale)
+                if PAIR_DQ and CID == 0:
+                    dq_buf.store(dq * sm_scale + dq_smem.index(1).load(dq_layout))
+                else:
+                    dq_buf.store(dq * sm_scale)
             else:
-                dq_buf.slice(h * DQ_N, DQ_N, dim=1).store(dq * sm_scale)
+                if PAIR_DQ and CID == 0:
+                    share = dq_smem.index(1).slice(h * DQ_N, DQ_N, dim=1).load(dq_layout)
+                    dq_buf.slice(h * DQ_N, DQ_N, dim=1).store(dq * sm_scale + share)
+                else:
+                    dq_buf.slice(h * DQ_N, DQ_N, dim=1).store(dq * sm_scale)
         if SUM_DQ:
             # FlashAttention-3's sum: both consumers' shares meet in shared memory, and each adds
             # half the rows of their sum (half the adds of the default, the consumers in step).
@@ -489,11 +514,19 @@ if gl is not None:
                 offsets = rows[:, None] * HEAD_DIM + dcols[None, :]
                 gl.atomic_add(dq_h + offsets, part, mask=(rows < n_q)[:, None], sem="relaxed", scope="gpu")
             mbarrier.arrive(dq_free.index(0), count=1)
+        elif TMA_DQ and PAIR_DQ and CID == 1:
+            # -pair: every thread's share is in the buffer (the barrier) before the one thread's
+            # arrival (a release) lets consumer 0 read it.
+            gl.thread_barrier()
+            mbarrier.arrive(dq_ready.index(0), count=1)
         elif TMA_DQ:
             # Every thread's share is in the buffer (the barrier), seen by the async proxy (the
             # fence); the descriptor bounds the head, so rows past Nq are dropped.
             fence_async_shared()
             gl.thread_barrier()
+            if PAIR_DQ:
+                # Consumer 1's share has been read (it is in the sum): its buffer is free.
+                mbarrier.arrive(dq_free.index(0), count=1)
             if DQ_SWIZZLE:
                 for c in gl.static_range(HEAD_DIM // 32):
                     _tma_reduce_add(dq_h, [off_b, off_h, t * BLOCK_M, c * 32], dq_buf.slice(c * 32, 32, dim=1))
@@ -517,7 +550,7 @@ if gl is not None:
                       KEYS: gl.constexpr, CID: gl.constexpr, CAUSAL: gl.constexpr, SPLIT_DQ: gl.constexpr,
                       DQ_PARTS: gl.constexpr, QROWS: gl.constexpr, DQ_ADDS: gl.constexpr, ROTATE: gl.constexpr,
                       SUM_DQ: gl.constexpr, TMA_DQ: gl.constexpr, DQ_SWIZZLE: gl.constexpr,
-                      DS_REGS: gl.constexpr = False):
+                      DS_REGS: gl.constexpr = False, PAIR_DQ: gl.constexpr = False):
         kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, HEAD_DIM, 16])
         k_c = k_smem.index(CID)
@@ -549,7 +582,7 @@ if gl is not None:
                                    lse_h, delta_h, dq_h, off_b, off_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
                                    kv_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
                                    True, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, CID, SUM_DQ, TMA_DQ, DQ_SWIZZLE,
-                                   DS_REGS)
+                                   DS_REGS, PAIR_DQ)
                 it += 1
             for j in range(t_whole, t_end):
                 t = _tile(j, t_whole, t_end, rot, ROTATE)
@@ -558,7 +591,7 @@ if gl is not None:
                                    lse_h, delta_h, dq_h, off_b, off_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
                                    kv_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
                                    False, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, CID, SUM_DQ, TMA_DQ, DQ_SWIZZLE,
-                                   DS_REGS)
+                                   DS_REGS, PAIR_DQ)
                 it += 1
         # dK (times the softmax scale) and dV of this consumer's keys, through K_c's and V_c's
         # buffers (no product reads them any more: every wait above was for 0 outstanding) and
@@ -578,7 +611,7 @@ if gl is not None:
                        CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, SPLIT_DQ: gl.constexpr,
                        DQ_PARTS: gl.constexpr, QROWS: gl.constexpr, DQ_ADDS: gl.constexpr, ROTATE: gl.constexpr,
                        SUM_DQ: gl.constexpr, TMA_DQ: gl.constexpr, DQ_SWIZZLE: gl.constexpr,
-                       DS_REGS: gl.constexpr = False):
+                       DS_REGS: gl.constexpr = False, PAIR_DQ: gl.constexpr = False):
         KEYS: gl.constexpr = 64
         n0 = gl.program_id(0) * (2 * KEYS)
         off_bkv = gl.program_id(1)
@@ -630,8 +663,12 @@ if gl is not None:
         dq_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         dq_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         mbarrier.init(kv_full.index(0), count=1)
-        mbarrier.init(dq_ready.index(0), count=2)
-        mbarrier.init(dq_free.index(0), count=2)
+        if PAIR_DQ:  # one consumer arrives on each
+            mbarrier.init(dq_ready.index(0), count=1)
+            mbarrier.init(dq_free.index(0), count=1)
+        else:
+            mbarrier.init(dq_ready.index(0), count=2)
+            mbarrier.init(dq_free.index(0), count=2)
         for s in gl.static_range(STAGES):
             mbarrier.init(q_full.index(s), count=1)
             mbarrier.init(q_empty.index(s), count=2)
@@ -646,13 +683,13 @@ if gl is not None:
                              lse_ptr, delta_ptr, dq_ptr, dk_desc, dv_desc,
                              off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, rot, qk_scale, sm_scale,
                              HEAD_DIM, BLOCK_M, STAGES, KEYS, 0, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, ROTATE,
-                             SUM_DQ, TMA_DQ, DQ_SWIZZLE, DS_REGS)),
+                             SUM_DQ, TMA_DQ, DQ_SWIZZLE, DS_REGS, PAIR_DQ)),
             (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, kv_full, q_full, q_empty,
                              dq_ready, dq_free,
                              lse_ptr, delta_ptr, dq_ptr, dk_desc, dv_desc,
                              off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, rot, qk_scale, sm_scale,
                              HEAD_DIM, BLOCK_M, STAGES, KEYS, 1, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, ROTATE,
-                             SUM_DQ, TMA_DQ, DQ_SWIZZLE, DS_REGS)),
+                             SUM_DQ, TMA_DQ, DQ_SWIZZLE, DS_REGS, PAIR_DQ)),
         ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -710,7 +747,7 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
                   DQ_PARTS=max(1, head_dim // config.dq_cols), QROWS=config.qrows,
                   DQ_ADDS=config.dq_adds, ROTATE=config.rotate,
                   SUM_DQ=config.sum_dq, TMA_DQ=config.tma_dq,
-                  DQ_SWIZZLE=config.dq_swizzle, DS_REGS=config.ds_regs, num_warps=4)
+                  DQ_SWIZZLE=config.dq_swizzle, DS_REGS=config.ds_regs, PAIR_DQ=config.pair_dq, num_warps=4)
     return args, kwargs, (triton.cdiv(n_k, BLOCK_N), batch * heads_kv)
 
 

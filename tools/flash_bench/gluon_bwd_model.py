@@ -9,14 +9,15 @@ the kernel's design line by line; a mistake copied into both passes. Three check
   land at random later times, and each consumer's wgmma groups in flight from their issue to the
   ``warpgroup_mma_wait`` that retires them (groups retire in order; ``wait(n)`` leaves the newest
   n). A random scheduler interleaves them many times for each query-tile count, group size, ring
-  depth and dQ variant (``SPLIT_DQ``, ``DQ_PARTS``; the adds, ``-sum``, ``-tmar``). The model
+  depth and dQ variant (``SPLIT_DQ``, ``DQ_PARTS``; the adds, ``-sum``, ``-tmar``, ``-tmar-pair``). The model
   fails on a deadlock; on a TMA
   write into a Q/dO stage that a product may still read, or that a consumer has not released; on
   a product reading a stage that holds another tile, or one still being written; on the
   consumer's own generic stores (dS^T into its buffer, dK/dV into K_c/V_c for the TMA store)
   while a product that reads that buffer is in flight; for ``-tmar``, on a dQ share written into
   a buffer a TMA reduce still reads (no ``store_wait`` first), a reduce of a buffer missing a
-  piece, or a consumer ending with a reduce in flight. Each consumer is one coroutine: the
+  piece, or a consumer ending with a reduce in flight; for ``-pair``, on consumer 1's share written
+  over one consumer 0 has not read whole, or a piece of it read before it was written. Each consumer is one coroutine: the
   barriers among a warp group's own threads (before the reduce, after ``store_wait``) are not
   modelled; the SASS shows them (``BAR.SYNC`` of 128 threads around ``UTMAREDG``).
 - ``schedule``: :func:`gluon_backward.query_tiles` (the kernel's integer formulas) skips only
@@ -80,6 +81,26 @@ class Protocol:
         # (until the consumer's store_wait), and the pieces of the tile the buffer holds.
         self.reducing: list[int | None] = [None, None]
         self.dq_pieces: list[tuple[int, int]] = [(-1, 0), (-1, 0)]
+        # PAIR_DQ: consumer 1's buffer (tile, pieces written) and the last tile consumer 0 has
+        # read from it whole; the two barriers then count one consumer each.
+        self.share: tuple[int, int] = (-1, 0)
+        self.share_read = -1
+
+    def pair(self) -> None:
+        for barrier in (self.dq_ready, self.dq_free):
+            barrier.count = barrier.pending = 1
+
+    def share_piece(self, it: int) -> None:
+        tile, done = self.share
+        assert tile == it or self.share_read == tile, (
+            f"consumer 1 writes tile {it}'s dQ share over tile {tile}'s, which consumer 0 has not read")
+        self.share = (it, done + 1 if tile == it else 1)
+
+    def share_load(self, it: int, piece: int, pieces: int) -> None:
+        assert self.share[0] == it and self.share[1] > piece, (
+            f"consumer 0 adds piece {piece} of tile {it}'s share from a buffer holding {self.share} (tile, pieces)")
+        if piece == pieces - 1:
+            self.share_read = it
 
     def dq_piece(self, cid: int, it: int) -> None:
         assert self.reducing[cid] is None, (
@@ -170,7 +191,7 @@ def producer(p: Protocol, refill_xor: int = 1):
 
 
 def consumer(p: Protocol, cid: int, split_dq: bool, dq_parts: int, plant: str = "", qrows: bool = True,
-             sum_dq: bool = False, tma_dq: bool = False):
+             sum_dq: bool = False, tma_dq: bool = False, pair_dq: bool = False):
     # _bwd_consumer / _bwd_step, in the kernel's order. Buffers: ("stage", s) = Q_s and dO_s,
     # ("kv",) = K_c and V_c, ("ds",) and ("p",) = this consumer's dS and P buffers (QROWS: both
     # written before dV's and dK's products read them; keys as rows: only dS^T, after).
@@ -218,9 +239,21 @@ def consumer(p: Protocol, cid: int, split_dq: bool, dq_parts: int, plant: str = 
                 yield ("wait", p.dq_free, (it & 1) ^ 1)
             if sum_dq:
                 p.dq_store(cid, it)
-            if tma_dq:
+            if pair_dq and cid == 1:
+                if h == 0 and plant != "pair: dq_free not waited":
+                    yield ("wait", p.dq_free, (it & 1) ^ 1)
+                p.share_piece(it)  # the share, scaled, into buffer 1
+                if plant == "pair: dq_ready before the last piece" and h == 0:
+                    p.dq_ready.arrive()
+            elif tma_dq:
+                if pair_dq and h == 0 and plant != "pair: dq_ready not waited":
+                    yield ("wait", p.dq_ready, it & 1)
                 if h == 0 and plant != "no store_wait before the dQ store":
                     p.store_wait(cid)  # tma.store_wait(0), then the warp group's barrier
+                if pair_dq:
+                    p.share_load(it, h, dq_parts)  # consumer 1's piece h, added as this one's is stored
+                    if plant == "pair: dq_free at the first piece" and h == 0:
+                        p.dq_free.arrive()
                 p.dq_piece(cid, it)
                 if plant == "reduce after the first piece" and h == 0:
                     p.reduce(cid, it, dq_parts)
@@ -233,8 +266,13 @@ def consumer(p: Protocol, cid: int, split_dq: bool, dq_parts: int, plant: str = 
             yield ("yield",)  # the sums and the atomic adds of half the rows
             p.dq_reading.discard(cid)
             p.dq_free.arrive()
-        if tma_dq and plant != "reduce after the first piece":
-            p.reduce(cid, it, dq_parts)  # fence, barrier, the reduce
+        if pair_dq and cid == 1:
+            if plant != "pair: dq_ready before the last piece":
+                p.dq_ready.arrive()  # after the warp group's barrier
+        elif tma_dq and plant != "reduce after the first piece":
+            if pair_dq and plant != "pair: dq_free at the first piece":
+                p.dq_free.arrive()  # fence, barrier: consumer 1's share is in the sum
+            p.reduce(cid, it, dq_parts)  # the reduce
         yield ("yield",)  # the atomic adds (TMA_DQ: the reduce runs on)
         if plant == "ds store before its reader retired":
             # The mistake: the next tile's dS^T written while this tile's dQ product may run
@@ -254,10 +292,12 @@ def consumer(p: Protocol, cid: int, split_dq: bool, dq_parts: int, plant: str = 
 
 
 def _drive(p: Protocol, split_dq: bool = False, dq_parts: int = 1, refill_xor: int = 1, plant: str = "",
-           qrows: bool = True, sum_dq: bool = False, tma_dq: bool = False) -> None:
+           qrows: bool = True, sum_dq: bool = False, tma_dq: bool = False, pair_dq: bool = False) -> None:
+    if pair_dq:
+        p.pair()
     partitions = {"producer": producer(p, refill_xor),
-                  "consumer0": consumer(p, 0, split_dq, dq_parts, plant, qrows, sum_dq, tma_dq),
-                  "consumer1": consumer(p, 1, split_dq, dq_parts, plant, qrows, sum_dq, tma_dq)}
+                  "consumer0": consumer(p, 0, split_dq, dq_parts, plant, qrows, sum_dq, tma_dq, pair_dq),
+                  "consumer1": consumer(p, 1, split_dq, dq_parts, plant, qrows, sum_dq, tma_dq, pair_dq)}
     interleave(p, partitions, f"n_iters={p.n_iters} stages={p.stages}")
     assert all(not g for g in p.groups), "products left in flight at the end"
     assert all(not h for h in p.holding), "stages never released"
@@ -267,10 +307,11 @@ def check_protocol(seeds: int) -> int:
     cases = 0
     # n_iters = GROUP x query tiles of the CTA (0: a causal key block no query sees).
     for n_iters, stages, split_dq, dq_parts, qrows, dq_out in itertools.product(
-            (0, 1, 2, 3, 5, 8, 13), (2, 3, 4), (False, True), (1, 2), (True, False), ("adds", "sum", "tma")):
+            (0, 1, 2, 3, 5, 8, 13), (2, 3, 4), (False, True), (1, 2), (True, False),
+            ("adds", "sum", "tma", "pair")):
         for seed in range(seeds):
             _drive(Protocol(n_iters, stages, random.Random(seed)), split_dq, dq_parts, qrows=qrows,
-                   sum_dq=dq_out == "sum", tma_dq=dq_out == "tma")
+                   sum_dq=dq_out == "sum", tma_dq=dq_out in ("tma", "pair"), pair_dq=dq_out == "pair")
             cases += 1
     return cases
 
@@ -282,6 +323,8 @@ PLANTED = ("empty barriers counting one consumer", "producer's first wait on par
 
 SUM_PLANTED = ("dq_free not waited", "dq_ready not waited")
 TMA_PLANTED = ("no store_wait before the dQ store", "reduce after the first piece", "no last store_wait")
+PAIR_PLANTED = ("pair: dq_free not waited", "pair: dq_ready not waited", "pair: dq_ready before the last piece",
+                "pair: dq_free at the first piece")
 
 
 def check_dq_out_catches_mistakes(mistakes: tuple[str, ...], **drive) -> list[str]:
@@ -611,6 +654,10 @@ def main() -> int:
     print(f"protocol (-tmar): the model fails on {len(tma_caught)} of {len(TMA_PLANTED)} planted mistakes: "
           f"{', '.join(tma_caught)}")
     missed += [m for m in TMA_PLANTED if m not in tma_caught]
+    pair_caught = check_dq_out_catches_mistakes(PAIR_PLANTED, tma_dq=True, pair_dq=True)
+    print(f"protocol (-tmar-pair): the model fails on {len(pair_caught)} of {len(PAIR_PLANTED)} planted mistakes: "
+          f"{', '.join(pair_caught)}")
+    missed += [m for m in PAIR_PLANTED if m not in pair_caught]
     gb = load_backward()
     print(f"schedule: {check_schedule(gb)} (key block, lengths, BLOCK_M) cases: no seen tile skipped, no "
           "unmasked tile partly hidden, every tile walked once (rotated or not)")

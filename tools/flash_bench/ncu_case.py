@@ -7,7 +7,8 @@ an optional Gluon backward configuration (``bwd-bf16-d128-4k``, ``bwd-bf16-d128-
 the Gluon backward (``gluon_backward.flash_bwd``, kernel ``_attn_bwd_sm90``) after one forward.
 ``--by triton`` runs the same backward through the Triton kernels (``launch.flash_bwd`` with the
 Gluon backward off, today's default) and ``--by cudnn`` through torch's cuDNN attention, so the
-three can be read side by side; the third call runs inside the NVTX range ``profiled``:
+three can be read side by side (``--causal`` for the causal case); the third call runs inside the
+NVTX range ``profiled``:
 
     ncu --target-processes all --nvtx --nvtx-include "profiled/" \\
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \\
@@ -38,7 +39,7 @@ def _three_calls(call, prepare=None) -> None:
             torch.cuda.nvtx.range_pop()
 
 
-def main(case: str, by: str) -> None:
+def main(case: str, by: str, causal: bool = False) -> None:
     backward = case.startswith("bwd-")
     dtype, head_dim, length, *config = case.removeprefix("bwd-").split("-", 3)
     d, n = int(head_dim[1:]), int(length[:-1]) * 1024
@@ -55,27 +56,27 @@ def main(case: str, by: str) -> None:
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             if backward:  # autograd runs it on a thread of its own: outside the range (the docstring)
                 def forward():
-                    out = scaled_dot_product_attention(q, k, v)
+                    out = scaled_dot_product_attention(q, k, v, is_causal=causal)
                     return out, torch.randn_like(out)
 
                 _three_calls(lambda made: made[0].backward(made[1]), forward)
             else:
-                _three_calls(lambda: scaled_dot_product_attention(q, k, v))
+                _three_calls(lambda: scaled_dot_product_attention(q, k, v, is_causal=causal))
         return
     with torch.no_grad():
         if backward:
             from pytest_attnkit.implementations.triton_flash import gluon_backward, launch
 
             chosen = gluon_backward.Config.parse(config[0]) if config else None
-            o, lse = launch.flash_fwd(q, k, v, False, d ** -0.5)
+            o, lse = launch.flash_fwd(q, k, v, causal, d ** -0.5)
             do = torch.randn_like(q)
             if by == "triton":
                 os.environ.pop("ATTNKIT_TRITON_FLASH_GLUON_BWD", None)  # launch.flash_bwd then takes the Triton kernels
-                _three_calls(lambda: launch.flash_bwd(do, q, k, v, o, lse, False, d ** -0.5))
+                _three_calls(lambda: launch.flash_bwd(do, q, k, v, o, lse, causal, d ** -0.5))
             else:
-                _three_calls(lambda: gluon_backward.flash_bwd(do, q, k, v, o, lse, False, d ** -0.5, chosen))
+                _three_calls(lambda: gluon_backward.flash_bwd(do, q, k, v, o, lse, causal, d ** -0.5, chosen))
         else:
-            _three_calls(lambda: flash_attention(q, k, v))
+            _three_calls(lambda: flash_attention(q, k, v, causal=causal))
 
 
 if __name__ == "__main__":
@@ -83,5 +84,6 @@ if __name__ == "__main__":
     parser.add_argument("case")
     parser.add_argument("--by", choices=("gluon", "triton", "cudnn"), default="gluon",
                         help="the backward's implementation (forwards: gluon and triton are the bundled kernel)")
+    parser.add_argument("--causal", action="store_true", help="causal (bottom-right; square here, so cuDNN's agrees)")
     arguments = parser.parse_args()
-    main(arguments.case, arguments.by)
+    main(arguments.case, arguments.by, arguments.causal)
