@@ -51,7 +51,11 @@ Partitions (``gl.warp_specialize``), 12 warps, one CTA per SM (shared memory):
         red.global.add.v4.f32 into dQ's fp32 [B, Hq, Nq, D] accumulator (rows < Nq)
         (-tmar, the default: store_wait + barrier before the first piece's store, then fence,
         barrier, and one TMA reduce-add of the buffer per 32 columns (-sw) or of all of it,
-        issued by one thread; the descriptor drops rows past Nq)
+        issued by one thread; the descriptor drops rows past Nq;
+        -pair, the default at d64 and at d128 without causal: consumer 1 stores its scaled
+        pieces to a share buffer of its own layout and arrives on dq_ready; consumer 0 waits
+        for it, adds each piece of the share to its own as it stores that, and arrives on
+        dq_free before its one reduce; consumer 1 waits on dq_free before the next share)
 
   and at the end dK_c * scale and dV_c go to K_c's and V_c's buffers and out by TMA stores
   (rows past Nk dropped). ``Config(qrows=False)`` (``-krows``) is the other layout (S^T = K_c
@@ -244,10 +248,12 @@ def shared_bytes(config: Config, head_dim: int, element_size: int = 2) -> int:
 def default_config(head_dim: int, causal: bool) -> Config:
     """64 query rows per tile (FlashAttention-3's tile for d128's backward: 64 x 128); at d64 the
     Q/dO stages are half the size, so a deeper ring costs little. dQ leaves by TMA reduces from
-    swizzled buffers (``-tmar-sw``): 1.23-1.48x the adds on an H100 (NOTES.md, v17)."""
+    swizzled buffers (``-tmar-sw``): 1.23-1.48x the adds on an H100 (NOTES.md, v17); one reduce a
+    tile (``-pair``) at d64 and at d128 without causal, 1.05-1.11x on an H100, where d128 causal
+    lost 4-9% (NOTES.md, v20.8)."""
     if head_dim == 64:
-        return Config(block_m=64, stages=3, tma_dq=True, dq_swizzle=True)
-    return Config(block_m=64, stages=2, tma_dq=True, dq_swizzle=True)
+        return Config(block_m=64, stages=3, tma_dq=True, dq_swizzle=True, pair_dq=True)
+    return Config(block_m=64, stages=2, tma_dq=True, dq_swizzle=True, pair_dq=not causal)
 
 
 def query_tiles(n0: int, n_q: int, n_k: int, block_m: int, causal: bool) -> tuple[int, int, int]:
@@ -342,7 +348,8 @@ if gl is not None:
                 it += 1
 
     @gluon.jit
-    def _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, p_buf, dq_smem, dq_ready, dq_free, q_full, q_empty, dk, dv,
+    def _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, p_buf, dq_smem, share_smem, dq_ready, dq_free, q_full, q_empty,
+                  dk, dv,
                   lse_h, delta_h, dq_h, off_b, off_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
                   kv_layout: gl.constexpr, add_layout: gl.constexpr, BLOCK_M: gl.constexpr,
                   HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, KEYS: gl.constexpr, CAUSAL: gl.constexpr,
@@ -350,7 +357,10 @@ if gl is not None:
                   DQ_ADDS: gl.constexpr, CID: gl.constexpr, SUM_DQ: gl.constexpr, TMA_DQ: gl.constexpr,
                   DQ_SWIZZLE: gl.constexpr, DS_REGS: gl.constexpr = False, PAIR_DQ: gl.constexpr = False):
         # One query tile for this consumer's 64 keys: see the module docstring for the order.
-        dq_buf = dq_smem.index(CID)
+        if PAIR_DQ:  # one buffer to reduce from, consumer 0's; consumer 1's share goes to share_smem
+            dq_buf = dq_smem.index(0)
+        else:
+            dq_buf = dq_smem.index(CID)
         s = it % STAGES
         q_s = q_smem.index(s)
         do_s = do_smem.index(s)
@@ -489,17 +499,17 @@ if gl is not None:
                         # and the warp group waits for that thread.
                         tma.store_wait(pendings=0)
                         gl.thread_barrier()
-            if DQ_PARTS == 1:
-                if PAIR_DQ and CID == 0:
-                    dq_buf.store(dq * sm_scale + dq_smem.index(1).load(dq_layout))
-                else:
-                    dq_buf.store(dq * sm_scale)
+            if PAIR_DQ and CID == 1:
+                share_smem.index(h).store(dq * sm_scale)
             else:
-                if PAIR_DQ and CID == 0:
-                    share = dq_smem.index(1).slice(h * DQ_N, DQ_N, dim=1).load(dq_layout)
-                    dq_buf.slice(h * DQ_N, DQ_N, dim=1).store(dq * sm_scale + share)
+                if PAIR_DQ:
+                    dq = dq * sm_scale + share_smem.index(h).load(dq_layout)
                 else:
-                    dq_buf.slice(h * DQ_N, DQ_N, dim=1).store(dq * sm_scale)
+                    dq = dq * sm_scale
+                if DQ_PARTS == 1:
+                    dq_buf.store(dq)
+                else:
+                    dq_buf.slice(h * DQ_N, DQ_N, dim=1).store(dq)
         if SUM_DQ:
             # FlashAttention-3's sum: both consumers' shares meet in shared memory, and each adds
             # half the rows of their sum (half the adds of the default, the consumers in step).
@@ -542,7 +552,7 @@ if gl is not None:
         return dk, dv
 
     @gluon.jit
-    def _bwd_consumer(q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, kv_full, q_full, q_empty,
+    def _bwd_consumer(q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, share_smem, kv_full, q_full, q_empty,
                       dq_ready, dq_free,
                       lse_ptr, delta_ptr, dq_ptr, dk_desc, dv_desc,
                       off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, rot, qk_scale, sm_scale,
@@ -577,7 +587,7 @@ if gl is not None:
                 dq_h = dq_ptr + row_base * HEAD_DIM
             # The causal diagonal's tiles (masked), then the tiles every key of the CTA sees whole.
             for t in range(t_first, t_whole):
-                dk, dv = _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, p_buf, dq_smem, dq_ready, dq_free,
+                dk, dv = _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, p_buf, dq_smem, share_smem, dq_ready, dq_free,
                                    q_full, q_empty, dk, dv,
                                    lse_h, delta_h, dq_h, off_b, off_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
                                    kv_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
@@ -586,7 +596,7 @@ if gl is not None:
                 it += 1
             for j in range(t_whole, t_end):
                 t = _tile(j, t_whole, t_end, rot, ROTATE)
-                dk, dv = _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, p_buf, dq_smem, dq_ready, dq_free,
+                dk, dv = _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, p_buf, dq_smem, share_smem, dq_ready, dq_free,
                                    q_full, q_empty, dk, dv,
                                    lse_h, delta_h, dq_h, off_b, off_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
                                    kv_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
@@ -656,7 +666,17 @@ if gl is not None:
             dq_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
         else:
             dq_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
-        dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM], dq_layout)
+        if PAIR_DQ:
+            # Consumer 0's buffer, which the reduce reads, and consumer 1's share, which only
+            # consumer 0 reads: one piece of DQ_N columns a slot, its 32-byte units XORed with the
+            # row, so that a warp's accumulator rows (8 of 32 bytes) fall on every bank: two
+            # wavefronts a store or load, where the 128-byte swizzle conflicted (NOTES.md v20.8).
+            dq_smem = gl.allocate_shared_memory(gl.float32, [1, BLOCK_M, HEAD_DIM], dq_layout)
+            share_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+            share_smem = gl.allocate_shared_memory(gl.float32, [DQ_PARTS, BLOCK_M, HEAD_DIM // DQ_PARTS], share_layout)
+        else:
+            dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM], dq_layout)
+            share_smem = dq_smem  # an alias, never used
         kv_full = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         q_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -678,13 +698,15 @@ if gl is not None:
             (_bwd_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_full, q_full,
                              q_empty, off_b, off_hkv, n0, GROUP, t_first, t_whole, t_end, rot, BLOCK_M, STAGES, KEYS,
                              ROTATE)),
-            (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, kv_full, q_full, q_empty,
+            (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, share_smem, kv_full, q_full,
+                             q_empty,
                              dq_ready, dq_free,
                              lse_ptr, delta_ptr, dq_ptr, dk_desc, dv_desc,
                              off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, rot, qk_scale, sm_scale,
                              HEAD_DIM, BLOCK_M, STAGES, KEYS, 0, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, ROTATE,
                              SUM_DQ, TMA_DQ, DQ_SWIZZLE, DS_REGS, PAIR_DQ)),
-            (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, kv_full, q_full, q_empty,
+            (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, share_smem, kv_full, q_full,
+                             q_empty,
                              dq_ready, dq_free,
                              lse_ptr, delta_ptr, dq_ptr, dk_desc, dv_desc,
                              off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, rot, qk_scale, sm_scale,
