@@ -132,7 +132,8 @@ KEYS_PER_CONSUMER = 64
 #: Keys per CTA: two consumer warp groups.
 BLOCK_N = 2 * KEYS_PER_CONSUMER
 #: Set to 1 to let callers that ask (:func:`enabled`) take this kernel. Off by default: on an H100
-#: it is level with the Triton backward at 4k-16k d128 and below it at d64 and 1k (NOTES.md, v17).
+#: it is 1.00-1.08x the Triton backward but 0.85x at 1k d128 causal, and its defaults have not run
+#: on an H200 (NOTES.md, v20.8).
 ENV_SWITCH = "ATTNKIT_TRITON_FLASH_GLUON_BWD"
 
 
@@ -721,8 +722,7 @@ if gl is not None:
 
 
 def enabled() -> bool:
-    """Whether the environment switch asks for this kernel (off by default: slower than the Triton
-    backward on an H100)."""
+    """Whether the environment switch asks for this kernel (off by default: :data:`ENV_SWITCH`)."""
     return os.environ.get(ENV_SWITCH, "0") == "1"
 
 

@@ -922,8 +922,8 @@ def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     ``tiles`` may force the "dkdv" and "dq" kernels' configurations (for benchmarks)."""
     variants = Variants(causal=causal) if variants is None else variants
     if tiles is None and layout is None and os.environ.get("ATTNKIT_TRITON_FLASH_GLUON_BWD") == "1":
-        # The Gluon backward (NOTES.md, v15 to v17): OFF unless asked for; on an H100 it is right,
-        # level with the Triton backward at 4k-16k d128, slower at d64 and 1k.
+        # The Gluon backward (NOTES.md, v15 to v20.8): OFF unless asked for (gluon_backward.ENV_SWITCH
+        # says why).
         from . import gluon_backward
 
         if gluon_backward.unsupported_reason(q, k, v, causal, scale, variants=variants, layout=layout) is None:
