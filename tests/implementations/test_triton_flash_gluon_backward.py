@@ -28,7 +28,8 @@ def test_configs_round_trip() -> None:
         gluon_backward.launch_arguments(q, q, q, q, torch.empty(1, 2, 256), torch.empty(1, 2, 256), q.float(), q, q,
                                         False, 0.125, gluon_backward.Config(qrows=False, ds_regs=True))
     assert not any(gluon_backward.default_config(d, c).ds_regs for d in gluon_backward.HEAD_DIMS for c in (0, 1))
-    # One reduce a tile where an H100 timed it faster (NOTES.md v20.8): not d128 causal.
+    # One reduce a tile where an H100 timed it faster (implementations/triton_flash/NOTES.md v20.8):
+    # not d128 causal.
     assert [str(gluon_backward.default_config(d, c)) for d in (64, 128) for c in (False, True)] == [
         "m64s3-tmar-sw-pair-r240", "m64s3-tmar-sw-pair-r240", "m64s2-tmar-sw-pair-r240", "m64s2-tmar-sw-r240"]
     # The TMA reduce replaces the adds: not beside -sum or -noadds; the swizzle is its buffers';
