@@ -362,14 +362,15 @@ def case_label(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> s
 
 
 def variants_table(bench: dict, variants: list[str], shapes) -> list[str]:
-    """The report's table of configurations: TFLOP/s of the default (the ``gluon`` timing of each
-    case) and of each of ``variants`` (``gluon VARIANT`` in the case's ``variants`` timing)."""
+    """The report's table of configurations: TFLOP/s of the default (the ``gluon`` timing of the
+    case's ``variants`` timing where it has one, else of the case) and of each of ``variants``
+    (``gluon VARIANT`` in the case's ``variants`` timing)."""
     lines = ["| case | default | " + " | ".join(variants) + " |", "|---|---|" + "---|" * len(variants)]
     for batch, heads, n, head_dim in shapes:
         for causal in (False, True):
             label = case_label(batch, heads, n, head_dim, causal)
-            base = bench.get(label, {}).get("tflops", {})
             t = bench.get(f"{label} variants", {}).get("tflops", {})
+            base = t if "gluon" in t else bench.get(label, {}).get("tflops", {})
             cells = [f"{base['gluon']:.0f}" if "gluon" in base else "-"]
             cells += [f"{t[f'gluon {v}']:.0f}" if f"gluon {v}" in t else "-" for v in variants]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
