@@ -4,10 +4,12 @@ Status: compile-checked for sm_90a (``tools/flash_bench/gluon_bwd_compile.py``),
 protocol, tile ranges and arithmetic modelled on the CPU (``tools/flash_bench/gluon_bwd_model.py``),
 and run on an H100 (``tools/flash_bench/gluon_bwd_check.py``): right on every case of the check.
 First 0.56-0.63x cuDNN with dQ's float adds (NOTES.md, v15.1); with dQ leaving by TMA reduces
-from swizzled buffers (``-tmar-sw``, the default since v17) 0.77-0.88x, about the Triton
-backward's speed at d128 but not above it everywhere (results/2026-11-26-session6/gluon-bwd-tmar).
-Nothing calls it by default: :mod:`.launch` keeps the Triton backward. The design notes and the
-prediction below are v15's, from before those runs; ``-tmar`` is described where dQ is.
+from swizzled buffers (``-tmar-sw``, v17) 0.77-0.88x; with one reduce a tile (``-pair``, the
+default at d64 and d128 without causal since v20.8) 0.81-0.86x at d128 and 0.92-0.96x at d64 on an
+H100, 1.00-1.08x the Triton backward except 1k d128 causal (0.85x)
+(results/2026-11-28-session15/gluon-bwd-pair). Nothing calls it by default: :mod:`.launch` keeps
+the Triton backward. The design notes and the prediction below are v15's, from before those runs;
+``-tmar`` and ``-pair`` are described where dQ is.
 
 The math. For one (batch, query head), with the forward's base-2 LSE ``L_i`` and
 ``delta_i = rowsum(dO_i * O_i)`` (the Triton path's preprocess kernel, as :mod:`.launch` uses it):
@@ -62,15 +64,16 @@ Partitions (``gl.warp_specialize``), 12 warps, one CTA per SM (shared memory):
   Q_i^T: P^T, dS^T from registers as A operands, L and delta 16 registers a thread each): it
   spilled ~40 instructions a tile at d128, the default 0 (NOTES.md v15).
 
-Each consumer adds its own 64 keys' share of dQ: no barrier between the consumers. FA3 instead
+Without ``-pair``, each consumer adds its own 64 keys' share of dQ: no barrier between the
+consumers (``-pair``: two a tile, above). FA3 instead
 writes both dS halves to shared memory, syncs the two warp groups, and has a dedicated warp add
 dQ with TMA ``reduce-add``. Triton 3.6's Hopper ``tma`` module does not name a reduce, hence v15's
 adds from the consumers, twice FA3's dQ traffic (``-noadds``, timing only, measures their cost).
 Its Gluon builder does have the op (the Triton path's descriptor atomics lower to it):
 ``_tma_reduce_add`` issues it, and ``-tmar`` reduces each consumer's share from its fp32 buffer
-(still twice FA3's L2 traffic, but no per-thread adds). ``-sw`` swizzles those buffers (128-byte
-rows, so 32 columns a reduce): unswizzled, a warp's accumulator rows, 512 bytes apart at d128,
-fall on the same banks, 8-way conflicts on every dQ store. dQ is
+(still twice FA3's L2 traffic, but no per-thread adds; ``-pair`` halves it). ``-sw`` swizzles
+those buffers (128-byte rows, so 32 columns a reduce): unswizzled, a warp's accumulator rows, 512
+bytes apart at d128, fall on the same banks, 8-way conflicts on every dQ store. dQ is
 summed in whatever order the CTAs arrive: not bit-reproducible run to run (dK, dV are).
 ``-sum`` (``Config(sum_dq=True)``) is FA3's sum without its TMA reduce: each consumer writes its
 share to its fp32 buffer and arrives on ``dq_ready`` (count 2), waits for it (parity ``it & 1``),
@@ -178,8 +181,9 @@ class Config:
     #: ``-pair`` (with ``-tmar``): one reduce a tile instead of two. Consumer 1 stores its scaled
     #: share to its buffer and arrives on ``dq_ready``; consumer 0 waits for it, adds it to its own
     #: share as it stores that, and reduces the sum; its arrival on ``dq_free`` lets consumer 1
-    #: write the next tile's share. Half the L2 reductions (cuDNN's way, NOTES.md v20.7), for one
-    #: more 32 KiB read of shared memory a tile at d128 and the consumers at most a tile apart.
+    #: write the next tile's share. Half the L2 reductions (cuDNN's way, NOTES.md v20.7), for
+    #: consumer 0's loads of the share (in place of the second reduce's read of a buffer) and the
+    #: two consumers held at most a tile apart.
     pair_dq: bool = False
 
     def __post_init__(self) -> None:
@@ -187,6 +191,10 @@ class Config:
         if self.ds_regs and not self.qrows:
             raise ValueError(f"config {self}: -dsr keeps dS as the queries-as-rows layout computes it; "
                              "with keys as rows (-krows) dS^T is in registers already")
+        if self.tma_dq and (self.sum_dq or not self.dq_adds):
+            raise ValueError(f"config {self}: -tmar is the adds' other way out; not with -sum or -noadds")
+        if self.dq_swizzle and not self.tma_dq:
+            raise ValueError(f"config {self}: -sw swizzles the buffers -tmar reduces from; it needs -tmar")
         if self.pair_dq and not self.tma_dq:
             raise ValueError(f"config {self}: -pair sums the shares before the TMA reduce; it needs -tmar")
 
@@ -200,7 +208,7 @@ class Config:
         parts = text.strip().split("-")
         head = parts[0]
         if not (head.startswith("m") and "s" in head):
-            raise ValueError(f"config {text!r}: expected mBLOCKsSTAGES[-split][-qCOLS][-krows][-noadds][-rot][-sum][-tmar[-sw]][-dsr][-pair][-rREGS], e.g. m64s2")
+            raise ValueError(f"config {text!r}: expected mBLOCKsSTAGES[-split][-qCOLS][-krows][-noadds][-rot][-sum][-tmar[-sw][-pair]][-dsr][-rREGS], e.g. m64s2")
         block_m, stages = head[1:].split("s")
         fields = dict(block_m=int(block_m), stages=int(stages))
         for part in parts[1:]:
@@ -228,11 +236,7 @@ class Config:
                 fields["consumer_regs"] = int(part[1:])
             else:
                 raise ValueError(f"config {text!r}: unknown part {part!r}")
-        if fields.get("tma_dq") and (fields.get("sum_dq") or fields.get("dq_adds") is False):
-            raise ValueError(f"config {text!r}: -tmar is the adds' other way out; not with -sum or -noadds")
-        if fields.get("dq_swizzle") and not fields.get("tma_dq"):
-            raise ValueError(f"config {text!r}: -sw swizzles the buffers -tmar reduces from; it needs -tmar")
-        return Config(**fields)
+        return Config(**fields)  # __post_init__ refuses the combinations the kernel is not written for
 
 
 def shared_bytes(config: Config, head_dim: int, element_size: int = 2) -> int:
@@ -250,8 +254,8 @@ def default_config(head_dim: int, causal: bool) -> Config:
     """64 query rows per tile (FlashAttention-3's tile for d128's backward: 64 x 128); at d64 the
     Q/dO stages are half the size, so a deeper ring costs little. dQ leaves by TMA reduces from
     swizzled buffers (``-tmar-sw``): 1.23-1.48x the adds on an H100 (NOTES.md, v17); one reduce a
-    tile (``-pair``) at d64 and at d128 without causal, 1.05-1.11x on an H100, where d128 causal
-    lost 4-9% (NOTES.md, v20.8)."""
+    tile (``-pair``) at d64 and at d128 without causal, 1.05-1.11x on an H100; d128 causal keeps
+    two reduces, undecided (NOTES.md, v20.8)."""
     if head_dim == 64:
         return Config(block_m=64, stages=3, tma_dq=True, dq_swizzle=True, pair_dq=True)
     return Config(block_m=64, stages=2, tma_dq=True, dq_swizzle=True, pair_dq=not causal)
@@ -527,7 +531,8 @@ if gl is not None:
             mbarrier.arrive(dq_free.index(0), count=1)
         elif TMA_DQ and PAIR_DQ and CID == 1:
             # -pair: every thread's share is in the buffer (the barrier) before the one thread's
-            # arrival (a release) lets consumer 0 read it.
+            # arrival (a release) lets consumer 0 read it. Triton's shared-memory barrier pass
+            # would put this barrier here too (gluon_bwd_compile.py checks the PTX for it).
             gl.thread_barrier()
             mbarrier.arrive(dq_ready.index(0), count=1)
         elif TMA_DQ:

@@ -37,6 +37,11 @@ def test_configs_round_trip() -> None:
     for text in ("m64s2-sum-tmar", "m64s2-noadds-tmar", "m64s2-sw", "m64s2-krows-dsr", "m64s2-pair", "m64s2-sum-pair"):
         with pytest.raises(ValueError):
             gluon_backward.Config.parse(text)
+    # Refused as made too: -pair and -sum would both arrive on barriers that count one consumer.
+    for fields in (dict(tma_dq=True, sum_dq=True, pair_dq=True), dict(tma_dq=True, dq_adds=False),
+                   dict(dq_swizzle=True), dict(pair_dq=True)):
+        with pytest.raises(ValueError):
+            gluon_backward.Config(**fields)
     for head_dim in gluon_backward.HEAD_DIMS:
         for causal in (False, True):
             config = gluon_backward.default_config(head_dim, causal)
@@ -58,3 +63,27 @@ def test_the_backward_switch_is_off_by_default(monkeypatch: pytest.MonkeyPatch) 
     assert not gluon_backward.enabled()
     monkeypatch.setenv(gluon_backward.ENV_SWITCH, "1")
     assert gluon_backward.enabled()
+
+
+def test_the_compile_check_finds_an_arrival_no_barrier_orders() -> None:
+    """tools/flash_bench/gluon_bwd_compile.py's PTX rule: a plain arrival after shared stores with
+    no bar.sync between is named by its source line; one after a bar.sync, or an expect_tx
+    arrival (the producer's), is not."""
+    import importlib
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "flash_bench"))
+    try:
+        compile_check = importlib.import_module("gluon_bwd_compile")
+    finally:
+        sys.path.pop(0)
+    ptx = "\n".join(["\tst.shared.v2.b32 \t[%r87+180224], {%r565, %r566};",
+                     "\t.loc\t1 537 24",
+                     "\t@%p30 mbarrier.arrive.shared::cta.b64 _, [%r302];",
+                     "\tbar.sync \t3, 128;",
+                     "\t.loc\t1 540 8",
+                     "\t@%p30 mbarrier.arrive.shared::cta.b64 _, [%r303];",
+                     "\t@!%p2 ld.shared.v2.b32 \t{%r1, %r2}, [%r9];",
+                     "\t@%p9 mbarrier.arrive.expect_tx.shared.b64 _, [%r2263], 65536;"])
+    assert compile_check.unbarriered_arrives(ptx) == ["gluon_backward.py:537"]

@@ -51,6 +51,28 @@ def _loops(sass: list[tuple[int, str]]) -> list[list[str]]:
     return loops
 
 
+def unbarriered_arrives(ptx: str) -> list[str]:
+    """The plain mbarrier arrivals (not ``expect_tx``) that follow a shared-memory access with no
+    ``bar.sync`` between, read in the PTX's order: Gluon's ``mbarrier.arrive`` is one thread's, so
+    the other threads' stores (or loads) before it are ordered only by a barrier of the warp group
+    first (``-pair``'s and ``-sum``'s handoffs; the protocol model, one coroutine a warp group,
+    cannot see this). Triton 3.6's shared-memory barrier pass inserts that barrier itself (with the
+    kernel's ``gl.thread_barrier()`` before ``-pair``'s arrival removed, the PTX still had a
+    ``bar.sync`` there): this checks the compiled code keeps it. Each as ``gluon_backward.py:LINE``."""
+    found, dirty, where = [], False, "?"
+    for line in ptx.splitlines():
+        text = line.strip()
+        if text.startswith(".loc"):
+            where = text.split()[2] if len(text.split()) > 2 else "?"
+        elif re.match(r"(@!?%p\d+ )?(st|ld|red|atom)\.shared|(@!?%p\d+ )?(stmatrix|ldmatrix)", text):
+            dirty = True
+        elif re.match(r"(bar|barrier)\.sync\b", text):
+            dirty = False
+        elif "mbarrier.arrive" in text and "expect_tx" not in text and dirty:
+            found.append(f"gluon_backward.py:{where}")
+    return found
+
+
 def describe(compiled, shared_limit: int) -> tuple[str, bool]:
     ptx = compiled.asm["ptx"]
     regs, spills, warnings, dec, inc, wgmma, tma_loads = ptx_counts(ptx)
@@ -65,6 +87,7 @@ def describe(compiled, shared_limit: int) -> tuple[str, bool]:
     loops = _loops(sass)
     hazards = [text for body in loops for text in _hazards(body)]
     local = [sum(op.startswith(("LDL", "STL")) for op in map(_opcode, body)) for body in loops]
+    unordered = unbarriered_arrives(ptx)
     shared = compiled.metadata.shared
     fits = shared <= shared_limit
     line = (f"regs {regs} at launch, setmaxnreg dec {dec} inc {inc}; spills {spills} B; shared {shared} B"
@@ -74,9 +97,12 @@ def describe(compiled, shared_limit: int) -> tuple[str, bool]:
             f"local-memory (spill) instrs in them {local}, {len(hazards)} touches of in-flight wgmma registers")
     if hazards:
         line += " (" + "; ".join(hazards[:4]) + ")"
+    line += f"; {len(unordered)} arrivals after shared accesses with no barrier between"
+    if unordered:
+        line += " (" + ", ".join(sorted(set(unordered))) + ")"
     if warnings:
         line += "; ptxas: " + " | ".join(warnings)
-    return line, spills == 0 and fits and regs > 0 and not hazards
+    return line, spills == 0 and fits and regs > 0 and not hazards and not unordered
 
 
 def main() -> int:

@@ -9,17 +9,18 @@ the kernel's design line by line; a mistake copied into both passes. Three check
   land at random later times, and each consumer's wgmma groups in flight from their issue to the
   ``warpgroup_mma_wait`` that retires them (groups retire in order; ``wait(n)`` leaves the newest
   n). A random scheduler interleaves them many times for each query-tile count, group size, ring
-  depth and dQ variant (``SPLIT_DQ``, ``DQ_PARTS``; the adds, ``-sum``, ``-tmar``, ``-tmar-pair``). The model
-  fails on a deadlock; on a TMA
-  write into a Q/dO stage that a product may still read, or that a consumer has not released; on
+  depth and dQ variant (``SPLIT_DQ``, ``DQ_PARTS``; the adds, ``-sum``, ``-tmar``, ``-tmar-pair``).
+  The model fails on a deadlock; on a TMA write into a Q/dO stage that a product may still read, or that a consumer has not released; on
   a product reading a stage that holds another tile, or one still being written; on the
   consumer's own generic stores (dS^T into its buffer, dK/dV into K_c/V_c for the TMA store)
   while a product that reads that buffer is in flight; for ``-tmar``, on a dQ share written into
   a buffer a TMA reduce still reads (no ``store_wait`` first), a reduce of a buffer missing a
   piece, or a consumer ending with a reduce in flight; for ``-pair``, on consumer 1's share written
-  over one consumer 0 has not read whole, or a piece of it read before it was written. Each consumer is one coroutine: the
-  barriers among a warp group's own threads (before the reduce, after ``store_wait``) are not
-  modelled; the SASS shows them (``BAR.SYNC`` of 128 threads around ``UTMAREDG``).
+  over one consumer 0 has not read whole, or a piece of it read before it was written. Each
+  consumer is one coroutine: the barriers among a warp group's own threads (before the reduce,
+  after ``store_wait``, before ``-pair``'s and ``-sum``'s one-thread arrivals) are not modelled;
+  the SASS shows them (``BAR.SYNC`` of 128 threads around ``UTMAREDG``), and
+  ``gluon_bwd_compile.py`` checks that every plain arrival after shared accesses has one.
 - ``schedule``: :func:`gluon_backward.query_tiles` (the kernel's integer formulas) skips only
   query tiles where no query sees a key of the block, and leaves a tile unmasked only where every
   valid query of it sees every valid key of the block.
@@ -29,7 +30,7 @@ the kernel's design line by line; a mistake copied into both passes. Three check
   and delta = 0 past Nq, and dQ summed over CTAs, against float64 autograd: lengths not multiples
   of the tiles, Nq != Nk both ways, GQA, causal rows that see no key.
 
-Usage: PYTHONPATH=. python3 tools/flash_bench/gluon_bwd_model.py [--seeds N]   (about 30 s)
+Usage: PYTHONPATH=. python3 tools/flash_bench/gluon_bwd_model.py [--seeds N]   (about 40 s)
 """
 
 from __future__ import annotations
@@ -328,8 +329,8 @@ PAIR_PLANTED = ("pair: dq_free not waited", "pair: dq_ready not waited", "pair: 
 
 
 def check_dq_out_catches_mistakes(mistakes: tuple[str, ...], **drive) -> list[str]:
-    """A dQ way out's own waits and order (``-sum``: ``sum_dq=True``; ``-tmar``: ``tma_dq=True``):
-    each mistake planted must fail."""
+    """A dQ way out's own waits and order (``-sum``: ``sum_dq=True``; ``-tmar``: ``tma_dq=True``;
+    ``-tmar-pair``: both and ``pair_dq=True``): each mistake planted must fail."""
     caught = []
     for mistake in mistakes:
         for seed in range(300):

@@ -361,17 +361,20 @@ def case_label(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> s
     return f"b{batch}-h{heads}-q{n} d{head_dim}{' causal' if causal else ''}"
 
 
-def variants_table(bench: dict, variants: list[str], shapes) -> list[str]:
+def variants_table(bench: dict, variants: list[str], shapes, mark_single: bool = False) -> list[str]:
     """The report's table of configurations: TFLOP/s of the default (the ``gluon`` timing of the
     case's ``variants`` timing where it has one, else of the case) and of each of ``variants``
-    (``gluon VARIANT`` in the case's ``variants`` timing)."""
+    (``gluon VARIANT`` in the case's ``variants`` timing). ``mark_single``: a default taken from the
+    case's own timing beside variants timed in their case is marked ``*``."""
     lines = ["| case | default | " + " | ".join(variants) + " |", "|---|---|" + "---|" * len(variants)]
     for batch, heads, n, head_dim in shapes:
         for causal in (False, True):
             label = case_label(batch, heads, n, head_dim, causal)
             t = bench.get(f"{label} variants", {}).get("tflops", {})
             base = t if "gluon" in t else bench.get(label, {}).get("tflops", {})
-            cells = [f"{base['gluon']:.0f}" if "gluon" in base else "-"]
+            # A default from the case's own timing, beside variants timed in another case: marked.
+            mark = "*" if mark_single and "gluon" not in t and any(f"gluon {v}" in t for v in variants) else ""
+            cells = [f"{base['gluon']:.0f}{mark}" if "gluon" in base else "-"]
             cells += [f"{t[f'gluon {v}']:.0f}" if f"gluon {v}" in t else "-" for v in variants]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines

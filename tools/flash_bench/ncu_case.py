@@ -14,7 +14,7 @@ NVTX range ``profiled``:
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \\
         --section WarpStateStats --section Occupancy --section LaunchStats \\
         --metrics sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active \\
-        python3 tools/flash_bench/ncu_case.py CASE [--by gluon|triton|cudnn]
+        python3 tools/flash_bench/ncu_case.py CASE [--by gluon|triton|cudnn] [--causal]
 """
 
 import argparse
