@@ -63,8 +63,8 @@ def unbarriered_arrives(ptx: str) -> list[str]:
     for line in ptx.splitlines():
         text = line.strip()
         if text.startswith(".loc"):
-            where = text.split()[2] if len(text.split()) > 2 else "?"
-        elif re.match(r"(@!?%p\d+ )?(st|ld|red|atom)\.shared|(@!?%p\d+ )?(stmatrix|ldmatrix)", text):
+            where = (text.split()[2:3] or ["?"])[0]
+        elif re.match(r"(@!?%p\d+ )?((st|ld|red|atom)\.shared|stmatrix|ldmatrix)", text):
             dirty = True
         elif re.match(r"(bar|barrier)\.sync\b", text):
             dirty = False

@@ -10,7 +10,8 @@ the kernel's design line by line; a mistake copied into both passes. Three check
   ``warpgroup_mma_wait`` that retires them (groups retire in order; ``wait(n)`` leaves the newest
   n). A random scheduler interleaves them many times for each query-tile count, group size, ring
   depth and dQ variant (``SPLIT_DQ``, ``DQ_PARTS``; the adds, ``-sum``, ``-tmar``, ``-tmar-pair``).
-  The model fails on a deadlock; on a TMA write into a Q/dO stage that a product may still read, or that a consumer has not released; on
+  The model fails on a deadlock; on a TMA write into a Q/dO stage that a product may still read,
+  or that a consumer has not released; on
   a product reading a stage that holds another tile, or one still being written; on the
   consumer's own generic stores (dS^T into its buffer, dK/dV into K_c/V_c for the TMA store)
   while a product that reads that buffer is in flight; for ``-tmar``, on a dQ share written into
