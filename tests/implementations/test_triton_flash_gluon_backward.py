@@ -65,6 +65,17 @@ def test_the_backward_switch_is_off_by_default(monkeypatch: pytest.MonkeyPatch) 
     assert gluon_backward.enabled()
 
 
+def test_the_backward_switch_takes_back_the_backward_determinism(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Gluon backward adds dQ in float atomics: with it switched on, triton_flash must not
+    declare a deterministic backward (the properties suite would fail it, rightly)."""
+    from pytest_attnkit.implementations.triton_flash.adapter import TritonFlash
+
+    monkeypatch.delenv(gluon_backward.ENV_SWITCH, raising=False)
+    assert TritonFlash().deterministic_directions() == ("forward", "backward")
+    monkeypatch.setenv(gluon_backward.ENV_SWITCH, "1")
+    assert TritonFlash().deterministic_directions() == ("forward",)
+
+
 def test_the_compile_check_finds_an_arrival_no_barrier_orders() -> None:
     """tools/flash_bench/gluon_bwd_compile.py's PTX rule: a plain arrival after shared stores with
     no bar.sync between is named by its source line; one after a bar.sync, or an expect_tx
