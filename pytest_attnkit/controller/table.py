@@ -338,17 +338,21 @@ def memory_figure(sweep: dict[str, Any]) -> str:
 
 
 def property_verdicts(document: dict[str, Any], name: str) -> list[str]:
-    """Per check that ran: "holds" or "FAILS" where declared, "holds" or "no" where not, with how
-    many of its cases held."""
+    """Per check that ran: "holds" where every case held; "FAILS" where a case it was declared for
+    did not; "no" where only cases it was not declared for did not (determinism declared for the
+    forward only, and the backward's bits differing). With how many of its cases held, and where
+    the declaration covers only some cases, how many it covers."""
     verdicts = []
     for check in PROPERTIES:  # the summary's order, under their titles
         ran = [entry for entry in document.get("properties", []) if entry["impl"] == name and entry["check"] == check.name]
         if not ran:
             continue
         held = sum(bool(entry["holds"]) for entry in ran)
-        declared = any(entry["declared"] for entry in ran)
-        verdict = "holds" if held == len(ran) else ("FAILS" if declared else "no")
-        verdicts.append(f"{check.title} {verdict} ({held}/{len(ran)}{', declared' if declared else ''})")
+        declared = sum(bool(entry["declared"]) for entry in ran)
+        broken = any(entry["declared"] and not entry["holds"] for entry in ran)
+        verdict = "holds" if held == len(ran) else ("FAILS" if broken else "no")
+        scope = "" if not declared else (", declared" if declared == len(ran) else f", declared for {declared}")
+        verdicts.append(f"{check.title} {verdict} ({held}/{len(ran)}{scope})")
     return verdicts
 
 

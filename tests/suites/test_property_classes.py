@@ -161,3 +161,17 @@ def test_the_summary_shows_the_checks_in_the_list_s_order_under_their_titles() -
     assert property_verdicts({"properties": entries}, "k") == [
         "deterministic holds (1/1)", "batch-invariant holds (1/1)", "CUDA graphs holds (1/1)",
         "torch.compile holds (1/1)", "opcheck FAILS (0/1, declared)"]
+
+
+def test_the_summary_blames_only_a_declared_case() -> None:
+    """Determinism declared for the forward only (triton_flash with the Gluon backward switched on,
+    results/2026-11-28-session16): the backward's differing bits are "no", not "FAILS"; a
+    forward that differs is "FAILS"."""
+    def entries(forward_holds: bool) -> dict[str, Any]:
+        return {"properties": [
+            {"impl": "k", "check": "determinism", "backward": backward, "declared": not backward,
+             "holds": forward_holds if not backward else holds}
+            for backward, holds in ((False, True), (False, True), (True, False), (True, True))]}
+
+    assert property_verdicts(entries(True), "k") == ["deterministic no (3/4, declared for 2)"]
+    assert property_verdicts(entries(False), "k") == ["deterministic FAILS (1/4, declared for 2)"]
