@@ -134,9 +134,10 @@ from .gluon_common import fence_async_shared, gl, gluon, mbarrier, tma, triton, 
 KEYS_PER_CONSUMER = 64
 #: Keys per CTA: two consumer warp groups.
 BLOCK_N = 2 * KEYS_PER_CONSUMER
-#: Set to 1 to let callers that ask (:func:`enabled`) take this kernel. Off by default: on an H100
-#: it is 1.00-1.08x the Triton backward but 0.85x at 1k d128 causal, and its defaults have not run
-#: on an H200 (NOTES.md, v20.8).
+#: Set to 1 to let callers that ask (:func:`enabled`) take this kernel. Off by default: its dQ adds
+#: are float atomics in arrival order (not deterministic: triton_flash then declares only its
+#: forward so), and the harness timed it 8-10% faster than the Triton backward at 16k but 1-18%
+#: slower at 1k and 4k d128 causal, on an H100 and an H200 (NOTES.md, v20.9).
 ENV_SWITCH = "ATTNKIT_TRITON_FLASH_GLUON_BWD"
 
 
