@@ -7,8 +7,9 @@ First 0.56-0.63x cuDNN with dQ's float adds (NOTES.md, v15.1); with dQ leaving b
 from swizzled buffers (``-tmar-sw``, v17) 0.77-0.88x; with one reduce a tile (``-pair``, the
 default at d64 and d128 without causal since v20.8) 0.81-0.86x at d128 and 0.92-0.96x at d64 on an
 H100, 1.00-1.08x the Triton backward except 1k d128 causal (0.85x)
-(results/2026-11-28-session15/gluon-bwd-pair). Nothing calls it by default: :mod:`.launch` keeps
-the Triton backward. The design notes and the prediction below are v15's, from before those runs;
+(results/2026-11-28-session15/gluon-bwd-pair); the H200 alike (results/2026-11-28-session16).
+Nothing calls it by default: :mod:`.launch` keeps the Triton backward (:data:`ENV_SWITCH` says
+why). The design notes and the prediction below are v15's, from before those runs;
 ``-tmar`` and ``-pair`` are described where dQ is.
 
 The math. For one (batch, query head), with the forward's base-2 LSE ``L_i`` and
@@ -255,8 +256,9 @@ def default_config(head_dim: int, causal: bool) -> Config:
     """64 query rows per tile (FlashAttention-3's tile for d128's backward: 64 x 128); at d64 the
     Q/dO stages are half the size, so a deeper ring costs little. dQ leaves by TMA reduces from
     swizzled buffers (``-tmar-sw``): 1.23-1.48x the adds on an H100 (NOTES.md, v17); one reduce a
-    tile (``-pair``) at d64 and at d128 without causal, 1.05-1.11x on an H100; d128 causal keeps
-    two reduces, undecided (NOTES.md, v20.8)."""
+    tile (``-pair``) at d64 and at d128 without causal, 1.04-1.11x on an H100 and an H200; d128
+    causal keeps two reduces, 3-7% ahead of ``-pair`` at 4k and 16k on both (NOTES.md, v20.8,
+    v20.9)."""
     if head_dim == 64:
         return Config(block_m=64, stages=3, tma_dq=True, dq_swizzle=True, pair_dq=True)
     return Config(block_m=64, stages=2, tma_dq=True, dq_swizzle=True, pair_dq=not causal)
