@@ -23,7 +23,10 @@ Needs torch with CUDA and triton 3.6; the project need not be installed. Four ph
    (reported, not required: each repeat's dQ must pass the rule instead). (The Triton backward
    is not run here: its compiles would eat the time budget; it is timed in phase 3.)
 3. timing: the issue's cases (bf16; b1-h16-q16384 d128, b4-h16-q4096 d128, b4-h32-q4096 d64,
-   b8-h16-q1024 d128; each causal and not) with ``triton.testing.do_bench`` (median): the Gluon
+   b8-h16-q1024 d128; each causal and not) with the harness's timer (the median of
+   ``pytest_attnkit.worker.timer.time_call``: the L2 emptied and the stream held before each
+   call, as the speed suite times; ``do_bench`` read the Triton backward 4-9% slower and less
+   steadily, results/2026-11-28-session16/bwdtime): the Gluon
    backward (with its delta preprocess and dQ's conversion, what a caller pays), SDPA cuDNN's
    backward (``torch.autograd.grad`` of its output, the forward outside the timing), and the
    current triton_flash backward (``launch.flash_bwd``). FLOPs are 2.5 x the forward's
@@ -172,9 +175,10 @@ def _check_case(case: dict, gb, tf_launch, device: str = "cuda") -> dict:
 
 def _bench_case(case: dict, gb, tf_launch) -> dict:
     import torch
-    import triton
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    from pytest_attnkit.worker.timer import time_call
 
     batch, heads, n, head_dim = case["shape"]
     causal = case["causal"]
@@ -201,7 +205,7 @@ def _bench_case(case: dict, gb, tf_launch) -> dict:
         if name in result.get("errors", {}):
             return
         try:
-            samples.setdefault(name, []).append(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+            samples.setdefault(name, []).append(time_call(fn, "cuda").median_ms)
         except Exception as exc:
             refused(name, exc)
             return
@@ -335,7 +339,7 @@ def report(correct: dict, bench: dict, variants: list[str], hello: dict, gb) -> 
         lines.append(f"- dQ differed between repeats in {differ} of {len(ran)} cases (float atomics; each "
                      "repeat checked against the rule)")
     lines.append("")
-    lines.append(f"## Backward speed (bf16, TFLOP/s = 2.5 x forward FLOPs / time, do_bench median; "
+    lines.append(f"## Backward speed (bf16, TFLOP/s = 2.5 x forward FLOPs / time, the harness timer's median; "
                  f"{hello.get('device', '?')})")
     lines.append("")
     lines.append("| case | gluon bwd | sdpa cuDNN bwd | triton_flash bwd | gluon / cuDNN | triton_flash / cuDNN |")
