@@ -58,4 +58,7 @@ def shared_compile_cache(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pyte
     """The inner runs share one compile cache for the whole session, as a user's runs share theirs
     (pytester gives each test a HOME of its own, where the default folder would start empty)."""
     if "ATTNKIT_CACHE_DIR" not in os.environ:
-        monkeypatch.setenv("ATTNKIT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "compile-cache"))
+        base = tmp_path_factory.getbasetemp()
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            base = base.parent  # under pytest -n, each xdist worker's folder is inside the session's
+        monkeypatch.setenv("ATTNKIT_CACHE_DIR", str(base / "compile-cache"))
