@@ -15,6 +15,9 @@ import pytest
 
 FAKE_KERNELS = Path(__file__).with_name("fakes") / "fake_kernels.py"
 
+# Tests marked ``timing`` run with no other test beside them under ``pytest -n`` (tests/alone.py).
+pytest_plugins = ["alone"]
+
 # pytester's in-process runs forget every module first imported inside them. matplotlib (the
 # report's plots) cannot be imported a second time into a process that kept pieces of the first
 # import ("'Figure' object has no attribute 'items'" in the next inner run that draws), so it is
@@ -62,3 +65,4 @@ def shared_compile_cache(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pyte
         if os.environ.get("PYTEST_XDIST_WORKER"):
             base = base.parent  # under pytest -n, each xdist worker's folder is inside the session's
         monkeypatch.setenv("ATTNKIT_CACHE_DIR", str(base / "compile-cache"))
+

@@ -17,6 +17,9 @@ import pytest
 
 from helpers import said
 
+# The A/B gate times on this CPU: run with no other test beside it (tests/conftest.py).
+pytestmark = pytest.mark.timing
+
 ARGS = ("--attnkit", "--attnkit-suite=speed", "--attnkit-impl=tiny", "--attnkit-device=cpu", "--attnkit-budget-ms=60",
         "--attnkit-baseline-dir=bl", "--benchmark-disable", "-p", "no:cacheprovider", "-k", "speed_forward and not causal")
 

@@ -110,6 +110,7 @@ def test_no_process_an_implementation_started_outlives_the_run(pytester: pytest.
     assert left == [], f"left behind after the run ended ({ending}): {left}\n{log.read_text()[-3000:]}"
 
 
+@pytest.mark.timing
 def test_what_a_worker_started_ends_with_the_worker_not_the_run(pytester: pytest.Pytester, fake_dist,
                                                                 marker: str) -> None:
     # A worker that crashes and one killed at its deadline: their children end then, while the run goes on.

@@ -361,12 +361,12 @@ def test_the_readme_is_short_and_starts_with_the_quick_start_that_ci_runs() -> N
     blocks = re.findall(r"```bash\n(.*?)```", quick_start, re.DOTALL)
     assert len(blocks) == 2
     main_job, own_tests = (_commands(block) for block in blocks)
-    assert main_job[-1] == "pytest --attnkit" and own_tests[-1] == "pytest"
+    assert main_job[-1] == "pytest --attnkit" and own_tests[-1] == "pytest -n 2"
     assert main_job[:-1] == own_tests[:-1]
     ci = _commands((REPO / ".ci" / "run").read_text(encoding="utf-8"))
     setup = main_job[:-1]
     assert [command for command in ci if command in setup] == setup, "CI sets up otherwise than the README"
-    assert ci.index("pytest") > ci.index(setup[-1]) and ci.index("pytest --attnkit") > ci.index(setup[-1])
+    assert ci.index("pytest -n 2") > ci.index(setup[-1]) and ci.index("pytest --attnkit") > ci.index(setup[-1])
 
 
 # -- references in the code's comments --------------------------------------------------------

@@ -25,6 +25,7 @@ def test_modify_cases_adds_a_case(pytester: pytest.Pytester, fake_dist) -> None:
     result.stdout.fnmatch_lines(["*test_forward[[]good-b1-h6:3-q77-k99-d48-fp32-causal[]] PASSED*"])
 
 
+@pytest.mark.timing
 def test_reference_and_threshold_hooks(pytester: pytest.Pytester, fake_dist, monkeypatch: pytest.MonkeyPatch) -> None:
     fake_dist({"repeated": fake("repeated"), "good": fake("good")})
     pytester.makeconftest("""

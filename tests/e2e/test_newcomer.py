@@ -64,6 +64,7 @@ def _save_baseline(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -
 
 
 # 1. A folder option written with a space must not move the baselines and switch the gate off.
+@pytest.mark.timing
 def test_a_report_folder_given_with_a_space_still_gates(
         pytester: pytest.Pytester, fake_dist, monkeypatch: pytest.MonkeyPatch,
         tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -98,6 +99,7 @@ def test_nothing_run_is_its_own_verdict(pytester: pytest.Pytester, fake_dist) ->
 
 # 3. A threshold is a percentage: 8 is 8%, and a bare fraction is refused wherever it comes from.
 # 7. The summary and the speed and gate tables fit in 100 columns.
+@pytest.mark.timing
 def test_threshold_8_is_8_percent_and_the_tables_fit_100_columns(
         pytester: pytest.Pytester, fake_dist, monkeypatch: pytest.MonkeyPatch) -> None:
     fake_dist({"repeated": fake("repeated")})
@@ -175,6 +177,7 @@ def _wait_gone(marker: str, seconds: float) -> list[int]:
     return _live(marker)
 
 
+@pytest.mark.timing
 def test_sigterm_writes_the_report_keeps_the_baseline_and_kills_the_workers(
         pytester: pytest.Pytester, fake_dist, monkeypatch: pytest.MonkeyPatch) -> None:
     pytester.makeini("[pytest]\n")
@@ -211,6 +214,7 @@ def test_a_hung_worker_dies_when_the_pytest_process_is_killed(pytester: pytest.P
 
 
 # 6. CPU timings are no evidence of cheating: far faster than the reference does not fail.
+@pytest.mark.timing
 def test_a_cpu_run_never_fails_on_suspiciously_fast(pytester: pytest.Pytester, fake_dist,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     fake_dist({"repeated": fake("repeated"), "good": fake("good")})
@@ -238,6 +242,7 @@ def test_a_raising_kernel_shows_its_traceback_once(pytester: pytest.Pytester, fa
 
 
 # 7. A hung test says each thing once: the deadline, then one faulthandler dump from its log.
+@pytest.mark.timing
 def test_a_hung_test_says_each_thing_once(pytester: pytest.Pytester, fake_dist) -> None:
     fake_dist({"hangs": fake("hangs")})
     outcomes, _ = run_attnkit(pytester, "--attnkit-suite=correctness", "--attnkit-impl=hangs", "--attnkit-timeout=3",

@@ -60,6 +60,7 @@ def test_a_worker_that_dies_takes_down_only_its_own_test(pytester: pytest.Pytest
         assert "killed by SIGSEGV" in outcomes[name].text and "a fresh worker takes over" in outcomes[name].text
 
 
+@pytest.mark.timing
 def test_x_stops_the_outstanding_work_and_leaves_no_worker(pytester: pytest.Pytester, fake_dist,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     fake_dist({"slow_but_wrong_on_1": fake("slow_but_wrong_on_1")})
@@ -75,6 +76,7 @@ def test_x_stops_the_outstanding_work_and_leaves_no_worker(pytester: pytest.Pyte
     assert list(pids.iterdir()) and _alive(pids) == []
 
 
+@pytest.mark.timing
 def test_sigterm_stops_the_outstanding_work_and_leaves_no_worker(pytester: pytest.Pytester, fake_dist,
                                                                  tmp_path: Path) -> None:
     root = fake_dist({"slow_but_wrong_on_1": fake("slow_but_wrong_on_1")})
@@ -126,6 +128,7 @@ def test_a_case_that_does_not_fit_alone_is_skipped_with_the_numbers(pytester: py
     assert "asked for 16.0 GiB more while it held 68.8 GiB and 10.3 GiB were free" in text, text
 
 
+@pytest.mark.timing
 def test_x_stops_within_seconds_when_requests_ahead_hang(pytester: pytest.Pytester, fake_dist,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     # The first test fails at once, but the scheduler gives both slots to the implementation with the

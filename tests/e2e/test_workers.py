@@ -32,6 +32,7 @@ def test_crashes_fail_their_tests_and_the_run_goes_on(pytester: pytest.Pytester,
     assert recorder.ret == 1
 
 
+@pytest.mark.timing
 def test_deadline_kills_a_hung_worker_and_a_fresh_one_takes_over(pytester: pytest.Pytester, fake_dist) -> None:
     fake_dist({name: fake(name) for name in ("good", "hangs")})
     outcomes, _ = run_attnkit(pytester, "--attnkit-impl", "good,hangs", "--attnkit-timeout", "2", "-k", CASES)
@@ -167,6 +168,7 @@ SLOW_TO_COMPILE = """
 """
 
 
+@pytest.mark.timing
 def test_a_deadline_counts_the_call_not_its_compiling(pytester: pytest.Pytester, fake_dist,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     # Compiling takes longer than the deadline (and longer still beside other workers); the call does
@@ -181,6 +183,7 @@ def test_a_deadline_counts_the_call_not_its_compiling(pytester: pytest.Pytester,
     assert verdicts["1"] == verdicts["2"] == {f"test_forward[slow_compile-{SMALL}]": ("passed", "")}
 
 
+@pytest.mark.timing
 def test_a_compiler_that_hangs_is_killed_at_its_own_deadline(pytester: pytest.Pytester, fake_dist,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     fake_dist({"slow_compile": "slow_compile:attn"}, extra_modules={"slow_compile": SLOW_TO_COMPILE})
@@ -195,6 +198,7 @@ def test_a_compiler_that_hangs_is_killed_at_its_own_deadline(pytester: pytest.Py
     assert time.monotonic() - started < 60
 
 
+@pytest.mark.timing
 def test_a_tight_deadline_is_for_calls_not_for_starting_up(pytester: pytest.Pytester, fake_dist) -> None:
     """``--attnkit-timeout`` bounds one call of a kernel. Loading an implementation whose module
     takes longer than that to import (torch and a kernel's module on a busy machine took over 3 s)

@@ -13,6 +13,7 @@ ARGS = ("--attnkit", "--attnkit-suite", "speed", "--attnkit-impl", "repeated", "
         "--attnkit-baseline-dir", "bl", "--benchmark-disable", "-k", "speed_forward and not causal")
 
 
+@pytest.mark.timing
 def test_save_then_gate_a_real_slowdown(pytester: pytest.Pytester, fake_dist, monkeypatch: pytest.MonkeyPatch) -> None:
     # The kernel's time is a sleep, which load on the machine only lengthens by a scheduler's
     # wake-up: with real work (six times a 0.26 ms call) a CI machine under load read +407% and the
@@ -46,6 +47,7 @@ def test_save_then_gate_a_real_slowdown(pytester: pytest.Pytester, fake_dist, mo
 WIDE = ("--attnkit-threshold", "100%")
 
 
+@pytest.mark.timing
 def test_saved_runs_pool_until_a_run_finds_the_implementation_changed(
         pytester: pytest.Pytester, fake_dist, monkeypatch: pytest.MonkeyPatch) -> None:
     # A kernel whose time is a 40 ms sleep: on a loaded two-core machine work's time moved +91%
@@ -75,6 +77,7 @@ def test_saved_runs_pool_until_a_run_finds_the_implementation_changed(
     assert len(entry["history"]) == 1 and entry["median_ms"] < 40 / 8
 
 
+@pytest.mark.timing
 def test_a_version_1_baseline_is_read_as_one_run(pytester: pytest.Pytester, fake_dist,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     # A sleep's time, as above: a 0.26 ms call of real work moved eightfold under load and the

@@ -113,6 +113,7 @@ def test_inputs_too_big_to_copy_are_compared_by_checksum() -> None:
     assert sorted(torch.cat([piece.reshape(-1) for piece in pieces]).tolist()) == list(range(60))
 
 
+@pytest.mark.timing
 def test_a_warm_up_times_its_first_call_and_a_second_one_of_a_short_case_where_asked(monkeypatch) -> None:
     """The first call's excess over the next is the setup the warm-up spares the case's timing
     (controller/scheduling/pruning.py): here a plan built on the first call, as cuDNN's is."""

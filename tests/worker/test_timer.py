@@ -23,6 +23,7 @@ def test_hold_rejects_a_launch_time_that_is_not_one(bad: float) -> None:
         timer.hold_ms(bad)
 
 
+@pytest.mark.timing
 def test_cpu_samples_time_the_call() -> None:
     calls = []
 
@@ -37,6 +38,7 @@ def test_cpu_samples_time_the_call() -> None:
     assert len(calls) == 3 + 1 + len(timing.samples_ms)  # warm-up, the estimate, the samples
 
 
+@pytest.mark.timing
 def test_long_calls_get_one_warmup_and_fewer_samples() -> None:
     calls = []
 
@@ -50,6 +52,7 @@ def test_long_calls_get_one_warmup_and_fewer_samples() -> None:
     assert timing.first_call_ms is not None and timing.first_call_ms >= 30
 
 
+@pytest.mark.timing
 def test_prepare_runs_before_every_call_and_is_not_timed() -> None:
     events = []
 
