@@ -8,14 +8,21 @@ runs with no other test beside it: every test holds a shared lock on one file of
 a timing test an exclusive one. Writers go first: a timing test takes the turnstile before it
 waits for the lock, and a test arriving meanwhile waits behind it, so the other worker's stream
 of short tests does not starve it. Without ``-n`` the hook does nothing.
+
+Work that several tests read and that takes a minute (a child process running Triton's
+interpreter over a batch of cases) is done once per run, not once per xdist worker:
+:func:`once_per_run`.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
+import os
 import tempfile
 import uuid
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 
@@ -23,13 +30,22 @@ MARK = ("timing: its verdict depends on wall-clock time (CPU timings against a t
         "seconds); under pytest -n it runs with no other test beside it (tests/alone.py)")
 
 
+#: Set on xdist's controller when this plugin named the run, so that it removes the lock files.
+NAMED = pytest.StashKey[str]()
+
+
+def _distributing(config: pytest.Config) -> bool:
+    """Whether this is the controller of a ``pytest -n`` run (``--dist`` is not ``no``)."""
+    return not hasattr(config, "workerinput") and config.getoption("dist", "no") != "no"
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARK)
-    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
-        # xdist's controller: name the run now (xdist takes --testrunuid when given), so that it
-        # knows the lock files its workers share and can remove them at the end.
-        if not config.getoption("testrunuid", None):
-            config.option.testrunuid = uuid.uuid4().hex
+    if _distributing(config) and not config.getoption("testrunuid", None):
+        # Name the run now (xdist takes --testrunuid when given), so that the controller knows
+        # the lock files its workers share and can remove them at the end. A run named on the
+        # command line keeps its files: whoever named it may share them.
+        config.option.testrunuid = config.stash[NAMED] = uuid.uuid4().hex
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -44,6 +60,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def lock_stem(testrunuid: str) -> Path:
     """The two lock files of one ``pytest -n`` session (the same for all its workers)."""
     return Path(tempfile.gettempdir()) / f"attnkit-tests-{testrunuid}"
+
+
+def distributed() -> bool:
+    """Whether this process is one of a ``pytest -n`` run's workers."""
+    return bool(os.environ.get("PYTEST_XDIST_TESTRUNUID"))
+
+
+def once_per_run(name: str, compute: Callable[[], Any]) -> Any:
+    """``compute()``'s result (JSON), computed once per run: under ``pytest -n`` the first worker
+    to ask computes it while another that asks waits, then reads what it wrote (two workers each
+    running the same interpreter batch took the CI machine's two cores for a minute, 2026-11-28).
+    A computation that raises writes nothing: the next worker to ask tries again. Without ``-n``,
+    ``compute()``."""
+    testrunuid = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not testrunuid:
+        return compute()
+    stem = lock_stem(testrunuid)
+    path = Path(f"{stem}.{name}.json")
+    with open(f"{stem}.{name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists():
+            return json.loads(path.read_text(encoding="utf-8"))
+        value = compute()
+        written = path.with_name(path.name + ".part")
+        written.write_text(json.dumps(value), encoding="utf-8")
+        written.replace(path)
+        return value
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -69,10 +112,10 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """The controller (not a worker) removes the session's lock files when the run ends."""
-    if hasattr(session.config, "workerinput") or not getattr(session.config.option, "numprocesses", None):
-        return
-    testrunuid = session.config.getoption("testrunuid", None)
+    """The controller (not a worker) removes the session's files when the run ends: its locks,
+    and what :func:`once_per_run` wrote."""
+    testrunuid = session.config.stash.get(NAMED, None)
     if testrunuid:
-        for suffix in (".turnstile", ".lock"):
-            Path(f"{lock_stem(testrunuid)}{suffix}").unlink(missing_ok=True)
+        stem = lock_stem(testrunuid)
+        for path in stem.parent.glob(f"{stem.name}.*"):
+            path.unlink(missing_ok=True)

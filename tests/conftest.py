@@ -65,4 +65,3 @@ def shared_compile_cache(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pyte
         if os.environ.get("PYTEST_XDIST_WORKER"):
             base = base.parent  # under pytest -n, each xdist worker's folder is inside the session's
         monkeypatch.setenv("ATTNKIT_CACHE_DIR", str(base / "compile-cache"))
-

@@ -17,7 +17,7 @@ import pytest
 
 from helpers import said
 
-# The A/B gate times on this CPU: run with no other test beside it (tests/conftest.py).
+# The A/B gate times on this CPU: run with no other test beside it (tests/alone.py).
 pytestmark = pytest.mark.timing
 
 ARGS = ("--attnkit", "--attnkit-suite=speed", "--attnkit-impl=tiny", "--attnkit-device=cpu", "--attnkit-budget-ms=60",

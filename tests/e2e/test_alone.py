@@ -33,20 +33,22 @@ def test_plain(n):
 '''
 
 
-def _intervals(pytester: pytest.Pytester, marked: bool) -> dict[str, tuple[float, float]]:
+def _intervals(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+               marked: bool) -> dict[str, tuple[float, float]]:
     out = pytester.path / "intervals.jsonl"
     pytester.makepyfile(test_inner=TESTS.replace("MARK", "@pytest.mark.timing" if marked else ""))
-    pytester._monkeypatch.setenv("INTERVALS", str(out))
-    pytester._monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parents[1]),
-                                                                os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("INTERVALS", str(out))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(Path(__file__).parents[1]),
+                                                                   os.environ.get("PYTHONPATH")])))
     result = pytester.runpytest_subprocess("-p", "alone", "-n", "2", "-p", "no:cacheprovider", "-q")
     assert result.ret == 0, result.stdout.str()
     return {name: (start, end) for name, start, end in map(json.loads, out.read_text().splitlines())}
 
 
 @pytest.mark.parametrize("marked", [True, False], ids=["marked", "unmarked"])
-def test_a_timing_test_runs_alone_and_the_rest_two_at_a_time(pytester: pytest.Pytester, marked: bool) -> None:
-    intervals = _intervals(pytester, marked)
+def test_a_timing_test_runs_alone_and_the_rest_two_at_a_time(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+                                                             marked: bool) -> None:
+    intervals = _intervals(pytester, monkeypatch, marked)
     assert len(intervals) == 12
     beside = {(a, b) for (a, (a0, a1)), (b, (b0, b1)) in combinations(sorted(intervals.items()), 2)
               if a0 < b1 and b0 < a1}

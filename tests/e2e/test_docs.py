@@ -299,7 +299,9 @@ def _documents() -> list[tuple[Path, str]]:
 def test_every_flag_and_variable_named_exists(help_text: str) -> None:
     flags = set(help_flags(help_text))
     variables = {setting.env for setting in options.SETTINGS}
-    code = "\n".join(path.read_text(encoding="utf-8") for path in (REPO / "pytest_attnkit").rglob("*.py"))
+    # The bundled implementations ship in the package too (pyproject.toml: implementations/).
+    code = "\n".join(path.read_text(encoding="utf-8") for folder in ("pytest_attnkit", "implementations")
+                     for path in (REPO / folder).rglob("*.py"))
     problems = []
     for path, text in _documents():
         for flag in set(re.findall(r"--attnkit[a-z-]*[a-z]", text)):

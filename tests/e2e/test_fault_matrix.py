@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / "tools" / "fault_matrix" / "cpu_matrix.py"
 
@@ -21,6 +23,7 @@ def _tool():
     return module
 
 
+@pytest.mark.timing  # deadlines of seconds (tests/alone.py)
 def test_the_fault_matrix_holds(tmp_path: Path) -> None:
     """The hung kernel holds each run for its deadline (``-x``'s run up to its first failure), so
     the deadline is 6 s, not the tool's 20: the slowest request of the others, fault_child's

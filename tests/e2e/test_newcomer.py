@@ -202,6 +202,7 @@ def test_sigterm_writes_the_report_keeps_the_baseline_and_kills_the_workers(
     assert json.loads((pytester.path / "report" / "attnkit-report.json").read_text())["interrupted"] is True
 
 
+@pytest.mark.timing  # the workers must be gone within seconds (tests/alone.py)
 def test_a_hung_worker_dies_when_the_pytest_process_is_killed(pytester: pytest.Pytester, fake_dist) -> None:
     root = fake_dist({"hangs": fake("hangs")})
     process, marker = _start_hung_run(pytester, root, "--attnkit-suite=correctness", "--attnkit-impl=hangs",

@@ -25,8 +25,8 @@ Needs torch with CUDA and triton 3.6; the project need not be installed. Four ph
 3. timing: the issue's cases (bf16; b1-h16-q16384 d128, b4-h16-q4096 d128, b4-h32-q4096 d64,
    b8-h16-q1024 d128; each causal and not) with the harness's timer (the median of
    ``pytest_attnkit.worker.timer.time_call``: the L2 emptied and the stream held before each
-   call, as the speed suite times; ``do_bench`` read the Triton backward 4-9% slower and less
-   steadily, results/2026-11-28-session16/bwdtime): the Gluon
+   call, as the speed suite times; ``do_bench`` read the Triton backward 4-14% slower at 16k and
+   7% at 4k causal, moving up to 9% between readings, results/2026-11-28-session16/bwdtime): the Gluon
    backward (with its delta preprocess and dQ's conversion, what a caller pays), SDPA cuDNN's
    backward (``torch.autograd.grad`` of its output, the forward outside the timing), and the
    current triton_flash backward (``launch.flash_bwd``). FLOPs are 2.5 x the forward's
