@@ -201,9 +201,14 @@ class AttnkitSession:
             # Each extra worker gets its share of the cores for its CPU threads (the primaries keep
             # torch's default: on the CPU they time the speed suite). Their interpreters start now,
             # beside the first workers': the first requests start a dozen of them at once.
-            threads = max(1, self._usable_cores() // self.jobs)
+            cores = self._usable_cores()
+            threads = max(1, cores // self.jobs)
             self.pool.extra_env = {} if os.environ.get("OMP_NUM_THREADS") else {"OMP_NUM_THREADS": str(threads)}
-            self.pool.start_spares(max(0, self.jobs - len(refs)))
+            # Only on the cores that the first workers and the probe leave: each start is mostly
+            # ``import torch``, and on a machine of two cores a spare beside theirs delays the first
+            # requests and, in a short run that never lends it, is all cost (the project's tests
+            # that run attnkit took 7% less time without spares on two cores, 2026-11-28).
+            self.pool.start_spares(max(0, min(self.jobs, cores - 1) - len(refs)))
         self.pool.start(refs, setups, handlers=handlers)
         self.pool.ledger.mark("started")
 

@@ -15,8 +15,10 @@ import pytest
 
 from pytest_attnkit.controller import options, session as session_module
 from pytest_attnkit.controller.discovery import BUNDLED
+from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.session import AttnkitSession
 from pytest_attnkit.messages import Op, Request
+from pytest_attnkit.registry import EntryPointRef
 
 SMALL = ("--attnkit-impl=torch_sdpa", "--attnkit-jobs=2", "--attnkit-device=cpu")
 
@@ -163,6 +165,7 @@ def test_the_extra_workers_interpreters_start_with_the_first_workers(
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     else:
         monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    monkeypatch.setattr(AttnkitSession, "_usable_cores", lambda self: 8)  # cores to spare for them
     config = pytester.parseconfig("--attnkit", "--attnkit-impl=torch_sdpa", "--attnkit-jobs=4", "--attnkit-device=cpu")
     session = AttnkitSession(options.resolve(config), config)
     try:
@@ -180,6 +183,23 @@ def test_the_extra_workers_interpreters_start_with_the_first_workers(
     finally:
         session.close()
     assert spares.waiting == 0 and not _workers_alive(session)
+
+
+@pytest.mark.parametrize(("cores", "jobs", "spares"), [(2, 4, 0), (3, 4, 1), (16, 16, 14), (8, 2, 1)])
+def test_spares_start_only_on_the_cores_the_first_workers_and_the_probe_leave(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, cores: int, jobs: int, spares: int) -> None:
+    """One core for the probe and one for each implementation's first worker; the spares take at
+    most what is left, and no more than the jobs beyond the first workers."""
+    monkeypatch.setattr(AttnkitSession, "_usable_cores", lambda self: cores)
+    started: list[int] = []
+    monkeypatch.setattr(WorkerPool, "start_spares", lambda self, count: started.append(count))
+    monkeypatch.setattr(WorkerPool, "start", lambda self, refs, setups, handlers: None)
+    config = pytester.parseconfig("--attnkit", "--attnkit-impl=torch_sdpa", f"--attnkit-jobs={jobs}",
+                                  "--attnkit-device=cpu")
+    session = AttnkitSession(options.resolve(config), config)
+    session.jobs = jobs
+    session._start_pool([EntryPointRef("torch_sdpa", "x:y", None)], {}, {}, "cpu")
+    assert started == [spares]
 
 
 def test_a_probe_that_fails_ends_the_first_workers_starting_beside_it(
