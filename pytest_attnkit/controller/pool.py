@@ -279,6 +279,13 @@ class WorkerPool:
     def info(self, name: str) -> ImplInfo:
         return self.impls[name]
 
+    def described_workers(self) -> Iterator[Worker]:
+        """The first workers that loaded their implementation and described it, in start order:
+        alive, and with torch imported (the session asks one for the environment on the CPU)."""
+        for name, info in self.impls.items():
+            if info.load_error is None and name in self._workers:
+                yield self._workers[name]
+
     def primary(self, name: str) -> Worker:
         """The worker that described ``name``: the one that sweeps memory and times speed."""
         return self._workers[name]

@@ -190,7 +190,8 @@ class Handler:
     def op_environment(self, request: Request) -> Reply:
         from pytest_attnkit.worker.environment import describe_environment
 
-        return Reply(Status.OK, data=describe_environment(self.device))
+        # The device the run asked for ("auto" where it did not), which this worker may already know.
+        return Reply(Status.OK, data=describe_environment(request.option("device") or self.device))
 
     def op_describe(self, request: Request) -> Reply:
         if self.load_error is not None or self.impl is None:
