@@ -8,21 +8,14 @@ runs with no other test beside it: every test holds a shared lock on one file of
 a timing test an exclusive one. Writers go first: a timing test takes the turnstile before it
 waits for the lock, and a test arriving meanwhile waits behind it, so the other worker's stream
 of short tests does not starve it. Without ``-n`` the hook does nothing.
-
-Work that several tests read and that takes a minute (a child process running Triton's
-interpreter over a batch of cases) is done once per run, not once per xdist worker:
-:func:`once_per_run`.
 """
 
 from __future__ import annotations
 
 import fcntl
-import json
-import os
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any, Callable
 
 import pytest
 
@@ -49,10 +42,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under ``-n``, the timing tests go last, in one block: interleaved, each made one worker idle
-    while the other finished its test (a whole run took 962 s against 1046 s one at a time,
-    2026-11-28); last, the workers wait for each other once. Every worker sorts alike, as
-    xdist requires."""
+    """Under ``-n``, the timing tests go last, in one block: interleaved, each makes one worker
+    idle while the other finishes its test; last, the workers wait for each other once. What it
+    gained is not measured apart from the machine's load: on a 2-core machine whole runs took
+    962 s with them interleaved and 991-1048 s with them last, against 1046 s one at a time
+    (2026-11-28; the cores are busy with one test's workers already). Every worker sorts alike,
+    as xdist requires."""
     if hasattr(config, "workerinput"):
         items.sort(key=lambda item: item.get_closest_marker("timing") is not None)  # stable
 
@@ -60,33 +55,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def lock_stem(testrunuid: str) -> Path:
     """The two lock files of one ``pytest -n`` session (the same for all its workers)."""
     return Path(tempfile.gettempdir()) / f"attnkit-tests-{testrunuid}"
-
-
-def distributed() -> bool:
-    """Whether this process is one of a ``pytest -n`` run's workers."""
-    return bool(os.environ.get("PYTEST_XDIST_TESTRUNUID"))
-
-
-def once_per_run(name: str, compute: Callable[[], Any]) -> Any:
-    """``compute()``'s result (JSON), computed once per run: under ``pytest -n`` the first worker
-    to ask computes it while another that asks waits, then reads what it wrote (two workers each
-    running the same interpreter batch took the CI machine's two cores for a minute, 2026-11-28).
-    A computation that raises writes nothing: the next worker to ask tries again. Without ``-n``,
-    ``compute()``."""
-    testrunuid = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if not testrunuid:
-        return compute()
-    stem = lock_stem(testrunuid)
-    path = Path(f"{stem}.{name}.json")
-    with open(f"{stem}.{name}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if path.exists():
-            return json.loads(path.read_text(encoding="utf-8"))
-        value = compute()
-        written = path.with_name(path.name + ".part")
-        written.write_text(json.dumps(value), encoding="utf-8")
-        written.replace(path)
-        return value
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -112,10 +80,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """The controller (not a worker) removes the session's files when the run ends: its locks,
-    and what :func:`once_per_run` wrote."""
+    """The controller (not a worker) removes the session's lock files when the run ends."""
     testrunuid = session.config.stash.get(NAMED, None)
     if testrunuid:
-        stem = lock_stem(testrunuid)
-        for path in stem.parent.glob(f"{stem.name}.*"):
-            path.unlink(missing_ok=True)
+        for suffix in (".turnstile", ".lock"):
+            Path(f"{lock_stem(testrunuid)}{suffix}").unlink(missing_ok=True)

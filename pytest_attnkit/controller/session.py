@@ -211,7 +211,8 @@ class AttnkitSession:
             cores = self._usable_cores()
             threads = max(1, cores // self.jobs)
             self.pool.extra_env = {} if os.environ.get("OMP_NUM_THREADS") else {"OMP_NUM_THREADS": str(threads)}
-            # Only on the cores that the first workers and the probe leave: each start is mostly
+            # Only on the cores that the first workers and this process leave (it collects the
+            # tests meanwhile; on a GPU the probe runs beside them too): each start is mostly
             # ``import torch``, and on a machine of two cores a spare beside theirs delays the first
             # requests and, in a short run that never lends it, is all cost (the project's tests
             # that run attnkit took 7% less time without spares on two cores, 2026-11-28).
@@ -281,9 +282,11 @@ class AttnkitSession:
         ``workers`` that answers, else from a probe, a worker of its own. On the CPU the first
         workers (started for the CPU, as the probe is: TRITON_INTERPRET set) answer it once they
         have loaded, as quickly as the probe would have, since the run waits for them as well: one
-        ``import torch`` fewer a run (1.5 s of a core; a run of a few tests on two cores took 7.3
-        core-seconds with it). Where a GPU may be asked for, the probe runs beside the first
-        workers, so that its usage error (CUDA asked for where torch sees none) comes at once."""
+        ``import torch`` fewer a run (1.5 s of a core; a run of one small test on two cores took
+        7.3 core-seconds with the probe and a spare, 2.9 without). Asked for the CPU on a GPU host,
+        that worker then has the CUDA driver loaded (the probe did before). Where a GPU may be
+        asked for, the probe runs beside the first workers, so that its usage error (CUDA asked
+        for where torch sees none) comes at once."""
         requested = self.settings.device
         request = Request(Op.ENVIRONMENT, options={"device": requested})
         for worker in workers:

@@ -185,52 +185,40 @@ def test_the_extra_workers_interpreters_start_with_the_first_workers(
     assert spares.waiting == 0 and not _workers_alive(session)
 
 
-@pytest.mark.parametrize("loads", [True, False], ids=["a-first-worker-answers", "none-loaded"])
+@pytest.mark.parametrize(("loads", "device"), [(True, "cpu"), (True, "auto"), (False, "cpu")],
+                         ids=["a-first-worker-answers", "auto-guessed-cpu", "none-loaded"])
 def test_on_the_cpu_a_first_worker_answers_for_the_probe(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
-                                                        loads: bool) -> None:
+                                                        loads: bool, device: str) -> None:
     """On the CPU the environment comes from a first worker that loaded its implementation: no
-    probe process (one import of torch fewer a run). Where none loaded, the probe still answers."""
+    probe process (one import of torch fewer a run), and the device recorded is the one asked for
+    ("auto" where none was). Where none loaded, the probe still answers."""
+    import pytest_attnkit.registry as registry
+
     probes: list[str] = []
     run_once = WorkerPool.run_once
     monkeypatch.setattr(WorkerPool, "run_once", lambda self, label, request, **kw: (
         probes.append(label), run_once(self, label, request, **kw))[1])
-    impl = "torch_sdpa" if loads else "no_such_module_here"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the guess: the CPU, whatever this machine has
     if not loads:  # an entry point whose module is missing: its worker describes a load error
-        monkeypatch.setattr(session_module.AttnkitSession, "start", _start_with_a_broken_ref(impl))
-    config = pytester.parseconfig("--attnkit", f"--attnkit-impl={'torch_sdpa' if loads else '*'}",
-                                  "--attnkit-device=cpu", "--attnkit-suite=correctness")
+        broken = EntryPointRef("no_such_module_here", "no_such_module_here:Impl", None)
+        monkeypatch.setattr(registry, "discover", lambda *args, **kwargs: [broken])
+        monkeypatch.setattr(registry, "select", lambda refs, pattern: refs)
+    config = pytester.parseconfig("--attnkit", "--attnkit-impl=torch_sdpa", f"--attnkit-device={device}",
+                                  "--attnkit-suite=correctness")
     session = AttnkitSession(options.resolve(config), config)
     try:
         session.start()
-        assert session.environment["torch"] and session.environment["device"] == "cpu"
+        assert session.environment["torch"] and session.environment["device"] == device
         assert probes == ([] if loads else ["environment"])
     finally:
         session.close()
 
 
-def _start_with_a_broken_ref(name: str):
-    """AttnkitSession.start with discovery giving one implementation whose module is missing."""
-    import pytest_attnkit.registry as registry
-
-    start = session_module.AttnkitSession.start
-
-    def started(self, only=None):
-        broken = EntryPointRef(name, f"{name}:Impl", None)
-        original = (registry.discover, registry.select)
-        registry.discover, registry.select = (lambda: [broken]), (lambda refs, pattern: refs)
-        try:
-            return start(self, only)
-        finally:
-            registry.discover, registry.select = original
-
-    return started
-
-
 @pytest.mark.parametrize(("cores", "jobs", "spares"), [(2, 4, 0), (3, 4, 1), (16, 16, 14), (8, 2, 1)])
-def test_spares_start_only_on_the_cores_the_first_workers_and_the_probe_leave(
+def test_spares_start_only_on_the_cores_the_first_workers_and_the_pytest_process_leave(
         pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, cores: int, jobs: int, spares: int) -> None:
-    """One core for the probe and one for each implementation's first worker; the spares take at
-    most what is left, and no more than the jobs beyond the first workers."""
+    """One core for the pytest process and one for each implementation's first worker; the spares
+    take at most what is left, and no more than the jobs beyond the first workers."""
     monkeypatch.setattr(AttnkitSession, "_usable_cores", lambda self: cores)
     started: list[int] = []
     monkeypatch.setattr(WorkerPool, "start_spares", lambda self, count: started.append(count))
@@ -238,8 +226,11 @@ def test_spares_start_only_on_the_cores_the_first_workers_and_the_probe_leave(
     config = pytester.parseconfig("--attnkit", "--attnkit-impl=torch_sdpa", f"--attnkit-jobs={jobs}",
                                   "--attnkit-device=cpu")
     session = AttnkitSession(options.resolve(config), config)
-    session.jobs = jobs
-    session._start_pool([EntryPointRef("torch_sdpa", "x:y", None)], {}, {}, "cpu")
+    try:
+        session.jobs = jobs
+        session._start_pool([EntryPointRef("torch_sdpa", "x:y", None)], {}, {}, "cpu")
+    finally:
+        session.close()
     assert started == [spares]
 
 
