@@ -74,11 +74,13 @@ def plain_variants(causal: bool, variants: object | None, alibi: bool = False) -
 
 
 def dense_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtypes: tuple[torch.dtype, ...] = DTYPES,
-                 dtype_words: str = "float16 or bfloat16") -> str | None:
+                 dtype_words: str = "float16 or bfloat16",
+                 head_dims: tuple[tuple[int, int], ...] | None = None) -> str | None:
     """Why q, k, v are not the dense inputs both kernels take (None: they are): tensors
     ``[B, H, N, D]`` on one Hopper GPU (:func:`device_reason`), of one dtype among ``dtypes``
     (float16/bfloat16; the FP8 forward's e4m3, said as ``dtype_words``), head dim 64 or 128 (V's
-    the same), Hq a multiple of Hkv, nothing empty."""
+    the same; ``head_dims``: the (Q's and K's, V's) pairs a kernel takes instead), Hq a multiple
+    of Hkv, nothing empty."""
     tensors = (q, k, v)
     if not all(isinstance(t, torch.Tensor) for t in tensors):
         return "q, k, v must be tensors"
@@ -91,9 +93,12 @@ def dense_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtypes: tupl
     if q.dtype not in dtypes or k.dtype != q.dtype or v.dtype != q.dtype:
         return f"{dtype_words} q, k, v of one dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
     batch, heads_q, n_q, head_dim = q.shape
-    if head_dim not in HEAD_DIMS or k.shape[-1] != head_dim or v.shape[-1] != head_dim:
-        return f"head dims {HEAD_DIMS} (V's equal to Q's), got {head_dim}, {k.shape[-1]}, {v.shape[-1]}"
-    if k.shape != v.shape or k.shape[0] != batch or k.shape[1] == 0 or heads_q % k.shape[1]:
+    pairs = tuple((d, d) for d in HEAD_DIMS) if head_dims is None else head_dims
+    if k.shape[-1] != head_dim or (head_dim, v.shape[-1]) not in pairs:
+        said = ", ".join(f"{d}" if d == dv else f"{d} with V's {dv}" for d, dv in pairs)
+        return (f"head dims {said} (V's equal to Q's unless said), got q {head_dim}, k {k.shape[-1]}, "
+                f"v {v.shape[-1]}")
+    if k.shape[:3] != v.shape[:3] or k.shape[0] != batch or k.shape[1] == 0 or heads_q % k.shape[1]:
         return f"k, v shapes {tuple(k.shape)}, {tuple(v.shape)} do not fit q {tuple(q.shape)}"
     if batch * heads_q * n_q == 0 or k.shape[2] == 0:
         return "empty inputs take the existing path"

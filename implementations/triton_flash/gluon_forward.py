@@ -136,6 +136,11 @@ from .gluon_common import (DTYPES, GLUON_IMPORT_ERROR, HEAD_DIMS, LOG2E, SHARED_
 from .gluon_common import (fence_async_shared, gl, gluon, mbarrier, tma, triton, warpgroup_mma, warpgroup_mma_init,
                            warpgroup_mma_wait)
 
+#: (Q's and K's head dim, V's) pairs the forward takes: d64, d128, and MLA's 192 with V's 128
+#: (DeepSeek's shapes; the harness's MLA cases). V's head dim sets O's registers (S's do not
+#: depend on it), so MLA's consumers hold what d128's hold; its Q and K tiles are 1.5x in
+#: shared memory.
+HEAD_DIM_PAIRS = ((64, 64), (128, 128), (192, 128))
 #: Rows a consumer warp group owns: wgmma's M is 64 per warp group.
 ROWS_PER_CONSUMER = 64
 #: Query rows per CTA: two consumer warp groups.
@@ -234,13 +239,15 @@ class Config:
         return ROWS_PER_CONSUMER * self.consumers
 
 
-def shared_bytes(config: Config, head_dim: int, element_size: int = 2) -> int:
-    """Shared memory the kernel asks for: Q (a part per consumer, reused for O), the K/V ring,
-    barriers (``q_full`` and ``turn`` per consumer, four per stage); persistent: O's own buffer and
-    ``q_empty`` per consumer."""
+def shared_bytes(config: Config, head_dim: int, element_size: int = 2, head_dim_v: int | None = None) -> int:
+    """Shared memory the kernel asks for: Q (a part per consumer, reused for O), the K/V ring (K
+    tiles of ``head_dim``, V tiles of ``head_dim_v``, None: the same), barriers (``q_full`` and
+    ``turn`` per consumer, four per stage); persistent: O's own buffer and ``q_empty`` per
+    consumer."""
+    head_dim_v = head_dim if head_dim_v is None else head_dim_v
     q = config.block_m * head_dim * element_size
-    o = q if config.persistent else 0
-    kv = 2 * config.stages * config.block_n * head_dim * element_size
+    o = config.block_m * head_dim_v * element_size if config.persistent else 0
+    kv = config.stages * config.block_n * (head_dim + head_dim_v) * element_size
     barriers = 8 * ((3 if config.persistent else 2) * config.consumers + 4 * config.stages)
     ones = config.consumers * config.block_n * SUM_COLS * element_size if config.sum_mma else 0
     return q + o + kv + barriers + ones
@@ -288,7 +295,7 @@ PERSISTENT_MAX_KEYS = 2048
 GROUPED_MAX_KEYS = 4096
 
 
-def default_config(head_dim: int, causal: bool, n_k: int | None = None) -> Config:
+def default_config(head_dim: int, causal: bool, n_k: int | None = None, head_dim_v: int | None = None) -> Config:
     """The tiles used when none is given: FlashAttention-3's 128 x 128 for d128; at d64 the K/V
     tiles are half the size, so a deeper ring costs little. FlashAttention-3's wait order
     (``eager``): on an H100 it ran 1.3-1.6x the one-QK^T-later order at 4k and 16k (NOTES.md, v13;
@@ -311,7 +318,14 @@ def default_config(head_dim: int, causal: bool, n_k: int | None = None) -> Confi
     first within groups of heads (``-p-g``, :func:`grouped_grid`): on an H100, GPU time alone,
     b8/b16-h16-q1024 d128 406 and 409 TFLOP/s against 358 and 333 (cuDNN 406, 443), 1k d64 +13%,
     2k +1%, 4k d128 548 against 522 (cuDNN 500), 4k d64 +3% (NOTES.md, v18;
-    results/2026-11-26-session6/gluon-fwd-grouped)."""
+    results/2026-11-26-session6/gluon-fwd-grouped).
+
+    MLA (``head_dim`` 192, ``head_dim_v`` 128) takes the one-item grid with d128's tiles
+    (``n128s2-eager``) at every length: 128 x 128 tiles two deep are 208 KiB of the 227 with O
+    over Q's buffer, and the persistent grid's own O buffer (32 KiB more) does not fit. FlashAttention-3
+    takes 128-row tiles there too (its 112 keys a tile are no power of two, which Gluon's tensors need)."""
+    if head_dim_v is not None and head_dim_v != head_dim:
+        return Config(block_n=128, stages=2, eager=True)
     if causal and n_k is not None and n_k <= GROUPED_MAX_KEYS:
         return Config(block_n=128, stages=3 if head_dim == 64 else 2, eager=True, persistent=True, grouped=True)
     if not causal and n_k is not None and n_k <= PERSISTENT_MAX_KEYS:
@@ -334,50 +348,72 @@ if gl is not None:
                   q_full, k_full, v_full, k_empty, v_empty,
                   off_b, off_h, off_hkv, start_m, n_tiles,
                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr, CONSUMERS: gl.constexpr,
-                  FP8: gl.constexpr = False):
+                  FP8: gl.constexpr = False, QK_CHUNKS: gl.constexpr = 1, QK_CHUNK: gl.constexpr = 0):
         # The one item of this CTA; Q stays for the whole CTA (q_full stands in for q_empty, unused).
         _load_item(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_full, k_full, v_full, k_empty, v_empty,
-                   off_b, off_h, off_hkv, start_m, n_tiles, 0, 0, BLOCK_N, STAGES, ROWS, CONSUMERS, False, FP8)
+                   off_b, off_h, off_hkv, start_m, n_tiles, 0, 0, BLOCK_N, STAGES, ROWS, CONSUMERS, False, FP8,
+                   QK_CHUNKS, QK_CHUNK)
 
     @gluon.jit
     def _load_item(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                    q_full, q_empty, k_full, v_full, k_empty, v_empty,
                    off_b, off_h, off_hkv, start_m, n_tiles, g, it,
                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr, CONSUMERS: gl.constexpr,
-                   PERSISTENT: gl.constexpr, FP8: gl.constexpr = False):
+                   PERSISTENT: gl.constexpr, FP8: gl.constexpr = False, QK_CHUNKS: gl.constexpr = 1,
+                   QK_CHUNK: gl.constexpr = 0):
         # One work item's loads. g: K/V tiles this CTA loaded before the item (the ring's position);
         # it: items before it (Q's phase). Both 0 in the one-item grid.
         # Q: one part per consumer, each on its own barrier; persistent, into a part its consumer
-        # handed back (every product that read the last item's Q has completed).
-        q_bytes: gl.constexpr = q_desc.block_type.nbytes
+        # handed back (every product that read the last item's Q has completed). QK_CHUNKS > 1
+        # (MLA): Q's and K's head dim in chunks of QK_CHUNK columns, a TMA and a buffer each.
+        q_bytes: gl.constexpr = q_desc.block_type.nbytes * QK_CHUNKS
         for c in gl.static_range(CONSUMERS):
             if PERSISTENT:
                 mbarrier.wait(q_empty.index(c), (it & 1) ^ 1)
             mbarrier.expect(q_full.index(c), q_bytes)
-            tma.async_copy_global_to_shared(q_desc, [off_b, off_h, start_m + c * ROWS, 0], q_full.index(c),
-                                            q_smem.index(c))
+            for j in gl.static_range(QK_CHUNKS):
+                tma.async_copy_global_to_shared(q_desc, [off_b, off_h, start_m + c * ROWS, j * QK_CHUNK],
+                                                q_full.index(c), q_smem.index(c * QK_CHUNKS + j))
         # K runs one tile ahead of V: a K stage frees after QK^T, a V stage only after the PV
         # product that reads it, which is later; V waiting for its stage must not hold up K.
         if n_tiles > 0:
-            _load_tile(k_desc, k_smem, k_full, k_empty, off_b, off_hkv, 0, g, BLOCK_N, STAGES)
+            _load_tile(k_desc, k_smem, k_full, k_empty, off_b, off_hkv, 0, g, BLOCK_N, STAGES, False, QK_CHUNKS,
+                       QK_CHUNK)
         for t in range(n_tiles):
             if t + 1 < n_tiles:
-                _load_tile(k_desc, k_smem, k_full, k_empty, off_b, off_hkv, t + 1, g + t + 1, BLOCK_N, STAGES)
+                _load_tile(k_desc, k_smem, k_full, k_empty, off_b, off_hkv, t + 1, g + t + 1, BLOCK_N, STAGES, False,
+                           QK_CHUNKS, QK_CHUNK)
             _load_tile(v_desc, v_smem, v_full, v_empty, off_b, off_hkv, t, g + t, BLOCK_N, STAGES, FP8)
 
     @gluon.jit
     def _load_tile(desc, smem, full, empty, off_b, off_hkv, t, g, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                   KEYS_LAST: gl.constexpr = False):
+                   KEYS_LAST: gl.constexpr = False, CHUNKS: gl.constexpr = 1, CHUNK: gl.constexpr = 0):
         # Key tile t, the g-th tile through the ring: wait until every consumer released the
         # stage's previous tile, then TMA tile t into it. KEYS_LAST: the tensor is [B, H, D, N]
-        # (FP8's V^T), its tile t the columns [t * BLOCK_N, (t + 1) * BLOCK_N).
+        # (FP8's V^T), its tile t the columns [t * BLOCK_N, (t + 1) * BLOCK_N). CHUNKS > 1 (MLA's
+        # K): the head dim in chunks of CHUNK columns, stage s's chunk j in buffer s * CHUNKS + j.
         s = g % STAGES
         mbarrier.wait(empty.index(s), ((g // STAGES) & 1) ^ 1)
-        mbarrier.expect(full.index(s), desc.block_type.nbytes)
+        mbarrier.expect(full.index(s), desc.block_type.nbytes * CHUNKS)
         if KEYS_LAST:
             tma.async_copy_global_to_shared(desc, [off_b, off_hkv, 0, t * BLOCK_N], full.index(s), smem.index(s))
         else:
-            tma.async_copy_global_to_shared(desc, [off_b, off_hkv, t * BLOCK_N, 0], full.index(s), smem.index(s))
+            for j in gl.static_range(CHUNKS):
+                tma.async_copy_global_to_shared(desc, [off_b, off_hkv, t * BLOCK_N, j * CHUNK], full.index(s),
+                                                smem.index(s * CHUNKS + j))
+
+    @gluon.jit
+    def _issue_qk(q_smem, k_smem, qk, cid, s, QK_CHUNKS: gl.constexpr):
+        # S = Q K^T for consumer cid's rows and the K tile in stage s, async; use_acc=False: the old
+        # scores are only the registers the product overwrites. QK_CHUNKS > 1 (MLA's 192 as three
+        # chunks of 64: Gluon's shapes are powers of two): one product a chunk, chained on the
+        # accumulator. A wait that leaves only later products in flight retires them all.
+        qk = warpgroup_mma(q_smem.index(cid * QK_CHUNKS), k_smem.index(s * QK_CHUNKS).permute((1, 0)), qk,
+                           use_acc=False, is_async=True)
+        for j in gl.static_range(1, QK_CHUNKS):
+            qk = warpgroup_mma(q_smem.index(cid * QK_CHUNKS + j), k_smem.index(s * QK_CHUNKS + j).permute((1, 0)), qk,
+                               is_async=True)
+        return qk
 
     @gluon.jit
     def _softmax(qk, m_i, l_i, rows, start_n, n_k, diag, qk_scale, slope, row_pos,
@@ -461,13 +497,13 @@ if gl is not None:
         return o, l_i
 
     @gluon.jit
-    def _step(t, g, q_buf, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
+    def _step(t, g, q_smem, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
               qk, o, p_prev, p_op, alpha, m_i, l_i, rows, n_k, diag, qk_scale, slope, row_pos,
               s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CID: gl.constexpr, CAUSAL: gl.constexpr,
               MASKED: gl.constexpr, PINGPONG: gl.constexpr, EAGER: gl.constexpr, CONSUMERS: gl.constexpr,
               ALIBI: gl.constexpr, FP8: gl.constexpr = False, p_buf=None, SUM_MMA: gl.constexpr = False,
-              ones_buf=None, l_layout: gl.constexpr = None):
+              ones_buf=None, l_layout: gl.constexpr = None, QK_CHUNKS: gl.constexpr = 1):
         # Tile t's QK^T and tile t-1's PV on the tensor cores, tile t's softmax under the PV.
         # FP8 (eager only): P goes to the PV product from p_buf, the consumer's shared buffer,
         # stored once PV_{t-1} has read the last one (triton 3.6 cannot keep 8-bit registers of
@@ -482,8 +518,7 @@ if gl is not None:
         sp = (g - 1) % STAGES
         mbarrier.wait(k_full.index(s), (g // STAGES) & 1)
         turns = _take_turn(turn, turns, CID, PINGPONG)
-        # use_acc=False: the old scores are only the registers the product overwrites.
-        qk = warpgroup_mma(q_buf, k_smem.index(s).permute((1, 0)), qk, use_acc=False, is_async=True)
+        qk = _issue_qk(q_smem, k_smem, qk, CID, s, QK_CHUNKS)
         if not EAGER:
             # PV_{t-2} completes (QK^T_t may still run); tile t-2's V stage goes back (none at t = 1).
             if SUM_MMA:
@@ -503,14 +538,14 @@ if gl is not None:
         p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, rows, t * BLOCK_N, n_k, diag, qk_scale, slope, row_pos,
                                       s_layout, BLOCK_N, CAUSAL, MASKED, ALIBI, FP8, SUM_MMA)
         if FP8:
-            p8 = p.to(q_buf.dtype)
+            p8 = p.to(q_smem.dtype)
             o = warpgroup_mma_wait(num_outstanding=0, deps=(o, ))
             p_buf.store(p8)  # PV_{t-1} has read the buffer
             fence_async_shared()
             mbarrier.arrive(v_empty.index(sp), count=1)
             p_next = p_op  # the placeholder
         else:
-            p_next = gl.convert_layout(p.to(q_buf.dtype), p_layout)
+            p_next = gl.convert_layout(p.to(q_smem.dtype), p_layout)
             if EAGER:
                 # FlashAttention-3's order. ptxas 12.8 hoists this wait above the softmax (NOTES v12).
                 # The new P is a dependency too: computed before the wait, in other registers.
@@ -524,12 +559,27 @@ if gl is not None:
     @gluon.jit
     def _consumer(o_desc, q_smem, o_smem, p_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty, turn,
                   lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr, H_Q, v_scale,
-                  HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr,
-                  CID: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, EAGER: gl.constexpr,
-                  CONSUMERS: gl.constexpr, ALIBI: gl.constexpr, FP8: gl.constexpr = False, ones_smem=None,
-                  SUM_MMA: gl.constexpr = False):
+                  HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                  ROWS: gl.constexpr, CID: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
+                  EAGER: gl.constexpr, CONSUMERS: gl.constexpr, ALIBI: gl.constexpr, FP8: gl.constexpr = False,
+                  ones_smem=None, SUM_MMA: gl.constexpr = False, QK_CHUNKS: gl.constexpr = 1):
         # The one item of this CTA: O leaves through Q's buffer (o_smem is q_smem), or FP8's bf16
         # O through a buffer of its own (q_full stands in for q_empty, unused).
+        # MLA (V's head dim below Q's, Q in QK_CHUNKS chunks a consumer): O's [ROWS, HEAD_DIM_V]
+        # inside this consumer's own part of Q, which no other consumer reads: the whole buffer
+        # seen as O-sized slots (2 x 192 columns = 3 slots of 128), consumer c's the first slot
+        # that starts in its part (slot 0 for consumer 0, slot 2 for consumer 1, which ends where
+        # its part ends).
+        if HEAD_DIM_V == HEAD_DIM:
+            o_buf = o_smem.index(CID)
+        else:
+            PART: gl.constexpr = HEAD_DIM  # a consumer's columns of Q, its chunks back to back
+            gl.static_assert((CONSUMERS * PART) % HEAD_DIM_V == 0, "Q's buffer is whole O slots")
+            SLOT: gl.constexpr = (CID * PART + HEAD_DIM_V - 1) // HEAD_DIM_V
+            gl.static_assert((SLOT + 1) * HEAD_DIM_V <= (CID + 1) * PART, "O's slot inside the consumer's part")
+            slots = q_smem._reinterpret(q_smem.dtype, [CONSUMERS * PART // HEAD_DIM_V, ROWS, HEAD_DIM_V],
+                                        q_smem.layout)
+            o_buf = slots.index(SLOT)
         # SUM_MMA: this consumer's tile of ones, B of P @ ones ([BLOCK_N, 16]), written once,
         # fenced for the async proxy, and the warp group's barrier after it: every thread's stores
         # are in before the first product reads the tile (triton 3.6 inserts none for it; a
@@ -539,32 +589,36 @@ if gl is not None:
             ones_smem.index(CID).store(gl.full([BLOCK_N, 16], 1.0, q_smem.dtype, layout=fill))
             fence_async_shared()
             gl.thread_barrier()
-        _consumer_item(o_desc, q_smem.index(CID), o_smem.index(CID), k_smem, v_smem, q_full, q_full, k_full, v_full,
+        _consumer_item(o_desc, q_smem, o_buf, k_smem, v_smem, q_full, q_full, k_full, v_full,
                        k_empty, v_empty, turn, lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale,
                        slopes_ptr, H_Q, 0, 0, 0,
-                       HEAD_DIM, BLOCK_N, STAGES, ROWS, CID, CAUSAL, PINGPONG, EAGER, CONSUMERS, False, ALIBI,
-                       FP8, v_scale, p_smem.index(CID), SUM_MMA, ones_smem.index(CID))
+                       HEAD_DIM_V, BLOCK_N, STAGES, ROWS, CID, CAUSAL, PINGPONG, EAGER, CONSUMERS, False, ALIBI,
+                       FP8, v_scale, p_smem.index(CID), SUM_MMA, ones_smem.index(CID), QK_CHUNKS)
         tma.store_wait(pendings=0)
 
     @gluon.jit
-    def _consumer_item(o_desc, q_buf, o_buf, k_smem, v_smem, q_full, q_empty, k_full, v_full, k_empty, v_empty, turn,
+    def _consumer_item(o_desc, q_smem, o_buf, k_smem, v_smem, q_full, q_empty, k_full, v_full, k_empty, v_empty, turn,
                        lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr, H_Q,
                        g, it, turns,
-                       HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr,
+                       HEAD_DIM_V: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr,
                        CID: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, EAGER: gl.constexpr,
                        CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr, ALIBI: gl.constexpr,
                        FP8: gl.constexpr = False, v_scale=1.0, p_buf=None, SUM_MMA: gl.constexpr = False,
-                       ones_buf=None):
+                       ones_buf=None, QK_CHUNKS: gl.constexpr = 1):
         # One work item of consumer CID; returns the turns taken so far. g: K/V tiles the CTA took
         # before the item (the ring's position), it: items before it (Q's phase); both 0 in the
-        # one-item grid, where o_buf is q_buf and q_empty is unused. lse_ptr: this head's LSE row.
+        # one-item grid, where o_buf is Q's part (or, MLA, inside it) and q_empty is unused. q_smem:
+        # every consumer's Q, this one's part in chunks [CID * QK_CHUNKS, (CID + 1) * QK_CHUNKS).
+        # lse_ptr: this head's LSE row.
+        # HEAD_DIM_V: O's columns, V's head dim (Q's and K's never show here: they live in shared
+        # memory and only the products read them).
         # FP8: wgmma's K is 32 (8-bit operands), and P as its register A operand holds 4 keys a
         # thread where 16-bit holds 2 (k_width).
         K_INSTR: gl.constexpr = 32 if FP8 else 16
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, K_INSTR])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, HEAD_DIM, K_INSTR])
+                                                           instr_shape=[16, HEAD_DIM_V, K_INSTR])
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4 if FP8 else 2)
         # SUM_MMA: P @ ones's accumulator, 16 columns each holding the row's sum (SUM_COLS).
         l_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -586,7 +640,7 @@ if gl is not None:
             l_i = gl.zeros([ROWS, 16], gl.float32, layout=l_layout)
         else:
             l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
-        o = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
+        o = gl.zeros([ROWS, HEAD_DIM_V], gl.float32, layout=o_layout)
         # Q is waited for even with no key tile: its load is in flight (and the buffer may take O).
         mbarrier.wait(q_full.index(CID), it & 1)
         if n_tiles > 0:
@@ -595,18 +649,18 @@ if gl is not None:
             s0 = g % STAGES
             mbarrier.wait(k_full.index(s0), (g // STAGES) & 1)
             turns = _take_turn(turn, turns, CID, PINGPONG)
-            qk = warpgroup_mma(q_buf, k_smem.index(s0).permute((1, 0)), qk, use_acc=False, is_async=True)
+            qk = _issue_qk(q_smem, k_smem, qk, CID, s0, QK_CHUNKS)
             _pass_turn(turn, CID, PINGPONG, CONSUMERS)
             qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
             mbarrier.arrive(k_empty.index(s0), count=1)
             p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, rows, 0, n_k, diag, qk_scale, slope, row_pos,
                                           s_layout, BLOCK_N, CAUSAL, True, ALIBI, FP8, SUM_MMA)
             if FP8:  # P through p_buf (see _step); p_op a placeholder
-                p_buf.store(p.to(q_buf.dtype))
+                p_buf.store(p.to(q_smem.dtype))
                 fence_async_shared()
                 p_op = m_i
             else:
-                p_op = gl.convert_layout(p.to(q_buf.dtype), p_layout)
+                p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
             p_prev = p_op  # no product in flight yet; the first step's wait passes at once
             if not EAGER:
                 o = warpgroup_mma_init(o)  # o is carried as a product in flight
@@ -615,16 +669,16 @@ if gl is not None:
             # Tiles every row sees whole, then the masked ones (the diagonal, the ragged end).
             for t in range(1, n_whole):
                 qk, o, p_prev, p_op, alpha, m_i, l_i, turns = _step(
-                    t, g + t, q_buf, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
+                    t, g + t, q_smem, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
                     qk, o, p_prev, p_op, alpha, m_i, l_i, rows, n_k, diag, qk_scale, slope, row_pos,
                     s_layout, o_layout, p_layout, BLOCK_N, STAGES, CID, CAUSAL, False, PINGPONG, EAGER, CONSUMERS,
-                    ALIBI, FP8, p_buf, SUM_MMA, ones_buf, l_layout)
+                    ALIBI, FP8, p_buf, SUM_MMA, ones_buf, l_layout, QK_CHUNKS)
             for t in range(gl.maximum(n_whole, 1), n_tiles):
                 qk, o, p_prev, p_op, alpha, m_i, l_i, turns = _step(
-                    t, g + t, q_buf, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
+                    t, g + t, q_smem, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
                     qk, o, p_prev, p_op, alpha, m_i, l_i, rows, n_k, diag, qk_scale, slope, row_pos,
                     s_layout, o_layout, p_layout, BLOCK_N, STAGES, CID, CAUSAL, True, PINGPONG, EAGER, CONSUMERS,
-                    ALIBI, FP8, p_buf, SUM_MMA, ones_buf, l_layout)
+                    ALIBI, FP8, p_buf, SUM_MMA, ones_buf, l_layout, QK_CHUNKS)
             # The last tile's PV.
             last = n_tiles - 1
             sl = (g + last) % STAGES
@@ -747,7 +801,7 @@ if gl is not None:
             off_b, off_h, off_hkv, start_m, n_tiles, n_whole = _work(
                 _deal(r, cta, n_ctas), n_m, n_bh, n_group, H_Q, GROUP, n_q, n_k, CONSUMERS * ROWS, BLOCK_N, CAUSAL)
             lse_item = lse_ptr + off_b.to(gl.int64) * stride_lb + off_h.to(gl.int64) * stride_lh
-            turns = _consumer_item(o_desc, q_smem.index(CID), o_smem.index(CID), k_smem, v_smem, q_full, q_empty,
+            turns = _consumer_item(o_desc, q_smem, o_smem.index(CID), k_smem, v_smem, q_full, q_empty,
                                    k_full, v_full, k_empty, v_empty, turn, lse_item, off_b, off_h, start_m, n_q,
                                    n_k, n_tiles, n_whole, qk_scale, slopes_ptr, H_Q, g, r, turns,
                                    HEAD_DIM, BLOCK_N, STAGES, ROWS, CID, CAUSAL, PINGPONG, EAGER, CONSUMERS, True,
@@ -837,11 +891,17 @@ if gl is not None:
     @gluon.jit(do_not_specialize=("stride_lb", "stride_lh", "H_Q", "GROUP", "n_q", "n_k"))
     def _attn_fwd_sm90(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_lh,
                        H_Q, GROUP, n_q, n_k, qk_scale, slopes_ptr, descale_ptr,
-                       HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                       CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                       HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, QK_CHUNK: gl.constexpr, BLOCK_N: gl.constexpr,
+                       STAGES: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                        EAGER: gl.constexpr, CONSUMERS: gl.constexpr, HEAVY_FIRST: gl.constexpr = False,
                        ALIBI: gl.constexpr = False, FP8: gl.constexpr = False, SUM_MMA: gl.constexpr = False):
+        # QK_CHUNK: the columns of Q's and K's TMA boxes and shared buffers, HEAD_DIM itself but for
+        # MLA's 192 (no power of two, as Gluon's shapes must be): 64, three chunks (_issue_qk).
+        QK_CHUNKS: gl.constexpr = HEAD_DIM // QK_CHUNK
+        gl.static_assert(QK_CHUNKS * QK_CHUNK == HEAD_DIM and (QK_CHUNKS == 1 or not FP8), "Q's chunks tile its head dim")
         gl.static_assert(not (FP8 and SUM_MMA), "-sm is not for FP8: its sums came out wrong on an H200 (NOTES v20.4)")
+        gl.static_assert(HEAD_DIM_V == HEAD_DIM or (not FP8 and HEAD_DIM_V < HEAD_DIM),
+                         "V's head dim differs from Q's only below it (MLA: O over Q's buffer), bf16/fp16 only")
         ROWS: gl.constexpr = 64
         BLOCK_M: gl.constexpr = CONSUMERS * ROWS
         n_m = gl.cdiv(n_q, BLOCK_M)
@@ -892,10 +952,10 @@ if gl is not None:
             v_scale = gl.load(descale_ptr + which + 2)
         else:
             smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-            q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, ROWS, HEAD_DIM], smem_layout)
+            q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS * QK_CHUNKS, ROWS, QK_CHUNK], smem_layout)
             o_smem = q_smem
-            k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], smem_layout)
-            v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], smem_layout)
+            k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES * QK_CHUNKS, BLOCK_N, QK_CHUNK], smem_layout)
+            v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM_V], smem_layout)
             p_smem = q_smem  # unused
             v_scale = qk_scale  # unused
         if SUM_MMA:  # -sm: each consumer's tile of ones, B of P @ ones
@@ -927,33 +987,33 @@ if gl is not None:
             gl.warp_specialize([
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty,
                              v_empty, off_b, off_h, off_hkv, start_m, n_tiles, BLOCK_N, STAGES, ROWS, CONSUMERS,
-                             FP8)),
+                             FP8, QK_CHUNKS, QK_CHUNK)),
                 (_consumer, (o_desc, q_smem, o_smem, p_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty,
                              turn, lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr,
-                             H_Q, v_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS, 0, CAUSAL, PINGPONG, EAGER, CONSUMERS,
-                             ALIBI, FP8, ones_smem, SUM_MMA)),
+                             H_Q, v_scale, HEAD_DIM, HEAD_DIM_V, BLOCK_N, STAGES, ROWS, 0, CAUSAL, PINGPONG, EAGER, CONSUMERS,
+                             ALIBI, FP8, ones_smem, SUM_MMA, QK_CHUNKS)),
                 (_consumer, (o_desc, q_smem, o_smem, p_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty,
                              turn, lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr,
-                             H_Q, v_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS, 1, CAUSAL, PINGPONG, EAGER, CONSUMERS,
-                             ALIBI, FP8, ones_smem, SUM_MMA)),
+                             H_Q, v_scale, HEAD_DIM, HEAD_DIM_V, BLOCK_N, STAGES, ROWS, 1, CAUSAL, PINGPONG, EAGER, CONSUMERS,
+                             ALIBI, FP8, ones_smem, SUM_MMA, QK_CHUNKS)),
                 (_consumer, (o_desc, q_smem, o_smem, p_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty,
                              turn, lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr,
-                             H_Q, v_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS, 2, CAUSAL, PINGPONG, EAGER, CONSUMERS,
-                             ALIBI, FP8, ones_smem, SUM_MMA)),
+                             H_Q, v_scale, HEAD_DIM, HEAD_DIM_V, BLOCK_N, STAGES, ROWS, 2, CAUSAL, PINGPONG, EAGER, CONSUMERS,
+                             ALIBI, FP8, ones_smem, SUM_MMA, QK_CHUNKS)),
             ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
         else:
             gl.warp_specialize([
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty,
                              v_empty, off_b, off_h, off_hkv, start_m, n_tiles, BLOCK_N, STAGES, ROWS, CONSUMERS,
-                             FP8)),
+                             FP8, QK_CHUNKS, QK_CHUNK)),
                 (_consumer, (o_desc, q_smem, o_smem, p_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty,
                              turn, lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr,
-                             H_Q, v_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS, 0, CAUSAL, PINGPONG, EAGER, CONSUMERS,
-                             ALIBI, FP8, ones_smem, SUM_MMA)),
+                             H_Q, v_scale, HEAD_DIM, HEAD_DIM_V, BLOCK_N, STAGES, ROWS, 0, CAUSAL, PINGPONG, EAGER, CONSUMERS,
+                             ALIBI, FP8, ones_smem, SUM_MMA, QK_CHUNKS)),
                 (_consumer, (o_desc, q_smem, o_smem, p_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty,
                              turn, lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr,
-                             H_Q, v_scale, HEAD_DIM, BLOCK_N, STAGES, ROWS, 1, CAUSAL, PINGPONG, EAGER, CONSUMERS,
-                             ALIBI, FP8, ones_smem, SUM_MMA)),
+                             H_Q, v_scale, HEAD_DIM, HEAD_DIM_V, BLOCK_N, STAGES, ROWS, 1, CAUSAL, PINGPONG, EAGER, CONSUMERS,
+                             ALIBI, FP8, ones_smem, SUM_MMA, QK_CHUNKS)),
             ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -966,7 +1026,8 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
                        scale: float | None = None, *, variants: object | None = None,
                        layout: object | None = None) -> str | None:
     """Why this kernel does not take the call (None: it does). Covered: dense ``[B, H, N, D]``
-    float16/bfloat16 q, k, v on a Hopper GPU (sm_90), head dim 64 or 128 (V's the same), GQA/MQA
+    float16/bfloat16 q, k, v on a Hopper GPU (sm_90), head dim 64 or 128 (V's the same) or MLA's
+    192 with V's 128 (:data:`HEAD_DIM_PAIRS`), GQA/MQA
     (Hq a multiple of Hkv), causal or not, any lengths >= 1, a positive scale, strides TMA can
     address (head dim contiguous, the rest multiples of 16 bytes), ALiBi. Not: varlen, paged KV,
     windows, softcap, sinks, float32, FP8, other head dims."""
@@ -974,7 +1035,7 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
         return "packed sequences and paged KV caches take the existing kernels"
     if not plain_variants(causal, variants, alibi=True):
         return "variants (window, softcap, sinks) take the existing kernels"
-    if (reason := dense_reason(q, k, v)) is not None:
+    if (reason := dense_reason(q, k, v, head_dims=HEAD_DIM_PAIRS)) is not None:
         return reason
     if scale is not None and not (math.isfinite(scale) and scale > 0):
         return "a positive finite scale (the row maximum is taken before scaling)"
@@ -999,8 +1060,10 @@ def launch_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch
     and what ``tools/flash_bench/gluon_compile.py`` compiles without a GPU. ``slopes``: ALiBi's,
     times log2(e), float32 [B, Hq] contiguous (None: no ALiBi)."""
     batch, heads_q, n_q, head_dim = q.shape
-    heads_kv, n_k = k.shape[1], k.shape[2]
-    args = (descriptor(q, ROWS_PER_CONSUMER), descriptor(k, config.block_n), descriptor(v, config.block_n),
+    heads_kv, n_k, head_dim_v = k.shape[1], k.shape[2], v.shape[-1]
+    chunk = qk_chunk(head_dim)
+    args = (descriptor(q, ROWS_PER_CONSUMER, cols=chunk), descriptor(k, config.block_n, cols=chunk),
+            descriptor(v, config.block_n),
             descriptor(o, ROWS_PER_CONSUMER), lse, lse.stride(0), lse.stride(1),
             heads_q, heads_q // heads_kv, n_q, n_k, scale * LOG2E, slopes)
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.stages, CAUSAL=bool(causal),
@@ -1011,16 +1074,27 @@ def launch_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch
     if config.sum_mma:
         kwargs["SUM_MMA"] = True
     if config.persistent:  # _attn_fwd_sm90_persistent: n_bh, n_group before the scale, a CTA per SM
+        if head_dim_v != head_dim:
+            raise ValueError(f"config {config}: the persistent grid keeps V's head dim equal to Q's (MLA takes the "
+                             "one-item grid: default_config)")
         n_m, n_bh = triton.cdiv(n_q, config.block_m), batch * heads_q
         n_ctas = min(n_m * n_bh, sm_count(q.device))
         n_ctas, n_group = grouped_grid(n_m, n_bh, n_ctas) if config.grouped and causal else (n_ctas, n_bh)
         args = args[:-2] + (n_bh, n_group) + args[-2:]
         return args, kwargs, (n_ctas, )
     args = args + (None, )  # the one-item kernel's descale_ptr: FP8's only (launch_arguments_fp8)
+    kwargs["HEAD_DIM_V"] = head_dim_v
+    kwargs["QK_CHUNK"] = chunk
     if config.heavy_first and causal:
         kwargs["HEAVY_FIRST"] = True
         return args, kwargs, (batch * heads_q, triton.cdiv(n_q, config.block_m))
     return args, kwargs, (triton.cdiv(n_q, config.block_m), batch * heads_q)
+
+
+def qk_chunk(head_dim: int) -> int:
+    """Columns of Q's and K's TMA boxes and shared buffers: the head dim where it is a power of two,
+    else 64 (MLA's 192 in three chunks; Gluon's shapes are powers of two)."""
+    return head_dim if head_dim & (head_dim - 1) == 0 else 64
 
 
 def grouped_grid(n_m: int, n_bh: int, n_ctas: int) -> tuple[int, int]:
@@ -1061,8 +1135,8 @@ def warmup(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scal
     flag and configuration (``alibi``: the kernel with ALiBi). The bench tools use it to compile
     ahead, or for a GPU not present."""
     batch, heads_q, n_q, head_dim = q.shape
-    config = default_config(head_dim, causal, k.shape[2]) if config is None else config
-    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    config = default_config(head_dim, causal, k.shape[2], v.shape[-1]) if config is None else config
+    o = torch.empty((batch, heads_q, n_q, v.shape[-1]), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads_q, n_q), dtype=torch.float32, device=q.device)
     slopes = torch.empty((batch, heads_q), dtype=torch.float32, device=q.device) if alibi else None
     args, kwargs, grid = launch_arguments(q, k, v, o, lse, causal, scale, config, slopes)
@@ -1072,7 +1146,7 @@ def warmup(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scal
 def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
               config: Config | None = None, *, alibi_slopes: torch.Tensor | None = None,
               out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(output ``[B, Hq, Nq, D]`` in q's dtype, base-2 LSE float32 ``[B, Hq, Nq]``) for a call that
+    """(output ``[B, Hq, Nq, Dv]`` in q's dtype, base-2 LSE float32 ``[B, Hq, Nq]``) for a call that
     :func:`supports` takes, as :func:`.launch.flash_fwd` returns them (its backward reads this LSE;
     the natural one is it times ln 2). ``scale`` multiplies q . k (``1/sqrt(D)`` is the caller's
     default); ``causal`` is bottom-right. ``config`` forces tiles (bench tools); by default
@@ -1080,19 +1154,23 @@ def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
     ``- slope * |i + Nk - Nq - j|`` on the scores. ``out`` hands in the two outputs, contiguous (a
     check poisons them first). The caller checks :func:`supports` first: this function does not."""
     batch, heads_q, n_q, head_dim = q.shape
-    config = default_config(head_dim, causal, k.shape[2]) if config is None else config
-    if shared_bytes(config, head_dim) > SHARED_LIMIT:
-        raise ValueError(f"config {config} needs {shared_bytes(config, head_dim)} B of shared memory at d{head_dim}")
+    head_dim_v = v.shape[-1]
+    config = default_config(head_dim, causal, k.shape[2], head_dim_v) if config is None else config
+    need = shared_bytes(config, head_dim, head_dim_v=head_dim_v)
+    if need > SHARED_LIMIT:
+        raise ValueError(f"config {config} needs {need} B of shared memory at d{head_dim}"
+                         + (f"/dv{head_dim_v}" if head_dim_v != head_dim else ""))
     if (reason := register_reason(config)) is not None:
         raise ValueError(reason)
     if out is None:
-        o = torch.empty_like(q, memory_format=torch.contiguous_format)
+        o = torch.empty((batch, heads_q, n_q, head_dim_v), dtype=q.dtype, device=q.device)
         lse = torch.empty((batch, heads_q, n_q), dtype=torch.float32, device=q.device)
     else:
         o, lse = out
-        if (o.shape != q.shape or o.dtype != q.dtype or not o.is_contiguous() or lse.shape != (batch, heads_q, n_q)
+        if (o.shape != (batch, heads_q, n_q, head_dim_v) or o.dtype != q.dtype or not o.is_contiguous() or lse.shape != (batch, heads_q, n_q)
                 or lse.dtype != torch.float32 or not lse.is_contiguous()):
-            raise ValueError("out must be a contiguous output like q and a contiguous float32 [B, Hq, Nq] LSE")
+            raise ValueError("out must be a contiguous [B, Hq, Nq, Dv] output in q's dtype and a contiguous float32 "
+                             "[B, Hq, Nq] LSE")
     slopes = None
     if alibi_slopes is not None:
         slopes = (alibi_slopes.float() * LOG2E).expand(batch, heads_q).contiguous()
@@ -1176,9 +1254,9 @@ def launch_arguments_fp8(q: torch.Tensor, k: torch.Tensor, v_t: torch.Tensor, o:
             descriptor(v_t, head_dim, min(config.block_n, 128), cols=config.block_n),
             descriptor(o, ROWS_PER_CONSUMER), lse, lse.stride(0), lse.stride(1),
             heads_q, heads_q // heads_kv, n_q, n_k, scale * LOG2E, None, descales)
-    kwargs = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.stages, CAUSAL=bool(causal),
-                  PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, EAGER=config.eager,
-                  CONSUMERS=config.consumers, FP8=True, num_warps=4)
+    kwargs = dict(HEAD_DIM=head_dim, HEAD_DIM_V=head_dim, QK_CHUNK=head_dim, BLOCK_N=config.block_n, STAGES=config.stages,
+                  CAUSAL=bool(causal), PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs,
+                  EAGER=config.eager, CONSUMERS=config.consumers, FP8=True, num_warps=4)
     return args, kwargs, (triton.cdiv(n_q, config.block_m), batch * heads_q)
 
 

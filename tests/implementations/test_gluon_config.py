@@ -120,3 +120,19 @@ def test_row_sums_on_the_tensor_cores_are_off_by_default_one_item_only_and_count
     with pytest.raises(ValueError, match="-sm is not for FP8"):
         gf.launch_arguments_fp8(q8, q8, q8.transpose(2, 3), q, torch.empty(1, 2, 256), torch.ones(1, 2, 3), False,
                                 0.125, gf.Config(block_n=128, stages=3, eager=True, sum_mma=True))
+
+
+def test_mla_takes_the_one_item_grid_with_o_over_q_and_fits_in_shared_memory() -> None:
+    """MLA (Q's and K's head dim 192, V's 128): Q and K in three 64-column chunks (Gluon's shapes
+    are powers of two), the K/V ring at each one's width, O over Q's buffer; the persistent grid's
+    own O buffer would not fit, so its default is the one-item grid at every length, causal or not."""
+    plain = gf.Config.parse("n128s2-eager")
+    assert gf.qk_chunk(192) == 64 and gf.qk_chunk(128) == 128 and gf.qk_chunk(64) == 64
+    assert gf.shared_bytes(plain, 192, head_dim_v=128) == (128 * 192 * 2 + 2 * 128 * (192 + 128) * 2
+                                                           + 8 * (2 * 2 + 4 * 2))
+    assert gf.shared_bytes(plain, 192, head_dim_v=128) <= gf.SHARED_LIMIT < gf.shared_bytes(plain, 192)
+    assert gf.shared_bytes(gf.Config.parse("n128s2-eager-p"), 192, head_dim_v=128) > gf.SHARED_LIMIT
+    for causal in (False, True):
+        for n_k in (None, 1024, 4096, 16384):
+            assert str(gf.default_config(192, causal, n_k, 128)) == "n128s2-eager-r240"
+    assert (192, 128) in gf.HEAD_DIM_PAIRS and (192, 192) not in gf.HEAD_DIM_PAIRS

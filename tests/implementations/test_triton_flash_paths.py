@@ -114,3 +114,23 @@ def test_the_gluon_fp8_inputs_v_with_keys_last_and_the_descales_in_one_tensor() 
     descales = gluon_forward.fp8_descales((None, torch.full((2, 3), 2.0), torch.full((2, 3), 0.5)), 2, 3,
                                           torch.device("cpu"))
     assert descales.shape == (2, 3, 3) and descales.is_contiguous() and descales[1, 2].tolist() == [1.0, 2.0, 0.5]
+
+
+def test_mla_is_the_gluon_forward_s_and_other_unequal_head_dims_are_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a Hopper (its device check stubbed): the forward takes MLA's d192 with V's d128, says
+    which pairs it takes when refusing any other (V's 192, V's 64 beside Q's 128, Q's 96), and the
+    Gluon backward (d64/d128 with V's the same) refuses MLA."""
+    from pytest_attnkit.implementations.triton_flash import gluon_backward, gluon_common, gluon_forward
+
+    monkeypatch.setattr(gluon_common, "device_reason", lambda device: None)
+
+    def tensors(d: int, dv: int) -> tuple[torch.Tensor, ...]:
+        q = torch.zeros(1, 2, 128, d, dtype=torch.bfloat16)
+        return q, torch.zeros(1, 2, 96, d, dtype=torch.bfloat16), torch.zeros(1, 2, 96, dv, dtype=torch.bfloat16)
+
+    assert gluon_forward.unsupported_reason(*tensors(192, 128), True, 0.07) is None
+    assert gluon_forward.unsupported_reason(*tensors(128, 128), False, 0.09) is None
+    for d, dv in ((192, 192), (128, 64), (96, 96), (64, 128)):
+        reason = gluon_forward.unsupported_reason(*tensors(d, dv), True, 0.1)
+        assert reason is not None and "192 with V's 128" in reason and f"v {dv}" in reason, (d, dv, reason)
+    assert "head dims 64, 128" in gluon_backward.unsupported_reason(*tensors(192, 128), True, 0.07)

@@ -60,7 +60,21 @@ sys.path.insert(0, str(REPO))
 import gluon_harness as harness  # noqa: E402
 
 DTYPES = ("bfloat16", "float16")
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 192)
+#: V's head dim where it is not Q's: MLA's 128 beside 192 (gluon_forward.HEAD_DIM_PAIRS).
+V_DIMS = {192: 128}
+
+
+def value_dim(head_dim: int) -> int:
+    """V's head dim in this check's cases with Q's ``head_dim``."""
+    return V_DIMS.get(head_dim, head_dim)
+
+
+def default_for(default_config, head_dim: int, causal: bool):
+    """``default_config`` (gluon_forward's) for Q's ``head_dim``, with V's where it differs (MLA)."""
+    if value_dim(head_dim) != head_dim:
+        return default_config(head_dim, causal, None, value_dim(head_dim))
+    return default_config(head_dim, causal)
 DEFAULT_VARIANTS = "n128s2,n128s3-eager,n128s2-nopp-eager,n128s2-eager-r224,n64s2-eager"
 
 
@@ -90,6 +104,7 @@ BENCH_SHAPES = (
     (4, 16, 4096, 128),
     (4, 32, 4096, 64),
     (8, 16, 1024, 128),
+    (4, 16, 4096, 192),          # MLA: V's head dim 128 (the harness's MLA speed case)
 )
 IMPLS = ("gluon", "sdpa_cudnn", "sdpa_flash", "triton_flash")
 
@@ -117,7 +132,7 @@ def _inputs(shape, dtype_name: str, head_dim: int, seed: int, device: str = "cud
     generator = torch.Generator(device=device).manual_seed(seed)
     q = torch.randn(batch, heads_q, n_q, head_dim, device=device, dtype=dtype, generator=generator)
     k = torch.randn(batch, heads_kv, n_k, head_dim, device=device, dtype=dtype, generator=generator)
-    v = torch.randn(batch, heads_kv, n_k, head_dim, device=device, dtype=dtype, generator=generator)
+    v = torch.randn(batch, heads_kv, n_k, value_dim(head_dim), device=device, dtype=dtype, generator=generator)
     return q, k, v
 
 
@@ -140,7 +155,7 @@ def _reference(q, k, v, causal: bool, scale: float, block_rows: int | None = Non
         keys = r1 + n_k - n_q if causal else n_k
         if keys <= 0:
             for name, dtype in (("oracle", torch.float64), ("plain", q.dtype)):
-                outs[name].append(torch.zeros(batch, heads_q, r1 - r0, head_dim, device=q.device, dtype=dtype))
+                outs[name].append(torch.zeros(batch, heads_q, r1 - r0, v.shape[-1], device=q.device, dtype=dtype))
                 lses[name].append(torch.zeros(batch, heads_q, r1 - r0, device=q.device, dtype=dtype))
             continue
         qb, kb, vb = q[:, :, r0:r1], k[:, :, :keys], v[:, :, :keys]
@@ -171,7 +186,7 @@ def _check_case(case: dict, gf, device: str = "cuda") -> dict:
     config = gf.Config.parse(case["config"])
 
     def run():
-        o = torch.full_like(q, float("nan"))
+        o = torch.full((*q.shape[:3], v.shape[-1]), float("nan"), device=q.device, dtype=q.dtype)
         lse = torch.full(q.shape[:3], float("nan"), device=q.device, dtype=torch.float32)
         return gf.flash_fwd(q, k, v, causal, scale, config, out=(o, lse))
 
@@ -204,8 +219,9 @@ def _check_case(case: dict, gf, device: str = "cuda") -> dict:
 
 
 def _flops(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> float:
+    """2 x (Q's head dim + V's) a visible pair: QK^T's and PV's multiply-adds."""
     pairs = n * (n + 1) // 2 if causal else n * n
-    return 4.0 * batch * heads * head_dim * pairs
+    return 2.0 * batch * heads * (head_dim + value_dim(head_dim)) * pairs
 
 
 def _bench_case(case: dict, gf, tf_launch) -> dict:
@@ -318,6 +334,10 @@ def fits(gf, config: str, head_dim: int) -> bool:
     cannot (n128s3 at d128, three consumers at d128) is left out of that head dim's cases."""
     parsed = gf.Config.parse(config)
     reason = getattr(gf, "register_reason", lambda c: None)(parsed)
+    if value_dim(head_dim) != head_dim:
+        if parsed.persistent or parsed.consumers != 2:
+            return False  # MLA's O goes over Q's buffer in the one-item grid with two consumers
+        return gf.shared_bytes(parsed, head_dim, head_dim_v=value_dim(head_dim)) <= gf.SHARED_LIMIT and reason is None
     return gf.shared_bytes(parsed, head_dim) <= gf.SHARED_LIMIT and reason is None
 
 
@@ -326,7 +346,7 @@ def correctness_cases(variants: list[str], default_config, gf=None) -> list[dict
     for dtype in DTYPES:
         for head_dim in HEAD_DIMS:
             for causal in (False, True):
-                config = str(default_config(head_dim, causal))
+                config = str(default_for(default_config, head_dim, causal))
                 for seed, shape in enumerate(CORRECTNESS_SHAPES):
                     cases.append(_correctness_case(dtype, head_dim, causal, config, shape, seed))
     for variant in variants:
@@ -474,7 +494,7 @@ def main() -> int:
             for causal in (False, True):
                 # Variants run in bf16's correctness cases and in every timed dtype.
                 timed_here = dtype == "bfloat16" or dtype in timing_dtypes
-                for config in [str(gf.default_config(head_dim, causal))] + (variants if timed_here else []):
+                for config in [str(default_for(gf.default_config, head_dim, causal))] + (variants if timed_here else []):
                     key = (dtype, head_dim, causal, config)
                     if key not in seen_specs and fits(gf, config, head_dim):
                         seen_specs.add(key)

@@ -270,12 +270,18 @@ def main() -> int:
                   for head_dim in gf.HEAD_DIMS for causal in (False, True)
                   for config in dict.fromkeys([gf.fp8_config(head_dim, causal, n_k) for n_k in (4096, 16384)]
                                               + [gf.Config.parse(text) for text in args.config])]
+    else:  # MLA (Q's and K's head dim above V's): its default, causal and not, in each dtype
+        dtypes = (torch.bfloat16,) if args.quick else (torch.bfloat16, torch.float16)
+        matrix += [(head_dim, causal, dtype, gf.default_config(head_dim, causal, None, head_dim_v))
+                   for head_dim, head_dim_v in gf.HEAD_DIM_PAIRS if head_dim_v != head_dim
+                   for causal in (False, True) for dtype in dtypes]
 
     def warm(head_dim, causal, dtype, config):
         q = torch.empty(1, 2, 1000, head_dim, dtype=dtype)
+        v = torch.empty(1, 2, 1000, value_dim(gf, head_dim), dtype=dtype)
         if args.fp8:
             return gf.warmup_fp8(q, torch.empty_like(q), torch.empty_like(q), causal, head_dim ** -0.5, config)
-        return gf.warmup(q, torch.empty_like(q), torch.empty_like(q), causal, head_dim ** -0.5, config, args.alibi)
+        return gf.warmup(q, torch.empty_like(q), v, causal, head_dim ** -0.5, config, args.alibi)
 
     prefix = "fp8 " if args.fp8 else "alibi " if args.alibi else ""
     failures, _ = compile_matrix(gf, matrix, prefix, warm, describe, args.dump, 2000)
@@ -335,6 +341,12 @@ def config_matrix(module, quick: bool, configs: list[str], causal_too: bool = Fa
     return matrix
 
 
+def value_dim(module, head_dim: int) -> int:
+    """V's head dim that goes with Q's ``head_dim`` in ``module``'s kernels: MLA's 128 beside 192
+    (the forward's ``HEAD_DIM_PAIRS``), else the same."""
+    return dict(getattr(module, "HEAD_DIM_PAIRS", ())).get(head_dim, head_dim)
+
+
 def compile_matrix(module, matrix: list[tuple], prefix: str, warm, describe, dump: str | None,
                    error_chars: int) -> tuple[int, list[str]]:
     """Compile each (head dim, causal, dtype, config) of ``matrix`` by ``warm`` (the module's
@@ -347,9 +359,16 @@ def compile_matrix(module, matrix: list[tuple], prefix: str, warm, describe, dum
     if folder:
         folder.mkdir(parents=True, exist_ok=True)
     for head_dim, causal, dtype, config in matrix:
-        name = f"{prefix}d{head_dim} {'causal' if causal else 'full'} {str(dtype).split('.')[-1]} {config}"
+        head_dim_v = value_dim(module, head_dim)
+        dims = f"d{head_dim}" + (f"/dv{head_dim_v}" if head_dim_v != head_dim else "")
+        name = f"{prefix}{dims} {'causal' if causal else 'full'} {str(dtype).split('.')[-1]} {config}"
         fp8 = dtype.itemsize == 1 and hasattr(module, "fp8_shared_bytes")
-        need = module.fp8_shared_bytes(config, head_dim) if fp8 else module.shared_bytes(config, head_dim)
+        if fp8:
+            need = module.fp8_shared_bytes(config, head_dim)
+        elif head_dim_v != head_dim:
+            need = module.shared_bytes(config, head_dim, head_dim_v=head_dim_v)
+        else:
+            need = module.shared_bytes(config, head_dim)
         if need > module.SHARED_LIMIT:
             print(f"{name}: skipped, needs {need} B of shared memory (limit {module.SHARED_LIMIT})", flush=True)
             continue
