@@ -1,10 +1,16 @@
 """A FlashAttention forward for Hopper (sm_90a) in Triton's Gluon dialect (triton 3.6), after FlashAttention-3.
 
 :mod:`.launch` takes it on Hopper for the calls :func:`supports` accepts (dense fp16/bf16, d64 and
-d128, plain or causal, ALiBi or not; ``ATTNKIT_TRITON_FLASH_GLUON=0`` turns it off); the kernels
-in :mod:`.kernels` stay the path for every other GPU, case and variant (ALiBi: NOTES.md, v19).
-On H100s it ran right on 168 of 168 checked cases, three times bit-identical, at 0.87-1.24x cuDNN
-(NOTES.md, v13 and v13.1; results/2026-11-25-h100-session3, results/2026-11-26-gpus).
+d128, and MLA's d192 with V's d128; plain or causal, ALiBi or not; ``ATTNKIT_TRITON_FLASH_GLUON=0``
+turns it off); the kernels in :mod:`.kernels` stay the path for every other GPU, case and variant
+(ALiBi: NOTES.md, v19). On H100s it ran right on 168 of 168 checked cases, three times
+bit-identical, at 0.87-1.24x cuDNN (NOTES.md, v13 and v13.1; results/2026-11-25-h100-session3,
+results/2026-11-26-gpus). MLA (NOTES.md, v21): Q and K reach the products in three chunks of 64
+columns (:func:`qk_chunk`; Gluon's shapes are powers of two), three chained ``wgmma`` a QK^T
+(``_issue_qk``), and O leaves through a slot inside the consumer's own part of Q; the one-item grid
+only (the persistent grid's own O buffer does not fit). On an H200: 132 of 132 check cases right
+and the harness's MLA forward (b4-h16-q4096 causal) 1.10x cuDNN, 1.85x the Triton kernel
+(results/2026-11-29-session18).
 
 The math. For one (batch, query head) pair, ``o_i = sum_j softmax_j(s_ij) v_j`` with
 ``s_ij = scale * q_i . k_j``. A CTA owns 128 query rows and walks the keys in tiles of
