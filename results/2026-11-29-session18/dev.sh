@@ -102,6 +102,7 @@ while [ $# -gt 0 ]; do
     ncumla) mkdir -p $OUT/ncumla; for BY in cudnn triton; do F=$OUT/ncumla/mla-bwd-causal-$BY.txt
         timeout 120 ncu --target-processes all --launch-skip 8 --launch-count 8 --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats --metrics $M python3 _lab/mla_ncu.py $BY > $F 2>&1; echo "$BY rc $?"
         grep -E "^  [a-zA-Z_].*\(|Duration|Grid Size|Block Size|Registers Per|Dynamic Shared|hmma|Warp Cycles Per Issued" $F | cut -c1-160 | head -40; done ;;
+    sweepmla) mkdir -p $OUT/sweepmla; timeout 400 python3 tools/flash_bench/versions.py --version cur=implementations/triton_flash --sweep --sweep-kernels dkdv,dq --cases d192-dv128-4k-causal --reps 20 --out $OUT/sweepmla/sweep.json > $OUT/sweepmla/sweep.log 2>&1; echo "sweep rc $?"; tail -30 $OUT/sweepmla/sweep.log ;;
     cmp) python3 tools/main_job_time.py compare /tmp/r/$1/attnkit-report.json /tmp/r/$2/attnkit-report.json | tail -15; shift 2 ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac

@@ -8,7 +8,7 @@ before each), and one profiled backward splits the time by kernel. ``--sweep`` a
 version only, a few tile configurations per case (``launch.Tiles``) to see what the defaults leave.
 
 Usage: python3 tools/flash_bench/versions.py --version old=DIR --version new=DIR [--cases A,B] [--sweep]
-       --out FILE   (--sweep runs every SWEEP case, whatever --cases says)
+       --out FILE   (--sweep runs the SWEEP cases among --cases: every one by default)
 """
 
 from __future__ import annotations
@@ -56,14 +56,21 @@ SWEEP = {  # case: {kernel: [tiles...]}
     "d128-16k-alibi": {"fwd": [(64, 64, 4, 3), (128, 128, 8, 3)],
                        "dkdv": [(64, 128, 8, 3), (32, 64, 4, 3), (64, 64, 4, 3), (64, 64, 4, 2), (32, 64, 4, 2)],
                        "dq": [(128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3), (64, 64, 4, 2)]},
-    "d192-dv128-4k-causal": {"dkdv": [(32, 32, 4, 2), (32, 64, 4, 2)]},
+    # MLA: the 4-warp tiles v5 swept, then 8 warps (dK's [keys, 256-padded] float32 accumulator
+    # over twice the threads: the 4-warp dK/dV kernel ran at 255 registers, session 18's ncu).
+    "d192-dv128-4k-causal": {"dkdv": [(32, 64, 4, 2), (32, 32, 4, 2), (32, 64, 8, 2), (64, 64, 8, 2), (32, 32, 8, 2),
+                                      (64, 32, 8, 2)],
+                             "dq": [(64, 32, 4, 2), (64, 32, 8, 2), (128, 32, 8, 2), (64, 64, 8, 2)]},
 }
 
 
 def load(name: str, folder: Path, scratch: Path):
     package = scratch / f"tf_{name}"
     package.mkdir()
-    for file in ("kernels.py", "launch.py", "autograd.py"):
+    # Every module of the version: launch.py imports the Gluon kernels' modules (gluon_forward.py
+    # and the rest) where it has them; an older version's folder may hold only the first three.
+    for file in ("kernels.py", "launch.py", "autograd.py",
+                 *(path.name for path in folder.glob("gluon_*.py"))):
         shutil.copy(folder / file, package / file)
     (package / "__init__.py").write_text("")
     sys.path.insert(0, str(scratch))
@@ -199,6 +206,7 @@ def main() -> int:
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "results": {}}
     loaded = {name: load(name, folder, scratch) for name, folder in versions}
     wanted = [name for name in args.cases.split(",") if name]
+    cases = set(wanted)
     unknown = set(wanted) - set(CASES)
     if unknown:
         parser.error(f"unknown cases {sorted(unknown)} (known: {', '.join(CASES)})")
@@ -217,6 +225,8 @@ def main() -> int:
     if args.sweep:
         name, (autograd, launch) = list(loaded.items())[-1]
         for case_name, choices in SWEEP.items():
+            if case_name not in cases:
+                continue
             wanted = {kernel: tiles for kernel, tiles in choices.items() if kernel in args.sweep_kernels.split(",")}
             if wanted:
                 print(f"sweep {case_name} ({name})", flush=True)
