@@ -62,15 +62,16 @@ def device_reason(device: torch.device) -> str | None:
     return None
 
 
-def plain_variants(causal: bool, variants: object | None, alibi: bool = False) -> bool:
+def plain_variants(causal: bool, variants: object | None, alibi: bool = False, window: bool = False) -> bool:
     """Whether ``variants`` (None, or :class:`.launch.Variants`) asks for no more than plain or
-    causal attention (with ``alibi``, ALiBi too): no window, softcap or sinks."""
+    causal attention (with ``alibi``, ALiBi too; with ``window``, a sliding window too): no
+    softcap or sinks."""
     if variants is None or getattr(variants, "key", None) is None:
         return True
     # Variants.key(): (causal, window, softcap, ALiBi, sinks).
-    key = variants.key()
-    return key == (bool(causal), None, False, False, False) or (
-        alibi and key == (bool(causal), None, False, True, False))
+    key_causal, key_window, softcap, key_alibi, sinks = variants.key()
+    return (key_causal == bool(causal) and not softcap and not sinks and (alibi or not key_alibi)
+            and (window or key_window is None))
 
 
 def dense_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtypes: tuple[torch.dtype, ...] = DTYPES,

@@ -1,9 +1,10 @@
 """A FlashAttention forward for Hopper (sm_90a) in Triton's Gluon dialect (triton 3.6), after FlashAttention-3.
 
 :mod:`.launch` takes it on Hopper for the calls :func:`supports` accepts (dense fp16/bf16, d64 and
-d128, and MLA's d192 with V's d128; plain or causal, ALiBi or not; ``ATTNKIT_TRITON_FLASH_GLUON=0``
-turns it off); the kernels in :mod:`.kernels` stay the path for every other GPU, case and variant
-(ALiBi: NOTES.md, v19). On H100s it ran right on 168 of 168 checked cases, three times
+d128, and MLA's d192 with V's d128; plain or causal, ALiBi or not, a sliding window or not;
+``ATTNKIT_TRITON_FLASH_GLUON=0`` turns it off); the kernels in :mod:`.kernels` stay the path for
+every other GPU, case and variant (ALiBi: NOTES.md, v19; windows: v22, the one-item grid walking
+only the key tiles its rows see, the window's left edge masked as the diagonal is). On H100s it ran right on 168 of 168 checked cases, three times
 bit-identical, at 0.87-1.24x cuDNN (NOTES.md, v13 and v13.1; results/2026-11-25-h100-session3,
 results/2026-11-26-gpus). MLA (NOTES.md, v21): Q and K reach the products in three chunks of 64
 columns (:func:`qk_chunk`; Gluon's shapes are powers of two), three chained ``wgmma`` a QK^T
@@ -301,7 +302,8 @@ PERSISTENT_MAX_KEYS = 2048
 GROUPED_MAX_KEYS = 4096
 
 
-def default_config(head_dim: int, causal: bool, n_k: int | None = None, head_dim_v: int | None = None) -> Config:
+def default_config(head_dim: int, causal: bool, n_k: int | None = None, head_dim_v: int | None = None,
+                   window: bool = False) -> Config:
     """The tiles used when none is given: FlashAttention-3's 128 x 128 for d128; at d64 the K/V
     tiles are half the size, so a deeper ring costs little. FlashAttention-3's wait order
     (``eager``): on an H100 it ran 1.3-1.6x the one-QK^T-later order at 4k and 16k (NOTES.md, v13;
@@ -329,9 +331,14 @@ def default_config(head_dim: int, causal: bool, n_k: int | None = None, head_dim
     MLA (``head_dim`` 192, ``head_dim_v`` 128) takes the one-item grid with d128's tiles
     (``n128s2-eager``) at every length: 128 x 128 tiles two deep are 208 KiB of the 227 with O
     over Q's buffer, and the persistent grid's own O buffer (32 KiB more) does not fit. FlashAttention-3
-    takes 128-row tiles there too (its 112 keys a tile are no power of two, which Gluon's tensors need)."""
+    takes 128-row tiles there too (its 112 keys a tile are no power of two, which Gluon's tensors need).
+
+    A sliding window (``window``) takes the one-item grid (the persistent grid's items do not walk
+    a window's tile range), with the tiles of its head dim and causal flag at long lengths."""
     if head_dim_v is not None and head_dim_v != head_dim:
         return Config(block_n=128, stages=2, eager=True)
+    if window:
+        return default_config(head_dim, causal)
     if causal and n_k is not None and n_k <= GROUPED_MAX_KEYS:
         return Config(block_n=128, stages=3 if head_dim == 64 else 2, eager=True, persistent=True, grouped=True)
     if not causal and n_k is not None and n_k <= PERSISTENT_MAX_KEYS:
@@ -354,11 +361,12 @@ if gl is not None:
                   q_full, k_full, v_full, k_empty, v_empty,
                   off_b, off_h, off_hkv, start_m, n_tiles,
                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr, CONSUMERS: gl.constexpr,
-                  FP8: gl.constexpr = False, QK_CHUNKS: gl.constexpr = 1, QK_CHUNK: gl.constexpr = 0):
+                  FP8: gl.constexpr = False, QK_CHUNKS: gl.constexpr = 1, QK_CHUNK: gl.constexpr = 0, lo=0):
         # The one item of this CTA; Q stays for the whole CTA (q_full stands in for q_empty, unused).
+        # lo: the first key tile (a window's left edge; 0 otherwise).
         _load_item(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_full, k_full, v_full, k_empty, v_empty,
                    off_b, off_h, off_hkv, start_m, n_tiles, 0, 0, BLOCK_N, STAGES, ROWS, CONSUMERS, False, FP8,
-                   QK_CHUNKS, QK_CHUNK)
+                   QK_CHUNKS, QK_CHUNK, lo)
 
     @gluon.jit
     def _load_item(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
@@ -366,9 +374,10 @@ if gl is not None:
                    off_b, off_h, off_hkv, start_m, n_tiles, g, it,
                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr, CONSUMERS: gl.constexpr,
                    PERSISTENT: gl.constexpr, FP8: gl.constexpr = False, QK_CHUNKS: gl.constexpr = 1,
-                   QK_CHUNK: gl.constexpr = 0):
+                   QK_CHUNK: gl.constexpr = 0, lo=0):
         # One work item's loads. g: K/V tiles this CTA loaded before the item (the ring's position);
-        # it: items before it (Q's phase). Both 0 in the one-item grid.
+        # it: items before it (Q's phase). Both 0 in the one-item grid. The item's key tiles are
+        # [lo, lo + n_tiles) (lo: a window's left edge, 0 otherwise).
         # Q: one part per consumer, each on its own barrier; persistent, into a part its consumer
         # handed back (every product that read the last item's Q has completed). QK_CHUNKS > 1
         # (MLA): Q's and K's head dim in chunks of QK_CHUNK columns, a TMA and a buffer each.
@@ -383,13 +392,13 @@ if gl is not None:
         # K runs one tile ahead of V: a K stage frees after QK^T, a V stage only after the PV
         # product that reads it, which is later; V waiting for its stage must not hold up K.
         if n_tiles > 0:
-            _load_tile(k_desc, k_smem, k_full, k_empty, off_b, off_hkv, 0, g, BLOCK_N, STAGES, False, QK_CHUNKS,
+            _load_tile(k_desc, k_smem, k_full, k_empty, off_b, off_hkv, lo, g, BLOCK_N, STAGES, False, QK_CHUNKS,
                        QK_CHUNK)
         for t in range(n_tiles):
             if t + 1 < n_tiles:
-                _load_tile(k_desc, k_smem, k_full, k_empty, off_b, off_hkv, t + 1, g + t + 1, BLOCK_N, STAGES, False,
-                           QK_CHUNKS, QK_CHUNK)
-            _load_tile(v_desc, v_smem, v_full, v_empty, off_b, off_hkv, t, g + t, BLOCK_N, STAGES, FP8)
+                _load_tile(k_desc, k_smem, k_full, k_empty, off_b, off_hkv, lo + t + 1, g + t + 1, BLOCK_N, STAGES,
+                           False, QK_CHUNKS, QK_CHUNK)
+            _load_tile(v_desc, v_smem, v_full, v_empty, off_b, off_hkv, lo + t, g + t, BLOCK_N, STAGES, FP8)
 
     @gluon.jit
     def _load_tile(desc, smem, full, empty, off_b, off_hkv, t, g, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
@@ -424,7 +433,8 @@ if gl is not None:
     @gluon.jit
     def _softmax(qk, m_i, l_i, rows, start_n, n_k, diag, qk_scale, slope, row_pos,
                  s_layout: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr,
-                 ALIBI: gl.constexpr, FP8: gl.constexpr = False, SUM_MMA: gl.constexpr = False):
+                 ALIBI: gl.constexpr, FP8: gl.constexpr = False, SUM_MMA: gl.constexpr = False,
+                 WINDOW: gl.constexpr = False, win_left=0, win_right=0):
         # One tile's online-softmax update: (p, alpha, m', l'). In masked tiles, keys past Nk and
         # (causal) keys past the row's diagonal become -inf before the maximum. ALiBi: the base-2
         # scores take ``- slope * |i + Nk - Nq - j|`` (``slope`` times log2(e); ``row_pos`` the
@@ -433,7 +443,9 @@ if gl is not None:
         # are scaled before the maximum, as ALiBi's are; in a whole tile the scale goes into the
         # exp2's multiply-add, as bf16's does, and its sign picks the raw scores' maximum or
         # minimum (one branch a tile, the same in every thread): 64 multiplies a thread fewer in a
-        # loop of 552 instructions at d128 (NOTES.md, v20.2).
+        # loop of 552 instructions at d128 (NOTES.md, v20.2). WINDOW: row i sees keys
+        # [i + Nk - Nq - win_left, i + Nk - Nq + win_right] too (causal folded into win_right by the
+        # host, an unbounded side 2**30): masked tiles only; whole tiles are inside every row's band.
         cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         if ALIBI:
             qk = qk * qk_scale - slope * gl.abs(row_pos[:, None] - cols.to(gl.float32)[None, :])
@@ -443,6 +455,9 @@ if gl is not None:
             visible = cols[None, :] < n_k
             if CAUSAL:
                 visible = visible & (cols[None, :] <= rows[:, None] + diag)
+            if WINDOW:
+                visible = (visible & (cols[None, :] >= (rows + (diag - win_left))[:, None])
+                           & (cols[None, :] <= (rows + (diag + win_right))[:, None]))
             qk = gl.where(visible, qk, float("-inf"))
         if ALIBI or (FP8 and MASKED):
             m_new = gl.maximum(m_i, gl.max(qk, 1))
@@ -509,7 +524,8 @@ if gl is not None:
               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CID: gl.constexpr, CAUSAL: gl.constexpr,
               MASKED: gl.constexpr, PINGPONG: gl.constexpr, EAGER: gl.constexpr, CONSUMERS: gl.constexpr,
               ALIBI: gl.constexpr, FP8: gl.constexpr = False, p_buf=None, SUM_MMA: gl.constexpr = False,
-              ones_buf=None, l_layout: gl.constexpr = None, QK_CHUNKS: gl.constexpr = 1):
+              ones_buf=None, l_layout: gl.constexpr = None, QK_CHUNKS: gl.constexpr = 1, col0=0,
+              WINDOW: gl.constexpr = False, win_left=0, win_right=0):
         # Tile t's QK^T and tile t-1's PV on the tensor cores, tile t's softmax under the PV.
         # FP8 (eager only): P goes to the PV product from p_buf, the consumer's shared buffer,
         # stored once PV_{t-1} has read the last one (triton 3.6 cannot keep 8-bit registers of
@@ -520,6 +536,8 @@ if gl is not None:
         # (t, or in a persistent CTA, t plus the tiles of its earlier items).
         # SUM_MMA (-sm): l_i is the [ROWS, 16] accumulator of P @ ones, issued right after each PV
         # and retired by the same waits; with two products behind QK^T_t, its wait allows two.
+        # t counts the item's tiles from 0; its keys start at col0 + t * BLOCK_N (col0: a window's
+        # first tile's first key, 0 otherwise).
         s = g % STAGES
         sp = (g - 1) % STAGES
         mbarrier.wait(k_full.index(s), (g // STAGES) & 1)
@@ -541,8 +559,9 @@ if gl is not None:
         else:
             qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))
         mbarrier.arrive(k_empty.index(s), count=1)
-        p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, rows, t * BLOCK_N, n_k, diag, qk_scale, slope, row_pos,
-                                      s_layout, BLOCK_N, CAUSAL, MASKED, ALIBI, FP8, SUM_MMA)
+        p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, rows, col0 + t * BLOCK_N, n_k, diag, qk_scale, slope, row_pos,
+                                      s_layout, BLOCK_N, CAUSAL, MASKED, ALIBI, FP8, SUM_MMA, WINDOW, win_left,
+                                      win_right)
         if FP8:
             p8 = p.to(q_smem.dtype)
             o = warpgroup_mma_wait(num_outstanding=0, deps=(o, ))
@@ -568,7 +587,8 @@ if gl is not None:
                   HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                   ROWS: gl.constexpr, CID: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
                   EAGER: gl.constexpr, CONSUMERS: gl.constexpr, ALIBI: gl.constexpr, FP8: gl.constexpr = False,
-                  ones_smem=None, SUM_MMA: gl.constexpr = False, QK_CHUNKS: gl.constexpr = 1):
+                  ones_smem=None, SUM_MMA: gl.constexpr = False, QK_CHUNKS: gl.constexpr = 1,
+                  WINDOW: gl.constexpr = False, lo=0, w_lo=0, win_left=0, win_right=0):
         # The one item of this CTA: O leaves through Q's buffer (o_smem is q_smem), or FP8's bf16
         # O through a buffer of its own (q_full stands in for q_empty, unused).
         # MLA (V's head dim below Q's, Q in QK_CHUNKS chunks a consumer): O's [ROWS, HEAD_DIM_V]
@@ -599,7 +619,8 @@ if gl is not None:
                        k_empty, v_empty, turn, lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale,
                        slopes_ptr, H_Q, 0, 0, 0,
                        HEAD_DIM_V, BLOCK_N, STAGES, ROWS, CID, CAUSAL, PINGPONG, EAGER, CONSUMERS, False, ALIBI,
-                       FP8, v_scale, p_smem.index(CID), SUM_MMA, ones_smem.index(CID), QK_CHUNKS)
+                       FP8, v_scale, p_smem.index(CID), SUM_MMA, ones_smem.index(CID), QK_CHUNKS, WINDOW, lo, w_lo,
+                       win_left, win_right)
         tma.store_wait(pendings=0)
 
     @gluon.jit
@@ -610,12 +631,16 @@ if gl is not None:
                        CID: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, EAGER: gl.constexpr,
                        CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr, ALIBI: gl.constexpr,
                        FP8: gl.constexpr = False, v_scale=1.0, p_buf=None, SUM_MMA: gl.constexpr = False,
-                       ones_buf=None, QK_CHUNKS: gl.constexpr = 1):
+                       ones_buf=None, QK_CHUNKS: gl.constexpr = 1, WINDOW: gl.constexpr = False, lo=0, w_lo=0,
+                       win_left=0, win_right=0):
         # One work item of consumer CID; returns the turns taken so far. g: K/V tiles the CTA took
         # before the item (the ring's position), it: items before it (Q's phase); both 0 in the
         # one-item grid, where o_buf is Q's part (or, MLA, inside it) and q_empty is unused. q_smem:
         # every consumer's Q, this one's part in chunks [CID * QK_CHUNKS, (CID + 1) * QK_CHUNKS).
-        # lse_ptr: this head's LSE row.
+        # lse_ptr: this head's LSE row. The item's key tiles: [lo, lo + n_tiles), counted from 0
+        # here; of those, [w_lo, n_whole) every row sees whole (WINDOW: tiles before w_lo are a
+        # window's left edge, masked; otherwise w_lo is 0 and lo is 0).
+        col0 = lo * BLOCK_N
         # HEAD_DIM_V: O's columns, V's head dim (Q's and K's never show here: they live in shared
         # memory and only the products read them).
         # FP8: wgmma's K is 32 (8-bit operands), and P as its register A operand holds 4 keys a
@@ -659,8 +684,9 @@ if gl is not None:
             _pass_turn(turn, CID, PINGPONG, CONSUMERS)
             qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
             mbarrier.arrive(k_empty.index(s0), count=1)
-            p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, rows, 0, n_k, diag, qk_scale, slope, row_pos,
-                                          s_layout, BLOCK_N, CAUSAL, True, ALIBI, FP8, SUM_MMA)
+            p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, rows, col0, n_k, diag, qk_scale, slope, row_pos,
+                                          s_layout, BLOCK_N, CAUSAL, True, ALIBI, FP8, SUM_MMA, WINDOW, win_left,
+                                          win_right)
             if FP8:  # P through p_buf (see _step); p_op a placeholder
                 p_buf.store(p.to(q_smem.dtype))
                 fence_async_shared()
@@ -672,19 +698,30 @@ if gl is not None:
                 o = warpgroup_mma_init(o)  # o is carried as a product in flight
                 if SUM_MMA:
                     l_i = warpgroup_mma_init(l_i)
-            # Tiles every row sees whole, then the masked ones (the diagonal, the ragged end).
-            for t in range(1, n_whole):
+            # WINDOW: the masked tiles of the left edge first; then the tiles every row sees whole,
+            # then the masked ones (the diagonal, the ragged end, a window's right edge).
+            if WINDOW:
+                w_first = gl.minimum(gl.maximum(w_lo, 1), n_tiles)
+                for t in range(1, w_first):
+                    qk, o, p_prev, p_op, alpha, m_i, l_i, turns = _step(
+                        t, g + t, q_smem, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
+                        qk, o, p_prev, p_op, alpha, m_i, l_i, rows, n_k, diag, qk_scale, slope, row_pos,
+                        s_layout, o_layout, p_layout, BLOCK_N, STAGES, CID, CAUSAL, True, PINGPONG, EAGER, CONSUMERS,
+                        ALIBI, FP8, p_buf, SUM_MMA, ones_buf, l_layout, QK_CHUNKS, col0, WINDOW, win_left, win_right)
+            else:
+                w_first = 1
+            for t in range(w_first, n_whole):
                 qk, o, p_prev, p_op, alpha, m_i, l_i, turns = _step(
                     t, g + t, q_smem, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
                     qk, o, p_prev, p_op, alpha, m_i, l_i, rows, n_k, diag, qk_scale, slope, row_pos,
                     s_layout, o_layout, p_layout, BLOCK_N, STAGES, CID, CAUSAL, False, PINGPONG, EAGER, CONSUMERS,
-                    ALIBI, FP8, p_buf, SUM_MMA, ones_buf, l_layout, QK_CHUNKS)
-            for t in range(gl.maximum(n_whole, 1), n_tiles):
+                    ALIBI, FP8, p_buf, SUM_MMA, ones_buf, l_layout, QK_CHUNKS, col0, WINDOW, win_left, win_right)
+            for t in range(gl.maximum(n_whole, w_first), n_tiles):
                 qk, o, p_prev, p_op, alpha, m_i, l_i, turns = _step(
                     t, g + t, q_smem, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
                     qk, o, p_prev, p_op, alpha, m_i, l_i, rows, n_k, diag, qk_scale, slope, row_pos,
                     s_layout, o_layout, p_layout, BLOCK_N, STAGES, CID, CAUSAL, True, PINGPONG, EAGER, CONSUMERS,
-                    ALIBI, FP8, p_buf, SUM_MMA, ones_buf, l_layout, QK_CHUNKS)
+                    ALIBI, FP8, p_buf, SUM_MMA, ones_buf, l_layout, QK_CHUNKS, col0, WINDOW, win_left, win_right)
             # The last tile's PV.
             last = n_tiles - 1
             sl = (g + last) % STAGES
@@ -896,15 +933,20 @@ if gl is not None:
     # compilations; nothing here loads along them with pointer arithmetic.
     @gluon.jit(do_not_specialize=("stride_lb", "stride_lh", "H_Q", "GROUP", "n_q", "n_k"))
     def _attn_fwd_sm90(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_lh,
-                       H_Q, GROUP, n_q, n_k, qk_scale, slopes_ptr, descale_ptr,
+                       H_Q, GROUP, n_q, n_k, qk_scale, slopes_ptr, descale_ptr, win_left, win_right,
                        HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, QK_CHUNK: gl.constexpr, BLOCK_N: gl.constexpr,
                        STAGES: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                        EAGER: gl.constexpr, CONSUMERS: gl.constexpr, HEAVY_FIRST: gl.constexpr = False,
-                       ALIBI: gl.constexpr = False, FP8: gl.constexpr = False, SUM_MMA: gl.constexpr = False):
-        # QK_CHUNK: the columns of Q's and K's TMA boxes and shared buffers, HEAD_DIM itself but for
-        # MLA's 192 (no power of two, as Gluon's shapes must be): 64, three chunks (_issue_qk).
+                       ALIBI: gl.constexpr = False, FP8: gl.constexpr = False, SUM_MMA: gl.constexpr = False,
+                       WINDOW: gl.constexpr = False):
+        # WINDOW: a sliding window, row i seeing keys [i + Nk - Nq - win_left, i + Nk - Nq + win_right]
+        # (causal folded into win_right by the host, an unbounded side 2**30): the CTA walks only
+        # the key tiles some row of it sees. QK_CHUNK: the columns of Q's and K's TMA boxes and
+        # shared buffers, HEAD_DIM itself but for MLA's 192 (no power of two, as Gluon's shapes
+        # must be): 64, three chunks (_issue_qk).
         QK_CHUNKS: gl.constexpr = HEAD_DIM // QK_CHUNK
-        gl.static_assert(QK_CHUNKS * QK_CHUNK == HEAD_DIM and (QK_CHUNKS == 1 or not FP8), "Q's chunks tile its head dim")
+        gl.static_assert(QK_CHUNKS * QK_CHUNK == HEAD_DIM and (QK_CHUNKS == 1 or not FP8),
+                         "Q's chunks tile its head dim")
         gl.static_assert(not (FP8 and SUM_MMA), "-sm is not for FP8: its sums came out wrong on an H200 (NOTES v20.4)")
         gl.static_assert(HEAD_DIM_V == HEAD_DIM or (not FP8 and HEAD_DIM_V < HEAD_DIM),
                          "V's head dim differs from Q's only below it (MLA: O over Q's buffer), bf16/fp16 only")
@@ -926,17 +968,26 @@ if gl is not None:
         off_h = off_bh % H_Q
         off_hkv = off_h // GROUP
 
-        # Key tiles of this CTA: [0, n_tiles), of which [0, n_whole) every row sees whole.
+        # Key tiles of this CTA: [0, n_tiles), of which [0, n_whole) every row sees whole. WINDOW:
+        # [lo, lo + n_tiles), counted from lo: [w_lo, n_whole) whole, the masked left edge before.
         diag = n_k - n_q
-        if CAUSAL:
+        lo = 0
+        w_lo = 0
+        if WINDOW:
+            last_row = gl.minimum(start_m + BLOCK_M, n_q) - 1
+            hi = gl.minimum(last_row + diag + win_right + 1, n_k)
+            whole = gl.minimum(start_m + diag + win_right + 1, n_k)
+            lo = gl.maximum(start_m + diag - win_left, 0) // BLOCK_N
+            w_lo = gl.cdiv(gl.maximum(last_row + diag - win_left, 0), BLOCK_N) - lo
+        elif CAUSAL:
             last_row = gl.minimum(start_m + BLOCK_M, n_q) - 1
             hi = gl.minimum(last_row + diag + 1, n_k)
             whole = gl.minimum(start_m + diag + 1, n_k)
         else:
             hi = n_k
             whole = n_k
-        n_tiles = gl.cdiv(gl.maximum(hi, 0), BLOCK_N)
-        n_whole = gl.minimum(gl.maximum(whole, 0) // BLOCK_N, n_tiles)
+        n_tiles = gl.maximum(gl.cdiv(gl.maximum(hi, 0), BLOCK_N) - lo, 0)
+        n_whole = gl.minimum(gl.maximum(gl.maximum(whole, 0) // BLOCK_N - lo, 0), n_tiles)
 
         if FP8:
             # e4m3 Q, K and V^T (keys contiguous, [D, BLOCK_N] tiles: FP8 wgmma reads B K-major),
@@ -993,33 +1044,38 @@ if gl is not None:
             gl.warp_specialize([
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty,
                              v_empty, off_b, off_h, off_hkv, start_m, n_tiles, BLOCK_N, STAGES, ROWS, CONSUMERS,
-                             FP8, QK_CHUNKS, QK_CHUNK)),
+                             FP8, QK_CHUNKS, QK_CHUNK, lo)),
                 (_consumer, (o_desc, q_smem, o_smem, p_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty,
                              turn, lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr,
                              H_Q, v_scale, HEAD_DIM, HEAD_DIM_V, BLOCK_N, STAGES, ROWS, 0, CAUSAL, PINGPONG, EAGER, CONSUMERS,
-                             ALIBI, FP8, ones_smem, SUM_MMA, QK_CHUNKS)),
+                             ALIBI, FP8, ones_smem, SUM_MMA, QK_CHUNKS, WINDOW, lo, w_lo, win_left,
+                             win_right)),
                 (_consumer, (o_desc, q_smem, o_smem, p_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty,
                              turn, lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr,
                              H_Q, v_scale, HEAD_DIM, HEAD_DIM_V, BLOCK_N, STAGES, ROWS, 1, CAUSAL, PINGPONG, EAGER, CONSUMERS,
-                             ALIBI, FP8, ones_smem, SUM_MMA, QK_CHUNKS)),
+                             ALIBI, FP8, ones_smem, SUM_MMA, QK_CHUNKS, WINDOW, lo, w_lo, win_left,
+                             win_right)),
                 (_consumer, (o_desc, q_smem, o_smem, p_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty,
                              turn, lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr,
                              H_Q, v_scale, HEAD_DIM, HEAD_DIM_V, BLOCK_N, STAGES, ROWS, 2, CAUSAL, PINGPONG, EAGER, CONSUMERS,
-                             ALIBI, FP8, ones_smem, SUM_MMA, QK_CHUNKS)),
+                             ALIBI, FP8, ones_smem, SUM_MMA, QK_CHUNKS, WINDOW, lo, w_lo, win_left,
+                             win_right)),
             ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
         else:
             gl.warp_specialize([
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty,
                              v_empty, off_b, off_h, off_hkv, start_m, n_tiles, BLOCK_N, STAGES, ROWS, CONSUMERS,
-                             FP8, QK_CHUNKS, QK_CHUNK)),
+                             FP8, QK_CHUNKS, QK_CHUNK, lo)),
                 (_consumer, (o_desc, q_smem, o_smem, p_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty,
                              turn, lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr,
                              H_Q, v_scale, HEAD_DIM, HEAD_DIM_V, BLOCK_N, STAGES, ROWS, 0, CAUSAL, PINGPONG, EAGER, CONSUMERS,
-                             ALIBI, FP8, ones_smem, SUM_MMA, QK_CHUNKS)),
+                             ALIBI, FP8, ones_smem, SUM_MMA, QK_CHUNKS, WINDOW, lo, w_lo, win_left,
+                             win_right)),
                 (_consumer, (o_desc, q_smem, o_smem, p_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty,
                              turn, lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr,
                              H_Q, v_scale, HEAD_DIM, HEAD_DIM_V, BLOCK_N, STAGES, ROWS, 1, CAUSAL, PINGPONG, EAGER, CONSUMERS,
-                             ALIBI, FP8, ones_smem, SUM_MMA, QK_CHUNKS)),
+                             ALIBI, FP8, ones_smem, SUM_MMA, QK_CHUNKS, WINDOW, lo, w_lo, win_left,
+                             win_right)),
             ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -1039,8 +1095,8 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
     windows, softcap, sinks, float32, FP8, other head dims."""
     if layout is not None:
         return "packed sequences and paged KV caches take the existing kernels"
-    if not plain_variants(causal, variants, alibi=True):
-        return "variants (window, softcap, sinks) take the existing kernels"
+    if not plain_variants(causal, variants, alibi=True, window=True):
+        return "variants (softcap, sinks) take the existing kernels"
     if (reason := dense_reason(q, k, v, head_dims=HEAD_DIM_PAIRS)) is not None:
         return reason
     if scale is not None and not (math.isfinite(scale) and scale > 0):
@@ -1059,12 +1115,28 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sc
     return unsupported_reason(q, k, v, causal, scale, variants=variants, layout=layout) is None
 
 
+def band(causal: bool, window: tuple[int, int] | None) -> tuple[int, int]:
+    """(left, right) that the kernel's ``WINDOW`` takes for a window ``(left, right)`` (a side of -1
+    unbounded, as the contract's): an unbounded side as :data:`UNBOUNDED`, causal folded into the
+    right side (at most 0)."""
+    left, right = window if window is not None else (-1, -1)
+    left = UNBOUNDED if left < 0 else left
+    right = UNBOUNDED if right < 0 else right
+    return left, min(right, 0) if causal else right
+
+
+#: A window's unbounded side: past any length, and small enough that ``row + Nk - Nq + side`` stays
+#: in int32 (launch.py's own bound, ``_UNBOUNDED``, is the same number).
+UNBOUNDED = 1 << 30
+
+
 def launch_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-                     causal: bool, scale: float, config: Config,
-                     slopes: torch.Tensor | None = None) -> tuple[tuple, dict, tuple[int, int]]:
+                     causal: bool, scale: float, config: Config, slopes: torch.Tensor | None = None,
+                     window: tuple[int, int] | None = None) -> tuple[tuple, dict, tuple[int, int]]:
     """(positional arguments, keyword arguments, grid) of one launch: what :func:`flash_fwd` runs
     and what ``tools/flash_bench/gluon_compile.py`` compiles without a GPU. ``slopes``: ALiBi's,
-    times log2(e), float32 [B, Hq] contiguous (None: no ALiBi)."""
+    times log2(e), float32 [B, Hq] contiguous (None: no ALiBi). ``window``: (left, right), a side of
+    -1 unbounded (None: no window; the one-item grid only)."""
     batch, heads_q, n_q, head_dim = q.shape
     heads_kv, n_k, head_dim_v = k.shape[1], k.shape[2], v.shape[-1]
     chunk = qk_chunk(head_dim)
@@ -1080,6 +1152,8 @@ def launch_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch
     if config.sum_mma:
         kwargs["SUM_MMA"] = True
     if config.persistent:  # _attn_fwd_sm90_persistent: n_bh, n_group before the scale, a CTA per SM
+        if window is not None:
+            raise ValueError(f"config {config}: windows take the one-item grid (default_config)")
         if head_dim_v != head_dim:
             raise ValueError(f"config {config}: the persistent grid keeps V's head dim equal to Q's (MLA takes the "
                              "one-item grid: default_config)")
@@ -1088,7 +1162,10 @@ def launch_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch
         n_ctas, n_group = grouped_grid(n_m, n_bh, n_ctas) if config.grouped and causal else (n_ctas, n_bh)
         args = args[:-2] + (n_bh, n_group) + args[-2:]
         return args, kwargs, (n_ctas, )
-    args = args + (None, )  # the one-item kernel's descale_ptr: FP8's only (launch_arguments_fp8)
+    # The one-item kernel's descale_ptr (FP8's only: launch_arguments_fp8), then the window's band.
+    args = args + (None, *band(causal, window))
+    if window is not None:
+        kwargs["WINDOW"] = True
     kwargs["HEAD_DIM_V"] = head_dim_v
     kwargs["QK_CHUNK"] = chunk
     if config.heavy_first and causal:
@@ -1134,34 +1211,39 @@ def sm_count(device: torch.device) -> int:
 
 
 def warmup(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
-           config: Config | None = None, alibi: bool = False):
+           config: Config | None = None, alibi: bool = False, window: tuple[int, int] | None = None):
     """Compile (without launching) the kernel :func:`flash_fwd` would run on these inputs, and
     return Triton's compiled kernel (its ``asm``: ``ptx``, ``cubin``...; its ``metadata``). Lengths
     and head counts are not specialized: one kernel serves every shape of a dtype, head dim, causal
-    flag and configuration (``alibi``: the kernel with ALiBi). The bench tools use it to compile
-    ahead, or for a GPU not present."""
+    flag and configuration (``alibi``: the kernel with ALiBi; ``window``: with a sliding window, one
+    kernel for every window). The bench tools use it to compile ahead, or for a GPU not present."""
     batch, heads_q, n_q, head_dim = q.shape
-    config = default_config(head_dim, causal, k.shape[2], v.shape[-1]) if config is None else config
+    if config is None:
+        config = default_config(head_dim, causal, k.shape[2], v.shape[-1], window=window is not None)
     o = torch.empty((batch, heads_q, n_q, v.shape[-1]), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads_q, n_q), dtype=torch.float32, device=q.device)
     slopes = torch.empty((batch, heads_q), dtype=torch.float32, device=q.device) if alibi else None
-    args, kwargs, grid = launch_arguments(q, k, v, o, lse, causal, scale, config, slopes)
+    args, kwargs, grid = launch_arguments(q, k, v, o, lse, causal, scale, config, slopes, window)
     return kernel(config).warmup(*args, **kwargs, grid=grid)
 
 
 def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
               config: Config | None = None, *, alibi_slopes: torch.Tensor | None = None,
+              window: tuple[int, int] | None = None,
               out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(output ``[B, Hq, Nq, Dv]`` in q's dtype, base-2 LSE float32 ``[B, Hq, Nq]``) for a call that
     :func:`supports` takes, as :func:`.launch.flash_fwd` returns them (its backward reads this LSE;
     the natural one is it times ln 2). ``scale`` multiplies q . k (``1/sqrt(D)`` is the caller's
     default); ``causal`` is bottom-right. ``config`` forces tiles (bench tools); by default
     :func:`default_config`. ``alibi_slopes``: float32 [Hq] or [B, Hq] (the contract's), the bias
-    ``- slope * |i + Nk - Nq - j|`` on the scores. ``out`` hands in the two outputs, contiguous (a
+    ``- slope * |i + Nk - Nq - j|`` on the scores. ``window``: (left, right), row ``i`` seeing keys
+    ``j`` with ``-right <= i + Nk - Nq - j <= left`` (a side of -1 unbounded; with causal too, the
+    contract's sliding window). ``out`` hands in the two outputs, contiguous (a
     check poisons them first). The caller checks :func:`supports` first: this function does not."""
     batch, heads_q, n_q, head_dim = q.shape
     head_dim_v = v.shape[-1]
-    config = default_config(head_dim, causal, k.shape[2], head_dim_v) if config is None else config
+    if config is None:
+        config = default_config(head_dim, causal, k.shape[2], head_dim_v, window=window is not None)
     need = shared_bytes(config, head_dim, head_dim_v=head_dim_v)
     if need > SHARED_LIMIT:
         raise ValueError(f"config {config} needs {need} B of shared memory at d{head_dim}"
@@ -1180,7 +1262,7 @@ def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
     slopes = None
     if alibi_slopes is not None:
         slopes = (alibi_slopes.float() * LOG2E).expand(batch, heads_q).contiguous()
-    args, kwargs, grid = launch_arguments(q, k, v, o, lse, causal, scale, config, slopes)
+    args, kwargs, grid = launch_arguments(q, k, v, o, lse, causal, scale, config, slopes, window)
     kernel(config)[grid](*args, **kwargs)
     return o, lse
 
@@ -1259,7 +1341,7 @@ def launch_arguments_fp8(q: torch.Tensor, k: torch.Tensor, v_t: torch.Tensor, o:
     args = (descriptor(q, ROWS_PER_CONSUMER, swizzle), descriptor(k, config.block_n, swizzle),
             descriptor(v_t, head_dim, min(config.block_n, 128), cols=config.block_n),
             descriptor(o, ROWS_PER_CONSUMER), lse, lse.stride(0), lse.stride(1),
-            heads_q, heads_q // heads_kv, n_q, n_k, scale * LOG2E, None, descales)
+            heads_q, heads_q // heads_kv, n_q, n_k, scale * LOG2E, None, descales, 0, 0)
     kwargs = dict(HEAD_DIM=head_dim, HEAD_DIM_V=head_dim, QK_CHUNK=head_dim, BLOCK_N=config.block_n, STAGES=config.stages,
                   CAUSAL=bool(causal), PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs,
                   EAGER=config.eager, CONSUMERS=config.consumers, FP8=True, num_warps=4)

@@ -103,6 +103,13 @@ while [ $# -gt 0 ]; do
         timeout 120 ncu --target-processes all --launch-skip 8 --launch-count 8 --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats --metrics $M python3 _lab/mla_ncu.py $BY > $F 2>&1; echo "$BY rc $?"
         grep -E "^  [a-zA-Z_].*\(|Duration|Grid Size|Block Size|Registers Per|Dynamic Shared|hmma|Warp Cycles Per Issued" $F | cut -c1-160 | head -40; done ;;
     sweepmla) mkdir -p $OUT/sweepmla; timeout 400 python3 tools/flash_bench/versions.py --version cur=implementations/triton_flash --sweep --sweep-kernels dkdv,dq --cases d192-dv128-4k-causal --reps 20 --out $OUT/sweepmla/sweep.json > $OUT/sweepmla/sweep.log 2>&1; echo "sweep rc $?"; tail -30 $OUT/sweepmla/sweep.log ;;
+    win) # issue 42: sliding windows through the Gluon forward: the harness's windowed cases, correctness and speed
+      L=${1:-win}; shift || true
+      mj "$L" --cache /tmp/ac --timeout 330 -- --attnkit-impl=triton_flash,torch_sdpa,torch_flex --attnkit-suite=correctness,speed "-kcausal-w or bf16-w or fp16-w or f32-w" --attnkit-baseline-dir=/tmp/bl | grep -E "exit status|wall time|outcomes"
+      grep -E "FAILED|forward: Gluon" /tmp/r/$L/pytest.log | cut -c1-200 | head -20; grep -A1 -E "^(triton_flash|torch_sdpa|torch_flex) +(fwd|bwd) .*-w4096" /tmp/r/$L/pytest.log | head -12; pack "$L" ;;
+    savewin) # three speed saves of the windowed case (separate processes): the Gluon windowed forward's program into the baseline
+      for i in 1 2 3; do L=savewin$i; mj "$L" --cache /tmp/ac --timeout 80 -- --attnkit-impl=triton_flash,torch_sdpa --attnkit-suite=speed -k "causal-w4096" --attnkit-baseline-dir=/tmp/bl --attnkit-save-baseline | grep -E "exit status|wall time|outcomes"
+        grep -E "gate  " /tmp/r/$L/pytest.log | head -2; pack "$L"; done; cp /tmp/bl/nvidia*.json "$OUT/" ;;
     cmp) python3 tools/main_job_time.py compare /tmp/r/$1/attnkit-report.json /tmp/r/$2/attnkit-report.json | tail -15; shift 2 ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac

@@ -31,13 +31,46 @@ def test_the_switch_turns_the_gluon_forward_off(monkeypatch: pytest.MonkeyPatch)
     assert "turned off" in launch.path_note(torch.device("cpu"))
 
 
-def test_variants_and_packed_layouts_are_not_the_gluon_kernel_s() -> None:
-    from pytest_attnkit.implementations.triton_flash import gluon_forward
+def test_softcap_sinks_and_packed_layouts_are_not_the_gluon_kernel_s_and_windows_are(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Gluon forward takes sliding windows (implementations/triton_flash/NOTES.md v22), causal
+    or not, with ALiBi too; not softcap, sinks or packed layouts; the Gluon backward takes no
+    window. On a Hopper (its device check stubbed) a windowed call's reason is None; on the CPU it
+    is the device's."""
+    from pytest_attnkit.implementations.triton_flash import gluon_backward, gluon_common, gluon_forward
 
     q = _dense()
     windowed = launch.Variants(causal=True, window=(32, 0))
-    assert "variants" in gluon_forward.unsupported_reason(q, q, q, True, 0.125, variants=windowed)
+    reason = gluon_forward.unsupported_reason(q, q, q, True, 0.125, variants=windowed)
+    assert reason is not None and "variants" not in reason and "CUDA device" in reason
     assert "packed" in gluon_forward.unsupported_reason(q, q, q, False, 0.125, layout=object())
+    monkeypatch.setattr(gluon_common, "device_reason", lambda device: None)
+    for variants in (windowed, launch.Variants(window=(16, 4)), launch.Variants(window=(-1, 8)),
+                     launch.Variants(causal=True, window=(8, 0), alibi_slopes=torch.ones(2))):
+        assert gluon_forward.unsupported_reason(q, q, q, variants.causal, 0.125, variants=variants) is None
+    for variants in (launch.Variants(window=(16, 4), softcap=20.0),
+                     launch.Variants(window=(16, 4), sinks=torch.ones(2))):
+        assert "variants" in gluon_forward.unsupported_reason(q, q, q, False, 0.125, variants=variants)
+    assert "variants" in gluon_backward.unsupported_reason(q, q, q, True, 0.125, variants=windowed)
+
+
+def test_the_gluon_window_band_folds_causal_and_bounds_the_unbounded_side() -> None:
+    """The band the kernel's WINDOW takes is the contract's (pytest_attnkit.masks): -right <=
+    i + Nk - Nq - j <= left, a side of -1 unbounded (2**30, launch's own bound), causal capping
+    the right side at 0."""
+    from pytest_attnkit.implementations.triton_flash import gluon_forward
+
+    assert gluon_forward.UNBOUNDED == launch._UNBOUNDED
+    assert gluon_forward.band(False, (16, 4)) == (16, 4)
+    assert gluon_forward.band(True, (16, 4)) == (16, 0)
+    assert gluon_forward.band(True, (32, -1)) == (32, 0)
+    assert gluon_forward.band(False, (-1, 8)) == (1 << 30, 8)
+    assert gluon_forward.band(False, (64, -1)) == (64, 1 << 30)
+    assert gluon_forward.band(False, None) == (1 << 30, 1 << 30)
+    for causal in (False, True):
+        for n_k in (1024, 4096, 16384):
+            for head_dim in (64, 128):
+                assert not gluon_forward.default_config(head_dim, causal, n_k, window=True).persistent
 
 
 def test_alibi_is_the_gluon_forward_s_and_not_the_gluon_backward_s() -> None:

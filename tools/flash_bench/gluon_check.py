@@ -494,7 +494,8 @@ def main() -> int:
             for causal in (False, True):
                 # Variants run in bf16's correctness cases and in every timed dtype.
                 timed_here = dtype == "bfloat16" or dtype in timing_dtypes
-                for config in [str(default_for(gf.default_config, head_dim, causal))] + (variants if timed_here else []):
+                default = str(default_for(gf.default_config, head_dim, causal))
+                for config in [default] + (variants if timed_here else []):
                     key = (dtype, head_dim, causal, config)
                     if key not in seen_specs and fits(gf, config, head_dim):
                         seen_specs.add(key)
