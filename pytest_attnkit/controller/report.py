@@ -63,7 +63,7 @@ def build(*, environment: dict[str, Any], device: str, profile: str, impls: list
         "against": against,
         "ab": [],  # controller/speed.py, with "speed"
         "speed": {"ceilings": {}, "gpu_state": {}, "measurements": [], "gate": [], "machine_factor": None,
-                  "reference": None, "notes": [], "over_limit": [], **baseline_state(None)},
+                  "machine_factor_cases": None, "reference": None, "notes": [], "over_limit": [], **baseline_state(None)},
     }
     for suite in suites:
         document.update(suite.report_sections(document))
@@ -114,7 +114,7 @@ def merge(document: dict[str, Any], parts: list[dict[str, Any]]) -> dict[str, An
         speed["gate"] += part["speed"]["gate"]
         speed["over_limit"] = speed.get("over_limit", []) + part["speed"].get("over_limit", [])
         speed["notes"] += [note for note in part["speed"]["notes"] if note not in speed["notes"]]
-        for key in ("ceilings", "gpu_state", "machine_factor"):
+        for key in ("ceilings", "gpu_state", "machine_factor", "machine_factor_cases"):
             if not speed.get(key) and part["speed"].get(key):
                 speed[key] = part["speed"][key]
         collected = document.setdefault("collected", {})

@@ -592,8 +592,11 @@ def gate_lines(document: dict[str, Any]) -> list[str]:
     if not speed["gate"]:
         return wrap(f"NOTHING GATED: {speed.get('baseline_file')} has no entries for the cases this run timed")
     lines = [f"gate against {speed.get('baseline_file')}"]
-    lines += wrap(f"  machine factor {speed['machine_factor']:.3f} from {speed.get('reference')} (the reference itself "
-                  "is gated without it); a regression needs Mann-Whitney U at alpha 0.01 and the practical "
+    counts = speed.get("machine_factor_cases")
+    over = f" over {counts[0]} of its {counts[1]} cases" if counts and counts[0] < counts[1] else ""
+    lines += wrap(f"  machine factor {speed['machine_factor']:.3f} from {speed.get('reference')}{over} (the reference "
+                  "itself is gated without it; its cases that synchronize inside the call or whose saved runs "
+                  "disagreed are left out); a regression needs Mann-Whitney U at alpha 0.01 and the practical "
                   "threshold, raised where saved runs disagreed", "  ")
     lines += terminal_table(gate_section(document))
     if any(d["rounds"] > 1 for d in speed["gate"]):

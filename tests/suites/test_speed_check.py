@@ -608,3 +608,54 @@ def test_a_program_the_warm_up_read_is_not_asked_again(tmp_path: Path) -> None:
     check.check("kernel", "forward", CASE)
     assert "program" not in pool.options["kernel"]
     assert check.results[EntryKey("kernel", "forward", CASE.id)].measurement.program == warm_program
+
+
+def test_a_noisy_reference_case_does_not_set_the_machine_factor_nor_hide_a_slowdown(tmp_path: Path) -> None:
+    """torch_sdpa's banded forward read 7.4-10.3 ms from run to run on an H200 (it synchronizes
+    inside the call) and, in a run of one windowed case, set the factor with its steady backward
+    (results/2026-11-29-session18). Here the reference has a steady case and one whose saved runs
+    disagree (1.0 and 1.6 ms, a practical threshold far past twice the 8%), now reading 1.6 ms: the
+    factor comes from the steady case alone, and a kernel 12% slower on that case fails. With
+    the noisy case counted, the factor would have been about 1.1 and the slowdown "unchanged"."""
+    noisy_case = Case(1, 2, 2, 512, 512, 64, "float32")
+    store = BaselineStore(tmp_path, DEVICE)
+    for noisy_ms in (1.0, 1.6):  # two saves: the noisy case's runs disagree
+        measured = [(SpeedMeasurement("ref", "forward", CASE, timing(1.0)), None, None),
+                    (SpeedMeasurement("ref", "forward", noisy_case, timing(noisy_ms)), None, None),
+                    (SpeedMeasurement("kernel", "forward", CASE, timing(1.0)), None, None)]
+        store.save(measured, {"compute_capability": "9.0"}, {}, "host")
+    store = BaselineStore(tmp_path, DEVICE)
+    check = make_check(FakePool({"ref": [1.0, 1.6], "kernel": [1.12, 1.12, 1.12]}), store)
+    check.check("ref", "forward", CASE)
+    check.check("ref", "forward", noisy_case)
+    assert check.factor_cases()[1] == 2 and len(check.factor_cases()[0]) == 1
+    assert check.machine_factor() == pytest.approx(1.0, rel=1e-3)
+    with judged("failed", "kernel regressed"):
+        check.check("kernel", "forward", CASE)
+    speed = check.report_sections({})["speed"]
+    assert speed["machine_factor_cases"] == [1, 2]
+    from pytest_attnkit.controller.table import gate_lines
+    text = " ".join(gate_lines({"speed": {**speed, "baseline_found": True, "reference": "ref"}}))
+    assert "machine factor 1.000 from ref over 1 of its 2 cases" in text
+
+
+def test_a_reference_case_that_synchronizes_is_left_out_of_the_machine_factor(tmp_path: Path) -> None:
+    """A reference call that synchronizes with the device inside (its time follows the host) does
+    not count; with no steady case left the factor is 1, so the kernel's unchanged time stays
+    unchanged although the reference read 1.5x."""
+    store = save_baseline(tmp_path, {"ref": 1.0, "kernel": 1.0})
+    pool = FakePool({"ref": [1.5], "kernel": [1.0]})
+    original = pool.request_alone
+
+    def syncing(name: str, request: Request) -> Reply:
+        reply = original(name, request)
+        if name == "ref":
+            reply = Reply(reply.status, reply.message, {**reply.data, "syncs": "cudaStreamSynchronize x 4"})
+        return reply
+
+    pool.request_alone = syncing
+    check = make_check(pool, store)
+    check.check("ref", "forward", CASE)
+    assert check.results[EntryKey("ref", "forward", CASE.id)].measurement.syncs
+    assert check.factor_cases() == ([], 1) and check.machine_factor() == 1.0
+    assert check.check("kernel", "forward", CASE).decision.verdict == "unchanged"
