@@ -62,16 +62,17 @@ def device_reason(device: torch.device) -> str | None:
     return None
 
 
-def plain_variants(causal: bool, variants: object | None, alibi: bool = False, window: bool = False) -> bool:
+def plain_variants(causal: bool, variants: object | None, alibi: bool = False, window: bool = False,
+                   softcap: bool = False, sinks: bool = False) -> bool:
     """Whether ``variants`` (None, or :class:`.launch.Variants`) asks for no more than plain or
-    causal attention (with ``alibi``, ALiBi too; with ``window``, a sliding window too): no
-    softcap or sinks."""
+    causal attention, and the variants a flag allows: ``alibi``, ``window`` (a sliding window),
+    ``softcap``, ``sinks``."""
     if variants is None or getattr(variants, "key", None) is None:
         return True
     # Variants.key(): (causal, window, softcap, ALiBi, sinks).
-    key_causal, key_window, softcap, key_alibi, sinks = variants.key()
-    return (key_causal == bool(causal) and not softcap and not sinks and (alibi or not key_alibi)
-            and (window or key_window is None))
+    key_causal, key_window, key_softcap, key_alibi, key_sinks = variants.key()
+    return (key_causal == bool(causal) and (softcap or not key_softcap) and (sinks or not key_sinks)
+            and (alibi or not key_alibi) and (window or key_window is None))
 
 
 def dense_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtypes: tuple[torch.dtype, ...] = DTYPES,

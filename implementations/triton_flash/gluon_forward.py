@@ -4,7 +4,10 @@
 d128, and MLA's d192 with V's d128; plain or causal, ALiBi or not, a sliding window or not;
 ``ATTNKIT_TRITON_FLASH_GLUON=0`` turns it off); the kernels in :mod:`.kernels` stay the path for
 every other GPU, case and variant (ALiBi: NOTES.md, v19; windows: v22, the one-item grid walking
-only the key tiles its rows see, the window's left edge masked as the diagonal is). On H100s it ran right on 168 of 168 checked cases, three times
+only the key tiles its rows see, the window's left edge masked as the diagonal is). Softcap (the
+SFU's tanh before ALiBi and the masks) and sinks (joined in the epilogue) are written and
+compile-checked, not yet run on a GPU (v23): :func:`.launch.gluon_path` sends them here only with
+``ATTNKIT_TRITON_FLASH_GLUON_UNTRIED=1``. On H100s it ran right on 168 of 168 checked cases, three times
 bit-identical, at 0.87-1.24x cuDNN (NOTES.md, v13 and v13.1; results/2026-11-25-h100-session3,
 results/2026-11-26-gpus). MLA (NOTES.md, v21): Q and K reach the products in three chunks of 64
 columns (:func:`qk_chunk`; Gluon's shapes are powers of two), three chained ``wgmma`` a QK^T
@@ -303,7 +306,7 @@ GROUPED_MAX_KEYS = 4096
 
 
 def default_config(head_dim: int, causal: bool, n_k: int | None = None, head_dim_v: int | None = None,
-                   window: bool = False) -> Config:
+                   one_item: bool = False) -> Config:
     """The tiles used when none is given: FlashAttention-3's 128 x 128 for d128; at d64 the K/V
     tiles are half the size, so a deeper ring costs little. FlashAttention-3's wait order
     (``eager``): on an H100 it ran 1.3-1.6x the one-QK^T-later order at 4k and 16k (NOTES.md, v13;
@@ -333,11 +336,12 @@ def default_config(head_dim: int, causal: bool, n_k: int | None = None, head_dim
     over Q's buffer, and the persistent grid's own O buffer (32 KiB more) does not fit. FlashAttention-3
     takes 128-row tiles there too (its 112 keys a tile are no power of two, which Gluon's tensors need).
 
-    A sliding window (``window``) takes the one-item grid (the persistent grid's items do not walk
-    a window's tile range), with the tiles of its head dim and causal flag at long lengths."""
+    A sliding window, softcap or sinks (``one_item``) take the one-item grid (the persistent grid's
+    items do not walk a window's tile range, nor cap or join a sink), with the tiles of its head
+    dim and causal flag at long lengths."""
     if head_dim_v is not None and head_dim_v != head_dim:
         return Config(block_n=128, stages=2, eager=True)
-    if window:
+    if one_item:
         return default_config(head_dim, causal)
     if causal and n_k is not None and n_k <= GROUPED_MAX_KEYS:
         return Config(block_n=128, stages=3 if head_dim == 64 else 2, eager=True, persistent=True, grouped=True)
@@ -434,7 +438,8 @@ if gl is not None:
     def _softmax(qk, m_i, l_i, rows, start_n, n_k, diag, qk_scale, slope, row_pos,
                  s_layout: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr,
                  ALIBI: gl.constexpr, FP8: gl.constexpr = False, SUM_MMA: gl.constexpr = False,
-                 WINDOW: gl.constexpr = False, win_left=0, win_right=0):
+                 WINDOW: gl.constexpr = False, win_left=0, win_right=0, SOFTCAP: gl.constexpr = False,
+                 cap_scale=1.0):
         # One tile's online-softmax update: (p, alpha, m', l'). In masked tiles, keys past Nk and
         # (causal) keys past the row's diagonal become -inf before the maximum. ALiBi: the base-2
         # scores take ``- slope * |i + Nk - Nq - j|`` (``slope`` times log2(e); ``row_pos`` the
@@ -446,8 +451,18 @@ if gl is not None:
         # loop of 552 instructions at d128 (NOTES.md, v20.2). WINDOW: row i sees keys
         # [i + Nk - Nq - win_left, i + Nk - Nq + win_right] too (causal folded into win_right by the
         # host, an unbounded side 2**30): masked tiles only; whole tiles are inside every row's band.
+        # SOFTCAP: the base-2 score is tanh(q . k * cap_scale) * qk_scale (the host passes
+        # cap_scale = scale / cap and qk_scale = cap * log2(e)), by the SFU's tanh (relative error
+        # about 2**-11, as the Triton kernels' for 16-bit inputs), before ALiBi's bias and the masks:
+        # the scores are explicit then, as ALiBi's (a masked score must be -inf after the tanh).
+        EXPLICIT: gl.constexpr = ALIBI or SOFTCAP or (FP8 and MASKED)
         cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        if ALIBI:
+        if SOFTCAP:
+            qk = gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [qk * cap_scale], dtype=gl.float32,
+                                           is_pure=True, pack=1) * qk_scale
+            if ALIBI:
+                qk = qk - slope * gl.abs(row_pos[:, None] - cols.to(gl.float32)[None, :])
+        elif ALIBI:
             qk = qk * qk_scale - slope * gl.abs(row_pos[:, None] - cols.to(gl.float32)[None, :])
         if FP8 and MASKED:
             qk = qk * qk_scale
@@ -459,7 +474,7 @@ if gl is not None:
                 visible = (visible & (cols[None, :] >= (rows + (diag - win_left))[:, None])
                            & (cols[None, :] <= (rows + (diag + win_right))[:, None]))
             qk = gl.where(visible, qk, float("-inf"))
-        if ALIBI or (FP8 and MASKED):
+        if EXPLICIT:
             m_new = gl.maximum(m_i, gl.max(qk, 1))
         elif FP8:
             if qk_scale >= 0:
@@ -474,7 +489,7 @@ if gl is not None:
         else:
             m_use = m_new
         alpha = gl.exp2(m_i - m_use)
-        if ALIBI or (FP8 and MASKED):
+        if EXPLICIT:
             p = gl.exp2(qk - m_use[:, None])
         else:
             p = gl.exp2(qk * qk_scale - m_use[:, None])
@@ -525,7 +540,8 @@ if gl is not None:
               MASKED: gl.constexpr, PINGPONG: gl.constexpr, EAGER: gl.constexpr, CONSUMERS: gl.constexpr,
               ALIBI: gl.constexpr, FP8: gl.constexpr = False, p_buf=None, SUM_MMA: gl.constexpr = False,
               ones_buf=None, l_layout: gl.constexpr = None, QK_CHUNKS: gl.constexpr = 1, col0=0,
-              WINDOW: gl.constexpr = False, win_left=0, win_right=0):
+              WINDOW: gl.constexpr = False, win_left=0, win_right=0, SOFTCAP: gl.constexpr = False,
+              cap_scale=1.0):
         # Tile t's QK^T and tile t-1's PV on the tensor cores, tile t's softmax under the PV.
         # FP8 (eager only): P goes to the PV product from p_buf, the consumer's shared buffer,
         # stored once PV_{t-1} has read the last one (triton 3.6 cannot keep 8-bit registers of
@@ -561,7 +577,7 @@ if gl is not None:
         mbarrier.arrive(k_empty.index(s), count=1)
         p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, rows, col0 + t * BLOCK_N, n_k, diag, qk_scale, slope, row_pos,
                                       s_layout, BLOCK_N, CAUSAL, MASKED, ALIBI, FP8, SUM_MMA, WINDOW, win_left,
-                                      win_right)
+                                      win_right, SOFTCAP, cap_scale)
         if FP8:
             p8 = p.to(q_smem.dtype)
             o = warpgroup_mma_wait(num_outstanding=0, deps=(o, ))
@@ -588,7 +604,8 @@ if gl is not None:
                   ROWS: gl.constexpr, CID: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
                   EAGER: gl.constexpr, CONSUMERS: gl.constexpr, ALIBI: gl.constexpr, FP8: gl.constexpr = False,
                   ones_smem=None, SUM_MMA: gl.constexpr = False, QK_CHUNKS: gl.constexpr = 1,
-                  WINDOW: gl.constexpr = False, lo=0, w_lo=0, win_left=0, win_right=0):
+                  WINDOW: gl.constexpr = False, lo=0, w_lo=0, win_left=0, win_right=0,
+                  SOFTCAP: gl.constexpr = False, cap_scale=1.0, SINKS: gl.constexpr = False, sinks_ptr=None):
         # The one item of this CTA: O leaves through Q's buffer (o_smem is q_smem), or FP8's bf16
         # O through a buffer of its own (q_full stands in for q_empty, unused).
         # MLA (V's head dim below Q's, Q in QK_CHUNKS chunks a consumer): O's [ROWS, HEAD_DIM_V]
@@ -620,7 +637,7 @@ if gl is not None:
                        slopes_ptr, H_Q, 0, 0, 0,
                        HEAD_DIM_V, BLOCK_N, STAGES, ROWS, CID, CAUSAL, PINGPONG, EAGER, CONSUMERS, False, ALIBI,
                        FP8, v_scale, p_smem.index(CID), SUM_MMA, ones_smem.index(CID), QK_CHUNKS, WINDOW, lo, w_lo,
-                       win_left, win_right)
+                       win_left, win_right, SOFTCAP, cap_scale, SINKS, sinks_ptr)
         tma.store_wait(pendings=0)
 
     @gluon.jit
@@ -632,7 +649,8 @@ if gl is not None:
                        CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr, ALIBI: gl.constexpr,
                        FP8: gl.constexpr = False, v_scale=1.0, p_buf=None, SUM_MMA: gl.constexpr = False,
                        ones_buf=None, QK_CHUNKS: gl.constexpr = 1, WINDOW: gl.constexpr = False, lo=0, w_lo=0,
-                       win_left=0, win_right=0):
+                       win_left=0, win_right=0, SOFTCAP: gl.constexpr = False, cap_scale=1.0,
+                       SINKS: gl.constexpr = False, sinks_ptr=None):
         # One work item of consumer CID; returns the turns taken so far. g: K/V tiles the CTA took
         # before the item (the ring's position), it: items before it (Q's phase); both 0 in the
         # one-item grid, where o_buf is Q's part (or, MLA, inside it) and q_empty is unused. q_smem:
@@ -686,7 +704,7 @@ if gl is not None:
             mbarrier.arrive(k_empty.index(s0), count=1)
             p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, rows, col0, n_k, diag, qk_scale, slope, row_pos,
                                           s_layout, BLOCK_N, CAUSAL, True, ALIBI, FP8, SUM_MMA, WINDOW, win_left,
-                                          win_right)
+                                          win_right, SOFTCAP, cap_scale)
             if FP8:  # P through p_buf (see _step); p_op a placeholder
                 p_buf.store(p.to(q_smem.dtype))
                 fence_async_shared()
@@ -707,7 +725,8 @@ if gl is not None:
                         t, g + t, q_smem, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
                         qk, o, p_prev, p_op, alpha, m_i, l_i, rows, n_k, diag, qk_scale, slope, row_pos,
                         s_layout, o_layout, p_layout, BLOCK_N, STAGES, CID, CAUSAL, True, PINGPONG, EAGER, CONSUMERS,
-                        ALIBI, FP8, p_buf, SUM_MMA, ones_buf, l_layout, QK_CHUNKS, col0, WINDOW, win_left, win_right)
+                        ALIBI, FP8, p_buf, SUM_MMA, ones_buf, l_layout, QK_CHUNKS, col0, WINDOW, win_left, win_right,
+                        SOFTCAP, cap_scale)
             else:
                 w_first = 1
             for t in range(w_first, n_whole):
@@ -715,13 +734,15 @@ if gl is not None:
                     t, g + t, q_smem, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
                     qk, o, p_prev, p_op, alpha, m_i, l_i, rows, n_k, diag, qk_scale, slope, row_pos,
                     s_layout, o_layout, p_layout, BLOCK_N, STAGES, CID, CAUSAL, False, PINGPONG, EAGER, CONSUMERS,
-                    ALIBI, FP8, p_buf, SUM_MMA, ones_buf, l_layout, QK_CHUNKS, col0, WINDOW, win_left, win_right)
+                    ALIBI, FP8, p_buf, SUM_MMA, ones_buf, l_layout, QK_CHUNKS, col0, WINDOW, win_left, win_right,
+                    SOFTCAP, cap_scale)
             for t in range(gl.maximum(n_whole, w_first), n_tiles):
                 qk, o, p_prev, p_op, alpha, m_i, l_i, turns = _step(
                     t, g + t, q_smem, k_smem, v_smem, k_full, v_full, k_empty, v_empty, turn, turns,
                     qk, o, p_prev, p_op, alpha, m_i, l_i, rows, n_k, diag, qk_scale, slope, row_pos,
                     s_layout, o_layout, p_layout, BLOCK_N, STAGES, CID, CAUSAL, True, PINGPONG, EAGER, CONSUMERS,
-                    ALIBI, FP8, p_buf, SUM_MMA, ones_buf, l_layout, QK_CHUNKS, col0, WINDOW, win_left, win_right)
+                    ALIBI, FP8, p_buf, SUM_MMA, ones_buf, l_layout, QK_CHUNKS, col0, WINDOW, win_left, win_right,
+                    SOFTCAP, cap_scale)
             # The last tile's PV.
             last = n_tiles - 1
             sl = (g + last) % STAGES
@@ -748,16 +769,26 @@ if gl is not None:
             # Every product that read this Q has completed: the producer may load the next item's.
             mbarrier.arrive(q_empty.index(CID), count=1)
 
-        # Epilogue: o / l and the base-2 LSE; a row that saw no key writes 0 and +inf.
+        # Epilogue: o / l and the base-2 LSE; a row that saw no key writes 0 and +inf. SINKS: the
+        # head's sink (a base-2 logit) joins the denominator and adds no value, as the Triton
+        # kernels' _join_sink: O shrinks by 2^(lse - new lse), and a row that saw no key keeps
+        # zeros with the sink's LSE.
         if SUM_MMA:  # every column of P @ ones holds the row's sum
             l_i = gl.convert_layout(gl.max(l_i, 1), gl.SliceLayout(1, s_layout))
         seen = l_i > 0.0
         l_safe = gl.where(seen, l_i, 1.0)
-        lse = gl.where(seen, m_i + gl.log2(l_safe), float("inf"))
-        if FP8:  # V's descale, and O in bf16 (o_buf's dtype)
-            inv_l = gl.convert_layout(v_scale / l_safe, gl.SliceLayout(1, o_layout))
+        if SINKS:
+            sink = gl.load(sinks_ptr + off_h) * 1.4426950408889634
+            lse_keys = gl.where(seen, m_i + gl.log2(l_safe), float("-inf"))
+            top = gl.maximum(lse_keys, sink)
+            lse = top + gl.log2(gl.exp2(lse_keys - top) + gl.exp2(sink - top))
+            inv_l = gl.convert_layout(gl.exp2(lse_keys - lse) / l_safe, gl.SliceLayout(1, o_layout))
         else:
-            inv_l = gl.convert_layout(1.0 / l_safe, gl.SliceLayout(1, o_layout))
+            lse = gl.where(seen, m_i + gl.log2(l_safe), float("inf"))
+            if FP8:  # V's descale, and O in bf16 (o_buf's dtype)
+                inv_l = gl.convert_layout(v_scale / l_safe, gl.SliceLayout(1, o_layout))
+            else:
+                inv_l = gl.convert_layout(1.0 / l_safe, gl.SliceLayout(1, o_layout))
         out = (o * inv_l[:, None]).to(o_buf.dtype)
         gl.store(lse_ptr + rows, lse, mask=rows < n_q)
         if PERSISTENT:
@@ -933,12 +964,16 @@ if gl is not None:
     # compilations; nothing here loads along them with pointer arithmetic.
     @gluon.jit(do_not_specialize=("stride_lb", "stride_lh", "H_Q", "GROUP", "n_q", "n_k"))
     def _attn_fwd_sm90(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_lh,
-                       H_Q, GROUP, n_q, n_k, qk_scale, slopes_ptr, descale_ptr, win_left, win_right,
+                       H_Q, GROUP, n_q, n_k, qk_scale, slopes_ptr, descale_ptr, win_left, win_right, cap_scale,
+                       sinks_ptr,
                        HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, QK_CHUNK: gl.constexpr, BLOCK_N: gl.constexpr,
                        STAGES: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                        EAGER: gl.constexpr, CONSUMERS: gl.constexpr, HEAVY_FIRST: gl.constexpr = False,
                        ALIBI: gl.constexpr = False, FP8: gl.constexpr = False, SUM_MMA: gl.constexpr = False,
-                       WINDOW: gl.constexpr = False):
+                       WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False, SINKS: gl.constexpr = False):
+        # SOFTCAP: scores tanh(q . k * cap_scale) * qk_scale (_softmax). SINKS: a sink logit per
+        # query head, float32 at sinks_ptr[head], joins each row's denominator (the epilogue).
+        gl.static_assert(not (FP8 and (SOFTCAP or SINKS or WINDOW)), "the FP8 kernel takes no variant")
         # WINDOW: a sliding window, row i seeing keys [i + Nk - Nq - win_left, i + Nk - Nq + win_right]
         # (causal folded into win_right by the host, an unbounded side 2**30): the CTA walks only
         # the key tiles some row of it sees. QK_CHUNK: the columns of Q's and K's TMA boxes and
@@ -1049,17 +1084,17 @@ if gl is not None:
                              turn, lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr,
                              H_Q, v_scale, HEAD_DIM, HEAD_DIM_V, BLOCK_N, STAGES, ROWS, 0, CAUSAL, PINGPONG, EAGER, CONSUMERS,
                              ALIBI, FP8, ones_smem, SUM_MMA, QK_CHUNKS, WINDOW, lo, w_lo, win_left,
-                             win_right)),
+                             win_right, SOFTCAP, cap_scale, SINKS, sinks_ptr)),
                 (_consumer, (o_desc, q_smem, o_smem, p_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty,
                              turn, lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr,
                              H_Q, v_scale, HEAD_DIM, HEAD_DIM_V, BLOCK_N, STAGES, ROWS, 1, CAUSAL, PINGPONG, EAGER, CONSUMERS,
                              ALIBI, FP8, ones_smem, SUM_MMA, QK_CHUNKS, WINDOW, lo, w_lo, win_left,
-                             win_right)),
+                             win_right, SOFTCAP, cap_scale, SINKS, sinks_ptr)),
                 (_consumer, (o_desc, q_smem, o_smem, p_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty,
                              turn, lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr,
                              H_Q, v_scale, HEAD_DIM, HEAD_DIM_V, BLOCK_N, STAGES, ROWS, 2, CAUSAL, PINGPONG, EAGER, CONSUMERS,
                              ALIBI, FP8, ones_smem, SUM_MMA, QK_CHUNKS, WINDOW, lo, w_lo, win_left,
-                             win_right)),
+                             win_right, SOFTCAP, cap_scale, SINKS, sinks_ptr)),
             ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
         else:
             gl.warp_specialize([
@@ -1070,12 +1105,12 @@ if gl is not None:
                              turn, lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr,
                              H_Q, v_scale, HEAD_DIM, HEAD_DIM_V, BLOCK_N, STAGES, ROWS, 0, CAUSAL, PINGPONG, EAGER, CONSUMERS,
                              ALIBI, FP8, ones_smem, SUM_MMA, QK_CHUNKS, WINDOW, lo, w_lo, win_left,
-                             win_right)),
+                             win_right, SOFTCAP, cap_scale, SINKS, sinks_ptr)),
                 (_consumer, (o_desc, q_smem, o_smem, p_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty,
                              turn, lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr,
                              H_Q, v_scale, HEAD_DIM, HEAD_DIM_V, BLOCK_N, STAGES, ROWS, 1, CAUSAL, PINGPONG, EAGER, CONSUMERS,
                              ALIBI, FP8, ones_smem, SUM_MMA, QK_CHUNKS, WINDOW, lo, w_lo, win_left,
-                             win_right)),
+                             win_right, SOFTCAP, cap_scale, SINKS, sinks_ptr)),
             ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -1095,8 +1130,8 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
     windows, softcap, sinks, float32, FP8, other head dims."""
     if layout is not None:
         return "packed sequences and paged KV caches take the existing kernels"
-    if not plain_variants(causal, variants, alibi=True, window=True):
-        return "variants (softcap, sinks) take the existing kernels"
+    if not plain_variants(causal, variants, alibi=True, window=True, softcap=True, sinks=True):
+        return "variants the Gluon forward does not know take the existing kernels"
     if (reason := dense_reason(q, k, v, head_dims=HEAD_DIM_PAIRS)) is not None:
         return reason
     if scale is not None and not (math.isfinite(scale) and scale > 0):
@@ -1132,18 +1167,22 @@ UNBOUNDED = 1 << 30
 
 def launch_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                      causal: bool, scale: float, config: Config, slopes: torch.Tensor | None = None,
-                     window: tuple[int, int] | None = None) -> tuple[tuple, dict, tuple[int, int]]:
+                     window: tuple[int, int] | None = None, softcap: float = 0.0,
+                     sinks: torch.Tensor | None = None) -> tuple[tuple, dict, tuple[int, int]]:
     """(positional arguments, keyword arguments, grid) of one launch: what :func:`flash_fwd` runs
     and what ``tools/flash_bench/gluon_compile.py`` compiles without a GPU. ``slopes``: ALiBi's,
     times log2(e), float32 [B, Hq] contiguous (None: no ALiBi). ``window``: (left, right), a side of
-    -1 unbounded (None: no window; the one-item grid only)."""
+    -1 unbounded (None: no window); ``softcap``: the cap (0: none); ``sinks``: float32 [Hq]
+    contiguous, each head's sink logit (None: none). The three take the one-item grid only."""
     batch, heads_q, n_q, head_dim = q.shape
     heads_kv, n_k, head_dim_v = k.shape[1], k.shape[2], v.shape[-1]
     chunk = qk_chunk(head_dim)
+    # Softcap: scores tanh(q . k * scale / cap) * cap, in base 2 (the Triton kernels' split).
+    qk_scale, cap_scale = (softcap * LOG2E, scale / softcap) if softcap else (scale * LOG2E, 1.0)
     args = (descriptor(q, ROWS_PER_CONSUMER, cols=chunk), descriptor(k, config.block_n, cols=chunk),
             descriptor(v, config.block_n),
             descriptor(o, ROWS_PER_CONSUMER), lse, lse.stride(0), lse.stride(1),
-            heads_q, heads_q // heads_kv, n_q, n_k, scale * LOG2E, slopes)
+            heads_q, heads_q // heads_kv, n_q, n_k, qk_scale, slopes)
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.stages, CAUSAL=bool(causal),
                   PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, EAGER=config.eager,
                   CONSUMERS=config.consumers, num_warps=4)
@@ -1152,8 +1191,8 @@ def launch_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch
     if config.sum_mma:
         kwargs["SUM_MMA"] = True
     if config.persistent:  # _attn_fwd_sm90_persistent: n_bh, n_group before the scale, a CTA per SM
-        if window is not None:
-            raise ValueError(f"config {config}: windows take the one-item grid (default_config)")
+        if window is not None or softcap or sinks is not None:
+            raise ValueError(f"config {config}: windows, softcap and sinks take the one-item grid (default_config)")
         if head_dim_v != head_dim:
             raise ValueError(f"config {config}: the persistent grid keeps V's head dim equal to Q's (MLA takes the "
                              "one-item grid: default_config)")
@@ -1163,9 +1202,13 @@ def launch_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch
         args = args[:-2] + (n_bh, n_group) + args[-2:]
         return args, kwargs, (n_ctas, )
     # The one-item kernel's descale_ptr (FP8's only: launch_arguments_fp8), then the window's band.
-    args = args + (None, *band(causal, window))
+    args = args + (None, *band(causal, window), cap_scale, sinks)
     if window is not None:
         kwargs["WINDOW"] = True
+    if softcap:
+        kwargs["SOFTCAP"] = True
+    if sinks is not None:
+        kwargs["SINKS"] = True
     kwargs["HEAD_DIM_V"] = head_dim_v
     kwargs["QK_CHUNK"] = chunk
     if config.heavy_first and causal:
@@ -1211,25 +1254,30 @@ def sm_count(device: torch.device) -> int:
 
 
 def warmup(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
-           config: Config | None = None, alibi: bool = False, window: tuple[int, int] | None = None):
+           config: Config | None = None, alibi: bool = False, window: tuple[int, int] | None = None,
+           softcap: float = 0.0, sinks: bool = False):
     """Compile (without launching) the kernel :func:`flash_fwd` would run on these inputs, and
     return Triton's compiled kernel (its ``asm``: ``ptx``, ``cubin``...; its ``metadata``). Lengths
     and head counts are not specialized: one kernel serves every shape of a dtype, head dim, causal
     flag and configuration (``alibi``: the kernel with ALiBi; ``window``: with a sliding window, one
-    kernel for every window). The bench tools use it to compile ahead, or for a GPU not present."""
+    kernel for every window; ``softcap``, ``sinks``: with those). The bench tools use it to compile
+    ahead, or for a GPU not present."""
     batch, heads_q, n_q, head_dim = q.shape
     if config is None:
-        config = default_config(head_dim, causal, k.shape[2], v.shape[-1], window=window is not None)
+        config = default_config(head_dim, causal, k.shape[2], v.shape[-1],
+                                one_item=window is not None or bool(softcap) or sinks)
     o = torch.empty((batch, heads_q, n_q, v.shape[-1]), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads_q, n_q), dtype=torch.float32, device=q.device)
     slopes = torch.empty((batch, heads_q), dtype=torch.float32, device=q.device) if alibi else None
-    args, kwargs, grid = launch_arguments(q, k, v, o, lse, causal, scale, config, slopes, window)
+    sink_logits = torch.empty((heads_q, ), dtype=torch.float32, device=q.device) if sinks else None
+    args, kwargs, grid = launch_arguments(q, k, v, o, lse, causal, scale, config, slopes, window, softcap,
+                                          sink_logits)
     return kernel(config).warmup(*args, **kwargs, grid=grid)
 
 
 def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
               config: Config | None = None, *, alibi_slopes: torch.Tensor | None = None,
-              window: tuple[int, int] | None = None,
+              window: tuple[int, int] | None = None, softcap: float = 0.0, sinks: torch.Tensor | None = None,
               out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(output ``[B, Hq, Nq, Dv]`` in q's dtype, base-2 LSE float32 ``[B, Hq, Nq]``) for a call that
     :func:`supports` takes, as :func:`.launch.flash_fwd` returns them (its backward reads this LSE;
@@ -1238,12 +1286,15 @@ def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
     :func:`default_config`. ``alibi_slopes``: float32 [Hq] or [B, Hq] (the contract's), the bias
     ``- slope * |i + Nk - Nq - j|`` on the scores. ``window``: (left, right), row ``i`` seeing keys
     ``j`` with ``-right <= i + Nk - Nq - j <= left`` (a side of -1 unbounded; with causal too, the
-    contract's sliding window). ``out`` hands in the two outputs, contiguous (a
+    contract's sliding window). ``softcap`` (> 0; 0: none): scores ``cap * tanh(scale q . k / cap)``.
+    ``sinks``: float [Hq], each query head's sink logit, joining every row's denominator (the
+    contract's attention sinks; the LSE includes it). ``out`` hands in the two outputs, contiguous (a
     check poisons them first). The caller checks :func:`supports` first: this function does not."""
     batch, heads_q, n_q, head_dim = q.shape
     head_dim_v = v.shape[-1]
     if config is None:
-        config = default_config(head_dim, causal, k.shape[2], head_dim_v, window=window is not None)
+        config = default_config(head_dim, causal, k.shape[2], head_dim_v,
+                                one_item=window is not None or bool(softcap) or sinks is not None)
     need = shared_bytes(config, head_dim, head_dim_v=head_dim_v)
     if need > SHARED_LIMIT:
         raise ValueError(f"config {config} needs {need} B of shared memory at d{head_dim}"
@@ -1262,7 +1313,9 @@ def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
     slopes = None
     if alibi_slopes is not None:
         slopes = (alibi_slopes.float() * LOG2E).expand(batch, heads_q).contiguous()
-    args, kwargs, grid = launch_arguments(q, k, v, o, lse, causal, scale, config, slopes, window)
+    sink_logits = None if sinks is None else sinks.to(torch.float32).contiguous()
+    args, kwargs, grid = launch_arguments(q, k, v, o, lse, causal, scale, config, slopes, window, softcap,
+                                          sink_logits)
     kernel(config)[grid](*args, **kwargs)
     return o, lse
 
@@ -1341,7 +1394,7 @@ def launch_arguments_fp8(q: torch.Tensor, k: torch.Tensor, v_t: torch.Tensor, o:
     args = (descriptor(q, ROWS_PER_CONSUMER, swizzle), descriptor(k, config.block_n, swizzle),
             descriptor(v_t, head_dim, min(config.block_n, 128), cols=config.block_n),
             descriptor(o, ROWS_PER_CONSUMER), lse, lse.stride(0), lse.stride(1),
-            heads_q, heads_q // heads_kv, n_q, n_k, scale * LOG2E, None, descales, 0, 0)
+            heads_q, heads_q // heads_kv, n_q, n_k, scale * LOG2E, None, descales, 0, 0, 1.0, None)
     kwargs = dict(HEAD_DIM=head_dim, HEAD_DIM_V=head_dim, QK_CHUNK=head_dim, BLOCK_N=config.block_n, STAGES=config.stages,
                   CAUSAL=bool(causal), PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs,
                   EAGER=config.eager, CONSUMERS=config.consumers, FP8=True, num_warps=4)

@@ -592,18 +592,33 @@ def _gluon_off() -> bool:
     return os.environ.get("ATTNKIT_TRITON_FLASH_GLUON", "1") == "0"
 
 
+#: Opts in to the Gluon forward's softcap and sinks, which are compile-checked and not yet run on
+#: a GPU (NOTES.md, v23): until a GPU run shows them right, calls with either take the Triton
+#: kernels unless this is "1".
+UNTRIED_SWITCH = "ATTNKIT_TRITON_FLASH_GLUON_UNTRIED"
+
+
+def _untried_reason(variants: Variants) -> str | None:
+    """Why a call the Gluon forward can run stays on the Triton kernels for now (None: it need not)."""
+    if (variants.softcap or variants.sinks is not None) and os.environ.get(UNTRIED_SWITCH) != "1":
+        return (f"softcap and sinks through the Gluon forward are compile-checked, not yet run on a GPU "
+                f"({UNTRIED_SWITCH}=1 takes them)")
+    return None
+
+
 def gluon_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, variants: Variants, layout: object,
                scale: float) -> str | None:
     """None where the forward runs the Gluon kernel (:mod:`.gluon_forward`: Hopper, fp16/bf16,
-    d64/d128 or MLA's d192 with V's d128, plain or causal, ALiBi, a sliding window, dense), else why it takes
-    the Triton kernels. On an H100 it ran 0.86-1.13x cuDNN where this module's kernel ran
-    0.73-0.88x (NOTES.md, v13).
+    d64/d128 or MLA's d192 with V's d128, plain or causal, ALiBi, a sliding window, dense; softcap
+    and sinks only with :data:`UNTRIED_SWITCH`), else why it takes the Triton kernels. On an H100
+    it ran 0.86-1.13x cuDNN where this module's kernel ran 0.73-0.88x (NOTES.md, v13).
     ``ATTNKIT_TRITON_FLASH_GLUON=0`` turns it off."""
     if _gluon_off():
         return "turned off by ATTNKIT_TRITON_FLASH_GLUON=0"
     from . import gluon_forward
 
-    return gluon_forward.unsupported_reason(q, k, v, variants.causal, scale, variants=variants, layout=layout)
+    reason = gluon_forward.unsupported_reason(q, k, v, variants.causal, scale, variants=variants, layout=layout)
+    return reason if reason is not None else _untried_reason(variants)
 
 
 def path_note(device: torch.device) -> str:
@@ -615,9 +630,10 @@ def path_note(device: torch.device) -> str:
     reason = gluon_forward.device_reason(device)
     if reason is not None:
         return f"forward: Triton kernels (the Gluon forward needs {reason})"
+    untried = ("softcap and sinks too (untried: " + UNTRIED_SWITCH + "=1)" if os.environ.get(UNTRIED_SWITCH) == "1"
+               else "not softcap or sinks yet")
     return ("forward: Gluon (sm_90) on dense fp16/bf16 d64/d128 and d192/dv128 (MLA), causal or not, ALiBi, "
-            "windows; "
-            + _gluon_fp8_note() + "; Triton kernels for the rest and the backward")
+            f"windows, {untried}; " + _gluon_fp8_note() + "; Triton kernels for the rest and the backward")
 
 
 #: Below these key counts the Triton FP8 forward is the faster one, so the Gluon FP8 forward is
@@ -668,7 +684,8 @@ def _launch_gluon(p: _Problem, o: torch.Tensor, lse: torch.Tensor, tiles: Tiles 
     from . import gluon_forward
 
     gluon_forward.flash_fwd(p.q, p.k, p.v, p.variants.causal, p.scale, alibi_slopes=p.variants.alibi_slopes,
-                            window=p.variants.window, out=(o, lse))
+                            window=p.variants.window, softcap=p.variants.softcap, sinks=p.variants.sinks,
+                            out=(o, lse))
 
 
 def _plan_fwd(p: _Problem, o: torch.Tensor, lse: torch.Tensor) -> tuple[Callable[..., None], Tiles]:

@@ -31,12 +31,12 @@ def test_the_switch_turns_the_gluon_forward_off(monkeypatch: pytest.MonkeyPatch)
     assert "turned off" in launch.path_note(torch.device("cpu"))
 
 
-def test_softcap_sinks_and_packed_layouts_are_not_the_gluon_kernel_s_and_windows_are(
+def test_packed_layouts_are_not_the_gluon_kernel_s_and_windows_softcap_and_sinks_are(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """The Gluon forward takes sliding windows (implementations/triton_flash/NOTES.md v22), causal
-    or not, with ALiBi too; not softcap, sinks or packed layouts; the Gluon backward takes no
-    window. On a Hopper (its device check stubbed) a windowed call's reason is None; on the CPU it
-    is the device's."""
+    """The Gluon forward takes sliding windows (implementations/triton_flash/NOTES.md v22),
+    softcap and sinks (v23), causal or not, with ALiBi too, alone or together; not packed layouts.
+    The Gluon backward takes none of them. On a Hopper (its device check stubbed) such a call's
+    reason is None; on the CPU it is the device's."""
     from pytest_attnkit.implementations.triton_flash import gluon_backward, gluon_common, gluon_forward
 
     q = _dense()
@@ -45,13 +45,17 @@ def test_softcap_sinks_and_packed_layouts_are_not_the_gluon_kernel_s_and_windows
     assert reason is not None and "variants" not in reason and "CUDA device" in reason
     assert "packed" in gluon_forward.unsupported_reason(q, q, q, False, 0.125, layout=object())
     monkeypatch.setattr(gluon_common, "device_reason", lambda device: None)
-    for variants in (windowed, launch.Variants(window=(16, 4)), launch.Variants(window=(-1, 8)),
-                     launch.Variants(causal=True, window=(8, 0), alibi_slopes=torch.ones(2))):
+    every = (windowed, launch.Variants(window=(16, 4)), launch.Variants(window=(-1, 8)),
+             launch.Variants(causal=True, window=(8, 0), alibi_slopes=torch.ones(2)), launch.Variants(softcap=30.0),
+             launch.Variants(causal=True, sinks=torch.ones(2)),
+             launch.Variants(causal=True, window=(64, 0), softcap=30.0, alibi_slopes=torch.ones(2), sinks=torch.ones(2)))
+    for variants in every:
         assert gluon_forward.unsupported_reason(q, q, q, variants.causal, 0.125, variants=variants) is None
-    for variants in (launch.Variants(window=(16, 4), softcap=20.0),
-                     launch.Variants(window=(16, 4), sinks=torch.ones(2))):
-        assert "variants" in gluon_forward.unsupported_reason(q, q, q, False, 0.125, variants=variants)
-    assert "variants" in gluon_backward.unsupported_reason(q, q, q, True, 0.125, variants=windowed)
+        assert "variants" in gluon_backward.unsupported_reason(q, q, q, variants.causal, 0.125, variants=variants)
+    assert gluon_common.plain_variants(True, windowed, window=True)
+    assert not gluon_common.plain_variants(False, launch.Variants(softcap=30.0), window=True, sinks=True)
+    assert not gluon_common.plain_variants(True, launch.Variants(causal=True, sinks=torch.ones(2)), softcap=True)
+    assert not gluon_common.plain_variants(False, windowed, window=True)  # causal must match
 
 
 def test_the_gluon_window_band_folds_causal_and_bounds_the_unbounded_side() -> None:
@@ -70,22 +74,7 @@ def test_the_gluon_window_band_folds_causal_and_bounds_the_unbounded_side() -> N
     for causal in (False, True):
         for n_k in (1024, 4096, 16384):
             for head_dim in (64, 128):
-                assert not gluon_forward.default_config(head_dim, causal, n_k, window=True).persistent
-
-
-def test_alibi_is_the_gluon_forward_s_and_not_the_gluon_backward_s() -> None:
-    # The forward takes ALiBi (implementations/triton_flash/NOTES.md v19): its refusal on the
-    # CPU is the device's, not the variant's; softcap and sinks stay with the Triton kernels,
-    # and so does every variant of the (switched-off) Gluon backward.
-    from pytest_attnkit.implementations.triton_flash import gluon_backward, gluon_forward
-
-    q = _dense()
-    alibi = launch.Variants(causal=True, alibi_slopes=torch.ones(2))
-    reason = gluon_forward.unsupported_reason(q, q, q, True, 0.125, variants=alibi)
-    assert reason is not None and "variants" not in reason
-    for other in (launch.Variants(softcap=30.0), launch.Variants(alibi_slopes=torch.ones(2), sinks=torch.ones(2))):
-        assert "variants" in gluon_forward.unsupported_reason(q, q, q, False, 0.125, variants=other)
-    assert "variants" in gluon_backward.unsupported_reason(q, q, q, True, 0.125, variants=alibi)
+                assert not gluon_forward.default_config(head_dim, causal, n_k, one_item=True).persistent
 
 
 def test_the_gluon_fp8_forward_is_taken_where_it_was_faster_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -167,3 +156,28 @@ def test_mla_is_the_gluon_forward_s_and_other_unequal_head_dims_are_not(monkeypa
         reason = gluon_forward.unsupported_reason(*tensors(d, dv), True, 0.1)
         assert reason is not None and "192 with V's 128" in reason and f"v {dv}" in reason, (d, dv, reason)
     assert "head dims 64, 128" in gluon_backward.unsupported_reason(*tensors(192, 128), True, 0.07)
+
+
+def test_softcap_and_sinks_take_the_gluon_forward_only_when_asked_until_a_gpu_ran_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Gluon forward's softcap and sinks are compile-checked, not yet run on a GPU: on a
+    Hopper (its device checks stubbed) launch keeps such calls on the Triton kernels and says why,
+    unless ATTNKIT_TRITON_FLASH_GLUON_UNTRIED=1; windows and ALiBi, run on an H200, need no switch.
+    The header says which."""
+    from pytest_attnkit.implementations.triton_flash import gluon_common, gluon_forward
+
+    monkeypatch.delenv(launch.UNTRIED_SWITCH, raising=False)
+    monkeypatch.delenv("ATTNKIT_TRITON_FLASH_GLUON", raising=False)
+    monkeypatch.setattr(gluon_common, "device_reason", lambda device: None)
+    monkeypatch.setattr(gluon_forward, "device_reason", lambda device: None)
+    q = _dense()
+    capped, sunk = launch.Variants(softcap=30.0), launch.Variants(causal=True, sinks=torch.ones(2))
+    for variants in (capped, sunk):
+        reason = launch.gluon_path(q, q, q, variants, None, 0.125)
+        assert reason is not None and launch.UNTRIED_SWITCH in reason and "not yet run on a GPU" in reason
+    assert launch.gluon_path(q, q, q, launch.Variants(causal=True, window=(8, 0)), None, 0.125) is None
+    assert "not softcap or sinks yet" in launch.path_note(torch.device("cuda"))
+    monkeypatch.setenv(launch.UNTRIED_SWITCH, "1")
+    assert launch.gluon_path(q, q, q, capped, None, 0.125) is None
+    assert launch.gluon_path(q, q, q, sunk, None, 0.125) is None
+    assert "softcap and sinks too (untried" in launch.path_note(torch.device("cuda"))

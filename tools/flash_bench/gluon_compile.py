@@ -13,7 +13,7 @@ A stand-in driver (``sm90_compile._TargetOnly``) answers Triton's questions abou
   is in flight (FlashAttention-3's overlap inside a warp group).
 
 Usage: python3 tools/flash_bench/gluon_compile.py [--quick] [--dump DIR] [--config n128s2 ...] [--causal] [--alibi]
-[--window] [--fp8] (``--quick``: the default configurations, bf16, causal and not; ``--config`` adds others;
+[--window] [--softcap] [--sinks] [--fp8] (``--quick``: the default configurations, bf16, causal and not; ``--config`` adds others;
 ``--fp8``: the FP8 kernel, e4m3, at each head dim, causal and not, in its configuration and each
 ``--config``.)
 Exit status 1 if any configuration fails to compile, spills, or does not fit in shared memory.
@@ -257,6 +257,8 @@ def main() -> int:
     parser.add_argument("--window", action="store_true",
                         help="compile every kernel with a sliding window (its own kernels; the one-item grid's "
                              "configurations only)")
+    parser.add_argument("--softcap", action="store_true", help="compile every kernel with softcap (one-item grid)")
+    parser.add_argument("--sinks", action="store_true", help="compile every kernel with attention sinks (one-item grid)")
     parser.add_argument("--fp8", action="store_true",
                         help="compile the FP8 (e4m3) kernel instead, d64 and d128, causal and not "
                              "(fp8_config, and each --config)")
@@ -285,13 +287,16 @@ def main() -> int:
         if args.fp8:
             return gf.warmup_fp8(q, torch.empty_like(q), torch.empty_like(q), causal, head_dim ** -0.5, config)
         window = (256, 0) if args.window else None
-        return gf.warmup(q, torch.empty_like(q), v, causal, head_dim ** -0.5, config, args.alibi, window)
+        return gf.warmup(q, torch.empty_like(q), v, causal, head_dim ** -0.5, config, args.alibi, window,
+                         30.0 if args.softcap else 0.0, args.sinks)
 
-    if args.window:  # windows take the one-item grid: each head dim's default for them
+    one_item = args.window or args.softcap or args.sinks
+    if one_item:  # windows, softcap and sinks take the one-item grid: each head dim's default for them
         matrix = [(head_dim, causal, dtype, gf.default_config(head_dim, causal, None, value_dim(gf, head_dim), True)
                    if config.persistent else config) for head_dim, causal, dtype, config in matrix]
         matrix = list(dict.fromkeys(matrix))
-    prefix = "fp8 " if args.fp8 else "window " if args.window else "alibi " if args.alibi else ""
+    prefix = "fp8 " if args.fp8 else "".join(f"{name} " for name in ("window", "softcap", "sinks", "alibi")
+                                             if getattr(args, name))
     failures, _ = compile_matrix(gf, matrix, prefix, warm, describe, args.dump, 2000)
     print("OK" if failures == 0 else f"{failures} configuration(s) failed, spilled or did not fit")
     return 1 if failures else 0
