@@ -10,7 +10,11 @@ H100, 1.00-1.08x the Triton backward except 1k d128 causal (0.85x)
 (results/2026-11-28-session15/gluon-bwd-pair); the H200 alike (results/2026-11-28-session16).
 Nothing calls it by default: :mod:`.launch` keeps the Triton backward (:data:`ENV_SWITCH` says
 why). The design notes and the prediction below are v15's, from before those runs;
-``-tmar`` and ``-pair`` are described where dQ is.
+``-tmar`` and ``-pair`` are described where dQ is. MLA (Q's and K's head dim 192, V's 128;
+NOTES.md v24: written and compile-checked, NOT yet run on a GPU): Q, K and dK in three chunks of
+64 columns (Gluon's shapes are powers of two), S three chained products, dK three accumulators,
+and dQ in three pieces through one 64-column float32 buffer a consumer (``_bwd_step_mla``), in
+224 KiB of shared memory; its default configuration (``-tmar-sw``) only.
 
 The math. For one (batch, query head), with the forward's base-2 LSE ``L_i`` and
 ``delta_i = rowsum(dO_i * O_i)`` (the Triton path's preprocess kernel, as :mod:`.launch` uses it):
@@ -241,15 +245,24 @@ class Config:
         return Config(**fields)  # __post_init__ refuses the combinations the kernel is not written for
 
 
-def shared_bytes(config: Config, head_dim: int, element_size: int = 2) -> int:
+def shared_bytes(config: Config, head_dim: int, element_size: int = 2, head_dim_v: int | None = None) -> int:
     """Shared memory the kernel asks for: K and V (128 rows each), the Q/dO ring, the two dS
-    buffers, barriers."""
-    kv = 2 * BLOCK_N * head_dim * element_size
-    ring = 2 * config.stages * config.block_m * head_dim * element_size
+    buffers, the dQ buffers (MLA, ``head_dim_v`` below ``head_dim``: a 64-column piece a
+    consumer), barriers."""
+    head_dim_v = head_dim if head_dim_v is None else head_dim_v
+    kv = BLOCK_N * (head_dim + head_dim_v) * element_size
+    ring = config.stages * config.block_m * (head_dim + head_dim_v) * element_size
     ds = (4 if config.qrows else 2) * KEYS_PER_CONSUMER * config.block_m * element_size  # dS (and P)
-    dq = 2 * config.block_m * head_dim * 4
+    dq = 2 * config.block_m * (MLA_CHUNK if head_dim_v != head_dim else head_dim) * 4
     barriers = 8 * (3 + 2 * config.stages)
     return kv + ring + ds + dq + barriers
+
+
+#: MLA (Q's and K's head dim 192, V's 128: :data:`HEAD_DIM_PAIRS`): Q, K, dK and dQ in chunks of
+#: this many columns (Gluon's shapes are powers of two).
+MLA_CHUNK = 64
+#: (Q's and K's head dim, V's) pairs this backward takes: d64, d128, and MLA's 192 with V's 128.
+HEAD_DIM_PAIRS = ((64, 64), (128, 128), (192, 128))
 
 
 def default_config(head_dim: int, causal: bool) -> Config:
@@ -261,6 +274,8 @@ def default_config(head_dim: int, causal: bool) -> Config:
     v20.9)."""
     if head_dim == 64:
         return Config(block_m=64, stages=3, tma_dq=True, dq_swizzle=True, pair_dq=True)
+    if head_dim == 192:  # MLA: the one way out _bwd_step_mla is written for (two reduces, 224 KiB)
+        return Config(block_m=64, stages=2, tma_dq=True, dq_swizzle=True)
     return Config(block_m=64, stages=2, tma_dq=True, dq_swizzle=True, pair_dq=not causal)
 
 
@@ -330,16 +345,20 @@ if gl is not None:
     @gluon.jit
     def _bwd_producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem,
                       kv_full, q_full, q_empty, off_b, off_hkv, n0, GROUP, t_first, t_whole, t_end, rot,
-                      BLOCK_M: gl.constexpr, STAGES: gl.constexpr, KEYS: gl.constexpr, ROTATE: gl.constexpr):
-        # K and V: one 64-row half per consumer, once, on one barrier.
-        mbarrier.expect(kv_full.index(0), 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
+                      BLOCK_M: gl.constexpr, STAGES: gl.constexpr, KEYS: gl.constexpr, ROTATE: gl.constexpr,
+                      QK_CHUNKS: gl.constexpr = 1, QK_CHUNK: gl.constexpr = 0):
+        # K and V: one 64-row half per consumer, once, on one barrier. QK_CHUNKS > 1 (MLA): Q's
+        # and K's head dim in chunks of QK_CHUNK columns, a TMA and a buffer each (consumer c's
+        # K chunk j in buffer c * QK_CHUNKS + j, stage s's Q chunk j in s * QK_CHUNKS + j).
+        mbarrier.expect(kv_full.index(0), 2 * QK_CHUNKS * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
         for c in gl.static_range(2):
-            tma.async_copy_global_to_shared(k_desc, [off_b, off_hkv, n0 + c * KEYS, 0], kv_full.index(0),
-                                            k_smem.index(c))
+            for ch in gl.static_range(QK_CHUNKS):
+                tma.async_copy_global_to_shared(k_desc, [off_b, off_hkv, n0 + c * KEYS, ch * QK_CHUNK], kv_full.index(0),
+                                                k_smem.index(c * QK_CHUNKS + ch))
             tma.async_copy_global_to_shared(v_desc, [off_b, off_hkv, n0 + c * KEYS, 0], kv_full.index(0),
                                             v_smem.index(c))
         # Q_i and dO_i of every query tile of every head of the group, into the ring.
-        tile_bytes: gl.constexpr = q_desc.block_type.nbytes + do_desc.block_type.nbytes
+        tile_bytes: gl.constexpr = QK_CHUNKS * q_desc.block_type.nbytes + do_desc.block_type.nbytes
         it = 0
         for g in range(GROUP):
             off_h = off_hkv * GROUP + g
@@ -349,8 +368,9 @@ if gl is not None:
                 s = it % STAGES
                 mbarrier.wait(q_empty.index(s), ((it // STAGES) & 1) ^ 1)
                 mbarrier.expect(q_full.index(s), tile_bytes)
-                tma.async_copy_global_to_shared(q_desc, [off_b, off_h, t * BLOCK_M, 0], q_full.index(s),
-                                                q_smem.index(s))
+                for ch in gl.static_range(QK_CHUNKS):
+                    tma.async_copy_global_to_shared(q_desc, [off_b, off_h, t * BLOCK_M, ch * QK_CHUNK], q_full.index(s),
+                                                    q_smem.index(s * QK_CHUNKS + ch))
                 tma.async_copy_global_to_shared(do_desc, [off_b, off_h, t * BLOCK_M, 0], q_full.index(s),
                                                 do_smem.index(s))
                 it += 1
@@ -623,6 +643,132 @@ if gl is not None:
         tma.async_copy_shared_to_global(dv_desc, [off_b, off_hkv, key0, 0], v_c)
         tma.store_wait(pendings=0)
 
+    @gluon.jit
+    def _bwd_step_mla(it, t, q_smem, do_smem, k_smem, v_c, ds_buf, p_buf, dq_buf, q_full, q_empty,
+                      dk0, dk1, dk2, dv, lse_h, delta_h, dq_h, off_b, off_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
+                      BLOCK_M: gl.constexpr, STAGES: gl.constexpr, KEYS: gl.constexpr, CAUSAL: gl.constexpr,
+                      MASKED: gl.constexpr, CID: gl.constexpr, QK_CHUNK: gl.constexpr):
+        # One query tile for this consumer's 64 keys, MLA (Q's and K's head dim 3 x QK_CHUNK, V's
+        # and dO's whole): _bwd_step's order with queries as rows and dQ by TMA reduces from a
+        # swizzled buffer, but S and dK over the three chunks (S three chained products, dK three
+        # accumulators dk0-dk2, a chunk each) and dQ in three pieces of QK_CHUNK columns through
+        # one piece-sized buffer (shared memory has no room for a whole [BLOCK_M, 192] float32 one
+        # a consumer): each piece waits until the reduce of the one before has read it.
+        s = it % STAGES
+        do_s = do_smem.index(s)
+        mbarrier.wait(q_full.index(s), (it // STAGES) & 1)
+        sq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, KEYS, 16])
+        sc = gl.zeros([BLOCK_M, KEYS], gl.float32, layout=sq_layout)
+        dp = gl.zeros([BLOCK_M, KEYS], gl.float32, layout=sq_layout)
+        sc = warpgroup_mma(q_smem.index(s * 3), k_smem.index(CID * 3).permute((1, 0)), sc, use_acc=False,
+                           is_async=True)
+        sc = warpgroup_mma(q_smem.index(s * 3 + 1), k_smem.index(CID * 3 + 1).permute((1, 0)), sc, is_async=True)
+        sc = warpgroup_mma(q_smem.index(s * 3 + 2), k_smem.index(CID * 3 + 2).permute((1, 0)), sc, is_async=True)
+        dp = warpgroup_mma(do_s, v_c.permute((1, 0)), dp, use_acc=False, is_async=True)
+        qrows = t * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, sq_layout))
+        in_q = qrows < n_q
+        lse = gl.load(lse_h + qrows, mask=in_q, other=float("inf"))
+        delta = gl.load(delta_h + qrows, mask=in_q, other=0.0)
+        sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc, ))  # the three S products; dP may run on
+        pq = gl.exp2(sc * qk_scale - lse[:, None])
+        if MASKED:  # as _bwd_step's
+            c_idx = gl.arange(0, KEYS, layout=gl.SliceLayout(0, sq_layout))
+            visible = c_idx[None, :] < n_k - key0
+            if CAUSAL:
+                shift = t * BLOCK_M + diag - key0
+                r_idx = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, sq_layout))
+                visible = visible & (c_idx[None, :] - r_idx[:, None] <= shift)
+            pq = gl.where(visible, pq, 0.0)
+        dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
+        dsq = pq * (dp - delta[:, None])
+        # The previous tile's products that read these buffers completed at its last wait.
+        p_buf.store(pq.to(do_s.dtype))
+        ds_buf.store(dsq.to(do_s.dtype))
+        fence_async_shared()
+        dv = warpgroup_mma(p_buf.permute((1, 0)), do_s, dv, is_async=True)
+        dk0 = warpgroup_mma(ds_buf.permute((1, 0)), q_smem.index(s * 3), dk0, is_async=True)
+        dk1 = warpgroup_mma(ds_buf.permute((1, 0)), q_smem.index(s * 3 + 1), dk1, is_async=True)
+        dk2 = warpgroup_mma(ds_buf.permute((1, 0)), q_smem.index(s * 3 + 2), dk2, is_async=True)
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, QK_CHUNK, 16])
+        for h in gl.static_range(3):
+            dq = gl.zeros([BLOCK_M, QK_CHUNK], gl.float32, layout=dq_layout)
+            dq = warpgroup_mma(ds_buf, k_smem.index(CID * 3 + h), dq, use_acc=False, is_async=True)
+            if h == 0:
+                # wgmma groups complete in order: dV's and dK's too; stage s is read no more.
+                dv, dk0, dk1, dk2, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk0, dk1, dk2, dq))
+                mbarrier.arrive(q_empty.index(s), count=1)
+            else:
+                dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
+            # The previous piece's (or tile's) reduce has read the buffer: its issuing thread
+            # waits, and the warp group waits for that thread.
+            tma.store_wait(pendings=0)
+            gl.thread_barrier()
+            dq_buf.store(dq * sm_scale)
+            # Every thread's piece is in the buffer, seen by the async proxy; the descriptor bounds
+            # the head (rows past Nq dropped), 32 columns a reduce (128-byte swizzled rows).
+            fence_async_shared()
+            gl.thread_barrier()
+            for c in gl.static_range(QK_CHUNK // 32):
+                _tma_reduce_add(dq_h, [off_b, off_h, t * BLOCK_M, h * QK_CHUNK + c * 32], dq_buf.slice(c * 32, 32, dim=1))
+        return dk0, dk1, dk2, dv
+
+    @gluon.jit
+    def _bwd_consumer_mla(q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, kv_full, q_full, q_empty,
+                          lse_ptr, delta_ptr, dq_ptr, dk_desc, dv_desc,
+                          off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, rot, qk_scale, sm_scale,
+                          HEAD_DIM_V: gl.constexpr, QK_CHUNK: gl.constexpr, BLOCK_M: gl.constexpr,
+                          STAGES: gl.constexpr, KEYS: gl.constexpr, CID: gl.constexpr, CAUSAL: gl.constexpr,
+                          ROTATE: gl.constexpr):
+        # _bwd_consumer for MLA (_bwd_step_mla): dK in three accumulators of QK_CHUNK columns,
+        # leaving through K's three chunk buffers by a TMA store each (dk_desc's boxes are chunks).
+        dk_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, QK_CHUNK, 16])
+        dv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, HEAD_DIM_V, 16])
+        v_c = v_smem.index(CID)
+        ds_buf = ds_smem.index(CID)
+        p_buf = p_smem.index(CID)
+        dq_buf = dq_smem.index(CID)
+        key0 = n0 + CID * KEYS
+        diag = n_k - n_q
+        dk0 = gl.zeros([KEYS, QK_CHUNK], gl.float32, layout=dk_layout)
+        dk1 = gl.zeros([KEYS, QK_CHUNK], gl.float32, layout=dk_layout)
+        dk2 = gl.zeros([KEYS, QK_CHUNK], gl.float32, layout=dk_layout)
+        dv = gl.zeros([KEYS, HEAD_DIM_V], gl.float32, layout=dv_layout)
+        mbarrier.wait(kv_full.index(0), 0)
+        it = 0
+        for g in range(GROUP):
+            off_h = off_hkv * GROUP + g
+            row_base = (off_b * H_Q + off_h).to(gl.int64) * n_q
+            lse_h = lse_ptr + row_base
+            delta_h = delta_ptr + row_base
+            for t in range(t_first, t_whole):
+                dk0, dk1, dk2, dv = _bwd_step_mla(it, t, q_smem, do_smem, k_smem, v_c, ds_buf, p_buf, dq_buf, q_full,
+                                                  q_empty, dk0, dk1, dk2, dv, lse_h, delta_h, dq_ptr, off_b, off_h,
+                                                  key0, n_q, n_k, diag, qk_scale, sm_scale, BLOCK_M, STAGES, KEYS,
+                                                  CAUSAL, True, CID, QK_CHUNK)
+                it += 1
+            for j in range(t_whole, t_end):
+                t = _tile(j, t_whole, t_end, rot, ROTATE)
+                dk0, dk1, dk2, dv = _bwd_step_mla(it, t, q_smem, do_smem, k_smem, v_c, ds_buf, p_buf, dq_buf, q_full,
+                                                  q_empty, dk0, dk1, dk2, dv, lse_h, delta_h, dq_ptr, off_b, off_h,
+                                                  key0, n_q, n_k, diag, qk_scale, sm_scale, BLOCK_M, STAGES, KEYS,
+                                                  CAUSAL, False, CID, QK_CHUNK)
+                it += 1
+        # dK (times the softmax scale) and dV through K's chunk buffers and V_c's (no product reads
+        # them any more), TMA stores dropping rows past Nk; and the last dQ reduce's read.
+        k_smem.index(CID * 3).store((dk0 * sm_scale).to(v_c.dtype))
+        k_smem.index(CID * 3 + 1).store((dk1 * sm_scale).to(v_c.dtype))
+        k_smem.index(CID * 3 + 2).store((dk2 * sm_scale).to(v_c.dtype))
+        v_c.store(dv.to(v_c.dtype))
+        fence_async_shared()
+        for j in gl.static_range(3):
+            tma.async_copy_shared_to_global(dk_desc, [off_b, off_hkv, key0, j * QK_CHUNK], k_smem.index(CID * 3 + j))
+        tma.async_copy_shared_to_global(dv_desc, [off_b, off_hkv, key0, 0], v_c)
+        tma.store_wait(pendings=0)
+
     # Lengths and head counts as plain integers, as the forward does.
     @gluon.jit(do_not_specialize=("H_Q", "GROUP", "n_q", "n_k"))
     def _attn_bwd_sm90(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_ptr, H_Q, GROUP, n_q, n_k, qk_scale, sm_scale,
@@ -630,7 +776,22 @@ if gl is not None:
                        CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, SPLIT_DQ: gl.constexpr,
                        DQ_PARTS: gl.constexpr, QROWS: gl.constexpr, DQ_ADDS: gl.constexpr, ROTATE: gl.constexpr,
                        SUM_DQ: gl.constexpr, TMA_DQ: gl.constexpr, DQ_SWIZZLE: gl.constexpr,
-                       DS_REGS: gl.constexpr = False, PAIR_DQ: gl.constexpr = False):
+                       DS_REGS: gl.constexpr = False, PAIR_DQ: gl.constexpr = False, HEAD_DIM_V: gl.constexpr = 0,
+                       QK_CHUNK: gl.constexpr = 0):
+        # MLA (HEAD_DIM_V below HEAD_DIM, 0: the same): Q and K in chunks of QK_CHUNK columns
+        # (HEAD_DIM itself otherwise; 192 is no power of two, as Gluon's shapes must be), the
+        # consumers' _bwd_consumer_mla, with queries as rows and dQ by TMA reduces from swizzled
+        # piece buffers only (-tmar-sw; the other ways out are d64/d128's).
+        DV: gl.constexpr = HEAD_DIM if HEAD_DIM_V == 0 else HEAD_DIM_V
+        CHUNK: gl.constexpr = HEAD_DIM if QK_CHUNK == 0 else QK_CHUNK
+        QK_CHUNKS: gl.constexpr = HEAD_DIM // CHUNK
+        MLA: gl.constexpr = QK_CHUNKS > 1
+        gl.static_assert(QK_CHUNKS * CHUNK == HEAD_DIM and (QK_CHUNKS == 1 or QK_CHUNKS == 3),
+                         "Q's and K's chunks tile their head dim, in one chunk or three")
+        gl.static_assert(not MLA or (QROWS and TMA_DQ and DQ_SWIZZLE and not PAIR_DQ and not SUM_DQ and not DS_REGS
+                                     and not SPLIT_DQ and DQ_ADDS),
+                         "MLA's backward is written for -tmar-sw with queries as rows only")
+        gl.static_assert(MLA or DV == HEAD_DIM, "V's head dim differs from Q's only for MLA")
         KEYS: gl.constexpr = 64
         n0 = gl.program_id(0) * (2 * KEYS)
         off_bkv = gl.program_id(1)
@@ -657,10 +818,10 @@ if gl is not None:
 
         kv_smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        k_smem = gl.allocate_shared_memory(k_desc.dtype, [2, KEYS, HEAD_DIM], kv_smem_layout)
-        v_smem = gl.allocate_shared_memory(v_desc.dtype, [2, KEYS, HEAD_DIM], kv_smem_layout)
-        q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], kv_smem_layout)
-        do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], kv_smem_layout)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [2 * QK_CHUNKS, KEYS, CHUNK], kv_smem_layout)
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [2, KEYS, DV], kv_smem_layout)
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES * QK_CHUNKS, BLOCK_M, CHUNK], kv_smem_layout)
+        do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, DV], kv_smem_layout)
         if QROWS:
             # P and dS, queries as rows (each consumer's own).
             ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BLOCK_M, KEYS], ds_layout)
@@ -683,6 +844,9 @@ if gl is not None:
             dq_smem = gl.allocate_shared_memory(gl.float32, [1, BLOCK_M, HEAD_DIM], dq_layout)
             share_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
             share_smem = gl.allocate_shared_memory(gl.float32, [DQ_PARTS, BLOCK_M, HEAD_DIM // DQ_PARTS], share_layout)
+        elif MLA:  # a piece of CHUNK columns a consumer (_bwd_step_mla)
+            dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, CHUNK], dq_layout)
+            share_smem = dq_smem  # an alias, never used
         else:
             dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM], dq_layout)
             share_smem = dq_smem  # an alias, never used
@@ -703,25 +867,40 @@ if gl is not None:
             mbarrier.init(q_empty.index(s), count=2)
         fence_async_shared()
 
-        gl.warp_specialize([
-            (_bwd_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_full, q_full,
-                             q_empty, off_b, off_hkv, n0, GROUP, t_first, t_whole, t_end, rot, BLOCK_M, STAGES, KEYS,
-                             ROTATE)),
-            (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, share_smem, kv_full, q_full,
-                             q_empty,
-                             dq_ready, dq_free,
-                             lse_ptr, delta_ptr, dq_ptr, dk_desc, dv_desc,
-                             off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, rot, qk_scale, sm_scale,
-                             HEAD_DIM, BLOCK_M, STAGES, KEYS, 0, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, ROTATE,
-                             SUM_DQ, TMA_DQ, DQ_SWIZZLE, DS_REGS, PAIR_DQ)),
-            (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, share_smem, kv_full, q_full,
-                             q_empty,
-                             dq_ready, dq_free,
-                             lse_ptr, delta_ptr, dq_ptr, dk_desc, dv_desc,
-                             off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, rot, qk_scale, sm_scale,
-                             HEAD_DIM, BLOCK_M, STAGES, KEYS, 1, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, ROTATE,
-                             SUM_DQ, TMA_DQ, DQ_SWIZZLE, DS_REGS, PAIR_DQ)),
-        ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
+        if MLA:
+            gl.warp_specialize([
+                (_bwd_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_full, q_full,
+                                 q_empty, off_b, off_hkv, n0, GROUP, t_first, t_whole, t_end, rot, BLOCK_M, STAGES,
+                                 KEYS, ROTATE, QK_CHUNKS, CHUNK)),
+                (_bwd_consumer_mla, (q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, kv_full, q_full,
+                                     q_empty, lse_ptr, delta_ptr, dq_ptr, dk_desc, dv_desc,
+                                     off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, rot, qk_scale,
+                                     sm_scale, DV, CHUNK, BLOCK_M, STAGES, KEYS, 0, CAUSAL, ROTATE)),
+                (_bwd_consumer_mla, (q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, kv_full, q_full,
+                                     q_empty, lse_ptr, delta_ptr, dq_ptr, dk_desc, dv_desc,
+                                     off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, rot, qk_scale,
+                                     sm_scale, DV, CHUNK, BLOCK_M, STAGES, KEYS, 1, CAUSAL, ROTATE)),
+            ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
+        else:
+            gl.warp_specialize([
+                (_bwd_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_full, q_full,
+                                 q_empty, off_b, off_hkv, n0, GROUP, t_first, t_whole, t_end, rot, BLOCK_M, STAGES, KEYS,
+                                 ROTATE)),
+                (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, share_smem, kv_full, q_full,
+                                 q_empty,
+                                 dq_ready, dq_free,
+                                 lse_ptr, delta_ptr, dq_ptr, dk_desc, dv_desc,
+                                 off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, rot, qk_scale, sm_scale,
+                                 HEAD_DIM, BLOCK_M, STAGES, KEYS, 0, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, ROTATE,
+                                 SUM_DQ, TMA_DQ, DQ_SWIZZLE, DS_REGS, PAIR_DQ)),
+                (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, share_smem, kv_full, q_full,
+                                 q_empty,
+                                 dq_ready, dq_free,
+                                 lse_ptr, delta_ptr, dq_ptr, dk_desc, dv_desc,
+                                 off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, rot, qk_scale, sm_scale,
+                                 HEAD_DIM, BLOCK_M, STAGES, KEYS, 1, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, ROTATE,
+                                 SUM_DQ, TMA_DQ, DQ_SWIZZLE, DS_REGS, PAIR_DQ)),
+            ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -745,7 +924,7 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
         return "packed sequences take the existing backward"
     if not plain_variants(causal, variants):
         return "variants (window, softcap, ALiBi, sinks) take the existing backward"
-    if (reason := dense_reason(q, k, v)) is not None:
+    if (reason := dense_reason(q, k, v, head_dims=HEAD_DIM_PAIRS)) is not None:
         return reason
     if scale is not None and not (math.isfinite(scale) and scale > 0):
         return "a positive finite scale"
@@ -765,10 +944,14 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     contiguous float32 [B, Hq, Nq]; ``dq_acc`` contiguous float32 like q, zeroed; ``dk``, ``dv``
     contiguous like k."""
     batch, heads_q, n_q, head_dim = q.shape
-    heads_kv, n_k = k.shape[1], k.shape[2]
-    args = (descriptor(q, config.block_m), descriptor(do, config.block_m),
-            descriptor(k, KEYS_PER_CONSUMER), descriptor(v, KEYS_PER_CONSUMER),
-            descriptor(dk, KEYS_PER_CONSUMER), descriptor(dv, KEYS_PER_CONSUMER), lse, delta,
+    heads_kv, n_k, head_dim_v = k.shape[1], k.shape[2], v.shape[-1]
+    mla = head_dim_v != head_dim
+    if mla and config != default_config(head_dim, causal):
+        raise ValueError(f"config {config}: MLA's backward is written for {default_config(head_dim, causal)} only")
+    chunk = MLA_CHUNK if mla else None  # Q's, K's and dK's boxes: MLA's chunks, else whole rows
+    args = (descriptor(q, config.block_m, cols=chunk), descriptor(do, config.block_m),
+            descriptor(k, KEYS_PER_CONSUMER, cols=chunk), descriptor(v, KEYS_PER_CONSUMER),
+            descriptor(dk, KEYS_PER_CONSUMER, cols=chunk), descriptor(dv, KEYS_PER_CONSUMER), lse, delta,
             (descriptor(dq_acc, config.block_m, 128, 32) if config.dq_swizzle
              else descriptor(dq_acc, config.block_m, swizzle=0) if config.tma_dq else dq_acc),
             heads_q, heads_q // heads_kv, n_q, n_k, scale * LOG2E, scale)
@@ -778,6 +961,8 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
                   DQ_ADDS=config.dq_adds, ROTATE=config.rotate,
                   SUM_DQ=config.sum_dq, TMA_DQ=config.tma_dq,
                   DQ_SWIZZLE=config.dq_swizzle, DS_REGS=config.ds_regs, PAIR_DQ=config.pair_dq, num_warps=4)
+    if mla:
+        kwargs.update(HEAD_DIM_V=head_dim_v, QK_CHUNK=MLA_CHUNK, DQ_PARTS=head_dim // MLA_CHUNK)
     return args, kwargs, (triton.cdiv(n_k, BLOCK_N), batch * heads_kv)
 
 
@@ -789,7 +974,8 @@ def warmup(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scal
     config = default_config(head_dim, causal) if config is None else config
     lse = torch.empty((batch, heads_q, n_q), dtype=torch.float32, device=q.device)
     dq_acc = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-    args, kwargs, grid = launch_arguments(torch.empty_like(q), q, k, v, lse, torch.empty_like(lse), dq_acc,
+    do = torch.empty((batch, heads_q, n_q, v.shape[-1]), dtype=q.dtype, device=q.device)  # like O: V's head dim
+    args, kwargs, grid = launch_arguments(do, q, k, v, lse, torch.empty_like(lse), dq_acc,
                                           torch.empty_like(k), torch.empty_like(v), causal, scale, config)
     return _attn_bwd_sm90.warmup(*args, **kwargs, grid=grid)
 
@@ -818,8 +1004,9 @@ def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     caller checks :func:`unsupported_reason` first: this function does not."""
     batch, heads_q, n_q, head_dim = q.shape
     config = default_config(head_dim, causal) if config is None else config
-    if shared_bytes(config, head_dim) > SHARED_LIMIT:
-        raise ValueError(f"config {config} needs {shared_bytes(config, head_dim)} B of shared memory at d{head_dim}")
+    need = shared_bytes(config, head_dim, head_dim_v=v.shape[-1])
+    if need > SHARED_LIMIT:
+        raise ValueError(f"config {config} needs {need} B of shared memory at d{head_dim}")
     if not aligned(do):
         do = do.contiguous()
     delta = _delta(o, do)

@@ -110,6 +110,10 @@ while [ $# -gt 0 ]; do
     savewin) # three speed saves of the windowed case (separate processes): the Gluon windowed forward's program into the baseline
       for i in 1 2 3; do L=savewin$i; mj "$L" --cache /tmp/ac --timeout 80 -- --attnkit-impl=triton_flash,torch_sdpa --attnkit-suite=speed -k "causal-w4096" --attnkit-baseline-dir=/tmp/bl --attnkit-save-baseline | grep -E "exit status|wall time|outcomes"
         grep -E "gate  " /tmp/r/$L/pytest.log | head -2; pack "$L"; done; cp /tmp/bl/nvidia*.json "$OUT/" ;;
+    untried) # issue 42 v23: softcap and sinks through the Gluon forward (the switch on): the harness's cap/sinks cases
+      L=${1:-untried}; shift || true
+      ATTNKIT_TRITON_FLASH_GLUON_UNTRIED=1 mj "$L" --cache /tmp/ac --timeout 330 -- --attnkit-impl=triton_flash,torch_sdpa,torch_flex --attnkit-suite=correctness,speed "-kcap or sinks" --attnkit-baseline-dir=/tmp/bl | grep -E "exit status|wall time|outcomes"
+      grep -E "FAILED|forward: Gluon" /tmp/r/$L/pytest.log | cut -c1-200 | head -20; grep -A1 -E "^(triton_flash|torch_sdpa|torch_flex) +(fwd|bwd) .*cap30" /tmp/r/$L/pytest.log | head -12; pack "$L" ;;
     cmp) python3 tools/main_job_time.py compare /tmp/r/$1/attnkit-report.json /tmp/r/$2/attnkit-report.json | tail -15; shift 2 ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac

@@ -98,3 +98,28 @@ def test_the_compile_check_finds_an_arrival_no_barrier_orders() -> None:
                      "\t@!%p2 ld.shared.v2.b32 \t{%r1, %r2}, [%r9];",
                      "\t@%p9 mbarrier.arrive.expect_tx.shared.b64 _, [%r2263], 65536;"])
     assert compile_check.unbarriered_arrives(ptx) == ["gluon_backward.py:537"]
+
+
+def test_mla_takes_three_chunks_its_default_only_and_fits_in_shared_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLA (Q's and K's head dim 192, V's 128; implementations/triton_flash/NOTES.md v24): the
+    backward takes it on a Hopper (its device check stubbed) with its default configuration only,
+    dQ's buffers a 64-column piece a consumer, so that it fits in shared memory; other unequal head
+    dims are refused with the pairs it takes."""
+    from pytest_attnkit.implementations.triton_flash import gluon_common
+
+    monkeypatch.setattr(gluon_common, "device_reason", lambda device: None)
+    q = torch.zeros(1, 4, 256, 192, dtype=torch.bfloat16)
+    k = torch.zeros(1, 2, 200, 192, dtype=torch.bfloat16)
+    v = torch.zeros(1, 2, 200, 128, dtype=torch.bfloat16)
+    assert gluon_backward.unsupported_reason(q, k, v, True, 0.07) is None
+    assert "192 with V's 128" in gluon_backward.unsupported_reason(q, k, k, True, 0.07)  # V's 192
+    mla = gluon_backward.default_config(192, True)
+    assert str(mla) == str(gluon_backward.default_config(192, False)) == "m64s2-tmar-sw-r240"
+    need = gluon_backward.shared_bytes(mla, 192, head_dim_v=128)
+    # K and V, the Q/dO ring, P and dS, a [64, 64] float32 dQ piece a consumer, 7 barriers.
+    assert need == 128 * 320 * 2 + 2 * 64 * 320 * 2 + 4 * 64 * 64 * 2 + 2 * 64 * 64 * 4 + 8 * 7
+    assert need <= gluon_backward.SHARED_LIMIT < gluon_backward.shared_bytes(mla, 192)
+    lse = torch.empty(1, 4, 256)
+    with pytest.raises(ValueError, match="MLA's backward is written for"):
+        gluon_backward.launch_arguments(torch.empty(1, 4, 256, 128, dtype=torch.bfloat16), q, k, v, lse, lse,
+                                        q.float(), k, v, True, 0.07, gluon_backward.Config.parse("m64s2-tmar-sw-pair"))

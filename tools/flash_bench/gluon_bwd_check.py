@@ -59,7 +59,7 @@ import gluon_harness as harness  # noqa: E402
 from gluon_check import _flops, _inputs  # noqa: E402
 
 DTYPES = ("bfloat16", "float16")
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 192)  # 192: MLA, V's head dim 128 (gluon_check.value_dim); its default config only
 #: The configurations the defaults were chosen between (NOTES.md v20.8): one dQ reduce a tile or
 #: two, at d64's and d128's tiles (m64s3 does not fit at d128 and is skipped there).
 DEFAULT_VARIANTS = "m64s2-tmar-sw,m64s2-tmar-sw-pair,m64s3-tmar-sw,m64s3-tmar-sw-pair"
@@ -89,6 +89,8 @@ BENCH_SHAPES = (
     (4, 32, 4096, 64),
     (8, 16, 1024, 128),
 )
+#: Timed without variants (MLA's backward takes its default only).
+MLA_BENCH_SHAPES = ((4, 16, 4096, 192), )
 IMPLS = ("gluon", "sdpa_cudnn", "triton_flash")
 
 
@@ -132,7 +134,7 @@ def _check_case(case: dict, gb, tf_launch, device: str = "cuda") -> dict:
     shape, causal, head_dim = tuple(case["shape"]), case["causal"], case["head_dim"]
     q, k, v = _inputs(shape, case["dtype"], head_dim, case["seed"], device)
     generator = torch.Generator(device=device).manual_seed(case["seed"] + 1000)
-    do = torch.randn(q.shape, device=device, dtype=q.dtype, generator=generator)
+    do = torch.randn((*q.shape[:3], v.shape[-1]), device=device, dtype=q.dtype, generator=generator)  # like O
     scale = head_dim ** -0.5
     reason = gb.unsupported_reason(q, k, v, causal, scale)
     if reason is not None:
@@ -181,7 +183,7 @@ def _bench_case(case: dict, gb, tf_launch) -> dict:
     batch, heads, n, head_dim = case["shape"]
     causal = case["causal"]
     q, k, v = _inputs((batch, heads, heads, n, n), "bfloat16", head_dim, 1234)
-    do = torch.randn_like(q)
+    do = torch.randn((*q.shape[:3], v.shape[-1]), device=q.device, dtype=q.dtype)  # like O
     scale = head_dim ** -0.5
     flops = 2.5 * _flops(batch, heads, n, head_dim, causal)
     result = {"flops": flops, "ms": {}, "tflops": {}, "max_diff_vs_cudnn": {}}
@@ -303,7 +305,7 @@ def correctness_cases(variants: list[str], default_config) -> list[dict]:
 
 def bench_cases(variants: list[str]) -> list[dict]:
     cases = []
-    for batch, heads, n, head_dim in BENCH_SHAPES:
+    for batch, heads, n, head_dim in BENCH_SHAPES + MLA_BENCH_SHAPES:
         for causal in (False, True):
             label = harness.case_label(batch, heads, n, head_dim, causal)
             cases.append({"id": label, "shape": [batch, heads, n, head_dim], "causal": causal})
@@ -342,7 +344,7 @@ def report(correct: dict, bench: dict, variants: list[str], hello: dict, gb) -> 
     lines.append("")
     lines.append("| case | gluon bwd | sdpa cuDNN bwd | triton_flash bwd | gluon / cuDNN | triton_flash / cuDNN |")
     lines.append("|---|---|---|---|---|---|")
-    for batch, heads, n, head_dim in BENCH_SHAPES:
+    for batch, heads, n, head_dim in BENCH_SHAPES + MLA_BENCH_SHAPES:
         for causal in (False, True):
             label = harness.case_label(batch, heads, n, head_dim, causal)
             t = bench.get(label, {}).get("tflops", {})
@@ -404,9 +406,12 @@ def main() -> int:
         for head_dim in HEAD_DIMS:
             for causal in (False, True):
                 extra = variants + [v for v in TIMING_ONLY if v not in variants] if dtype == "bfloat16" else []
+                if gluon_check.value_dim(head_dim) != head_dim:
+                    extra = []  # MLA: the default configuration only (launch_arguments refuses others)
                 for config in [str(gb.default_config(head_dim, causal))] + extra:
                     key = (dtype, head_dim, causal, config)
-                    if key not in seen and gb.shared_bytes(gb.Config.parse(config), head_dim) <= gb.SHARED_LIMIT:
+                    need = gb.shared_bytes(gb.Config.parse(config), head_dim, head_dim_v=gluon_check.value_dim(head_dim))
+                    if key not in seen and need <= gb.SHARED_LIMIT:
                         seen.add(key)
                         specs.append({"id": f"{dtype} d{head_dim} {'causal' if causal else 'full'} {config}",
                                       "dtype": dtype, "head_dim": head_dim, "causal": causal, "config": config})

@@ -24,7 +24,7 @@ os.environ.pop("TRITON_INTERPRET", None)
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from gluon_compile import (_hazards, _opcode, _sass, compile_matrix, compile_parser, config_matrix,  # noqa: E402
+from gluon_compile import (_hazards, _opcode, _sass, compile_matrix, compile_parser, config_matrix, value_dim,  # noqa: E402
                            ensure_package, ptx_counts, stand_in_target)
 
 
@@ -113,11 +113,17 @@ def main() -> int:
     extra = [] if args.quick else ["m64s2", "m64s3", "m128s2", "m64s2-split", "m64s2-q128", "m64s2-krows",
                                      "m64s2-rot", "m64s2-sum", "m64s2-tmar"]
     matrix = config_matrix(gb, args.quick, extra + args.config)
+    # MLA (Q's and K's head dim above V's): its default, causal and not, in each dtype.
+    dtypes = (torch.bfloat16,) if args.quick else (torch.bfloat16, torch.float16)
+    matrix += [(head_dim, causal, dtype, gb.default_config(head_dim, causal))
+               for head_dim, head_dim_v in gb.HEAD_DIM_PAIRS if head_dim_v != head_dim
+               for causal in (False, True) for dtype in dtypes]
 
     def warm(head_dim, causal, dtype, config):
         q = torch.empty(1, 4, 1000, head_dim, dtype=dtype)
         k = torch.empty(1, 2, 900, head_dim, dtype=dtype)  # GQA and Nq != Nk: one kernel serves all
-        return gb.warmup(q, k, torch.empty_like(k), causal, head_dim ** -0.5, config)
+        v = torch.empty(1, 2, 900, value_dim(gb, head_dim), dtype=dtype)
+        return gb.warmup(q, k, v, causal, head_dim ** -0.5, config)
 
     failures, spilled = compile_matrix(gb, matrix, "bwd ", warm, describe, args.dump, 3000)
     print("OK" if failures == 0 else f"{failures} configuration(s) failed, spilled or did not fit"
