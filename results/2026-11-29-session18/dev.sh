@@ -114,6 +114,13 @@ while [ $# -gt 0 ]; do
       L=${1:-untried}; shift || true
       ATTNKIT_TRITON_FLASH_GLUON_UNTRIED=1 mj "$L" --cache /tmp/ac --timeout 330 -- --attnkit-impl=triton_flash,torch_sdpa,torch_flex --attnkit-suite=correctness,speed "-kcap or sinks" --attnkit-baseline-dir=/tmp/bl | grep -E "exit status|wall time|outcomes"
       grep -E "FAILED|forward: Gluon" /tmp/r/$L/pytest.log | cut -c1-200 | head -20; grep -A1 -E "^(triton_flash|torch_sdpa|torch_flex) +(fwd|bwd) .*cap30" /tmp/r/$L/pytest.log | head -12; pack "$L" ;;
+    mlabwd) # issue 42 v24: the Gluon backward's MLA: its check (no variants; d64/d128/d192), then the harness's d192 cases with the switch on
+      L=${1:-mlabwd}; shift || true; mkdir -p /tmp/r/$L $OUT/$L; nvidia-smi --query-gpu=name,serial --format=csv,noheader > $OUT/$L/device.txt; date -u >> $OUT/$L/device.txt
+      timeout 300 python3 tools/flash_bench/gluon_bwd_check.py --out /tmp/r/$L/check --variants "" --case-timeout 60 > /tmp/r/$L/check.log 2>&1; echo "bwdcheck rc $?"
+      cp /tmp/r/$L/check/check.md $OUT/$L/ 2>/dev/null; gzip -c /tmp/r/$L/check/check.json > $OUT/$L/check.json.gz 2>/dev/null; tail -3 /tmp/r/$L/check.log > $OUT/$L/check-tail.txt
+      grep -E "FAIL|hung|ERROR" /tmp/r/$L/check.log | head -20; grep -E "d192|passed" /tmp/r/$L/check/check.md | head -12
+      ATTNKIT_TRITON_FLASH_GLUON_BWD=1 mj "$L-harness" --cache /tmp/ac --timeout 200 -- --attnkit-impl=triton_flash,torch_sdpa --attnkit-suite=correctness,speed -k d192 --attnkit-baseline-dir=/tmp/bl | grep -E "exit status|wall time|outcomes"
+      grep -A1 -E "^(triton_flash|torch_sdpa) +bwd .*d192" /tmp/r/$L-harness/pytest.log | head -8; grep FAILED /tmp/r/$L-harness/pytest.log | head; pack "$L-harness" ;;
     cmp) python3 tools/main_job_time.py compare /tmp/r/$1/attnkit-report.json /tmp/r/$2/attnkit-report.json | tail -15; shift 2 ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
