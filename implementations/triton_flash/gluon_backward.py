@@ -376,6 +376,33 @@ if gl is not None:
                 it += 1
 
     @gluon.jit
+    def _rows_lse_delta(lse_h, delta_h, t, n_q, sq_layout: gl.constexpr, BLOCK_M: gl.constexpr):
+        # Query tile t's L and delta, a row's each (queries as S's rows); rows past Nq: L = +inf
+        # (P = 0) and delta = 0.
+        qrows = t * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, sq_layout))
+        in_q = qrows < n_q
+        lse = gl.load(lse_h + qrows, mask=in_q, other=float("inf"))
+        delta = gl.load(delta_h + qrows, mask=in_q, other=0.0)
+        return lse, delta
+
+    @gluon.jit
+    def _probabilities(sc, lse, t, key0, n_k, diag, qk_scale, sq_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+                       KEYS: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr):
+        # P = exp2(c S - L), queries as rows. MASKED: keys past Nk (the last key block), and under
+        # causal key j = key0 + c seen by query i = t * BLOCK_M + r iff c - r <= shift: local
+        # indices only, which ptxas derives from the lane (no 16 key registers).
+        pq = gl.exp2(sc * qk_scale - lse[:, None])
+        if MASKED:
+            c_idx = gl.arange(0, KEYS, layout=gl.SliceLayout(0, sq_layout))
+            visible = c_idx[None, :] < n_k - key0
+            if CAUSAL:
+                shift = t * BLOCK_M + diag - key0
+                r_idx = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, sq_layout))
+                visible = visible & (c_idx[None, :] - r_idx[:, None] <= shift)
+            pq = gl.where(visible, pq, 0.0)
+        return pq
+
+    @gluon.jit
     def _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, p_buf, dq_smem, share_smem, dq_ready, dq_free, q_full, q_empty,
                   dk, dv,
                   lse_h, delta_h, dq_h, off_b, off_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
@@ -403,23 +430,9 @@ if gl is not None:
             dp = gl.zeros([BLOCK_M, KEYS], gl.float32, layout=sq_layout)
             sc = warpgroup_mma(q_s, k_c.permute((1, 0)), sc, use_acc=False, is_async=True)
             dp = warpgroup_mma(do_s, v_c.permute((1, 0)), dp, use_acc=False, is_async=True)
-            qrows = t * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, sq_layout))
-            in_q = qrows < n_q
-            lse = gl.load(lse_h + qrows, mask=in_q, other=float("inf"))
-            delta = gl.load(delta_h + qrows, mask=in_q, other=0.0)
+            lse, delta = _rows_lse_delta(lse_h, delta_h, t, n_q, sq_layout, BLOCK_M)
             sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc, ))
-            pq = gl.exp2(sc * qk_scale - lse[:, None])
-            if MASKED:
-                # Keys past Nk (the last key block), and under causal key j = key0 + c seen by
-                # query i = t * BLOCK_M + r iff c - r <= shift: local indices only, which ptxas
-                # derives from the lane (no 16 key registers).
-                c_idx = gl.arange(0, KEYS, layout=gl.SliceLayout(0, sq_layout))
-                visible = c_idx[None, :] < n_k - key0
-                if CAUSAL:
-                    shift = t * BLOCK_M + diag - key0
-                    r_idx = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, sq_layout))
-                    visible = visible & (c_idx[None, :] - r_idx[:, None] <= shift)
-                pq = gl.where(visible, pq, 0.0)
+            pq = _probabilities(sc, lse, t, key0, n_k, diag, qk_scale, sq_layout, BLOCK_M, KEYS, CAUSAL, MASKED)
             dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
             dsq = pq * (dp - delta[:, None])
             # The previous tile's products that read these buffers completed at its last wait.
@@ -666,20 +679,9 @@ if gl is not None:
         sc = warpgroup_mma(q_smem.index(s * 3 + 1), k_smem.index(CID * 3 + 1).permute((1, 0)), sc, is_async=True)
         sc = warpgroup_mma(q_smem.index(s * 3 + 2), k_smem.index(CID * 3 + 2).permute((1, 0)), sc, is_async=True)
         dp = warpgroup_mma(do_s, v_c.permute((1, 0)), dp, use_acc=False, is_async=True)
-        qrows = t * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, sq_layout))
-        in_q = qrows < n_q
-        lse = gl.load(lse_h + qrows, mask=in_q, other=float("inf"))
-        delta = gl.load(delta_h + qrows, mask=in_q, other=0.0)
+        lse, delta = _rows_lse_delta(lse_h, delta_h, t, n_q, sq_layout, BLOCK_M)
         sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc, ))  # the three S products; dP may run on
-        pq = gl.exp2(sc * qk_scale - lse[:, None])
-        if MASKED:  # as _bwd_step's
-            c_idx = gl.arange(0, KEYS, layout=gl.SliceLayout(0, sq_layout))
-            visible = c_idx[None, :] < n_k - key0
-            if CAUSAL:
-                shift = t * BLOCK_M + diag - key0
-                r_idx = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, sq_layout))
-                visible = visible & (c_idx[None, :] - r_idx[:, None] <= shift)
-            pq = gl.where(visible, pq, 0.0)
+        pq = _probabilities(sc, lse, t, key0, n_k, diag, qk_scale, sq_layout, BLOCK_M, KEYS, CAUSAL, MASKED)
         dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
         dsq = pq * (dp - delta[:, None])
         # The previous tile's products that read these buffers completed at its last wait.
