@@ -45,6 +45,6 @@ def test_reference_and_threshold_hooks(pytester: pytest.Pytester, fake_dist, mon
     result.assert_outcomes(passed=2)  # six times slower, but under the hook's threshold
     result.stdout.fnmatch_lines([
         "gate against *",
-        "  machine factor * from good (the reference itself is gated without it)*",
+        "  machine factor * from good (the reference itself is gated without it;*",
         "repeated *fwd *b1-h2-q256-k256-d64-fp32 * 10000.0% *",
     ])
