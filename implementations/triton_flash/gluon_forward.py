@@ -7,7 +7,8 @@ every other GPU, case and variant (ALiBi: NOTES.md, v19; windows: v22, the one-i
 only the key tiles its rows see, the window's left edge masked as the diagonal is). Softcap (the
 SFU's tanh before ALiBi and the masks) and sinks (joined in the epilogue) are written and
 compile-checked, not yet run on a GPU (v23): :func:`.launch.gluon_path` sends them here only with
-``ATTNKIT_TRITON_FLASH_GLUON_UNTRIED=1``. On H100s it ran right on 168 of 168 checked cases, three times
+``ATTNKIT_TRITON_FLASH_GLUON_UNTRIED=1``, as it does a window with ALiBi and MLA with a window
+or ALiBi (each ran alone on an H200, not together). On H100s it ran right on 168 of 168 checked cases, three times
 bit-identical, at 0.87-1.24x cuDNN (NOTES.md, v13 and v13.1; results/2026-11-25-h100-session3,
 results/2026-11-26-gpus). MLA (NOTES.md, v21): Q and K reach the products in three chunks of 64
 columns (:func:`qk_chunk`; Gluon's shapes are powers of two), three chained ``wgmma`` a QK^T
@@ -962,7 +963,7 @@ if gl is not None:
 
     # Lengths and head counts as plain integers: specializing them (== 1, % 16) only multiplies
     # compilations; nothing here loads along them with pointer arithmetic.
-    @gluon.jit(do_not_specialize=("stride_lb", "stride_lh", "H_Q", "GROUP", "n_q", "n_k"))
+    @gluon.jit(do_not_specialize=("stride_lb", "stride_lh", "H_Q", "GROUP", "n_q", "n_k", "win_left", "win_right"))
     def _attn_fwd_sm90(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_lh,
                        H_Q, GROUP, n_q, n_k, qk_scale, slopes_ptr, descale_ptr, win_left, win_right, cap_scale,
                        sinks_ptr,
@@ -1126,8 +1127,9 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
     float16/bfloat16 q, k, v on a Hopper GPU (sm_90), head dim 64 or 128 (V's the same) or MLA's
     192 with V's 128 (:data:`HEAD_DIM_PAIRS`), GQA/MQA
     (Hq a multiple of Hkv), causal or not, any lengths >= 1, a positive scale, strides TMA can
-    address (head dim contiguous, the rest multiples of 16 bytes), ALiBi. Not: varlen, paged KV,
-    windows, softcap, sinks, float32, FP8, other head dims."""
+    address (head dim contiguous, the rest multiples of 16 bytes), ALiBi, sliding windows, softcap,
+    sinks (:func:`.launch.gluon_path` sends the combinations no GPU has run yet only with its
+    untried switch). Not: varlen, paged KV, float32, FP8, other head dims."""
     if layout is not None:
         return "packed sequences and paged KV caches take the existing kernels"
     if not plain_variants(causal, variants, alibi=True, window=True, softcap=True, sinks=True):
@@ -1155,8 +1157,9 @@ def band(causal: bool, window: tuple[int, int] | None) -> tuple[int, int]:
     unbounded, as the contract's): an unbounded side as :data:`UNBOUNDED`, causal folded into the
     right side (at most 0)."""
     left, right = window if window is not None else (-1, -1)
-    left = UNBOUNDED if left < 0 else left
-    right = UNBOUNDED if right < 0 else right
+    # A side past any length is unbounded too: 2**31 - 1 would wrap ``row + Nk - Nq + side``.
+    left = UNBOUNDED if left < 0 else min(left, UNBOUNDED)
+    right = UNBOUNDED if right < 0 else min(right, UNBOUNDED)
     return left, min(right, 0) if causal else right
 
 

@@ -426,8 +426,9 @@ class Variants:
         """(left, right) of the band ``-right <= i + Nk - Nq - j <= left``, causal folded in, an
         unbounded side :data:`_UNBOUNDED`."""
         left, right = self.window if self.window is not None else (-1, -1)
-        left = _UNBOUNDED if left < 0 else left
-        right = _UNBOUNDED if right < 0 else right
+        # A side past any length is unbounded too: 2**31 - 1 would wrap the kernels' int32 sums.
+        left = _UNBOUNDED if left < 0 else min(left, _UNBOUNDED)
+        right = _UNBOUNDED if right < 0 else min(right, _UNBOUNDED)
         return left, min(right, 0) if self.causal else right
 
     @property
@@ -592,16 +593,24 @@ def _gluon_off() -> bool:
     return os.environ.get("ATTNKIT_TRITON_FLASH_GLUON", "1") == "0"
 
 
-#: Opts in to the Gluon forward's softcap and sinks, which are compile-checked and not yet run on
-#: a GPU (NOTES.md, v23): until a GPU run shows them right, calls with either take the Triton
+#: Opts in to what the Gluon forward can run and no GPU has run yet: softcap and sinks (compile-
+#: checked, NOTES.md v23), a window with ALiBi, and MLA with a window or ALiBi (each ran alone on an
+#: H200, v19, v21, v22, not together). Until a GPU run shows them right, such calls take the Triton
 #: kernels unless this is "1".
 UNTRIED_SWITCH = "ATTNKIT_TRITON_FLASH_GLUON_UNTRIED"
 
 
-def _untried_reason(variants: Variants) -> str | None:
-    """Why a call the Gluon forward can run stays on the Triton kernels for now (None: it need not)."""
-    if (variants.softcap or variants.sinks is not None) and os.environ.get(UNTRIED_SWITCH) != "1":
-        return (f"softcap and sinks through the Gluon forward are compile-checked, not yet run on a GPU "
+def _untried_reason(variants: Variants, mla: bool) -> str | None:
+    """Why a call the Gluon forward can run stays on the Triton kernels for now (None: it need not);
+    ``mla``: V's head dim differs from Q's."""
+    if os.environ.get(UNTRIED_SWITCH) == "1":
+        return None
+    alibi, window = variants.alibi_slopes is not None, variants.window is not None
+    untried = [name for name, asked in (("softcap", bool(variants.softcap)), ("sinks", variants.sinks is not None),
+                                        ("a window with ALiBi", window and alibi),
+                                        ("MLA with a window or ALiBi", mla and (window or alibi))) if asked]
+    if untried:
+        return (f"{', '.join(untried)} through the Gluon forward: compile-checked, not yet run on a GPU "
                 f"({UNTRIED_SWITCH}=1 takes them)")
     return None
 
@@ -618,7 +627,7 @@ def gluon_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, variants: Vari
     from . import gluon_forward
 
     reason = gluon_forward.unsupported_reason(q, k, v, variants.causal, scale, variants=variants, layout=layout)
-    return reason if reason is not None else _untried_reason(variants)
+    return reason if reason is not None else _untried_reason(variants, v.shape[-1] != q.shape[-1])
 
 
 def path_note(device: torch.device) -> str:
@@ -630,8 +639,8 @@ def path_note(device: torch.device) -> str:
     reason = gluon_forward.device_reason(device)
     if reason is not None:
         return f"forward: Triton kernels (the Gluon forward needs {reason})"
-    untried = ("softcap and sinks too (untried: " + UNTRIED_SWITCH + "=1)" if os.environ.get(UNTRIED_SWITCH) == "1"
-               else "not softcap or sinks yet")
+    untried = ("softcap, sinks and the untried combinations too (" + UNTRIED_SWITCH + "=1)"
+               if os.environ.get(UNTRIED_SWITCH) == "1" else "not softcap, sinks or untried combinations yet")
     return ("forward: Gluon (sm_90) on dense fp16/bf16 d64/d128 and d192/dv128 (MLA), causal or not, ALiBi, "
             f"windows, {untried}; " + _gluon_fp8_note() + "; Triton kernels for the rest and the backward")
 

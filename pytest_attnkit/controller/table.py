@@ -760,7 +760,10 @@ def markdown(document: dict[str, Any]) -> str:
         if not speed["gate"]:
             out += [" ".join(gate_lines(document))]
         else:
-            out += [f"Against {speed.get('baseline_file')}; machine factor {speed['machine_factor']:.3f}.", "",
+            counts = speed.get("machine_factor_cases")
+            over = (f" (over {counts[0]} of the reference's {counts[1]} cases: those that synchronize or whose "
+                    "saved runs disagree are left out)" if counts and counts[0] < counts[1] else "")
+            out += [f"Against {speed.get('baseline_file')}; machine factor {speed['machine_factor']:.3f}{over}.", "",
                     *markdown_table(gate_section(document))]
         out.append("")
     if document.get("against"):

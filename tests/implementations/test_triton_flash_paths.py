@@ -159,12 +159,12 @@ def test_mla_is_the_gluon_forward_s_and_other_unequal_head_dims_are_not(monkeypa
     assert "192 with V's 128" in gluon_backward.unsupported_reason(*tensors(128, 64), True, 0.07)
 
 
-def test_softcap_and_sinks_take_the_gluon_forward_only_when_asked_until_a_gpu_ran_them(
+def test_untried_variants_take_the_gluon_forward_only_when_asked_until_a_gpu_ran_them(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """The Gluon forward's softcap and sinks are compile-checked, not yet run on a GPU: on a
-    Hopper (its device checks stubbed) launch keeps such calls on the Triton kernels and says why,
-    unless ATTNKIT_TRITON_FLASH_GLUON_UNTRIED=1; windows and ALiBi, run on an H200, need no switch.
-    The header says which."""
+    """What the Gluon forward can run and no GPU ran yet - softcap, sinks, a window with ALiBi, MLA
+    with a window or ALiBi - stays on the Triton kernels on a Hopper (its device checks stubbed),
+    saying why, unless ATTNKIT_TRITON_FLASH_GLUON_UNTRIED=1; windows, ALiBi and MLA alone, each run
+    on an H200, need no switch. The header says which."""
     from pytest_attnkit.implementations.triton_flash import gluon_common, gluon_forward
 
     monkeypatch.delenv(launch.UNTRIED_SWITCH, raising=False)
@@ -172,13 +172,47 @@ def test_softcap_and_sinks_take_the_gluon_forward_only_when_asked_until_a_gpu_ra
     monkeypatch.setattr(gluon_common, "device_reason", lambda device: None)
     monkeypatch.setattr(gluon_forward, "device_reason", lambda device: None)
     q = _dense()
-    capped, sunk = launch.Variants(softcap=30.0), launch.Variants(causal=True, sinks=torch.ones(2))
-    for variants in (capped, sunk):
-        reason = launch.gluon_path(q, q, q, variants, None, 0.125)
-        assert reason is not None and launch.UNTRIED_SWITCH in reason and "not yet run on a GPU" in reason
-    assert launch.gluon_path(q, q, q, launch.Variants(causal=True, window=(8, 0)), None, 0.125) is None
-    assert "not softcap or sinks yet" in launch.path_note(torch.device("cuda"))
+    mla_q, mla_v = torch.zeros(1, 2, 128, 192, dtype=torch.float16), torch.zeros(1, 2, 128, 128, dtype=torch.float16)
+    slopes = torch.ones(2)
+    untried = [(q, q, launch.Variants(softcap=30.0), "softcap"),
+               (q, q, launch.Variants(causal=True, sinks=torch.ones(2)), "sinks"),
+               (q, q, launch.Variants(causal=True, window=(8, 0), alibi_slopes=slopes), "a window with ALiBi"),
+               (mla_q, mla_v, launch.Variants(causal=True, window=(8, 0)), "MLA with a window or ALiBi"),
+               (mla_q, mla_v, launch.Variants(alibi_slopes=slopes), "MLA with a window or ALiBi")]
+    for q_in, v_in, variants, words in untried:
+        reason = launch.gluon_path(q_in, q_in, v_in, variants, None, 0.125)
+        assert reason is not None and words in reason and launch.UNTRIED_SWITCH in reason, (words, reason)
+    tried = [(q, q, launch.Variants(causal=True, window=(8, 0))), (q, q, launch.Variants(alibi_slopes=slopes)),
+             (mla_q, mla_v, launch.Variants(causal=True))]
+    for q_in, v_in, variants in tried:
+        assert launch.gluon_path(q_in, q_in, v_in, variants, None, 0.125) is None
+    assert "not softcap, sinks or untried combinations yet" in launch.path_note(torch.device("cuda"))
     monkeypatch.setenv(launch.UNTRIED_SWITCH, "1")
-    assert launch.gluon_path(q, q, q, capped, None, 0.125) is None
-    assert launch.gluon_path(q, q, q, sunk, None, 0.125) is None
-    assert "softcap and sinks too (untried" in launch.path_note(torch.device("cuda"))
+    for q_in, v_in, variants, _ in untried:
+        assert launch.gluon_path(q_in, q_in, v_in, variants, None, 0.125) is None
+    assert "the untried combinations too" in launch.path_note(torch.device("cuda"))
+
+
+def test_the_launch_hands_the_gluon_forward_every_variant(monkeypatch: pytest.MonkeyPatch) -> None:
+    """launch._launch_gluon passes the window, softcap, sinks and ALiBi on: one dropped would run
+    attention without it, right-shaped and wrong, on every Hopper."""
+    from pytest_attnkit.implementations.triton_flash import gluon_forward
+
+    seen = {}
+    monkeypatch.setattr(gluon_forward, "flash_fwd", lambda *args, **kwargs: seen.update(kwargs))
+    q = _dense()
+    slopes, sinks = torch.ones(2), torch.ones(2)
+    variants = launch.Variants(causal=True, window=(16, 0), softcap=20.0, alibi_slopes=slopes, sinks=sinks)
+    problem = launch._Problem(q, q, q, 0.125, variants, None)
+    launch._launch_gluon(problem, *problem.outputs(), None)
+    assert seen["window"] == (16, 0) and seen["softcap"] == 20.0
+    assert seen["alibi_slopes"] is slopes and seen["sinks"] is sinks
+
+
+def test_a_window_side_past_any_length_is_unbounded_not_wrapped() -> None:
+    """A side of 2**31 - 1 (as int32 the kernels' row + Nk - Nq + side wraps) is the unbounded
+    2**30, in the Gluon forward's band and the Triton kernels' alike."""
+    from pytest_attnkit.implementations.triton_flash import gluon_forward
+
+    assert gluon_forward.band(False, (2**31 - 1, 2**31 - 1)) == (1 << 30, 1 << 30)
+    assert launch.Variants(window=(2**31 - 1, 5)).band() == (1 << 30, 5)

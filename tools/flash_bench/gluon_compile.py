@@ -231,7 +231,8 @@ def describe(compiled, shared_limit: int) -> tuple[str, bool]:
         loop = "product loops not found"
     else:
         inside, total = _overlap(loops[0])
-        loop = (f"{len(loops)} product loops, the first (whole tiles) {len(loops[0])} instrs with "
+        loop = (f"{len(loops)} product loops, the first (whole tiles; with a window, its masked left edge) "
+                f"{len(loops[0])} instrs with "
                 f"{inside}/{total} MUFU under the PV product; {len(hazards)} touches of in-flight wgmma "
                 f"registers in them")
         if hazards:
