@@ -112,7 +112,7 @@ while [ $# -gt 0 ]; do
         grep -E "gate  " /tmp/r/$L/pytest.log | head -2; pack "$L"; done; cp /tmp/bl/nvidia*.json "$OUT/" ;;
     untried) # issue 42 v23: softcap and sinks through the Gluon forward (the switch on): the harness's cap/sinks cases
       L=${1:-untried}; shift || true
-      ATTNKIT_TRITON_FLASH_GLUON_UNTRIED=1 mj "$L" --cache /tmp/ac --timeout 330 -- --attnkit-impl=triton_flash,torch_sdpa,torch_flex --attnkit-suite=correctness,speed "-kcap or sinks" --attnkit-baseline-dir=/tmp/bl | grep -E "exit status|wall time|outcomes"
+      ATTNKIT_TRITON_FLASH_GLUON_UNTRIED=1 mj "$L" --cache /tmp/ac --timeout 330 -- --attnkit-impl=triton_flash,torch_sdpa,torch_flex --attnkit-suite=correctness,speed "-kcap or sinks or alibi or d192" --attnkit-baseline-dir=/tmp/bl | grep -E "exit status|wall time|outcomes"
       grep -E "FAILED|forward: Gluon" /tmp/r/$L/pytest.log | cut -c1-200 | head -20; grep -A1 -E "^(triton_flash|torch_sdpa|torch_flex) +(fwd|bwd) .*cap30" /tmp/r/$L/pytest.log | head -12; pack "$L" ;;
     mlabwd) # issue 42 v24: the Gluon backward's MLA: its check (no variants; d64/d128/d192), then the harness's d192 cases with the switch on
       L=${1:-mlabwd}; shift || true; mkdir -p /tmp/r/$L $OUT/$L; nvidia-smi --query-gpu=name,serial --format=csv,noheader > $OUT/$L/device.txt; date -u >> $OUT/$L/device.txt
