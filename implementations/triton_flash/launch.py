@@ -618,9 +618,10 @@ def _untried_reason(variants: Variants, mla: bool) -> str | None:
 def gluon_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, variants: Variants, layout: object,
                scale: float) -> str | None:
     """None where the forward runs the Gluon kernel (:mod:`.gluon_forward`: Hopper, fp16/bf16,
-    d64/d128 or MLA's d192 with V's d128, plain or causal, ALiBi, a sliding window, dense; softcap
-    and sinks only with :data:`UNTRIED_SWITCH`), else why it takes the Triton kernels. On an H100
-    it ran 0.86-1.13x cuDNN where this module's kernel ran 0.73-0.88x (NOTES.md, v13).
+    d64/d128 or MLA's d192 with V's d128, plain or causal, ALiBi, a sliding window, dense; softcap,
+    sinks and the combinations no GPU ran only with :data:`UNTRIED_SWITCH`), else why it takes the
+    Triton kernels. On an H100 it ran 0.86-1.13x cuDNN where this module's kernel ran 0.73-0.88x
+    (NOTES.md, v13).
     ``ATTNKIT_TRITON_FLASH_GLUON=0`` turns it off."""
     if _gluon_off():
         return "turned off by ATTNKIT_TRITON_FLASH_GLUON=0"
