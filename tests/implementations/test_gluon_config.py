@@ -136,3 +136,24 @@ def test_mla_takes_the_one_item_grid_with_o_over_q_and_fits_in_shared_memory() -
         for n_k in (None, 1024, 4096, 16384):
             assert str(gf.default_config(192, causal, n_k, 128)) == "n128s2-eager-r240"
     assert (192, 128) in gf.HEAD_DIM_PAIRS and (192, 192) not in gf.HEAD_DIM_PAIRS
+
+
+def test_the_window_tile_model_holds_against_the_contract_s_mask_and_catches_an_early_whole_tile() -> None:
+    """tools/flash_bench/gluon_model.py mirrors the Gluon forward's tile ranges under a sliding
+    window (the kernel itself runs only on a GPU): every visible key walked, no tile past the last,
+    the unmasked tiles whole for every row, against pytest_attnkit.masks.visibility_mask; the whole
+    tiles planted one tile early fail it."""
+    import sys
+    from pathlib import Path
+
+    tools = Path(__file__).resolve().parents[2] / "tools" / "flash_bench"
+    sys.path.insert(0, str(tools))
+    try:
+        import gluon_model
+    finally:
+        sys.path.remove(str(tools))
+    assert gluon_model.check_window_schedule() > 1000
+    with pytest.raises(AssertionError, match="not whole"):
+        gluon_model.check_window_schedule(w_lo_shift=1)
+    assert gluon_model.window_band(False, (2**31 - 1, -1)) == gf.band(False, (2**31 - 1, -1))
+    assert gluon_model.window_band(True, (16, 4)) == gf.band(True, (16, 4))

@@ -20,7 +20,9 @@ kernel line by line, and each is checked here:
   against the one-item grid and the static dealing the gluon-persistent branch had.
 - ``schedule``: each CTA's tile range (``n_tiles``, ``n_whole``) and the consumer's loop split (tile
   0 alone, the whole tiles, the masked ones) visit each tile once, in order, and leave a tile
-  unmasked only where every row of the CTA sees every key of it.
+  unmasked only where every row of the CTA sees every key of it; under a sliding window
+  (``WINDOW``: the range from ``lo``, the left edge's masked tiles first) the same against the
+  contract's ``visibility_mask``, every visible key walked and none past the last.
 - ``numerics``: the consumer's arithmetic on one CTA in torch (float32, P rounded to the input
   dtype; with and without ``-sm``'s row sums of that rounded P beside O), with the kernel's tile
   ranges (``n_tiles``, ``n_whole``), its prologue / whole / masked / last-PV sequence, the masks
@@ -483,6 +485,83 @@ def check_schedule() -> int:
     return cases
 
 
+#: A window's unbounded side, as ``gluon_forward.band`` gives it (``UNBOUNDED``).
+UNBOUNDED = 1 << 30
+
+
+def window_band(causal: bool, window: tuple[int, int]) -> tuple[int, int]:
+    """(win_left, win_right) as ``gluon_forward.band`` passes them: a side of -1 or past 2**30
+    unbounded, causal folding the right side to at most 0."""
+    left, right = window
+    left = UNBOUNDED if left < 0 else min(left, UNBOUNDED)
+    right = UNBOUNDED if right < 0 else min(right, UNBOUNDED)
+    return left, min(right, 0) if causal else right
+
+
+def window_tile_ranges(start_m: int, n_q: int, n_k: int, block_n: int, win_left: int, win_right: int,
+                       block_m: int = BLOCK_M, w_lo_shift: int = 0) -> tuple[int, int, int, int]:
+    """(lo, n_tiles, w_lo, n_whole) as ``_attn_fwd_sm90`` computes them under ``WINDOW``: the key
+    tiles [lo, lo + n_tiles), counted from lo, of which [w_lo, n_whole) every row sees whole.
+    ``w_lo_shift`` plants a mistake (the whole tiles starting that many tiles early)."""
+    diag = n_k - n_q
+    last_row = min(start_m + block_m, n_q) - 1
+    hi = min(last_row + diag + win_right + 1, n_k)
+    whole = min(start_m + diag + win_right + 1, n_k)
+    lo = max(start_m + diag - win_left, 0) // block_n
+    w_lo = -(-max(last_row + diag - win_left, 0) // block_n) - lo - w_lo_shift
+    n_tiles = max(-(-max(hi, 0) // block_n) - lo, 0)
+    n_whole = min(max(max(whole, 0) // block_n - lo, 0), n_tiles)
+    return lo, n_tiles, w_lo, n_whole
+
+
+def window_schedule(n_tiles: int, w_lo: int, n_whole: int) -> list[tuple[int, bool]]:
+    """(tile, masked) in the order ``_consumer_item`` visits them under ``WINDOW``: tile 0 alone
+    (masked), the left edge's masked tiles, the whole ones, the masked rest."""
+    if n_tiles == 0:
+        return []
+    w_first = min(max(w_lo, 1), n_tiles)
+    return ([(0, True)] + [(t, True) for t in range(1, w_first)] + [(t, False) for t in range(w_first, n_whole)]
+            + [(t, True) for t in range(max(n_whole, w_first), n_tiles)])
+
+
+def check_window_schedule(w_lo_shift: int = 0) -> int:
+    """Against the contract's mask (``pytest_attnkit.masks.visibility_mask``): every CTA visits its
+    tiles once, in order, covers every key some row of it sees, walks no tile past the last one
+    any row sees, and leaves a tile unmasked only where every row sees every key of it. Windows
+    one- and two-sided, a side unbounded either way (and 2**31 - 1), smaller than a tile, causal
+    or not, Nq != Nk both ways (rows that see no key). Returns the CTAs checked; raises on the
+    first wrong one."""
+    from pytest_attnkit.masks import visibility_mask
+
+    cases = 0
+    windows = ((0, 0), (1, 0), (16, 0), (100, 0), (256, 0), (16, 4), (256, 128), (-1, 64), (64, -1),
+               (-1, -1), (2**31 - 1, 3), (0, 300))
+    for causal, block_n, block_m in itertools.product((False, True), (64, 128), (BLOCK_M, 3 * ROWS)):
+        for (n_q, n_k), window in itertools.product(((1, 1), (63, 200), (200, 63), (300, 300), (513, 1025),
+                                                     (1025, 200), (129, 129)), windows):
+            visible = visibility_mask(n_q, n_k, causal=causal, window=window, device="cpu")
+            win_left, win_right = window_band(causal, window)
+            for start_m in range(0, n_q, block_m):
+                lo, n_tiles, w_lo, n_whole = window_tile_ranges(start_m, n_q, n_k, block_n, win_left, win_right,
+                                                                block_m, w_lo_shift)
+                steps = window_schedule(n_tiles, w_lo, n_whole)
+                where = f"{n_q}x{n_k} causal={causal} window={window} block {block_m}x{block_n} start {start_m}"
+                assert [t for t, _ in steps] == list(range(n_tiles)), where
+                rows = visible[start_m:start_m + block_m]
+                seen = rows.any(0).nonzero().flatten().tolist()
+                walked = set()
+                for t, masked in steps:
+                    keys = range((lo + t) * block_n, (lo + t + 1) * block_n)
+                    walked.update(keys)
+                    if not masked:
+                        assert keys[-1] < n_k and bool(rows[:, keys[0]:keys[-1] + 1].all()), f"tile {t} not whole: {where}"
+                assert set(seen) <= walked, f"a visible key not walked: {where}"
+                if seen:
+                    assert (lo + n_tiles - 1) * block_n <= seen[-1], f"a tile past the last visible key: {where}"
+                cases += 1
+    return cases
+
+
 def consumer_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row0: int, start_m: int,
                   causal: bool, scale: float, block_n: int, dtype: torch.dtype,
                   block_m: int = BLOCK_M, sum_mma: bool = False,
@@ -635,9 +714,17 @@ def main() -> int:
             print(f"  {name}: {grid:.3f} {stride:.3f} {snake:.3f} {heavy:.3f} {grouped:.3f}")
     print(f"schedule: {check_schedule()} CTAs visit tiles 1..n_tiles-1 once, in order, the unmasked ones "
           "whole for every row")
+    print(f"window schedule: {check_window_schedule()} CTAs under a window visit their tiles once, in order, "
+          "every visible key walked, the unmasked ones whole for every row")
+    try:
+        check_window_schedule(w_lo_shift=1)
+        window_caught = False
+    except AssertionError:
+        window_caught = True
+    print(f"window schedule: whole tiles planted one tile early {'caught' if window_caught else 'NOT caught'}")
     print(f"numerics: {check_numerics()} shapes match float64 attention (output and LSE), with and "
           "without -sm's row sums; an unmasked diagonal and -sm sums not rescaled are caught")
-    return 0 if len(caught) == 7 and len(caught_dealing) == 2 else 1
+    return 0 if len(caught) == 7 and len(caught_dealing) == 2 and window_caught else 1
 
 
 if __name__ == "__main__":
