@@ -353,8 +353,8 @@ if gl is not None:
         mbarrier.expect(kv_full.index(0), 2 * QK_CHUNKS * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
         for c in gl.static_range(2):
             for ch in gl.static_range(QK_CHUNKS):
-                tma.async_copy_global_to_shared(k_desc, [off_b, off_hkv, n0 + c * KEYS, ch * QK_CHUNK], kv_full.index(0),
-                                                k_smem.index(c * QK_CHUNKS + ch))
+                tma.async_copy_global_to_shared(k_desc, [off_b, off_hkv, n0 + c * KEYS, ch * QK_CHUNK],
+                                                kv_full.index(0), k_smem.index(c * QK_CHUNKS + ch))
             tma.async_copy_global_to_shared(v_desc, [off_b, off_hkv, n0 + c * KEYS, 0], kv_full.index(0),
                                             v_smem.index(c))
         # Q_i and dO_i of every query tile of every head of the group, into the ring.
@@ -713,7 +713,8 @@ if gl is not None:
             fence_async_shared()
             gl.thread_barrier()
             for c in gl.static_range(QK_CHUNK // 32):
-                _tma_reduce_add(dq_h, [off_b, off_h, t * BLOCK_M, h * QK_CHUNK + c * 32], dq_buf.slice(c * 32, 32, dim=1))
+                _tma_reduce_add(dq_h, [off_b, off_h, t * BLOCK_M, h * QK_CHUNK + c * 32],
+                                dq_buf.slice(c * 32, 32, dim=1))
         return dk0, dk1, dk2, dv
 
     @gluon.jit
