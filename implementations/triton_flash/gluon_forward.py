@@ -8,9 +8,9 @@ only the key tiles its rows see, the window's left edge masked as the diagonal i
 SFU's tanh before ALiBi and the masks) and sinks (joined in the epilogue) are written and
 compile-checked, not yet run on a GPU (v23): :func:`.launch.gluon_path` sends them here only with
 ``ATTNKIT_TRITON_FLASH_GLUON_UNTRIED=1``, as it does a window with ALiBi and MLA with a window
-or ALiBi (each ran alone on an H200, not together). On H100s it ran right on 168 of 168 checked cases, three times
-bit-identical, at 0.87-1.24x cuDNN (NOTES.md, v13 and v13.1; results/2026-11-25-h100-session3,
-results/2026-11-26-gpus). MLA (NOTES.md, v21): Q and K reach the products in three chunks of 64
+or ALiBi (each ran alone on an H200, not together). On H100s it ran right on 168 of 168 checked
+cases, three times bit-identical, at 0.87-1.24x cuDNN (NOTES.md, v13 and v13.1;
+results/2026-11-25-h100-session3, results/2026-11-26-gpus). MLA (NOTES.md, v21): Q and K reach the products in three chunks of 64
 columns (:func:`qk_chunk`; Gluon's shapes are powers of two), three chained ``wgmma`` a QK^T
 (``_issue_qk``), and O leaves through a slot inside the consumer's own part of Q; the one-item grid
 only (the persistent grid's own O buffer does not fit). On an H200: 132 of 132 check cases right
@@ -146,6 +146,8 @@ from .gluon_common import (DTYPES, GLUON_IMPORT_ERROR, HEAD_DIMS, LOG2E, SHARED_
                            device_reason, plain_variants, strides_reason)
 from .gluon_common import (fence_async_shared, gl, gluon, mbarrier, tma, triton, warpgroup_mma, warpgroup_mma_init,
                            warpgroup_mma_wait)
+# The band a window gives the kernel's WINDOW, and its unbounded side: the Triton kernels' own.
+from .kernels import UNBOUNDED, band
 
 #: (Q's and K's head dim, V's) pairs the forward takes: d64, d128, and MLA's 192 with V's 128
 #: (DeepSeek's shapes; the harness's MLA cases). V's head dim sets O's registers (S's do not
@@ -1083,17 +1085,20 @@ if gl is not None:
                              FP8, QK_CHUNKS, QK_CHUNK, lo)),
                 (_consumer, (o_desc, q_smem, o_smem, p_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty,
                              turn, lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr,
-                             H_Q, v_scale, HEAD_DIM, HEAD_DIM_V, BLOCK_N, STAGES, ROWS, 0, CAUSAL, PINGPONG, EAGER, CONSUMERS,
+                             H_Q, v_scale, HEAD_DIM, HEAD_DIM_V, BLOCK_N, STAGES, ROWS, 0, CAUSAL, PINGPONG, EAGER,
+                             CONSUMERS,
                              ALIBI, FP8, ones_smem, SUM_MMA, QK_CHUNKS, WINDOW, lo, w_lo, win_left,
                              win_right, SOFTCAP, cap_scale, SINKS, sinks_ptr)),
                 (_consumer, (o_desc, q_smem, o_smem, p_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty,
                              turn, lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr,
-                             H_Q, v_scale, HEAD_DIM, HEAD_DIM_V, BLOCK_N, STAGES, ROWS, 1, CAUSAL, PINGPONG, EAGER, CONSUMERS,
+                             H_Q, v_scale, HEAD_DIM, HEAD_DIM_V, BLOCK_N, STAGES, ROWS, 1, CAUSAL, PINGPONG, EAGER,
+                             CONSUMERS,
                              ALIBI, FP8, ones_smem, SUM_MMA, QK_CHUNKS, WINDOW, lo, w_lo, win_left,
                              win_right, SOFTCAP, cap_scale, SINKS, sinks_ptr)),
                 (_consumer, (o_desc, q_smem, o_smem, p_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty,
                              turn, lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr,
-                             H_Q, v_scale, HEAD_DIM, HEAD_DIM_V, BLOCK_N, STAGES, ROWS, 2, CAUSAL, PINGPONG, EAGER, CONSUMERS,
+                             H_Q, v_scale, HEAD_DIM, HEAD_DIM_V, BLOCK_N, STAGES, ROWS, 2, CAUSAL, PINGPONG, EAGER,
+                             CONSUMERS,
                              ALIBI, FP8, ones_smem, SUM_MMA, QK_CHUNKS, WINDOW, lo, w_lo, win_left,
                              win_right, SOFTCAP, cap_scale, SINKS, sinks_ptr)),
             ], [4, 4, 4], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
@@ -1104,12 +1109,14 @@ if gl is not None:
                              FP8, QK_CHUNKS, QK_CHUNK, lo)),
                 (_consumer, (o_desc, q_smem, o_smem, p_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty,
                              turn, lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr,
-                             H_Q, v_scale, HEAD_DIM, HEAD_DIM_V, BLOCK_N, STAGES, ROWS, 0, CAUSAL, PINGPONG, EAGER, CONSUMERS,
+                             H_Q, v_scale, HEAD_DIM, HEAD_DIM_V, BLOCK_N, STAGES, ROWS, 0, CAUSAL, PINGPONG, EAGER,
+                             CONSUMERS,
                              ALIBI, FP8, ones_smem, SUM_MMA, QK_CHUNKS, WINDOW, lo, w_lo, win_left,
                              win_right, SOFTCAP, cap_scale, SINKS, sinks_ptr)),
                 (_consumer, (o_desc, q_smem, o_smem, p_smem, k_smem, v_smem, q_full, k_full, v_full, k_empty, v_empty,
                              turn, lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale, slopes_ptr,
-                             H_Q, v_scale, HEAD_DIM, HEAD_DIM_V, BLOCK_N, STAGES, ROWS, 1, CAUSAL, PINGPONG, EAGER, CONSUMERS,
+                             H_Q, v_scale, HEAD_DIM, HEAD_DIM_V, BLOCK_N, STAGES, ROWS, 1, CAUSAL, PINGPONG, EAGER,
+                             CONSUMERS,
                              ALIBI, FP8, ones_smem, SUM_MMA, QK_CHUNKS, WINDOW, lo, w_lo, win_left,
                              win_right, SOFTCAP, cap_scale, SINKS, sinks_ptr)),
             ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
@@ -1150,22 +1157,6 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sc
              variants: object | None = None, layout: object | None = None) -> bool:
     """Whether :func:`flash_fwd` takes this call (:func:`unsupported_reason` says why not)."""
     return unsupported_reason(q, k, v, causal, scale, variants=variants, layout=layout) is None
-
-
-def band(causal: bool, window: tuple[int, int] | None) -> tuple[int, int]:
-    """(left, right) that the kernel's ``WINDOW`` takes for a window ``(left, right)`` (a side of -1
-    unbounded, as the contract's): an unbounded side as :data:`UNBOUNDED`, causal folded into the
-    right side (at most 0)."""
-    left, right = window if window is not None else (-1, -1)
-    # A side past any length is unbounded too: 2**31 - 1 would wrap ``row + Nk - Nq + side``.
-    left = UNBOUNDED if left < 0 else min(left, UNBOUNDED)
-    right = UNBOUNDED if right < 0 else min(right, UNBOUNDED)
-    return left, min(right, 0) if causal else right
-
-
-#: A window's unbounded side: past any length, and small enough that ``row + Nk - Nq + side`` stays
-#: in int32 (launch.py's own bound, ``_UNBOUNDED``, is the same number).
-UNBOUNDED = 1 << 30
 
 
 def launch_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
@@ -1309,8 +1300,8 @@ def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
         lse = torch.empty((batch, heads_q, n_q), dtype=torch.float32, device=q.device)
     else:
         o, lse = out
-        if (o.shape != (batch, heads_q, n_q, head_dim_v) or o.dtype != q.dtype or not o.is_contiguous() or lse.shape != (batch, heads_q, n_q)
-                or lse.dtype != torch.float32 or not lse.is_contiguous()):
+        if (o.shape != (batch, heads_q, n_q, head_dim_v) or o.dtype != q.dtype or not o.is_contiguous()
+                or lse.shape != (batch, heads_q, n_q) or lse.dtype != torch.float32 or not lse.is_contiguous()):
             raise ValueError("out must be a contiguous [B, Hq, Nq, Dv] output in q's dtype and a contiguous float32 "
                              "[B, Hq, Nq] LSE")
     slopes = None
@@ -1398,8 +1389,8 @@ def launch_arguments_fp8(q: torch.Tensor, k: torch.Tensor, v_t: torch.Tensor, o:
             descriptor(v_t, head_dim, min(config.block_n, 128), cols=config.block_n),
             descriptor(o, ROWS_PER_CONSUMER), lse, lse.stride(0), lse.stride(1),
             heads_q, heads_q // heads_kv, n_q, n_k, scale * LOG2E, None, descales, 0, 0, 1.0, None)
-    kwargs = dict(HEAD_DIM=head_dim, HEAD_DIM_V=head_dim, QK_CHUNK=head_dim, BLOCK_N=config.block_n, STAGES=config.stages,
-                  CAUSAL=bool(causal), PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs,
+    kwargs = dict(HEAD_DIM=head_dim, HEAD_DIM_V=head_dim, QK_CHUNK=head_dim, BLOCK_N=config.block_n,
+                  STAGES=config.stages, CAUSAL=bool(causal), PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs,
                   EAGER=config.eager, CONSUMERS=config.consumers, FP8=True, num_warps=4)
     return args, kwargs, (triton.cdiv(n_q, config.block_m), batch * heads_q)
 

@@ -83,6 +83,22 @@ _kernel = triton.jit if triton is not None else _needs_triton
 
 
 
+#: An unbounded side of a band: past any length, yet small enough that sums like
+#: ``row + Nk - Nq + side`` stay in int32.
+UNBOUNDED = 1 << 30
+
+
+def band(causal: bool, window: tuple[int, int] | None) -> tuple[int, int]:
+    """(left, right) of the band ``-right <= i + Nk - Nq - j <= left`` every kernel here and the
+    Gluon forward take for a window ``(left, right)`` (a side of -1 unbounded, as the contract's;
+    None: no window): an unbounded side, or one past :data:`UNBOUNDED` (2**31 - 1 would wrap the
+    int32 sums), as :data:`UNBOUNDED`; causal folded into the right side (at most 0)."""
+    left, right = window if window is not None else (-1, -1)
+    left = UNBOUNDED if left < 0 else min(left, UNBOUNDED)
+    right = UNBOUNDED if right < 0 else min(right, UNBOUNDED)
+    return left, min(right, 0) if causal else right
+
+
 #: Layouts of the tensors (a kernel constexpr): dense [B, H, N, D]; varlen, packed sequences found
 #: through cu_seqlens; paged, a KV cache read through a block table.
 DENSE, VARLEN, PAGED = 0, 1, 2

@@ -17,6 +17,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from .kernels import UNBOUNDED as _UNBOUNDED
 from .kernels import (
     attn_bwd_dkdv,
     attn_bwd_dq,
@@ -26,6 +27,7 @@ from .kernels import (
     attn_fwd_combine,
     attn_fwd_fp8,
     attn_fwd_split,
+    band,
     transpose_keys,
     triton,
 )
@@ -424,12 +426,8 @@ class Variants:
 
     def band(self) -> tuple[int, int]:
         """(left, right) of the band ``-right <= i + Nk - Nq - j <= left``, causal folded in, an
-        unbounded side :data:`_UNBOUNDED`."""
-        left, right = self.window if self.window is not None else (-1, -1)
-        # A side past any length is unbounded too: 2**31 - 1 would wrap the kernels' int32 sums.
-        left = _UNBOUNDED if left < 0 else min(left, _UNBOUNDED)
-        right = _UNBOUNDED if right < 0 else min(right, _UNBOUNDED)
-        return left, min(right, 0) if self.causal else right
+        unbounded side :data:`_UNBOUNDED` (:func:`.kernels.band`)."""
+        return band(self.causal, self.window)
 
     @property
     def banded(self) -> bool:
@@ -439,9 +437,6 @@ class Variants:
         """What a plan depends on (the tensors' values do not matter to it)."""
         return (self.causal, self.window, bool(self.softcap), self.alibi_slopes is not None,
                 self.sinks is not None)
-
-#: An unbounded side of a band: past any length, yet small enough that sums stay in int32.
-_UNBOUNDED = 1 << 30
 
 
 def _bshd(t: torch.Tensor) -> tuple[int, int, int, int]:

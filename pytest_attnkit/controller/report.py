@@ -63,7 +63,8 @@ def build(*, environment: dict[str, Any], device: str, profile: str, impls: list
         "against": against,
         "ab": [],  # controller/speed.py, with "speed"
         "speed": {"ceilings": {}, "gpu_state": {}, "measurements": [], "gate": [], "machine_factor": None,
-                  "machine_factor_cases": None, "reference": None, "notes": [], "over_limit": [], **baseline_state(None)},
+                  "machine_factor_cases": None, "reference": None, "notes": [], "over_limit": [],
+                  **baseline_state(None)},
     }
     for suite in suites:
         document.update(suite.report_sections(document))

@@ -410,7 +410,8 @@ def main() -> int:
                     extra = []  # MLA: the default configuration only (launch_arguments refuses others)
                 for config in [str(gb.default_config(head_dim, causal))] + extra:
                     key = (dtype, head_dim, causal, config)
-                    need = gb.shared_bytes(gb.Config.parse(config), head_dim, head_dim_v=gluon_check.value_dim(head_dim))
+                    need = gb.shared_bytes(gb.Config.parse(config), head_dim,
+                                           head_dim_v=gluon_check.value_dim(head_dim))
                     if key not in seen and need <= gb.SHARED_LIMIT:
                         seen.add(key)
                         specs.append({"id": f"{dtype} d{head_dim} {'causal' if causal else 'full'} {config}",

@@ -24,8 +24,8 @@ os.environ.pop("TRITON_INTERPRET", None)
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from gluon_compile import (_hazards, _opcode, _sass, compile_matrix, compile_parser, config_matrix, value_dim,  # noqa: E402
-                           ensure_package, ptx_counts, stand_in_target)
+from gluon_compile import (_hazards, _opcode, _sass, compile_matrix, compile_parser, config_matrix,  # noqa: E402
+                           ensure_package, ptx_counts, stand_in_target, value_dim)
 
 
 def load_gluon_backward():

@@ -12,9 +12,10 @@ A stand-in driver (``sm90_compile._TargetOnly``) answers Triton's questions abou
   and how much of the softmax (MUFU.EX2) ptxas left to run while the warp group's own PV product
   is in flight (FlashAttention-3's overlap inside a warp group).
 
-Usage: python3 tools/flash_bench/gluon_compile.py [--quick] [--dump DIR] [--config n128s2 ...] [--causal] [--alibi]
-[--window] [--softcap] [--sinks] [--fp8] (``--quick``: the default configurations, bf16, causal and not; ``--config`` adds others;
-``--fp8``: the FP8 kernel, e4m3, at each head dim, causal and not, in its configuration and each
+Usage: python3 tools/flash_bench/gluon_compile.py [--quick] [--dump DIR] [--config n128s2 ...] [--causal]
+[--alibi] [--window] [--softcap] [--sinks] [--fp8] (``--quick``: the default configurations, bf16, causal
+and not; ``--config`` adds others; ``--window``, ``--softcap``, ``--sinks``: every kernel with that
+variant, in the one-item grid; ``--fp8``: the FP8 kernel, e4m3, at each head dim, causal and not, in its configuration and each
 ``--config``.)
 Exit status 1 if any configuration fails to compile, spills, or does not fit in shared memory.
 """
@@ -259,7 +260,8 @@ def main() -> int:
                         help="compile every kernel with a sliding window (its own kernels; the one-item grid's "
                              "configurations only)")
     parser.add_argument("--softcap", action="store_true", help="compile every kernel with softcap (one-item grid)")
-    parser.add_argument("--sinks", action="store_true", help="compile every kernel with attention sinks (one-item grid)")
+    parser.add_argument("--sinks", action="store_true",
+                        help="compile every kernel with attention sinks (one-item grid)")
     parser.add_argument("--fp8", action="store_true",
                         help="compile the FP8 (e4m3) kernel instead, d64 and d128, causal and not "
                              "(fp8_config, and each --config)")
