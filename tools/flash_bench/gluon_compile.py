@@ -401,7 +401,7 @@ def compile_matrix(module, matrix: list[tuple], prefix: str, warm, describe, dum
             spilled.append(name)
         print(f"{name} ({time.time() - start:.0f} s): {line}", flush=True)
         if folder:
-            stem = name.replace(" ", "_")
+            stem = name.replace(" ", "_").replace("/", "-")  # d192/dv128: no folder
             (folder / f"{stem}.ptx").write_text(compiled.asm["ptx"])
             (folder / f"{stem}.ttgir").write_text(compiled.asm["ttgir"])
             (folder / f"{stem}.sass").write_text("\n".join(f"/*{a:04x}*/ {t};" for a, t in _sass(compiled.asm["cubin"])))
