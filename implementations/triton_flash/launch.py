@@ -588,33 +588,33 @@ def _gluon_off() -> bool:
     return os.environ.get("ATTNKIT_TRITON_FLASH_GLUON", "1") == "0"
 
 
-#: Opts in to what the Gluon forward can run and no GPU has run yet: softcap and sinks (compile-
-#: checked, NOTES.md v23), a window with ALiBi, and MLA with a window or ALiBi (each ran alone on an
-#: H200, v19, v21, v22, not together). Until a GPU run shows them right, such calls take the Triton
-#: kernels unless this is "1".
+#: Opts in to what the Gluon forward can run and no GPU has run yet: MLA with a variant (a window,
+#: ALiBi, softcap or sinks; MLA ran plain and causal on an H200, NOTES.md v21, each variant at d64
+#: and d128, v19, v22, v25, not together). Until a GPU run shows them right, such calls take the
+#: Triton kernels unless this is "1". Softcap, sinks and a window with ALiBi left this list in v25
+#: (results/2026-11-29-session19: every harness case of theirs right on an H200).
 UNTRIED_SWITCH = "ATTNKIT_TRITON_FLASH_GLUON_UNTRIED"
 
 
 def _untried_reason(variants: Variants, mla: bool) -> str | None:
     """Why a call the Gluon forward can run stays on the Triton kernels for now (None: it need not);
     ``mla``: V's head dim differs from Q's."""
-    if os.environ.get(UNTRIED_SWITCH) == "1":
+    if os.environ.get(UNTRIED_SWITCH) == "1" or not mla:
         return None
-    alibi, window = variants.alibi_slopes is not None, variants.window is not None
-    untried = [name for name, asked in (("softcap", bool(variants.softcap)), ("sinks", variants.sinks is not None),
-                                        ("a window with ALiBi", window and alibi),
-                                        ("MLA with a window or ALiBi", mla and (window or alibi))) if asked]
-    if untried:
-        return (f"{', '.join(untried)} through the Gluon forward: compile-checked, not yet run on a GPU "
-                f"({UNTRIED_SWITCH}=1 takes them)")
+    asked = [name for name, on in (("a window", variants.window is not None),
+                                   ("ALiBi", variants.alibi_slopes is not None),
+                                   ("softcap", bool(variants.softcap)), ("sinks", variants.sinks is not None)) if on]
+    if asked:
+        return (f"MLA with {' and '.join(asked)} through the Gluon forward: compile-checked, not yet run on a "
+                f"GPU ({UNTRIED_SWITCH}=1 takes it)")
     return None
 
 
 def gluon_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, variants: Variants, layout: object,
                scale: float) -> str | None:
     """None where the forward runs the Gluon kernel (:mod:`.gluon_forward`: Hopper, fp16/bf16,
-    d64/d128 or MLA's d192 with V's d128, plain or causal, ALiBi, a sliding window, dense; softcap,
-    sinks and the combinations no GPU ran only with :data:`UNTRIED_SWITCH`), else why it takes the
+    d64/d128 or MLA's d192 with V's d128, plain or causal, ALiBi, a sliding window, softcap, sinks,
+    dense; MLA with those only with :data:`UNTRIED_SWITCH`), else why it takes the
     Triton kernels. On an H100 it ran 0.86-1.13x cuDNN where this module's kernel ran 0.73-0.88x
     (NOTES.md, v13).
     ``ATTNKIT_TRITON_FLASH_GLUON=0`` turns it off."""
@@ -635,10 +635,10 @@ def path_note(device: torch.device) -> str:
     reason = gluon_forward.device_reason(device)
     if reason is not None:
         return f"forward: Triton kernels (the Gluon forward needs {reason})"
-    untried = ("softcap, sinks and the untried combinations too (" + UNTRIED_SWITCH + "=1)"
-               if os.environ.get(UNTRIED_SWITCH) == "1" else "not softcap, sinks or untried combinations yet")
-    return ("forward: Gluon (sm_90) on dense fp16/bf16 d64/d128 and d192/dv128 (MLA), causal or not, ALiBi, "
-            f"windows, {untried}; " + _gluon_fp8_note() + "; Triton kernels for the rest and the backward")
+    mla = ("d192/dv128 (MLA) with them too (" + UNTRIED_SWITCH + "=1)" if os.environ.get(UNTRIED_SWITCH) == "1"
+           else "d192/dv128 (MLA) plain or causal")
+    return ("forward: Gluon (sm_90) on dense fp16/bf16 d64/d128, causal or not, ALiBi, windows, softcap, "
+            f"sinks; {mla}; " + _gluon_fp8_note() + "; Triton kernels for the rest and the backward")
 
 
 #: Below these key counts the Triton FP8 forward is the faster one, so the Gluon FP8 forward is

@@ -161,10 +161,11 @@ def test_mla_is_the_gluon_forward_s_and_other_unequal_head_dims_are_not(monkeypa
 
 def test_untried_variants_take_the_gluon_forward_only_when_asked_until_a_gpu_ran_them(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """What the Gluon forward can run and no GPU ran yet - softcap, sinks, a window with ALiBi, MLA
-    with a window or ALiBi - stays on the Triton kernels on a Hopper (its device checks stubbed),
-    saying why, unless ATTNKIT_TRITON_FLASH_GLUON_UNTRIED=1; windows, ALiBi and MLA alone, each run
-    on an H200, need no switch. The header says which."""
+    """What the Gluon forward can run and no GPU ran yet - MLA with a window, ALiBi, softcap or
+    sinks - stays on the Triton kernels on a Hopper (its device checks stubbed), saying why, unless
+    ATTNKIT_TRITON_FLASH_GLUON_UNTRIED=1; what ran right on an H200 (d64/d128 with windows, ALiBi,
+    softcap, sinks, each alone and all together; MLA plain and causal) needs no switch. The header
+    says which."""
     from pytest_attnkit.implementations.triton_flash import gluon_common, gluon_forward
 
     monkeypatch.delenv(launch.UNTRIED_SWITCH, raising=False)
@@ -174,23 +175,28 @@ def test_untried_variants_take_the_gluon_forward_only_when_asked_until_a_gpu_ran
     q = _dense()
     mla_q, mla_v = torch.zeros(1, 2, 128, 192, dtype=torch.float16), torch.zeros(1, 2, 128, 128, dtype=torch.float16)
     slopes = torch.ones(2)
-    untried = [(q, q, launch.Variants(softcap=30.0), "softcap"),
-               (q, q, launch.Variants(causal=True, sinks=torch.ones(2)), "sinks"),
-               (q, q, launch.Variants(causal=True, window=(8, 0), alibi_slopes=slopes), "a window with ALiBi"),
-               (mla_q, mla_v, launch.Variants(causal=True, window=(8, 0)), "MLA with a window or ALiBi"),
-               (mla_q, mla_v, launch.Variants(alibi_slopes=slopes), "MLA with a window or ALiBi")]
+    untried = [(mla_q, mla_v, launch.Variants(causal=True, window=(8, 0)), "MLA with a window"),
+               (mla_q, mla_v, launch.Variants(alibi_slopes=slopes), "MLA with ALiBi"),
+               (mla_q, mla_v, launch.Variants(softcap=30.0), "MLA with softcap"),
+               (mla_q, mla_v, launch.Variants(causal=True, sinks=torch.ones(2)), "MLA with sinks"),
+               (mla_q, mla_v, launch.Variants(causal=True, window=(8, 0), alibi_slopes=slopes),
+                "MLA with a window and ALiBi")]
     for q_in, v_in, variants, words in untried:
         reason = launch.gluon_path(q_in, q_in, v_in, variants, None, 0.125)
         assert reason is not None and words in reason and launch.UNTRIED_SWITCH in reason, (words, reason)
     tried = [(q, q, launch.Variants(causal=True, window=(8, 0))), (q, q, launch.Variants(alibi_slopes=slopes)),
-             (mla_q, mla_v, launch.Variants(causal=True))]
+             (q, q, launch.Variants(softcap=30.0)), (q, q, launch.Variants(causal=True, sinks=torch.ones(2))),
+             (q, q, launch.Variants(causal=True, window=(8, 0), alibi_slopes=slopes, softcap=15.0,
+                                    sinks=torch.ones(2))),
+             (mla_q, mla_v, launch.Variants(causal=True)), (mla_q, mla_v, launch.Variants())]
     for q_in, v_in, variants in tried:
-        assert launch.gluon_path(q_in, q_in, v_in, variants, None, 0.125) is None
-    assert "not softcap, sinks or untried combinations yet" in launch.path_note(torch.device("cuda"))
+        assert launch.gluon_path(q_in, q_in, v_in, variants, None, 0.125) is None, variants
+    note = launch.path_note(torch.device("cuda"))
+    assert "softcap, sinks" in note and "(MLA) plain or causal" in note, note
     monkeypatch.setenv(launch.UNTRIED_SWITCH, "1")
     for q_in, v_in, variants, _ in untried:
         assert launch.gluon_path(q_in, q_in, v_in, variants, None, 0.125) is None
-    assert "the untried combinations too" in launch.path_note(torch.device("cuda"))
+    assert "(MLA) with them too" in launch.path_note(torch.device("cuda"))
 
 
 def test_the_launch_hands_the_gluon_forward_every_variant(monkeypatch: pytest.MonkeyPatch) -> None:
