@@ -380,14 +380,24 @@ class SpeedCheck(Suite):
         return {} if job is None or not getattr(job.worker, "alive", True) else {"worker": job.worker}
 
     def _program(self, impl: str, mode: str, case: Case) -> str | None:
-        """The kernels the case's calls launch in the worker that timed it, where its warm-up read them."""
+        """The kernels the case's calls launch in the worker that times it (:meth:`_where`), where
+        its warm-up read them there."""
         job = self._warmed(impl, mode, case)
-        return None if job is None else job.future.result().data.get("program")
+        if job is None or not getattr(job.worker, "alive", True):
+            return None  # timed in the primary, another process: the warm-up's program may not be its
+        return job.future.result().data.get("program")
+
+    def _programs_matter(self, impl: str, mode: str, case: Case) -> bool:
+        """Whether the case's baseline entry holds runs of more than one program: compared with all
+        of them, as a run of no known program is, the gate's threshold would widen by how far the
+        programs differ (an H200 entry holding the Triton and the Gluon kernels' runs: 48%)."""
+        return len(self.store.programs(EntryKey(impl, mode, case.id))) > 1
 
     def _request(self, impl: str, mode: str, case: Case) -> Reply:
         options: dict[str, Any] = {"budget_ms": self.settings.budget_ms, "call_limit_ms": self.settings.call_limit_ms}
-        if self.settings.read_programs and self._program(impl, mode, case) is None:
-            options["program"] = True  # its warm-up read none (dropped unrun, or none sent)
+        if self._program(impl, mode, case) is None and (self.settings.read_programs
+                                                         or self._programs_matter(impl, mode, case)):
+            options["program"] = True  # its warm-up read none here (dropped unrun, none sent, its worker gone)
         return self.pool.request_alone(impl, Request(Op.RUN, case, mode == "backward", self.settings.seed, options,
                                                      suite=self.name),
                                        **self._where(impl, mode, case))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pytest_attnkit.contract import Case
-from pytest_attnkit.controller.gate import GateVerdict
+from pytest_attnkit.controller.gate import GateVerdict, noise_threshold
 from pytest_attnkit.controller.baselines import BaselineStore, key_string
 from pytest_attnkit.controller.impls import ImplInfo
 from pytest_attnkit.controller.outcome import Outcomes
@@ -608,6 +608,30 @@ def test_a_program_the_warm_up_read_is_not_asked_again(tmp_path: Path) -> None:
     check.check("kernel", "forward", CASE)
     assert "program" not in pool.options["kernel"]
     assert check.results[EntryKey("kernel", "forward", CASE.id)].measurement.program == warm_program
+
+
+def test_a_case_whose_entry_holds_two_programs_reads_its_own_and_a_slowdown_of_it_fails(tmp_path: Path) -> None:
+    """An H200 entry held the Triton kernel's runs and, after the Gluon forward replaced it, the
+    Gluon kernel's (results/2026-11-29-session18): a run whose warm-up read no program compared
+    with all of them at a threshold widened by the two kernels' difference (48%). Such a case now
+    asks its timing request for the program, gating run or not, and is judged against that
+    program's runs: 12% slower than its saved runs fails."""
+    store = BaselineStore(tmp_path, DEVICE)
+    for program, ms in (("attn_fwd triton", 1.6),) * 3 + (("_attn_fwd_sm90 gluon", 1.0),) * 3:
+        store.save([(SpeedMeasurement("ref", "forward", CASE, timing(1.0)), None, None),
+                    (SpeedMeasurement("kernel", "forward", CASE, timing(ms), program=program), None, None)],
+                   {"compute_capability": "9.0"}, {}, "host")
+        store = BaselineStore(tmp_path, DEVICE)
+    key = EntryKey("kernel", "forward", CASE.id)
+    assert noise_threshold(0.08, store.pooled(key)) > 0.5  # all runs pooled: a 12% slowdown hides
+    pool = AskedPool({"ref": [1.0], "kernel": [1.12] * 4}, "_attn_fwd_sm90 gluon")
+    check = make_check(pool, store)
+    check.check("ref", "forward", CASE)
+    with judged("failed", "kernel regressed"):
+        check.check("kernel", "forward", CASE)
+    assert pool.options["kernel"].get("program") is True and "program" not in pool.options["ref"]
+    assert check.results[key].measurement.program == "_attn_fwd_sm90 gluon"
+    assert check.results[key].decision.baseline_runs == 3
 
 
 def test_a_noisy_reference_case_does_not_set_the_machine_factor_nor_hide_a_slowdown(tmp_path: Path) -> None:
