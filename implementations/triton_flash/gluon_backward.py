@@ -9,9 +9,10 @@ default at d64 and d128 without causal since v20.8) 0.81-0.86x at d128 and 0.92-
 H100, 1.00-1.08x the Triton backward except 1k d128 causal (0.85x)
 (results/2026-11-28-session15/gluon-bwd-pair); the H200 alike (results/2026-11-28-session16).
 Nothing calls it by default: :mod:`.launch` keeps the Triton backward (:data:`ENV_SWITCH` says
-why). The design notes and the prediction below are v15's, from before those runs;
+why: above all, it hangs when two processes share the GPU, NOTES.md v26). The design notes and the prediction below are v15's, from before those runs;
 ``-tmar`` and ``-pair`` are described where dQ is. MLA (Q's and K's head dim 192, V's 128;
-NOTES.md v24: written and compile-checked, NOT yet run on a GPU): Q, K and dK in three chunks of
+NOTES.md v24, run on an H200 in v26: 108 of 108 check cases right, 1.01x cuDNN without causal,
+0.61x causal): Q, K and dK in three chunks of
 64 columns (Gluon's shapes are powers of two), S three chained products, dK three accumulators,
 and dQ in three pieces through one 64-column float32 buffer a consumer (``_bwd_step_mla``), in
 224 KiB of shared memory; its default configuration (``-tmar-sw``) only.
@@ -139,10 +140,14 @@ from .gluon_common import fence_async_shared, gl, gluon, mbarrier, tma, triton, 
 KEYS_PER_CONSUMER = 64
 #: Keys per CTA: two consumer warp groups.
 BLOCK_N = 2 * KEYS_PER_CONSUMER
-#: Set to 1 to let callers that ask (:func:`enabled`) take this kernel. Off by default: its dQ adds
-#: are float atomics in arrival order (not deterministic: triton_flash then declares only its
-#: forward so), and the harness timed it 8-10% faster than the Triton backward at 16k but 1-18%
-#: slower at 1k and 4k d128 causal, on an H100 and an H200 (NOTES.md, v20.9).
+#: Set to 1 to let callers that ask (:func:`enabled`) take this kernel. Off by default. **It hangs
+#: when another process shares the GPU** (NOTES.md v26): two processes calling it at once on an
+#: H200 both spun forever within seconds, every configuration tried, d128 and MLA, where one
+#: alone ran 3000 calls. The harness's workers share the GPU, so a run with this switch on can
+#: hang until its test timeout. Also: its dQ adds are float atomics in arrival order (not
+#: deterministic: triton_flash then declares only its forward so), and the harness timed it 8-10%
+#: faster than the Triton backward at 16k but 1-18% slower at 1k and 4k d128 causal, on an H100 and
+#: an H200 (NOTES.md, v20.9).
 ENV_SWITCH = "ATTNKIT_TRITON_FLASH_GLUON_BWD"
 
 

@@ -637,8 +637,12 @@ def path_note(device: torch.device) -> str:
         return f"forward: Triton kernels (the Gluon forward needs {reason})"
     mla = ("d192/dv128 (MLA) with them too (" + UNTRIED_SWITCH + "=1)" if os.environ.get(UNTRIED_SWITCH) == "1"
            else "d192/dv128 (MLA) plain or causal")
-    return ("forward: Gluon (sm_90) on dense fp16/bf16 d64/d128, causal or not, ALiBi, windows, softcap, "
-            f"sinks; {mla}; " + _gluon_fp8_note() + "; Triton kernels for the rest and the backward")
+    note = ("forward: Gluon (sm_90) on dense fp16/bf16 d64/d128, causal or not, ALiBi, windows, softcap, "
+            f"sinks; {mla}; " + _gluon_fp8_note())
+    if os.environ.get("ATTNKIT_TRITON_FLASH_GLUON_BWD") == "1":
+        return (note + "; Triton kernels for the rest. Backward: Gluon on dense plain or causal calls, switched on "
+                "by ATTNKIT_TRITON_FLASH_GLUON_BWD=1 (it can hang when processes share the GPU, NOTES.md v26)")
+    return note + "; Triton kernels for the rest and the backward"
 
 
 #: Below these key counts the Triton FP8 forward is the faster one, so the Gluon FP8 forward is

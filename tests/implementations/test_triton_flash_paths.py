@@ -193,10 +193,14 @@ def test_untried_variants_take_the_gluon_forward_only_when_asked_until_a_gpu_ran
         assert launch.gluon_path(q_in, q_in, v_in, variants, None, 0.125) is None, variants
     note = launch.path_note(torch.device("cuda"))
     assert "softcap, sinks" in note and "(MLA) plain or causal" in note, note
+    assert note.endswith("Triton kernels for the rest and the backward"), note
     monkeypatch.setenv(launch.UNTRIED_SWITCH, "1")
     for q_in, v_in, variants, _ in untried:
         assert launch.gluon_path(q_in, q_in, v_in, variants, None, 0.125) is None
     assert "(MLA) with them too" in launch.path_note(torch.device("cuda"))
+    monkeypatch.setenv("ATTNKIT_TRITON_FLASH_GLUON_BWD", "1")  # the header says the backward's path too
+    assert "Backward: Gluon" in launch.path_note(torch.device("cuda"))
+    assert "hang when processes share the GPU" in launch.path_note(torch.device("cuda"))
 
 
 def test_the_launch_hands_the_gluon_forward_every_variant(monkeypatch: pytest.MonkeyPatch) -> None:
