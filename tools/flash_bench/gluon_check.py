@@ -19,7 +19,12 @@ cannot take the run with it:
    plain same-precision implementation's plus twice the dtype's rounding, for the output and
    for the natural LSE (kernel's base-2 LSE times ln 2) on rows that see a key; rows that see
    none must be exactly 0 with LSE +inf. The kernel also runs twice more and must give the same
-   bits (a race in a warp-specialized kernel tends to show as run-to-run differences).
+   bits (a race in a warp-specialized kernel tends to show as run-to-run differences). Then the
+   attention variants the kernel takes (:data:`ATTENTION_VARIANTS`: sliding windows, ALiBi,
+   softcap, sinks and all four at once) on five shapes each, d64, d128 and MLA's d192 (which
+   ``launch`` sends here only with ``ATTNKIT_TRITON_FLASH_GLUON_UNTRIED=1``: this check is how
+   it gets run), against the float64 oracle with the same variants (``--no-attention-variants``
+   leaves them out).
 3. timing: the issue's cases (bf16, and fp16 too with ``--timing-dtypes bfloat16,float16``;
    b1-h16-q16384 d128, b4-h16-q4096 d128, b4-h32-q4096 d64, b8-h16-q1024 d128; each causal and not) with ``triton.testing.do_bench`` (median, L2 flushed),
    for the Gluon forward, SDPA with the cuDNN backend, SDPA with the FLASH backend and the
@@ -98,6 +103,28 @@ CORRECTNESS_SHAPES = (
 #: lengths and (Nq > Nk) some with no key tile.
 VARIANT_SHAPES = ((1, 2, 2, 1000, 1000), (1, 2, 1, 4097, 4097), (1, 2, 2, 4097, 1000), (2, 4, 2, 113, 113),
                   (4, 16, 8, 1000, 1000), (2, 16, 4, 4097, 1000))
+#: The attention variants checked (name, causal, window, ALiBi, softcap, sinks): each on
+#: :data:`ATTENTION_VARIANT_SHAPES` at every head dim, in one dtype a head dim (bf16 at d64 and
+#: d192, fp16 at d128), with the kernel's default configuration for it.
+ATTENTION_VARIANTS = (
+    ("w128:0", True, (128, 0), False, 0.0, False),       # a causal sliding window
+    ("w256:64", False, (256, 64), False, 0.0, False),    # two-sided, not causal
+    ("alibi", False, None, True, 0.0, False),
+    ("causal-alibi", True, None, True, 0.0, False),
+    ("cap30-x8", False, None, False, 30.0, False),
+    ("causal-cap15-x8", True, None, False, 15.0, False),
+    ("causal-sinks", True, None, False, 0.0, True),
+    ("causal-w256:0-cap15-alibi-sinks-x8", True, (256, 0), True, 15.0, True),   # all at once
+)
+#: Softcap's cases scale q by this (``-x8``): scores of unit spread are nearly unchanged by a cap of
+#: 15 or 30 (tanh(x / 30) * 30 is x within 1% up to |x| = 5), so a kernel that dropped the cap
+#: would pass them; at 8x the scores reach the cap.
+SOFTCAP_LOGIT_SCALE = 8.0
+#: Shapes of the variant cases: GQA, Nq != Nk both ways (rows that see no key under causal or a
+#: window), a partial tile with batch > 1.
+ATTENTION_VARIANT_SHAPES = ((1, 2, 2, 1000, 1000), (1, 2, 1, 4097, 4097), (1, 2, 2, 4097, 1000),
+                            (1, 2, 2, 1000, 4097), (2, 4, 2, 113, 113))
+VARIANT_DTYPES = {64: "bfloat16", 128: "float16", 192: "bfloat16"}
 #: The issue's speed cases, bf16, each causal and not.
 BENCH_SHAPES = (
     (1, 16, 16384, 128),
@@ -136,15 +163,19 @@ def _inputs(shape, dtype_name: str, head_dim: int, seed: int, device: str = "cud
     return q, k, v
 
 
-def _reference(q, k, v, causal: bool, scale: float, block_rows: int | None = None):
+def _reference(q, k, v, causal: bool, scale: float, block_rows: int | None = None, variant: dict | None = None):
     """(oracle out, oracle natural LSE, plain out, plain LSE, rows that see a key), by blocks of
     query rows so that 16k x 16k never materializes: rows [r0, r1) see keys [0, r1 + Nk - Nq)
-    under causal, and the oracle's bottom-right alignment on that block is then the full one's."""
+    under causal, and the block's diagonal is put where the whole one's is (``key_offset``: row
+    ``r0 + i`` against key ``j``), which the masks and ALiBi's bias read. ``variant``: the
+    window, ALiBi slopes, softcap and sinks (:func:`_variant_inputs`), None for none."""
     import torch
 
     from pytest_attnkit.masks import rows_with_a_key
     from pytest_attnkit.oracle import attention_math
 
+    variant = variant or {}
+    window = variant.get("window")
     batch, heads_q, n_q, head_dim = q.shape
     n_k = k.shape[2]
     outs = {"oracle": [], "plain": []}
@@ -153,19 +184,25 @@ def _reference(q, k, v, causal: bool, scale: float, block_rows: int | None = Non
     for r0 in range(0, n_q, rows):
         r1 = min(n_q, r0 + rows)
         keys = r1 + n_k - n_q if causal else n_k
-        if keys <= 0:
+        if keys <= 0 and variant.get("sinks") is None:
             for name, dtype in (("oracle", torch.float64), ("plain", q.dtype)):
                 outs[name].append(torch.zeros(batch, heads_q, r1 - r0, v.shape[-1], device=q.device, dtype=dtype))
                 lses[name].append(torch.zeros(batch, heads_q, r1 - r0, device=q.device, dtype=dtype))
             continue
+        keys = max(keys, 1)  # with sinks a row that sees no key still has the sink's LSE
         qb, kb, vb = q[:, :, r0:r1], k[:, :, :keys], v[:, :, :keys]
-        out, lse = attention_math(qb.double(), kb.double(), vb.double(), causal=causal, scale=scale, return_lse=True)
-        outs["oracle"].append(out)
-        lses["oracle"].append(lse)
-        out, lse = attention_math(qb, kb, vb, causal=causal, scale=scale, return_lse=True)
-        outs["plain"].append(out)
-        lses["plain"].append(lse)
-    seen = rows_with_a_key(n_q, n_k, causal=causal, window=None, device=q.device)
+        options = dict(causal=causal, scale=scale, window=window, softcap=variant.get("softcap", 0.0),
+                       key_offset=r0 + n_k - n_q, return_lse=True)
+        slopes, sinks = variant.get("alibi_slopes"), variant.get("sinks")
+        for name, cast in (("oracle", torch.float64), ("plain", q.dtype)):
+            # The oracle takes every input in float64; the plain reference keeps ALiBi's slopes
+            # and the sinks float32, as the harness's does (oracle.forward_and_grads).
+            wide = (lambda t: None if t is None else t.double()) if cast == torch.float64 else (lambda t: t)
+            out, lse = attention_math(qb.to(cast), kb.to(cast), vb.to(cast), **options,
+                                      alibi_slopes=wide(slopes), sinks=wide(sinks))
+            outs[name].append(out)
+            lses[name].append(lse)
+    seen = rows_with_a_key(n_q, n_k, causal=causal, window=window, device=q.device)
     return (torch.cat(outs["oracle"], 2), torch.cat(lses["oracle"], 2), torch.cat(outs["plain"], 2),
             torch.cat(lses["plain"], 2), seen)
 
@@ -183,12 +220,15 @@ def _check_case(case: dict, gf, device: str = "cuda") -> dict:
     reason = gf.unsupported_reason(q, k, v, causal, scale)
     if reason is not None:
         return {"passed": False, "error": f"supports() refused: {reason}"}
-    config = gf.Config.parse(case["config"])
+    config = gf.Config.parse(case["config"]) if case.get("config") else None  # None: its default
+    variant = _variant_inputs(case.get("variant"), q.shape[1], case["seed"], device)
+    if variant.get("softcap"):
+        q = (q.float() * SOFTCAP_LOGIT_SCALE).to(q.dtype)
 
     def run():
         o = torch.full((*q.shape[:3], v.shape[-1]), float("nan"), device=q.device, dtype=q.dtype)
         lse = torch.full(q.shape[:3], float("nan"), device=q.device, dtype=torch.float32)
-        return gf.flash_fwd(q, k, v, causal, scale, config, out=(o, lse))
+        return gf.flash_fwd(q, k, v, causal, scale, config, out=(o, lse), **variant)
 
     start = time.perf_counter()
     out, lse2 = run()
@@ -199,14 +239,18 @@ def _check_case(case: dict, gf, device: str = "cuda") -> dict:
     for _ in range(2):
         again, again_lse = run()
         repeats_equal &= bool(torch.equal(again, out) and torch.equal(again_lse.nan_to_num(1.0), lse2.nan_to_num(1.0)))
-    oracle, oracle_lse, plain, plain_lse, seen = _reference(q, k, v, causal, scale)
+    oracle, oracle_lse, plain, plain_lse, seen = _reference(q, k, v, causal, scale, variant=variant)
     dtype = q.dtype
     out_cmp = compare("out", out, oracle, plain, dtype=dtype, factor=FORWARD_FACTOR)
     lse_nat = lse2.double() * math.log(2.0)
-    lse_cmp = compare("lse", lse_nat[:, :, seen], oracle_lse[:, :, seen], plain_lse[:, :, seen], dtype=dtype,
-                      factor=FORWARD_FACTOR)
-    unseen_ok = bool((out[:, :, ~seen] == 0).all() and torch.isinf(lse2[:, :, ~seen]).all()
-                     and (lse2[:, :, ~seen] > 0).all())
+    # With sinks every row has the sink in its denominator: a row that sees no key has the sink's
+    # LSE (compared with the oracle's) and zeros; without, zeros and +inf.
+    with_lse = torch.ones_like(seen) if variant.get("sinks") is not None else seen
+    lse_cmp = compare("lse", lse_nat[:, :, with_lse], oracle_lse[:, :, with_lse], plain_lse[:, :, with_lse],
+                      dtype=dtype, factor=FORWARD_FACTOR)
+    unseen_ok = bool((out[:, :, ~seen] == 0).all()
+                     and (variant.get("sinks") is not None
+                          or (torch.isinf(lse2[:, :, ~seen]).all() and (lse2[:, :, ~seen] > 0).all())))
     return {
         "passed": out_cmp.passed and lse_cmp.passed and unseen_ok and repeats_equal,
         "out": {"max_error": out_cmp.max_error, "allowed": out_cmp.allowed, "plain_error": out_cmp.plain_error,
@@ -216,6 +260,28 @@ def _check_case(case: dict, gf, device: str = "cuda") -> dict:
         "rows_without_key": int((~seen).sum().item()), "rows_without_key_ok": unseen_ok,
         "repeats_bitwise_equal": repeats_equal, "first_call_s": round(first_call_s, 3),
     }
+
+
+def _variant_inputs(variant: dict | None, heads_q: int, seed: int, device: str = "cuda") -> dict:
+    """A case's ``variant`` (window, alibi, softcap, sinks, as :data:`ATTENTION_VARIANTS` says) as
+    :func:`gluon_forward.flash_fwd`'s keywords: ALiBi's slopes the usual geometric ones over the
+    heads (float32 [Hq]), the sinks' logits random in [-1, 3) (float32 [Hq]); {} for none."""
+    import torch
+
+    if not variant:
+        return {}
+    keywords: dict = {}
+    if variant.get("window") is not None:
+        keywords["window"] = tuple(variant["window"])
+    if variant.get("alibi"):
+        keywords["alibi_slopes"] = torch.tensor([2.0 ** (-8.0 * (h + 1) / heads_q) for h in range(heads_q)],
+                                                device=device, dtype=torch.float32)
+    if variant.get("softcap"):
+        keywords["softcap"] = float(variant["softcap"])
+    if variant.get("sinks"):
+        generator = torch.Generator(device=device).manual_seed(seed + 7)
+        keywords["sinks"] = torch.rand(heads_q, device=device, generator=generator) * 4.0 - 1.0
+    return keywords
 
 
 def _flops(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> float:
@@ -291,7 +357,11 @@ def child(mode: str, cases_path: str) -> int:
         for case in cases:
             q, k, v = _inputs((1, 2, 2, 256, 256), case["dtype"], case["head_dim"], 0)
             start = time.perf_counter()
-            gf.warmup(q, k, v, case["causal"], 0.1, gf.Config.parse(case["config"]))
+            variant = case.get("variant") or {}
+            gf.warmup(q, k, v, case["causal"], 0.1, gf.Config.parse(case["config"]) if case.get("config") else None,
+                      alibi=bool(variant.get("alibi")),
+                      window=tuple(variant["window"]) if variant.get("window") else None,
+                      softcap=float(variant.get("softcap", 0.0)), sinks=bool(variant.get("sinks")))
             harness.emit("compiled", id=case["id"], seconds=round(time.perf_counter() - start, 1))
         return 0
     harness.hello()
@@ -339,6 +409,34 @@ def fits(gf, config: str, head_dim: int) -> bool:
             return False  # MLA's O goes over Q's buffer in the one-item grid with two consumers
         return gf.shared_bytes(parsed, head_dim, head_dim_v=value_dim(head_dim)) <= gf.SHARED_LIMIT and reason is None
     return gf.shared_bytes(parsed, head_dim) <= gf.SHARED_LIMIT and reason is None
+
+
+def attention_variant_cases() -> list[dict]:
+    """The cases of :data:`ATTENTION_VARIANTS` (each at every head dim on each of
+    :data:`ATTENTION_VARIANT_SHAPES`), each with its kernel's default configuration."""
+    cases = []
+    for name, causal, window, alibi, softcap, sinks in ATTENTION_VARIANTS:
+        variant = {"window": list(window) if window else None, "alibi": alibi, "softcap": softcap, "sinks": sinks}
+        for head_dim in HEAD_DIMS:
+            dtype = VARIANT_DTYPES[head_dim]
+            for seed, shape in enumerate(ATTENTION_VARIANT_SHAPES):
+                b, hq, hk, nq, nk = shape
+                cases.append({"id": f"{SHORT[dtype]} d{head_dim} {name} b{b} h{hq}/{hk} q{nq} k{nk} [default]",
+                              "dtype": dtype, "head_dim": head_dim, "causal": causal, "config": None,
+                              "variant": variant, "shape": list(shape), "seed": 200 + seed})
+    return cases
+
+
+def attention_variant_specs() -> list[dict]:
+    """What the variant cases compile: one kernel a (dtype, head dim, variant), its default tiles."""
+    seen, specs = set(), []
+    for case in attention_variant_cases():
+        name = case["id"].split(" b", 1)[0]
+        if name not in seen:
+            seen.add(name)
+            specs.append({"id": f"{name} (default)", "dtype": case["dtype"], "head_dim": case["head_dim"],
+                          "causal": case["causal"], "config": None, "variant": case["variant"]})
+    return specs
 
 
 def correctness_cases(variants: list[str], default_config, gf=None) -> list[dict]:
@@ -470,6 +568,8 @@ def main() -> int:
     parser.add_argument("--timing-dtypes", default="bfloat16", metavar="DTYPES",
                         help="comma-separated dtypes the timing phase runs the issue's cases in, each against "
                              "cuDNN in the same dtype (default: bfloat16; issue 42's goal: bfloat16,float16)")
+    parser.add_argument("--no-attention-variants", action="store_true",
+                        help="leave out the cases of windows, ALiBi, softcap and sinks (ATTENTION_VARIANTS)")
     parser.add_argument("--child", nargs=2, metavar=("MODE", "CASES"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -509,8 +609,11 @@ def main() -> int:
                      f"{', '.join(hung_list) or 'none'}")
         return text
 
-    return harness.check_main(Path(__file__), args, "Gluon forward check", record, specs,
-                              correctness_cases(variants, gf.default_config, gf),
+    cases = correctness_cases(variants, gf.default_config, gf)
+    if not args.no_attention_variants:
+        specs += attention_variant_specs()
+        cases += attention_variant_cases()
+    return harness.check_main(Path(__file__), args, "Gluon forward check", record, specs, cases,
                               lambda timed: bench_cases(timed, gf, timing_dtypes), report_all, _describe,
                               going_on=True)
 
