@@ -9,7 +9,7 @@ default at d64 and d128 without causal since v20.8) 0.81-0.86x at d128 and 0.92-
 H100, 1.00-1.08x the Triton backward except 1k d128 causal (0.85x)
 (results/2026-11-28-session15/gluon-bwd-pair); the H200 alike (results/2026-11-28-session16).
 Nothing calls it by default: :mod:`.launch` keeps the Triton backward (:data:`ENV_SWITCH` says
-why: above all, it hangs when two processes share the GPU, NOTES.md v26). The design notes and the prediction below are v15's, from before those runs;
+why: above all, it hung when two processes shared the GPU, NOTES.md v26). The design notes and the prediction below are v15's, from before those runs;
 ``-tmar`` and ``-pair`` are described where dQ is. MLA (Q's and K's head dim 192, V's 128;
 NOTES.md v24, run on an H200 in v26: 108 of 108 check cases right, 1.01x cuDNN without causal,
 0.61x causal): Q, K and dK in three chunks of
@@ -140,14 +140,15 @@ from .gluon_common import fence_async_shared, gl, gluon, mbarrier, tma, triton, 
 KEYS_PER_CONSUMER = 64
 #: Keys per CTA: two consumer warp groups.
 BLOCK_N = 2 * KEYS_PER_CONSUMER
-#: Set to 1 to let callers that ask (:func:`enabled`) take this kernel. Off by default. **It hangs
-#: when another process shares the GPU** (NOTES.md v26): two processes calling it at once on an
-#: H200 both spun forever within seconds, every configuration tried, d128 and MLA, where one
-#: alone ran 3000 calls. The harness's workers share the GPU, so a run with this switch on can
-#: hang until its test timeout. Also: its dQ adds are float atomics in arrival order (not
-#: deterministic: triton_flash then declares only its forward so), and the harness timed it 8-10%
-#: faster than the Triton backward at 16k but 1-18% slower at 1k and 4k d128 causal, on an H100 and
-#: an H200 (NOTES.md, v20.9).
+#: Set to 1 to let callers that ask (:func:`enabled`) take this kernel. Off by default. **It hung
+#: when another process shared the GPU** (NOTES.md v26): two processes calling it at once on an
+#: H200 both spun forever within seconds (d128 causal and MLA; one alone ran 3000 calls). The
+#: likely cause, an unused barrier's word holding the consumers' tile count, is fixed, but the fix
+#: has not run on a GPU yet. The harness's workers share the GPU, so until a GPU shows the fix,
+#: a run with this switch on can hang until its test timeout. Also: its dQ adds are float
+#: atomics in arrival order (not deterministic: triton_flash then declares only its forward so),
+#: and the harness timed it 8-10% faster than the Triton backward at 16k but 1-18% slower at 1k
+#: and 4k d128 causal, on an H100 and an H200 (NOTES.md, v20.9).
 ENV_SWITCH = "ATTNKIT_TRITON_FLASH_GLUON_BWD"
 
 
@@ -861,15 +862,22 @@ if gl is not None:
         kv_full = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         q_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        dq_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-        dq_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         mbarrier.init(kv_full.index(0), count=1)
-        if PAIR_DQ:  # one consumer arrives on each
-            mbarrier.init(dq_ready.index(0), count=1)
-            mbarrier.init(dq_free.index(0), count=1)
+        # dQ's two barriers only where a configuration waits on them (-pair, -sum). Allocated and
+        # initialized but never used, they were dead to Triton's allocator, which gave dq_ready's
+        # word to the value gl.warp_specialize passes the consumers (t_whole, their tile count):
+        # the PTX ISA leaves a barrier's memory reused without mbarrier.inval undefined, and the
+        # kernel hung whenever two processes shared the GPU (NOTES.md v26;
+        # gluon_compile.barrier_aliases now fails such a kernel).
+        if PAIR_DQ or SUM_DQ:
+            dq_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+            dq_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+            # -pair: one consumer arrives on each; -sum: both do.
+            mbarrier.init(dq_ready.index(0), count=1 if PAIR_DQ else 2)
+            mbarrier.init(dq_free.index(0), count=1 if PAIR_DQ else 2)
         else:
-            mbarrier.init(dq_ready.index(0), count=2)
-            mbarrier.init(dq_free.index(0), count=2)
+            dq_ready = kv_full  # placeholders the consumers never touch without -pair or -sum
+            dq_free = kv_full
         for s in gl.static_range(STAGES):
             mbarrier.init(q_full.index(s), count=1)
             mbarrier.init(q_empty.index(s), count=2)

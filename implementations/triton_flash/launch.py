@@ -641,7 +641,8 @@ def path_note(device: torch.device) -> str:
             f"sinks; {mla}; " + _gluon_fp8_note())
     if os.environ.get("ATTNKIT_TRITON_FLASH_GLUON_BWD") == "1":
         return (note + "; Triton kernels for the rest. Backward: Gluon on dense plain or causal calls, switched on "
-                "by ATTNKIT_TRITON_FLASH_GLUON_BWD=1 (it can hang when processes share the GPU, NOTES.md v26)")
+                "by ATTNKIT_TRITON_FLASH_GLUON_BWD=1 (it hung when processes shared the GPU; its fix has not run on a "
+                "GPU yet, NOTES.md v26)")
     return note + "; Triton kernels for the rest and the backward"
 
 

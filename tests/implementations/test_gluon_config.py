@@ -157,3 +157,47 @@ def test_the_window_tile_model_holds_against_the_contract_s_mask_and_catches_an_
         gluon_model.check_window_schedule(w_lo_shift=1)
     assert gluon_model.window_band(False, (2**31 - 1, -1)) == gf.band(False, (2**31 - 1, -1))
     assert gluon_model.window_band(True, (16, 4)) == gf.band(True, (16, 4))
+
+
+#: The Gluon backward's PTX before v26's fix (d128 causal, triton 3.6, sm_90a), cut to the lines
+#: that matter: dq_ready's barrier initialized at 229376, then gl.warp_specialize's captured tile
+#: count stored into the same word, and a consumer reading it back.
+ALIASED_PTX = """
+	mov.b32 	%r2331, global_smem;
+	add.s32 	%r2318, %r2331, 229696;
+	@%p167 mbarrier.init.shared::cta.b64 [%r2318], 1;
+	add.s32 	%r2319, %r2331, 229376;
+	@%p167 mbarrier.init.shared::cta.b64 [%r2319], 2;
+	add.s32 	%r2320, %r2331, 229392;
+	@%p167 mbarrier.init.shared::cta.b64 [%r2320], 2;
+	fence.proxy.async.shared::cta;
+	st.shared.v2.b32 	[global_smem+229704], {0, 16843009};
+	st.shared.b32 	[global_smem+229376], %r2640;
+	barrier.sync 	1;
+	ld.shared.b32 	%r82, [global_smem+229376];
+"""
+
+
+def test_a_barrier_word_also_used_as_data_is_found() -> None:
+    """tools/flash_bench/gluon_compile.py's barrier_aliases, which fails a compiled Gluon kernel
+    (forward or backward) whose shared memory holds an mbarrier and plain data in one word: the
+    backward's captured tile count in a dead barrier's word hung it whenever two processes shared
+    the GPU (implementations/triton_flash/NOTES.md v26)."""
+    import sys
+    from pathlib import Path
+
+    tools = Path(__file__).resolve().parents[2] / "tools" / "flash_bench"
+    sys.path.insert(0, str(tools))
+    try:
+        import gluon_compile
+    finally:
+        sys.path.remove(str(tools))
+    assert gluon_compile.barrier_aliases(ALIASED_PTX) == [229376]
+    # The capture moved off the barriers (the fix): nothing found; 229704 is a word of its own.
+    fixed = ALIASED_PTX.replace("[global_smem+229376]", "[global_smem+229720]")
+    assert gluon_compile.barrier_aliases(fixed) == []
+    # Through a register the address reaches the same word: found too.
+    through = fixed + "\tadd.s32 \t%r9, %r2331, 229392;\n\tst.shared.b32 \t[%r9], %r1;\n"
+    assert gluon_compile.barrier_aliases(through) == [229392]
+    # Inside a barrier's 8 bytes (its upper word) counts.
+    assert gluon_compile.barrier_aliases(fixed + "\tld.shared.b32 \t%r5, [global_smem+229700];\n") == [229700]

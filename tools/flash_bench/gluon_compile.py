@@ -206,6 +206,46 @@ def _hazards(body: list[str]) -> list[str]:
     return found
 
 
+def barrier_aliases(ptx: str) -> list[int]:
+    """Shared-memory offsets that a kernel initializes as an mbarrier and also reads or writes as
+    plain data (``ld.shared``/``st.shared`` at the same constant address), sorted. The PTX ISA
+    leaves that undefined unless the barrier is invalidated first (``mbarrier.inval``), and Triton
+    3.6's allocator did it: it gave the 8 bytes of a barrier that was initialized and never used
+    to the word ``gl.warp_specialize`` passes a captured value through (NOTES.md v26: the Gluon
+    backward whose consumers read their tile count from a barrier's word hung when processes
+    shared the GPU). Addresses are followed through ``mov.b32 %r, global_smem`` and
+    ``add.s32 %r, %r, N``; an access through any other computed address is not seen."""
+    bases: set[str] = set()
+    offsets: dict[str, int] = {}
+    barriers: set[int] = set()
+    plain: set[int] = set()
+
+    def address(operand: str) -> int | None:
+        operand = operand.strip()
+        if operand.startswith("global_smem"):
+            rest = operand[len("global_smem"):].replace(" ", "")
+            return int(rest[1:]) if rest.startswith("+") else 0 if not rest else None
+        return offsets.get(operand)
+
+    for line in ptx.splitlines():
+        text = line.strip()
+        if (found := re.match(r"mov\.(?:b32|u32|b64|u64)\s+(%r\w*\d+),\s*global_smem;", text)):
+            bases.add(found[1])
+        elif (found := re.match(r"add\.(?:s32|u32|s64|u64)\s+(%r\w*\d+),\s*(%r\w*\d+),\s*(\d+);", text)):
+            if found[2] in bases:
+                offsets[found[1]] = int(found[3])
+            elif found[2] in offsets:
+                offsets[found[1]] = offsets[found[2]] + int(found[3])
+        elif (found := re.search(r"mbarrier\.init[\w.:]*\s+\[([^\]]+)\]", text)):
+            if (at := address(found[1])) is not None:
+                barriers.add(at)
+        elif (found := re.match(r"(?:@!?%p\d+\s+)?(?:ld|st)\.shared(?:::cta)?(?:\.v\d)?\.[busf]\d+\s+(?:[^\[]*)\[([^\]]+)\]",
+                                text)):
+            if (at := address(found[1])) is not None:
+                plain.add(at)
+    return sorted(at for at in plain if any(b <= at < b + 8 for b in barriers))
+
+
 def ptx_counts(ptx: str) -> tuple[int, int, list[str], list[int], list[int], list[str], int]:
     """(registers, spilled bytes, ptxas warnings, setmaxnreg decreases, increases, wgmma shapes, TMA
     loads) of a kernel's PTX: what both compile tools report first."""
@@ -246,9 +286,13 @@ def describe(compiled, shared_limit: int) -> tuple[str, bool]:
     if spills and loops:  # where the spills sit: outside the product loops they cost once an item
         local = [sum(_opcode(text).startswith(("LDL", "STL")) for text in body) for body in loops]
         line += f"; local-memory instrs in the product loops {local}"
+    aliases = barrier_aliases(ptx)
+    line += f"; {len(aliases)} mbarrier words also read or written as data"
+    if aliases:
+        line += f" (at {', '.join(map(str, aliases))})"
     if warnings:
         line += "; ptxas: " + " | ".join(warnings)
-    return line, spills == 0 and fits and regs > 0 and not hazards
+    return line, spills == 0 and fits and regs > 0 and not hazards and not aliases
 
 
 def main() -> int:
