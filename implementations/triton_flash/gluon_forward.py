@@ -913,7 +913,14 @@ if gl is not None:
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], smem_layout)
         q_full = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
-        turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        # The consumers' turn barriers only where they take turns: without (-nopp) q_full stands
+        # in, never waited on. Initialized and never used, a barrier is dead to Triton's allocator,
+        # which may give its word to other data (undefined without mbarrier.inval): the Gluon
+        # backward hung so (NOTES.md v26); gluon_compile.barrier_aliases found it here in -nopp.
+        if PINGPONG:
+            turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        else:
+            turn = q_full
         k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -921,7 +928,8 @@ if gl is not None:
         for c in gl.static_range(CONSUMERS):
             mbarrier.init(q_full.index(c), count=1)
             mbarrier.init(q_empty.index(c), count=1)
-            mbarrier.init(turn.index(c), count=1)
+            if PINGPONG:
+                mbarrier.init(turn.index(c), count=1)
         for s in gl.static_range(STAGES):
             mbarrier.init(k_full.index(s), count=1)
             mbarrier.init(v_full.index(s), count=1)
@@ -1059,14 +1067,22 @@ if gl is not None:
         else:
             ones_smem = q_smem  # unused
         q_full = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
-        turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        # The consumers' turn barriers only where they take turns: without (-nopp) q_full stands
+        # in, never waited on. Initialized and never used, a barrier is dead to Triton's allocator,
+        # which may give its word to other data (undefined without mbarrier.inval): the Gluon
+        # backward hung so (NOTES.md v26); gluon_compile.barrier_aliases found it here in -nopp.
+        if PINGPONG:
+            turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        else:
+            turn = q_full
         k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for c in gl.static_range(CONSUMERS):
             mbarrier.init(q_full.index(c), count=1)
-            mbarrier.init(turn.index(c), count=1)
+            if PINGPONG:
+                mbarrier.init(turn.index(c), count=1)
         for s in gl.static_range(STAGES):
             mbarrier.init(k_full.index(s), count=1)
             mbarrier.init(v_full.index(s), count=1)
