@@ -149,6 +149,26 @@ while [ $# -gt 0 ]; do
       for j in 1 2; do timeout 50 python3 _lab/mlahang.py A causal 3000 45 128 m64s2 > /tmp/s4$j.log 2>&1 & done
       sleep 35; nvidia-smi --query-gpu=utilization.gpu,clocks.sm,power.draw --format=csv,noheader; wait
       for j in 1 2; do head -2 /tmp/s4$j.log; grep -E "calls ok" /tmp/s4$j.log | tail -1; tail -1 /tmp/s4$j.log | cut -c1-160; done ;;
+    share) # issue 42 v26: the Gluon backward's fix under a shared GPU (tools/flash_bench/share_check.py), 30 s each;
+      # the control: the kernel before the fix (_lab/gluon_backward_old.py: git show 97146ad:implementations/triton_flash/gluon_backward.py)
+      mkdir -p $OUT/share; nvidia-smi --query-gpu=name,serial --format=csv,noheader > $OUT/share/device.txt; date -u >> $OUT/share/device.txt
+      SC="python3 tools/flash_bench/share_check.py --seconds 30 --stall 15"
+      for R in "d128c|--run 'bwd d128 causal' --run 'bwd d128 causal'" "mla|--run 'bwd d192 causal' --run 'bwd d192 causal'" \
+               "d128pair|--run 'bwd d128' --run 'bwd d128'" "fwd16k|--run 'fwd d128 b1 n16384' --run 'fwd d128 b1 n16384 causal'" \
+               "sleep|--run 'bwd d128 causal' --run sleep"; do
+        L=${R%%|*}; A=${R#*|}; echo "== $L"; eval timeout 150 $SC $A --out $OUT/share/$L.json 2>&1 | tail -12
+        if [ $L = d128c ] && grep -q '"exit_status": 2' $OUT/share/d128c.json; then  # the fix did not hold: the next suspect
+          echo "== d128c-r232 (the producer at 48 registers, not 24)"; timeout 150 $SC --run 'bwd d128 causal config=m64s2-tmar-sw-r232' --run 'bwd d128 causal config=m64s2-tmar-sw-r232' --out $OUT/share/d128c-r232.json 2>&1 | tail -12; fi; done
+      rm -rf /tmp/oldtree; cp -r . /tmp/oldtree; cp _lab/gluon_backward_old.py /tmp/oldtree/implementations/triton_flash/gluon_backward.py
+      echo "== control: the kernel before the fix"; (cd /tmp/oldtree && timeout 150 $SC --run 'bwd d128 causal' --run 'bwd d128 causal' --out $OUT/share/control-old.json 2>&1 | tail -12) ;;
+    savecap) # the softcap forward's new program (Gluon, v25) into the baseline: three speed saves, separate processes
+      for i in 1 2 3; do L=savecap$i; mj "$L" --cache /tmp/ac --timeout 120 -- --attnkit-impl=triton_flash,torch_sdpa --attnkit-suite=speed -k cap30 --attnkit-baseline-dir=/tmp/bl --attnkit-save-baseline | grep -E "exit status|wall time|outcomes"
+        grep -E "gate  " /tmp/r/$L/pytest.log | head -2; pack "$L"; done; cp /tmp/bl/nvidia*.json "$OUT/" ;;
+    vcheck) # issue 42: the Gluon forward's check with its attention variants (windows, ALiBi, softcap, sinks; MLA with them too)
+      L=${1:-vcheck}; shift || true; mkdir -p /tmp/r/$L $OUT/$L; nvidia-smi --query-gpu=name,serial --format=csv,noheader > $OUT/$L/device.txt; date -u >> $OUT/$L/device.txt
+      timeout 500 python3 tools/flash_bench/gluon_check.py --out /tmp/r/$L/check --variants "" --case-timeout 90 --skip-timing > /tmp/r/$L/check.log 2>&1; echo "gluon_check rc $?"
+      cp /tmp/r/$L/check/check.md $OUT/$L/ 2>/dev/null; gzip -c /tmp/r/$L/check/check.json > $OUT/$L/check.json.gz 2>/dev/null; tail -3 /tmp/r/$L/check.log > $OUT/$L/check-tail.txt
+      grep -E "FAIL|HANG|CRASH|COMPILE" /tmp/r/$L/check.log | head -20; head -12 /tmp/r/$L/check/check.md ;;
     cmp) python3 tools/main_job_time.py compare /tmp/r/$1/attnkit-report.json /tmp/r/$2/attnkit-report.json | tail -15; shift 2 ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
