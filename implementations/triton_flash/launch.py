@@ -737,9 +737,12 @@ def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
     if tiles is not None:  # forced: the tiles say which kernel
         launch = _launch_decode if tiles.block_m == 0 else _launch_fwd
     else:
+        # The Gluon switches are read when planning: a process that sets one between calls
+        # (a test, a bench tool) gets a plan of its own for the new setting.
         plan_key = (q.shape, k.shape, v.shape, q.dtype, variants.key(), q.device,
                     None if layout is None else (type(layout), getattr(layout, "max_seqlen_q", 0),
-                                                 getattr(layout, "max_seqlen_k", 0), p.n_k))
+                                                 getattr(layout, "max_seqlen_k", 0), p.n_k),
+                    os.environ.get("ATTNKIT_TRITON_FLASH_GLUON"), os.environ.get(UNTRIED_SWITCH))
         plan = _PLANS.get(plan_key)
         if plan is None:
             plan = _plan_fwd(p, o, lse)

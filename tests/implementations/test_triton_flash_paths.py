@@ -6,6 +6,8 @@ H100). Here, on the CPU: every call falls back, says why, and the switch turns i
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -226,3 +228,29 @@ def test_a_window_side_past_any_length_is_unbounded_not_wrapped() -> None:
 
     assert gluon_forward.band(False, (2**31 - 1, 2**31 - 1)) == (1 << 30, 1 << 30)
     assert launch.Variants(window=(2**31 - 1, 5)).band() == (1 << 30, 5)
+
+
+def test_a_gluon_switch_set_between_calls_is_planned_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The forward caches each shape's plan (which kernel, which tiles); the Gluon switches decide
+    the kernel, so a process that sets one between two calls of a shape must plan it again, not
+    keep the kernel the old setting chose (it did, noticed in session 18)."""
+    planned = []
+
+    def plan(problem, o, lse):
+        planned.append((os.environ.get("ATTNKIT_TRITON_FLASH_GLUON"), os.environ.get(launch.UNTRIED_SWITCH)))
+        return (lambda *args: None), None
+
+    monkeypatch.setattr(launch, "_plan_fwd", plan)
+    monkeypatch.delenv("ATTNKIT_TRITON_FLASH_GLUON", raising=False)
+    monkeypatch.delenv(launch.UNTRIED_SWITCH, raising=False)
+    launch._PLANS.clear()
+    q = torch.zeros(1, 2, 8, 64, dtype=torch.float16)
+    for _ in range(2):
+        launch.flash_fwd(q, q, q, False, 0.125)
+    assert len(planned) == 1
+    monkeypatch.setenv("ATTNKIT_TRITON_FLASH_GLUON", "0")
+    launch.flash_fwd(q, q, q, False, 0.125)
+    monkeypatch.setenv(launch.UNTRIED_SWITCH, "1")
+    launch.flash_fwd(q, q, q, False, 0.125)
+    assert planned == [(None, None), ("0", None), ("0", "1")]
+    launch._PLANS.clear()
