@@ -9,8 +9,9 @@ default at d64 and d128 without causal since v20.8) 0.81-0.86x at d128 and 0.92-
 H100, 1.00-1.08x the Triton backward except 1k d128 causal (0.85x)
 (results/2026-11-28-session15/gluon-bwd-pair); the H200 alike (results/2026-11-28-session16).
 Nothing calls it by default: :mod:`.launch` keeps the Triton backward (:data:`ENV_SWITCH` says
-why: above all, it hung when two processes shared the GPU, NOTES.md v26). The design notes and the prediction below are v15's, from before those runs;
-``-tmar`` and ``-pair`` are described where dQ is. MLA (Q's and K's head dim 192, V's 128;
+why: above all, it hung when two processes shared the GPU, NOTES.md v26). The design notes and
+the prediction below are v15's, from before those runs; ``-tmar`` and ``-pair`` are described
+where dQ is. MLA (Q's and K's head dim 192, V's 128;
 NOTES.md v24, run on an H200 in v26: 108 of 108 check cases right, 1.01x cuDNN without causal,
 0.61x causal): Q, K and dK in three chunks of
 64 columns (Gluon's shapes are powers of two), S three chained products, dK three accumulators,
@@ -865,9 +866,9 @@ if gl is not None:
         mbarrier.init(kv_full.index(0), count=1)
         # dQ's two barriers only where a configuration waits on them (-pair, -sum). Allocated and
         # initialized but never used, they were dead to Triton's allocator, which gave dq_ready's
-        # word to the value gl.warp_specialize passes the consumers (t_whole, their tile count):
-        # the PTX ISA leaves a barrier's memory reused without mbarrier.inval undefined, and the
-        # kernel hung whenever two processes shared the GPU (NOTES.md v26;
+        # word to the value gl.warp_specialize passes the consumers (t_whole, their tile count).
+        # The PTX ISA leaves a barrier's memory reused without mbarrier.inval undefined: the likely
+        # cause of the kernel's hang when two processes shared the GPU (NOTES.md v26;
         # gluon_compile.barrier_aliases now fails such a kernel).
         if PAIR_DQ or SUM_DQ:
             dq_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())

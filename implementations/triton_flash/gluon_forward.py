@@ -915,8 +915,9 @@ if gl is not None:
         q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
         # The consumers' turn barriers only where they take turns: without (-nopp) q_full stands
         # in, never waited on. Initialized and never used, a barrier is dead to Triton's allocator,
-        # which may give its word to other data (undefined without mbarrier.inval): the Gluon
-        # backward hung so (NOTES.md v26); gluon_compile.barrier_aliases found it here in -nopp.
+        # which may give its word to other data (undefined without mbarrier.inval): the likely
+        # cause of the Gluon backward's hang (NOTES.md v26); gluon_compile.barrier_aliases found
+        # it here in -nopp.
         if PINGPONG:
             turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
         else:
@@ -1069,8 +1070,9 @@ if gl is not None:
         q_full = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
         # The consumers' turn barriers only where they take turns: without (-nopp) q_full stands
         # in, never waited on. Initialized and never used, a barrier is dead to Triton's allocator,
-        # which may give its word to other data (undefined without mbarrier.inval): the Gluon
-        # backward hung so (NOTES.md v26); gluon_compile.barrier_aliases found it here in -nopp.
+        # which may give its word to other data (undefined without mbarrier.inval): the likely
+        # cause of the Gluon backward's hang (NOTES.md v26); gluon_compile.barrier_aliases found
+        # it here in -nopp.
         if PINGPONG:
             turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
         else:
