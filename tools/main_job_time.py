@@ -25,6 +25,7 @@ import argparse
 import datetime
 import gzip
 import json
+import lzma
 import os
 import shutil
 import signal
@@ -141,14 +142,24 @@ def _first_calls(measurements: list[dict]) -> list[str]:
             + ", ".join(f"{impl} {took:.1f} s ({warm} of {cases})" for impl, (took, warm, cases) in sorted(calls.items()))]
 
 
+def read_report(path: Path) -> bytes:
+    """A report's JSON: plain as a run writes it, or committed under results/ gzipped or, from
+    2026-11-29, xz-compressed (told by the first bytes, whatever the name)."""
+    raw = path.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        return gzip.decompress(raw)
+    if raw[:6] == b"\xfd7zXZ\x00":
+        return lzma.decompress(raw)
+    return raw
+
+
 def compare(args: argparse.Namespace) -> int:
     """Outcomes case for case; speed tests are compared too (their verdict is the gate's)."""
     from pytest_attnkit.controller.ledger import timeline_line
 
     runs, timelines = [], []
     for path in (args.first, args.second):
-        raw = Path(path).read_bytes()
-        document = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)  # a committed .json.gz too
+        document = json.loads(read_report(Path(path)))
         runs.append({test["test"]: test["outcome"] for test in document["tests"]})
         # A report from before the events said "alone": the speed suite's timing was what ran alone.
         events = [event if "alone" in event else {**event, "alone": event["suite"] == "speed"}

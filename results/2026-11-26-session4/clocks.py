@@ -12,7 +12,7 @@ today's code leaves them out); a run is matched by its median, which the file an
 both hold to the bit, and by its date (saved after the first save began).
 """
 
-import gzip
+import lzma
 import json
 import sys
 from pathlib import Path
@@ -27,7 +27,7 @@ SESSION_START = "2026-11-26T11:14"
 
 
 def report(label: str) -> dict:
-    return json.loads(gzip.decompress((HERE / "h100" / label / "attnkit-report.json.gz").read_bytes()))
+    return json.loads(lzma.decompress((HERE / "h100" / label / "attnkit-report.json.xz").read_bytes()))  # gzip until 2026-11-29
 
 
 def measurements(label: str) -> dict:
