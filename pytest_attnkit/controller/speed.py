@@ -362,14 +362,15 @@ class SpeedCheck(Suite):
                              "alone); --attnkit-profile=full times it"))
 
     def _warmed(self, impl: str, mode: str, case: Case) -> Job | None:
-        """The warm-up of this case, where it ran and its worker is still there."""
+        """The warm-up of this case, where it ran and its worker is still there (not closed, its
+        process running)."""
         spec = next(spec for spec in self.tests if spec.backward == (mode == "backward"))
         job = next(iter(self.sent(SuiteItem(self.name, spec, impl, case))), None)
         if job is None or not job.future.done() or job.future.cancelled() or job.worker is None:
             return None
         if not job.future.result().ok or getattr(job.worker, "closed", False):
             return None
-        return job
+        return job if getattr(job.worker, "alive", True) else None
 
     def _where(self, impl: str, mode: str, case: Case) -> dict[str, Any]:
         """The worker that warmed this case up, where it did and its process still runs; else the
@@ -377,15 +378,13 @@ class SpeedCheck(Suite):
         case (about 11 s for torch_flex on an H100, 2026-11-25, results/2026-11-25-h100-session3):
         the primary, started again once if it was stopped too, loads the kernels from the cache."""
         job = self._warmed(impl, mode, case)
-        return {} if job is None or not getattr(job.worker, "alive", True) else {"worker": job.worker}
+        return {} if job is None else {"worker": job.worker}
 
     def _program(self, impl: str, mode: str, case: Case) -> str | None:
         """The kernels the case's calls launch in the worker that times it (:meth:`_where`), where
         its warm-up read them there."""
-        job = self._warmed(impl, mode, case)
-        if job is None or not getattr(job.worker, "alive", True):
-            return None  # timed in the primary, another process: the warm-up's program may not be its
-        return job.future.result().data.get("program")
+        job = self._warmed(impl, mode, case)  # None: timed in the primary, whose program may differ
+        return None if job is None else job.future.result().data.get("program")
 
     def _programs_matter(self, impl: str, mode: str, case: Case) -> bool:
         """Whether the case's baseline entry holds runs of more than one program: compared with all
