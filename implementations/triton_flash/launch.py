@@ -639,9 +639,11 @@ def path_note(device: torch.device) -> str:
            else "d192/dv128 (MLA) plain or causal")
     note = ("forward: Gluon (sm_90) on dense fp16/bf16 d64/d128, causal or not, ALiBi, windows, softcap, "
             f"sinks; {mla}; " + _gluon_fp8_note())
-    if os.environ.get("ATTNKIT_TRITON_FLASH_GLUON_BWD") == "1":
+    from . import gluon_backward
+
+    if gluon_backward.enabled():
         return (note + "; Triton kernels for the rest. Backward: Gluon on dense plain or causal calls, switched on "
-                "by ATTNKIT_TRITON_FLASH_GLUON_BWD=1 (it hung when processes shared the GPU; its fix has not run on a "
+                f"by {gluon_backward.ENV_SWITCH}=1 (it hung when processes shared the GPU; its fix has not run on a "
                 "GPU yet, NOTES.md v26)")
     return note + "; Triton kernels for the rest and the backward"
 
@@ -742,7 +744,7 @@ def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
         plan_key = (q.shape, k.shape, v.shape, q.dtype, variants.key(), q.device,
                     None if layout is None else (type(layout), getattr(layout, "max_seqlen_q", 0),
                                                  getattr(layout, "max_seqlen_k", 0), p.n_k),
-                    os.environ.get("ATTNKIT_TRITON_FLASH_GLUON"), os.environ.get(UNTRIED_SWITCH))
+                    _gluon_off(), os.environ.get(UNTRIED_SWITCH) == "1")
         plan = _PLANS.get(plan_key)
         if plan is None:
             plan = _plan_fwd(p, o, lse)
@@ -953,11 +955,11 @@ def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     the natural LSE the caller returned (None: not used). ``dsinks`` is None without sinks.
     ``tiles`` may force the "dkdv" and "dq" kernels' configurations (for benchmarks)."""
     variants = Variants(causal=causal) if variants is None else variants
-    if tiles is None and layout is None and os.environ.get("ATTNKIT_TRITON_FLASH_GLUON_BWD") == "1":
+    from . import gluon_backward
+
+    if tiles is None and layout is None and gluon_backward.enabled():
         # The Gluon backward (NOTES.md, v15 to v20.8): OFF unless asked for (gluon_backward.ENV_SWITCH
         # says why).
-        from . import gluon_backward
-
         if gluon_backward.unsupported_reason(q, k, v, causal, scale, variants=variants, layout=layout) is None:
             dq, dk, dv = gluon_backward.flash_bwd(do, q, k, v, o, lse, causal, scale, dlse=dlse)
             return dq, dk, dv, None
