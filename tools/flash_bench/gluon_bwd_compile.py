@@ -24,7 +24,7 @@ os.environ.pop("TRITON_INTERPRET", None)
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from gluon_compile import (_hazards, _opcode, _sass, barrier_aliases, compile_matrix, compile_parser,  # noqa: E402
+from gluon_compile import (_hazards, _opcode, _sass, barrier_alias_words, compile_matrix, compile_parser,  # noqa: E402
                            config_matrix, ensure_package, ptx_counts, stand_in_target, value_dim)
 
 
@@ -100,13 +100,11 @@ def describe(compiled, shared_limit: int) -> tuple[str, bool]:
     line += f"; {len(unordered)} arrivals after shared accesses with no barrier between"
     if unordered:
         line += " (" + ", ".join(sorted(set(unordered))) + ")"
-    aliases = barrier_aliases(ptx)
-    line += f"; {len(aliases)} mbarrier words also read or written as data"
-    if aliases:
-        line += f" (at {', '.join(map(str, aliases))})"
+    words, no_aliases = barrier_alias_words(ptx)
+    line += words
     if warnings:
         line += "; ptxas: " + " | ".join(warnings)
-    return line, spills == 0 and fits and regs > 0 and not hazards and not unordered and not aliases
+    return line, spills == 0 and fits and regs > 0 and not hazards and not unordered and no_aliases
 
 
 def main() -> int:

@@ -246,6 +246,13 @@ def barrier_aliases(ptx: str) -> list[int]:
     return sorted(at for at in plain if any(b <= at < b + 8 for b in barriers))
 
 
+def barrier_alias_words(ptx: str) -> tuple[str, bool]:
+    """The compile checks' words on :func:`barrier_aliases`, and whether there are none."""
+    aliases = barrier_aliases(ptx)
+    text = f"; {len(aliases)} mbarrier words also read or written as data"
+    return text + (f" (at {', '.join(map(str, aliases))})" if aliases else ""), not aliases
+
+
 def ptx_counts(ptx: str) -> tuple[int, int, list[str], list[int], list[int], list[str], int]:
     """(registers, spilled bytes, ptxas warnings, setmaxnreg decreases, increases, wgmma shapes, TMA
     loads) of a kernel's PTX: what both compile tools report first."""
@@ -286,13 +293,11 @@ def describe(compiled, shared_limit: int) -> tuple[str, bool]:
     if spills and loops:  # where the spills sit: outside the product loops they cost once an item
         local = [sum(_opcode(text).startswith(("LDL", "STL")) for text in body) for body in loops]
         line += f"; local-memory instrs in the product loops {local}"
-    aliases = barrier_aliases(ptx)
-    line += f"; {len(aliases)} mbarrier words also read or written as data"
-    if aliases:
-        line += f" (at {', '.join(map(str, aliases))})"
+    words, no_aliases = barrier_alias_words(ptx)
+    line += words
     if warnings:
         line += "; ptxas: " + " | ".join(warnings)
-    return line, spills == 0 and fits and regs > 0 and not hazards and not aliases
+    return line, spills == 0 and fits and regs > 0 and not hazards and no_aliases
 
 
 def main() -> int:
