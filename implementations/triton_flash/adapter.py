@@ -34,19 +34,20 @@ class TritonFlash(AttentionImpl):
     head_dims_v = range(MIN_HEAD_DIM, MAX_HEAD_DIM_V + 1)
     supports_varlen = True
     supports_paged_kv = True  # forward only: supports_paged_kv_backward stays False
-    # Every output and gradient element is written by one program, with no atomics (dK/dV and dQ
-    # are separate kernels; the split decode merges its slices in a fixed order): the same inputs
-    # give the same bits. Not batch-invariant: the split decode divides the keys by the batch's
+    # Every output and gradient element of the Triton kernels is written by one program, with no
+    # atomics (dK/dV and dQ are separate kernels; the split decode merges its slices in a fixed
+    # order): the same inputs give the same bits. The Gluon backward's dQ is not (deterministic). Not batch-invariant: the split decode divides the keys by the batch's
     # size. CUDA graphs and torch.compile are left to the properties suite to report until a GPU
     # run has shown them (the launcher reads no tensor back to the host).
     @property
     def deterministic(self) -> bool | str:  # type: ignore[override]
-        """Both directions; the forward only while the Gluon backward is switched on: its CTAs add
-        their dQ shares in float atomics, in whatever order they arrive (the properties suite
-        caught dQ's bits differing on an H100, results/2026-11-28-session16)."""
-        from .gluon_backward import enabled
+        """Both directions; the forward only where the Gluon backward can run (a Hopper GPU, not
+        turned off by ATTNKIT_TRITON_FLASH_GLUON_BWD=0): its CTAs add their dQ shares in float
+        atomics, in whatever order they arrive (the properties suite caught dQ's bits differing
+        on an H100, results/2026-11-28-session16)."""
+        from .gluon_backward import may_run
 
-        return "forward" if enabled() else True
+        return "forward" if torch.cuda.is_available() and may_run(torch.device("cuda")) else True
 
     def unavailable_reason(self, device: str) -> str | None:
         reason = super().unavailable_reason(device)

@@ -8,8 +8,9 @@ from swizzled buffers (``-tmar-sw``, v17) 0.77-0.88x; with one reduce a tile (``
 default at d64 and d128 without causal since v20.8) 0.81-0.86x at d128 and 0.92-0.96x at d64 on an
 H100, 1.00-1.08x the Triton backward except 1k d128 causal (0.85x)
 (results/2026-11-28-session15/gluon-bwd-pair); the H200 alike (results/2026-11-28-session16).
-Nothing calls it by default: :mod:`.launch` keeps the Triton backward (:data:`ENV_SWITCH` says
-why: above all, it hung when two processes shared the GPU, NOTES.md v26). The design notes and
+:mod:`.launch` takes it by default where the harness timed it faster than the Triton backward
+(:func:`takes`; NOTES.md v27, after v26's fix of a hang when two processes shared the GPU; its dQ
+atomics cost the backward's bitwise reproducibility: :data:`ENV_SWITCH`). The design notes and
 the prediction below are v15's, from before those runs; ``-tmar`` and ``-pair`` are described
 where dQ is. MLA (Q's and K's head dim 192, V's 128;
 NOTES.md v24, run on an H200 in v26: 108 of 108 check cases right, 1.01x cuDNN without causal,
@@ -136,21 +137,23 @@ import torch
 from .gluon_common import (DTYPES, GLUON_IMPORT_ERROR, HEAD_DIMS, LOG2E, SHARED_LIMIT, aligned, dense_reason,
                            descriptor, device_reason, plain_variants, strides_reason)
 from .gluon_common import fence_async_shared, gl, gluon, mbarrier, tma, triton, warpgroup_mma, warpgroup_mma_wait
+from . import gluon_common
 
 #: Keys a consumer warp group owns: wgmma's M is 64 per warp group.
 KEYS_PER_CONSUMER = 64
 #: Keys per CTA: two consumer warp groups.
 BLOCK_N = 2 * KEYS_PER_CONSUMER
-#: Set to 1 to let callers that ask (:func:`enabled`) take this kernel. Off by default. **It hung
-#: when another process shared the GPU** (NOTES.md v26): two processes calling it at once on an
-#: H200 both spun forever within seconds (d128 causal and MLA; one alone ran 3000 calls). The
-#: likely cause, an unused barrier's word holding the consumers' tile count, is fixed, but the fix
-#: has not run on a GPU yet. The harness's workers share the GPU, so until a GPU shows the fix,
-#: a run with this switch on can hang until its test timeout. Also: its dQ adds are float
-#: atomics in arrival order (not deterministic: triton_flash then declares only its forward so),
-#: and the harness timed it 8-10% faster than the Triton backward at 16k but 1-18% slower at 1k
-#: and 4k d128 causal, on an H100 and an H200 (NOTES.md, v20.9).
+#: Which backward a call this kernel covers takes (:func:`setting`, :func:`takes`). Unset: this
+#: kernel where the harness timed it faster than the Triton backward; "1": this kernel for every
+#: call it covers; "0": the Triton backward. The Triton backward's gradients are the same bits run
+#: to run; this kernel's dQ is summed in float atomics in arrival order, so triton_flash declares
+#: only its forward deterministic where this kernel can run (:func:`may_run`). It hung when two
+#: processes shared the GPU until v26's fix (an unused barrier's word held a live value): on an
+#: H200 the kernel before the fix hung at once in two processes, the fixed one ran 6680 calls in
+#: each, and the whole main job ran green with it on every call it covers (NOTES.md v27).
 ENV_SWITCH = "ATTNKIT_TRITON_FLASH_GLUON_BWD"
+#: By default d128 causal calls with fewer keys than this take the Triton backward (:func:`takes`).
+CAUSAL_D128_MIN_KEYS = 8192
 
 
 @dataclass(frozen=True)
@@ -927,9 +930,35 @@ if gl is not None:
 # ---------------------------------------------------------------------------------------------
 
 
-def enabled() -> bool:
-    """Whether the environment switch asks for this kernel (off by default: :data:`ENV_SWITCH`)."""
-    return os.environ.get(ENV_SWITCH, "0") == "1"
+def setting() -> str | None:
+    """:data:`ENV_SWITCH` as read: "1" (every call this kernel covers), "0" (none; also when
+    ``ATTNKIT_TRITON_FLASH_GLUON=0`` turns both Gluon kernels off) or None (:func:`takes`
+    decides; any other value too)."""
+    if gluon_common.gluon_off():
+        return "0"
+    value = os.environ.get(ENV_SWITCH)
+    return value if value in ("0", "1") else None
+
+
+def takes(head_dim: int, causal: bool, n_k: int) -> bool:
+    """Whether a call this kernel covers (:func:`unsupported_reason` None) goes to it rather than
+    to the Triton backward. By default every one but d128 causal below :data:`CAUSAL_D128_MIN_KEYS`
+    keys: the main job's speed cases on an H200, this kernel's run against the Triton kernel's
+    (results/2026-11-29-session20, h200/gbwd1 against h200/cold35), d128 causal 1k 0.93x and 4k
+    0.99x, every other case 0.99-1.09x (d64 and d128, 1k-16k, causal or not) and MLA causal
+    1.28x; the check's timings agree (results/2026-11-29-session19/mlabwd1: d128 causal 1k 0.93x,
+    4k 1.00x, the rest 1.02-1.32x), and so did an H100's (NOTES.md v20.8: 1.00-1.08x but 1k d128
+    causal, 0.85x)."""
+    value = setting()
+    if value is not None:
+        return value == "1"
+    return not (causal and head_dim == 128 and n_k < CAUSAL_D128_MIN_KEYS)
+
+
+def may_run(device: torch.device) -> bool:
+    """Whether some call on ``device`` can take this kernel (then triton_flash's backward is not
+    the same bits run to run)."""
+    return setting() != "0" and gluon_common.device_reason(device) is None
 
 
 def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,

@@ -1,7 +1,8 @@
 """What the Gluon forward (:mod:`.gluon_forward`) and backward (:mod:`.gluon_backward`) share.
 
 Triton's Gluon imports (the module must import without them, so that the two can say why no call
-takes them: :data:`GLUON_IMPORT_ERROR`), the device check (:func:`device_reason`), the checks on
+takes them: :data:`GLUON_IMPORT_ERROR`), the switch that turns both off (:func:`gluon_off`), the
+device check (:func:`device_reason`), the checks on
 q, k, v that both make in the same words (:func:`plain_variants`, :func:`dense_reason`,
 :func:`strides_reason`), and the 4-d TMA descriptors both build (:func:`descriptor`). Each kernel
 keeps its own checks where their words or limits differ (layouts, the scale, the grid).
@@ -36,6 +37,8 @@ except Exception as exc:  # the kernels' modules must import without Gluon, so t
 else:
     GLUON_IMPORT_ERROR = None
 
+#: Set to 0 to turn both Gluon kernels off: the Triton kernels then take every call.
+GLUON_SWITCH = "ATTNKIT_TRITON_FLASH_GLUON"
 LOG2E = 1.4426950408889634
 HEAD_DIMS = (64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
@@ -48,6 +51,11 @@ def aligned(t: torch.Tensor) -> bool:
     size = t.element_size()
     return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
             and all((stride * size) % 16 == 0 for stride in t.stride()[:-1]))
+
+
+def gluon_off() -> bool:
+    """Whether :data:`GLUON_SWITCH` turns both Gluon kernels off."""
+    return os.environ.get(GLUON_SWITCH, "1") == "0"
 
 
 def device_reason(device: torch.device) -> str | None:

@@ -585,7 +585,9 @@ def _launch_decode(p: _Problem, o: torch.Tensor, lse: torch.Tensor, t: Tiles) ->
 
 
 def _gluon_off() -> bool:
-    return os.environ.get("ATTNKIT_TRITON_FLASH_GLUON", "1") == "0"
+    from .gluon_common import gluon_off
+
+    return gluon_off()
 
 
 #: Opts in to what the Gluon forward can run and no GPU has run yet: MLA with a variant (a window,
@@ -641,11 +643,13 @@ def path_note(device: torch.device) -> str:
             f"sinks; {mla}; " + _gluon_fp8_note())
     from . import gluon_backward
 
-    if gluon_backward.enabled():
-        return (note + "; Triton kernels for the rest. Backward: Gluon on dense plain or causal calls, switched on "
-                f"by {gluon_backward.ENV_SWITCH}=1 (it hung when processes shared the GPU; its fix has not run on a "
-                "GPU yet, NOTES.md v26)")
-    return note + "; Triton kernels for the rest and the backward"
+    setting, switch = gluon_backward.setting(), gluon_backward.ENV_SWITCH
+    if setting == "0":
+        return note + f"; Triton kernels for the rest and the backward ({switch}=0)"
+    which = ("every dense plain or causal call it covers" if setting == "1" else
+             f"dense plain or causal calls but d128 causal below {gluon_backward.CAUSAL_D128_MIN_KEYS // 1024}k keys")
+    return (note + f"; Triton kernels for the rest. Backward: Gluon on {which}, the Triton kernels for the rest"
+            f" ({switch}=0: the Triton backward alone, the same bits run to run)")
 
 
 #: Below these key counts the Triton FP8 forward is the faster one, so the Gluon FP8 forward is
@@ -949,20 +953,21 @@ def _launch_dq(p: _Problem, do, lse, delta, dq, t: Tiles) -> None:
 def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               o: torch.Tensor, lse: torch.Tensor, causal: bool, scale: float,
               tiles: dict[str, Tiles] | None = None, *, variants: Variants | None = None,
-              layout: Varlen | None = None, dlse: torch.Tensor | None = None,
+              layout: Varlen | None = None, dlse: torch.Tensor | None = None, gluon: bool | None = None,
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(dq, dk, dv, dsinks) from the forward's output and base-2 LSE; ``dlse`` is the gradient of
     the natural LSE the caller returned (None: not used). ``dsinks`` is None without sinks.
-    ``tiles`` may force the "dkdv" and "dq" kernels' configurations (for benchmarks)."""
+    ``tiles`` may force the "dkdv" and "dq" kernels' configurations (for benchmarks). A call the
+    Gluon backward covers takes it where :func:`.gluon_backward.takes` says (NOTES.md v27);
+    ``gluon=False`` keeps it on the Triton kernels (the benchmarks' Triton column)."""
     variants = Variants(causal=causal) if variants is None else variants
     from . import gluon_backward
 
-    if tiles is None and layout is None and gluon_backward.enabled():
-        # The Gluon backward (NOTES.md, v15 to v20.8): OFF unless asked for (gluon_backward.ENV_SWITCH
-        # says why).
-        if gluon_backward.unsupported_reason(q, k, v, causal, scale, variants=variants, layout=layout) is None:
-            dq, dk, dv = gluon_backward.flash_bwd(do, q, k, v, o, lse, causal, scale, dlse=dlse)
-            return dq, dk, dv, None
+    if (tiles is None and layout is None and gluon is not False and gluon_backward.setting() != "0"
+            and gluon_backward.unsupported_reason(q, k, v, causal, scale, variants=variants, layout=layout) is None
+            and gluon_backward.takes(q.shape[-1], causal, k.shape[2])):
+        dq, dk, dv = gluon_backward.flash_bwd(do, q, k, v, o, lse, causal, scale, dlse=dlse)
+        return dq, dk, dv, None
     p = _Problem(q, k, v, scale, variants, layout)
     packed = layout is not None
     # Packed gradients start at zero: rows past the last sequence belong to no program.

@@ -58,22 +58,92 @@ def test_query_tiles_and_walk_order() -> None:
     assert order[:2] == [2, 3] and sorted(order) == list(range(2, 16)) and order[2] == 4 + 5 % 12
 
 
-def test_the_backward_switch_is_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_by_default_the_gluon_backward_takes_what_it_was_timed_faster_on_and_the_switch_decides_the_rest(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTES v27: unset, every call but d128 causal below 8k keys (1k 0.93x, 4k 0.99x the Triton
+    backward on an H200); "1" every call it covers; "0", or the Gluon switch off, none."""
+    cases = [(128, True, 1024), (128, True, 4096), (128, True, 8192), (128, True, 16384), (128, False, 1024),
+             (64, True, 1024), (64, False, 4096), (192, True, 4096), (192, False, 1024)]
     monkeypatch.delenv(gluon_backward.ENV_SWITCH, raising=False)
-    assert not gluon_backward.enabled()
+    monkeypatch.delenv("ATTNKIT_TRITON_FLASH_GLUON", raising=False)
+    assert gluon_backward.setting() is None
+    assert [gluon_backward.takes(*case) for case in cases] == [False, False, True, True, True, True, True, True, True]
+    monkeypatch.setenv(gluon_backward.ENV_SWITCH, "yes")  # not a setting: the default decides
+    assert gluon_backward.setting() is None
     monkeypatch.setenv(gluon_backward.ENV_SWITCH, "1")
-    assert gluon_backward.enabled()
+    assert all(gluon_backward.takes(*case) for case in cases)
+    monkeypatch.setenv(gluon_backward.ENV_SWITCH, "0")
+    assert not any(gluon_backward.takes(*case) for case in cases)
+    monkeypatch.setenv(gluon_backward.ENV_SWITCH, "1")
+    monkeypatch.setenv("ATTNKIT_TRITON_FLASH_GLUON", "0")
+    assert gluon_backward.setting() == "0" and not gluon_backward.takes(192, True, 4096)
 
 
-def test_the_backward_switch_takes_back_the_backward_determinism(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The Gluon backward adds dQ in float atomics: with it switched on, triton_flash must not
-    declare a deterministic backward (the properties suite would fail it, rightly)."""
+def test_the_launch_sends_the_backward_where_takes_says_and_gluon_false_keeps_the_triton_kernels(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a Hopper (its device check stubbed) launch.flash_bwd hands a d128 16k causal call to
+    the Gluon backward and keeps a 1k one; gluon=False (the benchmarks' Triton column) and the
+    switch at 0 keep both; a windowed call, which the Gluon backward does not cover, stays too."""
+    from pytest_attnkit.implementations.triton_flash import gluon_common, launch
+
+    monkeypatch.delenv(gluon_backward.ENV_SWITCH, raising=False)
+    monkeypatch.delenv("ATTNKIT_TRITON_FLASH_GLUON", raising=False)
+    monkeypatch.setattr(gluon_common, "device_reason", lambda device: None)
+    taken = []
+
+    def gluon_bwd(do, q, k, v, o, lse, causal, scale, dlse=None):
+        taken.append(k.shape[2])
+        return q, k, v
+
+    monkeypatch.setattr(gluon_backward, "flash_bwd", gluon_bwd)
+
+    class Triton(Exception):
+        pass
+
+    def problem(*args, **kwargs):
+        raise Triton()  # the Triton kernels' path starts here
+
+    monkeypatch.setattr(launch, "_Problem", problem)
+
+    def call(n: int, **options) -> str:
+        q = torch.zeros(1, 2, n, 128, dtype=torch.bfloat16)
+        lse = torch.zeros(1, 2, n)
+        try:
+            launch.flash_bwd(q, q, q, q, q, lse, True, 0.088, **options)
+        except Triton:
+            return "triton"
+        return "gluon"
+
+    assert [call(16384), call(1024)] == ["gluon", "triton"]
+    assert call(16384, gluon=False) == "triton"
+    assert call(16384, variants=launch.Variants(causal=True, window=(64, 0))) == "triton"
+    monkeypatch.setenv(gluon_backward.ENV_SWITCH, "0")
+    assert call(16384) == "triton"
+    monkeypatch.setenv(gluon_backward.ENV_SWITCH, "1")
+    assert call(1024) == "gluon" and taken == [16384, 1024]
+
+
+def test_where_the_gluon_backward_can_run_triton_flash_declares_only_its_forward_deterministic(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Gluon backward adds dQ in float atomics: where it can run (a Hopper, here stubbed),
+    triton_flash must not declare a deterministic backward (the properties suite would fail it,
+    rightly); with it turned off, or with no GPU, the Triton backward's bits are the same run to
+    run and it declares both."""
+    from pytest_attnkit.implementations.triton_flash import gluon_common
     from pytest_attnkit.implementations.triton_flash.adapter import TritonFlash
 
     monkeypatch.delenv(gluon_backward.ENV_SWITCH, raising=False)
+    monkeypatch.delenv("ATTNKIT_TRITON_FLASH_GLUON", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert TritonFlash().deterministic_directions() == ("forward", "backward")
-    monkeypatch.setenv(gluon_backward.ENV_SWITCH, "1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gluon_common, "device_reason", lambda device: None)
     assert TritonFlash().deterministic_directions() == ("forward",)
+    monkeypatch.setenv(gluon_backward.ENV_SWITCH, "0")
+    assert TritonFlash().deterministic_directions() == ("forward", "backward")
+    monkeypatch.delenv(gluon_backward.ENV_SWITCH)
+    monkeypatch.setattr(gluon_common, "device_reason", lambda device: "Hopper (sm_90) only")
+    assert TritonFlash().deterministic_directions() == ("forward", "backward")
 
 
 def test_the_compile_check_finds_an_arrival_no_barrier_orders() -> None:

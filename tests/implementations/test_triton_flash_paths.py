@@ -193,16 +193,19 @@ def test_untried_variants_take_the_gluon_forward_only_when_asked_until_a_gpu_ran
              (mla_q, mla_v, launch.Variants(causal=True)), (mla_q, mla_v, launch.Variants())]
     for q_in, v_in, variants in tried:
         assert launch.gluon_path(q_in, q_in, v_in, variants, None, 0.125) is None, variants
+    monkeypatch.delenv("ATTNKIT_TRITON_FLASH_GLUON_BWD", raising=False)
     note = launch.path_note(torch.device("cuda"))
     assert "softcap, sinks" in note and "(MLA) plain or causal" in note, note
-    assert note.endswith("Triton kernels for the rest and the backward"), note
+    assert "Backward: Gluon on dense plain or causal calls but d128 causal below 8k keys" in note, note
     monkeypatch.setenv(launch.UNTRIED_SWITCH, "1")
     for q_in, v_in, variants, _ in untried:
         assert launch.gluon_path(q_in, q_in, v_in, variants, None, 0.125) is None
     assert "(MLA) with them too" in launch.path_note(torch.device("cuda"))
     monkeypatch.setenv("ATTNKIT_TRITON_FLASH_GLUON_BWD", "1")  # the header says the backward's path too
-    assert "Backward: Gluon" in launch.path_note(torch.device("cuda"))
-    assert "it hung when processes shared the GPU" in launch.path_note(torch.device("cuda"))
+    assert "Backward: Gluon on every dense plain or causal call it covers" in launch.path_note(torch.device("cuda"))
+    monkeypatch.setenv("ATTNKIT_TRITON_FLASH_GLUON_BWD", "0")
+    assert launch.path_note(torch.device("cuda")).endswith(
+        "Triton kernels for the rest and the backward (ATTNKIT_TRITON_FLASH_GLUON_BWD=0)")
 
 
 def test_the_launch_hands_the_gluon_forward_every_variant(monkeypatch: pytest.MonkeyPatch) -> None:

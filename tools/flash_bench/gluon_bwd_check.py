@@ -29,7 +29,7 @@ Needs torch with CUDA and triton 3.6; the project need not be installed. Four ph
    7% at 4k causal, moving up to 9% between readings, results/2026-11-28-session16/bwdtime): the Gluon
    backward (with its delta preprocess and dQ's conversion, what a caller pays), SDPA cuDNN's
    backward (``torch.autograd.grad`` of its output, the forward outside the timing), and the
-   current triton_flash backward (``launch.flash_bwd``). FLOPs are 2.5 x the forward's
+   Triton backward (``launch.flash_bwd(..., gluon=False)``). FLOPs are 2.5 x the forward's
    (``pytest_attnkit.counts``); causal counts the visible pairs. Each ``--variants`` configuration
    is timed too, beside the default in three rounds that take turns (the table's default column is
    that case's; its max difference from cuDNN's gradients recorded), and ``TIMING_ONLY``: v15's
@@ -238,8 +238,8 @@ def _bench_case(case: dict, gb, tf_launch) -> dict:
     if case.get("baselines", True):
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             timed("sdpa_cudnn", lambda: torch.autograd.grad(out_cudnn, (qg, kg, vg), do, retain_graph=True))
-        diff("triton_flash", lambda: tf_launch.flash_bwd(do, q, k, v, o, lse, causal, scale)[:3])
-        timed("triton_flash", lambda: tf_launch.flash_bwd(do, q, k, v, o, lse, causal, scale))
+        diff("triton_flash", lambda: tf_launch.flash_bwd(do, q, k, v, o, lse, causal, scale, gluon=False)[:3])
+        timed("triton_flash", lambda: tf_launch.flash_bwd(do, q, k, v, o, lse, causal, scale, gluon=False))
     return result
 
 

@@ -5,8 +5,8 @@ bf16-d64-4k, fp8-d128-4k, bf16-d128-4k (a forward: dtype, head dim, sequence len
 heads fixed at 16k tokens x 2048 / D, the speed suite's shapes), or ``bwd-`` and a bf16 case with
 an optional Gluon backward configuration (``bwd-bf16-d128-4k``, ``bwd-bf16-d128-4k-m64s2-tmar-sw``):
 the Gluon backward (``gluon_backward.flash_bwd``, kernel ``_attn_bwd_sm90``) after one forward.
-``--by triton`` runs the same backward through the Triton kernels (``launch.flash_bwd`` with the
-Gluon backward off, today's default) and ``--by cudnn`` through torch's cuDNN attention, so the
+``--by triton`` runs the same backward through the Triton kernels (``launch.flash_bwd`` with
+``gluon=False``) and ``--by cudnn`` through torch's cuDNN attention, so the
 three can be read side by side (``--causal`` for the causal case); the third call runs inside the
 NVTX range ``profiled``:
 
@@ -18,7 +18,6 @@ NVTX range ``profiled``:
 """
 
 import argparse
-import os
 
 import torch
 
@@ -71,8 +70,7 @@ def main(case: str, by: str, causal: bool = False) -> None:
             o, lse = launch.flash_fwd(q, k, v, causal, d ** -0.5)
             do = torch.randn_like(q)
             if by == "triton":
-                os.environ.pop("ATTNKIT_TRITON_FLASH_GLUON_BWD", None)  # launch.flash_bwd then takes the Triton kernels
-                _three_calls(lambda: launch.flash_bwd(do, q, k, v, o, lse, causal, d ** -0.5))
+                _three_calls(lambda: launch.flash_bwd(do, q, k, v, o, lse, causal, d ** -0.5, gluon=False))
             else:
                 _three_calls(lambda: gluon_backward.flash_bwd(do, q, k, v, o, lse, causal, d ** -0.5, chosen))
         else:

@@ -16,7 +16,7 @@ Each ``--run`` is one process; its words:
 - a kind:
   - ``fwd``: triton_flash's forward as ``launch.flash_fwd`` takes it (the Gluon kernel on Hopper).
   - ``bwd``: the Gluon backward (``gluon_backward.flash_bwd``) on that forward's output.
-  - ``tbwd``: the Triton backward (``launch.flash_bwd`` without the Gluon switch).
+  - ``tbwd``: the Triton backward (``launch.flash_bwd`` with ``gluon=False``).
   - ``sleep``: ``torch.cuda._sleep``, a partner that only makes the GPU switch between processes.
   - ``spin`` and ``stall``: no GPU. They stand in for a running kernel and a hung one, for this
     tool's own tests.
@@ -137,8 +137,8 @@ def _call_for(spec: Spec):
         return (lambda: launch.flash_fwd(q, k, v, spec.causal, scale)[0]), torch.cuda.synchronize
     o, lse = launch.flash_fwd(q, k, v, spec.causal, scale)
     if spec.kind == "tbwd":
-        return (lambda: torch.cat([g.flatten() for g in launch.flash_bwd(do, q, k, v, o, lse, spec.causal,
-                                                                             scale)[1:3]])), torch.cuda.synchronize
+        return (lambda: torch.cat([g.flatten() for g in launch.flash_bwd(do, q, k, v, o, lse, spec.causal, scale,
+                                                                             gluon=False)[1:3]])), torch.cuda.synchronize
     reason = gluon_backward.unsupported_reason(q, k, v, spec.causal, scale)
     if reason is not None:
         raise RuntimeError(f"the Gluon backward does not take {spec}: {reason}")
