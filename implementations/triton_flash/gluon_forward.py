@@ -7,8 +7,8 @@ every other GPU, case and variant (ALiBi: NOTES.md, v19; windows: v22, the one-i
 only the key tiles its rows see, the window's left edge masked as the diagonal is), softcap (the
 SFU's tanh before ALiBi and the masks) and sinks (joined in the epilogue; v23, run on an H200 in
 v25: every harness case right, softcap at 16k 1.24x the Triton kernel). MLA with any of those
-variants is compile-checked only: :func:`.launch.gluon_path` sends it here only with
-``ATTNKIT_TRITON_FLASH_GLUON_UNTRIED=1``. On H100s it ran right on 168 of 168 checked
+variants too since ``tools/flash_bench/gluon_check.py`` ran its 40 cases right on an H200
+(NOTES.md v27; its speed not yet measured). On H100s it ran right on 168 of 168 checked
 cases, three times bit-identical, at 0.87-1.24x cuDNN (NOTES.md, v13 and v13.1;
 results/2026-11-25-h100-session3, results/2026-11-26-gpus). MLA (NOTES.md, v21): Q and K reach the products in three chunks of 64
 columns (:func:`qk_chunk`; Gluon's shapes are powers of two), three chained ``wgmma`` a QK^T

@@ -590,42 +590,19 @@ def _gluon_off() -> bool:
     return gluon_off()
 
 
-#: Opts in to what the Gluon forward can run and no GPU has run yet: MLA with a variant (a window,
-#: ALiBi, softcap or sinks; MLA ran plain and causal on an H200, NOTES.md v21, each variant at d64
-#: and d128, v19, v22, v25, not together). Until a GPU run shows them right, such calls take the
-#: Triton kernels unless this is "1". Softcap, sinks and a window with ALiBi left this list in v25
-#: (results/2026-11-29-session19: every harness case of theirs right on an H200).
-UNTRIED_SWITCH = "ATTNKIT_TRITON_FLASH_GLUON_UNTRIED"
-
-
-def _untried_reason(variants: Variants, mla: bool) -> str | None:
-    """Why a call the Gluon forward can run stays on the Triton kernels for now (None: it need not);
-    ``mla``: V's head dim differs from Q's."""
-    if os.environ.get(UNTRIED_SWITCH) == "1" or not mla:
-        return None
-    asked = [name for name, on in (("a window", variants.window is not None),
-                                   ("ALiBi", variants.alibi_slopes is not None),
-                                   ("softcap", bool(variants.softcap)), ("sinks", variants.sinks is not None)) if on]
-    if asked:
-        return (f"MLA with {' and '.join(asked)} through the Gluon forward: compile-checked, not yet run on a "
-                f"GPU ({UNTRIED_SWITCH}=1 takes it)")
-    return None
-
-
 def gluon_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, variants: Variants, layout: object,
                scale: float) -> str | None:
     """None where the forward runs the Gluon kernel (:mod:`.gluon_forward`: Hopper, fp16/bf16,
     d64/d128 or MLA's d192 with V's d128, plain or causal, ALiBi, a sliding window, softcap, sinks,
-    dense; MLA with those only with :data:`UNTRIED_SWITCH`), else why it takes the
-    Triton kernels. On an H100 it ran 0.86-1.13x cuDNN where this module's kernel ran 0.73-0.88x
-    (NOTES.md, v13).
+    dense; MLA with those too since the check ran them right, NOTES.md v27), else why it takes
+    the Triton kernels. On an H100 it ran 0.86-1.13x cuDNN where this module's kernel ran
+    0.73-0.88x (NOTES.md, v13).
     ``ATTNKIT_TRITON_FLASH_GLUON=0`` turns it off."""
     if _gluon_off():
         return "turned off by ATTNKIT_TRITON_FLASH_GLUON=0"
     from . import gluon_forward
 
-    reason = gluon_forward.unsupported_reason(q, k, v, variants.causal, scale, variants=variants, layout=layout)
-    return reason if reason is not None else _untried_reason(variants, v.shape[-1] != q.shape[-1])
+    return gluon_forward.unsupported_reason(q, k, v, variants.causal, scale, variants=variants, layout=layout)
 
 
 def path_note(device: torch.device) -> str:
@@ -637,10 +614,8 @@ def path_note(device: torch.device) -> str:
     reason = gluon_forward.device_reason(device)
     if reason is not None:
         return f"forward: Triton kernels (the Gluon forward needs {reason})"
-    mla = ("d192/dv128 (MLA) with them too (" + UNTRIED_SWITCH + "=1)" if os.environ.get(UNTRIED_SWITCH) == "1"
-           else "d192/dv128 (MLA) plain or causal")
-    note = ("forward: Gluon (sm_90) on dense fp16/bf16 d64/d128, causal or not, ALiBi, windows, softcap, "
-            f"sinks; {mla}; " + _gluon_fp8_note())
+    note = ("forward: Gluon (sm_90) on dense fp16/bf16 d64/d128 and d192/dv128 (MLA), causal or not, ALiBi, "
+            "windows, softcap, sinks; " + _gluon_fp8_note())
     from . import gluon_backward
 
     setting, switch = gluon_backward.setting(), gluon_backward.ENV_SWITCH
@@ -743,12 +718,12 @@ def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
     if tiles is not None:  # forced: the tiles say which kernel
         launch = _launch_decode if tiles.block_m == 0 else _launch_fwd
     else:
-        # The Gluon switches are read when planning: a process that sets one between calls
-        # (a test, a bench tool) gets a plan of its own for the new setting.
+        # The Gluon switch is read when planning: a process that sets it between calls (a test,
+        # a bench tool) gets a plan of its own for the new setting.
         plan_key = (q.shape, k.shape, v.shape, q.dtype, variants.key(), q.device,
                     None if layout is None else (type(layout), getattr(layout, "max_seqlen_q", 0),
                                                  getattr(layout, "max_seqlen_k", 0), p.n_k),
-                    _gluon_off(), os.environ.get(UNTRIED_SWITCH) == "1")
+                    _gluon_off())
         plan = _PLANS.get(plan_key)
         if plan is None:
             plan = _plan_fwd(p, o, lse)

@@ -161,47 +161,32 @@ def test_mla_is_the_gluon_forward_s_and_other_unequal_head_dims_are_not(monkeypa
     assert "192 with V's 128" in gluon_backward.unsupported_reason(*tensors(128, 64), True, 0.07)
 
 
-def test_untried_variants_take_the_gluon_forward_only_when_asked_until_a_gpu_ran_them(
+def test_on_a_hopper_every_variant_takes_the_gluon_forward_and_the_header_says_the_backward_s_path(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """What the Gluon forward can run and no GPU ran yet - MLA with a window, ALiBi, softcap or
-    sinks - stays on the Triton kernels on a Hopper (its device checks stubbed), saying why, unless
-    ATTNKIT_TRITON_FLASH_GLUON_UNTRIED=1; what ran right on an H200 (d64/d128 with windows, ALiBi,
-    softcap, sinks, each alone and all together; MLA plain and causal) needs no switch. The header
-    says which."""
+    """What ran right on an H200 takes the Gluon forward on a Hopper (its device checks stubbed):
+    d64/d128 with windows, ALiBi, softcap, sinks, each alone and all together, and MLA plain,
+    causal and with those (gluon_check's 40 MLA variant cases, NOTES v27). The header says which
+    backward runs, as ATTNKIT_TRITON_FLASH_GLUON_BWD sets it."""
     from pytest_attnkit.implementations.triton_flash import gluon_common, gluon_forward
 
-    monkeypatch.delenv(launch.UNTRIED_SWITCH, raising=False)
     monkeypatch.delenv("ATTNKIT_TRITON_FLASH_GLUON", raising=False)
     monkeypatch.setattr(gluon_common, "device_reason", lambda device: None)
     monkeypatch.setattr(gluon_forward, "device_reason", lambda device: None)
     q = _dense()
     mla_q, mla_v = torch.zeros(1, 2, 128, 192, dtype=torch.float16), torch.zeros(1, 2, 128, 128, dtype=torch.float16)
     slopes = torch.ones(2)
-    untried = [(mla_q, mla_v, launch.Variants(causal=True, window=(8, 0)), "MLA with a window"),
-               (mla_q, mla_v, launch.Variants(alibi_slopes=slopes), "MLA with ALiBi"),
-               (mla_q, mla_v, launch.Variants(softcap=30.0), "MLA with softcap"),
-               (mla_q, mla_v, launch.Variants(causal=True, sinks=torch.ones(2)), "MLA with sinks"),
-               (mla_q, mla_v, launch.Variants(causal=True, window=(8, 0), alibi_slopes=slopes),
-                "MLA with a window and ALiBi")]
-    for q_in, v_in, variants, words in untried:
-        reason = launch.gluon_path(q_in, q_in, v_in, variants, None, 0.125)
-        assert reason is not None and words in reason and launch.UNTRIED_SWITCH in reason, (words, reason)
-    tried = [(q, q, launch.Variants(causal=True, window=(8, 0))), (q, q, launch.Variants(alibi_slopes=slopes)),
-             (q, q, launch.Variants(softcap=30.0)), (q, q, launch.Variants(causal=True, sinks=torch.ones(2))),
-             (q, q, launch.Variants(causal=True, window=(8, 0), alibi_slopes=slopes, softcap=15.0,
-                                    sinks=torch.ones(2))),
-             (mla_q, mla_v, launch.Variants(causal=True)), (mla_q, mla_v, launch.Variants())]
-    for q_in, v_in, variants in tried:
-        assert launch.gluon_path(q_in, q_in, v_in, variants, None, 0.125) is None, variants
+    every = [launch.Variants(causal=True, window=(8, 0)), launch.Variants(alibi_slopes=slopes),
+             launch.Variants(softcap=30.0), launch.Variants(causal=True, sinks=torch.ones(2)),
+             launch.Variants(causal=True, window=(8, 0), alibi_slopes=slopes, softcap=15.0, sinks=torch.ones(2)),
+             launch.Variants(causal=True), launch.Variants()]
+    for q_in, v_in in ((q, q), (mla_q, mla_v)):
+        for variants in every:
+            assert launch.gluon_path(q_in, q_in, v_in, variants, None, 0.125) is None, (q_in.shape, variants)
     monkeypatch.delenv("ATTNKIT_TRITON_FLASH_GLUON_BWD", raising=False)
     note = launch.path_note(torch.device("cuda"))
-    assert "softcap, sinks" in note and "(MLA) plain or causal" in note, note
+    assert "softcap, sinks" in note and "d192/dv128 (MLA)" in note, note
     assert "Backward: Gluon on dense plain or causal calls but d128 causal below 8k keys" in note, note
-    monkeypatch.setenv(launch.UNTRIED_SWITCH, "1")
-    for q_in, v_in, variants, _ in untried:
-        assert launch.gluon_path(q_in, q_in, v_in, variants, None, 0.125) is None
-    assert "(MLA) with them too" in launch.path_note(torch.device("cuda"))
-    monkeypatch.setenv("ATTNKIT_TRITON_FLASH_GLUON_BWD", "1")  # the header says the backward's path too
+    monkeypatch.setenv("ATTNKIT_TRITON_FLASH_GLUON_BWD", "1")
     assert "Backward: Gluon on every dense plain or causal call it covers" in launch.path_note(torch.device("cuda"))
     monkeypatch.setenv("ATTNKIT_TRITON_FLASH_GLUON_BWD", "0")
     assert launch.path_note(torch.device("cuda")).endswith(
@@ -234,18 +219,17 @@ def test_a_window_side_past_any_length_is_unbounded_not_wrapped() -> None:
 
 
 def test_a_gluon_switch_set_between_calls_is_planned_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The forward caches each shape's plan (which kernel, which tiles); the Gluon switches decide
-    the kernel, so a process that sets one between two calls of a shape must plan it again, not
+    """The forward caches each shape's plan (which kernel, which tiles); the Gluon switch decides
+    the kernel, so a process that sets it between two calls of a shape must plan it again, not
     keep the kernel the old setting chose (it did, noticed in session 18)."""
     planned = []
 
     def plan(problem, o, lse):
-        planned.append((os.environ.get("ATTNKIT_TRITON_FLASH_GLUON"), os.environ.get(launch.UNTRIED_SWITCH)))
+        planned.append(os.environ.get("ATTNKIT_TRITON_FLASH_GLUON"))
         return (lambda *args: None), None
 
     monkeypatch.setattr(launch, "_plan_fwd", plan)
     monkeypatch.delenv("ATTNKIT_TRITON_FLASH_GLUON", raising=False)
-    monkeypatch.delenv(launch.UNTRIED_SWITCH, raising=False)
     launch._PLANS.clear()
     q = torch.zeros(1, 2, 8, 64, dtype=torch.float16)
     for _ in range(2):
@@ -253,7 +237,8 @@ def test_a_gluon_switch_set_between_calls_is_planned_again(monkeypatch: pytest.M
     assert len(planned) == 1
     monkeypatch.setenv("ATTNKIT_TRITON_FLASH_GLUON", "0")
     launch.flash_fwd(q, q, q, False, 0.125)
-    monkeypatch.setenv(launch.UNTRIED_SWITCH, "1")
+    assert planned == [None, "0"]
+    monkeypatch.setenv("ATTNKIT_TRITON_FLASH_GLUON", "1")  # on, as unset: the first plan again
     launch.flash_fwd(q, q, q, False, 0.125)
-    assert planned == [(None, None), ("0", None), ("0", "1")]
+    assert planned == [None, "0"]
     launch._PLANS.clear()

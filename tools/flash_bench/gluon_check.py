@@ -21,10 +21,9 @@ cannot take the run with it:
    none must be exactly 0 with LSE +inf. The kernel also runs twice more and must give the same
    bits (a race in a warp-specialized kernel tends to show as run-to-run differences). Then the
    attention variants the kernel takes (:data:`ATTENTION_VARIANTS`: sliding windows, ALiBi,
-   softcap, sinks and all four at once) on five shapes each, d64, d128 and MLA's d192 (which
-   ``launch`` sends here only with ``ATTNKIT_TRITON_FLASH_GLUON_UNTRIED=1``: this check is how
-   it gets run), against the float64 oracle with the same variants (``--no-attention-variants``
-   leaves them out).
+   softcap, sinks and all four at once) on five shapes each, d64, d128 and MLA's d192 (no harness
+   case has MLA with a variant: this check is how those get run), against the float64 oracle with
+   the same variants (``--no-attention-variants`` leaves them out).
 3. timing: the issue's cases (bf16, and fp16 too with ``--timing-dtypes bfloat16,float16``;
    b1-h16-q16384 d128, b4-h16-q4096 d128, b4-h32-q4096 d64, b8-h16-q1024 d128; each causal and not) with ``triton.testing.do_bench`` (median, L2 flushed),
    for the Gluon forward, SDPA with the cuDNN backend, SDPA with the FLASH backend and the
