@@ -106,3 +106,12 @@ def test_every_variant_runs_at_every_head_dim_and_compiles_once_each(gluon_check
     assert {c["head_dim"] for c in cases} == {64, 128, 192} and len({c["id"] for c in cases}) == len(cases)
     specs = gluon_check.attention_variant_specs()
     assert len(specs) == len(names) * len(gluon_check.HEAD_DIMS)
+
+
+def test_a_run_without_timing_says_so_instead_of_a_table_of_dashes(gluon_check) -> None:
+    """--skip-timing printed an empty speed table, a row of dashes per case (vcheck1 in
+    results/2026-11-29-session20); it says that nothing was timed."""
+    results = {"correct": {"a": {"id": "a", "passed": True, "out": {"max_error": 1.0, "allowed": 4.0}}}}
+    text = gluon_check.report(results, {}, [], {"device": "NVIDIA H200"})
+    assert "## Correctness: 1 of 1 cases passed" in text
+    assert "## Speed: not timed" in text and "| - |" not in text and "| case |" not in text

@@ -534,6 +534,9 @@ def report(results: dict, bench: dict, variants: list[str], hello: dict,
         lines.append(f"- worst headroom (out error / allowed): "
                      f"{worst['out']['max_error'] / worst['out']['allowed']:.2f} ({worst['id']})")
     lines.append("")
+    if not bench:
+        lines.append("## Speed: not timed (--skip-timing, or the timing phase gave nothing)")
+        return "\n".join(lines)
     ceiling = bench.get("matmul bf16 8192^3", {})
     lines.append(f"## Speed ({', '.join(SHORT[d] for d in dtypes)}; TFLOP/s, do_bench median; "
                  f"{hello.get('device', '?')}; bf16 matmul ceiling {ceiling.get('tflops', float('nan')):.0f})")
