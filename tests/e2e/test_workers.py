@@ -78,7 +78,7 @@ def test_an_implementation_that_breaks_in_a_fresh_worker_says_it_could_not_be_lo
 
 def test_a_worker_log_keeps_its_start_and_its_end_within_a_size(pytester: pytest.Pytester, fake_dist,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    # A kernel that prints a megabyte per call, and crashes on its twelfth: its log keeps the start and
+    # A kernel that prints a megabyte per call, and crashes on its sixth: its log keeps the start and
     # the end (faulthandler's traceback), says what was cut, and never holds the megabytes.
     import os
     import threading
