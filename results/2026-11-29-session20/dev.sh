@@ -184,6 +184,9 @@ while [ $# -gt 0 ]; do
         mkdir -p $OUT/vbroken-$N; timeout 150 python3 tools/flash_bench/gluon_check.py --out /tmp/r/vb-$N --variants "" --case-timeout 60 --skip-timing > /tmp/r/vb-$N.log 2>&1; echo "vbroken $N: gluon_check rc $?"
         cp /tmp/gf-saved.py $F
         cp /tmp/r/vb-$N/check.md $OUT/vbroken-$N/ 2>/dev/null; grep -E "^## Correctness" -A3 /tmp/r/vb-$N/check.md | head -5; grep -c FAIL /tmp/r/vb-$N.log; done ;;
+    savebwd) # the Gluon backward's programs (v27's default) into the baseline: three speed saves of the backward cases
+      for i in 1 2 3; do L=savebwd$i; mj "$L" --cache /tmp/ac --timeout 170 -- --attnkit-impl=triton_flash,torch_sdpa --attnkit-suite=speed -k "backward" --attnkit-baseline-dir=/tmp/bl --attnkit-save-baseline | grep -E "exit status|wall time|outcomes"
+        grep -E "gate  " /tmp/r/$L/pytest.log | head -2; pack "$L"; done; cp /tmp/bl/nvidia*.json "$OUT/" ;;
     savecap) # the softcap forward's new program (Gluon, v25) into the baseline: three speed saves, separate processes
       for i in 1 2 3; do L=savecap$i; mj "$L" --cache /tmp/ac --timeout 120 -- --attnkit-impl=triton_flash,torch_sdpa --attnkit-suite=speed -k cap30 --attnkit-baseline-dir=/tmp/bl --attnkit-save-baseline | grep -E "exit status|wall time|outcomes"
         grep -E "gate  " /tmp/r/$L/pytest.log | head -2; pack "$L"; done; cp /tmp/bl/nvidia*.json "$OUT/" ;;
