@@ -622,8 +622,8 @@ def path_note(device: torch.device) -> str:
     if setting == "0":
         return note + f"; Triton kernels for the rest and the backward ({switch}=0)"
     which = ("every dense plain or causal call it covers" if setting == "1" else
-             f"dense plain or causal calls but d128 causal below {gluon_backward.CAUSAL_D128_MIN_KEYS // 1024}k keys")
-    return (note + f"; Triton kernels for the rest. Backward: Gluon on {which}, the Triton kernels for the rest"
+             f"dense plain or causal calls except d128 causal below {gluon_backward.CAUSAL_D128_MIN_KEYS // 1024}k keys")
+    return (note + f"; Triton kernels for the rest. Backward: Gluon on {which}; Triton kernels for the rest"
             f" ({switch}=0: the Triton backward alone, the same bits run to run)")
 
 
