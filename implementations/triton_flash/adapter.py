@@ -36,9 +36,10 @@ class TritonFlash(AttentionImpl):
     supports_paged_kv = True  # forward only: supports_paged_kv_backward stays False
     # Every output and gradient element of the Triton kernels is written by one program, with no
     # atomics (dK/dV and dQ are separate kernels; the split decode merges its slices in a fixed
-    # order): the same inputs give the same bits. The Gluon backward's dQ is not (deterministic). Not batch-invariant: the split decode divides the keys by the batch's
-    # size. CUDA graphs and torch.compile are left to the properties suite to report until a GPU
-    # run has shown them (the launcher reads no tensor back to the host).
+    # order): the same inputs give the same bits. The Gluon backward's dQ is not (deterministic).
+    # Not batch-invariant: the split decode divides the keys by the batch's size. CUDA graphs and
+    # torch.compile are left to the properties suite to report until a GPU run has shown them (the
+    # launcher reads no tensor back to the host).
     @property
     def deterministic(self) -> bool | str:  # type: ignore[override]
         """Both directions; the forward only where the Gluon backward can run (a Hopper GPU, not

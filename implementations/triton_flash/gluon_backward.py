@@ -136,7 +136,8 @@ import torch
 # this module: they stay its names too.
 from .gluon_common import (DTYPES, GLUON_IMPORT_ERROR, HEAD_DIMS, LOG2E, SHARED_LIMIT, aligned, dense_reason,
                            descriptor, device_reason, plain_variants, strides_reason)
-from .gluon_common import fence_async_shared, gl, gluon, mbarrier, tma, triton, warpgroup_mma, warpgroup_mma_wait
+from .gluon_common import (fence_async_shared, gl, gluon, mbarrier, tma, tma_load, tma_store, thread_barrier,
+                           triton, warpgroup_mma, warpgroup_mma_wait)
 from . import gluon_common
 
 #: Keys a consumer warp group owns: wgmma's M is 64 per warp group.
@@ -363,9 +364,9 @@ if gl is not None:
         mbarrier.expect(kv_full.index(0), 2 * QK_CHUNKS * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
         for c in gl.static_range(2):
             for ch in gl.static_range(QK_CHUNKS):
-                tma.async_copy_global_to_shared(k_desc, [off_b, off_hkv, n0 + c * KEYS, ch * QK_CHUNK],
+                tma_load(k_desc, [off_b, off_hkv, n0 + c * KEYS, ch * QK_CHUNK],
                                                 kv_full.index(0), k_smem.index(c * QK_CHUNKS + ch))
-            tma.async_copy_global_to_shared(v_desc, [off_b, off_hkv, n0 + c * KEYS, 0], kv_full.index(0),
+            tma_load(v_desc, [off_b, off_hkv, n0 + c * KEYS, 0], kv_full.index(0),
                                             v_smem.index(c))
         # Q_i and dO_i of every query tile of every head of the group, into the ring.
         tile_bytes: gl.constexpr = QK_CHUNKS * q_desc.block_type.nbytes + do_desc.block_type.nbytes
@@ -379,9 +380,9 @@ if gl is not None:
                 mbarrier.wait(q_empty.index(s), ((it // STAGES) & 1) ^ 1)
                 mbarrier.expect(q_full.index(s), tile_bytes)
                 for ch in gl.static_range(QK_CHUNKS):
-                    tma.async_copy_global_to_shared(q_desc, [off_b, off_h, t * BLOCK_M, ch * QK_CHUNK], q_full.index(s),
+                    tma_load(q_desc, [off_b, off_h, t * BLOCK_M, ch * QK_CHUNK], q_full.index(s),
                                                     q_smem.index(s * QK_CHUNKS + ch))
-                tma.async_copy_global_to_shared(do_desc, [off_b, off_h, t * BLOCK_M, 0], q_full.index(s),
+                tma_load(do_desc, [off_b, off_h, t * BLOCK_M, 0], q_full.index(s),
                                                 do_smem.index(s))
                 it += 1
 
@@ -549,7 +550,7 @@ if gl is not None:
                         # The previous tile's reduce has read the buffer: its issuing thread waits,
                         # and the warp group waits for that thread.
                         tma.store_wait(pendings=0)
-                        gl.thread_barrier()
+                        thread_barrier()
             if PAIR_DQ and CID == 1:
                 share_smem.index(h).store(dq * sm_scale)
             else:
@@ -579,13 +580,13 @@ if gl is not None:
             # -pair: every thread's share is in the buffer (the barrier) before the one thread's
             # arrival (a release) lets consumer 0 read it. Triton's shared-memory barrier pass
             # would put this barrier here too (gluon_bwd_compile.py checks the PTX for it).
-            gl.thread_barrier()
+            thread_barrier()
             mbarrier.arrive(dq_ready.index(0), count=1)
         elif TMA_DQ:
             # Every thread's share is in the buffer (the barrier), seen by the async proxy (the
             # fence); the descriptor bounds the head, so rows past Nq are dropped.
             fence_async_shared()
-            gl.thread_barrier()
+            thread_barrier()
             if PAIR_DQ:
                 # Consumer 1's share has been read (it is in the sum): its buffer is free.
                 mbarrier.arrive(dq_free.index(0), count=1)
@@ -662,8 +663,8 @@ if gl is not None:
         k_c.store(gl.convert_layout((dk * sm_scale).to(k_c.dtype), kv_layout))
         v_c.store(gl.convert_layout(dv.to(v_c.dtype), kv_layout))
         fence_async_shared()
-        tma.async_copy_shared_to_global(dk_desc, [off_b, off_hkv, key0, 0], k_c)
-        tma.async_copy_shared_to_global(dv_desc, [off_b, off_hkv, key0, 0], v_c)
+        tma_store(dk_desc, [off_b, off_hkv, key0, 0], k_c)
+        tma_store(dv_desc, [off_b, off_hkv, key0, 0], v_c)
         tma.store_wait(pendings=0)
 
     @gluon.jit
@@ -716,12 +717,12 @@ if gl is not None:
             # The previous piece's (or tile's) reduce has read the buffer: its issuing thread
             # waits, and the warp group waits for that thread.
             tma.store_wait(pendings=0)
-            gl.thread_barrier()
+            thread_barrier()
             dq_buf.store(dq * sm_scale)
             # Every thread's piece is in the buffer, seen by the async proxy; the descriptor bounds
             # the head (rows past Nq dropped), 32 columns a reduce (128-byte swizzled rows).
             fence_async_shared()
-            gl.thread_barrier()
+            thread_barrier()
             for c in gl.static_range(QK_CHUNK // 32):
                 _tma_reduce_add(dq_h, [off_b, off_h, t * BLOCK_M, h * QK_CHUNK + c * 32],
                                 dq_buf.slice(c * 32, 32, dim=1))
@@ -778,8 +779,8 @@ if gl is not None:
         v_c.store(dv.to(v_c.dtype))
         fence_async_shared()
         for j in gl.static_range(3):
-            tma.async_copy_shared_to_global(dk_desc, [off_b, off_hkv, key0, j * QK_CHUNK], k_smem.index(CID * 3 + j))
-        tma.async_copy_shared_to_global(dv_desc, [off_b, off_hkv, key0, 0], v_c)
+            tma_store(dk_desc, [off_b, off_hkv, key0, j * QK_CHUNK], k_smem.index(CID * 3 + j))
+        tma_store(dv_desc, [off_b, off_hkv, key0, 0], v_c)
         tma.store_wait(pendings=0)
 
     # Lengths and head counts as plain integers, as the forward does.

@@ -34,11 +34,31 @@ except Exception as exc:  # the kernels' modules must import without Gluon, so t
     GLUON_IMPORT_ERROR: Exception | None = exc
     triton = gluon = gl = TensorDescriptor = None
     fence_async_shared = mbarrier = tma = warpgroup_mma = warpgroup_mma_init = warpgroup_mma_wait = None
+    tma_load = tma_store = thread_barrier = PUBLIC_REINTERPRET = None
 else:
     GLUON_IMPORT_ERROR = None
+    # TMA's copies: triton 3.6 names them async_copy_global_to_shared and
+    # async_copy_shared_to_global; later versions async_load and async_store, and the old names
+    # raise "has been removed" (triton 3.9). The kernels call these names, which work on both.
+    tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+    # The barrier of a CTA's threads (in a warp-specialized partition, of its warps):
+    # ``thread_barrier`` in triton 3.6, ``barrier`` in 3.9.
+    thread_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+    # A shared buffer's view as another shape: ``_reinterpret`` in triton 3.6, ``reinterpret`` from
+    # a later version on (3.9 has only that). A kernel picks the method by this constexpr.
+    PUBLIC_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
 
-#: Set to 0 to turn both Gluon kernels off: the Triton kernels then take every call.
+#: Set to 0 to turn both Gluon kernels off: the Triton kernels then take every call. Set to 1 to
+#: take them under a triton they have not run on a GPU under (:data:`VERIFIED_TRITON`).
 GLUON_SWITCH = "ATTNKIT_TRITON_FLASH_GLUON"
+#: The triton versions (major.minor) under which the Gluon kernels ran right on a GPU, in the checks
+#: and the harness (NOTES.md). Under another the Triton kernels take every call unless
+#: :data:`GLUON_SWITCH` is 1: a new compiler can turn right source into a kernel that hangs (NOTES.md
+#: v26-v27: an allocator reusing a barrier's word). Triton 3.9 compiles both kernels for sm_90a with
+#: the names below (more spills in the backward: 3.7-4.0 KB at d128 against 1.4 KB, NOTES.md v28);
+#: no GPU here has run them under it.
+VERIFIED_TRITON = ("3.6",)
 LOG2E = 1.4426950408889634
 HEAD_DIMS = (64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
@@ -58,12 +78,25 @@ def gluon_off() -> bool:
     return os.environ.get(GLUON_SWITCH, "1") == "0"
 
 
+def version_reason(version: str | None = None) -> str | None:
+    """Why this triton (``version``: triton's own by default) does not take the Gluon kernels
+    (None: it does): one they have not run on a GPU under, unless :data:`GLUON_SWITCH` is 1."""
+    version = triton.__version__ if version is None else version
+    if os.environ.get(GLUON_SWITCH) == "1" or ".".join(version.split(".")[:2]) in VERIFIED_TRITON:
+        return None
+    verified = " or ".join(VERIFIED_TRITON)
+    return (f"triton {verified}, the version its kernels ran right on a GPU under (this is triton {version}; "
+            f"{GLUON_SWITCH}=1 takes them anyway)")
+
+
 def device_reason(device: torch.device) -> str | None:
     """Why no call on ``device`` takes this kernel, whatever its shape (None: some can)."""
     if GLUON_IMPORT_ERROR is not None:
         return f"Gluon (triton.experimental.gluon, triton >= 3.6) is not available: {GLUON_IMPORT_ERROR}"
     if os.environ.get("TRITON_INTERPRET") == "1" or device.type != "cuda":
         return "a CUDA device (not Triton's interpreter)"
+    if (reason := version_reason()) is not None:
+        return reason
     capability = torch.cuda.get_device_capability(device)
     if capability[0] != 9:
         return f"Hopper (sm_90) only: wgmma and this kernel's TMA use are sm_90a (this GPU is sm{capability[0]}{capability[1]})"

@@ -142,10 +142,10 @@ import torch
 # Gluon's names for the kernel, and the host-side checks both Gluon kernels share. launch, the
 # bench tools and the tests read GLUON_IMPORT_ERROR, device_reason, HEAD_DIMS, DTYPES and
 # SHARED_LIMIT from this module: they stay its names too.
-from .gluon_common import (DTYPES, GLUON_IMPORT_ERROR, HEAD_DIMS, LOG2E, SHARED_LIMIT, dense_reason, descriptor,
-                           device_reason, plain_variants, strides_reason)
-from .gluon_common import (fence_async_shared, gl, gluon, mbarrier, tma, triton, warpgroup_mma, warpgroup_mma_init,
-                           warpgroup_mma_wait)
+from .gluon_common import (DTYPES, GLUON_IMPORT_ERROR, HEAD_DIMS, LOG2E, PUBLIC_REINTERPRET, SHARED_LIMIT,
+                           dense_reason, descriptor, device_reason, plain_variants, strides_reason)
+from .gluon_common import (fence_async_shared, gl, gluon, mbarrier, tma, tma_load, tma_store, thread_barrier,
+                           triton, warpgroup_mma, warpgroup_mma_init, warpgroup_mma_wait)
 # The band a window gives the kernel's WINDOW, and its unbounded side: the Triton kernels' own.
 from .kernels import UNBOUNDED, band
 
@@ -394,7 +394,7 @@ if gl is not None:
                 mbarrier.wait(q_empty.index(c), (it & 1) ^ 1)
             mbarrier.expect(q_full.index(c), q_bytes)
             for j in gl.static_range(QK_CHUNKS):
-                tma.async_copy_global_to_shared(q_desc, [off_b, off_h, start_m + c * ROWS, j * QK_CHUNK],
+                tma_load(q_desc, [off_b, off_h, start_m + c * ROWS, j * QK_CHUNK],
                                                 q_full.index(c), q_smem.index(c * QK_CHUNKS + j))
         # K runs one tile ahead of V: a K stage frees after QK^T, a V stage only after the PV
         # product that reads it, which is later; V waiting for its stage must not hold up K.
@@ -418,10 +418,10 @@ if gl is not None:
         mbarrier.wait(empty.index(s), ((g // STAGES) & 1) ^ 1)
         mbarrier.expect(full.index(s), desc.block_type.nbytes * CHUNKS)
         if KEYS_LAST:
-            tma.async_copy_global_to_shared(desc, [off_b, off_hkv, 0, t * BLOCK_N], full.index(s), smem.index(s))
+            tma_load(desc, [off_b, off_hkv, 0, t * BLOCK_N], full.index(s), smem.index(s))
         else:
             for j in gl.static_range(CHUNKS):
-                tma.async_copy_global_to_shared(desc, [off_b, off_hkv, t * BLOCK_N, j * CHUNK], full.index(s),
+                tma_load(desc, [off_b, off_hkv, t * BLOCK_N, j * CHUNK], full.index(s),
                                                 smem.index(s * CHUNKS + j))
 
     @gluon.jit
@@ -623,8 +623,12 @@ if gl is not None:
             gl.static_assert((CONSUMERS * PART) % HEAD_DIM_V == 0, "Q's buffer is whole O slots")
             SLOT: gl.constexpr = (CID * PART + HEAD_DIM_V - 1) // HEAD_DIM_V
             gl.static_assert((SLOT + 1) * HEAD_DIM_V <= (CID + 1) * PART, "O's slot inside the consumer's part")
-            slots = q_smem._reinterpret(q_smem.dtype, [CONSUMERS * PART // HEAD_DIM_V, ROWS, HEAD_DIM_V],
-                                        q_smem.layout)
+            if PUBLIC_REINTERPRET:
+                slots = q_smem.reinterpret(q_smem.dtype, [CONSUMERS * PART // HEAD_DIM_V, ROWS, HEAD_DIM_V],
+                                           q_smem.layout)
+            else:
+                slots = q_smem._reinterpret(q_smem.dtype, [CONSUMERS * PART // HEAD_DIM_V, ROWS, HEAD_DIM_V],
+                                            q_smem.layout)
             o_buf = slots.index(SLOT)
         # SUM_MMA: this consumer's tile of ones, B of P @ ones ([BLOCK_N, 16]), written once,
         # fenced for the async proxy, and the warp group's barrier after it: every thread's stores
@@ -634,7 +638,7 @@ if gl is not None:
             fill: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0])
             ones_smem.index(CID).store(gl.full([BLOCK_N, 16], 1.0, q_smem.dtype, layout=fill))
             fence_async_shared()
-            gl.thread_barrier()
+            thread_barrier()
         _consumer_item(o_desc, q_smem, o_buf, k_smem, v_smem, q_full, q_full, k_full, v_full,
                        k_empty, v_empty, turn, lse_ptr, off_b, off_h, start_m, n_q, n_k, n_tiles, n_whole, qk_scale,
                        slopes_ptr, H_Q, 0, 0, 0,
@@ -802,7 +806,7 @@ if gl is not None:
         fence_async_shared()
         o_buf.store(out)
         fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [off_b, off_h, row0, 0], o_buf)
+        tma_store(o_desc, [off_b, off_h, row0, 0], o_buf)
         return turns
 
     @gluon.jit

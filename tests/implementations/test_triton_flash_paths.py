@@ -242,3 +242,31 @@ def test_a_gluon_switch_set_between_calls_is_planned_again(monkeypatch: pytest.M
     launch.flash_fwd(q, q, q, False, 0.125)
     assert planned == [None, "0"]
     launch._PLANS.clear()
+
+
+def test_under_a_triton_they_have_not_run_on_a_gpu_under_the_gluon_kernels_take_no_call(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Gluon kernels ran right on GPUs only under triton 3.6 (VERIFIED_TRITON). Under another
+    (3.9 renamed three of their calls; a new compiler can turn right source into a kernel that
+    hangs, NOTES v26-v28) a CUDA device's calls take the Triton kernels, the header says why and
+    how to take them anyway, and the backward stays deterministic; ATTNKIT_TRITON_FLASH_GLUON=1
+    takes them."""
+    from pytest_attnkit.implementations.triton_flash import gluon_backward, gluon_common
+    from pytest_attnkit.implementations.triton_flash.adapter import TritonFlash
+
+    if gluon_common.GLUON_IMPORT_ERROR is not None:
+        pytest.skip(f"this triton has no Gluon: {gluon_common.GLUON_IMPORT_ERROR}")
+    for name in ("ATTNKIT_TRITON_FLASH_GLUON", "ATTNKIT_TRITON_FLASH_GLUON_BWD", "TRITON_INTERPRET"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(gluon_common.triton, "__version__", "3.9.0")
+    reason = gluon_common.device_reason(torch.device("cuda"))
+    assert reason == ("triton 3.6, the version its kernels ran right on a GPU under (this is triton 3.9.0; "
+                      "ATTNKIT_TRITON_FLASH_GLUON=1 takes them anyway)")
+    assert launch.path_note(torch.device("cuda")) == f"forward: Triton kernels (the Gluon forward needs {reason})"
+    assert not gluon_backward.may_run(torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert TritonFlash().deterministic_directions() == ("forward", "backward")
+    assert gluon_common.version_reason("3.6.0") is None and gluon_common.version_reason("3.6.2") is None
+    assert gluon_common.version_reason("3.7.0") is not None
+    monkeypatch.setenv("ATTNKIT_TRITON_FLASH_GLUON", "1")
+    assert gluon_common.version_reason() is None

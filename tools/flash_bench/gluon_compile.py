@@ -86,12 +86,20 @@ def _tool(name: str) -> str:
     return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
 
 
+def _ptxas() -> str:
+    """The ptxas Triton itself runs for sm_90a: the bundled ``ptxas`` in triton 3.6, the newer
+    ``ptxas-blackwell`` in 3.9, whose PTX (.version 9.4) the older one refuses."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    return get_ptxas(90).path
+
+
 def _ptxas_report(ptx: str) -> tuple[int, int, list[str]]:
     """(registers, spilled bytes stored + loaded, warnings) from ptxas -v on the kernel's PTX."""
     with tempfile.TemporaryDirectory() as folder:
         source, target = Path(folder) / "k.ptx", Path(folder) / "k.cubin"
         source.write_text(ptx)
-        run = subprocess.run([_tool("ptxas"), "-v", "--warn-on-spills", "-arch=sm_90a", str(source), "-o",
+        run = subprocess.run([_ptxas(), "-v", "--warn-on-spills", "-arch=sm_90a", str(source), "-o",
                               str(target)], capture_output=True, text=True)
     text = run.stdout + run.stderr
     regs = re.search(r"Used (\d+) registers", text)
@@ -260,7 +268,8 @@ def ptx_counts(ptx: str) -> tuple[int, int, list[str], list[int], list[int], lis
     dec = sorted({int(n) for n in re.findall(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+)", ptx)})
     inc = sorted({int(n) for n in re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", ptx)})
     wgmma = sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(\S+?)\s", ptx)))
-    tma_loads = len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global", ptx))
+    # The destination is shared::cluster in triton 3.6's PTX, shared::cta in 3.9's.
+    tma_loads = len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::(?:cluster|cta)\.global", ptx))
     return regs, spills, warnings, dec, inc, wgmma, tma_loads
 
 
