@@ -723,7 +723,7 @@ def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
         plan_key = (q.shape, k.shape, v.shape, q.dtype, variants.key(), q.device,
                     None if layout is None else (type(layout), getattr(layout, "max_seqlen_q", 0),
                                                  getattr(layout, "max_seqlen_k", 0), p.n_k),
-                    _gluon_off())
+                    os.environ.get("ATTNKIT_TRITON_FLASH_GLUON"))
         plan = _PLANS.get(plan_key)
         if plan is None:
             plan = _plan_fwd(p, o, lse)

@@ -237,10 +237,9 @@ def test_a_gluon_switch_set_between_calls_is_planned_again(monkeypatch: pytest.M
     assert len(planned) == 1
     monkeypatch.setenv("ATTNKIT_TRITON_FLASH_GLUON", "0")
     launch.flash_fwd(q, q, q, False, 0.125)
-    assert planned == [None, "0"]
-    monkeypatch.setenv("ATTNKIT_TRITON_FLASH_GLUON", "1")  # on, as unset: the first plan again
+    monkeypatch.setenv("ATTNKIT_TRITON_FLASH_GLUON", "1")  # under an unverified triton, not as unset
     launch.flash_fwd(q, q, q, False, 0.125)
-    assert planned == [None, "0"]
+    assert planned == [None, "0", "1"]
     launch._PLANS.clear()
 
 
