@@ -365,9 +365,8 @@ if gl is not None:
         for c in gl.static_range(2):
             for ch in gl.static_range(QK_CHUNKS):
                 tma_load(k_desc, [off_b, off_hkv, n0 + c * KEYS, ch * QK_CHUNK],
-                                                kv_full.index(0), k_smem.index(c * QK_CHUNKS + ch))
-            tma_load(v_desc, [off_b, off_hkv, n0 + c * KEYS, 0], kv_full.index(0),
-                                            v_smem.index(c))
+                         kv_full.index(0), k_smem.index(c * QK_CHUNKS + ch))
+            tma_load(v_desc, [off_b, off_hkv, n0 + c * KEYS, 0], kv_full.index(0), v_smem.index(c))
         # Q_i and dO_i of every query tile of every head of the group, into the ring.
         tile_bytes: gl.constexpr = QK_CHUNKS * q_desc.block_type.nbytes + do_desc.block_type.nbytes
         it = 0
@@ -381,9 +380,8 @@ if gl is not None:
                 mbarrier.expect(q_full.index(s), tile_bytes)
                 for ch in gl.static_range(QK_CHUNKS):
                     tma_load(q_desc, [off_b, off_h, t * BLOCK_M, ch * QK_CHUNK], q_full.index(s),
-                                                    q_smem.index(s * QK_CHUNKS + ch))
-                tma_load(do_desc, [off_b, off_h, t * BLOCK_M, 0], q_full.index(s),
-                                                do_smem.index(s))
+                             q_smem.index(s * QK_CHUNKS + ch))
+                tma_load(do_desc, [off_b, off_h, t * BLOCK_M, 0], q_full.index(s), do_smem.index(s))
                 it += 1
 
     @gluon.jit

@@ -395,7 +395,7 @@ if gl is not None:
             mbarrier.expect(q_full.index(c), q_bytes)
             for j in gl.static_range(QK_CHUNKS):
                 tma_load(q_desc, [off_b, off_h, start_m + c * ROWS, j * QK_CHUNK],
-                                                q_full.index(c), q_smem.index(c * QK_CHUNKS + j))
+                         q_full.index(c), q_smem.index(c * QK_CHUNKS + j))
         # K runs one tile ahead of V: a K stage frees after QK^T, a V stage only after the PV
         # product that reads it, which is later; V waiting for its stage must not hold up K.
         if n_tiles > 0:
@@ -421,8 +421,7 @@ if gl is not None:
             tma_load(desc, [off_b, off_hkv, 0, t * BLOCK_N], full.index(s), smem.index(s))
         else:
             for j in gl.static_range(CHUNKS):
-                tma_load(desc, [off_b, off_hkv, t * BLOCK_N, j * CHUNK], full.index(s),
-                                                smem.index(s * CHUNKS + j))
+                tma_load(desc, [off_b, off_hkv, t * BLOCK_N, j * CHUNK], full.index(s), smem.index(s * CHUNKS + j))
 
     @gluon.jit
     def _issue_qk(q_smem, k_smem, qk, cid, s, QK_CHUNKS: gl.constexpr):
