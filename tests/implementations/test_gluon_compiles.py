@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-#: The triton versions (major.minor) the compile tools ran clean under (NOTES.md v28).
+#: The triton versions (major.minor) the compile tools ran clean under (NOTES v28).
 CHECKED = ("3.6", "3.9")
 
 
