@@ -126,7 +126,6 @@ the compile accepted, the atomics' cost, and the speed.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
@@ -930,13 +929,9 @@ if gl is not None:
 
 
 def setting() -> str | None:
-    """:data:`ENV_SWITCH` as read: "1" (every call this kernel covers), "0" (none; also when
-    ``ATTNKIT_TRITON_FLASH_GLUON=0`` turns both Gluon kernels off) or None (:func:`takes`
-    decides; any other value too)."""
-    if gluon_common.gluon_off():
-        return "0"
-    value = os.environ.get(ENV_SWITCH)
-    return value if value in ("0", "1") else None
+    """:data:`ENV_SWITCH` as read (:func:`.gluon_common.path_setting`): "1" every call this
+    kernel covers, "0" none, None :func:`takes` decides."""
+    return gluon_common.path_setting(ENV_SWITCH)
 
 
 def takes(head_dim: int, causal: bool, n_k: int) -> bool:

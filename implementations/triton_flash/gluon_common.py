@@ -1,8 +1,8 @@
 """What the Gluon forward (:mod:`.gluon_forward`) and backward (:mod:`.gluon_backward`) share.
 
 Triton's Gluon imports (the module must import without them, so that the two can say why no call
-takes them: :data:`GLUON_IMPORT_ERROR`), the switch that turns both off (:func:`gluon_off`), the
-device check (:func:`device_reason`), the checks on
+takes them: :data:`GLUON_IMPORT_ERROR`), the switch that turns both off (:func:`gluon_off`) and
+the reading of each path's own switch (:func:`path_setting`), the device check (:func:`device_reason`), the checks on
 q, k, v that both make in the same words (:func:`plain_variants`, :func:`dense_reason`,
 :func:`strides_reason`), and the 4-d TMA descriptors both build (:func:`descriptor`). Each kernel
 keeps its own checks where their words or limits differ (layouts, the scale, the grid).
@@ -76,6 +76,16 @@ def aligned(t: torch.Tensor) -> bool:
 def gluon_off() -> bool:
     """Whether :data:`GLUON_SWITCH` turns both Gluon kernels off."""
     return os.environ.get(GLUON_SWITCH, "1") == "0"
+
+
+def path_setting(switch: str) -> str | None:
+    """A Gluon path's environment ``switch`` as read: "1" (take the path for every call it
+    covers), "0" (never; also when :data:`GLUON_SWITCH` turns both Gluon kernels off) or None
+    (the path's measured rule decides; any other value too)."""
+    if gluon_off():
+        return "0"
+    value = os.environ.get(switch)
+    return value if value in ("0", "1") else None
 
 
 def version_reason(version: str | None = None) -> str | None:

@@ -17,6 +17,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from .gluon_common import GLUON_SWITCH, gluon_off, path_setting
 from .kernels import UNBOUNDED as _UNBOUNDED
 from .kernels import (
     attn_bwd_dkdv,
@@ -584,12 +585,6 @@ def _launch_decode(p: _Problem, o: torch.Tensor, lse: torch.Tensor, t: Tiles) ->
         )
 
 
-def _gluon_off() -> bool:
-    from .gluon_common import gluon_off
-
-    return gluon_off()
-
-
 def gluon_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, variants: Variants, layout: object,
                scale: float) -> str | None:
     """None where the forward runs the Gluon kernel (:mod:`.gluon_forward`: Hopper, fp16/bf16,
@@ -598,8 +593,8 @@ def gluon_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, variants: Vari
     the Triton kernels. On an H100 it ran 0.86-1.13x cuDNN where this module's kernel ran
     0.73-0.88x (NOTES.md, v13).
     ``ATTNKIT_TRITON_FLASH_GLUON=0`` turns it off."""
-    if _gluon_off():
-        return "turned off by ATTNKIT_TRITON_FLASH_GLUON=0"
+    if gluon_off():
+        return f"turned off by {GLUON_SWITCH}=0"
     from . import gluon_forward
 
     return gluon_forward.unsupported_reason(q, k, v, variants.causal, scale, variants=variants, layout=layout)
@@ -609,8 +604,8 @@ def path_note(device: torch.device) -> str:
     """The forward's path on ``device``, for the run's header."""
     from . import gluon_forward
 
-    if _gluon_off():
-        return "forward: Triton kernels (the Gluon forward is turned off by ATTNKIT_TRITON_FLASH_GLUON=0)"
+    if gluon_off():
+        return f"forward: Triton kernels (the Gluon forward is turned off by {GLUON_SWITCH}=0)"
     reason = gluon_forward.device_reason(device)
     if reason is not None:
         return f"forward: Triton kernels (the Gluon forward needs {reason})"
@@ -635,11 +630,8 @@ GLUON_FP8_MIN_KEYS = {(128, False): 4096, (128, True): 16384, (64, False): 16384
 def _gluon_fp8_setting() -> str | None:
     """``ATTNKIT_TRITON_FLASH_GLUON_FP8``: "1" always takes the Gluon FP8 forward where it runs,
     "0" never does; unset (or anything else), :data:`GLUON_FP8_MIN_KEYS` decides. The Gluon
-    switch (``ATTNKIT_TRITON_FLASH_GLUON=0``) turns it off too."""
-    if _gluon_off():
-        return "0"
-    setting = os.environ.get("ATTNKIT_TRITON_FLASH_GLUON_FP8")
-    return setting if setting in ("0", "1") else None
+    switch (``ATTNKIT_TRITON_FLASH_GLUON=0``) turns it off too (:func:`.gluon_common.path_setting`)."""
+    return path_setting("ATTNKIT_TRITON_FLASH_GLUON_FP8")
 
 
 def _gluon_fp8_takes(head_dim: int, causal: bool, n_k: int) -> bool:
@@ -723,7 +715,7 @@ def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
         plan_key = (q.shape, k.shape, v.shape, q.dtype, variants.key(), q.device,
                     None if layout is None else (type(layout), getattr(layout, "max_seqlen_q", 0),
                                                  getattr(layout, "max_seqlen_k", 0), p.n_k),
-                    os.environ.get("ATTNKIT_TRITON_FLASH_GLUON"))
+                    os.environ.get(GLUON_SWITCH))
         plan = _PLANS.get(plan_key)
         if plan is None:
             plan = _plan_fwd(p, o, lse)
