@@ -56,7 +56,7 @@ GLUON_SWITCH = "ATTNKIT_TRITON_FLASH_GLUON"
 #: and the harness (NOTES.md). Under another the Triton kernels take every call unless
 #: :data:`GLUON_SWITCH` is 1: a new compiler can turn right source into a kernel that hangs (NOTES.md
 #: v26-v27: an allocator reusing a barrier's word). Triton 3.9 compiles both kernels for sm_90a with
-#: the names below (more spills in the backward: 3.7-4.0 KB at d128 against 1.4 KB, NOTES.md v28);
+#: the names below (more spills in the backward: 3.7-4.0 KB at d128 against 0.8-1.5 KB, NOTES.md v28);
 #: no GPU here has run them under it.
 VERIFIED_TRITON = ("3.6",)
 LOG2E = 1.4426950408889634
