@@ -13,11 +13,12 @@ H100, 1.00-1.08x the Triton backward except 1k d128 causal (0.85x)
 atomics cost the backward's bitwise reproducibility: :data:`ENV_SWITCH`). The design notes and
 the prediction below are v15's, from before those runs; ``-tmar`` and ``-pair`` are described
 where dQ is. MLA (Q's and K's head dim 192, V's 128;
-NOTES.md v24, run on an H200 in v26: 108 of 108 check cases right, 1.01x cuDNN without causal,
-0.61x causal): Q, K and dK in three chunks of
+NOTES.md v24, run on an H200 in v26: 108 of 108 check cases right; v29: 0.73x cuDNN causal, 1.18x
+without): Q, K and dK in three chunks of
 64 columns (Gluon's shapes are powers of two), S three chained products, dK three accumulators,
 and dQ in three pieces through one 64-column float32 buffer a consumer (``_bwd_step_mla``), in
-224 KiB of shared memory; its default configuration (``-tmar-sw``) only.
+224 KiB of shared memory; its default configuration (``-tmar-sw``) only. Its registers decide its
+speed: S and dP are made 32 keys at a time, or ptxas serializes every product (v29).
 
 The math. For one (batch, query head), with the forward's base-2 LSE ``L_i`` and
 ``delta_i = rowsum(dO_i * O_i)`` (the Triton path's preprocess kernel, as :mod:`.launch` uses it):
@@ -665,7 +666,7 @@ if gl is not None:
         tma.store_wait(pendings=0)
 
     @gluon.jit
-    def _bwd_step_mla(it, t, q_smem, do_smem, k_smem, v_c, ds_buf, p_buf, dq_buf, q_full, q_empty,
+    def _bwd_step_mla(it, t, q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, q_full, q_empty,
                       dk0, dk1, dk2, dv, lse_h, delta_h, dq_h, off_b, off_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
                       BLOCK_M: gl.constexpr, STAGES: gl.constexpr, KEYS: gl.constexpr, CAUSAL: gl.constexpr,
                       MASKED: gl.constexpr, CID: gl.constexpr, QK_CHUNK: gl.constexpr):
@@ -675,26 +676,43 @@ if gl is not None:
         # accumulators dk0-dk2, a chunk each) and dQ in three pieces of QK_CHUNK columns through
         # one piece-sized buffer (shared memory has no room for a whole [BLOCK_M, 192] float32 one
         # a consumer): each piece waits until the reduce of the one before has read it.
+        #
+        # Registers decide this kernel's speed (NOTES.md v29). dK's 96 and dV's 64 a thread are
+        # held throughout; S and dP over all 64 keys at once took 64 more, 224 of the 240, and
+        # ptxas then serialized every product (a wait after each, its info C7512): 0.61x cuDNN.
+        # So S and dP are made in two halves of HALF keys, one after the other (32 a thread at a
+        # time). And the shared-memory descriptors of the buffers that do not change from tile to
+        # tile (K's chunks, V_c, P, dS, the dQ piece) are made where they are used, from a runtime
+        # zero the compiler cannot fold: hoisted out of the loop, they were 64-bit values held in
+        # registers, and spilled (5.4 KiB, reloaded before the products). Both: 0.73x.
         s = it % STAGES
+        zero = it // 1073741824  # 0 (a CTA walks far fewer tiles), but not to the compiler
         do_s = do_smem.index(s)
+        ds_buf = ds_smem.index(CID + zero)
+        p_buf = p_smem.index(CID + zero)
+        dq_buf = dq_smem.index(CID + zero)
         mbarrier.wait(q_full.index(s), (it // STAGES) & 1)
+        HALF: gl.constexpr = KEYS // 2
         sq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                            instr_shape=[16, KEYS, 16])
-        sc = gl.zeros([BLOCK_M, KEYS], gl.float32, layout=sq_layout)
-        dp = gl.zeros([BLOCK_M, KEYS], gl.float32, layout=sq_layout)
-        sc = warpgroup_mma(q_smem.index(s * 3), k_smem.index(CID * 3).permute((1, 0)), sc, use_acc=False,
-                           is_async=True)
-        sc = warpgroup_mma(q_smem.index(s * 3 + 1), k_smem.index(CID * 3 + 1).permute((1, 0)), sc, is_async=True)
-        sc = warpgroup_mma(q_smem.index(s * 3 + 2), k_smem.index(CID * 3 + 2).permute((1, 0)), sc, is_async=True)
-        dp = warpgroup_mma(do_s, v_c.permute((1, 0)), dp, use_acc=False, is_async=True)
+                                                            instr_shape=[16, HALF, 16])
         lse, delta = _rows_lse_delta(lse_h, delta_h, t, n_q, sq_layout, BLOCK_M)
-        sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc, ))  # the three S products; dP may run on
-        pq = _probabilities(sc, lse, t, key0, n_k, diag, qk_scale, sq_layout, BLOCK_M, KEYS, CAUSAL, MASKED)
-        dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
-        dsq = pq * (dp - delta[:, None])
-        # The previous tile's products that read these buffers completed at its last wait.
-        p_buf.store(pq.to(do_s.dtype))
-        ds_buf.store(dsq.to(do_s.dtype))
+        for hh in gl.static_range(2):
+            sc = gl.zeros([BLOCK_M, HALF], gl.float32, layout=sq_layout)
+            dp = gl.zeros([BLOCK_M, HALF], gl.float32, layout=sq_layout)
+            for j in gl.static_range(3):
+                sc = warpgroup_mma(q_smem.index(s * 3 + j),
+                                   k_smem.index(CID * 3 + j + zero).slice(hh * HALF, HALF, dim=0).permute((1, 0)), sc,
+                                   use_acc=j > 0, is_async=True)
+            dp = warpgroup_mma(do_s, v_smem.index(CID + zero).slice(hh * HALF, HALF, dim=0).permute((1, 0)), dp,
+                               use_acc=False, is_async=True)
+            sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc, ))  # the three S products; dP may run on
+            pq = _probabilities(sc, lse, t, key0 + hh * HALF, n_k, diag, qk_scale, sq_layout, BLOCK_M, HALF, CAUSAL,
+                                MASKED)
+            dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
+            dsq = pq * (dp - delta[:, None])
+            # The previous tile's products that read these buffers completed at its last wait.
+            p_buf.slice(hh * HALF, HALF, dim=1).store(pq.to(do_s.dtype))
+            ds_buf.slice(hh * HALF, HALF, dim=1).store(dsq.to(do_s.dtype))
         fence_async_shared()
         dv = warpgroup_mma(p_buf.permute((1, 0)), do_s, dv, is_async=True)
         dk0 = warpgroup_mma(ds_buf.permute((1, 0)), q_smem.index(s * 3), dk0, is_async=True)
@@ -704,7 +722,7 @@ if gl is not None:
                                                             instr_shape=[16, QK_CHUNK, 16])
         for h in gl.static_range(3):
             dq = gl.zeros([BLOCK_M, QK_CHUNK], gl.float32, layout=dq_layout)
-            dq = warpgroup_mma(ds_buf, k_smem.index(CID * 3 + h), dq, use_acc=False, is_async=True)
+            dq = warpgroup_mma(ds_buf, k_smem.index(CID * 3 + h + zero), dq, use_acc=False, is_async=True)
             if h == 0:
                 # wgmma groups complete in order: dV's and dK's too; stage s is read no more.
                 dv, dk0, dk1, dk2, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk0, dk1, dk2, dq))
@@ -738,10 +756,7 @@ if gl is not None:
                                                             instr_shape=[16, QK_CHUNK, 16])
         dv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, HEAD_DIM_V, 16])
-        v_c = v_smem.index(CID)
-        ds_buf = ds_smem.index(CID)
-        p_buf = p_smem.index(CID)
-        dq_buf = dq_smem.index(CID)
+        v_c = v_smem.index(CID)  # its dV's way out; the step takes this consumer's buffers itself
         key0 = n0 + CID * KEYS
         diag = n_k - n_q
         dk0 = gl.zeros([KEYS, QK_CHUNK], gl.float32, layout=dk_layout)
@@ -756,14 +771,14 @@ if gl is not None:
             lse_h = lse_ptr + row_base
             delta_h = delta_ptr + row_base
             for t in range(t_first, t_whole):
-                dk0, dk1, dk2, dv = _bwd_step_mla(it, t, q_smem, do_smem, k_smem, v_c, ds_buf, p_buf, dq_buf, q_full,
+                dk0, dk1, dk2, dv = _bwd_step_mla(it, t, q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, q_full,
                                                   q_empty, dk0, dk1, dk2, dv, lse_h, delta_h, dq_ptr, off_b, off_h,
                                                   key0, n_q, n_k, diag, qk_scale, sm_scale, BLOCK_M, STAGES, KEYS,
                                                   CAUSAL, True, CID, QK_CHUNK)
                 it += 1
             for j in range(t_whole, t_end):
                 t = _tile(j, t_whole, t_end, rot, ROTATE)
-                dk0, dk1, dk2, dv = _bwd_step_mla(it, t, q_smem, do_smem, k_smem, v_c, ds_buf, p_buf, dq_buf, q_full,
+                dk0, dk1, dk2, dv = _bwd_step_mla(it, t, q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, q_full,
                                                   q_empty, dk0, dk1, dk2, dv, lse_h, delta_h, dq_ptr, off_b, off_h,
                                                   key0, n_q, n_k, diag, qk_scale, sm_scale, BLOCK_M, STAGES, KEYS,
                                                   CAUSAL, False, CID, QK_CHUNK)

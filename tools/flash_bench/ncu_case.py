@@ -5,6 +5,7 @@ bf16-d64-4k, fp8-d128-4k, bf16-d128-4k (a forward: dtype, head dim, sequence len
 heads fixed at 16k tokens x 2048 / D, the speed suite's shapes), or ``bwd-`` and a bf16 case with
 an optional Gluon backward configuration (``bwd-bf16-d128-4k``, ``bwd-bf16-d128-4k-m64s2-tmar-sw``):
 the Gluon backward (``gluon_backward.flash_bwd``, kernel ``_attn_bwd_sm90``) after one forward.
+``d192`` is MLA (V's head dim 128; b4-h16 at 4k, the speed suite's MLA case).
 ``--by triton`` runs the same backward through the Triton kernels (``launch.flash_bwd`` with
 ``gluon=False``) and ``--by cudnn`` through torch's cuDNN attention, so the
 three can be read side by side (``--causal`` for the causal case); the third call runs inside the
@@ -42,9 +43,10 @@ def main(case: str, by: str, causal: bool = False) -> None:
     backward = case.startswith("bwd-")
     dtype, head_dim, length, *config = case.removeprefix("bwd-").split("-", 3)
     d, n = int(head_dim[1:]), int(length[:-1]) * 1024
-    batch, heads = 16384 // n, 2048 // d
+    d_v = 128 if d == 192 else d  # MLA: Q's and K's head dim 192, V's 128
+    batch, heads = 16384 // n, 2048 // d_v
     gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(batch, heads, n, d, device="cuda", generator=gen) for _ in range(3))
+    q, k, v = (torch.randn(batch, heads, n, dim, device="cuda", generator=gen) for dim in (d, d, d_v))
     cast = torch.float8_e4m3fn if dtype == "fp8" else torch.bfloat16
     q, k, v = (t.to(cast) for t in (q, k, v))
     if by == "cudnn":
@@ -68,7 +70,7 @@ def main(case: str, by: str, causal: bool = False) -> None:
 
             chosen = gluon_backward.Config.parse(config[0]) if config else None
             o, lse = launch.flash_fwd(q, k, v, causal, d ** -0.5)
-            do = torch.randn_like(q)
+            do = torch.randn_like(o)
             if by == "triton":
                 _three_calls(lambda: launch.flash_bwd(do, q, k, v, o, lse, causal, d ** -0.5, gluon=False))
             else:
