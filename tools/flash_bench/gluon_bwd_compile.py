@@ -7,8 +7,8 @@ float32: the dQ adds) and barriers, and the SASS's HGMMA / UTMALDG / RED counts.
 
 Usage: PYTHONPATH=. /tmp/v36/bin/python tools/flash_bench/gluon_bwd_compile.py [--quick] [--dump DIR] [--config m64s2 ...]
 (``--quick``: the default configuration of each head dim, bf16, causal and not; without it fp16
-too and a few other tiles.) Exit status 1 if any configuration fails to compile, spills, or does
-not fit in shared memory.
+too and a few other tiles.) Exit status 1 if any configuration fails to compile, spills, has its
+products serialized (ptxas C7512), or does not fit in shared memory.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from gluon_compile import (_hazards, _opcode, _sass, barrier_alias_words, compile_matrix, compile_parser,  # noqa: E402
-                           config_matrix, ensure_package, ptx_counts, stand_in_target, value_dim)
+                           config_matrix, ensure_package, ptx_counts, serialized, stand_in_target, value_dim)
 
 
 def load_gluon_backward():
@@ -102,9 +102,11 @@ def describe(compiled, shared_limit: int) -> tuple[str, bool]:
         line += " (" + ", ".join(sorted(set(unordered))) + ")"
     words, no_aliases = barrier_alias_words(ptx)
     line += words
+    line += serialized(warnings)
     if warnings:
         line += "; ptxas: " + " | ".join(warnings)
-    return line, spills == 0 and fits and regs > 0 and not hazards and not unordered and no_aliases
+    return line, (spills == 0 and fits and regs > 0 and not hazards and not unordered and no_aliases
+                  and not serialized(warnings))
 
 
 def main() -> int:

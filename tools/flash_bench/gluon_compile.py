@@ -5,8 +5,9 @@ A stand-in driver (``sm90_compile._TargetOnly``) answers Triton's questions abou
 (``gluon_forward.warmup``). For each configuration it reports:
 
 - registers: the launch count (ptxas) and each partition's ``setmaxnreg`` (the producer's
-  decrease, the consumers' increase), spills (ptxas ``-v``, its warnings too, e.g. wgmma
-  serialization), shared memory;
+  decrease, the consumers' increase), spills (ptxas ``-v`` and its warnings), whether ptxas
+  serialized the wgmma products for want of registers (its info C7512: ``serialized``), shared
+  memory;
 - instructions: the PTX's ``wgmma.mma_async`` shapes and TMA (``cp.async.bulk.tensor``) loads and
   stores; in the SASS, HGMMA, UTMALDG/UTMASTG, and the consumer's whole-tile loop: its length
   and how much of the softmax (MUFU.EX2) ptxas left to run while the warp group's own PV product
@@ -17,7 +18,8 @@ Usage: python3 tools/flash_bench/gluon_compile.py [--quick] [--dump DIR] [--conf
 and not; ``--config`` adds others; ``--window``, ``--softcap``, ``--sinks``: every kernel with that
 variant, in the one-item grid; ``--fp8``: the FP8 kernel, e4m3, at each head dim, causal and not, in its configuration and each
 ``--config``.)
-Exit status 1 if any configuration fails to compile, spills, or does not fit in shared memory.
+Exit status 1 if any configuration fails to compile, spills, has its products serialized, or does not fit
+in shared memory.
 """
 
 from __future__ import annotations
@@ -104,8 +106,21 @@ def _ptxas_report(ptx: str) -> tuple[int, int, list[str]]:
     text = run.stdout + run.stderr
     regs = re.search(r"Used (\d+) registers", text)
     spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", text))
-    warnings = [line.strip() for line in text.splitlines() if "warning" in line.lower()]
+    # Its warnings, and its infos on a performance loss (C7512: serialized products, below).
+    warnings = [line.strip() for line in text.splitlines()
+                if "warning" in line.lower() or "Performance Loss" in line]
     return (int(regs[1]) if regs else -1), spills, warnings
+
+
+def serialized(warnings: list[str]) -> str:
+    """What to add to a kernel's line when ptxas serialized its wgmma products for want of
+    registers (its info C7512: a wait after each product, none in flight beside another), else
+    "". It says so only in an info line, which is not a warning: the MLA backward was compiled so
+    until NOTES.md v29, 5.4 KiB of spills its only visible sign, and ran at 0.61x cuDNN (0.73x
+    once it was not)."""
+    if any("C7512" in line or "mma_async instructions are serialized" in line for line in warnings):
+        return "; WGMMA SERIALIZED (ptxas C7512: every product waited for)"
+    return ""
 
 
 def _sass(cubin: bytes) -> list[tuple[int, str]]:
@@ -304,9 +319,10 @@ def describe(compiled, shared_limit: int) -> tuple[str, bool]:
         line += f"; local-memory instrs in the product loops {local}"
     words, no_aliases = barrier_alias_words(ptx)
     line += words
+    line += serialized(warnings)
     if warnings:
         line += "; ptxas: " + " | ".join(warnings)
-    return line, spills == 0 and fits and regs > 0 and not hazards and no_aliases
+    return line, spills == 0 and fits and regs > 0 and not hazards and no_aliases and not serialized(warnings)
 
 
 def main() -> int:
