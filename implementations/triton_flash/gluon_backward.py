@@ -202,6 +202,13 @@ class Config:
     #: consumer 0's loads of the share (in place of the second reduce's read of a buffer) and the
     #: two consumers held at most a tile apart.
     pair_dq: bool = False
+    #: ``-ld``: the shared-memory descriptors of the buffers that stay from tile to tile (K_c, V_c,
+    #: P, dS, dQ's) made in the tile loop, from a runtime zero the compiler cannot fold, instead of
+    #: hoisted out of it and held in registers (where they spilled, and were reloaded before the
+    #: products). MLA's kernel always does (NOTES.md v29: 5.4 to 0.9 KiB of spills, 1.17x); here
+    #: compile-checked only (d128 causal: 1464 to 144 B of spills, the tile loop 847 to 710
+    #: instructions), not yet run on a GPU.
+    loop_descriptors: bool = False
 
     def __post_init__(self) -> None:
         """A configuration the kernel is not written for is refused as it is made, parsed or not."""
@@ -216,7 +223,7 @@ class Config:
             raise ValueError(f"config {self}: -pair sums the shares before the TMA reduce; it needs -tmar")
 
     def __str__(self) -> str:
-        return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'' if self.dq_cols == 64 else f'-q{self.dq_cols}'}{'' if self.qrows else '-krows'}{'' if self.dq_adds else '-noadds'}{'-rot' if self.rotate else ''}{'-sum' if self.sum_dq else ''}{'-tmar' if self.tma_dq else ''}{'-sw' if self.dq_swizzle else ''}{'-dsr' if self.ds_regs else ''}{'-pair' if self.pair_dq else ''}-r{self.consumer_regs}"
+        return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'' if self.dq_cols == 64 else f'-q{self.dq_cols}'}{'' if self.qrows else '-krows'}{'' if self.dq_adds else '-noadds'}{'-rot' if self.rotate else ''}{'-sum' if self.sum_dq else ''}{'-tmar' if self.tma_dq else ''}{'-sw' if self.dq_swizzle else ''}{'-dsr' if self.ds_regs else ''}{'-pair' if self.pair_dq else ''}{'-ld' if self.loop_descriptors else ''}-r{self.consumer_regs}"
 
     @staticmethod
     def parse(text: str) -> "Config":
@@ -225,7 +232,7 @@ class Config:
         parts = text.strip().split("-")
         head = parts[0]
         if not (head.startswith("m") and "s" in head):
-            raise ValueError(f"config {text!r}: expected mBLOCKsSTAGES[-split][-qCOLS][-krows][-noadds][-rot][-sum][-tmar[-sw][-pair]][-dsr][-rREGS], e.g. m64s2")
+            raise ValueError(f"config {text!r}: expected mBLOCKsSTAGES[-split][-qCOLS][-krows][-noadds][-rot][-sum][-tmar[-sw][-pair]][-dsr][-ld][-rREGS], e.g. m64s2")
         block_m, stages = head[1:].split("s")
         fields = dict(block_m=int(block_m), stages=int(stages))
         for part in parts[1:]:
@@ -247,6 +254,8 @@ class Config:
                 fields["ds_regs"] = True
             elif part == "pair":
                 fields["pair_dq"] = True
+            elif part == "ld":
+                fields["loop_descriptors"] = True
             elif part.startswith("q") and part[1:].isdigit():
                 fields["dq_cols"] = int(part[1:])
             elif part.startswith("r") and part[1:].isdigit():
@@ -412,19 +421,30 @@ if gl is not None:
         return pq
 
     @gluon.jit
-    def _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, p_buf, dq_smem, share_smem, dq_ready, dq_free, q_full, q_empty,
+    def _bwd_step(it, t, q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, share_smem, dq_ready, dq_free, q_full, q_empty,
                   dk, dv,
                   lse_h, delta_h, dq_h, off_b, off_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
                   kv_layout: gl.constexpr, add_layout: gl.constexpr, BLOCK_M: gl.constexpr,
                   HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, KEYS: gl.constexpr, CAUSAL: gl.constexpr,
                   MASKED: gl.constexpr, SPLIT_DQ: gl.constexpr, DQ_PARTS: gl.constexpr, QROWS: gl.constexpr,
                   DQ_ADDS: gl.constexpr, CID: gl.constexpr, SUM_DQ: gl.constexpr, TMA_DQ: gl.constexpr,
-                  DQ_SWIZZLE: gl.constexpr, DS_REGS: gl.constexpr = False, PAIR_DQ: gl.constexpr = False):
+                  DQ_SWIZZLE: gl.constexpr, DS_REGS: gl.constexpr = False, PAIR_DQ: gl.constexpr = False,
+                  LOOP_DESC: gl.constexpr = False):
         # One query tile for this consumer's 64 keys: see the module docstring for the order.
-        if PAIR_DQ:  # one buffer to reduce from, consumer 0's; consumer 1's share goes to share_smem
-            dq_buf = dq_smem.index(0)
+        # LOOP_DESC (-ld): the buffers' descriptors made here, from a zero the compiler cannot
+        # fold (a CTA walks far fewer than 2**30 tiles), as MLA's step makes them (v29).
+        if LOOP_DESC:
+            zero = it // 1073741824
         else:
-            dq_buf = dq_smem.index(CID)
+            zero = 0
+        k_c = k_smem.index(CID + zero)
+        v_c = v_smem.index(CID + zero)
+        ds_buf = ds_smem.index(CID + zero)
+        p_buf = p_smem.index(CID + zero)
+        if PAIR_DQ:  # one buffer to reduce from, consumer 0's; consumer 1's share goes to share_smem
+            dq_buf = dq_smem.index(0 + zero)
+        else:
+            dq_buf = dq_smem.index(CID + zero)
         s = it % STAGES
         q_s = q_smem.index(s)
         do_s = do_smem.index(s)
@@ -611,13 +631,11 @@ if gl is not None:
                       KEYS: gl.constexpr, CID: gl.constexpr, CAUSAL: gl.constexpr, SPLIT_DQ: gl.constexpr,
                       DQ_PARTS: gl.constexpr, QROWS: gl.constexpr, DQ_ADDS: gl.constexpr, ROTATE: gl.constexpr,
                       SUM_DQ: gl.constexpr, TMA_DQ: gl.constexpr, DQ_SWIZZLE: gl.constexpr,
-                      DS_REGS: gl.constexpr = False, PAIR_DQ: gl.constexpr = False):
+                      DS_REGS: gl.constexpr = False, PAIR_DQ: gl.constexpr = False, LOOP_DESC: gl.constexpr = False):
         kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, HEAD_DIM, 16])
-        k_c = k_smem.index(CID)
+        k_c = k_smem.index(CID)  # dK's and dV's way out; the step takes this consumer's buffers itself
         v_c = v_smem.index(CID)
-        ds_buf = ds_smem.index(CID)
-        p_buf = p_smem.index(CID)
         # The dQ adds: each thread 4 (d128) or 2 (d64) consecutive floats of a row, a warp a row.
         add_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, HEAD_DIM // 32], threads_per_warp=[1, 32],
                                                     warps_per_cta=[4, 1], order=[1, 0])
@@ -638,21 +656,21 @@ if gl is not None:
                 dq_h = dq_ptr + row_base * HEAD_DIM
             # The causal diagonal's tiles (masked), then the tiles every key of the CTA sees whole.
             for t in range(t_first, t_whole):
-                dk, dv = _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, p_buf, dq_smem, share_smem, dq_ready, dq_free,
+                dk, dv = _bwd_step(it, t, q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, share_smem, dq_ready, dq_free,
                                    q_full, q_empty, dk, dv,
                                    lse_h, delta_h, dq_h, off_b, off_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
                                    kv_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
                                    True, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, CID, SUM_DQ, TMA_DQ, DQ_SWIZZLE,
-                                   DS_REGS, PAIR_DQ)
+                                   DS_REGS, PAIR_DQ, LOOP_DESC)
                 it += 1
             for j in range(t_whole, t_end):
                 t = _tile(j, t_whole, t_end, rot, ROTATE)
-                dk, dv = _bwd_step(it, t, q_smem, do_smem, k_c, v_c, ds_buf, p_buf, dq_smem, share_smem, dq_ready, dq_free,
+                dk, dv = _bwd_step(it, t, q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, share_smem, dq_ready, dq_free,
                                    q_full, q_empty, dk, dv,
                                    lse_h, delta_h, dq_h, off_b, off_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
                                    kv_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
                                    False, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, CID, SUM_DQ, TMA_DQ, DQ_SWIZZLE,
-                                   DS_REGS, PAIR_DQ)
+                                   DS_REGS, PAIR_DQ, LOOP_DESC)
                 it += 1
         # dK (times the softmax scale) and dV of this consumer's keys, through K_c's and V_c's
         # buffers (no product reads them any more: every wait above was for 0 outstanding) and
@@ -803,7 +821,7 @@ if gl is not None:
                        DQ_PARTS: gl.constexpr, QROWS: gl.constexpr, DQ_ADDS: gl.constexpr, ROTATE: gl.constexpr,
                        SUM_DQ: gl.constexpr, TMA_DQ: gl.constexpr, DQ_SWIZZLE: gl.constexpr,
                        DS_REGS: gl.constexpr = False, PAIR_DQ: gl.constexpr = False, HEAD_DIM_V: gl.constexpr = 0,
-                       QK_CHUNK: gl.constexpr = 0):
+                       QK_CHUNK: gl.constexpr = 0, LOOP_DESC: gl.constexpr = False):
         # MLA (HEAD_DIM_V below HEAD_DIM, 0: the same): Q and K in chunks of QK_CHUNK columns
         # (HEAD_DIM itself otherwise; 192 is no power of two, as Gluon's shapes must be), the
         # consumers' _bwd_consumer_mla, with queries as rows and dQ by TMA reduces from swizzled
@@ -926,7 +944,7 @@ if gl is not None:
                                  off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, rot, qk_scale,
                                  sm_scale,
                                  HEAD_DIM, BLOCK_M, STAGES, KEYS, 0, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, ROTATE,
-                                 SUM_DQ, TMA_DQ, DQ_SWIZZLE, DS_REGS, PAIR_DQ)),
+                                 SUM_DQ, TMA_DQ, DQ_SWIZZLE, DS_REGS, PAIR_DQ, LOOP_DESC)),
                 (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, share_smem, kv_full, q_full,
                                  q_empty,
                                  dq_ready, dq_free,
@@ -934,7 +952,7 @@ if gl is not None:
                                  off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, rot, qk_scale,
                                  sm_scale,
                                  HEAD_DIM, BLOCK_M, STAGES, KEYS, 1, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, ROTATE,
-                                 SUM_DQ, TMA_DQ, DQ_SWIZZLE, DS_REGS, PAIR_DQ)),
+                                 SUM_DQ, TMA_DQ, DQ_SWIZZLE, DS_REGS, PAIR_DQ, LOOP_DESC)),
             ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -1017,7 +1035,8 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
                   DQ_PARTS=max(1, head_dim // config.dq_cols), QROWS=config.qrows,
                   DQ_ADDS=config.dq_adds, ROTATE=config.rotate,
                   SUM_DQ=config.sum_dq, TMA_DQ=config.tma_dq,
-                  DQ_SWIZZLE=config.dq_swizzle, DS_REGS=config.ds_regs, PAIR_DQ=config.pair_dq, num_warps=4)
+                  DQ_SWIZZLE=config.dq_swizzle, DS_REGS=config.ds_regs, PAIR_DQ=config.pair_dq,
+                  LOOP_DESC=config.loop_descriptors, num_warps=4)
     if mla:
         kwargs.update(HEAD_DIM_V=head_dim_v, QK_CHUNK=MLA_CHUNK, DQ_PARTS=head_dim // MLA_CHUNK)
     return args, kwargs, (triton.cdiv(n_k, BLOCK_N), batch * heads_kv)

@@ -209,6 +209,18 @@ while [ $# -gt 0 ]; do
       grep -E "FAIL|hung|ERROR" /tmp/r/$L/check.log | head -20; grep -E "^## |d192|passed" /tmp/r/$L/check/check.md | head -16
       mj "$L-harness" --cache /tmp/ac --timeout 200 -- --attnkit-impl=triton_flash,torch_sdpa --attnkit-suite=correctness,speed -k d192 --attnkit-baseline-dir=/tmp/bl | grep -E "exit status|wall time|outcomes"
       grep -A1 -E "^(triton_flash|torch_sdpa) +(fwd|bwd) .*d192" /tmp/r/$L-harness/pytest.log | head -8; grep -E "FAILED|backward: " /tmp/r/$L-harness/pytest.log | cut -c1-160 | head; pack "$L-harness" ;;
+    ldcheck) # issue 42 v29: -ld (descriptors made in the loop) for d64/d128 beside the defaults: right, and timed in turns
+      L=${1:-ldcheck}; shift || true; mkdir -p /tmp/r/$L $OUT/$L; { nvidia-smi --query-gpu=name,serial --format=csv,noheader; date -u; git log --oneline -1; } > $OUT/$L/device.txt
+      timeout 420 python3 tools/flash_bench/gluon_bwd_check.py --out /tmp/r/$L --variants m64s2-tmar-sw-ld,m64s2-tmar-sw-pair-ld,m64s3-tmar-sw-pair-ld --case-timeout 60 > /tmp/r/$L/run.log 2>&1; echo "bwdcheck rc $?"
+      cp /tmp/r/$L/check.md $OUT/$L/; gzip -c /tmp/r/$L/check.json > $OUT/$L/check.json.gz; tail -3 /tmp/r/$L/run.log > $OUT/$L/tail.txt
+      grep -E "FAIL|hung|ERROR" /tmp/r/$L/run.log | head; tail -40 /tmp/r/$L/check.md ;;
+    dq32) # issue 42 v29's next: the MLA backward's dQ in 32-column pieces (results/2026-11-29-session21/mla/next-dq32.diff), checked, then the harness's d192 cases; the tree restored
+      L=${1:-dq32}; shift || true; P=results/2026-11-29-session21/mla/next-dq32.diff; git apply $P || exit 1
+      mkdir -p /tmp/r/$L $OUT/$L; { nvidia-smi --query-gpu=name,serial --format=csv,noheader; date -u; git log --oneline -1; git diff --stat; } > $OUT/$L/device.txt
+      timeout 300 python3 tools/flash_bench/gluon_bwd_check.py --out /tmp/r/$L/check --variants "" --case-timeout 60 > /tmp/r/$L/check.log 2>&1; echo "bwdcheck rc $?"
+      cp /tmp/r/$L/check/check.md $OUT/$L/; tail -3 /tmp/r/$L/check.log > $OUT/$L/check-tail.txt; grep -E "FAIL|hung|ERROR" /tmp/r/$L/check.log | head; grep -E "^## |d192" /tmp/r/$L/check/check.md | head -8
+      mj "$L-harness" --cache /tmp/ac --timeout 200 -- --attnkit-impl=triton_flash,torch_sdpa --attnkit-suite=correctness,speed -k d192 --attnkit-baseline-dir=/tmp/bl | grep -E "exit status|wall time|outcomes"
+      grep -A1 -E "^(triton_flash|torch_sdpa) +bwd .*d192" /tmp/r/$L-harness/pytest.log | head -4; pack "$L-harness"; git apply -R $P ;;
     cmp) python3 tools/main_job_time.py compare /tmp/r/$1/attnkit-report.json /tmp/r/$2/attnkit-report.json | tail -15; shift 2 ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac

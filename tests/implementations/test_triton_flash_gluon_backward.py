@@ -18,11 +18,14 @@ def test_off_hopper_it_says_why() -> None:
 
 def test_configs_round_trip() -> None:
     for text in ("m64s2", "m64s3", "m128s2", "m64s2-split", "m64s2-q128", "m64s2-krows", "m64s2-noadds", "m64s2-rot",
-                 "m64s2-sum", "m64s3-rot-sum", "m64s2-tmar", "m64s3-tmar-sw", "m64s3-tmar-sw-dsr", "m64s2-tmar-sw-pair"):
+                 "m64s2-sum", "m64s3-rot-sum", "m64s2-tmar", "m64s3-tmar-sw", "m64s3-tmar-sw-dsr", "m64s2-tmar-sw-pair",
+                 "m64s2-tmar-sw-pair-ld"):
         config = gluon_backward.Config.parse(text)
         assert gluon_backward.Config.parse(str(config)) == config
     assert gluon_backward.Config.parse("m64s3-tmar-sw-dsr").ds_regs
     assert gluon_backward.Config.parse("m64s2-tmar-pair").pair_dq
+    assert gluon_backward.Config.parse("m64s2-tmar-sw-ld").loop_descriptors  # not run on a GPU: no default's
+    assert not any(gluon_backward.default_config(d, c).loop_descriptors for d in gluon_backward.HEAD_DIMS for c in (0, 1))
     q = torch.empty(1, 2, 256, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="-dsr"):  # a Config made directly, not parsed
         gluon_backward.launch_arguments(q, q, q, q, torch.empty(1, 2, 256), torch.empty(1, 2, 256), q.float(), q, q,
