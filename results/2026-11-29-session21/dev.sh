@@ -221,6 +221,9 @@ while [ $# -gt 0 ]; do
       cp /tmp/r/$L/check/check.md $OUT/$L/; tail -3 /tmp/r/$L/check.log > $OUT/$L/check-tail.txt; grep -E "FAIL|hung|ERROR" /tmp/r/$L/check.log | head; grep -E "^## |d192" /tmp/r/$L/check/check.md | head -8
       mj "$L-harness" --cache /tmp/ac --timeout 200 -- --attnkit-impl=triton_flash,torch_sdpa --attnkit-suite=correctness,speed -k d192 --attnkit-baseline-dir=/tmp/bl | grep -E "exit status|wall time|outcomes"
       grep -A1 -E "^(triton_flash|torch_sdpa) +bwd .*d192" /tmp/r/$L-harness/pytest.log | head -4; pack "$L-harness"; git apply -R $P ;;
+    dkdvstages) # NOTES v29: the Triton dK/dV kernel at d64 without causal, s3 (serialized under 3.6) against s2
+      mkdir -p $OUT/dkdvstages; { nvidia-smi --query-gpu=name,serial --format=csv,noheader; date -u; git log --oneline -1; } > $OUT/dkdvstages/device.txt
+      timeout 300 python3 _lab/dkdv_stages.py 2>&1 | tee $OUT/dkdvstages/run.txt | tail -8 ;;
     cmp) python3 tools/main_job_time.py compare /tmp/r/$1/attnkit-report.json /tmp/r/$2/attnkit-report.json | tail -15; shift 2 ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
