@@ -348,6 +348,13 @@ if gl is not None:
                                                   src.handle)
 
     @gluon.jit
+    def _runtime_zero(it):
+        # 0 for any tile count a CTA walks (far fewer than 2**30), but not to the compiler: a buffer
+        # indexed with it gets its shared-memory descriptor made where it is used, in the tile loop,
+        # instead of hoisted out of it and held in registers, where it spilled (NOTES.md v29).
+        return it // 1073741824
+
+    @gluon.jit
     def _tile(j, t_whole, t_end, rot, ROTATE: gl.constexpr):
         # The j-th query tile a CTA walks: j itself, or (ROTATE) the whole tiles [t_whole, t_end)
         # started at t_whole + rot and wrapped, so that the CTAs of one head (rot = the key block
@@ -431,10 +438,9 @@ if gl is not None:
                   DQ_SWIZZLE: gl.constexpr, DS_REGS: gl.constexpr = False, PAIR_DQ: gl.constexpr = False,
                   LOOP_DESC: gl.constexpr = False):
         # One query tile for this consumer's 64 keys: see the module docstring for the order.
-        # LOOP_DESC (-ld): the buffers' descriptors made here, from a zero the compiler cannot
-        # fold (a CTA walks far fewer than 2**30 tiles), as MLA's step makes them (v29).
+        # LOOP_DESC (-ld): the buffers' descriptors made here, as MLA's step makes them (v29).
         if LOOP_DESC:
-            zero = it // 1073741824
+            zero = _runtime_zero(it)
         else:
             zero = 0
         k_c = k_smem.index(CID + zero)
@@ -704,7 +710,7 @@ if gl is not None:
         # zero the compiler cannot fold: hoisted out of the loop, they were 64-bit values held in
         # registers, and spilled (5.4 KiB, reloaded before the products). Both: 0.73x.
         s = it % STAGES
-        zero = it // 1073741824  # 0 (a CTA walks far fewer tiles), but not to the compiler
+        zero = _runtime_zero(it)
         do_s = do_smem.index(s)
         ds_buf = ds_smem.index(CID + zero)
         p_buf = p_smem.index(CID + zero)

@@ -930,9 +930,10 @@ def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     variants = Variants(causal=causal) if variants is None else variants
     from . import gluon_backward
 
-    if (tiles is None and layout is None and gluon is not False and gluon_backward.setting() != "0"
-            and gluon_backward.unsupported_reason(q, k, v, causal, scale, variants=variants, layout=layout) is None
-            and gluon_backward.takes(q.shape[-1], causal, k.shape[2])):
+    # takes() reads the backward's switch (0: never); unsupported_reason() the call's shape and device.
+    if (tiles is None and layout is None and gluon is not False
+            and gluon_backward.takes(q.shape[-1], causal, k.shape[2])
+            and gluon_backward.unsupported_reason(q, k, v, causal, scale, variants=variants, layout=layout) is None):
         dq, dk, dv = gluon_backward.flash_bwd(do, q, k, v, o, lse, causal, scale, dlse=dlse)
         return dq, dk, dv, None
     p = _Problem(q, k, v, scale, variants, layout)

@@ -102,11 +102,12 @@ def describe(compiled, shared_limit: int) -> tuple[str, bool]:
         line += " (" + ", ".join(sorted(set(unordered))) + ")"
     words, no_aliases = barrier_alias_words(ptx)
     line += words
-    line += serialized(warnings)
+    serial = serialized(warnings)
+    line += serial
     if warnings:
         line += "; ptxas: " + " | ".join(warnings)
     return line, (spills == 0 and fits and regs > 0 and not hazards and not unordered and no_aliases
-                  and not serialized(warnings))
+                  and not serial)
 
 
 def main() -> int:

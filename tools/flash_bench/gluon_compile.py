@@ -319,10 +319,11 @@ def describe(compiled, shared_limit: int) -> tuple[str, bool]:
         line += f"; local-memory instrs in the product loops {local}"
     words, no_aliases = barrier_alias_words(ptx)
     line += words
-    line += serialized(warnings)
+    serial = serialized(warnings)
+    line += serial
     if warnings:
         line += "; ptxas: " + " | ".join(warnings)
-    return line, spills == 0 and fits and regs > 0 and not hazards and no_aliases and not serialized(warnings)
+    return line, spills == 0 and fits and regs > 0 and not hazards and no_aliases and not serial
 
 
 def main() -> int:
