@@ -144,17 +144,15 @@ from . import gluon_common
 KEYS_PER_CONSUMER = 64
 #: Keys per CTA: two consumer warp groups.
 BLOCK_N = 2 * KEYS_PER_CONSUMER
-#: Which backward a call this kernel covers takes (:func:`setting`, :func:`takes`). Unset: this
-#: kernel where the harness timed it faster than the Triton backward; "1": this kernel for every
-#: call it covers; "0": the Triton backward. The Triton backward's gradients are the same bits run
+#: Which backward a call this kernel covers takes (:func:`setting`, :func:`takes`). Unset or "1":
+#: this kernel for every call it covers (unset meant "where it was timed faster" until v30, when
+#: that became every call); "0": the Triton backward. The Triton backward's gradients are the same bits run
 #: to run; this kernel's dQ is summed in float atomics in arrival order, so triton_flash declares
 #: only its forward deterministic where this kernel can run (:func:`may_run`). It hung when two
 #: processes shared the GPU until v26's fix (an unused barrier's word held a live value): on an
 #: H200 the kernel before the fix hung at once in two processes, the fixed one ran 6680 calls in
 #: each, and the whole main job ran green with it on every call it covers (NOTES.md v27).
 ENV_SWITCH = "ATTNKIT_TRITON_FLASH_GLUON_BWD"
-#: By default d128 causal calls with fewer keys than this take the Triton backward (:func:`takes`).
-CAUSAL_D128_MIN_KEYS = 8192
 
 
 @dataclass(frozen=True)
@@ -205,9 +203,9 @@ class Config:
     #: ``-ld``: the shared-memory descriptors of the buffers that stay from tile to tile (K_c, V_c,
     #: P, dS, dQ's) made in the tile loop, from a runtime zero the compiler cannot fold, instead of
     #: hoisted out of it and held in registers (where they spilled, and were reloaded before the
-    #: products). MLA's kernel always does (NOTES.md v29: 5.4 to 0.9 KiB of spills, 1.17x); here
-    #: compile-checked only (d128 causal: 1464 to 144 B of spills, the tile loop 847 to 710
-    #: instructions), not yet run on a GPU.
+    #: products). MLA's kernel always does (NOTES.md v29: 5.4 to 0.9 KiB of spills, 1.17x); d128
+    #: causal 1464 to 144 B of spills, the tile loop 847 to 710 instructions; on an H200 1.00-1.08x
+    #: the defaults without it (NOTES.md v30), so every d64 and d128 default takes it.
     loop_descriptors: bool = False
 
     def __post_init__(self) -> None:
@@ -289,14 +287,16 @@ def default_config(head_dim: int, causal: bool) -> Config:
     """64 query rows per tile (FlashAttention-3's tile for d128's backward: 64 x 128); at d64 the
     Q/dO stages are half the size, so a deeper ring costs little. dQ leaves by TMA reduces from
     swizzled buffers (``-tmar-sw``): 1.23-1.48x the adds on an H100 (NOTES.md, v17); one reduce a
-    tile (``-pair``) at d64 and at d128 without causal, 1.04-1.11x on an H100 and an H200; d128
-    causal keeps two reduces, 3-7% ahead of ``-pair`` at 4k and 16k on both (NOTES.md, v20.8,
-    v20.9)."""
+    tile (``-pair``) at d64, 1.04-1.11x on an H100 and an H200 (NOTES.md, v20.8, v20.9). The
+    buffers' descriptors made in the loop (``-ld``): on an H200 d128 1.00-1.08x its earlier
+    defaults (``-pair`` without causal, two reduces with), d64 1.04-1.07x (NOTES.md v30); with
+    ``-ld``, d128 with and without ``-pair`` were within 2% of each other, so d128 keeps one way
+    causal or not, the one ahead at 16k."""
     if head_dim == 64:
-        return Config(block_m=64, stages=3, tma_dq=True, dq_swizzle=True, pair_dq=True)
+        return Config(block_m=64, stages=3, tma_dq=True, dq_swizzle=True, pair_dq=True, loop_descriptors=True)
     if head_dim == 192:  # MLA: the one way out _bwd_step_mla is written for (two reduces, 224 KiB)
         return Config(block_m=64, stages=2, tma_dq=True, dq_swizzle=True)
-    return Config(block_m=64, stages=2, tma_dq=True, dq_swizzle=True, pair_dq=not causal)
+    return Config(block_m=64, stages=2, tma_dq=True, dq_swizzle=True, loop_descriptors=True)
 
 
 def query_tiles(n0: int, n_q: int, n_k: int, block_m: int, causal: bool) -> tuple[int, int, int]:
@@ -973,25 +973,19 @@ def setting() -> str | None:
     return gluon_common.path_setting(ENV_SWITCH)
 
 
-def takes(head_dim: int, causal: bool, n_k: int) -> bool:
-    """Whether a call this kernel covers (:func:`unsupported_reason` None) goes to it rather than
-    to the Triton backward. By default every one but d128 causal below :data:`CAUSAL_D128_MIN_KEYS`
-    keys: the main job's speed cases on an H200, this kernel's run against the Triton kernel's
-    (results/2026-11-29-session20, h200/gbwd1 against h200/cold35), d128 causal 1k 0.93x and 4k
-    0.99x, every other case 0.99-1.09x (d64 and d128, 1k-16k, causal or not) and MLA causal
-    1.28x; the check's timings agree (results/2026-11-29-session19/mlabwd1: d128 causal 1k 0.93x,
-    4k 1.00x, the rest 1.02-1.32x), and so did an H100's (NOTES.md v20.8: 1.00-1.08x but 1k d128
-    causal, 0.85x)."""
-    value = setting()
-    if value is not None:
-        return value == "1"
-    return not (causal and head_dim == 128 and n_k < CAUSAL_D128_MIN_KEYS)
+def takes() -> bool:
+    """Whether the calls this kernel covers (:func:`unsupported_reason` None) go to it rather than
+    to the Triton backward: unless :data:`ENV_SWITCH` is "0", every one. Until v30, d128 causal
+    below 8k keys took the Triton backward (this kernel was 0.93x at 1k, 0.99x at 4k); with ``-ld``
+    it was at least as fast as the Triton backward on every case the check times on an H200 (d128
+    causal 1.00x at 1k, 1.06x at 4k; NOTES.md v30)."""
+    return setting() != "0"
 
 
 def may_run(device: torch.device) -> bool:
     """Whether some call on ``device`` can take this kernel (then triton_flash's backward is not
     the same bits run to run)."""
-    return setting() != "0" and gluon_common.device_reason(device) is None
+    return takes() and gluon_common.device_reason(device) is None
 
 
 def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,

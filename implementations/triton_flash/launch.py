@@ -613,12 +613,11 @@ def path_note(device: torch.device) -> str:
             "windows, softcap, sinks; " + _gluon_fp8_note())
     from . import gluon_backward
 
-    setting, switch = gluon_backward.setting(), gluon_backward.ENV_SWITCH
-    if setting == "0":
+    switch = gluon_backward.ENV_SWITCH
+    if not gluon_backward.takes():
         return note + f"; Triton kernels for the rest and the backward ({switch}=0)"
-    which = ("every dense plain or causal call it covers" if setting == "1" else
-             f"dense plain or causal calls except d128 causal below {gluon_backward.CAUSAL_D128_MIN_KEYS // 1024}k keys")
-    return (note + f"; Triton kernels for the rest. Backward: Gluon on {which}; Triton kernels for the rest"
+    return (note + "; Triton kernels for the rest. Backward: Gluon on every dense plain or causal call it covers;"
+            " Triton kernels for the rest"
             f" ({switch}=0: the Triton backward alone, the same bits run to run)")
 
 
@@ -925,14 +924,14 @@ def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     """(dq, dk, dv, dsinks) from the forward's output and base-2 LSE; ``dlse`` is the gradient of
     the natural LSE the caller returned (None: not used). ``dsinks`` is None without sinks.
     ``tiles`` may force the "dkdv" and "dq" kernels' configurations (for benchmarks). A call the
-    Gluon backward covers takes it where :func:`.gluon_backward.takes` says (NOTES.md v27);
+    Gluon backward covers takes it unless :func:`.gluon_backward.takes` says no (NOTES.md v30);
     ``gluon=False`` keeps it on the Triton kernels (the benchmarks' Triton column)."""
     variants = Variants(causal=causal) if variants is None else variants
     from . import gluon_backward
 
     # takes() reads the backward's switch (0: never); unsupported_reason() the call's shape and device.
     if (tiles is None and layout is None and gluon is not False
-            and gluon_backward.takes(q.shape[-1], causal, k.shape[2])
+            and gluon_backward.takes()
             and gluon_backward.unsupported_reason(q, k, v, causal, scale, variants=variants, layout=layout) is None):
         dq, dk, dv = gluon_backward.flash_bwd(do, q, k, v, o, lse, causal, scale, dlse=dlse)
         return dq, dk, dv, None

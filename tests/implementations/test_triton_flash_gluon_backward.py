@@ -24,17 +24,15 @@ def test_configs_round_trip() -> None:
         assert gluon_backward.Config.parse(str(config)) == config
     assert gluon_backward.Config.parse("m64s3-tmar-sw-dsr").ds_regs
     assert gluon_backward.Config.parse("m64s2-tmar-pair").pair_dq
-    assert gluon_backward.Config.parse("m64s2-tmar-sw-ld").loop_descriptors  # not run on a GPU: no default's
-    assert not any(gluon_backward.default_config(d, c).loop_descriptors for d in gluon_backward.HEAD_DIMS for c in (0, 1))
+    assert gluon_backward.Config.parse("m64s2-tmar-sw-ld").loop_descriptors
+    # NOTES v30: every d64 and d128 default makes its descriptors in the loop; d128 one way causal or not.
+    assert [str(gluon_backward.default_config(d, c)) for d in (64, 128) for c in (False, True)] == [
+        "m64s3-tmar-sw-pair-ld-r240"] * 2 + ["m64s2-tmar-sw-ld-r240"] * 2
     q = torch.empty(1, 2, 256, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="-dsr"):  # a Config made directly, not parsed
         gluon_backward.launch_arguments(q, q, q, q, torch.empty(1, 2, 256), torch.empty(1, 2, 256), q.float(), q, q,
                                         False, 0.125, gluon_backward.Config(qrows=False, ds_regs=True))
     assert not any(gluon_backward.default_config(d, c).ds_regs for d in gluon_backward.HEAD_DIMS for c in (0, 1))
-    # One reduce a tile where an H100 timed it faster (implementations/triton_flash/NOTES.md v20.8):
-    # not d128 causal.
-    assert [str(gluon_backward.default_config(d, c)) for d in (64, 128) for c in (False, True)] == [
-        "m64s3-tmar-sw-pair-r240", "m64s3-tmar-sw-pair-r240", "m64s2-tmar-sw-pair-r240", "m64s2-tmar-sw-r240"]
     # The TMA reduce replaces the adds: not beside -sum or -noadds; the swizzle is its buffers';
     # dS from registers is the queries-as-rows layout's (-krows keeps dS^T); -pair sums before the reduce.
     for text in ("m64s2-sum-tmar", "m64s2-noadds-tmar", "m64s2-sw", "m64s2-krows-dsr", "m64s2-pair", "m64s2-sum-pair"):
@@ -61,32 +59,28 @@ def test_query_tiles_and_walk_order() -> None:
     assert order[:2] == [2, 3] and sorted(order) == list(range(2, 16)) and order[2] == 4 + 5 % 12
 
 
-def test_by_default_the_gluon_backward_takes_what_it_was_timed_faster_on_and_the_switch_decides_the_rest(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """NOTES v27: unset, every call but d128 causal below 8k keys (1k 0.93x, 4k 0.99x the Triton
-    backward on an H200); "1" every call it covers; "0", or the Gluon switch off, none."""
-    cases = [(128, True, 1024), (128, True, 4096), (128, True, 8192), (128, True, 16384), (128, False, 1024),
-             (64, True, 1024), (64, False, 4096), (192, True, 4096), (192, False, 1024)]
+def test_the_gluon_backward_takes_every_call_it_covers_unless_the_switch_says_0(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTES v30: unset or "1", every call it covers (d128 causal below 8k keys too, which took the
+    Triton backward until -ld made this kernel as fast there); "0", or the Gluon switch off, none."""
     monkeypatch.delenv(gluon_backward.ENV_SWITCH, raising=False)
     monkeypatch.delenv("ATTNKIT_TRITON_FLASH_GLUON", raising=False)
-    assert gluon_backward.setting() is None
-    assert [gluon_backward.takes(*case) for case in cases] == [False, False, True, True, True, True, True, True, True]
+    assert gluon_backward.setting() is None and gluon_backward.takes()
     monkeypatch.setenv(gluon_backward.ENV_SWITCH, "yes")  # not a setting: the default decides
-    assert gluon_backward.setting() is None
+    assert gluon_backward.setting() is None and gluon_backward.takes()
     monkeypatch.setenv(gluon_backward.ENV_SWITCH, "1")
-    assert all(gluon_backward.takes(*case) for case in cases)
+    assert gluon_backward.takes()
     monkeypatch.setenv(gluon_backward.ENV_SWITCH, "0")
-    assert not any(gluon_backward.takes(*case) for case in cases)
+    assert not gluon_backward.takes()
     monkeypatch.setenv(gluon_backward.ENV_SWITCH, "1")
     monkeypatch.setenv("ATTNKIT_TRITON_FLASH_GLUON", "0")
-    assert gluon_backward.setting() == "0" and not gluon_backward.takes(192, True, 4096)
+    assert gluon_backward.setting() == "0" and not gluon_backward.takes()
 
 
 def test_the_launch_sends_the_backward_where_takes_says_and_gluon_false_keeps_the_triton_kernels(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """On a Hopper (its device check stubbed) launch.flash_bwd hands a d128 16k causal call to
-    the Gluon backward and keeps a 1k one; gluon=False (the benchmarks' Triton column) and the
-    switch at 0 keep both; a windowed call, which the Gluon backward does not cover, stays too."""
+    """On a Hopper (its device check stubbed) launch.flash_bwd hands d128 16k and 1k causal calls
+    to the Gluon backward; gluon=False (the benchmarks' Triton column) and the switch at 0 keep
+    them on the Triton kernels; a windowed call, which the Gluon backward does not cover, too."""
     from pytest_attnkit.implementations.triton_flash import gluon_common, launch
 
     monkeypatch.delenv(gluon_backward.ENV_SWITCH, raising=False)
@@ -117,13 +111,13 @@ def test_the_launch_sends_the_backward_where_takes_says_and_gluon_false_keeps_th
             return "triton"
         return "gluon"
 
-    assert [call(16384), call(1024)] == ["gluon", "triton"]
+    assert [call(16384), call(1024)] == ["gluon", "gluon"]
     assert call(16384, gluon=False) == "triton"
     assert call(16384, variants=launch.Variants(causal=True, window=(64, 0))) == "triton"
     monkeypatch.setenv(gluon_backward.ENV_SWITCH, "0")
-    assert call(16384) == "triton"
+    assert [call(16384), call(1024)] == ["triton", "triton"]
     monkeypatch.setenv(gluon_backward.ENV_SWITCH, "1")
-    assert call(1024) == "gluon" and taken == [16384, 1024]
+    assert call(1024) == "gluon" and taken == [16384, 1024, 1024]
 
 
 def test_where_the_gluon_backward_can_run_triton_flash_declares_only_its_forward_deterministic(
