@@ -134,8 +134,8 @@ import torch
 # Gluon's names for the kernel, and the host-side checks both Gluon kernels share. The bench tools
 # and the tests read GLUON_IMPORT_ERROR, device_reason, HEAD_DIMS, DTYPES and SHARED_LIMIT from
 # this module: they stay its names too.
-from .gluon_common import (DTYPES, GLUON_IMPORT_ERROR, HEAD_DIMS, LOG2E, SHARED_LIMIT, aligned, dense_reason,
-                           descriptor, device_reason, plain_variants, strides_reason)
+from .gluon_common import (DTYPES, GLUON_IMPORT_ERROR, HEAD_DIMS, LOG2E, SHARED_LIMIT, TensorDescriptor, aligned,
+                           dense_reason, descriptor, device_reason, plain_variants, strides_reason)
 from .gluon_common import (fence_async_shared, gl, gluon, mbarrier, tma, tma_load, tma_store, thread_barrier,
                            triton, warpgroup_mma, warpgroup_mma_wait)
 from . import gluon_common
@@ -207,6 +207,20 @@ class Config:
     #: causal 1464 to 144 B of spills, the tile loop 847 to 710 instructions; on an H200 1.00-1.08x
     #: the defaults without it (NOTES.md v30), so every d64 and d128 default takes it.
     loop_descriptors: bool = False
+    #: ``-lt`` (queries as rows only): each query tile's L and delta come into the Q/dO ring by TMA
+    #: with Q and dO, and the consumers read them from shared memory, instead of loading them from
+    #: global memory in the step. Loaded in the step, their first use sat between dP's k-steps
+    #: and held up its issue: 7.7% of the d128 causal kernel's consumer stall samples (NOTES.md
+    #: v30). FlashAttention-3's producer loads them so. Their rows' stride is padded to 16 bytes
+    #: where Nq is not a multiple of 4 (a TMA descriptor's rule). Compiled, not yet run on a GPU.
+    lse_tma: bool = False
+    #: ``-rl``: the causal mask compares each key with its row's last visible key (``c <= r +
+    #: shift``, two values a thread a tile) instead of ``c - r <= shift``: the ``c - r`` of a
+    #: thread's 32 elements do not change from tile to tile, so the compiler hoisted them out of
+    #: the loop and held them in 32 registers (the d128 causal kernel's tile loop 710 to 676
+    #: instructions compiled; with ``-lt``, 368 B of spills to none; NOTES.md v30). Compiled, not
+    #: yet run on a GPU.
+    row_limits: bool = False
 
     def __post_init__(self) -> None:
         """A configuration the kernel is not written for is refused as it is made, parsed or not."""
@@ -219,9 +233,12 @@ class Config:
             raise ValueError(f"config {self}: -sw swizzles the buffers -tmar reduces from; it needs -tmar")
         if self.pair_dq and not self.tma_dq:
             raise ValueError(f"config {self}: -pair sums the shares before the TMA reduce; it needs -tmar")
+        if (self.lse_tma or self.row_limits) and not self.qrows:
+            raise ValueError(f"config {self}: -lt and -rl read L, delta and the mask's limit as a row's each "
+                             "(queries as rows); with keys as rows (-krows) they are columns")
 
     def __str__(self) -> str:
-        return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'' if self.dq_cols == 64 else f'-q{self.dq_cols}'}{'' if self.qrows else '-krows'}{'' if self.dq_adds else '-noadds'}{'-rot' if self.rotate else ''}{'-sum' if self.sum_dq else ''}{'-tmar' if self.tma_dq else ''}{'-sw' if self.dq_swizzle else ''}{'-dsr' if self.ds_regs else ''}{'-pair' if self.pair_dq else ''}{'-ld' if self.loop_descriptors else ''}-r{self.consumer_regs}"
+        return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'' if self.dq_cols == 64 else f'-q{self.dq_cols}'}{'' if self.qrows else '-krows'}{'' if self.dq_adds else '-noadds'}{'-rot' if self.rotate else ''}{'-sum' if self.sum_dq else ''}{'-tmar' if self.tma_dq else ''}{'-sw' if self.dq_swizzle else ''}{'-dsr' if self.ds_regs else ''}{'-pair' if self.pair_dq else ''}{'-ld' if self.loop_descriptors else ''}{'-lt' if self.lse_tma else ''}{'-rl' if self.row_limits else ''}-r{self.consumer_regs}"
 
     @staticmethod
     def parse(text: str) -> "Config":
@@ -230,7 +247,7 @@ class Config:
         parts = text.strip().split("-")
         head = parts[0]
         if not (head.startswith("m") and "s" in head):
-            raise ValueError(f"config {text!r}: expected mBLOCKsSTAGES[-split][-qCOLS][-krows][-noadds][-rot][-sum][-tmar[-sw][-pair]][-dsr][-ld][-rREGS], e.g. m64s2")
+            raise ValueError(f"config {text!r}: expected mBLOCKsSTAGES[-split][-qCOLS][-krows][-noadds][-rot][-sum][-tmar[-sw][-pair]][-dsr][-ld][-lt][-rl][-rREGS], e.g. m64s2")
         block_m, stages = head[1:].split("s")
         fields = dict(block_m=int(block_m), stages=int(stages))
         for part in parts[1:]:
@@ -254,6 +271,10 @@ class Config:
                 fields["pair_dq"] = True
             elif part == "ld":
                 fields["loop_descriptors"] = True
+            elif part == "lt":
+                fields["lse_tma"] = True
+            elif part == "rl":
+                fields["row_limits"] = True
             elif part.startswith("q") and part[1:].isdigit():
                 fields["dq_cols"] = int(part[1:])
             elif part.startswith("r") and part[1:].isdigit():
@@ -264,12 +285,12 @@ class Config:
 
 
 def shared_bytes(config: Config, head_dim: int, element_size: int = 2, head_dim_v: int | None = None) -> int:
-    """Shared memory the kernel asks for: K and V (128 rows each), the Q/dO ring, the two dS
-    buffers, the dQ buffers (MLA, ``head_dim_v`` below ``head_dim``: a 64-column piece a
-    consumer), barriers."""
+    """Shared memory the kernel asks for: K and V (128 rows each), the Q/dO ring (with ``-lt``, a
+    stage's L and delta too), the two dS buffers, the dQ buffers (MLA, ``head_dim_v`` below
+    ``head_dim``: a 64-column piece a consumer), barriers."""
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
     kv = BLOCK_N * (head_dim + head_dim_v) * element_size
-    ring = config.stages * config.block_m * (head_dim + head_dim_v) * element_size
+    ring = config.stages * config.block_m * ((head_dim + head_dim_v) * element_size + (8 if config.lse_tma else 0))
     ds = (4 if config.qrows else 2) * KEYS_PER_CONSUMER * config.block_m * element_size  # dS (and P)
     dq = 2 * config.block_m * (MLA_CHUNK if head_dim_v != head_dim else head_dim) * 4
     barriers = 8 * (3 + 2 * config.stages)
@@ -373,10 +394,12 @@ if gl is not None:
     def _bwd_producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem,
                       kv_full, q_full, q_empty, off_b, off_hkv, n0, GROUP, t_first, t_whole, t_end, rot,
                       BLOCK_M: gl.constexpr, STAGES: gl.constexpr, KEYS: gl.constexpr, ROTATE: gl.constexpr,
-                      QK_CHUNKS: gl.constexpr = 1, QK_CHUNK: gl.constexpr = 0):
+                      QK_CHUNKS: gl.constexpr, QK_CHUNK: gl.constexpr, lse_desc, delta_desc, lsd_smem,
+                      LSE_TMA: gl.constexpr):
         # K and V: one 64-row half per consumer, once, on one barrier. QK_CHUNKS > 1 (MLA): Q's
         # and K's head dim in chunks of QK_CHUNK columns, a TMA and a buffer each (consumer c's
         # K chunk j in buffer c * QK_CHUNKS + j, stage s's Q chunk j in s * QK_CHUNKS + j).
+        # LSE_TMA (-lt): stage s's L and delta too, in lsd_smem's buffers 2 s and 2 s + 1.
         mbarrier.expect(kv_full.index(0), 2 * QK_CHUNKS * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
         for c in gl.static_range(2):
             for ch in gl.static_range(QK_CHUNKS):
@@ -384,7 +407,11 @@ if gl is not None:
                          kv_full.index(0), k_smem.index(c * QK_CHUNKS + ch))
             tma_load(v_desc, [off_b, off_hkv, n0 + c * KEYS, 0], kv_full.index(0), v_smem.index(c))
         # Q_i and dO_i of every query tile of every head of the group, into the ring.
-        tile_bytes: gl.constexpr = QK_CHUNKS * q_desc.block_type.nbytes + do_desc.block_type.nbytes
+        if LSE_TMA:
+            tile_bytes: gl.constexpr = (QK_CHUNKS * q_desc.block_type.nbytes + do_desc.block_type.nbytes
+                                        + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+        else:
+            tile_bytes: gl.constexpr = QK_CHUNKS * q_desc.block_type.nbytes + do_desc.block_type.nbytes
         it = 0
         for g in range(GROUP):
             off_h = off_hkv * GROUP + g
@@ -398,6 +425,9 @@ if gl is not None:
                     tma_load(q_desc, [off_b, off_h, t * BLOCK_M, ch * QK_CHUNK], q_full.index(s),
                              q_smem.index(s * QK_CHUNKS + ch))
                 tma_load(do_desc, [off_b, off_h, t * BLOCK_M, 0], q_full.index(s), do_smem.index(s))
+                if LSE_TMA:  # rows past Nq read zeros (_ring_lse_delta says why that is right)
+                    tma_load(lse_desc, [off_b, off_h, t * BLOCK_M], q_full.index(s), lsd_smem.index(2 * s))
+                    tma_load(delta_desc, [off_b, off_h, t * BLOCK_M], q_full.index(s), lsd_smem.index(2 * s + 1))
                 it += 1
 
     @gluon.jit
@@ -411,11 +441,23 @@ if gl is not None:
         return lse, delta
 
     @gluon.jit
+    def _ring_lse_delta(lsd_smem, s, sq_layout: gl.constexpr):
+        # -lt: the tile's L and delta from stage s of the ring, where the producer's TMA put them.
+        # Rows past Nq read zeros there (not _rows_lse_delta's L = +inf): their Q and dO rows are
+        # zeros too, so S = 0, P = exp2(0) = 1, dP = 0 and dS = 1 x (0 - 0) = 0, and dV's and dK's
+        # products add nothing from them; their dQ rows the TMA reduce drops.
+        rows_layout: gl.constexpr = gl.SliceLayout(1, sq_layout)
+        lse = lsd_smem.index(2 * s).load(rows_layout)
+        delta = lsd_smem.index(2 * s + 1).load(rows_layout)
+        return lse, delta
+
+    @gluon.jit
     def _probabilities(sc, lse, t, key0, n_k, diag, qk_scale, sq_layout: gl.constexpr, BLOCK_M: gl.constexpr,
-                       KEYS: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr):
+                       KEYS: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr, ROW_LIMITS: gl.constexpr = False):
         # P = exp2(c S - L), queries as rows. MASKED: keys past Nk (the last key block), and under
         # causal key j = key0 + c seen by query i = t * BLOCK_M + r iff c - r <= shift: local
-        # indices only, which ptxas derives from the lane (no 16 key registers).
+        # indices only, which ptxas derives from the lane (no 16 key registers). ROW_LIMITS (-rl):
+        # as c <= r + shift, whose right side changes with the tile (Config.row_limits).
         pq = gl.exp2(sc * qk_scale - lse[:, None])
         if MASKED:
             c_idx = gl.arange(0, KEYS, layout=gl.SliceLayout(0, sq_layout))
@@ -423,7 +465,10 @@ if gl is not None:
             if CAUSAL:
                 shift = t * BLOCK_M + diag - key0
                 r_idx = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, sq_layout))
-                visible = visible & (c_idx[None, :] - r_idx[:, None] <= shift)
+                if ROW_LIMITS:
+                    visible = visible & (c_idx[None, :] <= (r_idx + shift)[:, None])
+                else:
+                    visible = visible & (c_idx[None, :] - r_idx[:, None] <= shift)
             pq = gl.where(visible, pq, 0.0)
         return pq
 
@@ -435,8 +480,8 @@ if gl is not None:
                   HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, KEYS: gl.constexpr, CAUSAL: gl.constexpr,
                   MASKED: gl.constexpr, SPLIT_DQ: gl.constexpr, DQ_PARTS: gl.constexpr, QROWS: gl.constexpr,
                   DQ_ADDS: gl.constexpr, CID: gl.constexpr, SUM_DQ: gl.constexpr, TMA_DQ: gl.constexpr,
-                  DQ_SWIZZLE: gl.constexpr, DS_REGS: gl.constexpr = False, PAIR_DQ: gl.constexpr = False,
-                  LOOP_DESC: gl.constexpr = False):
+                  DQ_SWIZZLE: gl.constexpr, DS_REGS: gl.constexpr, PAIR_DQ: gl.constexpr,
+                  LOOP_DESC: gl.constexpr, lsd_smem, LSE_TMA: gl.constexpr, ROW_LIMITS: gl.constexpr):
         # One query tile for this consumer's 64 keys: see the module docstring for the order.
         # LOOP_DESC (-ld): the buffers' descriptors made here, as MLA's step makes them (v29).
         if LOOP_DESC:
@@ -465,9 +510,13 @@ if gl is not None:
             dp = gl.zeros([BLOCK_M, KEYS], gl.float32, layout=sq_layout)
             sc = warpgroup_mma(q_s, k_c.permute((1, 0)), sc, use_acc=False, is_async=True)
             dp = warpgroup_mma(do_s, v_c.permute((1, 0)), dp, use_acc=False, is_async=True)
-            lse, delta = _rows_lse_delta(lse_h, delta_h, t, n_q, sq_layout, BLOCK_M)
+            if LSE_TMA:
+                lse, delta = _ring_lse_delta(lsd_smem, s, sq_layout)
+            else:
+                lse, delta = _rows_lse_delta(lse_h, delta_h, t, n_q, sq_layout, BLOCK_M)
             sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc, ))
-            pq = _probabilities(sc, lse, t, key0, n_k, diag, qk_scale, sq_layout, BLOCK_M, KEYS, CAUSAL, MASKED)
+            pq = _probabilities(sc, lse, t, key0, n_k, diag, qk_scale, sq_layout, BLOCK_M, KEYS, CAUSAL, MASKED,
+                                ROW_LIMITS)
             dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
             dsq = pq * (dp - delta[:, None])
             # The previous tile's products that read these buffers completed at its last wait.
@@ -637,7 +686,8 @@ if gl is not None:
                       KEYS: gl.constexpr, CID: gl.constexpr, CAUSAL: gl.constexpr, SPLIT_DQ: gl.constexpr,
                       DQ_PARTS: gl.constexpr, QROWS: gl.constexpr, DQ_ADDS: gl.constexpr, ROTATE: gl.constexpr,
                       SUM_DQ: gl.constexpr, TMA_DQ: gl.constexpr, DQ_SWIZZLE: gl.constexpr,
-                      DS_REGS: gl.constexpr = False, PAIR_DQ: gl.constexpr = False, LOOP_DESC: gl.constexpr = False):
+                      DS_REGS: gl.constexpr, PAIR_DQ: gl.constexpr, LOOP_DESC: gl.constexpr, lsd_smem,
+                      LSE_TMA: gl.constexpr, ROW_LIMITS: gl.constexpr):
         kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, HEAD_DIM, 16])
         k_c = k_smem.index(CID)  # dK's and dV's way out; the step takes this consumer's buffers itself
@@ -654,8 +704,12 @@ if gl is not None:
         for g in range(GROUP):
             off_h = off_hkv * GROUP + g
             row_base = (off_b * H_Q + off_h).to(gl.int64) * n_q
-            lse_h = lse_ptr + row_base
-            delta_h = delta_ptr + row_base
+            if LSE_TMA:  # descriptors, which the producer loads from (_ring_lse_delta reads the ring)
+                lse_h = lse_ptr
+                delta_h = delta_ptr
+            else:
+                lse_h = lse_ptr + row_base
+                delta_h = delta_ptr + row_base
             if TMA_DQ:
                 dq_h = dq_ptr  # dQ's descriptor: the reduce addresses (batch, head, row)
             else:
@@ -667,7 +721,7 @@ if gl is not None:
                                    lse_h, delta_h, dq_h, off_b, off_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
                                    kv_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
                                    True, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, CID, SUM_DQ, TMA_DQ, DQ_SWIZZLE,
-                                   DS_REGS, PAIR_DQ, LOOP_DESC)
+                                   DS_REGS, PAIR_DQ, LOOP_DESC, lsd_smem, LSE_TMA, ROW_LIMITS)
                 it += 1
             for j in range(t_whole, t_end):
                 t = _tile(j, t_whole, t_end, rot, ROTATE)
@@ -676,7 +730,7 @@ if gl is not None:
                                    lse_h, delta_h, dq_h, off_b, off_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
                                    kv_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
                                    False, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, CID, SUM_DQ, TMA_DQ, DQ_SWIZZLE,
-                                   DS_REGS, PAIR_DQ, LOOP_DESC)
+                                   DS_REGS, PAIR_DQ, LOOP_DESC, lsd_smem, LSE_TMA, ROW_LIMITS)
                 it += 1
         # dK (times the softmax scale) and dV of this consumer's keys, through K_c's and V_c's
         # buffers (no product reads them any more: every wait above was for 0 outstanding) and
@@ -827,7 +881,8 @@ if gl is not None:
                        DQ_PARTS: gl.constexpr, QROWS: gl.constexpr, DQ_ADDS: gl.constexpr, ROTATE: gl.constexpr,
                        SUM_DQ: gl.constexpr, TMA_DQ: gl.constexpr, DQ_SWIZZLE: gl.constexpr,
                        DS_REGS: gl.constexpr = False, PAIR_DQ: gl.constexpr = False, HEAD_DIM_V: gl.constexpr = 0,
-                       QK_CHUNK: gl.constexpr = 0, LOOP_DESC: gl.constexpr = False):
+                       QK_CHUNK: gl.constexpr = 0, LOOP_DESC: gl.constexpr = False, LSE_TMA: gl.constexpr = False,
+                       ROW_LIMITS: gl.constexpr = False):
         # MLA (HEAD_DIM_V below HEAD_DIM, 0: the same): Q and K in chunks of QK_CHUNK columns
         # (HEAD_DIM itself otherwise; 192 is no power of two, as Gluon's shapes must be), the
         # consumers' _bwd_consumer_mla, with queries as rows and dQ by TMA reduces from swizzled
@@ -842,6 +897,8 @@ if gl is not None:
                                      and not SPLIT_DQ and DQ_ADDS),
                          "MLA's backward is written for -tmar-sw with queries as rows only")
         gl.static_assert(MLA or DV == HEAD_DIM, "V's head dim differs from Q's only for MLA")
+        gl.static_assert(not (MLA and (LSE_TMA or ROW_LIMITS)), "-lt and -rl are d64's and d128's")
+        gl.static_assert(not LSE_TMA or QROWS, "-lt reads L and delta as rows")
         KEYS: gl.constexpr = 64
         n0 = gl.program_id(0) * (2 * KEYS)
         off_bkv = gl.program_id(1)
@@ -900,6 +957,11 @@ if gl is not None:
         else:
             dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM], dq_layout)
             share_smem = dq_smem  # an alias, never used
+        if LSE_TMA:  # stage s's L in buffer 2 s, its delta in 2 s + 1 (_bwd_producer)
+            lsd_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
+            lsd_smem = gl.allocate_shared_memory(gl.float32, [2 * STAGES, BLOCK_M], lsd_layout)
+        else:
+            lsd_smem = dq_smem  # an alias, never used
         kv_full = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         q_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -928,7 +990,7 @@ if gl is not None:
             gl.warp_specialize([
                 (_bwd_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_full, q_full,
                                  q_empty, off_b, off_hkv, n0, GROUP, t_first, t_whole, t_end, rot, BLOCK_M, STAGES,
-                                 KEYS, ROTATE, QK_CHUNKS, CHUNK)),
+                                 KEYS, ROTATE, QK_CHUNKS, CHUNK, lse_ptr, delta_ptr, lsd_smem, False)),
                 (_bwd_consumer_mla, (q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, kv_full, q_full,
                                      q_empty, lse_ptr, delta_ptr, dq_ptr, dk_desc, dv_desc,
                                      off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, rot, qk_scale,
@@ -942,7 +1004,7 @@ if gl is not None:
             gl.warp_specialize([
                 (_bwd_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_full, q_full,
                                  q_empty, off_b, off_hkv, n0, GROUP, t_first, t_whole, t_end, rot, BLOCK_M, STAGES,
-                                 KEYS, ROTATE)),
+                                 KEYS, ROTATE, 1, CHUNK, lse_ptr, delta_ptr, lsd_smem, LSE_TMA)),
                 (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, share_smem, kv_full, q_full,
                                  q_empty,
                                  dq_ready, dq_free,
@@ -950,7 +1012,7 @@ if gl is not None:
                                  off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, rot, qk_scale,
                                  sm_scale,
                                  HEAD_DIM, BLOCK_M, STAGES, KEYS, 0, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, ROTATE,
-                                 SUM_DQ, TMA_DQ, DQ_SWIZZLE, DS_REGS, PAIR_DQ, LOOP_DESC)),
+                                 SUM_DQ, TMA_DQ, DQ_SWIZZLE, DS_REGS, PAIR_DQ, LOOP_DESC, lsd_smem, LSE_TMA, ROW_LIMITS)),
                 (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, share_smem, kv_full, q_full,
                                  q_empty,
                                  dq_ready, dq_free,
@@ -958,7 +1020,7 @@ if gl is not None:
                                  off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, rot, qk_scale,
                                  sm_scale,
                                  HEAD_DIM, BLOCK_M, STAGES, KEYS, 1, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, ROTATE,
-                                 SUM_DQ, TMA_DQ, DQ_SWIZZLE, DS_REGS, PAIR_DQ, LOOP_DESC)),
+                                 SUM_DQ, TMA_DQ, DQ_SWIZZLE, DS_REGS, PAIR_DQ, LOOP_DESC, lsd_smem, LSE_TMA, ROW_LIMITS)),
             ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -1024,6 +1086,8 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     if mla and config != default_config(head_dim, causal):
         raise ValueError(f"config {config}: MLA's backward is written for {default_config(head_dim, causal)} only")
     chunk = MLA_CHUNK if mla else None  # Q's, K's and dK's boxes: MLA's chunks, else whole rows
+    if config.lse_tma:
+        lse, delta = (row_descriptor(lse, config.block_m), row_descriptor(delta, config.block_m))
     args = (descriptor(q, config.block_m, cols=chunk), descriptor(do, config.block_m),
             descriptor(k, KEYS_PER_CONSUMER, cols=chunk), descriptor(v, KEYS_PER_CONSUMER),
             descriptor(dk, KEYS_PER_CONSUMER, cols=chunk), descriptor(dv, KEYS_PER_CONSUMER), lse, delta,
@@ -1036,10 +1100,24 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
                   DQ_ADDS=config.dq_adds, ROTATE=config.rotate,
                   SUM_DQ=config.sum_dq, TMA_DQ=config.tma_dq,
                   DQ_SWIZZLE=config.dq_swizzle, DS_REGS=config.ds_regs, PAIR_DQ=config.pair_dq,
-                  LOOP_DESC=config.loop_descriptors, num_warps=4)
+                  LOOP_DESC=config.loop_descriptors, LSE_TMA=config.lse_tma, ROW_LIMITS=config.row_limits, num_warps=4)
     if mla:
         kwargs.update(HEAD_DIM_V=head_dim_v, QK_CHUNK=MLA_CHUNK, DQ_PARTS=head_dim // MLA_CHUNK)
     return args, kwargs, (triton.cdiv(n_k, BLOCK_N), batch * heads_kv)
+
+
+def row_descriptor(t: torch.Tensor, rows: int) -> "TensorDescriptor":
+    """A TMA descriptor of blocks ``[1, 1, rows]`` on a float32 ``[B, H, N]`` (L or delta; ``-lt``),
+    bounded at each (batch, head)'s N. A TMA descriptor's strides are multiples of 16 bytes: where
+    N is not a multiple of 4, the rows are copied into a tensor whose stride is (the descriptor
+    keeps it alive; the copy is stream-ordered before the kernel)."""
+    batch, heads, n = t.shape
+    if t.stride() != (heads * n, n, 1) or n % 4:
+        padded = torch.empty((batch, heads, -(-n // 4) * 4), dtype=t.dtype, device=t.device)
+        padded[..., :n] = t
+        t = padded[..., :n]
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
+    return TensorDescriptor.from_tensor(t, [1, 1, rows], layout)
 
 
 def warmup(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,

@@ -19,7 +19,7 @@ def test_off_hopper_it_says_why() -> None:
 def test_configs_round_trip() -> None:
     for text in ("m64s2", "m64s3", "m128s2", "m64s2-split", "m64s2-q128", "m64s2-krows", "m64s2-noadds", "m64s2-rot",
                  "m64s2-sum", "m64s3-rot-sum", "m64s2-tmar", "m64s3-tmar-sw", "m64s3-tmar-sw-dsr", "m64s2-tmar-sw-pair",
-                 "m64s2-tmar-sw-pair-ld"):
+                 "m64s2-tmar-sw-pair-ld", "m64s2-tmar-sw-ld-lt-rl", "m64s3-tmar-sw-pair-ld-lt"):
         config = gluon_backward.Config.parse(text)
         assert gluon_backward.Config.parse(str(config)) == config
     assert gluon_backward.Config.parse("m64s3-tmar-sw-dsr").ds_regs
@@ -34,8 +34,10 @@ def test_configs_round_trip() -> None:
                                         False, 0.125, gluon_backward.Config(qrows=False, ds_regs=True))
     assert not any(gluon_backward.default_config(d, c).ds_regs for d in gluon_backward.HEAD_DIMS for c in (0, 1))
     # The TMA reduce replaces the adds: not beside -sum or -noadds; the swizzle is its buffers';
-    # dS from registers is the queries-as-rows layout's (-krows keeps dS^T); -pair sums before the reduce.
-    for text in ("m64s2-sum-tmar", "m64s2-noadds-tmar", "m64s2-sw", "m64s2-krows-dsr", "m64s2-pair", "m64s2-sum-pair"):
+    # dS from registers is the queries-as-rows layout's (-krows keeps dS^T); -pair sums before the reduce;
+    # L, delta (-lt) and the mask's row limit (-rl) are a row's each, which -krows makes columns.
+    for text in ("m64s2-sum-tmar", "m64s2-noadds-tmar", "m64s2-sw", "m64s2-krows-dsr", "m64s2-pair", "m64s2-sum-pair",
+                 "m64s2-krows-lt", "m64s2-krows-rl"):
         with pytest.raises(ValueError):
             gluon_backward.Config.parse(text)
     # Refused as made too: -pair and -sum would both arrive on barriers that count one consumer.
@@ -190,3 +192,19 @@ def test_mla_takes_three_chunks_its_default_only_and_fits_in_shared_memory(monke
     with pytest.raises(ValueError, match="MLA's backward is written for"):
         gluon_backward.launch_arguments(torch.empty(1, 4, 256, 128, dtype=torch.bfloat16), q, k, v, lse, lse,
                                         q.float(), k, v, True, 0.07, gluon_backward.Config.parse("m64s2-tmar-sw-pair"))
+
+
+def test_lt_takes_a_stage_of_l_and_delta_into_the_ring_and_pads_rows_a_tma_descriptor_cannot_take() -> None:
+    """-lt (NOTES v30): 8 bytes a query row a stage; L's and delta's rows by a TMA descriptor of
+    blocks [1, 1, BLOCK_M], whose strides must be multiples of 16 bytes: Nq = 113 is copied into
+    rows of 116, Nq = 128 is taken as it is."""
+    plain, lt = gluon_backward.Config.parse("m64s2-tmar-sw-ld"), gluon_backward.Config.parse("m64s2-tmar-sw-ld-lt")
+    assert gluon_backward.shared_bytes(lt, 128) - gluon_backward.shared_bytes(plain, 128) == 2 * 64 * 8
+    assert gluon_backward.shared_bytes(lt, 128) <= gluon_backward.SHARED_LIMIT
+    ragged = torch.randn(2, 3, 113)
+    desc = gluon_backward.row_descriptor(ragged, 64)
+    assert list(desc.shape) == [2, 3, 113] and list(desc.strides) == [3 * 116, 116, 1]
+    assert list(desc.block_shape) == [1, 1, 64] and torch.equal(desc.base, ragged)
+    whole = torch.randn(2, 3, 128)
+    desc = gluon_backward.row_descriptor(whole, 64)
+    assert desc.base.data_ptr() == whole.data_ptr() and list(desc.strides) == [3 * 128, 128, 1]

@@ -5,7 +5,7 @@ SASS reading. For each configuration: registers at launch and each partition's `
 spills, shared memory, the PTX's wgmma shapes, TMA loads, atomics (``red``/``atom`` on global
 float32: the dQ adds) and barriers, and the SASS's HGMMA / UTMALDG / RED counts.
 
-Usage: PYTHONPATH=. /tmp/v36/bin/python tools/flash_bench/gluon_bwd_compile.py [--quick] [--dump DIR] [--config m64s2 ...]
+Usage: PYTHONPATH=. /tmp/v36/bin/python tools/flash_bench/gluon_bwd_compile.py [--quick] [--dump DIR] [--config m64s2 ...] [--causal]
 (``--quick``: the default configuration of each head dim, bf16, causal and not; without it fp16
 too and a few other tiles.) Exit status 1 if any configuration fails to compile, spills, has its
 products serialized (ptxas C7512), or does not fit in shared memory.
@@ -117,7 +117,7 @@ def main() -> int:
         return 1
     extra = [] if args.quick else ["m64s2", "m64s3", "m128s2", "m64s2-split", "m64s2-q128", "m64s2-krows",
                                      "m64s2-rot", "m64s2-sum", "m64s2-tmar"]
-    matrix = config_matrix(gb, args.quick, extra + args.config)
+    matrix = config_matrix(gb, args.quick, extra + args.config, args.causal)
     # MLA (Q's and K's head dim above V's): its default, causal and not, in each dtype.
     dtypes = (torch.bfloat16,) if args.quick else (torch.bfloat16, torch.float16)
     matrix += [(head_dim, causal, dtype, gb.default_config(head_dim, causal))
