@@ -7,7 +7,7 @@ the last ``HISTORY_LIMIT`` saved runs that measured the same implementation (the
 see :mod:`pytest_attnkit.controller.gate`), each with the program it timed where the worker read
 it (the kernels one call launched, with their grids and blocks): a compiled kernel can become
 another program in another process, and the gate compares a run only with saved runs of its
-own program. A saved run also keeps the median SM clock its samples ran at, where the worker
+own program, or of programs with its core kernels (:mod:`pytest_attnkit.programs`). A saved run also keeps the median SM clock its samples ran at, where the worker
 measured it (the gate's "slower clock", :func:`pytest_attnkit.controller.gate.explained_by_clock`). Files for other GPUs are never read for this one: a run
 on a GPU with no file says so and gates nothing, unless a baseline is required. JSON only, never
 pickle.
@@ -47,6 +47,7 @@ except ImportError:  # Windows: saves are not locked
     fcntl = None  # type: ignore[assignment]
 
 from pytest_attnkit.controller.gate import Decision, GateVerdict, Pool, changed_beyond_noise, pool
+from pytest_attnkit.programs import core, plain
 from pytest_attnkit.records import EntryKey, SpeedMeasurement
 
 SCHEMA = "pytest-attnkit/baseline"
@@ -312,6 +313,11 @@ def _keyed(stored: dict[str, Any]) -> dict[EntryKey, dict[str, Any]]:
             else EntryKey(*name.split("::", 2)): entry for name, entry in stored.items()}
 
 
+def _plain(run: dict[str, Any]) -> str | None:
+    """A saved run's program without its minor marks, or None where it recorded none."""
+    return plain(run["program"]) if run.get("program") else None
+
+
 class BaselineStore:
     """This GPU's baseline file: read once at the start, pooled per entry, written at the end
     (merged then with what other runs saved meanwhile). Starting removes the temporary files that
@@ -328,19 +334,31 @@ class BaselineStore:
     def pooled(self, key: EntryKey, program: str | None = None) -> Pool | None:
         """The entry's saved runs, pooled (:func:`pytest_attnkit.controller.gate.pool`); None without one.
         With ``program``, only the runs that timed that program, where the entry records programs
-        and one of them is it (see :meth:`programs`)."""
+        and one of them is it (see :meth:`programs`; programs compare without their minor marks,
+        :func:`pytest_attnkit.programs.plain`)."""
         entry = self.entries.get(key)
         if entry is None:
             return None
         runs = history(entry)
-        if program is not None and any(run.get("program") == program for run in runs):
-            runs = [run for run in runs if run.get("program") == program]
+        if program is not None and any(_plain(run) == plain(program) for run in runs):
+            runs = [run for run in runs if _plain(run) == plain(program)]
+        return pool([run["median_ms"] for run in runs], entry["samples_ms"], [run.get("clock_mhz") for run in runs])
+
+    def pooled_by_core(self, key: EntryKey, kernels: str) -> Pool | None:
+        """The entry's saved runs whose programs have the core ``kernels``
+        (:func:`pytest_attnkit.programs.core`: they differ from it only in kernels that took at
+        most 5% of a call's time), pooled; None where none has."""
+        entry = self.entries.get(key)
+        runs = [run for run in history(entry) if run.get("program") and core(run["program"]) == kernels] if entry else []
+        if not runs:
+            return None
         return pool([run["median_ms"] for run in runs], entry["samples_ms"], [run.get("clock_mhz") for run in runs])
 
     def programs(self, key: EntryKey) -> set[str]:
-        """The programs (the kernels a call launched) the entry's saved runs timed, where they recorded one."""
+        """The programs (the kernels a call launched) the entry's saved runs timed, where they
+        recorded one, without their minor marks."""
         entry = self.entries.get(key)
-        return {run["program"] for run in history(entry) if run.get("program")} if entry else set()
+        return {plain(run["program"]) for run in history(entry) if run.get("program")} if entry else set()
 
     def save(self, measured: list[tuple[SpeedMeasurement, Decision | None, float | None]],
              environment: dict[str, Any], ceilings: dict[str, Any], host: str) -> dict[str, int]:

@@ -51,6 +51,7 @@ from pytest_attnkit.controller.process import WorkerFailure, worker_pids
 from pytest_attnkit.controller.scheduler import Job
 from pytest_attnkit.controller.suite import Planned, RunParts, Suite, SuiteContext, SuiteItem, TestSpec, verdict_of
 from pytest_attnkit.messages import Op, Reply, Request, Status
+from pytest_attnkit.programs import core, plain
 from pytest_attnkit.records import EntryKey, SpeedMeasurement, Timing
 
 if TYPE_CHECKING:
@@ -618,13 +619,29 @@ class SpeedCheck(Suite):
             self.notes["benchmark"] = "this pytest-benchmark version cannot take recorded samples; its tables are empty"
 
     # -- gating ------------------------------------------------------------------------------
+    def _baseline(self, measurement: SpeedMeasurement) -> tuple[Pool, bool]:
+        """The saved runs a measurement is judged against, and whether they timed other programs
+        with its core kernels: the runs of its program; where no saved run timed it, the runs whose
+        programs have its core (:func:`pytest_attnkit.programs.core`: they differ from it only in
+        kernels that took at most 5% of a call's time, such as a reduction TorchInductor autotuned
+        otherwise in this process); else every run of the entry (``_gate`` decides whether they
+        may judge it)."""
+        key, program = measurement.key, measurement.program
+        if program and plain(program) not in self.store.programs(key) and (kernels := core(program)):
+            shared = self.store.pooled_by_core(key, kernels)
+            if shared is not None:
+                return shared, True
+        baseline = self.store.pooled(key, program)
+        assert baseline is not None
+        return baseline, False
+
     def _gate(self, measurement: SpeedMeasurement) -> tuple[Decision, SpeedMeasurement]:
         """The verdict against the stored baseline, and the measurement of the round it used. A
-        measurement of a program no saved run timed gets the verdict ``GateVerdict.OTHER_PROGRAM``:
-        its time says how the compiler chose in this process, not what the code's change did."""
+        measurement of a program no saved run timed, and whose core kernels none timed either, gets
+        the verdict ``GateVerdict.OTHER_PROGRAM``: its time says how the compiler chose in this
+        process, not what the code's change did."""
         key = measurement.key
-        baseline = self.store.pooled(key, measurement.program)
-        assert baseline is not None
+        baseline, by_core = self._baseline(measurement)
         factor = 1.0 if key.impl == self.settings.reference else self.machine_factor()
         threshold = noise_threshold(self.threshold(key), baseline)
         if measurement.syncs:
@@ -643,8 +660,13 @@ class SpeedCheck(Suite):
                 "machine once it runs as it should.")
             return replace(decision, baseline_runs=baseline.runs), measurement
         known = self.store.programs(key)
-        if measurement.program and known and measurement.program not in known:
+        if measurement.program and known and plain(measurement.program) not in known and not by_core:
             return replace(decision, verdict=GateVerdict.OTHER_PROGRAM, baseline_runs=baseline.runs), measurement
+        if by_core:
+            self.notes[f"core:{key}"] = (
+                f"{key.impl} on {key.case_id} ({key.mode}) ran a program no saved run timed, with the core kernels "
+                f"of {baseline.runs} saved run(s) (those that take 95% of a call's time; the others took at most 5% "
+                f"of it in each): judged against those runs. Now: {measurement.program}.")
         decision = explained_by_clock(decision, measurement.timing.clock_mhz_median, baseline.clock_mhz)
         if decision.verdict in (GateVerdict.REGRESSION, GateVerdict.SLOWER_CLOCK):
             decision, measurement = self._confirm(measurement, baseline, decision, threshold, factor)

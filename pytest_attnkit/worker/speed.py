@@ -314,8 +314,9 @@ _LAUNCH_FIELDS = (("grid", "grid"), ("block", "block"), ("smem", "shared memory"
 
 def kernel_program(impl: AttentionImpl, case: Case, mode: str, *, seed: int) -> str | None:
     """The kernels one call of the case launches, as ``name grid=.. block=.. smem=.. regs=..``
-    joined by " | ", read from torch's profiler after a first call: which program a compiled
-    kernel became in this process. None where the profiler gives no kernel events."""
+    joined by " | " (those that take at most 5% of the call's kernel time together marked minor:
+    :mod:`pytest_attnkit.programs`), read from torch's profiler after a first call: which program
+    a compiled kernel became in this process. None where the profiler gives no kernel events."""
     import json
     import os
     import tempfile
@@ -339,11 +340,18 @@ def kernel_program(impl: AttentionImpl, case: Case, mode: str, *, seed: int) -> 
         profiler.export_chrome_trace(trace)
         with open(trace, encoding="utf-8") as stream:
             events = json.load(stream).get("traceEvents", [])
-    launches: list[str] = []
+    return program_of(events)
+
+
+def program_of(events: list[dict[str, Any]]) -> str | None:
+    """The program of a profiled call from its chrome-trace events (:func:`kernel_program`): its
+    kernel events in time order, each with its launch fields and duration, the minor ones marked
+    (:func:`pytest_attnkit.programs.describe`)."""
+    from pytest_attnkit.programs import describe
+
+    launches: list[tuple[str, float]] = []
     for event in sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e.get("ts", 0)):
         args = event.get("args", {})
         fields = " ".join(f"{short}={args[name]}".replace(" ", "") for short, name in _LAUNCH_FIELDS if name in args)
-        launch = f"{event.get('name', '?')} {fields}".strip()
-        if not launches or launches[-1] != launch:
-            launches.append(launch)
-    return " | ".join(launches) or None
+        launches.append((f"{event.get('name', '?')} {fields}".strip(), event.get("dur") or 0.0))
+    return describe(launches)

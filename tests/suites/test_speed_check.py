@@ -322,6 +322,65 @@ def test_the_same_program_is_gated_against_the_runs_of_that_program(tmp_path: Pa
     assert store.programs(EntryKey("kernel", "forward", CASE.id)) == {program}
 
 
+#: FlexAttention's backward as an H200 read it (results/2026-11-29-session22): Inductor's delta
+#: reduction, whose grid its autotuner picks in each process, then the template.
+TEMPLATE = "tem_fused_flex_attention_backward_1 grid=[256,1,16] block=[256,1,1] smem=164864 regs=255"
+REDUCTION = "per_fused_flex_attention_backward_0 grid=[{}] block=[64,1,1] smem=32 regs=30 ~minor"
+
+
+@pytest.mark.parametrize("now_ms, verdict", [(1.0, "unchanged"), (1.3, "regression")])
+def test_a_program_that_differs_only_in_minor_kernels_is_judged_against_the_runs_with_its_core(
+        tmp_path: Path, now_ms: float, verdict: str) -> None:
+    """A reduction's other grid (a kernel under 5% of the call) leaves the template's runs the
+    baseline: a 30% slowdown fails, the same time passes; neither reads "other program"."""
+    store = _save_program(tmp_path, {"ref": 1.0, "kernel": 1.0},
+                          {"kernel": REDUCTION.format("32768,1,1") + " | " + TEMPLATE})
+    check = make_check(ProgramPool({"ref": [1.0], "kernel": [now_ms] * 3}), store)
+    _warmed(check, "kernel", REDUCTION.format("8192,1,1") + " | " + TEMPLATE)
+    check.check("ref", "forward", CASE)
+    if verdict == "regression":
+        with judged("failed", "kernel regressed"):
+            check.check("kernel", "forward", CASE)
+    else:
+        check.check("kernel", "forward", CASE)
+    result = check.results[EntryKey("kernel", "forward", CASE.id)]
+    assert result.decision.verdict == verdict and result.decision.baseline_runs == 1
+    assert any("with the core kernels of 1 saved run" in note for note in check.notes.values())
+
+
+@pytest.mark.parametrize("saved", [REDUCTION.format("32768,1,1") + " | " + TEMPLATE.replace("smem=164864", "smem=98304"),
+                                   (REDUCTION.format("32768,1,1") + " | " + TEMPLATE).replace(" ~minor", "")])
+def test_another_core_or_a_program_saved_without_marks_is_another_program(tmp_path: Path, saved: str) -> None:
+    """The template itself changed (its shared memory): not judged. A saved program without marks
+    (saved before them) tells no core: not judged against a program that differs from it."""
+    store = _save_program(tmp_path, {"ref": 1.0, "kernel": 1.0}, {"kernel": saved})
+    check = make_check(ProgramPool({"ref": [1.0], "kernel": [1.3]}), store)
+    _warmed(check, "kernel", REDUCTION.format("8192,1,1") + " | " + TEMPLATE)
+    check.check("ref", "forward", CASE)
+    result = check.check("kernel", "forward", CASE)
+    assert result.decision is not None and result.decision.verdict == "other program"
+
+
+def test_a_program_saved_without_marks_is_the_same_program_as_its_marked_twin(tmp_path: Path) -> None:
+    """Baselines saved before the marks keep gating: the marks are not part of a program. The
+    entry holds two programs' runs (3 each, 1.6 and 1.0 ms); a marked run of the second is judged
+    against that program's runs alone, so a 12% slowdown fails (against all six it would hide)."""
+    program = REDUCTION.format("32768,1,1") + " | " + TEMPLATE
+    store = BaselineStore(tmp_path, DEVICE)
+    for saved, ms in (("attn_fwd triton", 1.6),) * 3 + ((program.replace(" ~minor", ""), 1.0),) * 3:
+        store.save([(SpeedMeasurement("ref", "forward", CASE, timing(1.0)), None, None),
+                    (SpeedMeasurement("kernel", "forward", CASE, timing(ms), program=saved), None, None)],
+                   {"compute_capability": "9.0"}, {}, "host")
+        store = BaselineStore(tmp_path, DEVICE)
+    check = make_check(ProgramPool({"ref": [1.0], "kernel": [1.12] * 4}), store)
+    _warmed(check, "kernel", program)
+    check.check("ref", "forward", CASE)
+    with judged("failed", "kernel regressed"):
+        check.check("kernel", "forward", CASE)
+    assert check.results[EntryKey("kernel", "forward", CASE.id)].decision.baseline_runs == 3
+    assert not any(key.startswith("core:") for key in check.notes)
+
+
 def test_a_save_says_how_many_entries_have_fewer_than_three_runs(tmp_path: Path) -> None:
     store = BaselineStore(tmp_path, DEVICE)
     for runs in range(1, 4):
