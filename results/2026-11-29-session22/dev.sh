@@ -229,6 +229,19 @@ while [ $# -gt 0 ]; do
       timeout 300 python3 tools/flash_bench/gluon_bwd_check.py --out /tmp/r/$L --variants "" --case-timeout 60 > /tmp/r/$L/run.log 2>&1; echo "bwdcheck rc $?"
       cp /tmp/r/$L/check.md $OUT/$L/; gzip -c /tmp/r/$L/check.json > $OUT/$L/check.json.gz; tail -3 /tmp/r/$L/run.log > $OUT/$L/tail.txt
       grep -E "FAIL|hung|ERROR" /tmp/r/$L/run.log | head; grep -E "^## |^\| b" /tmp/r/$L/check.md | head -16 ;;
+    ltcheck) # issue 42 v30's next: -lt (L and delta by TMA into the ring) and -rl (the causal mask by row limits), compile-only until this runs
+      L=${1:-ltcheck}; shift || true; mkdir -p /tmp/r/$L $OUT/$L; { nvidia-smi --query-gpu=name,serial --format=csv,noheader; date -u; git log --oneline -1; git diff --stat; } > $OUT/$L/device.txt
+      timeout 480 python3 tools/flash_bench/gluon_bwd_check.py --out /tmp/r/$L --variants m64s2-tmar-sw-ld-lt-rl,m64s2-tmar-sw-ld-rl,m64s2-tmar-sw-ld-lt,m64s3-tmar-sw-pair-ld-lt --case-timeout 60 > /tmp/r/$L/run.log 2>&1; echo "bwdcheck rc $?"
+      cp /tmp/r/$L/check.md $OUT/$L/; gzip -c /tmp/r/$L/check.json > $OUT/$L/check.json.gz; tail -3 /tmp/r/$L/run.log > $OUT/$L/tail.txt
+      grep -E "FAIL|hung|ERROR" /tmp/r/$L/run.log | head; tail -24 /tmp/r/$L/check.md ;;
+    ncult) # the d128 causal 4k backward with -lt-rl under Nsight Compute (stall reasons: results/2026-11-29-session22/ncu/reasons.py)
+      mkdir -p $OUT/ncult; { nvidia-smi --query-gpu=name,serial,clocks.sm --format=csv,noheader; date -u; git log --oneline -1; } > $OUT/ncult/device.txt
+      N=d128-causal-lt; timeout 200 ncu --target-processes all --nvtx --nvtx-include "profiled/" -k regex:_attn_bwd_sm90 --section SpeedOfLight --section WarpStateStats --section SourceCounters --metrics $M -o /tmp/$N -f python3 tools/flash_bench/ncu_case.py bwd-bf16-d128-4k-m64s2-tmar-sw-ld-lt-rl --causal --by gluon > $OUT/ncult/$N.log 2>&1; echo "$N rc $?"
+      ncu -i /tmp/$N.ncu-rep --page details > $OUT/ncult/$N-details.txt 2>&1; ncu -i /tmp/$N.ncu-rep --page source --csv --print-source sass 2>&1 | gzip > $OUT/ncult/$N-sass.csv.gz
+      python3 results/2026-11-29-session22/ncu/reasons.py $OUT/ncult/$N-sass.csv.gz; grep -E "Duration|hmma" $OUT/ncult/$N-details.txt ;;
+    saveflex) # session 22's gate change: torch_flex's runs saved with their minor kernels marked (3 saves), so that a program differing only in them is judged
+      for i in 1 2 3; do L=saveflex$i; mj "$L" --cache /tmp/ac --timeout 170 -- --attnkit-impl=torch_flex,torch_sdpa --attnkit-suite=speed --attnkit-baseline-dir=/tmp/bl --attnkit-save-baseline | grep -E "exit status|wall time|outcomes"
+        grep -E "gate  " /tmp/r/$L/pytest.log | head -2; echo "minor marks in the report: $(grep -o "~minor" /tmp/r/$L/attnkit-report.json | wc -l)"; pack "$L"; done; cp /tmp/bl/nvidia*.json "$OUT/" ;;
     cmp) python3 tools/main_job_time.py compare /tmp/r/$1/attnkit-report.json /tmp/r/$2/attnkit-report.json | tail -15; shift 2 ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
