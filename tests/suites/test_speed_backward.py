@@ -112,4 +112,8 @@ def test_forward_samples_build_no_graph() -> None:
 
     case = Case(1, 2, 2, 32, 32, 16, "float32")
     measured = measure_speed(recorded, case, "forward", device="cpu", seed=0, budget_ms=5)
-    assert len(grad_enabled) == 3 + 1 + len(measured["timing"]["samples_ms"]) and not any(grad_enabled)
+    # The first call, the warm-up's two and the sample count's one, then the samples'. On a loaded
+    # machine a call can take over 100 ms (the timer's long call): the warm-up stops after its
+    # first and the count takes that call's time (8 calls for 6 samples, beside six busy loops).
+    samples = len(measured["timing"]["samples_ms"])
+    assert 2 + samples <= len(grad_enabled) <= 4 + samples and not any(grad_enabled)
