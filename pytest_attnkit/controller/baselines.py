@@ -7,10 +7,11 @@ the last ``HISTORY_LIMIT`` saved runs that measured the same implementation (the
 see :mod:`pytest_attnkit.controller.gate`), each with the program it timed where the worker read
 it (the kernels one call launched, with their grids and blocks): a compiled kernel can become
 another program in another process, and the gate compares a run only with saved runs of its
-own program, or of programs with its core kernels (:mod:`pytest_attnkit.programs`). A saved run also keeps the median SM clock its samples ran at, where the worker
-measured it (the gate's "slower clock", :func:`pytest_attnkit.controller.gate.explained_by_clock`). Files for other GPUs are never read for this one: a run
-on a GPU with no file says so and gates nothing, unless a baseline is required. JSON only, never
-pickle.
+own program, or of programs with its core kernels (:mod:`pytest_attnkit.programs`). A saved run
+also keeps the median SM clock its samples ran at, where the worker measured it (the gate's
+"slower clock", :func:`pytest_attnkit.controller.gate.explained_by_clock`). Files for other GPUs
+are never read for this one: a run on a GPU with no file says so and gates nothing, unless a
+baseline is required. JSON only, never pickle.
 
 A file is checked whole when it is read (:func:`validate`): a field of the wrong type, null or
 missing is a :class:`BaselineError` naming the file and the field
