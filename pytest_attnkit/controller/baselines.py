@@ -348,7 +348,7 @@ class BaselineStore:
     def pooled_by_core(self, key: EntryKey, kernels: str) -> Pool | None:
         """The entry's saved runs whose programs have the core ``kernels``
         (:func:`pytest_attnkit.programs.core`: they differ from it only in kernels that took at
-        most 5% of a call's time), pooled; None where none has."""
+        most 1% of a call's kernel time), pooled; None where none has."""
         entry = self.entries.get(key)
         runs = [run for run in history(entry) if run.get("program") and core(run["program"]) == kernels] if entry else []
         if not runs:

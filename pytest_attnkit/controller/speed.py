@@ -524,7 +524,7 @@ class SpeedCheck(Suite):
             if decision.verdict == GateVerdict.OTHER_PROGRAM:
                 self.notes[f"program:{measurement.key}"] = (
                     f"{impl} on {case.id} ({mode}) ran another program than every saved run of its baseline entry "
-                    f"(now: {measurement.program}; saved: {'; '.join(sorted(self.store.programs(measurement.key)))}): "
+                    f"(now: {plain(measurement.program)}; saved: {'; '.join(sorted(self.store.programs(measurement.key)))}): "
                     "not gated. The same source compiled to other kernels in this process (autotuning, or heuristics "
                     "that read the device); save a baseline from this run to add this program to the entry.")
         elif self.settings.require_baseline:
@@ -623,7 +623,7 @@ class SpeedCheck(Suite):
         """The saved runs a measurement is judged against, and whether they timed other programs
         with its core kernels: the runs of its program; where no saved run timed it, the runs whose
         programs have its core (:func:`pytest_attnkit.programs.core`: they differ from it only in
-        kernels that took at most 5% of a call's time, such as a reduction TorchInductor autotuned
+        kernels that took at most 1% of a call's kernel time, such as a reduction TorchInductor autotuned
         otherwise in this process); else every run of the entry (``_gate`` decides whether they
         may judge it)."""
         key, program = measurement.key, measurement.program
@@ -665,8 +665,8 @@ class SpeedCheck(Suite):
         if by_core:
             self.notes[f"core:{key}"] = (
                 f"{key.impl} on {key.case_id} ({key.mode}) ran a program no saved run timed, with the core kernels "
-                f"of {baseline.runs} saved run(s) (those that take 95% of a call's time; the others took at most 5% "
-                f"of it in each): judged against those runs. Now: {measurement.program}.")
+                f"of {baseline.runs} saved run(s) (those that take 99% of a call's kernel time; the others took at "
+                f"most 1% of it in each): judged against those runs. Now: {measurement.program}.")
         decision = explained_by_clock(decision, measurement.timing.clock_mhz_median, baseline.clock_mhz)
         if decision.verdict in (GateVerdict.REGRESSION, GateVerdict.SLOWER_CLOCK):
             decision, measurement = self._confirm(measurement, baseline, decision, threshold, factor)

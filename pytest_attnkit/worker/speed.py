@@ -314,7 +314,7 @@ _LAUNCH_FIELDS = (("grid", "grid"), ("block", "block"), ("smem", "shared memory"
 
 def kernel_program(impl: AttentionImpl, case: Case, mode: str, *, seed: int) -> str | None:
     """The kernels one call of the case launches, as ``name grid=.. block=.. smem=.. regs=..``
-    joined by " | " (those that take at most 5% of the call's kernel time together marked minor:
+    joined by " | " (those that take at most 1% of the call's kernel time together marked minor:
     :mod:`pytest_attnkit.programs`), read from torch's profiler after a first call: which program
     a compiled kernel became in this process. None where the profiler gives no kernel events."""
     import json
