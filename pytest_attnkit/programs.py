@@ -23,7 +23,7 @@ from __future__ import annotations
 
 #: The share of a call's kernel time its minor launches may take together, at most. torch_flex's
 #: backward at 16k on an H200 (12 ms): its delta reduction reads O and dO, 128 MB, about 0.03 ms
-#: at the copy bandwidth by count (not measured; the next GPU session's saves print the shares).
+#: at the copy bandwidth by count (not measured; the next GPU session's saves show what was marked).
 MINOR_SHARE = 0.01
 #: Appended to a minor launch (a launch ends with its ``regs=N`` otherwise).
 MINOR_MARK = " ~minor"
