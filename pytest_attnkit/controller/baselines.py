@@ -319,6 +319,11 @@ def _plain(run: dict[str, Any]) -> str | None:
     return plain(run["program"]) if run.get("program") else None
 
 
+def _pool_runs(entry: dict[str, Any], runs: list[dict[str, Any]]) -> Pool:
+    """``runs`` of ``entry``'s history pooled with the entry's latest samples."""
+    return pool([run["median_ms"] for run in runs], entry["samples_ms"], [run.get("clock_mhz") for run in runs])
+
+
 class BaselineStore:
     """This GPU's baseline file: read once at the start, pooled per entry, written at the end
     (merged then with what other runs saved meanwhile). Starting removes the temporary files that
@@ -343,7 +348,7 @@ class BaselineStore:
         runs = history(entry)
         if program is not None and any(_plain(run) == plain(program) for run in runs):
             runs = [run for run in runs if _plain(run) == plain(program)]
-        return pool([run["median_ms"] for run in runs], entry["samples_ms"], [run.get("clock_mhz") for run in runs])
+        return _pool_runs(entry, runs)
 
     def pooled_by_core(self, key: EntryKey, kernels: str) -> Pool | None:
         """The entry's saved runs whose programs have the core ``kernels``
@@ -351,9 +356,7 @@ class BaselineStore:
         most 1% of a call's kernel time), pooled; None where none has."""
         entry = self.entries.get(key)
         runs = [run for run in history(entry) if run.get("program") and core(run["program"]) == kernels] if entry else []
-        if not runs:
-            return None
-        return pool([run["median_ms"] for run in runs], entry["samples_ms"], [run.get("clock_mhz") for run in runs])
+        return _pool_runs(entry, runs) if runs else None
 
     def programs(self, key: EntryKey) -> set[str]:
         """The programs (the kernels a call launched) the entry's saved runs timed, where they

@@ -619,21 +619,25 @@ class SpeedCheck(Suite):
             self.notes["benchmark"] = "this pytest-benchmark version cannot take recorded samples; its tables are empty"
 
     # -- gating ------------------------------------------------------------------------------
-    def _baseline(self, measurement: SpeedMeasurement) -> tuple[Pool, bool]:
-        """The saved runs a measurement is judged against, and whether they timed other programs
-        with its core kernels: the runs of its program; where no saved run timed it, the runs whose
-        programs have its core (:func:`pytest_attnkit.programs.core`: they differ from it only in
-        kernels that took at most 1% of a call's kernel time, such as a reduction TorchInductor autotuned
-        otherwise in this process); else every run of the entry (``_gate`` decides whether they
-        may judge it)."""
+    def _baseline(self, measurement: SpeedMeasurement) -> tuple[Pool, str]:
+        """The saved runs a measurement is judged against, and which they are: "program", the runs
+        of its program (every run where it or the entry recorded none); "core", where no saved run
+        timed its program, the runs whose programs have its core (:func:`pytest_attnkit.programs.core`:
+        they differ from it only in kernels that took at most 1% of a call's kernel time, such as a
+        reduction TorchInductor autotuned otherwise in this process); "other", neither (every run:
+        the verdict is ``GateVerdict.OTHER_PROGRAM``)."""
         key, program = measurement.key, measurement.program
-        if program and plain(program) not in self.store.programs(key) and (kernels := core(program)):
-            shared = self.store.pooled_by_core(key, kernels)
+        known = self.store.programs(key)
+        which = "program"
+        if program and known and plain(program) not in known:
+            kernels = core(program)
+            shared = self.store.pooled_by_core(key, kernels) if kernels else None
             if shared is not None:
-                return shared, True
+                return shared, "core"
+            which = "other"
         baseline = self.store.pooled(key, program)
         assert baseline is not None
-        return baseline, False
+        return baseline, which
 
     def _gate(self, measurement: SpeedMeasurement) -> tuple[Decision, SpeedMeasurement]:
         """The verdict against the stored baseline, and the measurement of the round it used. A
@@ -641,7 +645,7 @@ class SpeedCheck(Suite):
         the verdict ``GateVerdict.OTHER_PROGRAM``: its time says how the compiler chose in this
         process, not what the code's change did."""
         key = measurement.key
-        baseline, by_core = self._baseline(measurement)
+        baseline, which = self._baseline(measurement)
         factor = 1.0 if key.impl == self.settings.reference else self.machine_factor()
         threshold = noise_threshold(self.threshold(key), baseline)
         if measurement.syncs:
@@ -659,10 +663,9 @@ class SpeedCheck(Suite):
                 "judged against them. Is the GPU shared, throttled or another one? Save baselines again on this "
                 "machine once it runs as it should.")
             return replace(decision, baseline_runs=baseline.runs), measurement
-        known = self.store.programs(key)
-        if measurement.program and known and plain(measurement.program) not in known and not by_core:
+        if which == "other":
             return replace(decision, verdict=GateVerdict.OTHER_PROGRAM, baseline_runs=baseline.runs), measurement
-        if by_core:
+        if which == "core":
             self.notes[f"core:{key}"] = (
                 f"{key.impl} on {key.case_id} ({key.mode}) ran a program no saved run timed, with the core kernels "
                 f"of {baseline.runs} saved run(s) (those that take 99% of a call's kernel time; the others took at "
