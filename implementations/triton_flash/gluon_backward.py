@@ -18,7 +18,9 @@ without): Q, K and dK in three chunks of
 64 columns (Gluon's shapes are powers of two), S three chained products, dK three accumulators,
 and dQ in three pieces through one 64-column float32 buffer a consumer (``_bwd_step_mla``), in
 224 KiB of shared memory; its default configuration (``-tmar-sw``) only. Its registers decide its
-speed: S and dP are made 32 keys at a time, or ptxas serializes every product (v29).
+speed: S and dP are made 32 keys at a time, or ptxas serializes every product (v29). ALiBi at
+d64 and d128 (NOTES.md v31: compile-checked, not yet run on a GPU; :data:`TAKES_ALIBI`): the bias
+in :func:`_probabilities`, every tile.
 
 The math. For one (batch, query head), with the forward's base-2 LSE ``L_i`` and
 ``delta_i = rowsum(dO_i * O_i)`` (the Triton path's preprocess kernel, as :mod:`.launch` uses it):
@@ -153,6 +155,11 @@ BLOCK_N = 2 * KEYS_PER_CONSUMER
 #: H200 the kernel before the fix hung at once in two processes, the fixed one ran 6680 calls in
 #: each, and the whole main job ran green with it on every call it covers (NOTES.md v27).
 ENV_SWITCH = "ATTNKIT_TRITON_FLASH_GLUON_BWD"
+#: Whether ALiBi calls (d64, d128) take this kernel. Written and compile-checked (NOTES.md v31);
+#: False until a GPU check has found it right and timed it beside the Triton backward, which
+#: takes them meanwhile (ALiBi's backward there: 421 TFLOP/s at b1-h16-q16384 d128 against
+#: torch_flex's 427, results/2026-11-29-session22/h200/cold37).
+TAKES_ALIBI = False
 
 
 @dataclass(frozen=True)
@@ -453,12 +460,24 @@ if gl is not None:
 
     @gluon.jit
     def _probabilities(sc, lse, t, key0, n_k, diag, qk_scale, sq_layout: gl.constexpr, BLOCK_M: gl.constexpr,
-                       KEYS: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr, ROW_LIMITS: gl.constexpr = False):
+                       KEYS: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr, ROW_LIMITS: gl.constexpr = False,
+                       ALIBI: gl.constexpr = False, slope=0.0):
         # P = exp2(c S - L), queries as rows. MASKED: keys past Nk (the last key block), and under
         # causal key j = key0 + c seen by query i = t * BLOCK_M + r iff c - r <= shift: local
         # indices only, which ptxas derives from the lane (no 16 key registers). ROW_LIMITS (-rl):
         # as c <= r + shift, whose right side changes with the tile (Config.row_limits).
-        pq = gl.exp2(sc * qk_scale - lse[:, None])
+        # ALIBI: the base-2 scores take ``- slope * |i + Nk - Nq - j|`` (``slope`` times log2(e)),
+        # in every tile, as the forward's do (gluon_forward._softmax): the positions in float32,
+        # exact below 2**24, so the bias is the forward's bit for bit and L (which holds it) fits.
+        # The key positions change with the CTA only; ptxas may hoist them (16 registers a thread).
+        if ALIBI:
+            c_all = gl.arange(0, KEYS, layout=gl.SliceLayout(0, sq_layout))
+            c_lane = c_all & 6
+            r_all = t * BLOCK_M + diag - key0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, sq_layout))
+            dist = (r_all[:, None] - c_lane[None, :]).to(gl.float32) - (c_all - c_lane).to(gl.float32)[None, :]
+            pq = gl.exp2((sc * qk_scale - lse[:, None]) - slope * gl.abs(dist))
+        else:
+            pq = gl.exp2(sc * qk_scale - lse[:, None])
         if MASKED:
             c_idx = gl.arange(0, KEYS, layout=gl.SliceLayout(0, sq_layout))
             visible = c_idx[None, :] < n_k - key0
@@ -481,7 +500,8 @@ if gl is not None:
                   MASKED: gl.constexpr, SPLIT_DQ: gl.constexpr, DQ_PARTS: gl.constexpr, QROWS: gl.constexpr,
                   DQ_ADDS: gl.constexpr, CID: gl.constexpr, SUM_DQ: gl.constexpr, TMA_DQ: gl.constexpr,
                   DQ_SWIZZLE: gl.constexpr, DS_REGS: gl.constexpr, PAIR_DQ: gl.constexpr,
-                  LOOP_DESC: gl.constexpr, lsd_smem, LSE_TMA: gl.constexpr, ROW_LIMITS: gl.constexpr):
+                  LOOP_DESC: gl.constexpr, lsd_smem, LSE_TMA: gl.constexpr, ROW_LIMITS: gl.constexpr,
+                  ALIBI: gl.constexpr = False, slope=0.0):
         # One query tile for this consumer's 64 keys: see the module docstring for the order.
         # LOOP_DESC (-ld): the buffers' descriptors made here, as MLA's step makes them (v29).
         if LOOP_DESC:
@@ -516,7 +536,7 @@ if gl is not None:
                 lse, delta = _rows_lse_delta(lse_h, delta_h, t, n_q, sq_layout, BLOCK_M)
             sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc, ))
             pq = _probabilities(sc, lse, t, key0, n_k, diag, qk_scale, sq_layout, BLOCK_M, KEYS, CAUSAL, MASKED,
-                                ROW_LIMITS)
+                                ROW_LIMITS, ALIBI, slope)
             dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
             dsq = pq * (dp - delta[:, None])
             # The previous tile's products that read these buffers completed at its last wait.
@@ -687,7 +707,7 @@ if gl is not None:
                       DQ_PARTS: gl.constexpr, QROWS: gl.constexpr, DQ_ADDS: gl.constexpr, ROTATE: gl.constexpr,
                       SUM_DQ: gl.constexpr, TMA_DQ: gl.constexpr, DQ_SWIZZLE: gl.constexpr,
                       DS_REGS: gl.constexpr, PAIR_DQ: gl.constexpr, LOOP_DESC: gl.constexpr, lsd_smem,
-                      LSE_TMA: gl.constexpr, ROW_LIMITS: gl.constexpr):
+                      LSE_TMA: gl.constexpr, ROW_LIMITS: gl.constexpr, slopes_ptr, ALIBI: gl.constexpr):
         kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, HEAD_DIM, 16])
         k_c = k_smem.index(CID)  # dK's and dV's way out; the step takes this consumer's buffers itself
@@ -714,6 +734,10 @@ if gl is not None:
                 dq_h = dq_ptr  # dQ's descriptor: the reduce addresses (batch, head, row)
             else:
                 dq_h = dq_ptr + row_base * HEAD_DIM
+            if ALIBI:  # this (batch, query head)'s slope, times log2(e) ([B, Hq] contiguous)
+                slope = gl.load(slopes_ptr + off_b * H_Q + off_h)
+            else:
+                slope = 0.0
             # The causal diagonal's tiles (masked), then the tiles every key of the CTA sees whole.
             for t in range(t_first, t_whole):
                 dk, dv = _bwd_step(it, t, q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, share_smem, dq_ready, dq_free,
@@ -721,7 +745,7 @@ if gl is not None:
                                    lse_h, delta_h, dq_h, off_b, off_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
                                    kv_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
                                    True, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, CID, SUM_DQ, TMA_DQ, DQ_SWIZZLE,
-                                   DS_REGS, PAIR_DQ, LOOP_DESC, lsd_smem, LSE_TMA, ROW_LIMITS)
+                                   DS_REGS, PAIR_DQ, LOOP_DESC, lsd_smem, LSE_TMA, ROW_LIMITS, ALIBI, slope)
                 it += 1
             for j in range(t_whole, t_end):
                 t = _tile(j, t_whole, t_end, rot, ROTATE)
@@ -730,7 +754,7 @@ if gl is not None:
                                    lse_h, delta_h, dq_h, off_b, off_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
                                    kv_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
                                    False, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, CID, SUM_DQ, TMA_DQ, DQ_SWIZZLE,
-                                   DS_REGS, PAIR_DQ, LOOP_DESC, lsd_smem, LSE_TMA, ROW_LIMITS)
+                                   DS_REGS, PAIR_DQ, LOOP_DESC, lsd_smem, LSE_TMA, ROW_LIMITS, ALIBI, slope)
                 it += 1
         # dK (times the softmax scale) and dV of this consumer's keys, through K_c's and V_c's
         # buffers (no product reads them any more: every wait above was for 0 outstanding) and
@@ -876,13 +900,14 @@ if gl is not None:
     # Lengths and head counts as plain integers, as the forward does.
     @gluon.jit(do_not_specialize=("H_Q", "GROUP", "n_q", "n_k"))
     def _attn_bwd_sm90(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_ptr, H_Q, GROUP, n_q, n_k, qk_scale, sm_scale,
+                       slopes_ptr,
                        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                        CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, SPLIT_DQ: gl.constexpr,
                        DQ_PARTS: gl.constexpr, QROWS: gl.constexpr, DQ_ADDS: gl.constexpr, ROTATE: gl.constexpr,
                        SUM_DQ: gl.constexpr, TMA_DQ: gl.constexpr, DQ_SWIZZLE: gl.constexpr,
                        DS_REGS: gl.constexpr = False, PAIR_DQ: gl.constexpr = False, HEAD_DIM_V: gl.constexpr = 0,
                        QK_CHUNK: gl.constexpr = 0, LOOP_DESC: gl.constexpr = False, LSE_TMA: gl.constexpr = False,
-                       ROW_LIMITS: gl.constexpr = False):
+                       ROW_LIMITS: gl.constexpr = False, ALIBI: gl.constexpr = False):
         # MLA (HEAD_DIM_V below HEAD_DIM, 0: the same): Q and K in chunks of QK_CHUNK columns
         # (HEAD_DIM itself otherwise; 192 is no power of two, as Gluon's shapes must be), the
         # consumers' _bwd_consumer_mla, with queries as rows and dQ by TMA reduces from swizzled
@@ -899,6 +924,7 @@ if gl is not None:
         gl.static_assert(MLA or DV == HEAD_DIM, "V's head dim differs from Q's only for MLA")
         gl.static_assert(not (MLA and (LSE_TMA or ROW_LIMITS)), "-lt and -rl are d64's and d128's")
         gl.static_assert(not LSE_TMA or QROWS, "-lt reads L and delta as rows")
+        gl.static_assert(not ALIBI or (QROWS and not MLA), "ALiBi is d64's and d128's, with queries as rows")
         KEYS: gl.constexpr = 64
         n0 = gl.program_id(0) * (2 * KEYS)
         off_bkv = gl.program_id(1)
@@ -1012,7 +1038,8 @@ if gl is not None:
                                  off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, rot, qk_scale,
                                  sm_scale,
                                  HEAD_DIM, BLOCK_M, STAGES, KEYS, 0, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, ROTATE,
-                                 SUM_DQ, TMA_DQ, DQ_SWIZZLE, DS_REGS, PAIR_DQ, LOOP_DESC, lsd_smem, LSE_TMA, ROW_LIMITS)),
+                                 SUM_DQ, TMA_DQ, DQ_SWIZZLE, DS_REGS, PAIR_DQ, LOOP_DESC, lsd_smem, LSE_TMA, ROW_LIMITS,
+                                 slopes_ptr, ALIBI)),
                 (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, share_smem, kv_full, q_full,
                                  q_empty,
                                  dq_ready, dq_free,
@@ -1020,7 +1047,8 @@ if gl is not None:
                                  off_b, off_hkv, n0, H_Q, GROUP, n_q, n_k, t_first, t_whole, t_end, rot, qk_scale,
                                  sm_scale,
                                  HEAD_DIM, BLOCK_M, STAGES, KEYS, 1, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, ROTATE,
-                                 SUM_DQ, TMA_DQ, DQ_SWIZZLE, DS_REGS, PAIR_DQ, LOOP_DESC, lsd_smem, LSE_TMA, ROW_LIMITS)),
+                                 SUM_DQ, TMA_DQ, DQ_SWIZZLE, DS_REGS, PAIR_DQ, LOOP_DESC, lsd_smem, LSE_TMA, ROW_LIMITS,
+                                 slopes_ptr, ALIBI)),
             ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -1055,14 +1083,18 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
                        layout: object | None = None, dlse: object | None = None) -> str | None:
     """Why this backward does not take the call (None: it does). Covered: dense ``[B, H, N, D]``
     float16/bfloat16 on Hopper, head dim 64 or 128 (V's the same), GQA/MQA, causal or not, any
-    lengths >= 1, a positive scale, the gradient of the returned LSE too (it folds into delta).
-    Not: varlen, paged, windows, softcap, ALiBi, sinks, float32, FP8, other head dims."""
+    lengths >= 1, a positive scale, the gradient of the returned LSE too (it folds into delta);
+    ALiBi at d64 and d128 once :data:`TAKES_ALIBI` says so. Not: varlen, paged, windows, softcap,
+    sinks, float32, FP8, other head dims."""
     if layout is not None:
         return "packed sequences take the existing backward"
-    if not plain_variants(causal, variants):
-        return "variants (window, softcap, ALiBi, sinks) take the existing backward"
+    if not plain_variants(causal, variants, alibi=TAKES_ALIBI):
+        return ("variants (window, softcap, sinks) take the existing backward" if TAKES_ALIBI
+                else "variants (window, softcap, ALiBi, sinks) take the existing backward")
     if (reason := dense_reason(q, k, v, head_dims=HEAD_DIM_PAIRS)) is not None:
         return reason
+    if getattr(variants, "alibi_slopes", None) is not None and v.shape[-1] != q.shape[-1]:
+        return "ALiBi with MLA's head dims takes the existing backward"
     if scale is not None and not (math.isfinite(scale) and scale > 0):
         return "a positive finite scale"
     if (reason := strides_reason(q, k, v)) is not None:
@@ -1075,16 +1107,21 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
 
 def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor,
                      delta: torch.Tensor, dq_acc: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
-                     causal: bool, scale: float, config: Config) -> tuple[tuple, dict, tuple[int, int]]:
+                     causal: bool, scale: float, config: Config,
+                     slopes: torch.Tensor | None = None) -> tuple[tuple, dict, tuple[int, int]]:
     """(positional arguments, keyword arguments, grid) of one launch: what :func:`flash_bwd` runs
     and what ``tools/flash_bench/gluon_bwd_compile.py`` compiles without a GPU. ``lse``, ``delta``
     contiguous float32 [B, Hq, Nq]; ``dq_acc`` contiguous float32 like q, zeroed; ``dk``, ``dv``
-    contiguous like k."""
+    contiguous like k; ``slopes`` ALiBi's, times log2(e), float32 [B, Hq] contiguous (None: no
+    ALiBi)."""
     batch, heads_q, n_q, head_dim = q.shape
     heads_kv, n_k, head_dim_v = k.shape[1], k.shape[2], v.shape[-1]
     mla = head_dim_v != head_dim
     if mla and config != default_config(head_dim, causal):
         raise ValueError(f"config {config}: MLA's backward is written for {default_config(head_dim, causal)} only")
+    if slopes is not None and (mla or not config.qrows):
+        raise ValueError(f"ALiBi's backward is written for d64 and d128 with queries as rows, not {config} "
+                         f"at d{head_dim}/dv{head_dim_v}")
     chunk = MLA_CHUNK if mla else None  # Q's, K's and dK's boxes: MLA's chunks, else whole rows
     if config.lse_tma:
         lse, delta = (row_descriptor(lse, config.block_m), row_descriptor(delta, config.block_m))
@@ -1093,7 +1130,8 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
             descriptor(dk, KEYS_PER_CONSUMER, cols=chunk), descriptor(dv, KEYS_PER_CONSUMER), lse, delta,
             (descriptor(dq_acc, config.block_m, 128, 32) if config.dq_swizzle
              else descriptor(dq_acc, config.block_m, swizzle=0) if config.tma_dq else dq_acc),
-            heads_q, heads_q // heads_kv, n_q, n_k, scale * LOG2E, scale)
+            heads_q, heads_q // heads_kv, n_q, n_k, scale * LOG2E, scale,
+            lse if slopes is None else slopes)  # the slopes' pointer: any float32 tensor without ALiBi
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages, CAUSAL=bool(causal),
                   CONSUMER_REGS=config.consumer_regs, SPLIT_DQ=config.split_dq,
                   DQ_PARTS=max(1, head_dim // config.dq_cols), QROWS=config.qrows,
@@ -1101,6 +1139,8 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
                   SUM_DQ=config.sum_dq, TMA_DQ=config.tma_dq,
                   DQ_SWIZZLE=config.dq_swizzle, DS_REGS=config.ds_regs, PAIR_DQ=config.pair_dq,
                   LOOP_DESC=config.loop_descriptors, LSE_TMA=config.lse_tma, ROW_LIMITS=config.row_limits, num_warps=4)
+    if slopes is not None:
+        kwargs["ALIBI"] = True
     if mla:
         kwargs.update(HEAD_DIM_V=head_dim_v, QK_CHUNK=MLA_CHUNK, DQ_PARTS=head_dim // MLA_CHUNK)
     return args, kwargs, (triton.cdiv(n_k, BLOCK_N), batch * heads_kv)
@@ -1121,16 +1161,18 @@ def row_descriptor(t: torch.Tensor, rows: int) -> "TensorDescriptor":
 
 
 def warmup(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
-           config: Config | None = None):
-    """Compile (without launching) the kernel :func:`flash_bwd` would run, and return Triton's
-    compiled kernel (``asm``, ``metadata``): for the compile check without a GPU."""
+           config: Config | None = None, alibi: bool = False):
+    """Compile (without launching) the kernel :func:`flash_bwd` would run (``alibi``: with ALiBi
+    slopes), and return Triton's compiled kernel (``asm``, ``metadata``): for the compile check
+    without a GPU."""
     batch, heads_q, n_q, head_dim = q.shape
     config = default_config(head_dim, causal) if config is None else config
     lse = torch.empty((batch, heads_q, n_q), dtype=torch.float32, device=q.device)
     dq_acc = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     do = torch.empty((batch, heads_q, n_q, v.shape[-1]), dtype=q.dtype, device=q.device)  # like O: V's head dim
+    slopes = torch.empty((batch, heads_q), dtype=torch.float32, device=q.device) if alibi else None
     args, kwargs, grid = launch_arguments(do, q, k, v, lse, torch.empty_like(lse), dq_acc,
-                                          torch.empty_like(k), torch.empty_like(v), causal, scale, config)
+                                          torch.empty_like(k), torch.empty_like(v), causal, scale, config, slopes)
     return _attn_bwd_sm90.warmup(*args, **kwargs, grid=grid)
 
 
@@ -1149,13 +1191,15 @@ def _delta(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
 
 def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
               lse: torch.Tensor, causal: bool, scale: float, config: Config | None = None, *,
-              dlse: torch.Tensor | None = None,
+              dlse: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None,
               out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) as :func:`.launch.flash_bwd` returns them for a dense call that
     :func:`unsupported_reason` takes: from the forward's output ``o`` and base-2 LSE ``lse``
     (float32 [B, Hq, Nq]); ``dlse`` is the gradient of the natural LSE the caller returned (None:
-    unused). ``out`` hands in dk and dv, contiguous like k (a check poisons them first). The
-    caller checks :func:`unsupported_reason` first: this function does not."""
+    unused); ``alibi_slopes`` float32 [Hq] or [B, Hq] (the contract's; the forward's LSE holds
+    the bias). ``out`` hands in dk and dv, contiguous like k (a check poisons them first). The
+    caller checks :func:`unsupported_reason` first: this function does not (it runs ALiBi
+    whatever :data:`TAKES_ALIBI` says: the GPU check calls it so)."""
     batch, heads_q, n_q, head_dim = q.shape
     config = default_config(head_dim, causal) if config is None else config
     need = shared_bytes(config, head_dim, head_dim_v=v.shape[-1])
@@ -1175,6 +1219,9 @@ def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         dk, dv = out
         if dk.shape != k.shape or dv.shape != v.shape or not (dk.is_contiguous() and dv.is_contiguous()):
             raise ValueError("out must be contiguous dk, dv shaped like k, v")
-    args, kwargs, grid = launch_arguments(do, q, k, v, lse, delta, dq_acc, dk, dv, causal, scale, config)
+    slopes = None
+    if alibi_slopes is not None:
+        slopes = (alibi_slopes.float() * LOG2E).expand(batch, heads_q).contiguous()
+    args, kwargs, grid = launch_arguments(do, q, k, v, lse, delta, dq_acc, dk, dv, causal, scale, config, slopes)
     _attn_bwd_sm90[grid](*args, **kwargs)
     return dq_acc.to(q.dtype), dk, dv

@@ -616,7 +616,8 @@ def path_note(device: torch.device) -> str:
     switch = gluon_backward.ENV_SWITCH
     if not gluon_backward.takes():
         return note + f"; Triton kernels for the rest and the backward ({switch}=0)"
-    return (note + "; Triton kernels for the rest. Backward: Gluon on every dense plain or causal call it covers;"
+    covers = "plain, causal or ALiBi" if gluon_backward.TAKES_ALIBI else "plain or causal"
+    return (note + f"; Triton kernels for the rest. Backward: Gluon on every dense {covers} call it covers;"
             " Triton kernels for the rest"
             f" ({switch}=0: the Triton backward alone, the same bits run to run)")
 
@@ -933,7 +934,8 @@ def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     if (tiles is None and layout is None and gluon is not False
             and gluon_backward.takes()
             and gluon_backward.unsupported_reason(q, k, v, causal, scale, variants=variants, layout=layout) is None):
-        dq, dk, dv = gluon_backward.flash_bwd(do, q, k, v, o, lse, causal, scale, dlse=dlse)
+        dq, dk, dv = gluon_backward.flash_bwd(do, q, k, v, o, lse, causal, scale, dlse=dlse,
+                                              alibi_slopes=variants.alibi_slopes)
         return dq, dk, dv, None
     p = _Problem(q, k, v, scale, variants, layout)
     packed = layout is not None

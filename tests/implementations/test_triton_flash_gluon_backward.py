@@ -90,7 +90,7 @@ def test_the_launch_sends_the_backward_where_takes_says_and_gluon_false_keeps_th
     monkeypatch.setattr(gluon_common, "device_reason", lambda device: None)
     taken = []
 
-    def gluon_bwd(do, q, k, v, o, lse, causal, scale, dlse=None):
+    def gluon_bwd(do, q, k, v, o, lse, causal, scale, dlse=None, alibi_slopes=None):
         taken.append(k.shape[2])
         return q, k, v
 
@@ -208,3 +208,73 @@ def test_lt_takes_a_stage_of_l_and_delta_into_the_ring_and_pads_rows_a_tma_descr
     whole = torch.randn(2, 3, 128)
     desc = gluon_backward.row_descriptor(whole, 64)
     assert desc.base.data_ptr() == whole.data_ptr() and list(desc.strides) == [3 * 128, 128, 1]
+
+
+def test_alibi_goes_to_the_gluon_backward_only_once_takes_alibi_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ALiBi through the Gluon backward (NOTES v31) is written and compile-checked, not yet run on
+    a GPU: while TAKES_ALIBI is False, ALiBi calls are refused with ALiBi named and go to the
+    Triton backward; once it is True, d64/d128 calls are taken and launch.flash_bwd hands the
+    slopes over, MLA's head dims are still refused, and a window still is."""
+    from pytest_attnkit.implementations.triton_flash import gluon_common, launch
+
+    monkeypatch.delenv(gluon_backward.ENV_SWITCH, raising=False)
+    monkeypatch.delenv("ATTNKIT_TRITON_FLASH_GLUON", raising=False)
+    monkeypatch.setattr(gluon_common, "device_reason", lambda device: None)
+    q = torch.zeros(1, 4, 256, 128, dtype=torch.bfloat16)
+    k = torch.zeros(1, 2, 200, 128, dtype=torch.bfloat16)
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625])
+    alibi = launch.Variants(causal=True, alibi_slopes=slopes)
+    assert not gluon_backward.TAKES_ALIBI  # flipped by the GPU run that checks and times it, not before
+    assert "ALiBi" in gluon_backward.unsupported_reason(q, k, k, True, 0.07, variants=alibi)
+    taken = []
+
+    def gluon_bwd(do, q, k, v, o, lse, causal, scale, dlse=None, alibi_slopes=None):
+        taken.append(alibi_slopes)
+        return q, k, v
+
+    class Triton(Exception):
+        pass
+
+    def problem(*args, **kwargs):
+        raise Triton()
+
+    monkeypatch.setattr(gluon_backward, "flash_bwd", gluon_bwd)
+    monkeypatch.setattr(launch, "_Problem", problem)
+
+    def call(q, k, variants) -> str:
+        try:
+            launch.flash_bwd(q, q, k, k, q, torch.zeros(q.shape[:3]), variants.causal, 0.07, variants=variants)
+        except Triton:
+            return "triton"
+        return "gluon"
+
+    assert call(q, k, alibi) == "triton" and not taken
+    monkeypatch.setattr(gluon_backward, "TAKES_ALIBI", True)
+    assert gluon_backward.unsupported_reason(q, k, k, True, 0.07, variants=alibi) is None
+    assert call(q, k, alibi) == "gluon" and taken[-1] is slopes
+    assert call(q, k, launch.Variants(causal=True)) == "gluon" and taken[-1] is None
+    mla_q, mla_k = torch.zeros(1, 4, 256, 192, dtype=torch.bfloat16), torch.zeros(1, 2, 200, 192, dtype=torch.bfloat16)
+    mla_v = torch.zeros(1, 2, 200, 128, dtype=torch.bfloat16)
+    assert gluon_backward.unsupported_reason(mla_q, mla_k, mla_v, True, 0.07, variants=launch.Variants(causal=True)) is None
+    assert "MLA" in gluon_backward.unsupported_reason(mla_q, mla_k, mla_v, True, 0.07, variants=alibi)
+    window = launch.Variants(causal=True, window=(64, 0), alibi_slopes=slopes)
+    assert "window" in gluon_backward.unsupported_reason(q, k, k, True, 0.07, variants=window)
+
+
+def test_alibi_launches_with_its_slopes_pointer_and_is_refused_where_it_is_not_written() -> None:
+    """The launch passes ALiBi's slopes (times log2(e), [B, Hq]) as the last runtime argument and
+    ALIBI=True; without ALiBi the slot holds L's tensor and ALIBI is left at the kernel's default
+    (False: the default kernels' SASS is unchanged). Keys as rows (-krows) and MLA are refused."""
+    q = torch.zeros(2, 4, 256, 64, dtype=torch.bfloat16)
+    k = torch.zeros(2, 2, 200, 64, dtype=torch.bfloat16)
+    lse = torch.zeros(2, 4, 256)
+    slopes = torch.rand(2, 4)
+    config = gluon_backward.default_config(64, True)
+    args, kwargs, _ = gluon_backward.launch_arguments(q, q, k, k, lse, lse, q.float(), k, k, True, 0.125, config,
+                                                      slopes)
+    assert args[-1] is slopes and kwargs["ALIBI"] is True
+    args, kwargs, _ = gluon_backward.launch_arguments(q, q, k, k, lse, lse, q.float(), k, k, True, 0.125, config)
+    assert args[-1] is lse and "ALIBI" not in kwargs
+    with pytest.raises(ValueError, match="queries as rows"):
+        gluon_backward.launch_arguments(q, q, k, k, lse, lse, q.float(), k, k, True, 0.125,
+                                        gluon_backward.Config.parse("m64s2-krows"), slopes)

@@ -5,9 +5,10 @@ SASS reading. For each configuration: registers at launch and each partition's `
 spills, shared memory, the PTX's wgmma shapes, TMA loads, atomics (``red``/``atom`` on global
 float32: the dQ adds) and barriers, and the SASS's HGMMA / UTMALDG / RED counts.
 
-Usage: PYTHONPATH=. /tmp/v36/bin/python tools/flash_bench/gluon_bwd_compile.py [--quick] [--dump DIR] [--config m64s2 ...] [--causal]
+Usage: PYTHONPATH=. /tmp/v36/bin/python tools/flash_bench/gluon_bwd_compile.py [--quick] [--dump DIR] [--config m64s2 ...] [--causal] [--alibi]
 (``--quick``: the default configuration of each head dim, bf16, causal and not; without it fp16
-too and a few other tiles.) Exit status 1 if any configuration fails to compile, spills, has its
+too and a few other tiles. ``--alibi``: the same kernels with ALiBi's bias, d64 and d128 only.)
+Exit status 1 if any configuration fails to compile, spills, has its
 products serialized (ptxas C7512), or does not fit in shared memory.
 """
 
@@ -111,7 +112,9 @@ def describe(compiled, shared_limit: int) -> tuple[str, bool]:
 
 
 def main() -> int:
-    args = compile_parser(__doc__, "m64s3, m128s2-r232").parse_args()
+    parser = compile_parser(__doc__, "m64s3, m128s2-r232")
+    parser.add_argument("--alibi", action="store_true", help="compile each kernel with ALiBi (d64 and d128; no MLA)")
+    args = parser.parse_args()
     gb, torch = stand_in_target(load_gluon_backward)
     if gb is None:
         return 1
@@ -124,13 +127,18 @@ def main() -> int:
                for head_dim, head_dim_v in gb.HEAD_DIM_PAIRS if head_dim_v != head_dim
                for causal in (False, True) for dtype in dtypes]
 
+    if args.alibi:
+        # ALiBi is written for d64 and d128 with queries as rows (launch_arguments refuses the rest).
+        matrix = [entry for entry in matrix if value_dim(gb, entry[0]) == entry[0] and entry[3].qrows]
+
     def warm(head_dim, causal, dtype, config):
         q = torch.empty(1, 4, 1000, head_dim, dtype=dtype)
         k = torch.empty(1, 2, 900, head_dim, dtype=dtype)  # GQA and Nq != Nk: one kernel serves all
         v = torch.empty(1, 2, 900, value_dim(gb, head_dim), dtype=dtype)
-        return gb.warmup(q, k, v, causal, head_dim ** -0.5, config)
+        return gb.warmup(q, k, v, causal, head_dim ** -0.5, config, alibi=args.alibi)
 
-    failures, spilled = compile_matrix(gb, matrix, "bwd ", warm, describe, args.dump, 3000)
+    prefix = "bwd alibi " if args.alibi else "bwd "
+    failures, spilled = compile_matrix(gb, matrix, prefix, warm, describe, args.dump, 3000)
     print("OK" if failures == 0 else f"{failures} configuration(s) failed, spilled or did not fit"
           + (f" ({len(spilled)} spilled: {', '.join(spilled)})" if spilled else ""))
     return 1 if failures else 0
