@@ -411,8 +411,11 @@ def check_schedule(gb) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-def model_backward(gb, q, k, v, do, lse2, delta, causal: bool, scale: float, block_m: int, dtype):
-    """dQ, dK, dV as the kernel computes them (float32; inputs already rounded to dtype)."""
+def model_backward(gb, q, k, v, do, lse2, delta, causal: bool, scale: float, block_m: int, dtype, slopes=None):
+    """dQ, dK, dV as the kernel computes them (float32; inputs already rounded to dtype).
+    ``slopes``: ALiBi's, [B, Hq] natural (the kernel's are times log2(e)), its bias computed in
+    the kernel's form (``_probabilities``: the distance as the float of the row's part less the
+    lane's column base, less the float of the rest of the column)."""
     batch, heads_q, n_q, d = q.shape
     heads_kv, n_k = k.shape[1], k.shape[2]
     group = heads_q // heads_kv
@@ -452,7 +455,17 @@ def model_backward(gb, q, k, v, do, lse2, delta, causal: bool, scale: float, blo
                             q_i, do_i = qh[sl], doh[sl]
                             cols = t * block_m + torch.arange(block_m)
                             st = k_c @ q_i.T
-                            pt = torch.exp2(st * c - lse_h[sl][None, :])
+                            if slopes is not None:
+                                key0 = n0 + cid * KEYS
+                                c_all = torch.arange(KEYS)  # keys: the kernel's columns
+                                c_lane = c_all & 6
+                                r_all = t * block_m + diag - key0 + torch.arange(block_m)
+                                dist = ((r_all[None, :] - c_lane[:, None]).float()
+                                        - (c_all - c_lane).float()[:, None])
+                                slope2 = (slopes[b, h].float() * (1 / math.log(2.0))).float()
+                                pt = torch.exp2((st * c - lse_h[sl][None, :]) - slope2 * dist.abs())
+                            else:
+                                pt = torch.exp2(st * c - lse_h[sl][None, :])
                             if t < whole:  # the masked tiles, the kernel's formula (local indices)
                                 key0 = n0 + cid * KEYS
                                 r_idx, c_idx = torch.arange(KEYS), torch.arange(block_m)
@@ -475,13 +488,17 @@ def model_backward(gb, q, k, v, do, lse2, delta, causal: bool, scale: float, blo
     return dq, dk.to(dtype), dv.to(dtype)
 
 
-def reference(q, k, v, do, causal: bool, scale: float):
-    """float64 attention's gradients (q, k, v, do float64), the output and the base-2 LSE."""
+def reference(q, k, v, do, causal: bool, scale: float, slopes=None):
+    """float64 attention's gradients (q, k, v, do float64), the output and the base-2 LSE;
+    ``slopes`` ALiBi's [B, Hq] (the bias ``- slope |i + Nk - Nq - j|``)."""
     q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
     group = q.shape[1] // k.shape[1]
     kk, vv = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     s = q @ kk.transpose(-1, -2) * scale
     n_q, n_k = q.shape[2], k.shape[2]
+    if slopes is not None:
+        distance = (torch.arange(n_q)[:, None] + n_k - n_q - torch.arange(n_k)[None, :]).abs().double()
+        s = s - slopes.double()[:, :, None, None] * distance
     if causal:
         i = torch.arange(n_q)[:, None]
         j = torch.arange(n_k)[None, :]
@@ -507,7 +524,14 @@ def check_numerics(gb) -> int:
         (1, 2, 1, 65, 129, 128, False),
         (1, 1, 1, 1, 1, 64, True),
     ]
-    for batch, hq, hkv, n_q, n_k, d, causal in shapes:
+    # ALiBi (the last field): the bias's diagonal moves with Nk - Nq both ways; slopes per batch.
+    shapes = [shape + (False, ) for shape in shapes] + [
+        (2, 4, 2, 130, 70, 64, False, True),
+        (1, 2, 2, 70, 300, 64, True, True),
+        (1, 2, 1, 200, 200, 128, True, True),
+    ]
+    for batch, hq, hkv, n_q, n_k, d, causal, alibi in shapes:
+        slopes = (2.0 ** (-torch.arange(1, hq + 1) * 8 / hq))[None, :] * (1 + torch.arange(batch))[:, None] if alibi else None
         for block_m in (64, 128):
             dtype = torch.bfloat16
             scale = d ** -0.5
@@ -515,12 +539,12 @@ def check_numerics(gb) -> int:
             k = torch.randn(batch, hkv, n_k, d).to(dtype).double()
             v = torch.randn(batch, hkv, n_k, d).to(dtype).double()
             do = torch.randn(batch, hq, n_q, d).to(dtype).double()
-            dq_ref, dk_ref, dv_ref, o, lse2 = reference(q, k, v, do, causal, scale)
+            dq_ref, dk_ref, dv_ref, o, lse2 = reference(q, k, v, do, causal, scale, slopes)
             # What the kernel gets: the forward's O in dtype, its float32 LSE, delta from them.
             o_lo = o.to(dtype).float()
             delta = (o_lo * do.float()).sum(-1)
             dq, dk, dv = model_backward(gb, q.float(), k.float(), v.float(), do.float(), lse2.float(), delta,
-                                        causal, scale, block_m, dtype)
+                                        causal, scale, block_m, dtype, slopes)
             for name, got, want in (("dq", dq.double(), dq_ref), ("dk", dk.double(), dk_ref),
                                     ("dv", dv.double(), dv_ref)):
                 err = (got - want).abs().max().item()
@@ -528,7 +552,7 @@ def check_numerics(gb) -> int:
                 worst = max(worst, err / size)
                 assert err <= 0.02 * size + 1e-3, (
                     f"{name}: max error {err:.3g} against {size:.3g}: B{batch} Hq{hq} Hkv{hkv} Nq{n_q} Nk{n_k} "
-                    f"d{d} causal={causal} block_m={block_m}")
+                    f"d{d} causal={causal} alibi={alibi} block_m={block_m}")
             cases += 1
     return cases, worst
 
@@ -604,10 +628,10 @@ def check_harness_rule(gb) -> list[str]:
             return None
 
         @staticmethod
-        def flash_bwd(do, q, k, v, o, lse, causal, scale, config, out=None):
+        def flash_bwd(do, q, k, v, o, lse, causal, scale, config, out=None, alibi_slopes=None):
             delta = (o.float() * do.float()).sum(-1)
             dq, dk, dv = model_backward(gb, q.float(), k.float(), v.float(), do.float(), lse.float(), delta,
-                                        causal, scale, config.block_m, q.dtype)
+                                        causal, scale, config.block_m, q.dtype, alibi_slopes)
             if out is not None:
                 out[0].copy_(dk)
                 out[1].copy_(dv)
@@ -615,10 +639,15 @@ def check_harness_rule(gb) -> list[str]:
             return dq.to(q.dtype), dk, dv
 
     class ReferenceForward:
+        class Variants:  # launch.Variants as the check builds it: causal and ALiBi's slopes
+            def __init__(self, causal: bool, alibi_slopes=None) -> None:
+                self.causal, self.alibi_slopes = causal, alibi_slopes
+
         @staticmethod
-        def flash_fwd(q, k, v, causal, scale):
+        def flash_fwd(q, k, v, causal, scale, variants=None):
+            slopes = None if variants is None else variants.alibi_slopes
             _, _, _, o, lse2 = reference(q.double(), k.double(), v.double(), torch.zeros_like(q, dtype=torch.float64),
-                                         causal, scale)
+                                         causal, scale, slopes)
             return o.to(q.dtype), lse2.float()
 
         @staticmethod
@@ -628,10 +657,15 @@ def check_harness_rule(gb) -> list[str]:
     failures = []
     headroom = 0.0
     for dtype in ("bfloat16", "float16"):
-        for shape, causal, head_dim in (((1, 2, 2, 200, 200), False, 64), ((1, 4, 2, 130, 70), True, 64),
-                                        ((2, 2, 1, 70, 300), True, 64), ((1, 2, 2, 65, 129), True, 128)):
-            case = {"id": f"{dtype} {shape} causal={causal} d{head_dim}", "dtype": dtype, "head_dim": head_dim,
-                    "causal": causal, "config": "m64s2", "shape": list(shape), "seed": 7}
+        for shape, causal, head_dim, alibi in (((1, 2, 2, 200, 200), False, 64, False),
+                                               ((1, 4, 2, 130, 70), True, 64, False),
+                                               ((2, 2, 1, 70, 300), True, 64, False),
+                                               ((1, 2, 2, 65, 129), True, 128, False),
+                                               ((2, 4, 2, 130, 70), False, 64, True),
+                                               ((1, 2, 2, 70, 300), True, 128, True)):
+            case = {"id": f"{dtype} {shape} causal={causal} d{head_dim} alibi={alibi}", "dtype": dtype,
+                    "head_dim": head_dim, "causal": causal, "config": "m64s2", "shape": list(shape), "seed": 7,
+                    "alibi": alibi}
             result = gluon_bwd_check._check_case(case, ModelKernel, ReferenceForward, device="cpu")
             if not result["passed"]:
                 failures.append(f"{case['id']}: {result}")
@@ -674,7 +708,7 @@ def main() -> int:
           f"{'NaN/wrong (caught)' if far_caught else 'NOT caught'}")
     harness, headroom = check_harness_rule(gb)
     print(f"harness rule: gluon_bwd_check's correctness case on the CPU with the model as the kernel: "
-          f"{'8 of 8 passed' if not harness else 'FAILED: ' + '; '.join(harness)} (worst error / allowed "
+          f"{'12 of 12 passed' if not harness else 'FAILED: ' + '; '.join(harness)} (worst error / allowed "
           f"{headroom:.2f})")
     return 0 if not missed and mask_caught and far_ok and far_caught and not harness else 1
 
