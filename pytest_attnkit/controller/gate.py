@@ -137,6 +137,11 @@ class Decision:
     #: None where either was not measured (see :func:`explained_by_clock`).
     clock_mhz: float | None = None
     baseline_clock_mhz: float | None = None
+    #: Which saved runs the speed check judged against: "program", the runs of the measured
+    #: program (every run where it or the entry recorded none); "core", the runs whose programs
+    #: share its core kernels (it differs from them only in kernels of at most 1% of a call);
+    #: "other", none (the verdict is OTHER_PROGRAM). The A/B gate's decisions say "program".
+    judged_by: str = "program"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

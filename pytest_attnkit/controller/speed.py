@@ -662,9 +662,10 @@ class SpeedCheck(Suite):
                 f"describe this machine as it runs now (past {MACHINE_FACTOR_LIMIT:g}x either way), so no case was "
                 "judged against them. Is the GPU shared, throttled or another one? Save baselines again on this "
                 "machine once it runs as it should.")
-            return replace(decision, baseline_runs=baseline.runs), measurement
+            return replace(decision, baseline_runs=baseline.runs, judged_by=which), measurement
         if which == "other":
-            return replace(decision, verdict=GateVerdict.OTHER_PROGRAM, baseline_runs=baseline.runs), measurement
+            return (replace(decision, verdict=GateVerdict.OTHER_PROGRAM, baseline_runs=baseline.runs, judged_by=which),
+                    measurement)
         if which == "core":
             self.notes[f"core:{key}"] = (
                 f"{key.impl} on {key.case_id} ({key.mode}) ran a program no saved run timed, with the core kernels "
@@ -683,7 +684,7 @@ class SpeedCheck(Suite):
                 f"the {100 * threshold:.1f}% threshold, so it is not judged. A GPU that runs hot or under a power cap "
                 "lowers its clock; a kernel that draws more power can lower it too. Time it again on a GPU that "
                 "holds its clock to judge it.")
-        return replace(decision, baseline_runs=baseline.runs), measurement
+        return replace(decision, baseline_runs=baseline.runs, judged_by=which), measurement
 
     def _confirm(self, first_measurement: SpeedMeasurement, baseline: Pool, first: Decision,
                  threshold: float, factor: float) -> tuple[Decision, SpeedMeasurement]:

@@ -323,7 +323,9 @@ def gate_headline(document: dict[str, Any], name: str) -> str:
             behind = [decision for decision in decisions if decision["verdict"] == verdict]
             parts.append(f"{count} {verdict}" + (f" against entries of {_runs_of(behind)}"
                                                  if verdict == GateVerdict.REGRESSION else ""))
-        return gate + " (" + ", ".join(parts) + f"; baselines of {_runs_of(decisions)})"
+        by_core = sum(decision.get("judged_by") == "core" for decision in decisions)
+        core = f"; {by_core} judged against the saved runs of their core kernels" if by_core else ""
+        return gate + " (" + ", ".join(parts) + f"{core}; baselines of {_runs_of(decisions)})"
     if timed:
         return "NOT GATED: " + ("no baseline file for this device" if not document["speed"].get("baseline_found")
                                 else "no baseline entries for its cases")
@@ -572,9 +574,11 @@ def gate_section(document: dict[str, Any]) -> Section:
         verdict = d["verdict"].upper() if d["verdict"] == GateVerdict.REGRESSION else d["verdict"]
         if d["rounds"] > 1:
             verdict += f" {d['rounds_flagged']}/{d['rounds']}"
+        core = " (core)" if d.get("judged_by") == "core" else ""  # against its core kernels' runs (speed.py)
+        verdict += core
         section.add(d["impl"], Cell(_MODES.get(d["mode"], d["mode"]), d["mode"]), d["case"],
                     f"{d['baseline_median_ms']:.4f}", str(d["baseline_runs"]), f"{d['now_median_ms']:.4f}",
-                    f"{100 * (d['ratio'] - 1):+.1f}%", f"{100 * d['threshold']:.1f}%", Cell(verdict, str(d["verdict"])))
+                    f"{100 * (d['ratio'] - 1):+.1f}%", f"{100 * d['threshold']:.1f}%", Cell(verdict, str(d["verdict"]) + core))
     return section
 
 

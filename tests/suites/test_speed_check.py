@@ -345,7 +345,15 @@ def test_a_program_that_differs_only_in_minor_kernels_is_judged_against_the_runs
         check.check("kernel", "forward", CASE)
     result = check.results[EntryKey("kernel", "forward", CASE.id)]
     assert result.decision.verdict == verdict and result.decision.baseline_runs == 1
+    assert result.decision.judged_by == "core"
     assert any("with the core kernels of 1 saved run" in note for note in check.notes.values())
+    # The gate's table and summary line say so, not only the note.
+    from pytest_attnkit.controller.table import gate_headline, gate_section
+
+    decision = {"impl": "kernel", "mode": "forward", "case": CASE.id, **result.decision.to_dict()}
+    document = {"speed": {"gate": [decision], "measurements": [{"impl": "kernel", "mode": "forward"}]}}
+    assert gate_section(document).rows[0][-1].terminal.endswith(" (core)")
+    assert "1 judged against the saved runs of their core kernels" in gate_headline(document, "kernel")
 
 
 @pytest.mark.parametrize("saved", [REDUCTION.format("32768,1,1") + " | " + TEMPLATE.replace("smem=164864", "smem=98304"),
@@ -359,6 +367,7 @@ def test_another_core_or_a_program_saved_without_marks_is_another_program(tmp_pa
     check.check("ref", "forward", CASE)
     result = check.check("kernel", "forward", CASE)
     assert result.decision is not None and result.decision.verdict == "other program"
+    assert result.decision.judged_by == "other"
 
 
 def test_a_program_saved_without_marks_is_the_same_program_as_its_marked_twin(tmp_path: Path) -> None:
