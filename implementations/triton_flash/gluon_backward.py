@@ -18,9 +18,10 @@ without): Q, K and dK in three chunks of
 64 columns (Gluon's shapes are powers of two), S three chained products, dK three accumulators,
 and dQ in three pieces through one 64-column float32 buffer a consumer (``_bwd_step_mla``), in
 224 KiB of shared memory; its default configuration (``-tmar-sw``) only. Its registers decide its
-speed: S and dP are made 32 keys at a time, or ptxas serializes every product (v29). ALiBi at
-d64 and d128 (NOTES.md v31: compile-checked, not yet run on a GPU; :data:`TAKES_ALIBI`): the bias
-in :func:`_probabilities`, every tile.
+speed: S and dP are made 32 keys at a time, or ptxas serializes every product (v29). ALiBi and
+sliding windows at d64 and d128 (NOTES.md v31, v32: compile-checked, not yet run on a GPU;
+:data:`TAKES_ALIBI`, :data:`TAKES_WINDOW`): the bias in :func:`_probabilities`, every tile; a
+window's band masked at both ends of the query tiles a key block sees (:func:`band_tiles`).
 
 The math. For one (batch, query head), with the forward's base-2 LSE ``L_i`` and
 ``delta_i = rowsum(dO_i * O_i)`` (the Triton path's preprocess kernel, as :mod:`.launch` uses it):
@@ -141,6 +142,7 @@ from .gluon_common import (DTYPES, GLUON_IMPORT_ERROR, HEAD_DIMS, LOG2E, SHARED_
 from .gluon_common import (fence_async_shared, gl, gluon, mbarrier, tma, tma_load, tma_store, thread_barrier,
                            triton, warpgroup_mma, warpgroup_mma_wait)
 from . import gluon_common
+from .kernels import band
 
 #: Keys a consumer warp group owns: wgmma's M is 64 per warp group.
 KEYS_PER_CONSUMER = 64
@@ -160,6 +162,10 @@ ENV_SWITCH = "ATTNKIT_TRITON_FLASH_GLUON_BWD"
 #: takes them meanwhile (ALiBi's backward there: 421 TFLOP/s at b1-h16-q16384 d128 against
 #: torch_flex's 427, results/2026-11-29-session22/h200/cold37).
 TAKES_ALIBI = False
+#: Whether calls with a sliding window (d64, d128) take this kernel: as :data:`TAKES_ALIBI`,
+#: written and compile-checked (NOTES.md v32), False until a GPU check. The Triton backward ran
+#: the harness's windowed case at 399 TFLOP/s against torch_flex's 389 (cold37).
+TAKES_WINDOW = False
 
 
 @dataclass(frozen=True)
@@ -343,6 +349,29 @@ def query_tiles(n0: int, n_q: int, n_k: int, block_m: int, causal: bool) -> tupl
     return first, end if ragged else whole, end
 
 
+def band_tiles(n0: int, n_q: int, n_k: int, block_m: int, left: int, right: int) -> tuple[int, int, int, int]:
+    """(first, first unmasked, first masked again, end) query tiles for the key block starting at
+    ``n0`` under a sliding window, the band ``-right <= i + Nk - Nq - j <= left``
+    (:func:`.kernels.band`: causal folded into ``right``, an unbounded side 2**30): tiles
+    ``[first, whole)`` are masked (the band's upper edge, the causal diagonal's side), ``[whole,
+    wend)`` are not, ``[wend, end)`` are masked (its lower edge, the window's far side); tiles
+    past ``end`` see none of the block's keys. The kernel computes the same with the same integer
+    formulas (``_attn_bwd_sm90``, ``WINDOW``)."""
+    limit = -(-n_q // block_m)
+    diag = n_k - n_q
+    # Query i sees key j iff j - diag - right <= i <= j - diag + left: the block's first key
+    # (n0) from i >= n0 - diag - right, its last (n0 + BLOCK_N - 1) up to i <= n0 + BLOCK_N - 1 -
+    # diag + left; every key of the block from i >= n0 + BLOCK_N - 1 - diag - right up to
+    # i <= n0 - diag + left.
+    end = min(-(-max(n0 + BLOCK_N - diag + left, 0) // block_m), limit)
+    first = min(max(n0 - diag - right, 0) // block_m, end)
+    whole = min(max(-(-max(n0 + BLOCK_N - 1 - diag - right, 0) // block_m), first), end)
+    wend = min(max(max(n0 - diag + left + 1, 0) // block_m, whole), end)
+    if n0 + BLOCK_N > n_k:  # the last key block, past Nk: every tile masked
+        whole = wend = end
+    return first, whole, wend, end
+
+
 def walk_order(t_first: int, t_whole: int, t_end: int, key_block: int, rotate: bool) -> list[int]:
     """The query tiles a CTA walks, in order (``_tile`` in the kernel, the same formulas): the
     masked ones, then the whole ones, rotated by ``key_block mod their count`` with ``rotate``."""
@@ -461,7 +490,7 @@ if gl is not None:
     @gluon.jit
     def _probabilities(sc, lse, t, key0, n_k, diag, qk_scale, sq_layout: gl.constexpr, BLOCK_M: gl.constexpr,
                        KEYS: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr, ROW_LIMITS: gl.constexpr = False,
-                       ALIBI: gl.constexpr = False, slope=0.0):
+                       ALIBI: gl.constexpr = False, slope=0.0, WINDOW: gl.constexpr = False, win_left=0, win_right=0):
         # P = exp2(c S - L), queries as rows. MASKED: keys past Nk (the last key block), and under
         # causal key j = key0 + c seen by query i = t * BLOCK_M + r iff c - r <= shift: local
         # indices only, which ptxas derives from the lane (no 16 key registers). ROW_LIMITS (-rl):
@@ -481,7 +510,14 @@ if gl is not None:
         if MASKED:
             c_idx = gl.arange(0, KEYS, layout=gl.SliceLayout(0, sq_layout))
             visible = c_idx[None, :] < n_k - key0
-            if CAUSAL:
+            if WINDOW:
+                # WINDOW: the band -win_right <= i + diag - j <= win_left (causal folded into
+                # win_right by the host; CAUSAL is not read), as c - r against the tile's shift.
+                shift = t * BLOCK_M + diag - key0
+                r_idx = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, sq_layout))
+                visible = (visible & (c_idx[None, :] <= (r_idx + (shift + win_right))[:, None])
+                           & (c_idx[None, :] >= (r_idx + (shift - win_left))[:, None]))
+            elif CAUSAL:
                 shift = t * BLOCK_M + diag - key0
                 r_idx = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, sq_layout))
                 if ROW_LIMITS:
@@ -501,7 +537,7 @@ if gl is not None:
                   DQ_ADDS: gl.constexpr, CID: gl.constexpr, SUM_DQ: gl.constexpr, TMA_DQ: gl.constexpr,
                   DQ_SWIZZLE: gl.constexpr, DS_REGS: gl.constexpr, PAIR_DQ: gl.constexpr,
                   LOOP_DESC: gl.constexpr, lsd_smem, LSE_TMA: gl.constexpr, ROW_LIMITS: gl.constexpr,
-                  ALIBI: gl.constexpr = False, slope=0.0):
+                  ALIBI: gl.constexpr = False, slope=0.0, WINDOW: gl.constexpr = False, win_left=0, win_right=0):
         # One query tile for this consumer's 64 keys: see the module docstring for the order.
         # LOOP_DESC (-ld): the buffers' descriptors made here, as MLA's step makes them (v29).
         if LOOP_DESC:
@@ -536,7 +572,7 @@ if gl is not None:
                 lse, delta = _rows_lse_delta(lse_h, delta_h, t, n_q, sq_layout, BLOCK_M)
             sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc, ))
             pq = _probabilities(sc, lse, t, key0, n_k, diag, qk_scale, sq_layout, BLOCK_M, KEYS, CAUSAL, MASKED,
-                                ROW_LIMITS, ALIBI, slope)
+                                ROW_LIMITS, ALIBI, slope, WINDOW, win_left, win_right)
             dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
             dsq = pq * (dp - delta[:, None])
             # The previous tile's products that read these buffers completed at its last wait.
@@ -707,7 +743,8 @@ if gl is not None:
                       DQ_PARTS: gl.constexpr, QROWS: gl.constexpr, DQ_ADDS: gl.constexpr, ROTATE: gl.constexpr,
                       SUM_DQ: gl.constexpr, TMA_DQ: gl.constexpr, DQ_SWIZZLE: gl.constexpr,
                       DS_REGS: gl.constexpr, PAIR_DQ: gl.constexpr, LOOP_DESC: gl.constexpr, lsd_smem,
-                      LSE_TMA: gl.constexpr, ROW_LIMITS: gl.constexpr, slopes_ptr, ALIBI: gl.constexpr):
+                      LSE_TMA: gl.constexpr, ROW_LIMITS: gl.constexpr, slopes_ptr, ALIBI: gl.constexpr,
+                      t_wend, win_left, win_right, WINDOW: gl.constexpr):
         kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, HEAD_DIM, 16])
         k_c = k_smem.index(CID)  # dK's and dV's way out; the step takes this consumer's buffers itself
@@ -745,9 +782,14 @@ if gl is not None:
                                    lse_h, delta_h, dq_h, off_b, off_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
                                    kv_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
                                    True, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, CID, SUM_DQ, TMA_DQ, DQ_SWIZZLE,
-                                   DS_REGS, PAIR_DQ, LOOP_DESC, lsd_smem, LSE_TMA, ROW_LIMITS, ALIBI, slope)
+                                   DS_REGS, PAIR_DQ, LOOP_DESC, lsd_smem, LSE_TMA, ROW_LIMITS, ALIBI, slope,
+                                   WINDOW, win_left, win_right)
                 it += 1
-            for j in range(t_whole, t_end):
+            if WINDOW:  # the whole tiles end where the window's far edge starts masking again
+                t_stop = t_wend
+            else:
+                t_stop = t_end
+            for j in range(t_whole, t_stop):
                 t = _tile(j, t_whole, t_end, rot, ROTATE)
                 dk, dv = _bwd_step(it, t, q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, share_smem, dq_ready, dq_free,
                                    q_full, q_empty, dk, dv,
@@ -756,6 +798,16 @@ if gl is not None:
                                    False, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, CID, SUM_DQ, TMA_DQ, DQ_SWIZZLE,
                                    DS_REGS, PAIR_DQ, LOOP_DESC, lsd_smem, LSE_TMA, ROW_LIMITS, ALIBI, slope)
                 it += 1
+            if WINDOW:  # the window's far edge (band_tiles: [wend, end)), masked
+                for t in range(t_wend, t_end):
+                    dk, dv = _bwd_step(it, t, q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, share_smem,
+                                       dq_ready, dq_free, q_full, q_empty, dk, dv,
+                                       lse_h, delta_h, dq_h, off_b, off_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
+                                       kv_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
+                                       True, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, CID, SUM_DQ, TMA_DQ, DQ_SWIZZLE,
+                                       DS_REGS, PAIR_DQ, LOOP_DESC, lsd_smem, LSE_TMA, ROW_LIMITS, ALIBI, slope,
+                                       WINDOW, win_left, win_right)
+                    it += 1
         # dK (times the softmax scale) and dV of this consumer's keys, through K_c's and V_c's
         # buffers (no product reads them any more: every wait above was for 0 outstanding) and
         # TMA stores, which drop rows past Nk. Plain stores from the wgmma layout needed 64-bit
@@ -898,16 +950,16 @@ if gl is not None:
         tma.store_wait(pendings=0)
 
     # Lengths and head counts as plain integers, as the forward does.
-    @gluon.jit(do_not_specialize=("H_Q", "GROUP", "n_q", "n_k"))
+    @gluon.jit(do_not_specialize=("H_Q", "GROUP", "n_q", "n_k", "win_left", "win_right"))
     def _attn_bwd_sm90(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, dq_ptr, H_Q, GROUP, n_q, n_k, qk_scale, sm_scale,
-                       slopes_ptr,
+                       slopes_ptr, win_left, win_right,
                        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                        CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, SPLIT_DQ: gl.constexpr,
                        DQ_PARTS: gl.constexpr, QROWS: gl.constexpr, DQ_ADDS: gl.constexpr, ROTATE: gl.constexpr,
                        SUM_DQ: gl.constexpr, TMA_DQ: gl.constexpr, DQ_SWIZZLE: gl.constexpr,
                        DS_REGS: gl.constexpr = False, PAIR_DQ: gl.constexpr = False, HEAD_DIM_V: gl.constexpr = 0,
                        QK_CHUNK: gl.constexpr = 0, LOOP_DESC: gl.constexpr = False, LSE_TMA: gl.constexpr = False,
-                       ROW_LIMITS: gl.constexpr = False, ALIBI: gl.constexpr = False):
+                       ROW_LIMITS: gl.constexpr = False, ALIBI: gl.constexpr = False, WINDOW: gl.constexpr = False):
         # MLA (HEAD_DIM_V below HEAD_DIM, 0: the same): Q and K in chunks of QK_CHUNK columns
         # (HEAD_DIM itself otherwise; 192 is no power of two, as Gluon's shapes must be), the
         # consumers' _bwd_consumer_mla, with queries as rows and dQ by TMA reduces from swizzled
@@ -925,6 +977,8 @@ if gl is not None:
         gl.static_assert(not (MLA and (LSE_TMA or ROW_LIMITS)), "-lt and -rl are d64's and d128's")
         gl.static_assert(not LSE_TMA or QROWS, "-lt reads L and delta as rows")
         gl.static_assert(not ALIBI or (QROWS and not MLA), "ALiBi is d64's and d128's, with queries as rows")
+        gl.static_assert(not WINDOW or (QROWS and not MLA and not ROTATE),
+                         "windows are d64's and d128's, with queries as rows, walked in order")
         KEYS: gl.constexpr = 64
         n0 = gl.program_id(0) * (2 * KEYS)
         off_bkv = gl.program_id(1)
@@ -937,7 +991,17 @@ if gl is not None:
         # Nk load as zeros, and P = exp2(-L) there could overflow (fp16 past L < -16) into inf
         # and then NaN in dS x K's zero row.
         t_end = gl.cdiv(n_q, BLOCK_M)
-        if CAUSAL:
+        t_wend = t_end
+        if WINDOW:
+            # band_tiles(), the same formulas: [t_first, t_whole) masked, [t_whole, t_wend) whole,
+            # [t_wend, t_end) masked (the window's far edge); the host folded causal into win_right.
+            diag = n_k - n_q
+            t_end = gl.minimum(gl.cdiv(gl.maximum(n0 + 2 * KEYS - diag + win_left, 0), BLOCK_M), t_end)
+            t_first = gl.minimum(gl.maximum(n0 - diag - win_right, 0) // BLOCK_M, t_end)
+            t_whole = gl.minimum(gl.maximum(gl.cdiv(gl.maximum(n0 + 2 * KEYS - 1 - diag - win_right, 0), BLOCK_M),
+                                            t_first), t_end)
+            t_wend = gl.minimum(gl.maximum(gl.maximum(n0 - diag + win_left + 1, 0) // BLOCK_M, t_whole), t_end)
+        elif CAUSAL:
             diag = n_k - n_q
             t_first = gl.minimum(gl.maximum(n0 - diag, 0) // BLOCK_M, t_end)
             t_whole = gl.minimum(gl.maximum(gl.cdiv(gl.maximum(n0 + 2 * KEYS - 1 - diag, 0), BLOCK_M), t_first),
@@ -947,6 +1011,7 @@ if gl is not None:
             t_whole = t_end * 0
         if n0 + 2 * KEYS > n_k:
             t_whole = t_end
+            t_wend = t_end
         rot = gl.program_id(0) % gl.maximum(t_end - t_whole, 1)
 
         kv_smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
@@ -1039,7 +1104,7 @@ if gl is not None:
                                  sm_scale,
                                  HEAD_DIM, BLOCK_M, STAGES, KEYS, 0, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, ROTATE,
                                  SUM_DQ, TMA_DQ, DQ_SWIZZLE, DS_REGS, PAIR_DQ, LOOP_DESC, lsd_smem, LSE_TMA, ROW_LIMITS,
-                                 slopes_ptr, ALIBI)),
+                                 slopes_ptr, ALIBI, t_wend, win_left, win_right, WINDOW)),
                 (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, share_smem, kv_full, q_full,
                                  q_empty,
                                  dq_ready, dq_free,
@@ -1048,7 +1113,7 @@ if gl is not None:
                                  sm_scale,
                                  HEAD_DIM, BLOCK_M, STAGES, KEYS, 1, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, ROTATE,
                                  SUM_DQ, TMA_DQ, DQ_SWIZZLE, DS_REGS, PAIR_DQ, LOOP_DESC, lsd_smem, LSE_TMA, ROW_LIMITS,
-                                 slopes_ptr, ALIBI)),
+                                 slopes_ptr, ALIBI, t_wend, win_left, win_right, WINDOW)),
             ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -1084,17 +1149,18 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
     """Why this backward does not take the call (None: it does). Covered: dense ``[B, H, N, D]``
     float16/bfloat16 on Hopper, head dim 64 or 128 (V's the same), GQA/MQA, causal or not, any
     lengths >= 1, a positive scale, the gradient of the returned LSE too (it folds into delta);
-    ALiBi at d64 and d128 once :data:`TAKES_ALIBI` says so. Not: varlen, paged, windows, softcap,
-    sinks, float32, FP8, other head dims."""
+    ALiBi and sliding windows at d64 and d128 once :data:`TAKES_ALIBI` and :data:`TAKES_WINDOW`
+    say so. Not: varlen, paged, softcap, sinks, float32, FP8, other head dims."""
     if layout is not None:
         return "packed sequences take the existing backward"
-    if not plain_variants(causal, variants, alibi=TAKES_ALIBI):
-        return ("variants (window, softcap, sinks) take the existing backward" if TAKES_ALIBI
-                else "variants (window, softcap, ALiBi, sinks) take the existing backward")
+    if not plain_variants(causal, variants, alibi=TAKES_ALIBI, window=TAKES_WINDOW):
+        named = ["a window"] * (not TAKES_WINDOW) + ["softcap"] + ["ALiBi"] * (not TAKES_ALIBI) + ["sinks"]
+        return f"variants ({', '.join(named)}) take the existing backward"
     if (reason := dense_reason(q, k, v, head_dims=HEAD_DIM_PAIRS)) is not None:
         return reason
-    if getattr(variants, "alibi_slopes", None) is not None and v.shape[-1] != q.shape[-1]:
-        return "ALiBi with MLA's head dims takes the existing backward"
+    if (getattr(variants, "alibi_slopes", None) is not None or getattr(variants, "window", None) is not None) and (
+            v.shape[-1] != q.shape[-1]):
+        return "ALiBi or a window with MLA's head dims takes the existing backward"
     if scale is not None and not (math.isfinite(scale) and scale > 0):
         return "a positive finite scale"
     if (reason := strides_reason(q, k, v)) is not None:
@@ -1108,12 +1174,14 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
 def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor,
                      delta: torch.Tensor, dq_acc: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
                      causal: bool, scale: float, config: Config,
-                     slopes: torch.Tensor | None = None) -> tuple[tuple, dict, tuple[int, int]]:
+                     slopes: torch.Tensor | None = None,
+                     window: tuple[int, int] | None = None) -> tuple[tuple, dict, tuple[int, int]]:
     """(positional arguments, keyword arguments, grid) of one launch: what :func:`flash_bwd` runs
     and what ``tools/flash_bench/gluon_bwd_compile.py`` compiles without a GPU. ``lse``, ``delta``
     contiguous float32 [B, Hq, Nq]; ``dq_acc`` contiguous float32 like q, zeroed; ``dk``, ``dv``
     contiguous like k; ``slopes`` ALiBi's, times log2(e), float32 [B, Hq] contiguous (None: no
-    ALiBi)."""
+    ALiBi); ``window`` (left, right), a side -1 unbounded, the contract's (None: none; causal is
+    folded into its right side, :func:`.kernels.band`)."""
     batch, heads_q, n_q, head_dim = q.shape
     heads_kv, n_k, head_dim_v = k.shape[1], k.shape[2], v.shape[-1]
     mla = head_dim_v != head_dim
@@ -1122,6 +1190,10 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     if slopes is not None and (mla or not config.qrows):
         raise ValueError(f"ALiBi's backward is written for d64 and d128 with queries as rows, not {config} "
                          f"at d{head_dim}/dv{head_dim_v}")
+    if window is not None and (mla or not config.qrows or config.rotate):
+        raise ValueError(f"a window's backward is written for d64 and d128 with queries as rows walked in order, "
+                         f"not {config} at d{head_dim}/dv{head_dim_v}")
+    left, right = band(causal, window) if window is not None else (0, 0)
     chunk = MLA_CHUNK if mla else None  # Q's, K's and dK's boxes: MLA's chunks, else whole rows
     if config.lse_tma:
         lse, delta = (row_descriptor(lse, config.block_m), row_descriptor(delta, config.block_m))
@@ -1131,8 +1203,10 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
             (descriptor(dq_acc, config.block_m, 128, 32) if config.dq_swizzle
              else descriptor(dq_acc, config.block_m, swizzle=0) if config.tma_dq else dq_acc),
             heads_q, heads_q // heads_kv, n_q, n_k, scale * LOG2E, scale,
-            lse if slopes is None else slopes)  # the slopes' pointer: any float32 tensor without ALiBi
-    kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages, CAUSAL=bool(causal),
+            lse if slopes is None else slopes,  # the slopes' pointer: any float32 tensor without ALiBi
+            left, right)
+    # With a window, causal is in its right side (band()): one kernel for both.
+    kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages, CAUSAL=bool(causal) and window is None,
                   CONSUMER_REGS=config.consumer_regs, SPLIT_DQ=config.split_dq,
                   DQ_PARTS=max(1, head_dim // config.dq_cols), QROWS=config.qrows,
                   DQ_ADDS=config.dq_adds, ROTATE=config.rotate,
@@ -1141,6 +1215,8 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
                   LOOP_DESC=config.loop_descriptors, LSE_TMA=config.lse_tma, ROW_LIMITS=config.row_limits, num_warps=4)
     if slopes is not None:
         kwargs["ALIBI"] = True
+    if window is not None:
+        kwargs["WINDOW"] = True
     if mla:
         kwargs.update(HEAD_DIM_V=head_dim_v, QK_CHUNK=MLA_CHUNK, DQ_PARTS=head_dim // MLA_CHUNK)
     return args, kwargs, (triton.cdiv(n_k, BLOCK_N), batch * heads_kv)
@@ -1161,10 +1237,10 @@ def row_descriptor(t: torch.Tensor, rows: int) -> "TensorDescriptor":
 
 
 def warmup(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
-           config: Config | None = None, alibi: bool = False):
+           config: Config | None = None, alibi: bool = False, window: tuple[int, int] | None = None):
     """Compile (without launching) the kernel :func:`flash_bwd` would run (``alibi``: with ALiBi
-    slopes), and return Triton's compiled kernel (``asm``, ``metadata``): for the compile check
-    without a GPU."""
+    slopes; ``window``: with a sliding window, one kernel for every window), and return Triton's
+    compiled kernel (``asm``, ``metadata``): for the compile check without a GPU."""
     batch, heads_q, n_q, head_dim = q.shape
     config = default_config(head_dim, causal) if config is None else config
     lse = torch.empty((batch, heads_q, n_q), dtype=torch.float32, device=q.device)
@@ -1172,7 +1248,8 @@ def warmup(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scal
     do = torch.empty((batch, heads_q, n_q, v.shape[-1]), dtype=q.dtype, device=q.device)  # like O: V's head dim
     slopes = torch.empty((batch, heads_q), dtype=torch.float32, device=q.device) if alibi else None
     args, kwargs, grid = launch_arguments(do, q, k, v, lse, torch.empty_like(lse), dq_acc,
-                                          torch.empty_like(k), torch.empty_like(v), causal, scale, config, slopes)
+                                          torch.empty_like(k), torch.empty_like(v), causal, scale, config, slopes,
+                                          window)
     return _attn_bwd_sm90.warmup(*args, **kwargs, grid=grid)
 
 
@@ -1192,14 +1269,16 @@ def _delta(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
 def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
               lse: torch.Tensor, causal: bool, scale: float, config: Config | None = None, *,
               dlse: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None,
+              window: tuple[int, int] | None = None,
               out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) as :func:`.launch.flash_bwd` returns them for a dense call that
     :func:`unsupported_reason` takes: from the forward's output ``o`` and base-2 LSE ``lse``
     (float32 [B, Hq, Nq]); ``dlse`` is the gradient of the natural LSE the caller returned (None:
     unused); ``alibi_slopes`` float32 [Hq] or [B, Hq] (the contract's; the forward's LSE holds
-    the bias). ``out`` hands in dk and dv, contiguous like k (a check poisons them first). The
-    caller checks :func:`unsupported_reason` first: this function does not (it runs ALiBi
-    whatever :data:`TAKES_ALIBI` says: the GPU check calls it so)."""
+    the bias); ``window`` (left, right), a side -1 unbounded (the contract's sliding window).
+    ``out`` hands in dk and dv, contiguous like k (a check poisons them first). The caller checks
+    :func:`unsupported_reason` first: this function does not (it runs ALiBi and windows whatever
+    :data:`TAKES_ALIBI` and :data:`TAKES_WINDOW` say: the GPU check calls it so)."""
     batch, heads_q, n_q, head_dim = q.shape
     config = default_config(head_dim, causal) if config is None else config
     need = shared_bytes(config, head_dim, head_dim_v=v.shape[-1])
@@ -1222,6 +1301,7 @@ def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     slopes = None
     if alibi_slopes is not None:
         slopes = (alibi_slopes.float() * LOG2E).expand(batch, heads_q).contiguous()
-    args, kwargs, grid = launch_arguments(do, q, k, v, lse, delta, dq_acc, dk, dv, causal, scale, config, slopes)
+    args, kwargs, grid = launch_arguments(do, q, k, v, lse, delta, dq_acc, dk, dv, causal, scale, config, slopes,
+                                          window)
     _attn_bwd_sm90[grid](*args, **kwargs)
     return dq_acc.to(q.dtype), dk, dv

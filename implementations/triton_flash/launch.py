@@ -616,7 +616,8 @@ def path_note(device: torch.device) -> str:
     switch = gluon_backward.ENV_SWITCH
     if not gluon_backward.takes():
         return note + f"; Triton kernels for the rest and the backward ({switch}=0)"
-    covers = "plain, causal or ALiBi" if gluon_backward.TAKES_ALIBI else "plain or causal"
+    kinds = ["plain", "causal"] + ["ALiBi"] * gluon_backward.TAKES_ALIBI + ["windowed"] * gluon_backward.TAKES_WINDOW
+    covers = ", ".join(kinds[:-1]) + " or " + kinds[-1]
     return (note + f"; Triton kernels for the rest. Backward: Gluon on every dense {covers} call it covers;"
             " Triton kernels for the rest"
             f" ({switch}=0: the Triton backward alone, the same bits run to run)")
@@ -935,7 +936,7 @@ def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
             and gluon_backward.takes()
             and gluon_backward.unsupported_reason(q, k, v, causal, scale, variants=variants, layout=layout) is None):
         dq, dk, dv = gluon_backward.flash_bwd(do, q, k, v, o, lse, causal, scale, dlse=dlse,
-                                              alibi_slopes=variants.alibi_slopes)
+                                              alibi_slopes=variants.alibi_slopes, window=variants.window)
         return dq, dk, dv, None
     p = _Problem(q, k, v, scale, variants, layout)
     packed = layout is not None

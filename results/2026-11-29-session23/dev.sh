@@ -231,14 +231,14 @@ while [ $# -gt 0 ]; do
       grep -E "FAIL|hung|ERROR" /tmp/r/$L/run.log | head; grep -E "^## |^\| b" /tmp/r/$L/check.md | head -16 ;;
     ltcheck) # issue 42 v30's next: -lt (L and delta by TMA into the ring) and -rl (the causal mask by row limits), compile-only until this runs
       L=${1:-ltcheck}; shift || true; mkdir -p /tmp/r/$L $OUT/$L; { nvidia-smi --query-gpu=name,serial --format=csv,noheader; date -u; git log --oneline -1; git diff --stat; } > $OUT/$L/device.txt
-      timeout 480 python3 tools/flash_bench/gluon_bwd_check.py --out /tmp/r/$L --variants m64s2-tmar-sw-ld-lt-rl,m64s2-tmar-sw-ld-rl,m64s2-tmar-sw-ld-lt,m64s3-tmar-sw-pair-ld-lt --no-alibi --case-timeout 60 > /tmp/r/$L/run.log 2>&1; echo "bwdcheck rc $?"
+      timeout 480 python3 tools/flash_bench/gluon_bwd_check.py --out /tmp/r/$L --variants m64s2-tmar-sw-ld-lt-rl,m64s2-tmar-sw-ld-rl,m64s2-tmar-sw-ld-lt,m64s3-tmar-sw-pair-ld-lt --no-alibi-window --case-timeout 60 > /tmp/r/$L/run.log 2>&1; echo "bwdcheck rc $?"
       cp /tmp/r/$L/check.md $OUT/$L/; gzip -c /tmp/r/$L/check.json > $OUT/$L/check.json.gz; tail -3 /tmp/r/$L/run.log > $OUT/$L/tail.txt
       grep -E "FAIL|hung|ERROR" /tmp/r/$L/run.log | head; tail -24 /tmp/r/$L/check.md ;;
-    alicheck) # issue 42 v31: ALiBi through the Gluon backward (compile-only until this runs): 40 cases right?, timed beside the Triton ALiBi backward
+    alicheck) # issue 42 v31/v32: ALiBi and windows through the Gluon backward (compile-only until this runs): 80 cases right?, timed beside the Triton backward
       L=${1:-alicheck}; shift || true; mkdir -p /tmp/r/$L $OUT/$L; { nvidia-smi --query-gpu=name,serial --format=csv,noheader; date -u; git log --oneline -1; git diff --stat; } > $OUT/$L/device.txt
-      timeout 400 python3 tools/flash_bench/gluon_bwd_check.py --out /tmp/r/$L --alibi-only --case-timeout 60 > /tmp/r/$L/run.log 2>&1; echo "bwdcheck rc $?"
+      timeout 500 python3 tools/flash_bench/gluon_bwd_check.py --out /tmp/r/$L --alibi-window-only --case-timeout 60 > /tmp/r/$L/run.log 2>&1; echo "bwdcheck rc $?"
       cp /tmp/r/$L/check.md $OUT/$L/; gzip -c /tmp/r/$L/check.json > $OUT/$L/check.json.gz; tail -3 /tmp/r/$L/run.log > $OUT/$L/tail.txt
-      grep -E "FAIL|hung|ERROR" /tmp/r/$L/run.log | head; grep -E "^## Corr|worst|alibi" /tmp/r/$L/check.md | tail -8 ;;
+      grep -E "FAIL|hung|ERROR" /tmp/r/$L/run.log | head; grep -E "^## Corr|worst|alibi|w[0-9]+:" /tmp/r/$L/check.md | tail -10 ;;
     ncult) # the d128 causal 4k backward with -lt-rl under Nsight Compute (stall reasons: results/2026-11-29-session22/ncu/reasons.py)
       mkdir -p $OUT/ncult; { nvidia-smi --query-gpu=name,serial,clocks.sm --format=csv,noheader; date -u; git log --oneline -1; } > $OUT/ncult/device.txt
       N=d128-causal-lt; timeout 200 ncu --target-processes all --nvtx --nvtx-include "profiled/" -k regex:_attn_bwd_sm90 --section SpeedOfLight --section WarpStateStats --section SourceCounters --metrics $M -o /tmp/$N -f python3 tools/flash_bench/ncu_case.py bwd-bf16-d128-4k-m64s2-tmar-sw-ld-lt-rl --causal --by gluon > $OUT/ncult/$N.log 2>&1; echo "$N rc $?"

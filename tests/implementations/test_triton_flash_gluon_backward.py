@@ -90,7 +90,7 @@ def test_the_launch_sends_the_backward_where_takes_says_and_gluon_false_keeps_th
     monkeypatch.setattr(gluon_common, "device_reason", lambda device: None)
     taken = []
 
-    def gluon_bwd(do, q, k, v, o, lse, causal, scale, dlse=None, alibi_slopes=None):
+    def gluon_bwd(do, q, k, v, o, lse, causal, scale, dlse=None, alibi_slopes=None, window=None):
         taken.append(k.shape[2])
         return q, k, v
 
@@ -228,7 +228,7 @@ def test_alibi_goes_to_the_gluon_backward_only_once_takes_alibi_says_so(monkeypa
     assert "ALiBi" in gluon_backward.unsupported_reason(q, k, k, True, 0.07, variants=alibi)
     taken = []
 
-    def gluon_bwd(do, q, k, v, o, lse, causal, scale, dlse=None, alibi_slopes=None):
+    def gluon_bwd(do, q, k, v, o, lse, causal, scale, dlse=None, alibi_slopes=None, window=None):
         taken.append(alibi_slopes)
         return q, k, v
 
@@ -262,9 +262,10 @@ def test_alibi_goes_to_the_gluon_backward_only_once_takes_alibi_says_so(monkeypa
 
 
 def test_alibi_launches_with_its_slopes_pointer_and_is_refused_where_it_is_not_written() -> None:
-    """The launch passes ALiBi's slopes (times log2(e), [B, Hq]) as the last runtime argument and
-    ALIBI=True; without ALiBi the slot holds L's tensor and ALIBI is left at the kernel's default
-    (False: the default kernels' SASS is unchanged). Keys as rows (-krows) and MLA are refused."""
+    """The launch passes ALiBi's slopes (times log2(e), [B, Hq]) after the scales (before the
+    window's two sides) and ALIBI=True; without ALiBi the slot holds L's tensor and ALIBI is left
+    at the kernel's default (False: the default kernels' SASS is unchanged). Keys as rows (-krows)
+    and MLA are refused."""
     q = torch.zeros(2, 4, 256, 64, dtype=torch.bfloat16)
     k = torch.zeros(2, 2, 200, 64, dtype=torch.bfloat16)
     lse = torch.zeros(2, 4, 256)
@@ -272,9 +273,84 @@ def test_alibi_launches_with_its_slopes_pointer_and_is_refused_where_it_is_not_w
     config = gluon_backward.default_config(64, True)
     args, kwargs, _ = gluon_backward.launch_arguments(q, q, k, k, lse, lse, q.float(), k, k, True, 0.125, config,
                                                       slopes)
-    assert args[-1] is slopes and kwargs["ALIBI"] is True
+    assert args[-3] is slopes and kwargs["ALIBI"] is True
     args, kwargs, _ = gluon_backward.launch_arguments(q, q, k, k, lse, lse, q.float(), k, k, True, 0.125, config)
-    assert args[-1] is lse and "ALIBI" not in kwargs
+    assert args[-3] is lse and "ALIBI" not in kwargs
     with pytest.raises(ValueError, match="queries as rows"):
         gluon_backward.launch_arguments(q, q, k, k, lse, lse, q.float(), k, k, True, 0.125,
                                         gluon_backward.Config.parse("m64s2-krows"), slopes)
+
+
+def test_a_window_goes_to_the_gluon_backward_only_once_takes_window_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sliding windows through the Gluon backward (NOTES v32): refused, with the window named,
+    while TAKES_WINDOW is False; once True, launch.flash_bwd hands the window over (with ALiBi's
+    slopes too where both are asked); MLA's head dims stay refused."""
+    from pytest_attnkit.implementations.triton_flash import gluon_common, launch
+
+    monkeypatch.delenv(gluon_backward.ENV_SWITCH, raising=False)
+    monkeypatch.delenv("ATTNKIT_TRITON_FLASH_GLUON", raising=False)
+    monkeypatch.setattr(gluon_common, "device_reason", lambda device: None)
+    q = torch.zeros(1, 4, 256, 64, dtype=torch.bfloat16)
+    k = torch.zeros(1, 2, 200, 64, dtype=torch.bfloat16)
+    windowed = launch.Variants(causal=True, window=(64, 0))
+    assert not gluon_backward.TAKES_WINDOW
+    assert "a window" in gluon_backward.unsupported_reason(q, k, k, True, 0.07, variants=windowed)
+    taken = []
+
+    def gluon_bwd(do, q, k, v, o, lse, causal, scale, dlse=None, alibi_slopes=None, window=None):
+        taken.append((window, alibi_slopes))
+        return q, k, v
+
+    monkeypatch.setattr(gluon_backward, "flash_bwd", gluon_bwd)
+    monkeypatch.setattr(gluon_backward, "TAKES_WINDOW", True)
+    assert gluon_backward.unsupported_reason(q, k, k, True, 0.07, variants=windowed) is None
+    launch.flash_bwd(q, q, k, k, q, torch.zeros(q.shape[:3]), True, 0.07, variants=windowed)
+    assert taken == [((64, 0), None)]
+    slopes = torch.ones(4)
+    both = launch.Variants(causal=False, window=(10, 20), alibi_slopes=slopes)
+    assert "ALiBi" in gluon_backward.unsupported_reason(q, k, k, False, 0.07, variants=both)
+    monkeypatch.setattr(gluon_backward, "TAKES_ALIBI", True)
+    launch.flash_bwd(q, q, k, k, q, torch.zeros(q.shape[:3]), False, 0.07, variants=both)
+    assert taken[-1] == ((10, 20), slopes)
+    mla_q, mla_k = torch.zeros(1, 4, 256, 192, dtype=torch.bfloat16), torch.zeros(1, 2, 200, 192, dtype=torch.bfloat16)
+    mla_v = torch.zeros(1, 2, 200, 128, dtype=torch.bfloat16)
+    assert "MLA" in gluon_backward.unsupported_reason(mla_q, mla_k, mla_v, True, 0.07, variants=windowed)
+
+
+def test_a_window_launches_as_its_band_with_causal_folded_in_and_one_kernel_for_both() -> None:
+    """The launch passes the band (kernels.band: a side -1 unbounded as 2**30, causal folded into
+    the right side) as the last two runtime arguments, WINDOW=True and CAUSAL=False (one kernel
+    for causal and not); without a window, (0, 0) and neither constexpr. Rotated walks refused."""
+    from pytest_attnkit.implementations.triton_flash.kernels import UNBOUNDED
+
+    q = torch.zeros(1, 4, 256, 64, dtype=torch.bfloat16)
+    k = torch.zeros(1, 2, 200, 64, dtype=torch.bfloat16)
+    lse = torch.zeros(1, 4, 256)
+    config = gluon_backward.default_config(64, True)
+    args, kwargs, _ = gluon_backward.launch_arguments(q, q, k, k, lse, lse, q.float(), k, k, True, 0.125, config,
+                                                      None, (100, -1))
+    assert args[-2:] == (100, 0) and kwargs["WINDOW"] is True and kwargs["CAUSAL"] is False
+    args, kwargs, _ = gluon_backward.launch_arguments(q, q, k, k, lse, lse, q.float(), k, k, False, 0.125, config,
+                                                      None, (-1, 30))
+    assert args[-2:] == (UNBOUNDED, 30) and kwargs["CAUSAL"] is False
+    args, kwargs, _ = gluon_backward.launch_arguments(q, q, k, k, lse, lse, q.float(), k, k, True, 0.125, config)
+    assert args[-2:] == (0, 0) and "WINDOW" not in kwargs and kwargs["CAUSAL"] is True
+    with pytest.raises(ValueError, match="walked in order"):
+        gluon_backward.launch_arguments(q, q, k, k, lse, lse, q.float(), k, k, True, 0.125,
+                                        gluon_backward.Config.parse("m64s2-rot"), None, (64, 0))
+
+
+def test_band_tiles_are_query_tiles_for_a_causal_or_unbounded_band_and_mask_both_ends_of_a_window() -> None:
+    """band_tiles (the kernel's window formulas; tools/flash_bench/gluon_bwd_model.py checks them
+    against every pair over many lengths and windows): a causal band gives query_tiles' causal
+    ranges, an unbounded one its plain ranges; a 256-key window at 16k walks the key block's 4224
+    queries' tiles, the first two and last two masked."""
+    from pytest_attnkit.implementations.triton_flash.kernels import band
+
+    for n0 in (0, 128, 1024):
+        first, whole, end = gluon_backward.query_tiles(n0, 4096, 4096, 64, True)
+        assert gluon_backward.band_tiles(n0, 4096, 4096, 64, *band(True, None)) == (first, whole, end, end)
+        assert gluon_backward.band_tiles(n0, 4096, 4096, 64, *band(False, None)) == (0, 0, 64, 64)
+    assert gluon_backward.band_tiles(8192, 16384, 16384, 64, *band(True, (4096, 0))) == (128, 130, 192, 194)
+    # The last, ragged key block: every tile masked.
+    assert gluon_backward.band_tiles(256, 300, 300, 64, 64, 0)[1:3] == (5, 5)

@@ -4,7 +4,7 @@ Usage, on the Hopper machine, from the repository root (85-100 s on an H100 with
 before the variants' timings took three rounds; a little more now):
 
     python3 tools/flash_bench/gluon_bwd_check.py --out DIR [--quick] [--variants m64s2-split,...] [--case-timeout 60]
-        [--alibi-only | --no-alibi]
+        [--alibi-window-only | --no-alibi-window]
 
 The sibling of ``gluon_check.py`` (the forward's), with the machinery both share (children with
 deadlines, a hang stops the run, a crash moves on in a fresh child; ``gluon_harness.py``).
@@ -22,10 +22,11 @@ Needs torch with CUDA and triton 3.6; the project need not be installed. Four ph
    the dtype's rounding. The backward runs twice more: dK and dV must give the same bits; dQ is
    summed by float atomics in whatever order the CTAs arrive, so it may differ run to run
    (reported, not required: each repeat's dQ must pass the rule instead). (The Triton backward
-   is not run here: its compiles would eat the time budget; it is timed in phase 3.) ALiBi at d64
-   and d128 (``ALIBI_SHAPES``, both dtypes, causal or not): slopes per (batch, head), the forward
-   and the oracle with the same bias, the backward given the slopes (``gluon_backward.flash_bwd``
-   runs them whatever ``TAKES_ALIBI`` says).
+   is not run here: its compiles would eat the time budget; it is timed in phase 3.) ALiBi and
+   sliding windows at d64 and d128 (``ALIBI_SHAPES``, ``WINDOW_CASES``, both dtypes, causal or
+   not, some with both): slopes per (batch, head), windows two-sided, one-sided and narrower than
+   a tile; the forward and the oracle with the same variants, the backward given them
+   (``gluon_backward.flash_bwd`` runs them whatever ``TAKES_ALIBI`` and ``TAKES_WINDOW`` say).
 3. timing: the issue's cases (bf16; b1-h16-q16384 d128, b4-h16-q4096 d128, b4-h32-q4096 d64,
    b8-h16-q1024 d128; each causal and not) with the harness's timer (the median of
    ``pytest_attnkit.worker.timer.time_call``: the L2 emptied and the stream held before each
@@ -38,8 +39,8 @@ Needs torch with CUDA and triton 3.6; the project need not be installed. Four ph
    is timed too, beside the default in three rounds that take turns (the table's default column is
    that case's; its max difference from cuDNN's gradients recorded), and ``TIMING_ONLY``: v15's
    adds path with ``-noadds`` (dQ's adds left out, dQ wrong: timing only), what the float atomics
-   cost. ALiBi's cases (``ALIBI_BENCH_SHAPES``): the Gluon backward with the slopes beside the
-   Triton backward with them (cuDNN takes no ALiBi), their max difference recorded.
+   cost. ALiBi's and windows' cases (``EXTRA_BENCH``): the Gluon backward beside the Triton
+   backward with the same variant (cuDNN takes neither), their max difference recorded.
 4. report: the tables, printed and written to DIR (``check.md``, ``check.json``; the compile
    times in ``compile.log``).
 
@@ -89,8 +90,18 @@ CORRECTNESS_SHAPES = (
 #: Nq > Nk and Nq < Nk (the bias's diagonal moves with Nk - Nq), batch > 1 (slopes per batch), MQA.
 ALIBI_SHAPES = ((1, 4, 2, 1000, 1000), (1, 2, 2, 4097, 1000), (1, 2, 2, 1000, 4097), (2, 4, 2, 113, 113),
                 (1, 4, 1, 300, 129))
-#: ALiBi's timing cases (bf16, causal and not): the harness's (b1-h16-q16384 d128) and a 4k one.
-ALIBI_BENCH_SHAPES = ((1, 16, 16384, 128), (4, 32, 4096, 64))
+#: Windows' correctness cases (shape, the contract's window (left, right), -1 unbounded, ALiBi
+#: too), each causal and not (causal folds into the right side): narrower than a tile, two-sided
+#: over Nq > Nk and Nq < Nk, one-sided each way, with ALiBi.
+WINDOW_CASES = (((1, 4, 2, 1000, 1000), (256, 0), False), ((1, 2, 2, 4097, 1000), (300, 100), False),
+                ((1, 2, 2, 1000, 4097), (-1, 64), False), ((2, 4, 2, 113, 113), (5, 3), False),
+                ((1, 4, 1, 300, 129), (64, -1), True))
+#: The timing cases of ALiBi and windows (bf16): (batch, heads, n, head dim, causal, ALiBi,
+#: window): the harness's (b1-h16-q16384 d128, ALiBi causal or not; the window w4096:0 causal)
+#: and 4k d64 ones.
+EXTRA_BENCH = ((1, 16, 16384, 128, False, True, None), (1, 16, 16384, 128, True, True, None),
+               (4, 32, 4096, 64, False, True, None), (4, 32, 4096, 64, True, True, None),
+               (1, 16, 16384, 128, True, False, (4096, 0)), (4, 32, 4096, 64, False, False, (512, 512)))
 ALIBI_HEAD_DIMS = (64, 128)
 #: --quick's correctness shapes: GQA with a partial tile, Nq > Nk (rows with no key), 4097.
 QUICK_SHAPES = ((1, 4, 2, 1000, 1000), (1, 2, 2, 4097, 1000), (1, 2, 2, 4097, 4097))
@@ -133,28 +144,40 @@ def alibi_slopes(batch: int, heads: int, device: str):
     return (2.0 ** (-8.0 * heads_pow / heads))[None, :] * (1.0 + 0.5 * torch.arange(batch, device=device))[:, None]
 
 
-def _oracle_grads(q, k, v, do, causal: bool, scale: float, dtype64: bool, slopes=None):
+def _oracle_grads(q, k, v, do, causal: bool, scale: float, dtype64: bool, slopes=None, window=None):
     """dq, dk, dv of pytest_attnkit.oracle.attention_math (float64 or the inputs' dtype);
-    ``slopes`` ALiBi's [B, Hq], each batch's own (the oracle takes [Hq]: a batch at a time)."""
+    ``slopes`` ALiBi's [B, Hq], each batch's own (the oracle takes [Hq]: a batch at a time);
+    ``window`` the contract's (left, right)."""
     import torch
 
     if slopes is not None:
-        per_batch = [_oracle_one(q[b:b + 1], k[b:b + 1], v[b:b + 1], do[b:b + 1], causal, scale, dtype64, slopes[b])
-                     for b in range(q.shape[0])]
+        per_batch = [_oracle_one(q[b:b + 1], k[b:b + 1], v[b:b + 1], do[b:b + 1], causal, scale, dtype64, slopes[b],
+                                 window) for b in range(q.shape[0])]
         return tuple(torch.cat(parts) for parts in zip(*per_batch))
-    return _oracle_one(q, k, v, do, causal, scale, dtype64, None)
+    return _oracle_one(q, k, v, do, causal, scale, dtype64, None, window)
 
 
-def _oracle_one(q, k, v, do, causal: bool, scale: float, dtype64: bool, slopes):
+def _oracle_one(q, k, v, do, causal: bool, scale: float, dtype64: bool, slopes, window):
     import torch
 
     from pytest_attnkit.oracle import attention_math
 
     cast = (lambda t: t.double()) if dtype64 else (lambda t: t)
     leaves = [cast(t).detach().requires_grad_(True) for t in (q, k, v)]
-    out = attention_math(*leaves, causal=causal, scale=scale,
+    out = attention_math(*leaves, causal=causal, scale=scale, window=window,
                          alibi_slopes=None if slopes is None else cast(slopes))
     return torch.autograd.grad(out, leaves, cast(do))
+
+
+def _case_variants(case: dict, q, tf_launch, device: str):
+    """(slopes or None, window or None, launch.Variants or None, the Gluon backward's keywords)
+    of a case with ALiBi (``alibi``) or a window (``window``: [left, right])."""
+    slopes = alibi_slopes(q.shape[0], q.shape[1], device) if case.get("alibi") else None
+    window = tuple(case["window"]) if case.get("window") else None
+    if slopes is None and window is None:
+        return None, None, None, {}
+    variants = tf_launch.Variants(causal=case["causal"], alibi_slopes=slopes, window=window)
+    return slopes, window, variants, {"alibi_slopes": slopes, "window": window}
 
 
 def _check_case(case: dict, gb, tf_launch, device: str = "cuda") -> dict:
@@ -173,12 +196,9 @@ def _check_case(case: dict, gb, tf_launch, device: str = "cuda") -> dict:
     if reason is not None:
         return {"passed": False, "error": f"unsupported_reason(): {reason}"}
     config = gb.Config.parse(case["config"])
-    slopes, extra = None, {}
-    if case.get("alibi"):
-        slopes = alibi_slopes(q.shape[0], q.shape[1], device)
-        o, lse = tf_launch.flash_fwd(q, k, v, causal, scale, variants=tf_launch.Variants(causal=causal,
-                                                                                       alibi_slopes=slopes))
-        extra = {"alibi_slopes": slopes}
+    slopes, window, variants, extra = _case_variants(case, q, tf_launch, device)
+    if variants is not None:
+        o, lse = tf_launch.flash_fwd(q, k, v, causal, scale, variants=variants)
     else:
         o, lse = tf_launch.flash_fwd(q, k, v, causal, scale)
 
@@ -195,8 +215,8 @@ def _check_case(case: dict, gb, tf_launch, device: str = "cuda") -> dict:
     repeats = [run() for _ in range(2)]
     dkdv_equal = all(torch.equal(r[1], grads[1]) and torch.equal(r[2], grads[2]) for r in repeats)
     dq_equal = all(torch.equal(r[0], grads[0]) for r in repeats)
-    oracle = _oracle_grads(q, k, v, do, causal, scale, True, slopes)
-    plain = _oracle_grads(q, k, v, do, causal, scale, False, slopes)
+    oracle = _oracle_grads(q, k, v, do, causal, scale, True, slopes, window)
+    plain = _oracle_grads(q, k, v, do, causal, scale, False, slopes, window)
     result = {"repeats_dkdv_bitwise_equal": dkdv_equal, "repeats_dq_bitwise_equal": dq_equal,
               "first_call_s": round(first_call_s, 3)}
     passed = dkdv_equal
@@ -227,8 +247,8 @@ def _bench_case(case: dict, gb, tf_launch) -> dict:
     scale = head_dim ** -0.5
     flops = 2.5 * _flops(batch, heads, n, head_dim, causal)
     result = {"flops": flops, "ms": {}, "tflops": {}, "max_diff_vs_cudnn": {}}
-    if case.get("alibi"):
-        return _bench_alibi(case, gb, tf_launch, q, k, v, do, scale, result)
+    if case.get("alibi") or case.get("window"):
+        return _bench_extra(case, gb, tf_launch, q, k, v, do, scale, result)
 
     qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
@@ -285,18 +305,23 @@ def _bench_case(case: dict, gb, tf_launch) -> dict:
     return result
 
 
-def _bench_alibi(case: dict, gb, tf_launch, q, k, v, do, scale: float, result: dict) -> dict:
-    """An ALiBi timing case: the Gluon backward with the slopes and the Triton backward with them
-    (what triton_flash runs while ``TAKES_ALIBI`` is False), in VARIANT_ROUNDS rounds taking
-    turns; cuDNN takes no ALiBi. ``max_diff_vs_cudnn`` holds, under "gluon", the Gluon backward's
-    max difference from the Triton backward's gradients here."""
+def _bench_extra(case: dict, gb, tf_launch, q, k, v, do, scale: float, result: dict) -> dict:
+    """A timing case with ALiBi or a window: the Gluon backward and the Triton backward with the
+    same variant (what triton_flash runs while ``TAKES_ALIBI`` / ``TAKES_WINDOW`` are False), in
+    VARIANT_ROUNDS rounds taking turns; cuDNN takes neither. ``max_diff_vs_cudnn`` holds, under
+    "gluon", the Gluon backward's max difference from the Triton backward's gradients here.
+    FLOPs count the visible pairs (``pytest_attnkit.counts``, as the speed suite does)."""
+    from pytest_attnkit.contract import Case
+    from pytest_attnkit.counts import flop_count
     from pytest_attnkit.worker.timer import time_call
 
     causal = case["causal"]
-    slopes = alibi_slopes(q.shape[0], q.shape[1], "cuda")
-    variants = tf_launch.Variants(causal=causal, alibi_slopes=slopes)
+    _, window, variants, extra = _case_variants(case, q, tf_launch, "cuda")
+    counted = Case(batch=q.shape[0], heads_q=q.shape[1], heads_kv=k.shape[1], seqlen_q=q.shape[2], seqlen_k=k.shape[2],
+                   head_dim=q.shape[3], dtype="bfloat16", causal=causal, window=window)
+    result["flops"] = float(flop_count(counted, "backward"))
     o, lse = tf_launch.flash_fwd(q, k, v, causal, scale, variants=variants)
-    calls = {"gluon": lambda: gb.flash_bwd(do, q, k, v, o, lse, causal, scale, alibi_slopes=slopes),
+    calls = {"gluon": lambda: gb.flash_bwd(do, q, k, v, o, lse, causal, scale, **extra),
              "triton_flash": lambda: tf_launch.flash_bwd(do, q, k, v, o, lse, causal, scale, variants=variants,
                                                          gluon=False)}
     samples = result["rounds_ms"] = {name: [] for name in calls}
@@ -309,7 +334,7 @@ def _bench_alibi(case: dict, gb, tf_launch, q, k, v, do, scale: float, result: d
             for name in names[r % 2:] + names[:r % 2]:
                 samples[name].append(time_call(calls[name], "cuda").median_ms)
     except Exception as exc:
-        result["errors"] = {"alibi": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        result["errors"] = {"variant": f"{type(exc).__name__}: {str(exc)[:300]}"}
         return result
     for name, times in samples.items():
         result["ms"][name] = sorted(times)[(len(times) - 1) // 2]
@@ -326,12 +351,15 @@ def child(mode: str, cases_path: str) -> int:
         for case in cases:
             q, k, v = _inputs((1, 2, 2, 256, 256), case["dtype"], case["head_dim"], 0)
             start = time.perf_counter()
+            window = tuple(case["window"]) if case.get("window") else None
             if case.get("forward"):  # the forward the correctness cases run (Triton's disk cache keeps it)
                 from gluon_compile import load_gluon_forward
 
-                load_gluon_forward().warmup(q, k, v, case["causal"], 0.1, alibi=case.get("alibi", False))
+                load_gluon_forward().warmup(q, k, v, case["causal"], 0.1, alibi=case.get("alibi", False),
+                                            window=window)
             else:
-                gb.warmup(q, k, v, case["causal"], 0.1, gb.Config.parse(case["config"]), alibi=case.get("alibi", False))
+                gb.warmup(q, k, v, case["causal"], 0.1, gb.Config.parse(case["config"]), alibi=case.get("alibi", False),
+                          window=window)
             harness.emit("compiled", id=case["id"], seconds=round(time.perf_counter() - start, 1))
         return 0
     harness.hello()
@@ -374,11 +402,12 @@ def correctness_cases(variants: list[str], default_config) -> list[dict]:
             for causal in (False, True):
                 for seed, shape in enumerate(VARIANT_SHAPES):
                     cases.append(gluon_check._correctness_case("bfloat16", head_dim, causal, variant, shape, 100 + seed))
-    return cases + alibi_cases(default_config)
+    return cases + extra_cases(default_config)
 
 
-def alibi_cases(default_config) -> list[dict]:
-    """ALiBi's correctness cases: the default configuration at d64 and d128 (MLA takes none)."""
+def extra_cases(default_config) -> list[dict]:
+    """ALiBi's and windows' correctness cases: the default configuration at d64 and d128 (MLA
+    takes neither)."""
     cases = []
     for dtype in DTYPES:
         for head_dim in ALIBI_HEAD_DIMS:
@@ -388,7 +417,19 @@ def alibi_cases(default_config) -> list[dict]:
                     case = gluon_check._correctness_case(dtype, head_dim, causal, config, shape, 200 + seed)
                     case.update(id=case["id"] + " alibi", alibi=True)
                     cases.append(case)
+                for seed, (shape, window, alibi) in enumerate(WINDOW_CASES):
+                    case = gluon_check._correctness_case(dtype, head_dim, causal, config, shape, 300 + seed)
+                    case.update(id=case["id"] + f" w{window[0]}:{window[1]}" + " alibi" * alibi, alibi=alibi,
+                                window=list(window))
+                    cases.append(case)
     return cases
+
+
+def extra_label(batch: int, heads: int, n: int, head_dim: int, causal: bool, alibi: bool, window) -> str:
+    """A timing case's name with its ALiBi or window: ``b1-h16-q16384 d128 causal w4096:0``."""
+    words = [harness.case_label(batch, heads, n, head_dim, causal)]
+    words += [f"w{window[0]}:{window[1]}"] if window else []
+    return " ".join(words + ["alibi"] * alibi)
 
 
 def bench_cases(variants: list[str]) -> list[dict]:
@@ -403,10 +444,10 @@ def bench_cases(variants: list[str]) -> list[dict]:
                 label = f"{harness.case_label(batch, heads, n, head_dim, causal)} variants"
                 cases.append({"id": label, "shape": [batch, heads, n, head_dim], "causal": causal,
                               "configs": variants, "baselines": False})
-    for batch, heads, n, head_dim in ALIBI_BENCH_SHAPES:
-        for causal in (False, True):
-            cases.append({"id": f"{harness.case_label(batch, heads, n, head_dim, causal)} alibi",
-                          "shape": [batch, heads, n, head_dim], "causal": causal, "alibi": True})
+    for batch, heads, n, head_dim, causal, alibi, window in EXTRA_BENCH:
+        cases.append({"id": extra_label(batch, heads, n, head_dim, causal, alibi, window),
+                      "shape": [batch, heads, n, head_dim], "causal": causal, "alibi": alibi,
+                      "window": list(window) if window else None})
     return cases
 
 
@@ -444,19 +485,19 @@ def report(correct: dict, bench: dict, variants: list[str], hello: dict, gb) -> 
             ratios = [f"{t[name] / t['sdpa_cudnn']:.2f}" if name in t and "sdpa_cudnn" in t else "-"
                       for name in ("gluon", "triton_flash")]
             lines.append(f"| {label} | " + " | ".join(cells + ratios) + " |")
-    lines += ["", "ALiBi's backward (bf16, TFLOP/s; the Triton backward takes ALiBi while gluon_backward.TAKES_ALIBI "
-              f"is False; {VARIANT_ROUNDS} rounds taking turns, the median; max |gluon - triton_flash| per gradient):",
+    lines += ["", "ALiBi's and windows' backward (bf16, TFLOP/s of the visible pairs; the Triton backward takes them "
+              f"while gluon_backward.TAKES_ALIBI / TAKES_WINDOW are False; {VARIANT_ROUNDS} rounds taking turns, the "
+              "median; max |gluon - triton_flash| per gradient):",
               "", "| case | gluon bwd | triton_flash bwd | gluon / triton_flash | max diff dq, dk, dv |", "|---|---|---|---|---|"]
-    for batch, heads, n, head_dim in ALIBI_BENCH_SHAPES:
-        for causal in (False, True):
-            label = f"{harness.case_label(batch, heads, n, head_dim, causal)} alibi"
-            r = bench.get(label, {})
-            t = r.get("tflops", {})
-            cells = [f"{t[name]:.0f}" if name in t else "-" for name in ("gluon", "triton_flash")]
-            ratio = f"{t['gluon'] / t['triton_flash']:.2f}" if len(t) == 2 else "-"
-            diffs = r.get("max_diff_vs_cudnn", {}).get("gluon")
-            lines.append(f"| {label} | " + " | ".join(cells + [ratio, ", ".join(f"{d:.1e}" for d in diffs) if diffs
-                                                                 else str(r.get("errors", "-"))[:80]]) + " |")
+    for batch, heads, n, head_dim, causal, alibi, window in EXTRA_BENCH:
+        label = extra_label(batch, heads, n, head_dim, causal, alibi, window)
+        r = bench.get(label, {})
+        t = r.get("tflops", {})
+        cells = [f"{t[name]:.0f}" if name in t else "-" for name in ("gluon", "triton_flash")]
+        ratio = f"{t['gluon'] / t['triton_flash']:.2f}" if len(t) == 2 else "-"
+        diffs = r.get("max_diff_vs_cudnn", {}).get("gluon")
+        lines.append(f"| {label} | " + " | ".join(cells + [ratio, ", ".join(f"{d:.1e}" for d in diffs) if diffs
+                                                             else str(r.get("errors", "-"))[:80]]) + " |")
     if variants:
         defaults = harness.defaults_words(gb.default_config)
         lines.append("")
@@ -489,9 +530,11 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true",
                         help="a first look (about a minute): the defaults on three shapes each, no --variants, "
                              "the timing of the defaults and -noadds only")
-    parser.add_argument("--alibi-only", action="store_true",
-                        help="ALiBi's cases alone (their compiles, 40 correctness cases, 4 timings; no --variants)")
-    parser.add_argument("--no-alibi", action="store_true", help="leave ALiBi's cases out (a shorter run)")
+    parser.add_argument("--alibi-window-only", action="store_true",
+                        help="ALiBi's and windows' cases alone (their compiles, 80 correctness cases, 6 timings; no "
+                             "--variants)")
+    parser.add_argument("--no-alibi-window", action="store_true",
+                        help="leave ALiBi's and windows' cases out (a shorter run)")
     parser.add_argument("--selftest", action="store_true",
                         help="no GPU: run the child machinery on planted results, a crash and a hang (about 10 s)")
     parser.add_argument("--child", nargs=2, metavar=("MODE", "CASES"), help=argparse.SUPPRESS)
@@ -504,7 +547,7 @@ def main() -> int:
         parser.error("--out DIR is required")
 
     gb, _ = _module()  # no CUDA in this process: the Config parser and the defaults only
-    variants = [] if args.quick or args.alibi_only else [v.strip() for v in args.variants.split(",") if v.strip()]
+    variants = [] if args.quick or args.alibi_window_only else [v.strip() for v in args.variants.split(",") if v.strip()]
     for text in variants:
         gb.Config.parse(text)  # a typo fails here, not in a child
     record = harness.check_record(variants)
@@ -526,29 +569,33 @@ def main() -> int:
                                       "dtype": dtype, "head_dim": head_dim, "causal": causal, "config": config})
                 specs.append({"id": f"forward {dtype} d{head_dim} {'causal' if causal else 'full'}", "dtype": dtype,
                               "head_dim": head_dim, "causal": causal, "config": "", "forward": True})
-                if head_dim in ALIBI_HEAD_DIMS:  # ALiBi's backward (the default) and its forward
+                if head_dim in ALIBI_HEAD_DIMS:  # ALiBi's and windows' backward (the default) and forward
                     base = f"{dtype} d{head_dim} {'causal' if causal else 'full'}"
-                    specs.append({"id": f"{base} {gb.default_config(head_dim, causal)} alibi", "dtype": dtype,
-                                  "head_dim": head_dim, "causal": causal,
-                                  "config": str(gb.default_config(head_dim, causal)), "alibi": True})
-                    specs.append({"id": f"forward {base} alibi", "dtype": dtype, "head_dim": head_dim,
-                                  "causal": causal, "config": "", "forward": True, "alibi": True})
+                    for alibi, window in ((True, None), (False, [256, 0]), (True, [256, 0])):
+                        words = " alibi" * alibi + " window" * bool(window)
+                        specs.append({"id": f"{base} {gb.default_config(head_dim, causal)}{words}", "dtype": dtype,
+                                      "head_dim": head_dim, "causal": causal,
+                                      "config": str(gb.default_config(head_dim, causal)), "alibi": alibi,
+                                      "window": window, "extra": True})
+                        specs.append({"id": f"forward {base}{words}", "dtype": dtype, "head_dim": head_dim,
+                                      "causal": causal, "config": "", "forward": True, "alibi": alibi,
+                                      "window": window, "extra": True})
     # Variants whose shared memory does not fit at a head dim are left out there (compile list).
     fits = {(s["head_dim"], s["config"]) for s in specs if not s.get("forward")}
     cases = [c for c in correctness_cases(variants, gb.default_config) if (c["head_dim"], c["config"]) in fits]
     if args.quick:
         cases = [c for c in cases if tuple(c["shape"]) in QUICK_SHAPES]
-    if args.alibi_only or args.no_alibi:
-        specs = [spec for spec in specs if bool(spec.get("alibi")) == args.alibi_only]
-        cases = [case for case in cases if bool(case.get("alibi")) == args.alibi_only]
+    if args.alibi_window_only or args.no_alibi_window:
+        specs = [spec for spec in specs if bool(spec.get("extra")) == args.alibi_window_only]
+        cases = [case for case in cases if bool(case.get("alibi") or case.get("window")) == args.alibi_window_only]
     timed = variants + [v for v in TIMING_ONLY if v not in variants]
 
     def timing_cases(to_time: list[str]) -> list[dict]:
-        if args.alibi_only:
-            return [case for case in bench_cases([]) if case.get("alibi")]
+        if args.alibi_window_only:
+            return [case for case in bench_cases([]) if case.get("alibi") or case.get("window")]
         timing = bench_cases(to_time + [v for v in TIMING_ONLY if v not in to_time])
-        if args.no_alibi:
-            timing = [case for case in timing if not case.get("alibi")]
+        if args.no_alibi_window:
+            timing = [case for case in timing if not (case.get("alibi") or case.get("window"))]
         for case in timing:
             if case.get("configs"):
                 case["configs"] = [c for c in case["configs"] if (case["shape"][3], c) in fits]

@@ -5,9 +5,10 @@ SASS reading. For each configuration: registers at launch and each partition's `
 spills, shared memory, the PTX's wgmma shapes, TMA loads, atomics (``red``/``atom`` on global
 float32: the dQ adds) and barriers, and the SASS's HGMMA / UTMALDG / RED counts.
 
-Usage: PYTHONPATH=. /tmp/v36/bin/python tools/flash_bench/gluon_bwd_compile.py [--quick] [--dump DIR] [--config m64s2 ...] [--causal] [--alibi]
+Usage: PYTHONPATH=. /tmp/v36/bin/python tools/flash_bench/gluon_bwd_compile.py [--quick] [--dump DIR] [--config m64s2 ...] [--causal] [--alibi] [--window]
 (``--quick``: the default configuration of each head dim, bf16, causal and not; without it fp16
-too and a few other tiles. ``--alibi``: the same kernels with ALiBi's bias, d64 and d128 only.)
+too and a few other tiles. ``--alibi``: the same kernels with ALiBi's bias, ``--window``: with a
+sliding window (one kernel for causal and not), d64 and d128 only, queries as rows.)
 Exit status 1 if any configuration fails to compile, spills, has its
 products serialized (ptxas C7512), or does not fit in shared memory.
 """
@@ -114,6 +115,8 @@ def describe(compiled, shared_limit: int) -> tuple[str, bool]:
 def main() -> int:
     parser = compile_parser(__doc__, "m64s3, m128s2-r232")
     parser.add_argument("--alibi", action="store_true", help="compile each kernel with ALiBi (d64 and d128; no MLA)")
+    parser.add_argument("--window", action="store_true",
+                        help="compile each kernel with a sliding window (d64 and d128; no MLA, no -rot)")
     args = parser.parse_args()
     gb, torch = stand_in_target(load_gluon_backward)
     if gb is None:
@@ -127,17 +130,20 @@ def main() -> int:
                for head_dim, head_dim_v in gb.HEAD_DIM_PAIRS if head_dim_v != head_dim
                for causal in (False, True) for dtype in dtypes]
 
-    if args.alibi:
-        # ALiBi is written for d64 and d128 with queries as rows (launch_arguments refuses the rest).
-        matrix = [entry for entry in matrix if value_dim(gb, entry[0]) == entry[0] and entry[3].qrows]
+    if args.alibi or args.window:
+        # ALiBi and windows are written for d64 and d128 with queries as rows, windows walked in
+        # order (launch_arguments refuses the rest).
+        matrix = [entry for entry in matrix if value_dim(gb, entry[0]) == entry[0] and entry[3].qrows
+                  and not (args.window and entry[3].rotate)]
 
     def warm(head_dim, causal, dtype, config):
         q = torch.empty(1, 4, 1000, head_dim, dtype=dtype)
         k = torch.empty(1, 2, 900, head_dim, dtype=dtype)  # GQA and Nq != Nk: one kernel serves all
         v = torch.empty(1, 2, 900, value_dim(gb, head_dim), dtype=dtype)
-        return gb.warmup(q, k, v, causal, head_dim ** -0.5, config, alibi=args.alibi)
+        window = ((256, 0) if causal else (256, 100)) if args.window else None
+        return gb.warmup(q, k, v, causal, head_dim ** -0.5, config, alibi=args.alibi, window=window)
 
-    prefix = "bwd alibi " if args.alibi else "bwd "
+    prefix = "bwd " + "alibi " * args.alibi + "window " * args.window
     failures, spilled = compile_matrix(gb, matrix, prefix, warm, describe, args.dump, 3000)
     print("OK" if failures == 0 else f"{failures} configuration(s) failed, spilled or did not fit"
           + (f" ({len(spilled)} spilled: {', '.join(spilled)})" if spilled else ""))

@@ -403,6 +403,49 @@ def check_schedule(gb) -> int:
             cases += 1
             ragged = n0 + BLOCK_N > n_k
             assert gb.query_tiles(n0, n_q, n_k, block_m, False) == (0, end if ragged else 0, end)
+    return cases + check_band_schedule(gb)
+
+
+#: Sliding windows (left, right) for the band's tile ranges, the contract's (-1: unbounded),
+#: causal ones with right 0: narrower and wider than a tile and a key block, one-sided, (0, 0).
+WINDOWS = ((0, 0), (1, 0), (63, 0), (64, 0), (100, 0), (300, 0), (-1, 0), (5, 3), (64, 64), (100, 37), (-1, 20),
+           (20, -1), (0, 200), (-1, -1))
+
+
+def check_band_schedule(gb) -> int:
+    """``band_tiles`` (the kernel's window formulas): every tile with a query that sees a key of
+    the block is walked, a tile is unmasked only where every valid query sees every valid key,
+    the masked tiles are at the two ends ([first, whole) and [wend, end)), and a causal or
+    unbounded band gives ``query_tiles``' ranges."""
+    from pytest_attnkit.implementations.triton_flash.kernels import band
+
+    cases = 0
+    rng = random.Random(5)
+    for n_q, n_k, block_m in itertools.product((1, 63, 65, 128, 200, 257), (1, 7, 128, 129, 300, 520), (64, 128)):
+        diag = n_k - n_q
+        end_all = -(-n_q // block_m)
+        # And random sides, so that each edge's off-by-one meets a tile boundary somewhere.
+        drawn = [(rng.randrange(-1, 400), rng.randrange(-1, 400)) for _ in range(12)]
+        for window in WINDOWS + tuple(drawn):
+            for causal in (False, True):
+                left, right = band(causal, window)
+                for n0 in range(0, n_k, BLOCK_N):
+                    first, whole, wend, end = gb.band_tiles(n0, n_q, n_k, block_m, left, right)
+                    where = f"n_q={n_q} n_k={n_k} n0={n0} bm={block_m} window={window} causal={causal}"
+                    assert 0 <= first <= whole <= wend <= end <= end_all, where
+                    keys = range(n0, min(n0 + BLOCK_N, n_k))
+                    for t in range(end_all):
+                        queries = range(t * block_m, min(t * block_m + block_m, n_q))
+                        sees = [[-right <= i + diag - j <= left for j in keys] for i in queries]
+                        if not first <= t < end:
+                            assert not any(any(row) for row in sees), f"tile {t} skipped but seen: {where}"
+                        if whole <= t < wend:
+                            assert all(all(row) for row in sees), f"tile {t} unmasked but partly hidden: {where}"
+                            assert n0 + BLOCK_N <= n_k, f"tile {t} unmasked in a ragged key block: {where}"
+                    if window == (-1, 0) or window == (-1, -1):  # the same band as causal or none
+                        plain = gb.query_tiles(n0, n_q, n_k, block_m, causal or window == (-1, 0))
+                        assert (first, whole, end) == plain and wend == end, where
+                    cases += 1
     return cases
 
 
@@ -411,11 +454,17 @@ def check_schedule(gb) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-def model_backward(gb, q, k, v, do, lse2, delta, causal: bool, scale: float, block_m: int, dtype, slopes=None):
+def model_backward(gb, q, k, v, do, lse2, delta, causal: bool, scale: float, block_m: int, dtype, slopes=None,
+                   window=None):
     """dQ, dK, dV as the kernel computes them (float32; inputs already rounded to dtype).
     ``slopes``: ALiBi's, [B, Hq] natural (the kernel's are times log2(e)), its bias computed in
     the kernel's form (``_probabilities``: the distance as the float of the row's part less the
-    lane's column base, less the float of the rest of the column)."""
+    lane's column base, less the float of the rest of the column). ``window``: the contract's
+    (left, right), its band (``kernels.band``) walked by ``band_tiles`` (masked at both ends) and
+    masked in the kernel's form."""
+    from pytest_attnkit.implementations.triton_flash.kernels import band
+
+    band_lr = band(causal, window) if window is not None else None
     batch, heads_q, n_q, d = q.shape
     heads_kv, n_k = k.shape[1], k.shape[2]
     group = heads_q // heads_kv
@@ -434,7 +483,11 @@ def model_backward(gb, q, k, v, do, lse2, delta, causal: bool, scale: float, blo
     for b in range(batch):
         for hk in range(heads_kv):
             for n0 in range(0, n_k, BLOCK_N):
-                first, whole, end = gb.query_tiles(n0, n_q, n_k, block_m, causal)
+                if band_lr is None:
+                    first, whole, end = gb.query_tiles(n0, n_q, n_k, block_m, causal)
+                    wend = end
+                else:
+                    first, whole, wend, end = gb.band_tiles(n0, n_q, n_k, block_m, *band_lr)
                 kb = rows(k[b, hk, n0:n0 + BLOCK_N], min(BLOCK_N, n_k - n0), BLOCK_N)
                 vb = rows(v[b, hk, n0:n0 + BLOCK_N], min(BLOCK_N, n_k - n0), BLOCK_N)
                 for cid in range(2):
@@ -466,12 +519,17 @@ def model_backward(gb, q, k, v, do, lse2, delta, causal: bool, scale: float, blo
                                 pt = torch.exp2((st * c - lse_h[sl][None, :]) - slope2 * dist.abs())
                             else:
                                 pt = torch.exp2(st * c - lse_h[sl][None, :])
-                            if t < whole:  # the masked tiles, the kernel's formula (local indices)
+                            if t < whole or t >= wend:  # the masked tiles, the kernel's formula (local indices)
                                 key0 = n0 + cid * KEYS
                                 r_idx, c_idx = torch.arange(KEYS), torch.arange(block_m)
                                 visible = (r_idx < n_k - key0)[:, None].expand(KEYS, block_m)
-                                if causal:
-                                    visible = visible & (r_idx[:, None] - c_idx[None, :] <= t * block_m + diag - key0)
+                                shift = t * block_m + diag - key0
+                                if band_lr is not None:  # keys as rows here: the kernel's c is r_idx
+                                    left, right = band_lr
+                                    visible = (visible & (r_idx[:, None] <= c_idx[None, :] + (shift + right))
+                                               & (r_idx[:, None] >= c_idx[None, :] + (shift - left)))
+                                elif causal:
+                                    visible = visible & (r_idx[:, None] - c_idx[None, :] <= shift)
                                 pt = torch.where(visible, pt, 0.0)
                             dpt = v_c @ do_i.T
                             dst = pt * (dpt - delta_h[sl][None, :])
@@ -488,9 +546,10 @@ def model_backward(gb, q, k, v, do, lse2, delta, causal: bool, scale: float, blo
     return dq, dk.to(dtype), dv.to(dtype)
 
 
-def reference(q, k, v, do, causal: bool, scale: float, slopes=None):
+def reference(q, k, v, do, causal: bool, scale: float, slopes=None, window=None):
     """float64 attention's gradients (q, k, v, do float64), the output and the base-2 LSE;
-    ``slopes`` ALiBi's [B, Hq] (the bias ``- slope |i + Nk - Nq - j|``)."""
+    ``slopes`` ALiBi's [B, Hq] (the bias ``- slope |i + Nk - Nq - j|``); ``window`` the
+    contract's (left, right), -1 unbounded."""
     q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
     group = q.shape[1] // k.shape[1]
     kk, vv = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
@@ -499,10 +558,16 @@ def reference(q, k, v, do, causal: bool, scale: float, slopes=None):
     if slopes is not None:
         distance = (torch.arange(n_q)[:, None] + n_k - n_q - torch.arange(n_k)[None, :]).abs().double()
         s = s - slopes.double()[:, :, None, None] * distance
+    i = torch.arange(n_q)[:, None]
+    j = torch.arange(n_k)[None, :]
     if causal:
-        i = torch.arange(n_q)[:, None]
-        j = torch.arange(n_k)[None, :]
         s = s.masked_fill(j > i + n_k - n_q, float("-inf"))
+    if window is not None:
+        left, right = window
+        if left >= 0:
+            s = s.masked_fill(i + n_k - n_q - j > left, float("-inf"))
+        if right >= 0:
+            s = s.masked_fill(j - (i + n_k - n_q) > right, float("-inf"))
     lse = torch.logsumexp(s, -1)
     seen = torch.isfinite(lse)
     p = torch.where(seen[..., None], torch.exp(s - torch.where(seen, lse, 0.0)[..., None]), 0.0)
@@ -525,12 +590,17 @@ def check_numerics(gb) -> int:
         (1, 1, 1, 1, 1, 64, True),
     ]
     # ALiBi (the last field): the bias's diagonal moves with Nk - Nq both ways; slopes per batch.
-    shapes = [shape + (False, ) for shape in shapes] + [
-        (2, 4, 2, 130, 70, 64, False, True),
-        (1, 2, 2, 70, 300, 64, True, True),
-        (1, 2, 1, 200, 200, 128, True, True),
+    shapes = [shape + (False, None) for shape in shapes] + [
+        (2, 4, 2, 130, 70, 64, False, True, None),
+        (1, 2, 2, 70, 300, 64, True, True, None),
+        (1, 2, 1, 200, 200, 128, True, True, None),
+        # Windows (the last field): causal, two-sided, one-sided, with ALiBi, Nq != Nk both ways.
+        (1, 2, 2, 300, 300, 64, True, False, (70, -1)),
+        (1, 4, 2, 130, 290, 64, False, False, (40, 90)),
+        (2, 2, 1, 290, 130, 64, False, True, (-1, 33)),
+        (1, 2, 2, 200, 200, 128, True, True, (64, 0)),
     ]
-    for batch, hq, hkv, n_q, n_k, d, causal, alibi in shapes:
+    for batch, hq, hkv, n_q, n_k, d, causal, alibi, window in shapes:
         slopes = (2.0 ** (-torch.arange(1, hq + 1) * 8 / hq))[None, :] * (1 + torch.arange(batch))[:, None] if alibi else None
         for block_m in (64, 128):
             dtype = torch.bfloat16
@@ -539,12 +609,12 @@ def check_numerics(gb) -> int:
             k = torch.randn(batch, hkv, n_k, d).to(dtype).double()
             v = torch.randn(batch, hkv, n_k, d).to(dtype).double()
             do = torch.randn(batch, hq, n_q, d).to(dtype).double()
-            dq_ref, dk_ref, dv_ref, o, lse2 = reference(q, k, v, do, causal, scale, slopes)
+            dq_ref, dk_ref, dv_ref, o, lse2 = reference(q, k, v, do, causal, scale, slopes, window)
             # What the kernel gets: the forward's O in dtype, its float32 LSE, delta from them.
             o_lo = o.to(dtype).float()
             delta = (o_lo * do.float()).sum(-1)
             dq, dk, dv = model_backward(gb, q.float(), k.float(), v.float(), do.float(), lse2.float(), delta,
-                                        causal, scale, block_m, dtype, slopes)
+                                        causal, scale, block_m, dtype, slopes, window)
             for name, got, want in (("dq", dq.double(), dq_ref), ("dk", dk.double(), dk_ref),
                                     ("dv", dv.double(), dv_ref)):
                 err = (got - want).abs().max().item()
@@ -552,7 +622,7 @@ def check_numerics(gb) -> int:
                 worst = max(worst, err / size)
                 assert err <= 0.02 * size + 1e-3, (
                     f"{name}: max error {err:.3g} against {size:.3g}: B{batch} Hq{hq} Hkv{hkv} Nq{n_q} Nk{n_k} "
-                    f"d{d} causal={causal} alibi={alibi} block_m={block_m}")
+                    f"d{d} causal={causal} alibi={alibi} window={window} block_m={block_m}")
             cases += 1
     return cases, worst
 
@@ -628,10 +698,10 @@ def check_harness_rule(gb) -> list[str]:
             return None
 
         @staticmethod
-        def flash_bwd(do, q, k, v, o, lse, causal, scale, config, out=None, alibi_slopes=None):
+        def flash_bwd(do, q, k, v, o, lse, causal, scale, config, out=None, alibi_slopes=None, window=None):
             delta = (o.float() * do.float()).sum(-1)
             dq, dk, dv = model_backward(gb, q.float(), k.float(), v.float(), do.float(), lse.float(), delta,
-                                        causal, scale, config.block_m, q.dtype, alibi_slopes)
+                                        causal, scale, config.block_m, q.dtype, alibi_slopes, window)
             if out is not None:
                 out[0].copy_(dk)
                 out[1].copy_(dv)
@@ -639,15 +709,16 @@ def check_harness_rule(gb) -> list[str]:
             return dq.to(q.dtype), dk, dv
 
     class ReferenceForward:
-        class Variants:  # launch.Variants as the check builds it: causal and ALiBi's slopes
-            def __init__(self, causal: bool, alibi_slopes=None) -> None:
-                self.causal, self.alibi_slopes = causal, alibi_slopes
+        class Variants:  # launch.Variants as the check builds it: causal, ALiBi's slopes, the window
+            def __init__(self, causal: bool, alibi_slopes=None, window=None) -> None:
+                self.causal, self.alibi_slopes, self.window = causal, alibi_slopes, window
 
         @staticmethod
         def flash_fwd(q, k, v, causal, scale, variants=None):
             slopes = None if variants is None else variants.alibi_slopes
+            window = None if variants is None else variants.window
             _, _, _, o, lse2 = reference(q.double(), k.double(), v.double(), torch.zeros_like(q, dtype=torch.float64),
-                                         causal, scale, slopes)
+                                         causal, scale, slopes, window)
             return o.to(q.dtype), lse2.float()
 
         @staticmethod
@@ -657,15 +728,17 @@ def check_harness_rule(gb) -> list[str]:
     failures = []
     headroom = 0.0
     for dtype in ("bfloat16", "float16"):
-        for shape, causal, head_dim, alibi in (((1, 2, 2, 200, 200), False, 64, False),
-                                               ((1, 4, 2, 130, 70), True, 64, False),
-                                               ((2, 2, 1, 70, 300), True, 64, False),
-                                               ((1, 2, 2, 65, 129), True, 128, False),
-                                               ((2, 4, 2, 130, 70), False, 64, True),
-                                               ((1, 2, 2, 70, 300), True, 128, True)):
-            case = {"id": f"{dtype} {shape} causal={causal} d{head_dim} alibi={alibi}", "dtype": dtype,
+        for shape, causal, head_dim, alibi, window in (((1, 2, 2, 200, 200), False, 64, False, None),
+                                                       ((1, 4, 2, 130, 70), True, 64, False, None),
+                                                       ((2, 2, 1, 70, 300), True, 64, False, None),
+                                                       ((1, 2, 2, 65, 129), True, 128, False, None),
+                                                       ((2, 4, 2, 130, 70), False, 64, True, None),
+                                                       ((1, 2, 2, 70, 300), True, 128, True, None),
+                                                       ((1, 2, 2, 300, 300), True, 64, False, [70, -1]),
+                                                       ((2, 4, 2, 130, 290), False, 64, True, [40, 90])):
+            case = {"id": f"{dtype} {shape} causal={causal} d{head_dim} alibi={alibi} window={window}", "dtype": dtype,
                     "head_dim": head_dim, "causal": causal, "config": "m64s2", "shape": list(shape), "seed": 7,
-                    "alibi": alibi}
+                    "alibi": alibi, "window": window}
             result = gluon_bwd_check._check_case(case, ModelKernel, ReferenceForward, device="cpu")
             if not result["passed"]:
                 failures.append(f"{case['id']}: {result}")
@@ -695,8 +768,8 @@ def main() -> int:
           f"{', '.join(pair_caught)}")
     missed += [m for m in PAIR_PLANTED if m not in pair_caught]
     gb = load_backward()
-    print(f"schedule: {check_schedule(gb)} (key block, lengths, BLOCK_M) cases: no seen tile skipped, no "
-          "unmasked tile partly hidden, every tile walked once (rotated or not)")
+    print(f"schedule: {check_schedule(gb)} (key block, lengths, BLOCK_M, window) cases: no seen tile skipped, no "
+          "unmasked tile partly hidden, every tile walked once (rotated or not), a window's masked at both ends")
     cases, worst = check_numerics(gb)
     print(f"numerics: {cases} shapes match float64 autograd (dQ, dK, dV within 2% of the largest; worst "
           f"{100 * worst:.2f}%)")
@@ -708,7 +781,7 @@ def main() -> int:
           f"{'NaN/wrong (caught)' if far_caught else 'NOT caught'}")
     harness, headroom = check_harness_rule(gb)
     print(f"harness rule: gluon_bwd_check's correctness case on the CPU with the model as the kernel: "
-          f"{'12 of 12 passed' if not harness else 'FAILED: ' + '; '.join(harness)} (worst error / allowed "
+          f"{'16 of 16 passed' if not harness else 'FAILED: ' + '; '.join(harness)} (worst error / allowed "
           f"{headroom:.2f})")
     return 0 if not missed and mask_caught and far_ok and far_caught and not harness else 1
 
