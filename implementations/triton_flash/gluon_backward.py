@@ -477,14 +477,20 @@ if gl is not None:
         return lse, delta
 
     @gluon.jit
-    def _ring_lse_delta(lsd_smem, s, sq_layout: gl.constexpr):
+    def _ring_lse_delta(lsd_smem, s, sq_layout: gl.constexpr, t=0, n_q=0, BLOCK_M: gl.constexpr = 64,
+                        ALIBI: gl.constexpr = False):
         # -lt: the tile's L and delta from stage s of the ring, where the producer's TMA put them.
         # Rows past Nq read zeros there (not _rows_lse_delta's L = +inf): their Q and dO rows are
         # zeros too, so S = 0, P = exp2(0) = 1, dP = 0 and dS = 1 x (0 - 0) = 0, and dV's and dK's
-        # products add nothing from them; their dQ rows the TMA reduce drops.
+        # products add nothing from them; their dQ rows the TMA reduce drops. With ALiBi, P there
+        # would be exp2(-slope |d|), which a negative slope (the contract allows any sign)
+        # overflows into inf, and inf x 0 is NaN: those rows take L = +inf (P = 0), two selects.
         rows_layout: gl.constexpr = gl.SliceLayout(1, sq_layout)
         lse = lsd_smem.index(2 * s).load(rows_layout)
         delta = lsd_smem.index(2 * s + 1).load(rows_layout)
+        if ALIBI:
+            rows = t * BLOCK_M + gl.arange(0, BLOCK_M, layout=rows_layout)
+            lse = gl.where(rows < n_q, lse, float("inf"))
         return lse, delta
 
     @gluon.jit
@@ -567,7 +573,7 @@ if gl is not None:
             sc = warpgroup_mma(q_s, k_c.permute((1, 0)), sc, use_acc=False, is_async=True)
             dp = warpgroup_mma(do_s, v_c.permute((1, 0)), dp, use_acc=False, is_async=True)
             if LSE_TMA:
-                lse, delta = _ring_lse_delta(lsd_smem, s, sq_layout)
+                lse, delta = _ring_lse_delta(lsd_smem, s, sq_layout, t, n_q, BLOCK_M, ALIBI)
             else:
                 lse, delta = _rows_lse_delta(lse_h, delta_h, t, n_q, sq_layout, BLOCK_M)
             sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc, ))
@@ -1195,6 +1201,7 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
                          f"not {config} at d{head_dim}/dv{head_dim_v}")
     left, right = band(causal, window) if window is not None else (0, 0)
     chunk = MLA_CHUNK if mla else None  # Q's, K's and dK's boxes: MLA's chunks, else whole rows
+    slopes_arg = lse if slopes is None else slopes  # the slopes' pointer: any float32 tensor without ALiBi
     if config.lse_tma:
         lse, delta = (row_descriptor(lse, config.block_m), row_descriptor(delta, config.block_m))
     args = (descriptor(q, config.block_m, cols=chunk), descriptor(do, config.block_m),
@@ -1203,8 +1210,7 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
             (descriptor(dq_acc, config.block_m, 128, 32) if config.dq_swizzle
              else descriptor(dq_acc, config.block_m, swizzle=0) if config.tma_dq else dq_acc),
             heads_q, heads_q // heads_kv, n_q, n_k, scale * LOG2E, scale,
-            lse if slopes is None else slopes,  # the slopes' pointer: any float32 tensor without ALiBi
-            left, right)
+            slopes_arg, left, right)
     # With a window, causal is in its right side (band()): one kernel for both.
     kwargs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages, CAUSAL=bool(causal) and window is None,
                   CONSUMER_REGS=config.consumer_regs, SPLIT_DQ=config.split_dq,

@@ -486,7 +486,10 @@ class _Problem:
             self.table_stride = layout.block_table.stride(0)
         self.slopes, self.slope_stride = q, 0
         if variants.alibi_slopes is not None:
-            self.slopes = variants.alibi_slopes
+            # float32, so that the kernels' bias (slope x log2(e) x distance) is the same bits in
+            # every kernel: the Gluon kernels convert, a Triton kernel would multiply in the
+            # slopes' dtype (a bf16 forward's L against a Gluon backward's P would differ).
+            self.slopes = variants.alibi_slopes.float()
             self.slope_stride = self.slopes.stride(0) if self.slopes.dim() == 2 else 0
         self.sinks = q if variants.sinks is None else variants.sinks
         self.left, self.right = variants.band()

@@ -92,10 +92,12 @@ ALIBI_SHAPES = ((1, 4, 2, 1000, 1000), (1, 2, 2, 4097, 1000), (1, 2, 2, 1000, 40
                 (1, 4, 1, 300, 129))
 #: Windows' correctness cases (shape, the contract's window (left, right), -1 unbounded, ALiBi
 #: too), each causal and not (causal folds into the right side): narrower than a tile, two-sided
-#: over Nq > Nk and Nq < Nk, one-sided each way, with ALiBi.
+#: over Nq > Nk and Nq < Nk, one-sided each way, with ALiBi, and key blocks that no query sees
+#: (their CTAs walk no tile and store zeros).
 WINDOW_CASES = (((1, 4, 2, 1000, 1000), (256, 0), False), ((1, 2, 2, 4097, 1000), (300, 100), False),
                 ((1, 2, 2, 1000, 4097), (-1, 64), False), ((2, 4, 2, 113, 113), (5, 3), False),
-                ((1, 4, 1, 300, 129), (64, -1), True))
+                ((1, 4, 1, 300, 129), (64, -1), True),
+                ((1, 2, 2, 1000, 4097), (300, 0), False))  # key blocks no query sees: dK, dV zero
 #: The timing cases of ALiBi and windows (bf16): (batch, heads, n, head dim, causal, ALiBi,
 #: window): the harness's (b1-h16-q16384 d128, ALiBi causal or not; the window w4096:0 causal)
 #: and 4k d64 ones.
@@ -531,7 +533,7 @@ def main() -> int:
                         help="a first look (about a minute): the defaults on three shapes each, no --variants, "
                              "the timing of the defaults and -noadds only")
     parser.add_argument("--alibi-window-only", action="store_true",
-                        help="ALiBi's and windows' cases alone (their compiles, 80 correctness cases, 6 timings; no "
+                        help="ALiBi's and windows' cases alone (their compiles, 88 correctness cases, 6 timings; no "
                              "--variants)")
     parser.add_argument("--no-alibi-window", action="store_true",
                         help="leave ALiBi's and windows' cases out (a shorter run)")

@@ -599,6 +599,7 @@ def check_numerics(gb) -> int:
         (1, 4, 2, 130, 290, 64, False, False, (40, 90)),
         (2, 2, 1, 290, 130, 64, False, True, (-1, 33)),
         (1, 2, 2, 200, 200, 128, True, True, (64, 0)),
+        (1, 2, 2, 70, 300, 64, False, False, (20, 0)),  # the first key block seen by no query: dK, dV 0
     ]
     for batch, hq, hkv, n_q, n_k, d, causal, alibi, window in shapes:
         slopes = (2.0 ** (-torch.arange(1, hq + 1) * 8 / hq))[None, :] * (1 + torch.arange(batch))[:, None] if alibi else None
