@@ -234,6 +234,13 @@ class Config:
     #: instructions compiled; with ``-lt``, 368 B of spills to none; NOTES.md v30). Compiled, not
     #: yet run on a GPU.
     row_limits: bool = False
+    #: ``-dqp`` (d128's two dQ pieces, reduced by TMA, two reduces a tile): both pieces' products
+    #: issued at once, the wait for dV's, dK's and the first piece's leaving the second in flight
+    #: while the first is stored; the second's wait, then its store. Without it the second
+    #: piece's product starts after the first is stored, its latency exposed in each tile.
+    #: Compiled (triton 3.6; NOTES.md v33): no serialization, no spill in the tile loops, two
+    #: instructions fewer; not yet run on a GPU. With one piece (d64) it changes nothing.
+    dq_pipe: bool = False
 
     def __post_init__(self) -> None:
         """A configuration the kernel is not written for is refused as it is made, parsed or not."""
@@ -249,9 +256,12 @@ class Config:
         if (self.lse_tma or self.row_limits) and not self.qrows:
             raise ValueError(f"config {self}: -lt and -rl read L, delta and the mask's limit as a row's each "
                              "(queries as rows); with keys as rows (-krows) they are columns")
+        if self.dq_pipe and (not self.qrows or not self.tma_dq or self.pair_dq or self.ds_regs or self.split_dq):
+            raise ValueError(f"config {self}: -dqp is written for queries as rows, -tmar with two reduces a tile, "
+                             "dS from shared memory and dQ's products beside dV's and dK's")
 
     def __str__(self) -> str:
-        return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'' if self.dq_cols == 64 else f'-q{self.dq_cols}'}{'' if self.qrows else '-krows'}{'' if self.dq_adds else '-noadds'}{'-rot' if self.rotate else ''}{'-sum' if self.sum_dq else ''}{'-tmar' if self.tma_dq else ''}{'-sw' if self.dq_swizzle else ''}{'-dsr' if self.ds_regs else ''}{'-pair' if self.pair_dq else ''}{'-ld' if self.loop_descriptors else ''}{'-lt' if self.lse_tma else ''}{'-rl' if self.row_limits else ''}-r{self.consumer_regs}"
+        return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'' if self.dq_cols == 64 else f'-q{self.dq_cols}'}{'' if self.qrows else '-krows'}{'' if self.dq_adds else '-noadds'}{'-rot' if self.rotate else ''}{'-sum' if self.sum_dq else ''}{'-tmar' if self.tma_dq else ''}{'-sw' if self.dq_swizzle else ''}{'-dsr' if self.ds_regs else ''}{'-pair' if self.pair_dq else ''}{'-ld' if self.loop_descriptors else ''}{'-lt' if self.lse_tma else ''}{'-rl' if self.row_limits else ''}{'-dqp' if self.dq_pipe else ''}-r{self.consumer_regs}"
 
     @staticmethod
     def parse(text: str) -> "Config":
@@ -260,7 +270,7 @@ class Config:
         parts = text.strip().split("-")
         head = parts[0]
         if not (head.startswith("m") and "s" in head):
-            raise ValueError(f"config {text!r}: expected mBLOCKsSTAGES[-split][-qCOLS][-krows][-noadds][-rot][-sum][-tmar[-sw][-pair]][-dsr][-ld][-lt][-rl][-rREGS], e.g. m64s2")
+            raise ValueError(f"config {text!r}: expected mBLOCKsSTAGES[-split][-qCOLS][-krows][-noadds][-rot][-sum][-tmar[-sw][-pair]][-dsr][-ld][-lt][-rl][-dqp][-rREGS], e.g. m64s2")
         block_m, stages = head[1:].split("s")
         fields = dict(block_m=int(block_m), stages=int(stages))
         for part in parts[1:]:
@@ -288,6 +298,8 @@ class Config:
                 fields["lse_tma"] = True
             elif part == "rl":
                 fields["row_limits"] = True
+            elif part == "dqp":
+                fields["dq_pipe"] = True
             elif part.startswith("q") and part[1:].isdigit():
                 fields["dq_cols"] = int(part[1:])
             elif part.startswith("r") and part[1:].isdigit():
@@ -543,7 +555,8 @@ if gl is not None:
                   DQ_ADDS: gl.constexpr, CID: gl.constexpr, SUM_DQ: gl.constexpr, TMA_DQ: gl.constexpr,
                   DQ_SWIZZLE: gl.constexpr, DS_REGS: gl.constexpr, PAIR_DQ: gl.constexpr,
                   LOOP_DESC: gl.constexpr, lsd_smem, LSE_TMA: gl.constexpr, ROW_LIMITS: gl.constexpr,
-                  ALIBI: gl.constexpr = False, slope=0.0, WINDOW: gl.constexpr = False, win_left=0, win_right=0):
+                  ALIBI: gl.constexpr = False, slope=0.0, WINDOW: gl.constexpr = False, win_left=0, win_right=0,
+                  DQ_PIPE: gl.constexpr = False):
         # One query tile for this consumer's 64 keys: see the module docstring for the order.
         # LOOP_DESC (-ld): the buffers' descriptors made here, as MLA's step makes them (v29).
         if LOOP_DESC:
@@ -646,7 +659,25 @@ if gl is not None:
         DQ_N: gl.constexpr = HEAD_DIM // DQ_PARTS
         dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, DQ_N, 16])
-        for h in gl.static_range(DQ_PARTS):
+        PIPE: gl.constexpr = DQ_PIPE and DQ_PARTS == 2
+        if PIPE:
+            # -dqp: both pieces in flight; the wait for all but the newest group retires dV's,
+            # dK's and piece 0's products (groups complete in order), so stage s goes back and
+            # piece 0 is stored while piece 1's product runs. Then piece 1 (Config.dq_pipe).
+            dq0 = gl.zeros([BLOCK_M, DQ_N], gl.float32, layout=dq_layout)
+            dq1 = gl.zeros([BLOCK_M, DQ_N], gl.float32, layout=dq_layout)
+            dq0 = warpgroup_mma(ds_a, k_c.slice(0, DQ_N, dim=1), dq0, use_acc=False, is_async=True)
+            dq1 = warpgroup_mma(ds_a, k_c.slice(DQ_N, DQ_N, dim=1), dq1, use_acc=False, is_async=True)
+            dv, dk, dq0 = warpgroup_mma_wait(num_outstanding=1, deps=(dv, dk, dq0))
+            mbarrier.arrive(q_empty.index(s), count=1)
+            # The previous tile's reduce has read the buffer: its issuing thread waits, and the
+            # warp group waits for that thread.
+            tma.store_wait(pendings=0)
+            thread_barrier()
+            dq_buf.slice(0, DQ_N, dim=1).store(dq0 * sm_scale)
+            dq1 = warpgroup_mma_wait(num_outstanding=0, deps=(dq1, ))
+            dq_buf.slice(DQ_N, DQ_N, dim=1).store(dq1 * sm_scale)
+        for h in gl.static_range(0 if PIPE else DQ_PARTS):
             dq = gl.zeros([BLOCK_M, DQ_N], gl.float32, layout=dq_layout)
             if DQ_PARTS == 1:
                 k_part = k_c
@@ -750,7 +781,7 @@ if gl is not None:
                       SUM_DQ: gl.constexpr, TMA_DQ: gl.constexpr, DQ_SWIZZLE: gl.constexpr,
                       DS_REGS: gl.constexpr, PAIR_DQ: gl.constexpr, LOOP_DESC: gl.constexpr, lsd_smem,
                       LSE_TMA: gl.constexpr, ROW_LIMITS: gl.constexpr, slopes_ptr, ALIBI: gl.constexpr,
-                      t_wend, win_left, win_right, WINDOW: gl.constexpr):
+                      t_wend, win_left, win_right, WINDOW: gl.constexpr, DQ_PIPE: gl.constexpr):
         kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, HEAD_DIM, 16])
         k_c = k_smem.index(CID)  # dK's and dV's way out; the step takes this consumer's buffers itself
@@ -789,7 +820,7 @@ if gl is not None:
                                    kv_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
                                    True, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, CID, SUM_DQ, TMA_DQ, DQ_SWIZZLE,
                                    DS_REGS, PAIR_DQ, LOOP_DESC, lsd_smem, LSE_TMA, ROW_LIMITS, ALIBI, slope,
-                                   WINDOW, win_left, win_right)
+                                   WINDOW, win_left, win_right, DQ_PIPE)
                 it += 1
             if WINDOW:  # the whole tiles end where the window's far edge starts masking again
                 t_stop = t_wend
@@ -802,7 +833,8 @@ if gl is not None:
                                    lse_h, delta_h, dq_h, off_b, off_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
                                    kv_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
                                    False, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, CID, SUM_DQ, TMA_DQ, DQ_SWIZZLE,
-                                   DS_REGS, PAIR_DQ, LOOP_DESC, lsd_smem, LSE_TMA, ROW_LIMITS, ALIBI, slope)
+                                   DS_REGS, PAIR_DQ, LOOP_DESC, lsd_smem, LSE_TMA, ROW_LIMITS, ALIBI, slope,
+                                   False, 0, 0, DQ_PIPE)
                 it += 1
             if WINDOW:  # the window's far edge (band_tiles: [wend, end)), masked
                 for t in range(t_wend, t_end):
@@ -812,7 +844,7 @@ if gl is not None:
                                        kv_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
                                        True, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, CID, SUM_DQ, TMA_DQ, DQ_SWIZZLE,
                                        DS_REGS, PAIR_DQ, LOOP_DESC, lsd_smem, LSE_TMA, ROW_LIMITS, ALIBI, slope,
-                                       WINDOW, win_left, win_right)
+                                       WINDOW, win_left, win_right, DQ_PIPE)
                     it += 1
         # dK (times the softmax scale) and dV of this consumer's keys, through K_c's and V_c's
         # buffers (no product reads them any more: every wait above was for 0 outstanding) and
@@ -965,7 +997,8 @@ if gl is not None:
                        SUM_DQ: gl.constexpr, TMA_DQ: gl.constexpr, DQ_SWIZZLE: gl.constexpr,
                        DS_REGS: gl.constexpr = False, PAIR_DQ: gl.constexpr = False, HEAD_DIM_V: gl.constexpr = 0,
                        QK_CHUNK: gl.constexpr = 0, LOOP_DESC: gl.constexpr = False, LSE_TMA: gl.constexpr = False,
-                       ROW_LIMITS: gl.constexpr = False, ALIBI: gl.constexpr = False, WINDOW: gl.constexpr = False):
+                       ROW_LIMITS: gl.constexpr = False, ALIBI: gl.constexpr = False, WINDOW: gl.constexpr = False,
+                       DQ_PIPE: gl.constexpr = False):
         # MLA (HEAD_DIM_V below HEAD_DIM, 0: the same): Q and K in chunks of QK_CHUNK columns
         # (HEAD_DIM itself otherwise; 192 is no power of two, as Gluon's shapes must be), the
         # consumers' _bwd_consumer_mla, with queries as rows and dQ by TMA reduces from swizzled
@@ -983,6 +1016,8 @@ if gl is not None:
         gl.static_assert(not (MLA and (LSE_TMA or ROW_LIMITS)), "-lt and -rl are d64's and d128's")
         gl.static_assert(not LSE_TMA or QROWS, "-lt reads L and delta as rows")
         gl.static_assert(not ALIBI or (QROWS and not MLA), "ALiBi is d64's and d128's, with queries as rows")
+        gl.static_assert(not DQ_PIPE or (QROWS and TMA_DQ and not PAIR_DQ and not SUM_DQ and not DS_REGS
+                                         and not SPLIT_DQ), "-dqp is written for -tmar with two reduces a tile")
         gl.static_assert(not WINDOW or (QROWS and not MLA and not ROTATE),
                          "windows are d64's and d128's, with queries as rows, walked in order")
         KEYS: gl.constexpr = 64
@@ -1110,7 +1145,7 @@ if gl is not None:
                                  sm_scale,
                                  HEAD_DIM, BLOCK_M, STAGES, KEYS, 0, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, ROTATE,
                                  SUM_DQ, TMA_DQ, DQ_SWIZZLE, DS_REGS, PAIR_DQ, LOOP_DESC, lsd_smem, LSE_TMA, ROW_LIMITS,
-                                 slopes_ptr, ALIBI, t_wend, win_left, win_right, WINDOW)),
+                                 slopes_ptr, ALIBI, t_wend, win_left, win_right, WINDOW, DQ_PIPE)),
                 (_bwd_consumer, (q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, share_smem, kv_full, q_full,
                                  q_empty,
                                  dq_ready, dq_free,
@@ -1119,7 +1154,7 @@ if gl is not None:
                                  sm_scale,
                                  HEAD_DIM, BLOCK_M, STAGES, KEYS, 1, CAUSAL, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, ROTATE,
                                  SUM_DQ, TMA_DQ, DQ_SWIZZLE, DS_REGS, PAIR_DQ, LOOP_DESC, lsd_smem, LSE_TMA, ROW_LIMITS,
-                                 slopes_ptr, ALIBI, t_wend, win_left, win_right, WINDOW)),
+                                 slopes_ptr, ALIBI, t_wend, win_left, win_right, WINDOW, DQ_PIPE)),
             ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -1223,6 +1258,8 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
         kwargs["ALIBI"] = True
     if window is not None:
         kwargs["WINDOW"] = True
+    if config.dq_pipe:
+        kwargs["DQ_PIPE"] = True
     if mla:
         kwargs.update(HEAD_DIM_V=head_dim_v, QK_CHUNK=MLA_CHUNK, DQ_PARTS=head_dim // MLA_CHUNK)
     return args, kwargs, (triton.cdiv(n_k, BLOCK_N), batch * heads_kv)

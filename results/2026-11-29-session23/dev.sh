@@ -229,9 +229,9 @@ while [ $# -gt 0 ]; do
       timeout 300 python3 tools/flash_bench/gluon_bwd_check.py --out /tmp/r/$L --variants "" --case-timeout 60 > /tmp/r/$L/run.log 2>&1; echo "bwdcheck rc $?"
       cp /tmp/r/$L/check.md $OUT/$L/; gzip -c /tmp/r/$L/check.json > $OUT/$L/check.json.gz; tail -3 /tmp/r/$L/run.log > $OUT/$L/tail.txt
       grep -E "FAIL|hung|ERROR" /tmp/r/$L/run.log | head; grep -E "^## |^\| b" /tmp/r/$L/check.md | head -16 ;;
-    ltcheck) # issue 42 v30's next: -lt (L and delta by TMA into the ring) and -rl (the causal mask by row limits), compile-only until this runs
+    ltcheck) # issue 42 v30's and v33's next: -lt (L and delta by TMA into the ring), -rl (the causal mask by row limits), -dqp (dQ's two pieces in flight), compile-only until this runs
       L=${1:-ltcheck}; shift || true; mkdir -p /tmp/r/$L $OUT/$L; { nvidia-smi --query-gpu=name,serial --format=csv,noheader; date -u; git log --oneline -1; git diff --stat; } > $OUT/$L/device.txt
-      timeout 480 python3 tools/flash_bench/gluon_bwd_check.py --out /tmp/r/$L --variants m64s2-tmar-sw-ld-lt-rl,m64s2-tmar-sw-ld-rl,m64s2-tmar-sw-ld-lt,m64s3-tmar-sw-pair-ld-lt --no-alibi-window --case-timeout 60 > /tmp/r/$L/run.log 2>&1; echo "bwdcheck rc $?"
+      timeout 480 python3 tools/flash_bench/gluon_bwd_check.py --out /tmp/r/$L --variants m64s2-tmar-sw-ld-lt-rl,m64s2-tmar-sw-ld-rl,m64s2-tmar-sw-ld-lt,m64s3-tmar-sw-pair-ld-lt,m64s2-tmar-sw-ld-dqp,m64s2-tmar-sw-ld-lt-rl-dqp --no-alibi-window --case-timeout 60 > /tmp/r/$L/run.log 2>&1; echo "bwdcheck rc $?"
       cp /tmp/r/$L/check.md $OUT/$L/; gzip -c /tmp/r/$L/check.json > $OUT/$L/check.json.gz; tail -3 /tmp/r/$L/run.log > $OUT/$L/tail.txt
       grep -E "FAIL|hung|ERROR" /tmp/r/$L/run.log | head; tail -24 /tmp/r/$L/check.md ;;
     alicheck) # issue 42 v31/v32: ALiBi and windows through the Gluon backward (compile-only until this runs): 80 cases right?, timed beside the Triton backward

@@ -19,12 +19,15 @@ def test_off_hopper_it_says_why() -> None:
 def test_configs_round_trip() -> None:
     for text in ("m64s2", "m64s3", "m128s2", "m64s2-split", "m64s2-q128", "m64s2-krows", "m64s2-noadds", "m64s2-rot",
                  "m64s2-sum", "m64s3-rot-sum", "m64s2-tmar", "m64s3-tmar-sw", "m64s3-tmar-sw-dsr", "m64s2-tmar-sw-pair",
-                 "m64s2-tmar-sw-pair-ld", "m64s2-tmar-sw-ld-lt-rl", "m64s3-tmar-sw-pair-ld-lt"):
+                 "m64s2-tmar-sw-pair-ld", "m64s2-tmar-sw-ld-lt-rl", "m64s3-tmar-sw-pair-ld-lt", "m64s2-tmar-sw-ld-dqp",
+                 "m64s2-tmar-sw-ld-lt-rl-dqp"):
         config = gluon_backward.Config.parse(text)
         assert gluon_backward.Config.parse(str(config)) == config
     assert gluon_backward.Config.parse("m64s3-tmar-sw-dsr").ds_regs
     assert gluon_backward.Config.parse("m64s2-tmar-pair").pair_dq
     assert gluon_backward.Config.parse("m64s2-tmar-sw-ld").loop_descriptors
+    assert gluon_backward.Config.parse("m64s2-tmar-sw-ld-dqp").dq_pipe
+    assert not any(gluon_backward.default_config(d, c).dq_pipe for d in gluon_backward.HEAD_DIMS for c in (0, 1))
     # NOTES v30: every d64 and d128 default makes its descriptors in the loop; d128 one way causal or not.
     assert [str(gluon_backward.default_config(d, c)) for d in (64, 128) for c in (False, True)] == [
         "m64s3-tmar-sw-pair-ld-r240"] * 2 + ["m64s2-tmar-sw-ld-r240"] * 2
@@ -36,8 +39,10 @@ def test_configs_round_trip() -> None:
     # The TMA reduce replaces the adds: not beside -sum or -noadds; the swizzle is its buffers';
     # dS from registers is the queries-as-rows layout's (-krows keeps dS^T); -pair sums before the reduce;
     # L, delta (-lt) and the mask's row limit (-rl) are a row's each, which -krows makes columns.
+    # -dqp (NOTES v33) is written for two reduces a tile from shared-memory dS, beside dV's and dK's products.
     for text in ("m64s2-sum-tmar", "m64s2-noadds-tmar", "m64s2-sw", "m64s2-krows-dsr", "m64s2-pair", "m64s2-sum-pair",
-                 "m64s2-krows-lt", "m64s2-krows-rl"):
+                 "m64s2-krows-lt", "m64s2-krows-rl", "m64s2-dqp", "m64s2-tmar-sw-pair-dqp", "m64s2-tmar-sw-dsr-dqp",
+                 "m64s2-split-tmar-dqp", "m64s2-krows-tmar-dqp"):
         with pytest.raises(ValueError):
             gluon_backward.Config.parse(text)
     # Refused as made too: -pair and -sum would both arrive on barriers that count one consumer.
@@ -354,3 +359,16 @@ def test_band_tiles_are_query_tiles_for_a_causal_or_unbounded_band_and_mask_both
     assert gluon_backward.band_tiles(8192, 16384, 16384, 64, *band(True, (4096, 0))) == (128, 130, 192, 194)
     # The last, ragged key block: every tile masked.
     assert gluon_backward.band_tiles(256, 300, 300, 64, 64, 0)[1:3] == (5, 5)
+
+
+def test_dqp_launches_with_its_constexpr_and_the_defaults_without() -> None:
+    """-dqp (NOTES v33, not yet run on a GPU) reaches the kernel as DQ_PIPE; a default leaves the
+    constexpr at the kernel's default, so its compiled kernel is the one the GPU runs checked."""
+    q = torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16)
+    lse = torch.zeros(1, 2, 256)
+    _, kwargs, _ = gluon_backward.launch_arguments(q, q, q, q, lse, lse, q.float(), q, q, True, 0.09,
+                                                   gluon_backward.Config.parse("m64s2-tmar-sw-ld-dqp"))
+    assert kwargs["DQ_PIPE"] is True
+    _, kwargs, _ = gluon_backward.launch_arguments(q, q, q, q, lse, lse, q.float(), q, q, True, 0.09,
+                                                   gluon_backward.default_config(128, True))
+    assert "DQ_PIPE" not in kwargs

@@ -193,7 +193,7 @@ def producer(p: Protocol, refill_xor: int = 1):
 
 
 def consumer(p: Protocol, cid: int, split_dq: bool, dq_parts: int, plant: str = "", qrows: bool = True,
-             sum_dq: bool = False, tma_dq: bool = False, pair_dq: bool = False):
+             sum_dq: bool = False, tma_dq: bool = False, pair_dq: bool = False, dq_pipe: bool = False):
     # _bwd_consumer / _bwd_step, in the kernel's order. Buffers: ("stage", s) = Q_s and dO_s,
     # ("kv",) = K_c and V_c, ("ds",) and ("p",) = this consumer's dS and P buffers (QROWS: both
     # written before dV's and dK's products read them; keys as rows: only dS^T, after).
@@ -224,7 +224,21 @@ def consumer(p: Protocol, cid: int, split_dq: bool, dq_parts: int, plant: str = 
             yield ("yield",)
         if split_dq:
             p.wait(cid, 0)
-        for h in range(dq_parts):
+        pipe = dq_pipe and dq_parts == 2
+        if pipe:  # -dqp: both pieces in flight, piece 0 stored under piece 1's product
+            p.issue(cid, {("ds",), ("kv",)}, it)  # dQ's piece 0
+            p.issue(cid, {("ds",), ("kv",)}, it)  # dQ's piece 1
+            p.wait(cid, 3 if plant == "dqp: release while dK's product runs" else 1)
+            if plant != "no release":
+                p.release(cid, s, it)
+            if plant != "no store_wait before the dQ store":
+                p.store_wait(cid)
+            p.dq_piece(cid, it)
+            yield ("yield",)  # piece 0 to shared memory
+            p.wait(cid, 0)
+            p.dq_piece(cid, it)
+            yield ("yield",)  # piece 1 to shared memory
+        for h in range(0 if pipe else dq_parts):
             p.issue(cid, {("ds",), ("kv",)}, it)  # dQ's piece h = dS K_c[:, piece h]
             if h == 0:
                 if plant == "release before the wait":
@@ -294,12 +308,13 @@ def consumer(p: Protocol, cid: int, split_dq: bool, dq_parts: int, plant: str = 
 
 
 def _drive(p: Protocol, split_dq: bool = False, dq_parts: int = 1, refill_xor: int = 1, plant: str = "",
-           qrows: bool = True, sum_dq: bool = False, tma_dq: bool = False, pair_dq: bool = False) -> None:
+           qrows: bool = True, sum_dq: bool = False, tma_dq: bool = False, pair_dq: bool = False,
+           dq_pipe: bool = False) -> None:
     if pair_dq:
         p.pair()
     partitions = {"producer": producer(p, refill_xor),
-                  "consumer0": consumer(p, 0, split_dq, dq_parts, plant, qrows, sum_dq, tma_dq, pair_dq),
-                  "consumer1": consumer(p, 1, split_dq, dq_parts, plant, qrows, sum_dq, tma_dq, pair_dq)}
+                  "consumer0": consumer(p, 0, split_dq, dq_parts, plant, qrows, sum_dq, tma_dq, pair_dq, dq_pipe),
+                  "consumer1": consumer(p, 1, split_dq, dq_parts, plant, qrows, sum_dq, tma_dq, pair_dq, dq_pipe)}
     interleave(p, partitions, f"n_iters={p.n_iters} stages={p.stages}")
     assert all(not g for g in p.groups), "products left in flight at the end"
     assert all(not h for h in p.holding), "stages never released"
@@ -310,10 +325,13 @@ def check_protocol(seeds: int) -> int:
     # n_iters = GROUP x query tiles of the CTA (0: a causal key block no query sees).
     for n_iters, stages, split_dq, dq_parts, qrows, dq_out in itertools.product(
             (0, 1, 2, 3, 5, 8, 13), (2, 3, 4), (False, True), (1, 2), (True, False),
-            ("adds", "sum", "tma", "pair")):
+            ("adds", "sum", "tma", "pair", "tma-dqp")):
+        if dq_out == "tma-dqp" and (split_dq or not qrows or dq_parts == 1):
+            continue  # -dqp: queries as rows, two pieces, beside dV's and dK's products (Config)
         for seed in range(seeds):
             _drive(Protocol(n_iters, stages, random.Random(seed)), split_dq, dq_parts, qrows=qrows,
-                   sum_dq=dq_out == "sum", tma_dq=dq_out in ("tma", "pair"), pair_dq=dq_out == "pair")
+                   sum_dq=dq_out == "sum", tma_dq=dq_out in ("tma", "pair", "tma-dqp"), pair_dq=dq_out == "pair",
+                   dq_pipe=dq_out == "tma-dqp")
             cases += 1
     return cases
 
@@ -327,6 +345,7 @@ SUM_PLANTED = ("dq_free not waited", "dq_ready not waited")
 TMA_PLANTED = ("no store_wait before the dQ store", "reduce after the first piece", "no last store_wait")
 PAIR_PLANTED = ("pair: dq_free not waited", "pair: dq_ready not waited", "pair: dq_ready before the last piece",
                 "pair: dq_free at the first piece")
+DQP_PLANTED = ("dqp: release while dK's product runs", "no store_wait before the dQ store", "no release")
 
 
 def check_dq_out_catches_mistakes(mistakes: tuple[str, ...], **drive) -> list[str]:
@@ -768,6 +787,10 @@ def main() -> int:
     print(f"protocol (-tmar-pair): the model fails on {len(pair_caught)} of {len(PAIR_PLANTED)} planted mistakes: "
           f"{', '.join(pair_caught)}")
     missed += [m for m in PAIR_PLANTED if m not in pair_caught]
+    dqp_caught = check_dq_out_catches_mistakes(DQP_PLANTED, tma_dq=True, dq_pipe=True)
+    print(f"protocol (-tmar-dqp): the model fails on {len(dqp_caught)} of {len(DQP_PLANTED)} planted mistakes: "
+          f"{', '.join(dqp_caught)}")
+    missed += [m for m in DQP_PLANTED if m not in dqp_caught]
     gb = load_backward()
     print(f"schedule: {check_schedule(gb)} (key block, lengths, BLOCK_M, window) cases: no seen tile skipped, no "
           "unmasked tile partly hidden, every tile walked once (rotated or not), a window's masked at both ends")
