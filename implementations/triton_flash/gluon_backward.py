@@ -516,7 +516,10 @@ if gl is not None:
         # ALIBI: the base-2 scores take ``- slope * |i + Nk - Nq - j|`` (``slope`` times log2(e)),
         # in every tile, as the forward's do (gluon_forward._softmax): the positions in float32,
         # exact below 2**24, so the bias is the forward's bit for bit and L (which holds it) fits.
-        # The key positions change with the CTA only; ptxas may hoist them (16 registers a thread).
+        # The distance is float(r_all - (c & 6)) - float(c - (c & 6)): in the wgmma accumulator a
+        # thread's 16 columns are 2 (lane % 4) + {0, 1} + 8 n, so c & 6 is the lane's and the rest
+        # a constant of each element; written as float(row) - float(col), the 16 key positions were
+        # hoisted into registers and the d128 kernel spilled in its loops (NOTES.md v31).
         if ALIBI:
             c_all = gl.arange(0, KEYS, layout=gl.SliceLayout(0, sq_layout))
             c_lane = c_all & 6

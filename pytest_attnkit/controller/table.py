@@ -578,7 +578,8 @@ def gate_section(document: dict[str, Any]) -> Section:
         verdict += core
         section.add(d["impl"], Cell(_MODES.get(d["mode"], d["mode"]), d["mode"]), d["case"],
                     f"{d['baseline_median_ms']:.4f}", str(d["baseline_runs"]), f"{d['now_median_ms']:.4f}",
-                    f"{100 * (d['ratio'] - 1):+.1f}%", f"{100 * d['threshold']:.1f}%", Cell(verdict, str(d["verdict"]) + core))
+                    f"{100 * (d['ratio'] - 1):+.1f}%", f"{100 * d['threshold']:.1f}%",
+                    Cell(verdict, str(d["verdict"]) + core))
     return section
 
 
