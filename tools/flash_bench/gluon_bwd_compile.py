@@ -113,11 +113,7 @@ def describe(compiled, shared_limit: int) -> tuple[str, bool]:
 
 
 def main() -> int:
-    parser = compile_parser(__doc__, "m64s3, m128s2-r232")
-    parser.add_argument("--alibi", action="store_true", help="compile each kernel with ALiBi (d64 and d128; no MLA)")
-    parser.add_argument("--window", action="store_true",
-                        help="compile each kernel with a sliding window (d64 and d128; no MLA, no -rot)")
-    args = parser.parse_args()
+    args = compile_parser(__doc__, "m64s3, m128s2-r232").parse_args()
     gb, torch = stand_in_target(load_gluon_backward)
     if gb is None:
         return 1

@@ -328,10 +328,6 @@ def describe(compiled, shared_limit: int) -> tuple[str, bool]:
 
 def main() -> int:
     parser = compile_parser(__doc__, "n128s3, n128s2-eager")
-    parser.add_argument("--alibi", action="store_true", help="compile every kernel with ALiBi (its own kernels)")
-    parser.add_argument("--window", action="store_true",
-                        help="compile every kernel with a sliding window (its own kernels; the one-item grid's "
-                             "configurations only)")
     parser.add_argument("--softcap", action="store_true", help="compile every kernel with softcap (one-item grid)")
     parser.add_argument("--sinks", action="store_true",
                         help="compile every kernel with attention sinks (one-item grid)")
@@ -380,13 +376,18 @@ def main() -> int:
 
 def compile_parser(doc: str, examples: str) -> argparse.ArgumentParser:
     """A compile tool's argument parser with the options both have (``--quick``, ``--config``
-    with ``examples``, ``--causal``, ``--dump``); the tool adds its own."""
+    with ``examples``, ``--causal``, ``--alibi``, ``--window``, ``--dump``); the tool adds its own."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="only the default configurations, bf16")
     parser.add_argument("--config", action="append", default=[], metavar="CFG",
                         help=f"another configuration to compile at d128 and d64 (e.g. {examples})")
     parser.add_argument("--causal", action="store_true",
                         help="compile each --config causal too (causal kernels hold other registers: the masked tiles)")
+    parser.add_argument("--alibi", action="store_true",
+                        help="compile every kernel with ALiBi (its own kernels; the backward's: d64 and d128, no MLA)")
+    parser.add_argument("--window", action="store_true",
+                        help="compile every kernel with a sliding window (its own kernels; the forward's: the "
+                             "one-item grid's configurations only; the backward's: d64 and d128, no MLA, no -rot)")
     parser.add_argument("--dump", metavar="DIR", help="write each kernel's PTX, SASS and TTGIR here")
     return parser
 
