@@ -489,8 +489,7 @@ if gl is not None:
         return lse, delta
 
     @gluon.jit
-    def _ring_lse_delta(lsd_smem, s, sq_layout: gl.constexpr, t=0, n_q=0, BLOCK_M: gl.constexpr = 64,
-                        ALIBI: gl.constexpr = False):
+    def _ring_lse_delta(lsd_smem, s, sq_layout: gl.constexpr, t, n_q, BLOCK_M: gl.constexpr, ALIBI: gl.constexpr):
         # -lt: the tile's L and delta from stage s of the ring, where the producer's TMA put them.
         # Rows past Nq read zeros there (not _rows_lse_delta's L = +inf): their Q and dO rows are
         # zeros too, so S = 0, P = exp2(0) = 1, dP = 0 and dS = 1 x (0 - 0) = 0, and dV's and dK's

@@ -104,7 +104,8 @@ WINDOW_CASES = (((1, 4, 2, 1000, 1000), (256, 0), False), ((1, 2, 2, 4097, 1000)
 EXTRA_BENCH = ((1, 16, 16384, 128, False, True, None), (1, 16, 16384, 128, True, True, None),
                (4, 32, 4096, 64, False, True, None), (4, 32, 4096, 64, True, True, None),
                (1, 16, 16384, 128, True, False, (4096, 0)), (4, 32, 4096, 64, False, False, (512, 512)))
-ALIBI_HEAD_DIMS = (64, 128)
+#: The head dims ALiBi and windows take in the Gluon backward (MLA takes neither).
+EXTRA_HEAD_DIMS = (64, 128)
 #: --quick's correctness shapes: GQA with a partial tile, Nq > Nk (rows with no key), 4097.
 QUICK_SHAPES = ((1, 4, 2, 1000, 1000), (1, 2, 2, 4097, 1000), (1, 2, 2, 4097, 4097))
 VARIANT_SHAPES = ((1, 2, 2, 1000, 1000), (1, 4, 2, 4097, 4097), (1, 2, 2, 4097, 1000))
@@ -412,7 +413,7 @@ def extra_cases(default_config) -> list[dict]:
     takes neither)."""
     cases = []
     for dtype in DTYPES:
-        for head_dim in ALIBI_HEAD_DIMS:
+        for head_dim in EXTRA_HEAD_DIMS:
             for causal in (False, True):
                 config = str(default_config(head_dim, causal))
                 for seed, shape in enumerate(ALIBI_SHAPES):
@@ -571,7 +572,7 @@ def main() -> int:
                                       "dtype": dtype, "head_dim": head_dim, "causal": causal, "config": config})
                 specs.append({"id": f"forward {dtype} d{head_dim} {'causal' if causal else 'full'}", "dtype": dtype,
                               "head_dim": head_dim, "causal": causal, "config": "", "forward": True})
-                if head_dim in ALIBI_HEAD_DIMS:  # ALiBi's and windows' backward (the default) and forward
+                if head_dim in EXTRA_HEAD_DIMS:  # ALiBi's and windows' backward (the default) and forward
                     base = f"{dtype} d{head_dim} {'causal' if causal else 'full'}"
                     for alibi, window in ((True, None), (False, [256, 0]), (True, [256, 0])):
                         words = " alibi" * alibi + " window" * bool(window)
