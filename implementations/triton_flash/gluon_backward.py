@@ -19,9 +19,13 @@ without): Q, K and dK in three chunks of
 and dQ in three pieces through one 64-column float32 buffer a consumer (``_bwd_step_mla``), in
 224 KiB of shared memory; its default configuration (``-tmar-sw``) only. Its registers decide its
 speed: S and dP are made 32 keys at a time, or ptxas serializes every product (v29). ALiBi and
-sliding windows at d64 and d128 (NOTES.md v31, v32: compile-checked, not yet run on a GPU;
+sliding windows at d64 and d128 (NOTES.md v31, v32; on an H200 in v34 right on the check's 88
+cases and 1.15-1.30x the Triton backward with the same variant, so taken since:
 :data:`TAKES_ALIBI`, :data:`TAKES_WINDOW`): the bias in :func:`_probabilities`, every tile; a
-window's band masked at both ends of the query tiles a key block sees (:func:`band_tiles`).
+window's band masked at both ends of the query tiles a key block sees (:func:`band_tiles`). d128's
+default since v34 takes L and delta by TMA (``-lt``), the causal mask by row limits (``-rl``) and
+dQ's two pieces in flight (``-dqp``): 1.02-1.06x v30's default on an H200, 0.88-0.96x cuDNN in the
+main job.
 
 The math. For one (batch, query head), with the forward's base-2 LSE ``L_i`` and
 ``delta_i = rowsum(dO_i * O_i)`` (the Triton path's preprocess kernel, as :mod:`.launch` uses it):
@@ -157,15 +161,16 @@ BLOCK_N = 2 * KEYS_PER_CONSUMER
 #: H200 the kernel before the fix hung at once in two processes, the fixed one ran 6680 calls in
 #: each, and the whole main job ran green with it on every call it covers (NOTES.md v27).
 ENV_SWITCH = "ATTNKIT_TRITON_FLASH_GLUON_BWD"
-#: Whether ALiBi calls (d64, d128) take this kernel. Written and compile-checked (NOTES.md v31);
-#: False until a GPU check has found it right and timed it beside the Triton backward, which
-#: takes them meanwhile (ALiBi's backward there: 421 TFLOP/s at b1-h16-q16384 d128 against
-#: torch_flex's 427, results/2026-11-29-session22/h200/cold37).
-TAKES_ALIBI = False
-#: Whether calls with a sliding window (d64, d128) take this kernel: as :data:`TAKES_ALIBI`,
-#: written and compile-checked (NOTES.md v32), False until a GPU check. The Triton backward ran
-#: the harness's windowed case at 399 TFLOP/s against torch_flex's 389 (cold37).
-TAKES_WINDOW = False
+#: Whether ALiBi calls (d64, d128) take this kernel (NOTES.md v31). True since an H200 found it
+#: right on every ALiBi case of the GPU check and 1.15-1.30x the Triton backward with ALiBi
+#: (NOTES.md v34, results/2026-12-01-session24): in the main job 541 TFLOP/s at b1-h16-q16384
+#: d128, where the Triton backward had 421 against torch_flex's 424-427. False sends them to the
+#: Triton backward.
+TAKES_ALIBI = True
+#: Whether calls with a sliding window (d64, d128) take this kernel (NOTES.md v32): as
+#: :data:`TAKES_ALIBI`, True since v34's H200 check (1.18-1.19x the Triton windowed backward); the
+#: main job's windowed case 472 TFLOP/s, where the Triton backward had 399 against torch_flex's 389.
+TAKES_WINDOW = True
 
 
 @dataclass(frozen=True)
@@ -225,21 +230,22 @@ class Config:
     #: global memory in the step. Loaded in the step, their first use sat between dP's k-steps
     #: and held up its issue: 7.7% of the d128 causal kernel's consumer stall samples (NOTES.md
     #: v30). FlashAttention-3's producer loads them so. Their rows' stride is padded to 16 bytes
-    #: where Nq is not a multiple of 4 (a TMA descriptor's rule). Compiled, not yet run on a GPU.
+    #: where Nq is not a multiple of 4 (a TMA descriptor's rule). d128's default since v34.
     lse_tma: bool = False
     #: ``-rl``: the causal mask compares each key with its row's last visible key (``c <= r +
     #: shift``, two values a thread a tile) instead of ``c - r <= shift``: the ``c - r`` of a
     #: thread's 32 elements do not change from tile to tile, so the compiler hoisted them out of
     #: the loop and held them in 32 registers (the d128 causal kernel's tile loop 710 to 676
-    #: instructions compiled; with ``-lt``, 368 B of spills to none; NOTES.md v30). Compiled, not
-    #: yet run on a GPU.
+    #: instructions compiled; with ``-lt``, 368 B of spills to none; NOTES.md v30). d128's default
+    #: since v34 (with ``-lt``, ``-dqp``).
     row_limits: bool = False
     #: ``-dqp`` (d128's two dQ pieces, reduced by TMA, two reduces a tile): both pieces' products
     #: issued at once, the wait for dV's, dK's and the first piece's leaving the second in flight
     #: while the first is stored; the second's wait, then its store. Without it the second
     #: piece's product starts after the first is stored, its latency exposed in each tile.
     #: Compiled (triton 3.6; NOTES.md v33): no serialization, no spill in the tile loops, two
-    #: instructions fewer; not yet run on a GPU. With one piece (d64) it changes nothing.
+    #: instructions fewer. d128's default since v34 (with ``-lt-rl``). With one piece (d64) it
+    #: changes nothing.
     dq_pipe: bool = False
 
     def __post_init__(self) -> None:
@@ -337,12 +343,15 @@ def default_config(head_dim: int, causal: bool) -> Config:
     buffers' descriptors made in the loop (``-ld``): on an H200 d128 1.00-1.08x its earlier
     defaults (``-pair`` without causal, two reduces with), d64 1.04-1.07x (NOTES.md v30); with
     ``-ld``, d128 with and without ``-pair`` were within 2% of each other, so d128 keeps one way
-    causal or not, the one ahead at 16k."""
+    causal or not, the one ahead at 16k. d128 adds ``-lt``, ``-rl`` and ``-dqp``: 1.02-1.06x on
+    each of the check's six d128 cases on an H200 (NOTES.md v34); at d64 ``-lt``/``-rl`` were
+    within 2%, and d64 keeps v30's."""
     if head_dim == 64:
         return Config(block_m=64, stages=3, tma_dq=True, dq_swizzle=True, pair_dq=True, loop_descriptors=True)
     if head_dim == 192:  # MLA: the one way out _bwd_step_mla is written for (two reduces, 224 KiB)
         return Config(block_m=64, stages=2, tma_dq=True, dq_swizzle=True)
-    return Config(block_m=64, stages=2, tma_dq=True, dq_swizzle=True, loop_descriptors=True)
+    return Config(block_m=64, stages=2, tma_dq=True, dq_swizzle=True, loop_descriptors=True,
+                  lse_tma=True, row_limits=True, dq_pipe=True)
 
 
 def query_tiles(n0: int, n_q: int, n_k: int, block_m: int, causal: bool) -> tuple[int, int, int]:
@@ -1192,8 +1201,8 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
     """Why this backward does not take the call (None: it does). Covered: dense ``[B, H, N, D]``
     float16/bfloat16 on Hopper, head dim 64 or 128 (V's the same), GQA/MQA, causal or not, any
     lengths >= 1, a positive scale, the gradient of the returned LSE too (it folds into delta);
-    ALiBi and sliding windows at d64 and d128 once :data:`TAKES_ALIBI` and :data:`TAKES_WINDOW`
-    say so. Not: varlen, paged, softcap, sinks, float32, FP8, other head dims."""
+    ALiBi and sliding windows at d64 and d128 while :data:`TAKES_ALIBI` and :data:`TAKES_WINDOW`
+    say so (they do since v34). Not: varlen, paged, softcap, sinks, float32, FP8, other head dims."""
     if layout is not None:
         return "packed sequences take the existing backward"
     if not plain_variants(causal, variants, alibi=TAKES_ALIBI, window=TAKES_WINDOW):

@@ -27,10 +27,10 @@ def test_configs_round_trip() -> None:
     assert gluon_backward.Config.parse("m64s2-tmar-pair").pair_dq
     assert gluon_backward.Config.parse("m64s2-tmar-sw-ld").loop_descriptors
     assert gluon_backward.Config.parse("m64s2-tmar-sw-ld-dqp").dq_pipe
-    assert not any(gluon_backward.default_config(d, c).dq_pipe for d in gluon_backward.HEAD_DIMS for c in (0, 1))
-    # NOTES v30: every d64 and d128 default makes its descriptors in the loop; d128 one way causal or not.
+    # NOTES v30: every d64 and d128 default makes its descriptors in the loop; d128 one way causal or
+    # not. NOTES v34: d128 takes -lt, -rl and -dqp (timed faster on an H200 on every case).
     assert [str(gluon_backward.default_config(d, c)) for d in (64, 128) for c in (False, True)] == [
-        "m64s3-tmar-sw-pair-ld-r240"] * 2 + ["m64s2-tmar-sw-ld-r240"] * 2
+        "m64s3-tmar-sw-pair-ld-r240"] * 2 + ["m64s2-tmar-sw-ld-lt-rl-dqp-r240"] * 2
     q = torch.empty(1, 2, 256, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="-dsr"):  # a Config made directly, not parsed
         gluon_backward.launch_arguments(q, q, q, q, torch.empty(1, 2, 256), torch.empty(1, 2, 256), q.float(), q, q,
@@ -87,7 +87,7 @@ def test_the_launch_sends_the_backward_where_takes_says_and_gluon_false_keeps_th
         monkeypatch: pytest.MonkeyPatch) -> None:
     """On a Hopper (its device check stubbed) launch.flash_bwd hands d128 16k and 1k causal calls
     to the Gluon backward; gluon=False (the benchmarks' Triton column) and the switch at 0 keep
-    them on the Triton kernels; a windowed call, which the Gluon backward does not cover, too."""
+    them on the Triton kernels; a softcapped call, which the Gluon backward does not cover, too."""
     from pytest_attnkit.implementations.triton_flash import gluon_common, launch
 
     monkeypatch.delenv(gluon_backward.ENV_SWITCH, raising=False)
@@ -120,7 +120,7 @@ def test_the_launch_sends_the_backward_where_takes_says_and_gluon_false_keeps_th
 
     assert [call(16384), call(1024)] == ["gluon", "gluon"]
     assert call(16384, gluon=False) == "triton"
-    assert call(16384, variants=launch.Variants(causal=True, window=(64, 0))) == "triton"
+    assert call(16384, variants=launch.Variants(causal=True, softcap=30.0)) == "triton"
     monkeypatch.setenv(gluon_backward.ENV_SWITCH, "0")
     assert [call(16384), call(1024)] == ["triton", "triton"]
     monkeypatch.setenv(gluon_backward.ENV_SWITCH, "1")
@@ -216,10 +216,10 @@ def test_lt_takes_a_stage_of_l_and_delta_into_the_ring_and_pads_rows_a_tma_descr
 
 
 def test_alibi_goes_to_the_gluon_backward_only_once_takes_alibi_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    """ALiBi through the Gluon backward (NOTES v31) is written and compile-checked, not yet run on
-    a GPU: while TAKES_ALIBI is False, ALiBi calls are refused with ALiBi named and go to the
-    Triton backward; once it is True, d64/d128 calls are taken and launch.flash_bwd hands the
-    slopes over, MLA's head dims are still refused, and a window still is."""
+    """ALiBi through the Gluon backward (NOTES v31, taken since v34's GPU check): with TAKES_ALIBI
+    False, ALiBi calls are refused with ALiBi named and go to the Triton backward; with it True,
+    d64/d128 calls are taken and launch.flash_bwd hands the slopes over, MLA's head dims are still
+    refused, and a window is while TAKES_WINDOW is False."""
     from pytest_attnkit.implementations.triton_flash import gluon_common, launch
 
     monkeypatch.delenv(gluon_backward.ENV_SWITCH, raising=False)
@@ -229,7 +229,8 @@ def test_alibi_goes_to_the_gluon_backward_only_once_takes_alibi_says_so(monkeypa
     k = torch.zeros(1, 2, 200, 128, dtype=torch.bfloat16)
     slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625])
     alibi = launch.Variants(causal=True, alibi_slopes=slopes)
-    assert not gluon_backward.TAKES_ALIBI  # flipped by the GPU run that checks and times it, not before
+    monkeypatch.setattr(gluon_backward, "TAKES_ALIBI", False)
+    monkeypatch.setattr(gluon_backward, "TAKES_WINDOW", False)
     assert "ALiBi" in gluon_backward.unsupported_reason(q, k, k, True, 0.07, variants=alibi)
     taken = []
 
@@ -287,8 +288,8 @@ def test_alibi_launches_with_its_slopes_pointer_and_is_refused_where_it_is_not_w
 
 
 def test_a_window_goes_to_the_gluon_backward_only_once_takes_window_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Sliding windows through the Gluon backward (NOTES v32): refused, with the window named,
-    while TAKES_WINDOW is False; once True, launch.flash_bwd hands the window over (with ALiBi's
+    """Sliding windows through the Gluon backward (NOTES v32, taken since v34's GPU check): refused,
+    with the window named, while TAKES_WINDOW is False; when True, launch.flash_bwd hands the window over (with ALiBi's
     slopes too where both are asked); MLA's head dims stay refused."""
     from pytest_attnkit.implementations.triton_flash import gluon_common, launch
 
@@ -298,7 +299,8 @@ def test_a_window_goes_to_the_gluon_backward_only_once_takes_window_says_so(monk
     q = torch.zeros(1, 4, 256, 64, dtype=torch.bfloat16)
     k = torch.zeros(1, 2, 200, 64, dtype=torch.bfloat16)
     windowed = launch.Variants(causal=True, window=(64, 0))
-    assert not gluon_backward.TAKES_WINDOW
+    monkeypatch.setattr(gluon_backward, "TAKES_ALIBI", False)
+    monkeypatch.setattr(gluon_backward, "TAKES_WINDOW", False)
     assert "a window" in gluon_backward.unsupported_reason(q, k, k, True, 0.07, variants=windowed)
     taken = []
 
@@ -361,9 +363,9 @@ def test_band_tiles_are_query_tiles_for_a_causal_or_unbounded_band_and_mask_both
     assert gluon_backward.band_tiles(256, 300, 300, 64, 64, 0)[1:3] == (5, 5)
 
 
-def test_dqp_launches_with_its_constexpr_and_the_defaults_without() -> None:
-    """-dqp (NOTES v33, not yet run on a GPU) reaches the kernel as DQ_PIPE; a default leaves the
-    constexpr at the kernel's default, so its compiled kernel is the one the GPU runs checked."""
+def test_dqp_launches_with_its_constexpr_where_a_config_asks_for_it() -> None:
+    """-dqp (NOTES v33; d128's default since v34) reaches the kernel as DQ_PIPE; a config without
+    it leaves the constexpr at the kernel's default (d64's default: one dQ piece, nothing to pipe)."""
     q = torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16)
     lse = torch.zeros(1, 2, 256)
     _, kwargs, _ = gluon_backward.launch_arguments(q, q, q, q, lse, lse, q.float(), q, q, True, 0.09,
@@ -371,4 +373,7 @@ def test_dqp_launches_with_its_constexpr_and_the_defaults_without() -> None:
     assert kwargs["DQ_PIPE"] is True
     _, kwargs, _ = gluon_backward.launch_arguments(q, q, q, q, lse, lse, q.float(), q, q, True, 0.09,
                                                    gluon_backward.default_config(128, True))
+    assert kwargs["DQ_PIPE"] is True
+    _, kwargs, _ = gluon_backward.launch_arguments(q, q, q, q, lse, lse, q.float(), q, q, True, 0.09,
+                                                   gluon_backward.Config.parse("m64s2-tmar-sw-ld"))
     assert "DQ_PIPE" not in kwargs

@@ -310,7 +310,7 @@ def _bench_case(case: dict, gb, tf_launch) -> dict:
 
 def _bench_extra(case: dict, gb, tf_launch, q, k, v, do, scale: float, result: dict) -> dict:
     """A timing case with ALiBi or a window: the Gluon backward and the Triton backward with the
-    same variant (what triton_flash runs while ``TAKES_ALIBI`` / ``TAKES_WINDOW`` are False), in
+    same variant (what triton_flash runs where ``TAKES_ALIBI`` / ``TAKES_WINDOW`` are False), in
     VARIANT_ROUNDS rounds taking turns; cuDNN takes neither. ``max_diff_vs_cudnn`` holds, under
     "gluon", the Gluon backward's max difference from the Triton backward's gradients here.
     FLOPs count the visible pairs (``pytest_attnkit.counts``, as the speed suite does)."""
@@ -489,7 +489,7 @@ def report(correct: dict, bench: dict, variants: list[str], hello: dict, gb) -> 
                       for name in ("gluon", "triton_flash")]
             lines.append(f"| {label} | " + " | ".join(cells + ratios) + " |")
     lines += ["", "ALiBi's and windows' backward (bf16, TFLOP/s of the visible pairs; the Triton backward takes them "
-              f"while gluon_backward.TAKES_ALIBI / TAKES_WINDOW are False; {VARIANT_ROUNDS} rounds taking turns, the "
+              f"where gluon_backward.TAKES_ALIBI / TAKES_WINDOW are False; {VARIANT_ROUNDS} rounds taking turns, the "
               "median; max |gluon - triton_flash| per gradient):",
               "", "| case | gluon bwd | triton_flash bwd | gluon / triton_flash | max diff dq, dk, dv |", "|---|---|---|---|---|"]
     for batch, heads, n, head_dim, causal, alibi, window in EXTRA_BENCH:
