@@ -37,8 +37,8 @@ def test_packed_layouts_are_not_the_gluon_kernel_s_and_windows_softcap_and_sinks
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The Gluon forward takes sliding windows (implementations/triton_flash/NOTES.md v22),
     softcap and sinks (v23), causal or not, with ALiBi too, alone or together; not packed layouts.
-    The Gluon backward takes none of them. On a Hopper (its device check stubbed) such a call's
-    reason is None; on the CPU it is the device's."""
+    The Gluon backward takes windows and ALiBi (v34), not softcap or sinks. On a Hopper (its
+    device check stubbed) such a call's forward reason is None; on the CPU it is the device's."""
     from pytest_attnkit.implementations.triton_flash import gluon_backward, gluon_common, gluon_forward
 
     q = _dense()
@@ -53,7 +53,11 @@ def test_packed_layouts_are_not_the_gluon_kernel_s_and_windows_softcap_and_sinks
              launch.Variants(causal=True, window=(64, 0), softcap=30.0, alibi_slopes=torch.ones(2), sinks=torch.ones(2)))
     for variants in every:
         assert gluon_forward.unsupported_reason(q, q, q, variants.causal, 0.125, variants=variants) is None
-        assert "variants" in gluon_backward.unsupported_reason(q, q, q, variants.causal, 0.125, variants=variants)
+        backward = gluon_backward.unsupported_reason(q, q, q, variants.causal, 0.125, variants=variants)
+        if variants.softcap or variants.sinks is not None:
+            assert "variants" in backward
+        else:
+            assert backward is None
     assert gluon_common.plain_variants(True, windowed, window=True)
     assert not gluon_common.plain_variants(False, launch.Variants(softcap=30.0), window=True, sinks=True)
     assert not gluon_common.plain_variants(True, launch.Variants(causal=True, sinks=torch.ones(2)), softcap=True)
@@ -167,7 +171,7 @@ def test_on_a_hopper_every_variant_takes_the_gluon_forward_and_the_header_says_t
     d64/d128 with windows, ALiBi, softcap, sinks, each alone and all together, and MLA plain,
     causal and with those (gluon_check's 40 MLA variant cases, NOTES v27). The header says which
     backward runs, as ATTNKIT_TRITON_FLASH_GLUON_BWD sets it."""
-    from pytest_attnkit.implementations.triton_flash import gluon_common, gluon_forward
+    from pytest_attnkit.implementations.triton_flash import gluon_backward, gluon_common, gluon_forward
 
     monkeypatch.delenv("ATTNKIT_TRITON_FLASH_GLUON", raising=False)
     monkeypatch.setattr(gluon_common, "device_reason", lambda device: None)
@@ -185,7 +189,11 @@ def test_on_a_hopper_every_variant_takes_the_gluon_forward_and_the_header_says_t
     monkeypatch.delenv("ATTNKIT_TRITON_FLASH_GLUON_BWD", raising=False)
     note = launch.path_note(torch.device("cuda"))
     assert "softcap, sinks" in note and "d192/dv128 (MLA)" in note, note
-    assert "Backward: Gluon on every dense plain or causal call it covers" in note, note
+    assert "Backward: Gluon on every dense plain, causal, ALiBi or windowed call it covers" in note, note
+    monkeypatch.setattr(gluon_backward, "TAKES_WINDOW", False)  # the header follows the switches
+    assert "Backward: Gluon on every dense plain, causal or ALiBi call it covers" in launch.path_note(
+        torch.device("cuda"))
+    monkeypatch.setattr(gluon_backward, "TAKES_WINDOW", True)
     monkeypatch.setenv("ATTNKIT_TRITON_FLASH_GLUON_BWD", "1")
     assert launch.path_note(torch.device("cuda")) == note
     monkeypatch.setenv("ATTNKIT_TRITON_FLASH_GLUON_BWD", "0")
