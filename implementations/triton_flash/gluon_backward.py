@@ -247,6 +247,11 @@ class Config:
     #: instructions fewer. d128's default since v34 (with ``-lt-rl``). With one piece (d64) it
     #: changes nothing.
     dq_pipe: bool = False
+    #: ``-dqs`` (with ``-dqp``): each consumer's two dQ pieces in buffers of their own (the same
+    #: shared memory), reduced two each. In one buffer, Triton's shared-memory barrier pass put a
+    #: warp-group barrier between the two pieces' stores (disjoint slices, the same threads): one
+    #: of the five barriers of d128's tile. Compiled, not yet run on a GPU.
+    dq_separate: bool = False
 
     def __post_init__(self) -> None:
         """A configuration the kernel is not written for is refused as it is made, parsed or not."""
@@ -265,9 +270,11 @@ class Config:
         if self.dq_pipe and (not self.qrows or not self.tma_dq or self.pair_dq or self.ds_regs or self.split_dq):
             raise ValueError(f"config {self}: -dqp is written for queries as rows, -tmar with two reduces a tile, "
                              "dS from shared memory and dQ's products beside dV's and dK's")
+        if self.dq_separate and not self.dq_pipe:
+            raise ValueError(f"config {self}: -dqs separates -dqp's two pieces; it needs -dqp")
 
     def __str__(self) -> str:
-        return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'' if self.dq_cols == 64 else f'-q{self.dq_cols}'}{'' if self.qrows else '-krows'}{'' if self.dq_adds else '-noadds'}{'-rot' if self.rotate else ''}{'-sum' if self.sum_dq else ''}{'-tmar' if self.tma_dq else ''}{'-sw' if self.dq_swizzle else ''}{'-dsr' if self.ds_regs else ''}{'-pair' if self.pair_dq else ''}{'-ld' if self.loop_descriptors else ''}{'-lt' if self.lse_tma else ''}{'-rl' if self.row_limits else ''}{'-dqp' if self.dq_pipe else ''}-r{self.consumer_regs}"
+        return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'' if self.dq_cols == 64 else f'-q{self.dq_cols}'}{'' if self.qrows else '-krows'}{'' if self.dq_adds else '-noadds'}{'-rot' if self.rotate else ''}{'-sum' if self.sum_dq else ''}{'-tmar' if self.tma_dq else ''}{'-sw' if self.dq_swizzle else ''}{'-dsr' if self.ds_regs else ''}{'-pair' if self.pair_dq else ''}{'-ld' if self.loop_descriptors else ''}{'-lt' if self.lse_tma else ''}{'-rl' if self.row_limits else ''}{'-dqp' if self.dq_pipe else ''}{'-dqs' if self.dq_separate else ''}-r{self.consumer_regs}"
 
     @staticmethod
     def parse(text: str) -> "Config":
@@ -276,7 +283,7 @@ class Config:
         parts = text.strip().split("-")
         head = parts[0]
         if not (head.startswith("m") and "s" in head):
-            raise ValueError(f"config {text!r}: expected mBLOCKsSTAGES[-split][-qCOLS][-krows][-noadds][-rot][-sum][-tmar[-sw][-pair]][-dsr][-ld][-lt][-rl][-dqp][-rREGS], e.g. m64s2")
+            raise ValueError(f"config {text!r}: expected mBLOCKsSTAGES[-split][-qCOLS][-krows][-noadds][-rot][-sum][-tmar[-sw][-pair]][-dsr][-ld][-lt][-rl][-dqp[-dqs]][-rREGS], e.g. m64s2")
         block_m, stages = head[1:].split("s")
         fields = dict(block_m=int(block_m), stages=int(stages))
         for part in parts[1:]:
@@ -306,6 +313,8 @@ class Config:
                 fields["row_limits"] = True
             elif part == "dqp":
                 fields["dq_pipe"] = True
+            elif part == "dqs":
+                fields["dq_separate"] = True
             elif part.startswith("q") and part[1:].isdigit():
                 fields["dq_cols"] = int(part[1:])
             elif part.startswith("r") and part[1:].isdigit():
@@ -685,9 +694,16 @@ if gl is not None:
             # warp group waits for that thread.
             tma.store_wait(pendings=0)
             thread_barrier()
-            dq_buf.slice(0, DQ_N, dim=1).store(dq0 * sm_scale)
-            dq1 = warpgroup_mma_wait(num_outstanding=0, deps=(dq1, ))
-            dq_buf.slice(DQ_N, DQ_N, dim=1).store(dq1 * sm_scale)
+            if DQ_PIPE == 2:
+                # -dqs: the pieces in buffers of their own (piece 1's in share_smem), so Triton's
+                # shared-memory barrier pass puts no barrier between their stores (Config.dq_separate).
+                dq_buf.store(dq0 * sm_scale)
+                dq1 = warpgroup_mma_wait(num_outstanding=0, deps=(dq1, ))
+                share_smem.index(CID + zero).store(dq1 * sm_scale)
+            else:
+                dq_buf.slice(0, DQ_N, dim=1).store(dq0 * sm_scale)
+                dq1 = warpgroup_mma_wait(num_outstanding=0, deps=(dq1, ))
+                dq_buf.slice(DQ_N, DQ_N, dim=1).store(dq1 * sm_scale)
         for h in gl.static_range(0 if PIPE else DQ_PARTS):
             dq = gl.zeros([BLOCK_M, DQ_N], gl.float32, layout=dq_layout)
             if DQ_PARTS == 1:
@@ -767,7 +783,11 @@ if gl is not None:
             if PAIR_DQ:
                 # Consumer 1's share has been read (it is in the sum): its buffer is free.
                 mbarrier.arrive(dq_free.index(0), count=1)
-            if DQ_SWIZZLE:
+            if DQ_PIPE == 2 and PIPE:  # -dqs: piece 0's two reduces from dq_buf, piece 1's from its own
+                for c in gl.static_range(HEAD_DIM // 32):
+                    piece = dq_buf if c < DQ_N // 32 else share_smem.index(CID + zero)
+                    _tma_reduce_add(dq_h, [off_b, off_h, t * BLOCK_M, c * 32], piece.slice((c * 32) % DQ_N, 32, dim=1))
+            elif DQ_SWIZZLE:
                 for c in gl.static_range(HEAD_DIM // 32):
                     _tma_reduce_add(dq_h, [off_b, off_h, t * BLOCK_M, c * 32], dq_buf.slice(c * 32, 32, dim=1))
             else:
@@ -1097,6 +1117,9 @@ if gl is not None:
         elif MLA:  # a piece of CHUNK columns a consumer (_bwd_step_mla)
             dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, CHUNK], dq_layout)
             share_smem = dq_smem  # an alias, never used
+        elif DQ_PIPE == 2 and DQ_PARTS == 2:  # -dqs: each consumer's two dQ pieces in separate allocations, piece 1's here
+            dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM // 2], dq_layout)
+            share_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM // 2], dq_layout)
         else:
             dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM], dq_layout)
             share_smem = dq_smem  # an alias, never used
@@ -1270,7 +1293,7 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     if window is not None:
         kwargs["WINDOW"] = True
     if config.dq_pipe:
-        kwargs["DQ_PIPE"] = True
+        kwargs["DQ_PIPE"] = 2 if config.dq_separate else True
     if mla:
         kwargs.update(HEAD_DIM_V=head_dim_v, QK_CHUNK=MLA_CHUNK, DQ_PARTS=head_dim // MLA_CHUNK)
     return args, kwargs, (triton.cdiv(n_k, BLOCK_N), batch * heads_kv)

@@ -20,7 +20,7 @@ def test_configs_round_trip() -> None:
     for text in ("m64s2", "m64s3", "m128s2", "m64s2-split", "m64s2-q128", "m64s2-krows", "m64s2-noadds", "m64s2-rot",
                  "m64s2-sum", "m64s3-rot-sum", "m64s2-tmar", "m64s3-tmar-sw", "m64s3-tmar-sw-dsr", "m64s2-tmar-sw-pair",
                  "m64s2-tmar-sw-pair-ld", "m64s2-tmar-sw-ld-lt-rl", "m64s3-tmar-sw-pair-ld-lt", "m64s2-tmar-sw-ld-dqp",
-                 "m64s2-tmar-sw-ld-lt-rl-dqp"):
+                 "m64s2-tmar-sw-ld-lt-rl-dqp", "m64s2-tmar-sw-ld-lt-rl-dqp-dqs"):
         config = gluon_backward.Config.parse(text)
         assert gluon_backward.Config.parse(str(config)) == config
     assert gluon_backward.Config.parse("m64s3-tmar-sw-dsr").ds_regs
@@ -377,3 +377,9 @@ def test_dqp_launches_with_its_constexpr_where_a_config_asks_for_it() -> None:
     _, kwargs, _ = gluon_backward.launch_arguments(q, q, q, q, lse, lse, q.float(), q, q, True, 0.09,
                                                    gluon_backward.Config.parse("m64s2-tmar-sw-ld"))
     assert "DQ_PIPE" not in kwargs
+    # -dqs (the pieces in buffers of their own) rides on -dqp: DQ_PIPE=2, and refused without it.
+    _, kwargs, _ = gluon_backward.launch_arguments(q, q, q, q, lse, lse, q.float(), q, q, True, 0.09,
+                                                   gluon_backward.Config.parse("m64s2-tmar-sw-ld-lt-rl-dqp-dqs"))
+    assert kwargs["DQ_PIPE"] == 2
+    with pytest.raises(ValueError, match="-dqs"):
+        gluon_backward.Config.parse("m64s2-tmar-sw-ld-dqs")
