@@ -1117,7 +1117,8 @@ if gl is not None:
         elif MLA:  # a piece of CHUNK columns a consumer (_bwd_step_mla)
             dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, CHUNK], dq_layout)
             share_smem = dq_smem  # an alias, never used
-        elif DQ_PIPE == 2 and DQ_PARTS == 2:  # -dqs: each consumer's two dQ pieces in separate allocations, piece 1's here
+        elif DQ_PIPE == 2 and DQ_PARTS == 2:
+            # -dqs: each consumer's two dQ pieces in separate allocations, piece 1's in share_smem.
             dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM // 2], dq_layout)
             share_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM // 2], dq_layout)
         else:
