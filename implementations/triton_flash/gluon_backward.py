@@ -5,8 +5,8 @@ protocol, tile ranges and arithmetic modelled on the CPU (``tools/flash_bench/gl
 and run on an H100 (``tools/flash_bench/gluon_bwd_check.py``): right on every case of the check.
 First 0.56-0.63x cuDNN with dQ's float adds (NOTES.md, v15.1); with dQ leaving by TMA reduces
 from swizzled buffers (``-tmar-sw``, v17) 0.77-0.88x; with one reduce a tile (``-pair``, the
-default at d64 and d128 without causal since v20.8) 0.81-0.86x at d128 and 0.92-0.96x at d64 on an
-H100, 1.00-1.08x the Triton backward except 1k d128 causal (0.85x)
+default at d64 and d128 without causal from v20.8, at d64 alone since v30) 0.81-0.86x at d128 and
+0.92-0.96x at d64 on an H100, 1.00-1.08x the Triton backward except 1k d128 causal (0.85x)
 (results/2026-11-28-session15/gluon-bwd-pair); the H200 alike (results/2026-11-28-session16).
 :mod:`.launch` takes it by default where the harness timed it faster than the Triton backward
 (:func:`takes`; NOTES.md v27, after v26's fix of a hang when two processes shared the GPU; its dQ
@@ -70,10 +70,13 @@ Partitions (``gl.warp_specialize``), 12 warps, one CTA per SM (shared memory):
         (-tmar, the default: store_wait + barrier before the first piece's store, then fence,
         barrier, and one TMA reduce-add of the buffer per 32 columns (-sw) or of all of it,
         issued by one thread; the descriptor drops rows past Nq;
-        -pair, the default at d64 and at d128 without causal: consumer 1 stores its scaled
-        pieces to a share buffer of its own layout and arrives on dq_ready; consumer 0 waits
-        for it, adds each piece of the share to its own as it stores that, and arrives on
-        dq_free before its one reduce; consumer 1 waits on dq_free before the next share)
+        -pair, d64's default: consumer 1 stores its scaled pieces to a share buffer of its own
+        layout and arrives on dq_ready; consumer 0 waits for it, adds each piece of the share
+        to its own as it stores that, and arrives on dq_free before its one reduce; consumer 1
+        waits on dq_free before the next share;
+        -dqp, d128's default since v34: both pieces' products issued together, and the wait
+        for all but the newest (dV, dK, piece 0) arrives q_empty[s]; piece 0 is stored while
+        piece 1's product runs, then piece 1 waited for and stored)
 
   and at the end dK_c * scale and dV_c go to K_c's and V_c's buffers and out by TMA stores
   (rows past Nk dropped). ``Config(qrows=False)`` (``-krows``) is the other layout (S^T = K_c
@@ -270,8 +273,9 @@ class Config:
         if self.dq_pipe and (not self.qrows or not self.tma_dq or self.pair_dq or self.ds_regs or self.split_dq):
             raise ValueError(f"config {self}: -dqp is written for queries as rows, -tmar with two reduces a tile, "
                              "dS from shared memory and dQ's products beside dV's and dK's")
-        if self.dq_separate and not self.dq_pipe:
-            raise ValueError(f"config {self}: -dqs separates -dqp's two pieces; it needs -dqp")
+        if self.dq_separate and not (self.dq_pipe and self.dq_swizzle):
+            raise ValueError(f"config {self}: -dqs separates -dqp's two pieces, reduced in 32-column boxes "
+                             "(-sw's descriptor); it needs -dqp and -sw")
 
     def __str__(self) -> str:
         return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'' if self.dq_cols == 64 else f'-q{self.dq_cols}'}{'' if self.qrows else '-krows'}{'' if self.dq_adds else '-noadds'}{'-rot' if self.rotate else ''}{'-sum' if self.sum_dq else ''}{'-tmar' if self.tma_dq else ''}{'-sw' if self.dq_swizzle else ''}{'-dsr' if self.ds_regs else ''}{'-pair' if self.pair_dq else ''}{'-ld' if self.loop_descriptors else ''}{'-lt' if self.lse_tma else ''}{'-rl' if self.row_limits else ''}{'-dqp' if self.dq_pipe else ''}{'-dqs' if self.dq_separate else ''}-r{self.consumer_regs}"
@@ -1049,6 +1053,7 @@ if gl is not None:
         gl.static_assert(not ALIBI or (QROWS and not MLA), "ALiBi is d64's and d128's, with queries as rows")
         gl.static_assert(not DQ_PIPE or (QROWS and TMA_DQ and not PAIR_DQ and not SUM_DQ and not DS_REGS
                                          and not SPLIT_DQ), "-dqp is written for -tmar with two reduces a tile")
+        gl.static_assert(DQ_PIPE != 2 or DQ_SWIZZLE, "-dqs reduces 32-column boxes: -sw's descriptor")
         gl.static_assert(not WINDOW or (QROWS and not MLA and not ROTATE),
                          "windows are d64's and d128's, with queries as rows, walked in order")
         KEYS: gl.constexpr = 64

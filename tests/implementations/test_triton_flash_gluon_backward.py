@@ -121,10 +121,13 @@ def test_the_launch_sends_the_backward_where_takes_says_and_gluon_false_keeps_th
     assert [call(16384), call(1024)] == ["gluon", "gluon"]
     assert call(16384, gluon=False) == "triton"
     assert call(16384, variants=launch.Variants(causal=True, softcap=30.0)) == "triton"
+    # As shipped (NOTES v34), windowed and ALiBi calls take it.
+    assert call(16384, variants=launch.Variants(causal=True, window=(64, 0))) == "gluon"
+    assert call(1024, variants=launch.Variants(causal=True, alibi_slopes=torch.ones(2))) == "gluon"
     monkeypatch.setenv(gluon_backward.ENV_SWITCH, "0")
     assert [call(16384), call(1024)] == ["triton", "triton"]
     monkeypatch.setenv(gluon_backward.ENV_SWITCH, "1")
-    assert call(1024) == "gluon" and taken == [16384, 1024, 1024]
+    assert call(1024) == "gluon" and taken == [16384, 1024, 16384, 1024, 1024]
 
 
 def test_where_the_gluon_backward_can_run_triton_flash_declares_only_its_forward_deterministic(
@@ -383,3 +386,5 @@ def test_dqp_launches_with_its_constexpr_where_a_config_asks_for_it() -> None:
     assert kwargs["DQ_PIPE"] == 2
     with pytest.raises(ValueError, match="-dqs"):
         gluon_backward.Config.parse("m64s2-tmar-sw-ld-dqs")
+    with pytest.raises(ValueError, match="-dqs"):  # its reduces are -sw's 32-column boxes
+        gluon_backward.Config.parse("m64s2-tmar-dqp-dqs")
