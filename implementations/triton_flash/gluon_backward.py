@@ -790,7 +790,8 @@ if gl is not None:
             if DQ_PIPE == 2 and PIPE:  # -dqs: piece 0's two reduces from dq_buf, piece 1's from its own
                 for c in gl.static_range(HEAD_DIM // 32):
                     piece = dq_buf if c < DQ_N // 32 else share_smem.index(CID + zero)
-                    _tma_reduce_add(dq_h, [off_b, off_h, t * BLOCK_M, c * 32], piece.slice((c * 32) % DQ_N, 32, dim=1))
+                    _tma_reduce_add(dq_h, [off_b, off_h, t * BLOCK_M, c * 32],
+                                    piece.slice((c * 32) % DQ_N, 32, dim=1))
             elif DQ_SWIZZLE:
                 for c in gl.static_range(HEAD_DIM // 32):
                     _tma_reduce_add(dq_h, [off_b, off_h, t * BLOCK_M, c * 32], dq_buf.slice(c * 32, 32, dim=1))
