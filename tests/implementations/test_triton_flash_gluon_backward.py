@@ -292,8 +292,8 @@ def test_alibi_launches_with_its_slopes_pointer_and_is_refused_where_it_is_not_w
 
 def test_a_window_goes_to_the_gluon_backward_only_once_takes_window_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     """Sliding windows through the Gluon backward (NOTES v32, taken since v34's GPU check): refused,
-    with the window named, while TAKES_WINDOW is False; when True, launch.flash_bwd hands the window over (with ALiBi's
-    slopes too where both are asked); MLA's head dims stay refused."""
+    with the window named, while TAKES_WINDOW is False; when True, launch.flash_bwd hands the
+    window over (with ALiBi's slopes too where both are asked); MLA's head dims stay refused."""
     from pytest_attnkit.implementations.triton_flash import gluon_common, launch
 
     monkeypatch.delenv(gluon_backward.ENV_SWITCH, raising=False)
