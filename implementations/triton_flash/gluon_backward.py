@@ -255,6 +255,13 @@ class Config:
     #: warp-group barrier between the two pieces' stores (disjoint slices, the same threads): one
     #: of the five barriers of d128's tile. Compiled, not yet run on a GPU.
     dq_separate: bool = False
+    #: ``-dqb`` (with ``-tmar``, in place of ``-sw``): dQ's fp32 buffer and workspace in blocks of
+    #: 8 columns, ``[D / 8, rows, 8]``, so that a half-warp's accumulator store (4 rows of 32 bytes)
+    #: is 128 contiguous bytes: one wavefront, where ``-sw``'s 128-byte swizzle put rows r and r ^ 1
+    #: on the same banks (2-way conflicts on every dQ store: 69M shared-store wavefronts for 35M
+    #: ideal in the d128 4k causal kernel under Nsight Compute, NOTES.md v36). One reduce a tile
+    #: (a 5-d box), and the workspace's blocks are put back in order as dQ is converted.
+    dq_blocked: bool = False
 
     def __post_init__(self) -> None:
         """A configuration the kernel is not written for is refused as it is made, parsed or not."""
@@ -273,12 +280,15 @@ class Config:
         if self.dq_pipe and (not self.qrows or not self.tma_dq or self.pair_dq or self.ds_regs or self.split_dq):
             raise ValueError(f"config {self}: -dqp is written for queries as rows, -tmar with two reduces a tile, "
                              "dS from shared memory and dQ's products beside dV's and dK's")
+        if self.dq_blocked and (not self.tma_dq or self.dq_swizzle or self.pair_dq or self.dq_separate):
+            raise ValueError(f"config {self}: -dqb lays out the buffer -tmar reduces from, in place of -sw; "
+                             "it needs -tmar, and is written for two reduces a tile (not -pair or -dqs)")
         if self.dq_separate and not (self.dq_pipe and self.dq_swizzle):
             raise ValueError(f"config {self}: -dqs separates -dqp's two pieces, reduced in 32-column boxes "
                              "(-sw's descriptor); it needs -dqp and -sw")
 
     def __str__(self) -> str:
-        return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'' if self.dq_cols == 64 else f'-q{self.dq_cols}'}{'' if self.qrows else '-krows'}{'' if self.dq_adds else '-noadds'}{'-rot' if self.rotate else ''}{'-sum' if self.sum_dq else ''}{'-tmar' if self.tma_dq else ''}{'-sw' if self.dq_swizzle else ''}{'-dsr' if self.ds_regs else ''}{'-pair' if self.pair_dq else ''}{'-ld' if self.loop_descriptors else ''}{'-lt' if self.lse_tma else ''}{'-rl' if self.row_limits else ''}{'-dqp' if self.dq_pipe else ''}{'-dqs' if self.dq_separate else ''}-r{self.consumer_regs}"
+        return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'' if self.dq_cols == 64 else f'-q{self.dq_cols}'}{'' if self.qrows else '-krows'}{'' if self.dq_adds else '-noadds'}{'-rot' if self.rotate else ''}{'-sum' if self.sum_dq else ''}{'-tmar' if self.tma_dq else ''}{'-sw' if self.dq_swizzle else ''}{'-dqb' if self.dq_blocked else ''}{'-dsr' if self.ds_regs else ''}{'-pair' if self.pair_dq else ''}{'-ld' if self.loop_descriptors else ''}{'-lt' if self.lse_tma else ''}{'-rl' if self.row_limits else ''}{'-dqp' if self.dq_pipe else ''}{'-dqs' if self.dq_separate else ''}-r{self.consumer_regs}"
 
     @staticmethod
     def parse(text: str) -> "Config":
@@ -287,7 +297,7 @@ class Config:
         parts = text.strip().split("-")
         head = parts[0]
         if not (head.startswith("m") and "s" in head):
-            raise ValueError(f"config {text!r}: expected mBLOCKsSTAGES[-split][-qCOLS][-krows][-noadds][-rot][-sum][-tmar[-sw][-pair]][-dsr][-ld][-lt][-rl][-dqp[-dqs]][-rREGS], e.g. m64s2")
+            raise ValueError(f"config {text!r}: expected mBLOCKsSTAGES[-split][-qCOLS][-krows][-noadds][-rot][-sum][-tmar[-sw|-dqb][-pair]][-dsr][-ld][-lt][-rl][-dqp[-dqs]][-rREGS], e.g. m64s2")
         block_m, stages = head[1:].split("s")
         fields = dict(block_m=int(block_m), stages=int(stages))
         for part in parts[1:]:
@@ -305,6 +315,8 @@ class Config:
                 fields["tma_dq"] = True
             elif part == "sw":
                 fields["dq_swizzle"] = True
+            elif part == "dqb":
+                fields["dq_blocked"] = True
             elif part == "dsr":
                 fields["ds_regs"] = True
             elif part == "pair":
@@ -437,6 +449,16 @@ if gl is not None:
         coord = _semantic._convert_to_ir_values(coord, require_i64=False)
         _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord,
                                                   src.handle)
+
+    @gluon.jit
+    def _blocks(x):
+        # -dqb: a [rows, cols] accumulator as [cols / 8, rows / 4, 4 x 8], the blocked dQ buffer's
+        # shape: each 8-column block of 4 rows one 128-byte line. A relabelling of the same
+        # registers (Config.dq_blocked).
+        ROWS: gl.constexpr = x.shape[0]
+        COLS: gl.constexpr = x.shape[1]
+        quads = gl.permute(gl.reshape(x, [ROWS // 4, 4, COLS // 8, 8]), (2, 0, 1, 3))
+        return gl.reshape(quads, [COLS // 8, ROWS // 4, 32])
 
     @gluon.jit
     def _runtime_zero(it):
@@ -704,6 +726,10 @@ if gl is not None:
                 dq_buf.store(dq0 * sm_scale)
                 dq1 = warpgroup_mma_wait(num_outstanding=0, deps=(dq1, ))
                 share_smem.index(CID + zero).store(dq1 * sm_scale)
+            elif DQ_SWIZZLE == 2:  # -dqb: a piece is DQ_N / 8 blocks of 8 columns
+                dq_buf.slice(0, DQ_N // 8, dim=0).store(_blocks(dq0 * sm_scale))
+                dq1 = warpgroup_mma_wait(num_outstanding=0, deps=(dq1, ))
+                dq_buf.slice(DQ_N // 8, DQ_N // 8, dim=0).store(_blocks(dq1 * sm_scale))
             else:
                 dq_buf.slice(0, DQ_N, dim=1).store(dq0 * sm_scale)
                 dq1 = warpgroup_mma_wait(num_outstanding=0, deps=(dq1, ))
@@ -755,7 +781,9 @@ if gl is not None:
                     dq = dq * sm_scale + share_smem.index(h).load(dq_layout)
                 else:
                     dq = dq * sm_scale
-                if DQ_PARTS == 1:
+                if DQ_SWIZZLE == 2:  # -dqb
+                    dq_buf.slice(h * (DQ_N // 8), DQ_N // 8, dim=0).store(_blocks(dq))
+                elif DQ_PARTS == 1:
                     dq_buf.store(dq)
                 else:
                     dq_buf.slice(h * DQ_N, DQ_N, dim=1).store(dq)
@@ -792,6 +820,8 @@ if gl is not None:
                     piece = dq_buf if c < DQ_N // 32 else share_smem.index(CID + zero)
                     _tma_reduce_add(dq_h, [off_b, off_h, t * BLOCK_M, c * 32],
                                     piece.slice((c * 32) % DQ_N, 32, dim=1))
+            elif DQ_SWIZZLE == 2:  # -dqb: the whole [D / 8, BLOCK_M / 4, 32] buffer, one 5-d box
+                _tma_reduce_add(dq_h, [off_b, off_h, 0, t * (BLOCK_M // 4), 0], dq_buf)
             elif DQ_SWIZZLE:
                 for c in gl.static_range(HEAD_DIM // 32):
                     _tma_reduce_add(dq_h, [off_b, off_h, t * BLOCK_M, c * 32], dq_buf.slice(c * 32, 32, dim=1))
@@ -1054,7 +1084,9 @@ if gl is not None:
         gl.static_assert(not ALIBI or (QROWS and not MLA), "ALiBi is d64's and d128's, with queries as rows")
         gl.static_assert(not DQ_PIPE or (QROWS and TMA_DQ and not PAIR_DQ and not SUM_DQ and not DS_REGS
                                          and not SPLIT_DQ), "-dqp is written for -tmar with two reduces a tile")
-        gl.static_assert(DQ_PIPE != 2 or DQ_SWIZZLE, "-dqs reduces 32-column boxes: -sw's descriptor")
+        gl.static_assert(DQ_PIPE != 2 or DQ_SWIZZLE == 1, "-dqs reduces 32-column boxes: -sw's descriptor")
+        gl.static_assert(DQ_SWIZZLE != 2 or (TMA_DQ and not PAIR_DQ and not MLA), "-dqb is d64's and d128's, "
+                         "with two reduces a tile")
         gl.static_assert(not WINDOW or (QROWS and not MLA and not ROTATE),
                          "windows are d64's and d128's, with queries as rows, walked in order")
         KEYS: gl.constexpr = 64
@@ -1106,7 +1138,9 @@ if gl is not None:
             # dS^T, keys as rows; P^T stays in registers (p_smem is an alias, never used).
             ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, KEYS, BLOCK_M], ds_layout)
             p_smem = ds_smem
-        if DQ_SWIZZLE:
+        if DQ_SWIZZLE == 2:  # -dqb: [D / 8, BLOCK_M / 4, 32] a buffer, unswizzled: the 5-d box's order
+            dq_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
+        elif DQ_SWIZZLE:
             dq_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
         elif TMA_DQ:
             dq_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
@@ -1127,6 +1161,9 @@ if gl is not None:
             # -dqs: each consumer's two dQ pieces in separate allocations, piece 1's in share_smem.
             dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM // 2], dq_layout)
             share_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM // 2], dq_layout)
+        elif DQ_SWIZZLE == 2:
+            dq_smem = gl.allocate_shared_memory(gl.float32, [2, HEAD_DIM // 8, BLOCK_M // 4, 32], dq_layout)
+            share_smem = dq_smem  # an alias, never used
         else:
             dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM], dq_layout)
             share_smem = dq_smem  # an alias, never used
@@ -1260,7 +1297,7 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
                      window: tuple[int, int] | None = None) -> tuple[tuple, dict, tuple[int, int]]:
     """(positional arguments, keyword arguments, grid) of one launch: what :func:`flash_bwd` runs
     and what ``tools/flash_bench/gluon_bwd_compile.py`` compiles without a GPU. ``lse``, ``delta``
-    contiguous float32 [B, Hq, Nq]; ``dq_acc`` contiguous float32 like q, zeroed; ``dk``, ``dv``
+    contiguous float32 [B, Hq, Nq]; ``dq_acc`` :func:`dq_workspace`'s; ``dk``, ``dv``
     contiguous like k; ``slopes`` ALiBi's, times log2(e), float32 [B, Hq] contiguous (None: no
     ALiBi); ``window`` (left, right), a side -1 unbounded, the contract's (None: none; causal is
     folded into its right side, :func:`.kernels.band`)."""
@@ -1283,7 +1320,8 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     args = (descriptor(q, config.block_m, cols=chunk), descriptor(do, config.block_m),
             descriptor(k, KEYS_PER_CONSUMER, cols=chunk), descriptor(v, KEYS_PER_CONSUMER),
             descriptor(dk, KEYS_PER_CONSUMER, cols=chunk), descriptor(dv, KEYS_PER_CONSUMER), lse, delta,
-            (descriptor(dq_acc, config.block_m, 128, 32) if config.dq_swizzle
+            (blocked_descriptor(dq_acc, config.block_m) if config.dq_blocked
+             else descriptor(dq_acc, config.block_m, 128, 32) if config.dq_swizzle
              else descriptor(dq_acc, config.block_m, swizzle=0) if config.tma_dq else dq_acc),
             heads_q, heads_q // heads_kv, n_q, n_k, scale * LOG2E, scale,
             slopes_arg, left, right)
@@ -1293,7 +1331,7 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
                   DQ_PARTS=max(1, head_dim // config.dq_cols), QROWS=config.qrows,
                   DQ_ADDS=config.dq_adds, ROTATE=config.rotate,
                   SUM_DQ=config.sum_dq, TMA_DQ=config.tma_dq,
-                  DQ_SWIZZLE=config.dq_swizzle, DS_REGS=config.ds_regs, PAIR_DQ=config.pair_dq,
+                  DQ_SWIZZLE=2 if config.dq_blocked else config.dq_swizzle, DS_REGS=config.ds_regs, PAIR_DQ=config.pair_dq,
                   LOOP_DESC=config.loop_descriptors, LSE_TMA=config.lse_tma, ROW_LIMITS=config.row_limits, num_warps=4)
     if slopes is not None:
         kwargs["ALIBI"] = True
@@ -1304,6 +1342,42 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     if mla:
         kwargs.update(HEAD_DIM_V=head_dim_v, QK_CHUNK=MLA_CHUNK, DQ_PARTS=head_dim // MLA_CHUNK)
     return args, kwargs, (triton.cdiv(n_k, BLOCK_N), batch * heads_kv)
+
+
+def dq_workspace(q: torch.Tensor, config: Config) -> torch.Tensor:
+    """dQ's zeroed float32 workspace, which the kernel's reduces add into: like q, or (``-dqb``)
+    ``[B, H, D / 8, N4, 8]``, each row's 8-column blocks apart, N4 = N rounded up to a multiple
+    of 4 (:func:`blocked_descriptor` addresses 4 rows of a block as one line; :func:`dq_result`
+    puts the blocks back)."""
+    batch, heads, n, head_dim = q.shape
+    shape = (batch, heads, head_dim // 8, -(-n // 4) * 4, 8) if config.dq_blocked else q.shape
+    return torch.zeros(shape, dtype=torch.float32, device=q.device)
+
+
+def dq_result(dq_acc: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """dQ in q's dtype and shape, contiguous, from :func:`dq_workspace`'s tensor: one converting
+    copy either way (-dqb's by a Triton kernel: torch's copy of the permuted view cost about 0.2 ms
+    more than the plain conversion at b4-h16-q4096 d128 on an H200, NOTES.md v36)."""
+    if dq_acc.dim() == 4:
+        return dq_acc.to(q.dtype)
+    from .kernels import dq_unblock
+
+    batch, heads, n, head_dim = q.shape
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dq_unblock[(triton.cdiv(n, 64), batch * heads)](dq_acc, dq, n, dq_acc.shape[3], HEAD_DIM=head_dim,
+                                                    BLOCK_M=64, num_warps=4)
+    return dq
+
+
+def blocked_descriptor(t: torch.Tensor, rows: int) -> "TensorDescriptor":
+    """``-dqb``'s TMA descriptor on :func:`dq_workspace`'s ``[B, H, D / 8, N4, 8]`` seen as
+    ``[B, H, D / 8, N4 / 4, 32]`` (4 rows of an 8-column block a 128-byte line): boxes ``[1, 1,
+    D / 8, rows / 4, 32]``, unswizzled, bounded at each (batch, head)'s N4 (lines past it
+    dropped; the rows from N to N4 are padding, never read back)."""
+    batch, heads, blocks, n4, _ = t.shape
+    lines = t.view(batch, heads, blocks, n4 // 4, 32)
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=5)
+    return TensorDescriptor.from_tensor(lines, [1, 1, blocks, rows // 4, 32], layout)
 
 
 def row_descriptor(t: torch.Tensor, rows: int) -> "TensorDescriptor":
@@ -1328,7 +1402,7 @@ def warmup(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scal
     batch, heads_q, n_q, head_dim = q.shape
     config = default_config(head_dim, causal) if config is None else config
     lse = torch.empty((batch, heads_q, n_q), dtype=torch.float32, device=q.device)
-    dq_acc = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    dq_acc = dq_workspace(q, config)
     do = torch.empty((batch, heads_q, n_q, v.shape[-1]), dtype=q.dtype, device=q.device)  # like O: V's head dim
     slopes = torch.empty((batch, heads_q), dtype=torch.float32, device=q.device) if alibi else None
     args, kwargs, grid = launch_arguments(do, q, k, v, lse, torch.empty_like(lse), dq_acc,
@@ -1374,7 +1448,7 @@ def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     if dlse is not None:  # d lse / d s = p: joins dS = P (dP - delta + dlse), as launch.flash_bwd does
         delta -= dlse
     lse = lse.contiguous()
-    dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dq_acc = dq_workspace(q, config)
     if out is None:
         dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -1388,4 +1462,4 @@ def flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     args, kwargs, grid = launch_arguments(do, q, k, v, lse, delta, dq_acc, dk, dv, causal, scale, config, slopes,
                                           window)
     _attn_bwd_sm90[grid](*args, **kwargs)
-    return dq_acc.to(q.dtype), dk, dv
+    return dq_result(dq_acc, q), dk, dv

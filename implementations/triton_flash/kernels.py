@@ -703,6 +703,22 @@ def attn_bwd_preprocess(O, DO, DELTA,
 
 
 @_kernel
+def dq_unblock(W, DQ, N_Q, N4, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    # The Gluon backward's -dqb workspace, float32 [B * H, D / 8, N4, 8] (each row's 8-column
+    # blocks apart), to dQ in DQ's dtype, [B * H, N, D] contiguous: the conversion that follows
+    # the kernel, reading 32 contiguous bytes a block (gluon_backward.dq_result).
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    off_bh = tl.program_id(1).to(tl.int64)
+    offs_d = tl.arange(0, HEAD_DIM)
+    src = (W + off_bh * HEAD_DIM * N4 + (offs_d // 8)[None, :] * (N4 * 8) + offs_m[:, None] * 8
+           + (offs_d % 8)[None, :])
+    rows = (offs_m < N_Q)[:, None]
+    dq = tl.load(src, mask=rows)
+    tl.store(DQ + off_bh * N_Q * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :],
+             dq.to(DQ.dtype.element_ty), mask=rows)
+
+
+@_kernel
 def _padded_start(CU_Q, off_b, ROWS: tl.constexpr):
     # Where sequence b's rows start in the padded copies: a multiple of ROWS, and far enough past
     # sequence b - 1's start for its rows rounded up to ROWS (with f(x) = x // ROWS * ROWS, both

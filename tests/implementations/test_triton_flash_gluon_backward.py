@@ -4,6 +4,10 @@ its first run)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -388,3 +392,39 @@ def test_dqp_launches_with_its_constexpr_where_a_config_asks_for_it() -> None:
         gluon_backward.Config.parse("m64s2-tmar-sw-ld-dqs")
     with pytest.raises(ValueError, match="-dqs"):  # its reduces are -sw's 32-column boxes
         gluon_backward.Config.parse("m64s2-tmar-dqp-dqs")
+
+
+def test_dqb_lays_dq_out_in_8_column_blocks_of_4_rows_a_line_and_puts_them_back() -> None:
+    """-dqb (NOTES v36): dQ's workspace [B, H, D / 8, N4, 8] (N rounded up to 4), which the kernel's
+    one reduce a tile addresses as 128-byte lines of 4 rows of an 8-column block; refused beside
+    the other buffer layouts; the constexpr DQ_SWIZZLE=2 and the 5-d descriptor reach the launch."""
+    config = gluon_backward.Config.parse("m64s2-tmar-dqb-ld-lt-rl-dqp")
+    assert config.dq_blocked and gluon_backward.Config.parse(str(config)) == config
+    for text in ("m64s2-dqb", "m64s2-tmar-sw-dqb", "m64s2-tmar-dqb-pair", "m64s2-tmar-dqb-dqp-dqs"):
+        with pytest.raises(ValueError, match="-dqb"):
+            gluon_backward.Config.parse(text)
+    batch, heads, n, head_dim = 2, 3, 113, 128
+    q = torch.zeros(batch, heads, n, head_dim, dtype=torch.bfloat16)
+    work = gluon_backward.dq_workspace(q, config)
+    assert work.shape == (batch, heads, head_dim // 8, 116, 8) and work.dtype == torch.float32 and not work.any()
+    assert gluon_backward.dq_workspace(q, gluon_backward.default_config(head_dim, True)).shape == q.shape
+    # The descriptor's line (block c, quad j) is rows 4j..4j+3 of columns 8c..8c+7, row after row.
+    dq = torch.randn(batch, heads, n, head_dim)
+    work[:, :, :, :n] = dq.view(batch, heads, n, head_dim // 8, 8).permute(0, 1, 3, 2, 4)
+    desc = gluon_backward.blocked_descriptor(work, 64)
+    assert list(desc.shape) == [batch, heads, head_dim // 8, 29, 32] and list(desc.block_shape) == [1, 1, 16, 16, 32]
+    assert desc.base.data_ptr() == work.data_ptr()
+    assert torch.equal(desc.base[1, 2, 5, 7].view(4, 8), dq[1, 2, 28:32, 40:48])
+    lse = torch.zeros(batch, heads, n)
+    args, kwargs, _ = gluon_backward.launch_arguments(q, q, q, q, lse, lse, work, q, q, True, 0.09, config)
+    assert kwargs["DQ_SWIZZLE"] == 2 and args[8] is not None and list(args[8].block_shape) == [1, 1, 16, 16, 32]
+    # Its conversion back (a Triton kernel, run here in the interpreter in a child process, as the
+    # harness's workers run Triton on the CPU): every row in place, the padding rows dropped.
+    code = ("import torch; from pytest_attnkit.implementations.triton_flash import gluon_backward as gb; "
+            "torch.manual_seed(0); q = torch.zeros(2, 3, 113, 64); "
+            "w = gb.dq_workspace(q, gb.Config.parse('m64s2-tmar-dqb')); w.normal_(); "
+            "ref = w[:, :, :, :113].permute(0, 1, 3, 2, 4).reshape(2, 3, 113, 64); "
+            "print(torch.equal(gb.dq_result(w, q), ref), torch.equal(gb.dq_result(w, q.half()), ref.half()))")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["True", "True"], done.stderr[-2000:]
