@@ -256,11 +256,12 @@ class Config:
     #: of the five barriers of d128's tile. Compiled, not yet run on a GPU.
     dq_separate: bool = False
     #: ``-dqb`` (with ``-tmar``, in place of ``-sw``): dQ's fp32 buffer and workspace in blocks of
-    #: 8 columns, ``[D / 8, rows, 8]``, so that a half-warp's accumulator store (4 rows of 32 bytes)
-    #: is 128 contiguous bytes: one wavefront, where ``-sw``'s 128-byte swizzle put rows r and r ^ 1
-    #: on the same banks (2-way conflicts on every dQ store: 69M shared-store wavefronts for 35M
-    #: ideal in the d128 4k causal kernel under Nsight Compute, NOTES.md v36). One reduce a tile
-    #: (a 5-d box), and the workspace's blocks are put back in order as dQ is converted.
+    #: 8 columns, 4 rows of a block one 128-byte line (:func:`dq_workspace`), so that a half-warp's
+    #: accumulator store (4 rows of 32 bytes) is one line: one wavefront, where ``-sw``'s 128-byte
+    #: swizzle put rows r and r ^ 1 on the same banks (2-way conflicts on every dQ store: 69M
+    #: shared-store wavefronts for 35M ideal in the d128 4k causal kernel, NOTES.md v36). One
+    #: reduce a tile (a 5-d box); the blocks are put back in order as dQ is converted. On an H200
+    #: 1.14x at 4k causal under Nsight Compute, but timed 0.90x at 4k without causal: not a default.
     dq_blocked: bool = False
 
     def __post_init__(self) -> None:
