@@ -76,7 +76,9 @@ Partitions (``gl.warp_specialize``), 12 warps, one CTA per SM (shared memory):
         waits on dq_free before the next share;
         -dqp, d128's default since v34: both pieces' products issued together, and the wait
         for all but the newest (dV, dK, piece 0) arrives q_empty[s]; piece 0 is stored while
-        piece 1's product runs, then piece 1 waited for and stored)
+        piece 1's product runs, then piece 1 waited for and stored;
+        -dqb, an option (NOTES.md v36): the buffer and the accumulator in 8-column blocks, 4 rows
+        of a block a 128-byte line, one 5-d reduce a tile, put back in order by kernels.dq_unblock)
 
   and at the end dK_c * scale and dV_c go to K_c's and V_c's buffers and out by TMA stores
   (rows past Nk dropped). ``Config(qrows=False)`` (``-krows``) is the other layout (S^T = K_c
@@ -262,6 +264,9 @@ class Config:
     #: shared-store wavefronts for 35M ideal in the d128 4k causal kernel, NOTES.md v36). One
     #: reduce a tile (a 5-d box); the blocks are put back in order as dQ is converted. On an H200
     #: 1.14x at 4k causal under Nsight Compute, but timed 0.90x at 4k without causal: not a default.
+    #: With ``-sw`` (``-sw-dqb``) each line's 16-byte chunks are swizzled as TMA's 128-byte mode
+    #: does (a line stays one wavefront): unswizzled, the reduce's reads of the buffer showed as
+    #: shared-load wavefronts, as many as the stores saved (NOTES.md v36). Not yet run on a GPU.
     dq_blocked: bool = False
 
     def __post_init__(self) -> None:
@@ -281,12 +286,12 @@ class Config:
         if self.dq_pipe and (not self.qrows or not self.tma_dq or self.pair_dq or self.ds_regs or self.split_dq):
             raise ValueError(f"config {self}: -dqp is written for queries as rows, -tmar with two reduces a tile, "
                              "dS from shared memory and dQ's products beside dV's and dK's")
-        if self.dq_blocked and (not self.tma_dq or self.dq_swizzle or self.pair_dq or self.dq_separate):
-            raise ValueError(f"config {self}: -dqb lays out the buffer -tmar reduces from, in place of -sw; "
-                             "it needs -tmar, and is written for two reduces a tile (not -pair or -dqs)")
-        if self.dq_separate and not (self.dq_pipe and self.dq_swizzle):
+        if self.dq_blocked and (not self.tma_dq or self.pair_dq):
+            raise ValueError(f"config {self}: -dqb lays out the buffer -tmar reduces from; it needs -tmar, and is "
+                             "written for two reduces a tile (not -pair)")
+        if self.dq_separate and (not (self.dq_pipe and self.dq_swizzle) or self.dq_blocked):
             raise ValueError(f"config {self}: -dqs separates -dqp's two pieces, reduced in 32-column boxes "
-                             "(-sw's descriptor); it needs -dqp and -sw")
+                             "(-sw's descriptor); it needs -dqp and -sw, without -dqb")
 
     def __str__(self) -> str:
         return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'' if self.dq_cols == 64 else f'-q{self.dq_cols}'}{'' if self.qrows else '-krows'}{'' if self.dq_adds else '-noadds'}{'-rot' if self.rotate else ''}{'-sum' if self.sum_dq else ''}{'-tmar' if self.tma_dq else ''}{'-sw' if self.dq_swizzle else ''}{'-dqb' if self.dq_blocked else ''}{'-dsr' if self.ds_regs else ''}{'-pair' if self.pair_dq else ''}{'-ld' if self.loop_descriptors else ''}{'-lt' if self.lse_tma else ''}{'-rl' if self.row_limits else ''}{'-dqp' if self.dq_pipe else ''}{'-dqs' if self.dq_separate else ''}-r{self.consumer_regs}"
@@ -727,7 +732,7 @@ if gl is not None:
                 dq_buf.store(dq0 * sm_scale)
                 dq1 = warpgroup_mma_wait(num_outstanding=0, deps=(dq1, ))
                 share_smem.index(CID + zero).store(dq1 * sm_scale)
-            elif DQ_SWIZZLE == 2:  # -dqb: a piece is DQ_N / 8 blocks of 8 columns
+            elif DQ_SWIZZLE >= 2:  # -dqb: a piece is DQ_N / 8 blocks of 8 columns
                 dq_buf.slice(0, DQ_N // 8, dim=0).store(_blocks(dq0 * sm_scale))
                 dq1 = warpgroup_mma_wait(num_outstanding=0, deps=(dq1, ))
                 dq_buf.slice(DQ_N // 8, DQ_N // 8, dim=0).store(_blocks(dq1 * sm_scale))
@@ -782,7 +787,7 @@ if gl is not None:
                     dq = dq * sm_scale + share_smem.index(h).load(dq_layout)
                 else:
                     dq = dq * sm_scale
-                if DQ_SWIZZLE == 2:  # -dqb
+                if DQ_SWIZZLE >= 2:  # -dqb
                     dq_buf.slice(h * (DQ_N // 8), DQ_N // 8, dim=0).store(_blocks(dq))
                 elif DQ_PARTS == 1:
                     dq_buf.store(dq)
@@ -810,7 +815,8 @@ if gl is not None:
             mbarrier.arrive(dq_ready.index(0), count=1)
         elif TMA_DQ:
             # Every thread's share is in the buffer (the barrier), seen by the async proxy (the
-            # fence); the descriptor bounds the head, so rows past Nq are dropped.
+            # fence); the descriptor bounds the head, so rows past Nq are dropped (-dqb: rows up to
+            # N4, the workspace's padding, are added into and never read back).
             fence_async_shared()
             thread_barrier()
             if PAIR_DQ:
@@ -821,7 +827,7 @@ if gl is not None:
                     piece = dq_buf if c < DQ_N // 32 else share_smem.index(CID + zero)
                     _tma_reduce_add(dq_h, [off_b, off_h, t * BLOCK_M, c * 32],
                                     piece.slice((c * 32) % DQ_N, 32, dim=1))
-            elif DQ_SWIZZLE == 2:  # -dqb: the whole [D / 8, BLOCK_M / 4, 32] buffer, one 5-d box
+            elif DQ_SWIZZLE >= 2:  # -dqb: the whole [D / 8, BLOCK_M / 4, 32] buffer, one 5-d box
                 _tma_reduce_add(dq_h, [off_b, off_h, 0, t * (BLOCK_M // 4), 0], dq_buf)
             elif DQ_SWIZZLE:
                 for c in gl.static_range(HEAD_DIM // 32):
@@ -1086,7 +1092,7 @@ if gl is not None:
         gl.static_assert(not DQ_PIPE or (QROWS and TMA_DQ and not PAIR_DQ and not SUM_DQ and not DS_REGS
                                          and not SPLIT_DQ), "-dqp is written for -tmar with two reduces a tile")
         gl.static_assert(DQ_PIPE != 2 or DQ_SWIZZLE == 1, "-dqs reduces 32-column boxes: -sw's descriptor")
-        gl.static_assert(DQ_SWIZZLE != 2 or (TMA_DQ and not PAIR_DQ and not MLA), "-dqb is d64's and d128's, "
+        gl.static_assert(DQ_SWIZZLE < 2 or (TMA_DQ and not PAIR_DQ and not MLA), "-dqb is d64's and d128's, "
                          "with two reduces a tile")
         gl.static_assert(not WINDOW or (QROWS and not MLA and not ROTATE),
                          "windows are d64's and d128's, with queries as rows, walked in order")
@@ -1139,7 +1145,9 @@ if gl is not None:
             # dS^T, keys as rows; P^T stays in registers (p_smem is an alias, never used).
             ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, KEYS, BLOCK_M], ds_layout)
             p_smem = ds_smem
-        if DQ_SWIZZLE == 2:  # -dqb: [D / 8, BLOCK_M / 4, 32] a buffer, unswizzled: the 5-d box's order
+        if DQ_SWIZZLE == 3:  # -sw-dqb: [D / 8, BLOCK_M / 4, 32] a buffer, each 128-byte line's chunks swizzled
+            dq_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=3)
+        elif DQ_SWIZZLE == 2:  # -dqb: [D / 8, BLOCK_M / 4, 32] a buffer, unswizzled: the 5-d box's order
             dq_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
         elif DQ_SWIZZLE:
             dq_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
@@ -1162,7 +1170,7 @@ if gl is not None:
             # -dqs: each consumer's two dQ pieces in separate allocations, piece 1's in share_smem.
             dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM // 2], dq_layout)
             share_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM // 2], dq_layout)
-        elif DQ_SWIZZLE == 2:
+        elif DQ_SWIZZLE >= 2:
             dq_smem = gl.allocate_shared_memory(gl.float32, [2, HEAD_DIM // 8, BLOCK_M // 4, 32], dq_layout)
             share_smem = dq_smem  # an alias, never used
         else:
@@ -1313,6 +1321,9 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     if window is not None and (mla or not config.qrows or config.rotate):
         raise ValueError(f"a window's backward is written for d64 and d128 with queries as rows walked in order, "
                          f"not {config} at d{head_dim}/dv{head_dim_v}")
+    if tuple(dq_acc.shape) != workspace_shape(q.shape, config):
+        raise ValueError(f"dq_acc {tuple(dq_acc.shape)} is not dq_workspace's for q {tuple(q.shape)} and "
+                         f"config {config}")
     left, right = band(causal, window) if window is not None else (0, 0)
     chunk = MLA_CHUNK if mla else None  # Q's, K's and dK's boxes: MLA's chunks, else whole rows
     slopes_arg = lse if slopes is None else slopes  # the slopes' pointer: any float32 tensor without ALiBi
@@ -1321,7 +1332,7 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     args = (descriptor(q, config.block_m, cols=chunk), descriptor(do, config.block_m),
             descriptor(k, KEYS_PER_CONSUMER, cols=chunk), descriptor(v, KEYS_PER_CONSUMER),
             descriptor(dk, KEYS_PER_CONSUMER, cols=chunk), descriptor(dv, KEYS_PER_CONSUMER), lse, delta,
-            (blocked_descriptor(dq_acc, config.block_m) if config.dq_blocked
+            (blocked_descriptor(dq_acc, config.block_m, 128 if config.dq_swizzle else 0) if config.dq_blocked
              else descriptor(dq_acc, config.block_m, 128, 32) if config.dq_swizzle
              else descriptor(dq_acc, config.block_m, swizzle=0) if config.tma_dq else dq_acc),
             heads_q, heads_q // heads_kv, n_q, n_k, scale * LOG2E, scale,
@@ -1332,7 +1343,7 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
                   DQ_PARTS=max(1, head_dim // config.dq_cols), QROWS=config.qrows,
                   DQ_ADDS=config.dq_adds, ROTATE=config.rotate,
                   SUM_DQ=config.sum_dq, TMA_DQ=config.tma_dq,
-                  DQ_SWIZZLE=2 if config.dq_blocked else config.dq_swizzle, DS_REGS=config.ds_regs, PAIR_DQ=config.pair_dq,
+                  DQ_SWIZZLE=(2 + config.dq_swizzle) if config.dq_blocked else config.dq_swizzle, DS_REGS=config.ds_regs, PAIR_DQ=config.pair_dq,
                   LOOP_DESC=config.loop_descriptors, LSE_TMA=config.lse_tma, ROW_LIMITS=config.row_limits, num_warps=4)
     if slopes is not None:
         kwargs["ALIBI"] = True
@@ -1345,20 +1356,24 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     return args, kwargs, (triton.cdiv(n_k, BLOCK_N), batch * heads_kv)
 
 
+def workspace_shape(q_shape: tuple[int, ...], config: Config) -> tuple[int, ...]:
+    """The shape of :func:`dq_workspace`'s tensor for q's shape ``[B, H, N, D]``: like q, or
+    (``-dqb``) ``[B, H, D / 8, N4, 8]``, N4 = N rounded up to a multiple of 4."""
+    batch, heads, n, head_dim = q_shape
+    return (batch, heads, head_dim // 8, -(-n // 4) * 4, 8) if config.dq_blocked else tuple(q_shape)
+
+
 def dq_workspace(q: torch.Tensor, config: Config) -> torch.Tensor:
-    """dQ's zeroed float32 workspace, which the kernel's reduces add into: like q, or (``-dqb``)
-    ``[B, H, D / 8, N4, 8]``, each row's 8-column blocks apart, N4 = N rounded up to a multiple
-    of 4 (:func:`blocked_descriptor` addresses 4 rows of a block as one line; :func:`dq_result`
-    puts the blocks back)."""
-    batch, heads, n, head_dim = q.shape
-    shape = (batch, heads, head_dim // 8, -(-n // 4) * 4, 8) if config.dq_blocked else q.shape
-    return torch.zeros(shape, dtype=torch.float32, device=q.device)
+    """dQ's zeroed float32 workspace, which the kernel's reduces add into (:func:`workspace_shape`;
+    ``-dqb``'s holds each row's 8-column blocks apart: :func:`blocked_descriptor` addresses 4 rows
+    of a block as one line, :func:`dq_result` puts the blocks back)."""
+    return torch.zeros(workspace_shape(q.shape, config), dtype=torch.float32, device=q.device)
 
 
 def dq_result(dq_acc: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """dQ in q's dtype and shape, contiguous, from :func:`dq_workspace`'s tensor: one converting
-    copy either way (-dqb's by a Triton kernel: torch's copy of the permuted view cost about 0.2 ms
-    more than the plain conversion at b4-h16-q4096 d128 on an H200, NOTES.md v36)."""
+    copy either way (-dqb's by a Triton kernel, kernels.dq_unblock: 0.053-0.056 ms at b4-h16-q4096
+    d128 on an H200, against 0.049 for the plain conversion, NOTES.md v36)."""
     if dq_acc.dim() == 4:
         return dq_acc.to(q.dtype)
     from .kernels import dq_unblock
@@ -1370,14 +1385,15 @@ def dq_result(dq_acc: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return dq
 
 
-def blocked_descriptor(t: torch.Tensor, rows: int) -> "TensorDescriptor":
+def blocked_descriptor(t: torch.Tensor, rows: int, swizzle: int = 0) -> "TensorDescriptor":
     """``-dqb``'s TMA descriptor on :func:`dq_workspace`'s ``[B, H, D / 8, N4, 8]`` seen as
     ``[B, H, D / 8, N4 / 4, 32]`` (4 rows of an 8-column block a 128-byte line): boxes ``[1, 1,
-    D / 8, rows / 4, 32]``, unswizzled, bounded at each (batch, head)'s N4 (lines past it
-    dropped; the rows from N to N4 are padding, never read back)."""
+    D / 8, rows / 4, 32]``, unswizzled or (``swizzle`` 128, ``-sw-dqb``) each line's 16-byte chunks
+    swizzled, bounded at each (batch, head)'s N4 (lines past it dropped; the rows from N to N4 are
+    padding, never read back)."""
     batch, heads, blocks, n4, _ = t.shape
     lines = t.view(batch, heads, blocks, n4 // 4, 32)
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=5)
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=32, rank=5)
     return TensorDescriptor.from_tensor(lines, [1, 1, blocks, rows // 4, 32], layout)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -396,13 +397,20 @@ def test_dqp_launches_with_its_constexpr_where_a_config_asks_for_it() -> None:
 
 def test_dqb_lays_dq_out_in_8_column_blocks_of_4_rows_a_line_and_puts_them_back() -> None:
     """-dqb (NOTES v36): dQ's workspace [B, H, D / 8, N4, 8] (N rounded up to 4), which the kernel's
-    one reduce a tile addresses as 128-byte lines of 4 rows of an 8-column block; refused beside
-    the other buffer layouts; the constexpr DQ_SWIZZLE=2 and the 5-d descriptor reach the launch."""
+    one reduce a tile addresses as 128-byte lines of 4 rows of an 8-column block; -sw-dqb swizzles
+    each line's chunks; refused beside -pair and -dqs; the constexpr (DQ_SWIZZLE 2 or 3) and the
+    5-d descriptor reach the launch, and a workspace of another shape is refused there. (The
+    kernel's own relabelling of its registers, _blocks, runs only on the GPU: gluon_bwd_check.py.)"""
     config = gluon_backward.Config.parse("m64s2-tmar-dqb-ld-lt-rl-dqp")
-    assert config.dq_blocked and gluon_backward.Config.parse(str(config)) == config
-    for text in ("m64s2-dqb", "m64s2-tmar-sw-dqb", "m64s2-tmar-dqb-pair", "m64s2-tmar-dqb-dqp-dqs"):
-        with pytest.raises(ValueError, match="-dqb"):
+    swizzled = gluon_backward.Config.parse("m64s2-tmar-sw-dqb-ld-lt-rl-dqp")
+    assert config.dq_blocked and not config.dq_swizzle and swizzled.dq_blocked and swizzled.dq_swizzle
+    for one in (config, swizzled):
+        assert gluon_backward.Config.parse(str(one)) == one
+    for text in ("m64s2-dqb", "m64s2-tmar-dqb-pair"):
+        with pytest.raises(ValueError, match="-dqb lays out the buffer"):
             gluon_backward.Config.parse(text)
+    with pytest.raises(ValueError, match="needs -dqp and -sw, without -dqb"):
+        gluon_backward.Config.parse("m64s2-tmar-sw-dqb-dqp-dqs")
     batch, heads, n, head_dim = 2, 3, 113, 128
     q = torch.zeros(batch, heads, n, head_dim, dtype=torch.bfloat16)
     work = gluon_backward.dq_workspace(q, config)
@@ -411,13 +419,16 @@ def test_dqb_lays_dq_out_in_8_column_blocks_of_4_rows_a_line_and_puts_them_back(
     # The descriptor's line (block c, quad j) is rows 4j..4j+3 of columns 8c..8c+7, row after row.
     dq = torch.randn(batch, heads, n, head_dim)
     work[:, :, :, :n] = dq.view(batch, heads, n, head_dim // 8, 8).permute(0, 1, 3, 2, 4)
-    desc = gluon_backward.blocked_descriptor(work, 64)
-    assert list(desc.shape) == [batch, heads, head_dim // 8, 29, 32] and list(desc.block_shape) == [1, 1, 16, 16, 32]
-    assert desc.base.data_ptr() == work.data_ptr()
-    assert torch.equal(desc.base[1, 2, 5, 7].view(4, 8), dq[1, 2, 28:32, 40:48])
     lse = torch.zeros(batch, heads, n)
-    args, kwargs, _ = gluon_backward.launch_arguments(q, q, q, q, lse, lse, work, q, q, True, 0.09, config)
-    assert kwargs["DQ_SWIZZLE"] == 2 and args[8] is not None and list(args[8].block_shape) == [1, 1, 16, 16, 32]
+    for one, constexpr, swizzle in ((config, 2, 0), (swizzled, 3, 128)):
+        args, kwargs, _ = gluon_backward.launch_arguments(q, q, q, q, lse, lse, work, q, q, True, 0.09, one)
+        desc = args[8]
+        assert kwargs["DQ_SWIZZLE"] == constexpr and desc.layout.swizzle_byte_width == swizzle
+        assert list(desc.shape) == [batch, heads, head_dim // 8, 29, 32]
+        assert list(desc.block_shape) == [1, 1, 16, 16, 32] and desc.base.data_ptr() == work.data_ptr()
+        assert torch.equal(desc.base[1, 2, 5, 7].view(4, 8), dq[1, 2, 28:32, 40:48])
+    with pytest.raises(ValueError, match="is not dq_workspace's"):
+        gluon_backward.launch_arguments(q, q, q, q, lse, lse, q.float(), q, q, True, 0.09, config)
     # Its conversion back (a Triton kernel, run here in the interpreter in a child process, as the
     # harness's workers run Triton on the CPU): every row in place, the padding rows dropped.
     code = ("import torch; from pytest_attnkit.implementations.triton_flash import gluon_backward as gb; "
@@ -425,6 +436,7 @@ def test_dqb_lays_dq_out_in_8_column_blocks_of_4_rows_a_line_and_puts_them_back(
             "w = gb.dq_workspace(q, gb.Config.parse('m64s2-tmar-dqb')); w.normal_(); "
             "ref = w[:, :, :, :113].permute(0, 1, 3, 2, 4).reshape(2, 3, 113, 64); "
             "print(torch.equal(gb.dq_result(w, q), ref), torch.equal(gb.dq_result(w, q.half()), ref.half()))")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=Path(__file__).resolve().parents[2],
+                          capture_output=True, text=True, timeout=300)
     assert done.stdout.split() == ["True", "True"], done.stderr[-2000:]
