@@ -467,6 +467,18 @@ if gl is not None:
         return gl.reshape(quads, [COLS // 8, ROWS // 4, 32])
 
     @gluon.jit
+    def _store_dq_piece(dq_buf, x, h: gl.constexpr, DQ_N: gl.constexpr, DQ_PARTS: gl.constexpr,
+                        BLOCKED: gl.constexpr):
+        # Piece h (DQ_N columns) of a consumer's dQ into its buffer: -dqb's 8-column blocks
+        # (_blocks), the whole buffer when the piece is all of dQ, else a column slice.
+        if BLOCKED:
+            dq_buf.slice(h * (DQ_N // 8), DQ_N // 8, dim=0).store(_blocks(x))
+        elif DQ_PARTS == 1:
+            dq_buf.store(x)
+        else:
+            dq_buf.slice(h * DQ_N, DQ_N, dim=1).store(x)
+
+    @gluon.jit
     def _runtime_zero(it):
         # 0 for any tile count a CTA walks (far fewer than 2**30), but not to the compiler: a buffer
         # indexed with it gets its shared-memory descriptor made where it is used, in the tile loop,
@@ -732,14 +744,10 @@ if gl is not None:
                 dq_buf.store(dq0 * sm_scale)
                 dq1 = warpgroup_mma_wait(num_outstanding=0, deps=(dq1, ))
                 share_smem.index(CID + zero).store(dq1 * sm_scale)
-            elif DQ_SWIZZLE >= 2:  # -dqb: a piece is DQ_N / 8 blocks of 8 columns
-                dq_buf.slice(0, DQ_N // 8, dim=0).store(_blocks(dq0 * sm_scale))
-                dq1 = warpgroup_mma_wait(num_outstanding=0, deps=(dq1, ))
-                dq_buf.slice(DQ_N // 8, DQ_N // 8, dim=0).store(_blocks(dq1 * sm_scale))
             else:
-                dq_buf.slice(0, DQ_N, dim=1).store(dq0 * sm_scale)
+                _store_dq_piece(dq_buf, dq0 * sm_scale, 0, DQ_N, DQ_PARTS, DQ_SWIZZLE >= 2)
                 dq1 = warpgroup_mma_wait(num_outstanding=0, deps=(dq1, ))
-                dq_buf.slice(DQ_N, DQ_N, dim=1).store(dq1 * sm_scale)
+                _store_dq_piece(dq_buf, dq1 * sm_scale, 1, DQ_N, DQ_PARTS, DQ_SWIZZLE >= 2)
         for h in gl.static_range(0 if PIPE else DQ_PARTS):
             dq = gl.zeros([BLOCK_M, DQ_N], gl.float32, layout=dq_layout)
             if DQ_PARTS == 1:
@@ -787,12 +795,7 @@ if gl is not None:
                     dq = dq * sm_scale + share_smem.index(h).load(dq_layout)
                 else:
                     dq = dq * sm_scale
-                if DQ_SWIZZLE >= 2:  # -dqb
-                    dq_buf.slice(h * (DQ_N // 8), DQ_N // 8, dim=0).store(_blocks(dq))
-                elif DQ_PARTS == 1:
-                    dq_buf.store(dq)
-                else:
-                    dq_buf.slice(h * DQ_N, DQ_N, dim=1).store(dq)
+                _store_dq_piece(dq_buf, dq, h, DQ_N, DQ_PARTS, DQ_SWIZZLE >= 2)
         if SUM_DQ:
             # FlashAttention-3's sum: both consumers' shares meet in shared memory, and each adds
             # half the rows of their sum (half the adds of the default, the consumers in step).
@@ -1343,7 +1346,9 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
                   DQ_PARTS=max(1, head_dim // config.dq_cols), QROWS=config.qrows,
                   DQ_ADDS=config.dq_adds, ROTATE=config.rotate,
                   SUM_DQ=config.sum_dq, TMA_DQ=config.tma_dq,
-                  DQ_SWIZZLE=(2 + config.dq_swizzle) if config.dq_blocked else config.dq_swizzle, DS_REGS=config.ds_regs, PAIR_DQ=config.pair_dq,
+                  # DQ_SWIZZLE: 0 plain, 1 -sw, 2 -dqb, 3 -sw-dqb (one constexpr for the buffer's layout)
+                  DQ_SWIZZLE=(2 + config.dq_swizzle) if config.dq_blocked else config.dq_swizzle,
+                  DS_REGS=config.ds_regs, PAIR_DQ=config.pair_dq,
                   LOOP_DESC=config.loop_descriptors, LSE_TMA=config.lse_tma, ROW_LIMITS=config.row_limits, num_warps=4)
     if slopes is not None:
         kwargs["ALIBI"] = True
