@@ -25,7 +25,8 @@ cases and 1.15-1.30x the Triton backward with the same variant, so taken since:
 window's band masked at both ends of the query tiles a key block sees (:func:`band_tiles`). d128's
 default since v34 takes L and delta by TMA (``-lt``), the causal mask by row limits (``-rl``) and
 dQ's two pieces in flight (``-dqp``): 1.02-1.06x v30's default on an H200, 0.88-0.96x cuDNN in the
-main job.
+main job. d64 causal's default since v37 lays dQ out in 8-column blocks (``-dqb``, v36): 1.06x v30's
+in the main job on an H200, 1.00-1.04x cuDNN.
 
 The math. For one (batch, query head), with the forward's base-2 LSE ``L_i`` and
 ``delta_i = rowsum(dO_i * O_i)`` (the Triton path's preprocess kernel, as :mod:`.launch` uses it):
@@ -376,8 +377,12 @@ def default_config(head_dim: int, causal: bool) -> Config:
     ``-ld``, d128 with and without ``-pair`` were within 2% of each other, so d128 keeps one way
     causal or not, the one ahead at 16k. d128 adds ``-lt``, ``-rl`` and ``-dqp``: 1.02-1.06x on
     each of the check's six d128 cases on an H200 (NOTES.md v34); at d64 ``-lt``/``-rl`` were
-    within 2%, and d64 keeps v30's."""
+    within 2%, and d64 keeps v30's without causal. d64 causal lays dQ out in blocks (``-dqb``, two
+    reduces a tile): 1.06x in two checks on an H200 and 1.02-1.10x the kernel alone at 1k, 4k and
+    16k, where without causal it was 0.97x (NOTES.md v37)."""
     if head_dim == 64:
+        if causal:
+            return Config(block_m=64, stages=3, tma_dq=True, dq_blocked=True, loop_descriptors=True)
         return Config(block_m=64, stages=3, tma_dq=True, dq_swizzle=True, pair_dq=True, loop_descriptors=True)
     if head_dim == 192:  # MLA: the one way out _bwd_step_mla is written for (two reduces, 224 KiB)
         return Config(block_m=64, stages=2, tma_dq=True, dq_swizzle=True)

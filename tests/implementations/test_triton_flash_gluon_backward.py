@@ -33,9 +33,10 @@ def test_configs_round_trip() -> None:
     assert gluon_backward.Config.parse("m64s2-tmar-sw-ld").loop_descriptors
     assert gluon_backward.Config.parse("m64s2-tmar-sw-ld-dqp").dq_pipe
     # NOTES v30: every d64 and d128 default makes its descriptors in the loop; d128 one way causal or
-    # not. NOTES v34: d128 takes -lt, -rl and -dqp (timed faster on an H200 on every case).
+    # not. NOTES v34: d128 takes -lt, -rl and -dqp (timed faster on an H200 on every case). NOTES v37:
+    # d64 causal lays dQ out in blocks (-dqb), faster there on every case timed; d64 without causal not.
     assert [str(gluon_backward.default_config(d, c)) for d in (64, 128) for c in (False, True)] == [
-        "m64s3-tmar-sw-pair-ld-r240"] * 2 + ["m64s2-tmar-sw-ld-lt-rl-dqp-r240"] * 2
+        "m64s3-tmar-sw-pair-ld-r240", "m64s3-tmar-dqb-ld-r240"] + ["m64s2-tmar-sw-ld-lt-rl-dqp-r240"] * 2
     q = torch.empty(1, 2, 256, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="-dsr"):  # a Config made directly, not parsed
         gluon_backward.launch_arguments(q, q, q, q, torch.empty(1, 2, 256), torch.empty(1, 2, 256), q.float(), q, q,
@@ -285,10 +286,10 @@ def test_alibi_launches_with_its_slopes_pointer_and_is_refused_where_it_is_not_w
     lse = torch.zeros(2, 4, 256)
     slopes = torch.rand(2, 4)
     config = gluon_backward.default_config(64, True)
-    args, kwargs, _ = gluon_backward.launch_arguments(q, q, k, k, lse, lse, q.float(), k, k, True, 0.125, config,
-                                                      slopes)
+    work = gluon_backward.dq_workspace(q, config)  # -dqb's blocks at d64 causal (NOTES v37)
+    args, kwargs, _ = gluon_backward.launch_arguments(q, q, k, k, lse, lse, work, k, k, True, 0.125, config, slopes)
     assert args[-3] is slopes and kwargs["ALIBI"] is True
-    args, kwargs, _ = gluon_backward.launch_arguments(q, q, k, k, lse, lse, q.float(), k, k, True, 0.125, config)
+    args, kwargs, _ = gluon_backward.launch_arguments(q, q, k, k, lse, lse, work, k, k, True, 0.125, config)
     assert args[-3] is lse and "ALIBI" not in kwargs
     with pytest.raises(ValueError, match="queries as rows"):
         gluon_backward.launch_arguments(q, q, k, k, lse, lse, q.float(), k, k, True, 0.125,
@@ -342,13 +343,14 @@ def test_a_window_launches_as_its_band_with_causal_folded_in_and_one_kernel_for_
     k = torch.zeros(1, 2, 200, 64, dtype=torch.bfloat16)
     lse = torch.zeros(1, 4, 256)
     config = gluon_backward.default_config(64, True)
-    args, kwargs, _ = gluon_backward.launch_arguments(q, q, k, k, lse, lse, q.float(), k, k, True, 0.125, config,
+    work = gluon_backward.dq_workspace(q, config)  # -dqb's blocks at d64 causal (NOTES v37)
+    args, kwargs, _ = gluon_backward.launch_arguments(q, q, k, k, lse, lse, work, k, k, True, 0.125, config,
                                                       None, (100, -1))
     assert args[-2:] == (100, 0) and kwargs["WINDOW"] is True and kwargs["CAUSAL"] is False
-    args, kwargs, _ = gluon_backward.launch_arguments(q, q, k, k, lse, lse, q.float(), k, k, False, 0.125, config,
+    args, kwargs, _ = gluon_backward.launch_arguments(q, q, k, k, lse, lse, work, k, k, False, 0.125, config,
                                                       None, (-1, 30))
     assert args[-2:] == (UNBOUNDED, 30) and kwargs["CAUSAL"] is False
-    args, kwargs, _ = gluon_backward.launch_arguments(q, q, k, k, lse, lse, q.float(), k, k, True, 0.125, config)
+    args, kwargs, _ = gluon_backward.launch_arguments(q, q, k, k, lse, lse, work, k, k, True, 0.125, config)
     assert args[-2:] == (0, 0) and "WINDOW" not in kwargs and kwargs["CAUSAL"] is True
     with pytest.raises(ValueError, match="walked in order"):
         gluon_backward.launch_arguments(q, q, k, k, lse, lse, q.float(), k, k, True, 0.125,
