@@ -26,7 +26,7 @@ window's band masked at both ends of the query tiles a key block sees (:func:`ba
 default since v34 takes L and delta by TMA (``-lt``), the causal mask by row limits (``-rl``) and
 dQ's two pieces in flight (``-dqp``): 1.02-1.06x v30's default on an H200, 0.88-0.96x cuDNN in the
 main job. d64 causal's default since v37 lays dQ out in 8-column blocks (``-dqb``, v36): 1.06x v30's
-in the main job on an H200, 1.00-1.04x cuDNN.
+in the main job on an H200, 1.00-1.01x cuDNN (1.01-1.04x in the three baseline saves).
 
 The math. For one (batch, query head), with the forward's base-2 LSE ``L_i`` and
 ``delta_i = rowsum(dO_i * O_i)`` (the Triton path's preprocess kernel, as :mod:`.launch` uses it):
@@ -264,10 +264,10 @@ class Config:
     #: swizzle put rows r and r ^ 1 on the same banks (2-way conflicts on every dQ store: 69M
     #: shared-store wavefronts for 35M ideal in the d128 4k causal kernel, NOTES.md v36). One
     #: reduce a tile (a 5-d box); the blocks are put back in order as dQ is converted. On an H200
-    #: 1.14x at 4k causal under Nsight Compute, but timed 0.90x at 4k without causal: not a default.
-    #: With ``-sw`` (``-sw-dqb``) each line's 16-byte chunks are swizzled as TMA's 128-byte mode
-    #: does (a line stays one wavefront): unswizzled, the reduce's reads of the buffer showed as
-    #: shared-load wavefronts, as many as the stores saved (NOTES.md v36). Not yet run on a GPU.
+    #: 1.14x at 4k causal under Nsight Compute, but timed 0.90x at 4k d128 without causal: d64
+    #: causal's default only (1.06x there; NOTES.md v37). With ``-sw`` (``-sw-dqb``) each line's
+    #: 16-byte chunks are swizzled as TMA's 128-byte mode does (a line stays one wavefront); on an
+    #: H200 no faster than ``-dqb``, its shared-load wavefronts about as many (NOTES.md v37).
     dq_blocked: bool = False
 
     def __post_init__(self) -> None:
@@ -379,7 +379,7 @@ def default_config(head_dim: int, causal: bool) -> Config:
     each of the check's six d128 cases on an H200 (NOTES.md v34); at d64 ``-lt``/``-rl`` were
     within 2%, and d64 keeps v30's without causal. d64 causal lays dQ out in blocks (``-dqb``, two
     reduces a tile): 1.06x in two checks on an H200 and 1.02-1.10x the kernel alone at 1k, 4k and
-    16k, where without causal it was 0.97x (NOTES.md v37)."""
+    16k, where without causal it was 0.96-0.97x (NOTES.md v37)."""
     if head_dim == 64:
         if causal:
             return Config(block_m=64, stages=3, tma_dq=True, dq_blocked=True, loop_descriptors=True)
