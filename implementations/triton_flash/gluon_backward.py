@@ -5,9 +5,10 @@ protocol, tile ranges and arithmetic modelled on the CPU (``tools/flash_bench/gl
 and run on an H100 (``tools/flash_bench/gluon_bwd_check.py``): right on every case of the check.
 First 0.56-0.63x cuDNN with dQ's float adds (NOTES.md, v15.1); with dQ leaving by TMA reduces
 from swizzled buffers (``-tmar-sw``, v17) 0.77-0.88x; with one reduce a tile (``-pair``, the
-default at d64 and d128 without causal from v20.8, at d64 alone since v30) 0.81-0.86x at d128 and
-0.92-0.96x at d64 on an H100, 1.00-1.08x the Triton backward except 1k d128 causal (0.85x)
-(results/2026-11-28-session15/gluon-bwd-pair); the H200 alike (results/2026-11-28-session16).
+default at d64 and d128 without causal from v20.8, at d64 alone since v30, d64 without causal since
+v37) 0.81-0.86x at d128 and 0.92-0.96x at d64 on an H100, 1.00-1.08x the Triton backward except
+1k d128 causal (0.85x) (results/2026-11-28-session15/gluon-bwd-pair); the H200 alike
+(results/2026-11-28-session16).
 :mod:`.launch` takes it by default where the harness timed it faster than the Triton backward
 (:func:`takes`; NOTES.md v27, after v26's fix of a hang when two processes shared the GPU; its dQ
 atomics cost the backward's bitwise reproducibility: :data:`ENV_SWITCH`). The design notes and
