@@ -490,6 +490,32 @@ class AttentionImpl:
     #: ``torch.library.opcheck``; None when the forward is not one.
     custom_op: ClassVar[str | None] = None
 
+    def declaration_problems(self) -> list[str]:
+        """What is wrong with the declarations that name things (devices, dtypes, memory_class,
+        accuracy, deterministic): a value the harness does not know matches no case, so a typo
+        would quietly skip every test ("fp16" for "float16"). The registry refuses an
+        implementation with any (:func:`pytest_attnkit.registry.load_implementation`)."""
+        problems = []
+        short_names = {short: name for name, short in SHORT_DTYPE.items()}
+        for kind, values, known in (("devices", self.devices, ("cpu", "cuda")), ("dtypes", self.dtypes, DTYPES)):
+            if isinstance(values, str):
+                problems.append(f"{kind} = {values!r} is a string; it must be a tuple of names, "
+                                f"e.g. ({values!r},)")
+                continue
+            for value in values:
+                if value not in known:
+                    hint = f" ({value!r} is the short name of {short_names[value]!r})" if value in short_names else ""
+                    problems.append(f"{kind}: {value!r} is not one of {', '.join(known)}{hint}")
+        memory = self.memory_class
+        if memory is not None and not (isinstance(memory, str) and str(memory) in MEMORY_CLASSES):
+            problems.append(f"memory_class = {memory!r} is not one of {', '.join(MEMORY_CLASSES)} or None")
+        for check in (lambda: accuracy_budget(self.accuracy), self.deterministic_directions):
+            try:
+                check()
+            except (ValueError, TypeError, KeyError) as error:
+                problems.append(str(error))
+        return problems
+
     def deterministic_directions(self) -> tuple[str, ...]:
         """The directions :attr:`deterministic` declares: ("forward", "backward"), one, or none;
         a value that is none of those it accepts raises ValueError, naming every one of them."""

@@ -79,6 +79,12 @@ def select(refs: list[EntryPointRef], patterns: list[str]) -> list[EntryPointRef
     return [ref for ref in refs if any(fnmatch.fnmatchcase(ref.name, pattern) for pattern in patterns)]
 
 
+class DeclarationError(ValueError):
+    """An implementation's declarations name a value the harness does not know
+    (:meth:`AttentionImpl.declaration_problems`). The message is the whole story: the worker
+    reports it without the harness's traceback."""
+
+
 def load_implementation(name: str, value: str) -> AttentionImpl:
     """Import the entry point's target and turn it into an :class:`AttentionImpl` instance."""
     target: Any = importlib.metadata.EntryPoint(name=name, value=value, group=GROUP).load()
@@ -99,4 +105,8 @@ def load_implementation(name: str, value: str) -> AttentionImpl:
             "attn(q, k, v, *, causal=False, scale=None) or an AttentionImpl subclass"
         )
     impl.name = name
+    problems = impl.declaration_problems()
+    if problems:
+        raise DeclarationError(f"entry point {name} = {value} declares what the harness does not know: "
+                               + "; ".join(problems))
     return impl

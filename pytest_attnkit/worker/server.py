@@ -171,7 +171,7 @@ class Handler:
         # for a --attnkit-against counterpart, comes first on sys.path from here on).
         self.handlers = Handlers(request.option("handlers"))
         if request.option("name"):
-            from pytest_attnkit.registry import load_implementation
+            from pytest_attnkit.registry import DeclarationError, load_implementation
 
             try:
                 if request.option("revision_site"):
@@ -179,6 +179,8 @@ class Handler:
 
                     take_from_revision(request.options["revision_site"], request.options["value"])
                 self.impl = load_implementation(request.options["name"], request.options["value"])
+            except DeclarationError as error:  # the harness's own check: no traceback of its frames
+                self.load_error = f"{type(error).__name__}: {error}"
             except BaseException as error:  # an import that fails in any way breaks only this implementation
                 self.load_error = kernel_traceback(error)
         return Reply(Status.OK, data={"pid": os.getpid()})

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from helpers import fake, run_attnkit
+from helpers import fake, run_attnkit, words
 
 SMALL = "b1-h2-q17-k17-d32-fp16-causal"
 D64 = "b2-h4:2-q113-k113-d64-fp16-causal"
@@ -71,6 +71,46 @@ def test_broken_entry_points_fail_alone(pytester: pytest.Pytester, fake_dist) ->
         assert f"test_forward[{name}-{SMALL}] fails with the traceback" in later.text
     result = pytester.runpytest("--attnkit", "--attnkit-impl", names, "--collect-only")
     result.stdout.fnmatch_lines(["attnkit:   import_fails     BROKEN: ImportError: libfoo.so.1: cannot open shared object file"])
+
+
+def test_a_declaration_the_harness_does_not_know_fails_the_implementation_and_says_what_it_knows(
+        pytester: pytest.Pytester, fake_dist) -> None:
+    """dtypes by their short names would match no case (every test skipped, the run green);
+    memory_class "Linear" would be judged as no class at all; devices as a bare string is a
+    tuple of letters. Each fails the implementation at its first test, naming the values known."""
+    fake_dist({"good": fake("good"), "short_dtypes": fake("ShortDtypeNames"), "capital": fake("CapitalMemoryClass")})
+    outcomes, recorder = run_attnkit(pytester, "--attnkit-impl", "good,short_dtypes,capital", "-k", SMALL)
+    assert outcomes[f"test_forward[good-{SMALL}]"].outcome == "passed"
+    expected = {
+        "short_dtypes": ["dtypes: 'fp16' is not one of float16, bfloat16, float32, float8_e4m3fn, float8_e5m2 "
+                         "('fp16' is the short name of 'float16')", "'bf16' is the short name of 'bfloat16'"],
+        "capital": ["memory_class = 'Linear' is not one of linear, quadratic or None",
+                    "devices = 'cpu' is a string; it must be a tuple of names, e.g. ('cpu',)"],
+    }
+    for name, phrases in expected.items():
+        first = outcomes[f"test_forward[{name}-{SMALL}]"]
+        assert first.outcome == "failed" and "declares what the harness does not know" in first.text, first.text
+        for phrase in phrases:
+            assert phrase in words(first.text), first.text
+    assert recorder.ret == pytest.ExitCode.TESTS_FAILED
+
+
+def test_declaration_problems_name_each_unknown_value_and_pass_what_the_contract_allows() -> None:
+    from pytest_attnkit.contract import AccuracyBudget, AttentionImpl, MemoryClass
+
+    def problems(**declared: object) -> list[str]:
+        return type("Impl", (AttentionImpl,), declared)().declaration_problems()
+
+    assert problems() == []
+    assert problems(devices=("cuda",), dtypes=("float8_e4m3fn", "bfloat16"), memory_class=MemoryClass.QUADRATIC,
+                    accuracy=AccuracyBudget(atol=0.1, rtol=0.1), deterministic="forward") == []
+    assert problems(memory_class=None, accuracy="quantized") == [] and problems(memory_class="quadratic") == []
+    assert problems(devices=("gpu",)) == ["devices: 'gpu' is not one of cpu, cuda"]
+    assert problems(dtypes=("fp32",)) == [
+        "dtypes: 'fp32' is not one of float16, bfloat16, float32, float8_e4m3fn, float8_e5m2 "
+        "('fp32' is the short name of 'float32')"]
+    assert problems(memory_class="neither") == ["memory_class = 'neither' is not one of linear, quadratic or None"]
+    assert len(problems(accuracy="loose", deterministic="sometimes", dtypes="float16")) == 3
 
 
 def test_selection_by_glob_and_by_k(pytester: pytest.Pytester, fake_dist) -> None:
