@@ -63,7 +63,8 @@ def select(refs: list[EntryPointRef], patterns: list[str]) -> list[EntryPointRef
     """The refs whose names match any of the glob ``patterns`` (all refs when there are none).
 
     Raises ``LookupError`` naming the patterns that match nothing, suggesting the known names close
-    to each (difflib: a misspelling, as ``torch_spda``), and listing the known names.
+    to each (difflib: a misspelling, as ``torch_spda``), and listing the known names on a second
+    line (``known: ...``).
     """
     if not patterns:
         return list(refs)
@@ -75,7 +76,7 @@ def select(refs: list[EntryPointRef], patterns: list[str]) -> list[EntryPointRef
                    + (f" for {pattern!r}" if len(unmatched) > 1 else "") + "?" for pattern in unmatched
                    if (close := difflib.get_close_matches(pattern, names, n=2, cutoff=0.8))]
         raise LookupError(f"no implementation matches {', '.join(map(repr, unmatched))}"
-                          + (f"; {' '.join(guesses)}" if guesses else "") + f" (known: {known})")
+                          + (f"; {' '.join(guesses)}" if guesses else "") + f"\nknown: {known}")
     return [ref for ref in refs if any(fnmatch.fnmatchcase(ref.name, pattern) for pattern in patterns)]
 
 

@@ -36,7 +36,7 @@ from pytest_attnkit.controller.impls import ImplStatus
 from pytest_attnkit.controller.inline import InlineScheduler
 from pytest_attnkit.controller.items import ITEM_KEY
 from pytest_attnkit.controller.options import Settings, moved_rootdir
-from pytest_attnkit.controller.outcome import Outcomes, Verdict
+from pytest_attnkit.controller.outcome import WIDTH, Outcomes, Verdict, fit
 from pytest_attnkit.controller.pool import WorkerPool
 from pytest_attnkit.controller.process import WorkerFailure
 from pytest_attnkit.controller.runner import Runner
@@ -129,7 +129,11 @@ class AttnkitSession:
         try:
             refs = select(discover(), self.settings.impl)
         except LookupError as error:
-            raise pytest.UsageError(f"attnkit: {error} ({self.settings.sources['impl']})") from None
+            # The known names on a line of their own, every line kept to the terminal's 100 columns
+            # with pytest's "ERROR: " before the first.
+            first, *rest = str(error).splitlines()
+            text = "\n".join([f"attnkit: {first} ({self.settings.sources['impl']})", *(f"  {line}" for line in rest)])
+            raise pytest.UsageError(fit(text, WIDTH - len("ERROR: "))) from None
         if only and self.settings.sources.get("impl") == "default":
             named = {xdist.implementation_of(param, [ref.name for ref in refs]) for param in only}
             if None not in named:
