@@ -40,7 +40,7 @@ from pytest_attnkit.messages import Reply, Status
 from pytest_attnkit.records import Comparison, CorrectnessResult
 from pytest_attnkit.worker.calls import (ContractViolation, InputWatch, check_returned, given_inputs, gradients,
                                          kernel_traceback)
-from pytest_attnkit.worker.diagnosis import Evidence, Suspect, Wrap, diagnose
+from pytest_attnkit.worker.diagnosis import Evidence, Suspect, Wrap, diagnose, keyless_rows_nonfinite
 from pytest_attnkit.worker.inputs import (call_implementation, dequantized, expected_shapes, make_inputs,
                                           poison_free_memory, trial_seed)
 from pytest_attnkit.worker.out_of_memory import out_of_memory_reply
@@ -227,6 +227,8 @@ def run_correctness(
             suspect = _diagnosis(case, inputs, backward, budget, actual, oracle, comparisons)
             if suspect is not None:
                 message += "\n" + suspect.line()
+            elif (keyless := keyless_rows_nonfinite(case, actual, comparisons)) is not None:
+                message += "\n" + keyless
             return Reply(Status.WRONG, message, result.to_dict())
         del actual, oracle, inputs
     return Reply(Status.OK, "", result.to_dict())

@@ -351,6 +351,32 @@ SUSPECTS: tuple[Suspect, ...] = (
 
 # -- the diagnosis ---------------------------------------------------------------------------------
 
+def keyless_rows_nonfinite(case: Case, actual: dict[str, "torch.Tensor"],
+                           comparisons: Sequence[Comparison]) -> str | None:
+    """The ``looks like:`` line for a dense case whose output holds NaN or Inf only on query rows
+    that see no key (causal with Nq > Nk, a window): the classic masked softmax that divides 0 by
+    0 there. No wrong reference can hold NaN (:func:`diagnose` names nothing then), so this is
+    read from where the NaN are. None when some NaN or Inf lies on a row that sees a key."""
+    import torch
+
+    from pytest_attnkit.masks import rows_with_a_key
+
+    out = actual.get("out")
+    if case.kind != "dense" or out is None or out.dim() != 4 or not any(
+            c.nonfinite for c in comparisons if not c.passed):
+        return None
+    sees = rows_with_a_key(case.seqlen_q, case.seqlen_k, causal=case.causal, window=case.window, device=out.device)
+    bad = (~torch.isfinite(out)).any(dim=3).any(dim=1).any(dim=0)  # [Nq]: a row with NaN or Inf anywhere
+    if not bool(bad.any()) or bool((bad & sees).any()):
+        return None
+    why = "causal with Nq > Nk" if case.window is None else "the window"
+    text = (f"looks like: NaN or Inf on {int(bad.sum())} of the {int((~sees).sum())} query rows that see no key "
+            f"({why}), as a masked softmax that divides 0 by 0 gives (a row that sees no key holds zeros and "
+            f"its gradients are zero: {CONTRACT})")
+    return "\n".join(textwrap.wrap(text, width=WIDTH, subsequent_indent="  ", break_long_words=False,
+                                   break_on_hyphens=False))
+
+
 
 def _max_error(actual: "torch.Tensor", reference: "torch.Tensor") -> float:
     import torch

@@ -23,7 +23,7 @@ def sdpa_is_causal(q, k, v, *, causal=False, scale=None):
 
 def eager(q, k, v, *, causal=False, scale=None, window=None, softcap=0.0, alibi_slopes=None, sinks=None,
           top_left=False, kv_heads="interleave", softcap_first=False, lse_base_2=False, lse_sinks=True,
-          keys_kept=None):
+          keys_kept=None, keyless_nan=False):
     """Plain attention in float32 on [B, H, N, D] tensors: (out, lse), out in q's dtype. The
     keywords after ``sinks`` plant the bugs (their defaults are right)."""
     dtype = q.dtype
@@ -67,6 +67,9 @@ def eager(q, k, v, *, causal=False, scale=None, window=None, softcap=0.0, alibi_
         probs = torch.softmax(full, dim=-1)[..., :-1]
         if not lse_sinks:
             lse = torch.logsumexp(scores, dim=-1)
+    elif keyless_nan:  # the bug: a row that sees no key is softmax over -inf alone, 0 / 0
+        probs = torch.softmax(scores, dim=-1)
+        lse = torch.logsumexp(scores, dim=-1)
     else:
         seen = visible.any(dim=-1)
         scores = scores.masked_fill(~seen[:, None], 0.0)
@@ -256,6 +259,23 @@ class KeysTail64(Planted):
 
     def dense(self, q, k, v, **options):
         return eager(q, k, v, **options, keys_kept=k.shape[-2] // 64 * 64)
+
+
+class KeylessRowsNaN(Planted):
+    """Softmax over the masked scores as they are: a query row that sees no key (causal with
+    Nq > Nk) divides 0 by 0 and comes out NaN; every other row is right."""
+
+    bug = {"keyless_nan": True}
+
+
+class NaNOnARowWithKeys(Planted):
+    """Right everywhere but one element of the last query row, which sees keys whatever the mask:
+    NaN."""
+
+    def out_bug(self, out):
+        out = out.clone()
+        out[..., -1, 0] = float("nan")
+        return out
 
 
 class QueriesTail64(Planted):

@@ -127,6 +127,24 @@ def test_backward_failures_are_diagnosed_with_the_suspects_gradients(kernel: str
     assert _named(reply.message) == [KERNELS[kernel][0]], reply.message
 
 
+def test_nan_only_on_rows_that_see_no_key_is_named_and_nan_elsewhere_is_not() -> None:
+    """No wrong reference holds NaN, so the rows that see no key are read from where the NaN are
+    (diagnosis.keyless_rows_nonfinite): named when every NaN lies there, and only then."""
+    more_queries = Case(1, 2, 2, 203, 113, 64, "float32", causal=True)  # rows 0-89 see no key
+    for backward in (False, True):
+        reply = _check(_impl("KeylessRowsNaN"), more_queries, backward=backward)
+        assert reply is not None and reply.status is Status.WRONG
+        assert ("looks like: NaN or Inf on 90 of the 90 query rows that see no key (causal with Nq > Nk)"
+                in " ".join(reply.message.split())), reply.message
+        assert all(len(line) <= WIDTH for line in reply.message.splitlines() if "looks like" in line)
+    for case in (DENSE, CAUSAL, GQA, TWO_SIDED):  # every row sees a key: the bug does not show
+        reply = _check(_impl("KeylessRowsNaN"), case)
+        assert reply is not None and reply.status is Status.OK, (case.id, reply.message)
+    for case in (DENSE, more_queries):  # a NaN on a row that sees keys: nothing named
+        reply = _check(_impl("NaNOnARowWithKeys"), case)
+        assert reply is not None and reply.status is Status.WRONG and "looks like" not in reply.message, reply.message
+
+
 def test_each_line_fits_and_links_a_heading_that_exists() -> None:
     docs = Path(__file__).parents[2]
     for suspect in SUSPECTS:
