@@ -77,6 +77,8 @@ FP8_DTYPES: tuple[str, ...] = ("float8_e4m3fn", "float8_e5m2")
 #: declared, since it changes the call (the descales) and the output dtype.
 STANDARD_DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32")
 DTYPES: tuple[str, ...] = STANDARD_DTYPES + FP8_DTYPES
+#: The devices an implementation may declare (:attr:`AttentionImpl.devices`) and a run may test on.
+DEVICES: tuple[str, ...] = ("cpu", "cuda")
 SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float8_e4m3fn": "e4m3",
                "float8_e5m2": "e5m2"}
 #: The output dtype of an FP8 case (FA3's FP8 forward returns bf16).
@@ -437,7 +439,7 @@ class AttentionImpl:
 
     #: Set by the registry from the entry-point name.
     name: str = ""
-    devices: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
+    devices: ClassVar[tuple[str, ...]] = DEVICES
     #: FP8 dtypes (:data:`FP8_DTYPES`) must be listed to be handed FP8 inputs and descales.
     dtypes: ClassVar[tuple[str, ...]] = STANDARD_DTYPES
     #: How results are judged: "exact" (FlashAttention's rule), "quantized" (INT8/FP8 kernels,
@@ -497,7 +499,7 @@ class AttentionImpl:
         implementation with any (:func:`pytest_attnkit.registry.load_implementation`)."""
         problems = []
         short_names = {short: name for name, short in SHORT_DTYPE.items()}
-        for kind, values, known in (("devices", self.devices, ("cpu", "cuda")), ("dtypes", self.dtypes, DTYPES)):
+        for kind, values, known in (("devices", self.devices, DEVICES), ("dtypes", self.dtypes, DTYPES)):
             if isinstance(values, str):
                 problems.append(f"{kind} = {values!r} is a string; it must be a tuple of names, "
                                 f"e.g. ({values!r},)")

@@ -79,8 +79,9 @@ Partitions (``gl.warp_specialize``), 12 warps, one CTA per SM (shared memory):
         -dqp, d128's default since v34: both pieces' products issued together, and the wait
         for all but the newest (dV, dK, piece 0) arrives q_empty[s]; piece 0 is stored while
         piece 1's product runs, then piece 1 waited for and stored;
-        -dqb, an option (NOTES.md v36): the buffer and the accumulator in 8-column blocks, 4 rows
-        of a block a 128-byte line, one 5-d reduce a tile, put back in order by kernels.dq_unblock)
+        -dqb, d64 causal's default since v37 (NOTES.md v36, v37): the buffer and the accumulator
+        in 8-column blocks, 4 rows of a block a 128-byte line, one 5-d reduce a tile, put back in
+        order by kernels.dq_unblock)
 
   and at the end dK_c * scale and dV_c go to K_c's and V_c's buffers and out by TMA stores
   (rows past Nk dropped). ``Config(qrows=False)`` (``-krows``) is the other layout (S^T = K_c

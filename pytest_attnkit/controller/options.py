@@ -24,6 +24,7 @@ import pytest
 
 from pytest_attnkit.controller.baselines import key_string
 from pytest_attnkit.controller.gate import DEFAULT_AGAINST_THRESHOLD, DEFAULT_THRESHOLD
+from pytest_attnkit.contract import DEVICES
 from pytest_attnkit.records import EntryKey
 
 SUITES: tuple[str, ...] = ("correctness", "memory", "speed", "properties", "sanitize")
@@ -33,7 +34,7 @@ DEFAULT_SUITES: tuple[str, ...] = ("correctness", "memory", "speed", "properties
 #: compute-sanitizer's tools the sanitize suite can run (controller/sanitize.py).
 SANITIZER_TOOLS: tuple[str, ...] = ("memcheck", "racecheck", "initcheck", "synccheck")
 PROFILE_CHOICES: tuple[str, ...] = ("auto", "smoke", "default", "full")
-DEVICE_CHOICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+DEVICE_CHOICES: tuple[str, ...] = ("auto", *DEVICES)
 
 
 def _names(text: str) -> list[str]:

@@ -92,8 +92,14 @@ class Suspect:
 
     def line(self) -> str:
         """The failure message's line(s): ``looks like: ...``, at most :data:`WIDTH` columns."""
-        return "\n".join(textwrap.wrap(f"looks like: {self.says} ({self.why}: {self.anchor})", width=WIDTH,
-                                       subsequent_indent="  ", break_long_words=False, break_on_hyphens=False))
+        return looks_like(self.says, self.why, self.anchor)
+
+
+def looks_like(says: str, why: str, anchor: str) -> str:
+    """``looks like: SAYS (WHY: ANCHOR)``, wrapped to :data:`WIDTH` columns: a suspect's line,
+    and the NaN rows' (:func:`keyless_rows_nonfinite`)."""
+    return "\n".join(textwrap.wrap(f"looks like: {says} ({why}: {anchor})", width=WIDTH, subsequent_indent="  ",
+                                   break_long_words=False, break_on_hyphens=False))
 
 
 # -- the alterations ------------------------------------------------------------------------------
@@ -369,13 +375,10 @@ def keyless_rows_nonfinite(case: Case, actual: dict[str, "torch.Tensor"],
     bad = (~torch.isfinite(out)).any(dim=3).any(dim=1).any(dim=0)  # [Nq]: a row with NaN or Inf anywhere
     if not bool(bad.any()) or bool((bad & sees).any()):
         return None
-    why = "causal with Nq > Nk" if case.window is None else "the window"
-    text = (f"looks like: NaN or Inf on {int(bad.sum())} of the {int((~sees).sum())} query rows that see no key "
-            f"({why}), as a masked softmax that divides 0 by 0 gives (a row that sees no key holds zeros and "
-            f"its gradients are zero: {CONTRACT})")
-    return "\n".join(textwrap.wrap(text, width=WIDTH, subsequent_indent="  ", break_long_words=False,
-                                   break_on_hyphens=False))
-
+    cause = "causal with Nq > Nk" if case.window is None else "the window"
+    return looks_like(f"NaN or Inf on {int(bad.sum())} of the {int((~sees).sum())} query rows that see no key "
+                      f"({cause}), as a masked softmax that divides 0 by 0 gives",
+                      "a row that sees no key holds zeros and its gradients are zero", CONTRACT)
 
 
 def _max_error(actual: "torch.Tensor", reference: "torch.Tensor") -> float:
