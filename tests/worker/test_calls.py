@@ -15,7 +15,7 @@ from helpers import fake, run_attnkit
 
 torch = pytest.importorskip("torch")
 
-from pytest_attnkit.contract import Case, FunctionImpl  # noqa: E402
+from pytest_attnkit.contract import AttentionImpl, Case, FunctionImpl  # noqa: E402
 from pytest_attnkit.controller.session import SUITE_TYPES  # noqa: E402
 from pytest_attnkit.messages import Op, Reply, Request, Status  # noqa: E402
 from pytest_attnkit.worker import calls  # noqa: E402
@@ -85,6 +85,45 @@ def test_a_breach_of_the_contract_is_named_in_every_suite(kernel, said: str) -> 
     for suite, reply in _replies(kernel).items():
         assert (reply.status, reply.message) == (Status.WRONG, said), suite
         assert "timing" not in reply.data, suite  # no speed figure for a wrong call
+
+
+class LseWithoutTheKeyword(AttentionImpl):
+    """Declares supports_lse, but its forward() has no return_lse (the newcomer's probe's find)."""
+
+    supports_lse = True
+
+    def forward(self, q, k, v, *, causal=False, scale=None):
+        return _right(q, k, v, causal=causal, scale=scale)
+
+
+class PassesTheKeywordOn(AttentionImpl):
+    """Takes return_lse, then hands it to a function of its own that does not: its own TypeError."""
+
+    supports_lse = True
+
+    def forward(self, q, k, v, *, causal=False, scale=None, return_lse=False):
+        return _right(q, k, v, causal=causal, scale=scale, return_lse=return_lse)
+
+
+def test_a_declared_keyword_forward_does_not_take_is_named_with_its_declaration_in_every_suite() -> None:
+    lse = Case(2, 2, 2, 17, 17, 32, "float32", return_lse=True)
+    requests = {name: Request(request.op, lse, request.backward, 0, request.options, suite=request.suite)
+                for name, request in REQUESTS.items()}
+    for kernel, status in ((LseWithoutTheKeyword(), Status.WRONG), (PassesTheKeywordOn(), Status.RAISED)):
+        handler = Handler()
+        handler.handle(Request(Op.INIT, options={"device": "cpu", "handlers": {
+            name: suite.handler for name, suite in SUITE_TYPES.items()}}))
+        handler.impl = kernel
+        for name, request in requests.items():
+            reply = handler.handle(request)
+            assert reply.status is status, (type(kernel).__name__, name, reply)
+            if status is Status.WRONG:  # one line, no traceback of the harness's frames
+                assert reply.message.startswith("forward() does not take the keyword return_lse, which the harness "
+                                                "hands it on this case because the implementation declares "
+                                                "supports_lse = True. Give forward() the parameter"), reply.message
+                assert "Traceback" not in reply.message and "\n" not in reply.message
+            else:  # the kernel's own call refused it: its traceback, its frames
+                assert 'in forward' in reply.message and "does not take the keyword" not in reply.message
 
 
 def test_the_harness_own_failure_keeps_its_traceback_whole() -> None:
