@@ -271,6 +271,12 @@ class Config:
     #: 16-byte chunks are swizzled as TMA's 128-byte mode does (a line stays one wavefront); on an
     #: H200 no faster than ``-dqb``, its shared-load wavefronts about as many (NOTES.md v37).
     dq_blocked: bool = False
+    #: ``-bxN`` (with ``-dqb``): the tile's reduce in N boxes of ``D / 8 / N`` column blocks each,
+    #: where ``-dqb`` has one box of all ``D / 8``. ``-bx16`` at d128 (``-bx8`` at d64) makes each box
+    #: 2-d (one column block: ``BLOCK_M / 4`` lines of 128 bytes), as ``-sw``'s four are; one
+    #: reduce a tile had the TMA unit's reads of the buffer show as 2 shared-load wavefronts a line,
+    #: which ``-sw``'s boxes do not (NOTES.md v37, v38).
+    dq_boxes: int = 1
 
     def __post_init__(self) -> None:
         """A configuration the kernel is not written for is refused as it is made, parsed or not."""
@@ -292,12 +298,15 @@ class Config:
         if self.dq_blocked and (not self.tma_dq or self.pair_dq):
             raise ValueError(f"config {self}: -dqb lays out the buffer -tmar reduces from; it needs -tmar, and is "
                              "written for two reduces a tile (not -pair)")
+        if self.dq_boxes != 1 and (not self.dq_blocked or self.dq_boxes not in (2, 4, 8, 16)):
+            raise ValueError(f"config {self}: -bxN splits -dqb's one box a tile into N (2, 4, 8 or 16) boxes; it "
+                             "needs -dqb")
         if self.dq_separate and (not (self.dq_pipe and self.dq_swizzle) or self.dq_blocked):
             raise ValueError(f"config {self}: -dqs separates -dqp's two pieces, reduced in 32-column boxes "
                              "(-sw's descriptor); it needs -dqp and -sw, without -dqb")
 
     def __str__(self) -> str:
-        return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'' if self.dq_cols == 64 else f'-q{self.dq_cols}'}{'' if self.qrows else '-krows'}{'' if self.dq_adds else '-noadds'}{'-rot' if self.rotate else ''}{'-sum' if self.sum_dq else ''}{'-tmar' if self.tma_dq else ''}{'-sw' if self.dq_swizzle else ''}{'-dqb' if self.dq_blocked else ''}{'-dsr' if self.ds_regs else ''}{'-pair' if self.pair_dq else ''}{'-ld' if self.loop_descriptors else ''}{'-lt' if self.lse_tma else ''}{'-rl' if self.row_limits else ''}{'-dqp' if self.dq_pipe else ''}{'-dqs' if self.dq_separate else ''}-r{self.consumer_regs}"
+        return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'' if self.dq_cols == 64 else f'-q{self.dq_cols}'}{'' if self.qrows else '-krows'}{'' if self.dq_adds else '-noadds'}{'-rot' if self.rotate else ''}{'-sum' if self.sum_dq else ''}{'-tmar' if self.tma_dq else ''}{'-sw' if self.dq_swizzle else ''}{'-dqb' if self.dq_blocked else ''}{f'-bx{self.dq_boxes}' if self.dq_boxes != 1 else ''}{'-dsr' if self.ds_regs else ''}{'-pair' if self.pair_dq else ''}{'-ld' if self.loop_descriptors else ''}{'-lt' if self.lse_tma else ''}{'-rl' if self.row_limits else ''}{'-dqp' if self.dq_pipe else ''}{'-dqs' if self.dq_separate else ''}-r{self.consumer_regs}"
 
     @staticmethod
     def parse(text: str) -> "Config":
@@ -306,7 +315,7 @@ class Config:
         parts = text.strip().split("-")
         head = parts[0]
         if not (head.startswith("m") and "s" in head):
-            raise ValueError(f"config {text!r}: expected mBLOCKsSTAGES[-split][-qCOLS][-krows][-noadds][-rot][-sum][-tmar[-sw|-dqb][-pair]][-dsr][-ld][-lt][-rl][-dqp[-dqs]][-rREGS], e.g. m64s2")
+            raise ValueError(f"config {text!r}: expected mBLOCKsSTAGES[-split][-qCOLS][-krows][-noadds][-rot][-sum][-tmar[-sw|-dqb[-bxN]][-pair]][-dsr][-ld][-lt][-rl][-dqp[-dqs]][-rREGS], e.g. m64s2")
         block_m, stages = head[1:].split("s")
         fields = dict(block_m=int(block_m), stages=int(stages))
         for part in parts[1:]:
@@ -340,6 +349,8 @@ class Config:
                 fields["dq_pipe"] = True
             elif part == "dqs":
                 fields["dq_separate"] = True
+            elif part.startswith("bx") and part[2:].isdigit():
+                fields["dq_boxes"] = int(part[2:])
             elif part.startswith("q") and part[1:].isdigit():
                 fields["dq_cols"] = int(part[1:])
             elif part.startswith("r") and part[1:].isdigit():
@@ -837,8 +848,12 @@ if gl is not None:
                     piece = dq_buf if c < DQ_N // 32 else share_smem.index(CID + zero)
                     _tma_reduce_add(dq_h, [off_b, off_h, t * BLOCK_M, c * 32],
                                     piece.slice((c * 32) % DQ_N, 32, dim=1))
-            elif DQ_SWIZZLE >= 2:  # -dqb: the whole [D / 8, BLOCK_M / 4, 32] buffer, one 5-d box
-                _tma_reduce_add(dq_h, [off_b, off_h, 0, t * (BLOCK_M // 4), 0], dq_buf)
+            elif DQ_SWIZZLE >= 2:  # -dqb: the [D / 8, BLOCK_M / 4, 32] buffer in boxes of the descriptor's
+                # column blocks: all D / 8 (one 5-d box a tile), or fewer (-bxN)
+                BOX: gl.constexpr = dq_h.block_shape[2]
+                for c in gl.static_range(HEAD_DIM // 8 // BOX):
+                    _tma_reduce_add(dq_h, [off_b, off_h, c * BOX, t * (BLOCK_M // 4), 0],
+                                    dq_buf.slice(c * BOX, BOX, dim=0))
             elif DQ_SWIZZLE:
                 for c in gl.static_range(HEAD_DIM // 32):
                     _tma_reduce_add(dq_h, [off_b, off_h, t * BLOCK_M, c * 32], dq_buf.slice(c * 32, 32, dim=1))
@@ -1342,7 +1357,8 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     args = (descriptor(q, config.block_m, cols=chunk), descriptor(do, config.block_m),
             descriptor(k, KEYS_PER_CONSUMER, cols=chunk), descriptor(v, KEYS_PER_CONSUMER),
             descriptor(dk, KEYS_PER_CONSUMER, cols=chunk), descriptor(dv, KEYS_PER_CONSUMER), lse, delta,
-            (blocked_descriptor(dq_acc, config.block_m, 128 if config.dq_swizzle else 0) if config.dq_blocked
+            (blocked_descriptor(dq_acc, config.block_m, 128 if config.dq_swizzle else 0, config.dq_boxes)
+             if config.dq_blocked
              else descriptor(dq_acc, config.block_m, 128, 32) if config.dq_swizzle
              else descriptor(dq_acc, config.block_m, swizzle=0) if config.tma_dq else dq_acc),
             heads_q, heads_q // heads_kv, n_q, n_k, scale * LOG2E, scale,
@@ -1397,16 +1413,18 @@ def dq_result(dq_acc: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return dq
 
 
-def blocked_descriptor(t: torch.Tensor, rows: int, swizzle: int = 0) -> "TensorDescriptor":
+def blocked_descriptor(t: torch.Tensor, rows: int, swizzle: int = 0, boxes: int = 1) -> "TensorDescriptor":
     """``-dqb``'s TMA descriptor on :func:`dq_workspace`'s ``[B, H, D / 8, N4, 8]`` seen as
     ``[B, H, D / 8, N4 / 4, 32]`` (4 rows of an 8-column block a 128-byte line): boxes ``[1, 1,
-    D / 8, rows / 4, 32]``, unswizzled or (``swizzle`` 128, ``-sw-dqb``) each line's 16-byte chunks
+    D / 8 / boxes, rows / 4, 32]`` (``-bxN``: N boxes a tile), unswizzled or (``swizzle`` 128, ``-sw-dqb``) each line's 16-byte chunks
     swizzled, bounded at each (batch, head)'s N4 (lines past it dropped; the rows from N to N4 are
     padding, never read back)."""
     batch, heads, blocks, n4, _ = t.shape
+    if blocks % boxes:
+        raise ValueError(f"-bx{boxes}: {blocks} column blocks (d{blocks * 8}) do not split into {boxes} boxes")
     lines = t.view(batch, heads, blocks, n4 // 4, 32)
     layout = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=32, rank=5)
-    return TensorDescriptor.from_tensor(lines, [1, 1, blocks, rows // 4, 32], layout)
+    return TensorDescriptor.from_tensor(lines, [1, 1, blocks // boxes, rows // 4, 32], layout)
 
 
 def row_descriptor(t: torch.Tensor, rows: int) -> "TensorDescriptor":

@@ -431,6 +431,22 @@ def test_dqb_lays_dq_out_in_8_column_blocks_of_4_rows_a_line_and_puts_them_back(
         assert torch.equal(desc.base[1, 2, 5, 7].view(4, 8), dq[1, 2, 28:32, 40:48])
     with pytest.raises(ValueError, match="is not dq_workspace's"):
         gluon_backward.launch_arguments(q, q, q, q, lse, lse, q.float(), q, q, True, 0.09, config)
+    # -bxN: the tile's reduce in N boxes of 16 / N column blocks (the kernel loops over the
+    # descriptor's block shape); refused without -dqb, for an N that is no power of 2 up to 16, and
+    # where the head's blocks do not split into N.
+    for boxes in (2, 4, 16):
+        split = gluon_backward.Config.parse(f"m64s2-tmar-dqb-bx{boxes}-ld-lt-rl-dqp")
+        assert split.dq_boxes == boxes and gluon_backward.Config.parse(str(split)) == split
+        args, kwargs, _ = gluon_backward.launch_arguments(q, q, q, q, lse, lse, work, q, q, True, 0.09, split)
+        assert list(args[8].block_shape) == [1, 1, 16 // boxes, 16, 32] and kwargs["DQ_SWIZZLE"] == 2
+    for text in ("m64s2-tmar-sw-bx4", "m64s2-tmar-dqb-bx3", "m64s2-tmar-dqb-bx32"):
+        with pytest.raises(ValueError, match="-bxN splits"):
+            gluon_backward.Config.parse(text)
+    with pytest.raises(ValueError, match="do not split into 16 boxes"):
+        q64 = torch.zeros(batch, heads, n, 64, dtype=torch.bfloat16)
+        wide = gluon_backward.Config.parse("m64s3-tmar-dqb-bx16-ld")
+        gluon_backward.launch_arguments(q64, q64, q64, q64, lse, lse, gluon_backward.dq_workspace(q64, wide),
+                                        q64, q64, True, 0.09, wide)
     # Its conversion back (a Triton kernel, run here in the interpreter in a child process, as the
     # harness's workers run Triton on the CPU): every row in place, the padding rows dropped.
     code = ("import torch; from pytest_attnkit.implementations.triton_flash import gluon_backward as gb; "
