@@ -216,8 +216,9 @@ def sanitize_header(sanitizer: str, tools: list[str], reason: str | None) -> str
 
 
 def correctness_verdict(document: dict[str, Any], name: str, suite: str = "correctness") -> str:
-    """pass, FAIL, NOTHING RUN or INCOMPLETE, with the coverage: how many cases ran of how many
-    (of the correctness suite, or of ``suite``: a suite installed through attnkit.suites)."""
+    """pass, FAIL, NOTHING RUN or INCOMPLETE, with the coverage: how many of the implementation's
+    tests ran of how many (of the correctness suite, where a case makes a forward and a backward
+    test, or of ``suite``: a suite installed through attnkit.suites)."""
     info = document["implementations"][name]
     if info["status"] != ImplStatus.AVAILABLE:
         return info["status"]
@@ -230,7 +231,7 @@ def correctness_verdict(document: dict[str, Any], name: str, suite: str = "corre
     ran = passed + failed
     stand_ins = sum(1 for test in document["tests"] if test["impl"] == name and test["suite"] == suite
                 and test.get("twin_of") and test["outcome"] in (Verdict.PASSED, Verdict.FAILED))
-    coverage = (f"{ran} of {collected} cases run ({passed} passed, {failed} failed"
+    coverage = (f"{ran} of {collected} tests run ({passed} passed, {failed} failed"
                 + (f"; {stand_ins} as in-contract stand-ins" if stand_ins else "") + f"), {skipped} skipped")
     reasons = Counter(test.get("reason") for test in document["tests"]
                       if test["impl"] == name and test["suite"] == suite and test["outcome"] == Verdict.SKIPPED)

@@ -65,7 +65,7 @@ def test_the_coverage_line_counts_the_stand_ins_that_ran() -> None:
                           test("b1-h2-q64-k64-d64-fp16", "passed", "b1-h2-q1-k1-d64-fp16"),
                           test("b1-h2-q256-k256-d64-fp16", "passed", None)]}
     assert correctness_verdict(document, "k") == (
-        "pass: 3 of 3 cases run (3 passed, 0 failed; 2 as in-contract stand-ins), 0 skipped")
+        "pass: 3 of 3 tests run (3 passed, 0 failed; 2 as in-contract stand-ins), 0 skipped")
 
 
 def test_a_multiple_of_64_kernel_runs_every_family_of_the_smoke_set(pytester: pytest.Pytester, fake_dist) -> None:

@@ -90,10 +90,10 @@ def test_nothing_run_is_its_own_verdict(pytester: pytest.Pytester, fake_dist) ->
     result = pytester.runpytest("--attnkit", "-p", "no:cacheprovider", "--attnkit-suite=correctness",
                                 "--attnkit-impl=float32_only,head_dim_48", "-k", "test_forward")
     summary = "\n".join(_summary(result))
-    assert re.search(r"head_dim_48 +correctness +NOTHING RUN: 0 of \d+ cases run", summary), summary
+    assert re.search(r"head_dim_48 +correctness +NOTHING RUN: 0 of \d+ tests run", summary), summary
     # The float32-only class with head dims 32, 64 and 128 now runs float32 stand-ins for the
     # smoke cases it cannot take; what it ran is counted, and it passes on them.
-    assert re.search(r"float32_only +correctness +pass: [1-9]\d* of \d+ cases run", summary), summary
+    assert re.search(r"float32_only +correctness +pass: [1-9]\d* of \d+ tests run", summary), summary
     # An interrupted run says INCOMPLETE: test_sigterm_writes_the_report_keeps_the_baseline_and_kills_the_workers.
 
 
@@ -197,7 +197,7 @@ def test_sigterm_writes_the_report_keeps_the_baseline_and_kills_the_workers(
     assert took < 15, f"{took:.1f} s after SIGTERM\n{text}"
     assert not _wait_gone(marker, 3), "workers outlived the run"
     assert "baseline NOT saved: the run was interrupted" in text
-    assert re.search(r"hangs +correctness +INCOMPLETE: 0 of 1 cases run", text), text
+    assert re.search(r"hangs +correctness +INCOMPLETE: 0 of 1 tests run", text), text
     assert baseline_file.read_bytes() == saved
     assert json.loads((pytester.path / "report" / "attnkit-report.json").read_text())["interrupted"] is True
 

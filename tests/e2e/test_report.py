@@ -29,7 +29,7 @@ def test_report_files_and_step_summary(pytester: pytest.Pytester, fake_dist, mon
     result.assert_outcomes(passed=3)  # two correctness tests and one speed test
     result.stdout.fnmatch_lines([
         "*attnkit summary: each implementation*",
-        "repeated         correctness  pass: 2 of 2 cases run (2 passed, 0 failed), 0 skipped",
+        "repeated         correctness  pass: 2 of 2 tests run (2 passed, 0 failed), 0 skipped",
         "                 gate         NOT GATED: no baseline file for this device",
         "report: *out/",
         "  attnkit-report.json, attnkit-report.md, 1 plots",
@@ -41,7 +41,7 @@ def test_report_files_and_step_summary(pytester: pytest.Pytester, fake_dist, mon
     assert measurement["impl"] == "repeated" and measurement["timing"]["timer"] == "perf-counter"
     assert (pytester.path / "out" / "speed-forward.png").stat().st_size > 10_000
     markdown = (pytester.path / "out" / "attnkit-report.md").read_text()
-    assert "| repeated | pass: 2 of 2 cases run (2 passed, 0 failed), 0 skipped |" in markdown
+    assert "| repeated | pass: 2 of 2 tests run (2 passed, 0 failed), 0 skipped |" in markdown
     assert summary.read_text().startswith("# pytest-attnkit report")
 
 

@@ -122,10 +122,10 @@ def test_an_installed_suite_runs_scheduled_judged_and_reported_like_a_bundled_on
     assert document["time"]["jobs"] == 2
     # A line of its own in each implementation's summary block and a column in the Markdown report.
     summary = words(result.stdout.str())
-    assert "bounds pass: 1 of 1 cases run (1 passed, 0 failed), 0 skipped" in summary
-    assert "bounds FAIL: 1 of 1 cases run (0 passed, 1 failed), 0 skipped" in summary
+    assert "bounds pass: 1 of 1 tests run (1 passed, 0 failed), 0 skipped" in summary
+    assert "bounds FAIL: 1 of 1 tests run (0 passed, 1 failed), 0 skipped" in summary
     markdown = (report / "attnkit-report.md").read_text()
-    assert "| gate | bounds |" in markdown and "| FAIL: 1 of 1 cases run (0 passed, 1 failed), 0 skipped |" in markdown
+    assert "| gate | bounds |" in markdown and "| FAIL: 1 of 1 tests run (0 passed, 1 failed), 0 skipped |" in markdown
 
 
 def test_an_installed_suite_s_run_hooks_build_it_and_add_to_the_header_report_and_summary(

@@ -32,8 +32,8 @@ def test_the_summary_and_the_report_combine_every_xdist_worker(pytester: pytest.
                                            "-n", "2", "--attnkit-report=out", "-k", "test_forward and (q17-k17 or q113-k113)")
     outcomes = result.parseoutcomes()
     assert (outcomes["passed"], outcomes["failed"]) == (2, 2)
-    result.stdout.fnmatch_lines(["good             correctness  pass: 2 of * cases run (2 passed, 0 failed)*",
-                                 "wrong_scale      correctness  FAIL: 2 of * cases run (0 passed, 2 failed)*"])
+    result.stdout.fnmatch_lines(["good             correctness  pass: 2 of * tests run (2 passed, 0 failed)*",
+                                 "wrong_scale      correctness  FAIL: 2 of * tests run (0 passed, 2 failed)*"])
     document = json.loads((pytester.path / "out" / "attnkit-report.json").read_text())
     ran = sorted(test["outcome"] for test in document["tests"] if test["outcome"] != "skipped")
     assert ran == ["failed", "failed", "passed", "passed"]
