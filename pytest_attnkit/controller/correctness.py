@@ -86,8 +86,10 @@ class CorrectnessCheck(Suite):
         seed = rerun = ""
         if result.seed is not None:
             seed = f", seed {result.seed} (trial {(result.trial or 0) + 1} of {result.trials})"
+            # The test's whole name, brackets included: -k matches substrings, and a case's id
+            # may begin another's (b1-...-causal, b1-...-causal-w16:0-lse in the smoke set).
             rerun = (f"pytest --attnkit --attnkit-impl={impl} --attnkit-seed={self.seed} "
-                     f"-k '{item.spec.function} and {impl} and {case.id}'")
+                     f"-k '{item.spec.function}[{impl}-{case.id}]'")
         judgement = self.outcomes.from_reply(reply, impl=impl, where=case.id, seed=seed, rerun=rerun,
                                              origin=self.pool.info(impl).origin) or Judgement(Verdict.PASSED)
         record = {"comparisons": [comparison.to_dict() for comparison in result.comparisons]} \

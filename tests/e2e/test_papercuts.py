@@ -189,16 +189,18 @@ def test_failure_messages_keep_to_100_columns(pytester: pytest.Pytester, fake_di
     # Nothing cut: the figures of the comparison are all there, and the rerun command is whole.
     assert re.search(r"out: max error \S+ exceeds allowed \S+ .* cosine \S+, RMSE \S+", text), text
     # The command is the failure's last line, alone, so that it pastes back as printed.
-    assert re.search(r"^rerun: pytest --attnkit --attnkit-impl=wrong_scale --attnkit-seed=0 -k 'test_forward and "
-                     r"wrong_scale and b\S+'$", "\n".join(failures), re.MULTILINE), "\n".join(failures)
+    assert re.search(r"^rerun: pytest --attnkit --attnkit-impl=wrong_scale --attnkit-seed=0 -k "
+                     r"'test_forward\[wrong_scale-b\S+\]'$", "\n".join(failures), re.MULTILINE), "\n".join(failures)
 
 
-# The rerun line pastes back as printed: run it, and the one test it names fails the same way.
+# The rerun line pastes back as printed: run it, and the one test it names fails the same way,
+# even where its case's id begins another's (the smoke set's ...-causal and ...-causal-w16:0-lse).
 def test_the_rerun_line_reruns_the_failure_as_printed(pytester: pytest.Pytester, fake_dist) -> None:
     fake_dist({"wrong_scale": fake("wrong_scale")})
     first = pytester.runpytest("--attnkit", "-p", "no:cacheprovider", "--attnkit-suite=correctness",
-                               "--attnkit-impl=wrong_scale", "-k", "test_forward and q113-k113-d64")
-    [line] = [line for line in first.outlines if line.startswith("rerun: ")]
+                               "--attnkit-impl=wrong_scale", "-k", "test_forward and q203-k113-d64")
+    assert first.parseoutcomes().get("failed", 0) + first.parseoutcomes().get("skipped", 0) >= 2, first.outlines
+    [line] = [line for line in first.outlines if line.startswith("rerun: ") and "-lse" not in line]
     command = shlex.split(line.removeprefix("rerun: "))  # as a shell reads the pasted line
     assert command[:2] == ["pytest", "--attnkit"], line
     again = pytester.runpytest(*command[1:], "-p", "no:cacheprovider")
