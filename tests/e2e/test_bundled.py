@@ -7,9 +7,8 @@ nothing. On a GPU machine triton_flash joins them, and every one must pass what 
 Without a GPU triton_flash runs in Triton's interpreter: with it this test took 88 CPU-seconds
 (50 s alone on a 2-core machine), without it 20 (15 s; 2026-12-02). CI's next step, the main job
 (``pytest --attnkit``, README), runs it over the same smoke set with torch_flex: here it would be
-the same run twice. Its kernels'
-own tests (tests/implementations/test_triton_flash_variants.py and the files beside it) hold it
-to every variant and layout in the interpreter.
+the same run twice. Its kernels' own tests (tests/implementations/test_triton_flash_variants.py
+and the files beside it) hold it to every variant and layout in the interpreter.
 """
 
 from __future__ import annotations
