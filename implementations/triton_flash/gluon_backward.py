@@ -277,6 +277,10 @@ class Config:
     #: reduce a tile had the TMA unit's reads of the buffer show as 2 shared-load wavefronts a line,
     #: which ``-sw``'s boxes do not (NOTES.md v37, v38).
     dq_boxes: int = 1
+    #: ``-flat`` (with ``-dqb``): the blocked workspace seen by the descriptor as 3-d, ``[B * H * D /
+    #: 8, N4 / 4, 32]``, where ``-dqb``'s is 5-d: the same boxes and bytes through a 3-d tensor map,
+    #: as ``-sw``'s reduces use a 4-d one with two dimensions of one (NOTES.md v38).
+    dq_flat: bool = False
 
     def __post_init__(self) -> None:
         """A configuration the kernel is not written for is refused as it is made, parsed or not."""
@@ -298,6 +302,8 @@ class Config:
         if self.dq_blocked and (not self.tma_dq or self.pair_dq):
             raise ValueError(f"config {self}: -dqb lays out the buffer -tmar reduces from; it needs -tmar, and is "
                              "written for two reduces a tile (not -pair)")
+        if self.dq_flat and not self.dq_blocked:
+            raise ValueError(f"config {self}: -flat is -dqb's workspace seen as 3-d; it needs -dqb")
         if self.dq_boxes != 1 and (not self.dq_blocked or self.dq_boxes not in (2, 4, 8, 16)):
             raise ValueError(f"config {self}: -bxN splits -dqb's one box a tile into N (2, 4, 8 or 16) boxes; it "
                              "needs -dqb")
@@ -306,7 +312,7 @@ class Config:
                              "(-sw's descriptor); it needs -dqp and -sw, without -dqb")
 
     def __str__(self) -> str:
-        return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'' if self.dq_cols == 64 else f'-q{self.dq_cols}'}{'' if self.qrows else '-krows'}{'' if self.dq_adds else '-noadds'}{'-rot' if self.rotate else ''}{'-sum' if self.sum_dq else ''}{'-tmar' if self.tma_dq else ''}{'-sw' if self.dq_swizzle else ''}{'-dqb' if self.dq_blocked else ''}{f'-bx{self.dq_boxes}' if self.dq_boxes != 1 else ''}{'-dsr' if self.ds_regs else ''}{'-pair' if self.pair_dq else ''}{'-ld' if self.loop_descriptors else ''}{'-lt' if self.lse_tma else ''}{'-rl' if self.row_limits else ''}{'-dqp' if self.dq_pipe else ''}{'-dqs' if self.dq_separate else ''}-r{self.consumer_regs}"
+        return f"m{self.block_m}s{self.stages}{'-split' if self.split_dq else ''}{'' if self.dq_cols == 64 else f'-q{self.dq_cols}'}{'' if self.qrows else '-krows'}{'' if self.dq_adds else '-noadds'}{'-rot' if self.rotate else ''}{'-sum' if self.sum_dq else ''}{'-tmar' if self.tma_dq else ''}{'-sw' if self.dq_swizzle else ''}{'-dqb' if self.dq_blocked else ''}{f'-bx{self.dq_boxes}' if self.dq_boxes != 1 else ''}{'-flat' if self.dq_flat else ''}{'-dsr' if self.ds_regs else ''}{'-pair' if self.pair_dq else ''}{'-ld' if self.loop_descriptors else ''}{'-lt' if self.lse_tma else ''}{'-rl' if self.row_limits else ''}{'-dqp' if self.dq_pipe else ''}{'-dqs' if self.dq_separate else ''}-r{self.consumer_regs}"
 
     @staticmethod
     def parse(text: str) -> "Config":
@@ -315,7 +321,7 @@ class Config:
         parts = text.strip().split("-")
         head = parts[0]
         if not (head.startswith("m") and "s" in head):
-            raise ValueError(f"config {text!r}: expected mBLOCKsSTAGES[-split][-qCOLS][-krows][-noadds][-rot][-sum][-tmar[-sw|-dqb[-bxN]][-pair]][-dsr][-ld][-lt][-rl][-dqp[-dqs]][-rREGS], e.g. m64s2")
+            raise ValueError(f"config {text!r}: expected mBLOCKsSTAGES[-split][-qCOLS][-krows][-noadds][-rot][-sum][-tmar[-sw|-dqb[-bxN][-flat]][-pair]][-dsr][-ld][-lt][-rl][-dqp[-dqs]][-rREGS], e.g. m64s2")
         block_m, stages = head[1:].split("s")
         fields = dict(block_m=int(block_m), stages=int(stages))
         for part in parts[1:]:
@@ -335,6 +341,8 @@ class Config:
                 fields["dq_swizzle"] = True
             elif part == "dqb":
                 fields["dq_blocked"] = True
+            elif part == "flat":
+                fields["dq_flat"] = True
             elif part == "dsr":
                 fields["ds_regs"] = True
             elif part == "pair":
@@ -848,6 +856,11 @@ if gl is not None:
                     piece = dq_buf if c < DQ_N // 32 else share_smem.index(CID + zero)
                     _tma_reduce_add(dq_h, [off_b, off_h, t * BLOCK_M, c * 32],
                                     piece.slice((c * 32) % DQ_N, 32, dim=1))
+            elif DQ_SWIZZLE >= 4:  # -dqb-flat: the same boxes through a 3-d descriptor, off_b is the
+                # (batch, head)'s first block row (_bwd_consumer)
+                BOX: gl.constexpr = dq_h.block_shape[0]
+                for c in gl.static_range(HEAD_DIM // 8 // BOX):
+                    _tma_reduce_add(dq_h, [off_b + c * BOX, t * (BLOCK_M // 4), 0], dq_buf.slice(c * BOX, BOX, dim=0))
             elif DQ_SWIZZLE >= 2:  # -dqb: the [D / 8, BLOCK_M / 4, 32] buffer in boxes of the descriptor's
                 # column blocks: all D / 8 (one 5-d box a tile), or fewer (-bxN)
                 BOX: gl.constexpr = dq_h.block_shape[2]
@@ -906,6 +919,10 @@ if gl is not None:
                 dq_h = dq_ptr  # dQ's descriptor: the reduce addresses (batch, head, row)
             else:
                 dq_h = dq_ptr + row_base * HEAD_DIM
+            if DQ_SWIZZLE >= 4:  # -flat: the step's reduce addresses block rows, from this head's first
+                dq_b = (off_b * H_Q + off_h) * (HEAD_DIM // 8)
+            else:
+                dq_b = off_b
             if ALIBI:  # this (batch, query head)'s slope, times log2(e) ([B, Hq] contiguous)
                 slope = gl.load(slopes_ptr + off_b * H_Q + off_h)
             else:
@@ -914,7 +931,7 @@ if gl is not None:
             for t in range(t_first, t_whole):
                 dk, dv = _bwd_step(it, t, q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, share_smem, dq_ready, dq_free,
                                    q_full, q_empty, dk, dv,
-                                   lse_h, delta_h, dq_h, off_b, off_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
+                                   lse_h, delta_h, dq_h, dq_b, off_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
                                    kv_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
                                    True, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, CID, SUM_DQ, TMA_DQ, DQ_SWIZZLE,
                                    DS_REGS, PAIR_DQ, LOOP_DESC, lsd_smem, LSE_TMA, ROW_LIMITS, ALIBI, slope,
@@ -928,7 +945,7 @@ if gl is not None:
                 t = _tile(j, t_whole, t_end, rot, ROTATE)
                 dk, dv = _bwd_step(it, t, q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, share_smem, dq_ready, dq_free,
                                    q_full, q_empty, dk, dv,
-                                   lse_h, delta_h, dq_h, off_b, off_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
+                                   lse_h, delta_h, dq_h, dq_b, off_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
                                    kv_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
                                    False, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, CID, SUM_DQ, TMA_DQ, DQ_SWIZZLE,
                                    DS_REGS, PAIR_DQ, LOOP_DESC, lsd_smem, LSE_TMA, ROW_LIMITS, ALIBI, slope,
@@ -938,7 +955,7 @@ if gl is not None:
                 for t in range(t_wend, t_end):
                     dk, dv = _bwd_step(it, t, q_smem, do_smem, k_smem, v_smem, ds_smem, p_smem, dq_smem, share_smem,
                                        dq_ready, dq_free, q_full, q_empty, dk, dv,
-                                       lse_h, delta_h, dq_h, off_b, off_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
+                                       lse_h, delta_h, dq_h, dq_b, off_h, key0, n_q, n_k, diag, qk_scale, sm_scale,
                                        kv_layout, add_layout, BLOCK_M, HEAD_DIM, STAGES, KEYS, CAUSAL,
                                        True, SPLIT_DQ, DQ_PARTS, QROWS, DQ_ADDS, CID, SUM_DQ, TMA_DQ, DQ_SWIZZLE,
                                        DS_REGS, PAIR_DQ, LOOP_DESC, lsd_smem, LSE_TMA, ROW_LIMITS, ALIBI, slope,
@@ -1170,9 +1187,9 @@ if gl is not None:
             # dS^T, keys as rows; P^T stays in registers (p_smem is an alias, never used).
             ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, KEYS, BLOCK_M], ds_layout)
             p_smem = ds_smem
-        if DQ_SWIZZLE == 3:  # -sw-dqb: [D / 8, BLOCK_M / 4, 32] a buffer, each 128-byte line's chunks swizzled
+        if DQ_SWIZZLE >= 2 and DQ_SWIZZLE % 2 == 1:  # -sw-dqb: [D / 8, BLOCK_M / 4, 32], lines' chunks swizzled
             dq_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=3)
-        elif DQ_SWIZZLE == 2:  # -dqb: [D / 8, BLOCK_M / 4, 32] a buffer, unswizzled: the 5-d box's order
+        elif DQ_SWIZZLE >= 2:  # -dqb: [D / 8, BLOCK_M / 4, 32] a buffer, unswizzled: the 5-d box's order
             dq_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
         elif DQ_SWIZZLE:
             dq_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
@@ -1357,7 +1374,8 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     args = (descriptor(q, config.block_m, cols=chunk), descriptor(do, config.block_m),
             descriptor(k, KEYS_PER_CONSUMER, cols=chunk), descriptor(v, KEYS_PER_CONSUMER),
             descriptor(dk, KEYS_PER_CONSUMER, cols=chunk), descriptor(dv, KEYS_PER_CONSUMER), lse, delta,
-            (blocked_descriptor(dq_acc, config.block_m, 128 if config.dq_swizzle else 0, config.dq_boxes)
+            (blocked_descriptor(dq_acc, config.block_m, 128 if config.dq_swizzle else 0, config.dq_boxes,
+                                config.dq_flat)
              if config.dq_blocked
              else descriptor(dq_acc, config.block_m, 128, 32) if config.dq_swizzle
              else descriptor(dq_acc, config.block_m, swizzle=0) if config.tma_dq else dq_acc),
@@ -1369,8 +1387,9 @@ def launch_arguments(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
                   DQ_PARTS=max(1, head_dim // config.dq_cols), QROWS=config.qrows,
                   DQ_ADDS=config.dq_adds, ROTATE=config.rotate,
                   SUM_DQ=config.sum_dq, TMA_DQ=config.tma_dq,
-                  # DQ_SWIZZLE: 0 plain, 1 -sw, 2 -dqb, 3 -sw-dqb (one constexpr for the buffer's layout)
-                  DQ_SWIZZLE=(2 + config.dq_swizzle) if config.dq_blocked else config.dq_swizzle,
+                  # DQ_SWIZZLE: 0 plain, 1 -sw, 2 -dqb, 3 -sw-dqb, 4 and 5 the same with -flat (one
+                  # constexpr for the buffer's layout and its descriptor's)
+                  DQ_SWIZZLE=(2 + config.dq_swizzle + 2 * config.dq_flat) if config.dq_blocked else config.dq_swizzle,
                   DS_REGS=config.ds_regs, PAIR_DQ=config.pair_dq,
                   LOOP_DESC=config.loop_descriptors, LSE_TMA=config.lse_tma, ROW_LIMITS=config.row_limits, num_warps=4)
     if slopes is not None:
@@ -1413,15 +1432,22 @@ def dq_result(dq_acc: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return dq
 
 
-def blocked_descriptor(t: torch.Tensor, rows: int, swizzle: int = 0, boxes: int = 1) -> "TensorDescriptor":
+def blocked_descriptor(t: torch.Tensor, rows: int, swizzle: int = 0, boxes: int = 1,
+                       flat: bool = False) -> "TensorDescriptor":
     """``-dqb``'s TMA descriptor on :func:`dq_workspace`'s ``[B, H, D / 8, N4, 8]`` seen as
     ``[B, H, D / 8, N4 / 4, 32]`` (4 rows of an 8-column block a 128-byte line): boxes ``[1, 1,
-    D / 8 / boxes, rows / 4, 32]`` (``-bxN``: N boxes a tile), unswizzled or (``swizzle`` 128, ``-sw-dqb``) each line's 16-byte chunks
-    swizzled, bounded at each (batch, head)'s N4 (lines past it dropped; the rows from N to N4 are
-    padding, never read back)."""
+    D / 8 / boxes, rows / 4, 32]`` (``-bxN``: N boxes a tile), unswizzled or (``swizzle`` 128,
+    ``-sw-dqb``) each line's 16-byte chunks swizzled, bounded at each (batch, head)'s N4 (lines
+    past it dropped; the rows from N to N4 are padding, never read back). ``flat`` (``-flat``):
+    the same as ``[B * H * D / 8, N4 / 4, 32]``, boxes ``[D / 8 / boxes, rows / 4, 32]`` (a box
+    never crosses a head's blocks)."""
     batch, heads, blocks, n4, _ = t.shape
     if blocks % boxes:
         raise ValueError(f"-bx{boxes}: {blocks} column blocks (d{blocks * 8}) do not split into {boxes} boxes")
+    if flat:
+        layout = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=32, rank=3)
+        return TensorDescriptor.from_tensor(t.view(batch * heads * blocks, n4 // 4, 32),
+                                            [blocks // boxes, rows // 4, 32], layout)
     lines = t.view(batch, heads, blocks, n4 // 4, 32)
     layout = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=32, rank=5)
     return TensorDescriptor.from_tensor(lines, [1, 1, blocks // boxes, rows // 4, 32], layout)
