@@ -52,7 +52,7 @@ def test_a_sanitize_run_s_summary_gives_its_verdict_and_no_rows_of_suites_that_d
 
     lines = headline_lines(_document([("sanitize", "passed"), ("sanitize", "failed")], {"sanitize": 2}))
     rows = {line.split()[1 if line.startswith("k") else 0]: line for line in lines}
-    assert "sanitize" in rows and "FAIL: 2 of 2 cases run (1 passed, 1 failed)" in rows["sanitize"], lines
+    assert "sanitize" in rows and "FAIL: 2 of 2 tests run (1 passed, 1 failed)" in rows["sanitize"], lines
     assert rows["correctness"].endswith("not run") and "accuracy" not in rows, lines
     # A run without sanitize has no such row; one with correctness keeps its accuracy row.
     lines = headline_lines(_document([("correctness", "passed")], {"correctness": 1}))
