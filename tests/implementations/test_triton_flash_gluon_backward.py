@@ -439,6 +439,7 @@ def test_dqb_lays_dq_out_in_8_column_blocks_of_4_rows_a_line_and_puts_them_back(
         assert split.dq_boxes == boxes and gluon_backward.Config.parse(str(split)) == split
         args, kwargs, _ = gluon_backward.launch_arguments(q, q, q, q, lse, lse, work, q, q, True, 0.09, split)
         assert list(args[8].block_shape) == [1, 1, 16 // boxes, 16, 32] and kwargs["DQ_SWIZZLE"] == 2
+        assert args[8].layout.swizzle_byte_width == 0 and args[8].base.data_ptr() == work.data_ptr()
     # -flat: the same boxes through a 3-d view [B * H * D / 8, N4 / 4, 32]; the kernel's reduce
     # addresses block rows from the (batch, head)'s first (DQ_SWIZZLE 4, or 5 with -sw).
     for text, boxes, constexpr in (("m64s2-tmar-dqb-flat-ld", 1, 4), ("m64s2-tmar-sw-dqb-bx16-flat-ld", 16, 5)):
@@ -447,7 +448,8 @@ def test_dqb_lays_dq_out_in_8_column_blocks_of_4_rows_a_line_and_puts_them_back(
         args, kwargs, _ = gluon_backward.launch_arguments(q, q, q, q, lse, lse, work, q, q, True, 0.09, flat)
         desc = args[8]
         assert kwargs["DQ_SWIZZLE"] == constexpr and list(desc.shape) == [batch * heads * 16, 29, 32]
-        assert list(desc.block_shape) == [16 // boxes, 16, 32]
+        assert list(desc.block_shape) == [16 // boxes, 16, 32] and desc.base.data_ptr() == work.data_ptr()
+        assert desc.layout.swizzle_byte_width == (128 if flat.dq_swizzle else 0)
         assert torch.equal(desc.base[(1 * heads + 2) * 16 + 5, 7].view(4, 8), dq[1, 2, 28:32, 40:48])
     with pytest.raises(ValueError, match="-flat is -dqb's workspace"):
         gluon_backward.Config.parse("m64s2-tmar-sw-flat")
