@@ -1,6 +1,10 @@
 """Calling an implementation as every suite of the worker does: held to the contract on the way,
 and what it raises shown as its own.
 
+:func:`call_implementation` makes the call, with the case's keywords
+(:func:`~pytest_attnkit.worker.inputs.variant_keywords`); a forward() that refuses one of them,
+which its declaration brings, is a breach of the contract, named with the declaration.
+
 The contract's checks of one call live here, once, for the correctness, speed, properties and
 memory suites: what the call returned is a tensor of the shape, dtype and device the contract asks
 (:func:`check_returned`), with backward it is attached to autograd and gives every gradient
@@ -26,12 +30,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 import traceback
 from typing import TYPE_CHECKING, Any, Iterator
 
-from pytest_attnkit.contract import FP8_OUTPUT_DTYPE, Case, is_fp8
-from pytest_attnkit.worker.inputs import Inputs, call_implementation, expected_shapes, make_inputs
+from pytest_attnkit.contract import FP8_DTYPES, FP8_OUTPUT_DTYPE, PAGED_KEYWORDS, VARLEN_KEYWORDS, Case, is_fp8
+from pytest_attnkit.worker.inputs import Inputs, expected_shapes, make_inputs, variant_keywords
 
 if TYPE_CHECKING:
     import torch
@@ -205,6 +210,48 @@ class InputWatch:
                 raise ContractViolation(f"the implementation modified its input {name} (the checksum of its bits "
                                         "changed)")
         self.copies = None
+
+
+def call_implementation(impl: Any, case: Case, q: Any, k: Any, v: Any, inputs: Inputs, *,
+                        sinks: Any = None) -> Any:
+    """Call ``impl`` on ``case`` as the contract says: the variant keywords only when the case
+    uses them (``sinks`` overrides the inputs' sink tensor, to hand one that requires grad)."""
+    keywords = variant_keywords(case, inputs)
+    if sinks is not None:
+        keywords["sinks"] = sinks
+    try:
+        return impl(q, k, v, causal=case.causal, scale=None, **keywords)
+    except TypeError as error:
+        refused = refused_keyword(error, keywords)
+        if refused is None:
+            raise
+        raise ContractViolation(refused) from None
+
+
+#: The declaration that has the harness hand forward() each keyword (the contract's module doc).
+DECLARED_BY: dict[str, str] = {
+    "window_size": "supports_window = True", "softcap": "supports_softcap = True",
+    "alibi_slopes": "supports_alibi = True", "sinks": "supports_sinks = True", "return_lse": "supports_lse = True",
+    **{name: "supports_varlen = True" for name in VARLEN_KEYWORDS},
+    **{name: "supports_paged_kv = True" for name in PAGED_KEYWORDS},
+    **{name: f"an FP8 dtype in dtypes ({', '.join(FP8_DTYPES)})" for name in ("q_descale", "k_descale", "v_descale")},
+}
+
+
+def refused_keyword(error: TypeError, keywords: dict[str, Any]) -> str | None:
+    """The words for a forward() that refused a keyword the harness handed it, because its
+    declaration asks for it (Python's "got an unexpected keyword argument 'return_lse'", raised
+    where the harness calls it, before any of the implementation's code ran); None for any other
+    TypeError, the implementation's own included, which stays a traceback."""
+    match = re.search(r"unexpected keyword argument '(\w+)'", str(error))
+    frames = traceback.extract_tb(error.__traceback__)
+    if match is None or match.group(1) not in keywords or not frames or not _is_harness(frames[-1]):
+        return None
+    name = match.group(1)
+    return (f"forward() does not take the keyword {name}, which the harness hands it on this case because "
+            f"the implementation declares {DECLARED_BY.get(name, 'a variant that uses it')}. "
+            f"Give forward() the parameter ({name}=None, or **variants), or drop the declaration. "
+            f"(TypeError: {error})")
 
 
 def checked_call(impl: Any, case: Case, q: Any, k: Any, v: Any, inputs: Inputs, *, sinks: Any = None,

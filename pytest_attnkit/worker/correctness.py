@@ -38,11 +38,10 @@ from pytest_attnkit.contract import FP8_OUTPUT_DTYPE, AccuracyBudget, AttentionI
 from pytest_attnkit.oracle import forward_and_grads, lse_rows_with_a_key
 from pytest_attnkit.messages import Reply, Status
 from pytest_attnkit.records import Comparison, CorrectnessResult
-from pytest_attnkit.worker.calls import (ContractViolation, InputWatch, check_returned, given_inputs, gradients,
-                                         kernel_traceback)
+from pytest_attnkit.worker.calls import (ContractViolation, InputWatch, call_implementation, check_returned,
+                                         given_inputs, gradients, kernel_traceback)
 from pytest_attnkit.worker.diagnosis import Evidence, Suspect, Wrap, diagnose, keyless_rows_nonfinite
-from pytest_attnkit.worker.inputs import (call_implementation, dequantized, expected_shapes, make_inputs,
-                                          poison_free_memory, trial_seed)
+from pytest_attnkit.worker.inputs import dequantized, expected_shapes, make_inputs, poison_free_memory, trial_seed
 from pytest_attnkit.worker.out_of_memory import out_of_memory_reply
 from pytest_attnkit.worker.tolerance import compare, compare_budget, factor_and_extra_floor
 

@@ -7,8 +7,9 @@ hands out its ``[B, H, N, D]`` transpose: a non-contiguous view, as a model's pr
 A variant case draws its extra inputs from the same seed: ALiBi slopes (uniform in [0, 0.3), as
 FlashAttention's tests draw them), sink logits around ``log(seqlen_k)`` (so the sink takes a share
 of each row comparable to the keys', and ignoring it shows), and the LSE's upstream gradient,
-zero on rows whose LSE the contract leaves open. :func:`call_implementation` is the one place
-that turns a case into the implementation's keyword arguments.
+zero on rows whose LSE the contract leaves open. :func:`variant_keywords` is the one place that
+turns a case into the implementation's keyword arguments
+(:func:`~pytest_attnkit.worker.calls.call_implementation` makes the call).
 
 A varlen case draws its packed q, k and v (``[rows, H, D]``, unused rows after the last sequence
 holding values of their own, never zeros, so reading them shows) and its cumulative lengths; a
@@ -30,14 +31,11 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
-import re
-import traceback
 import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pytest_attnkit.contract import FP8_DTYPES, FP8_OUTPUT_DTYPE, PAGED_KEYWORDS, VARLEN_KEYWORDS, Case, is_fp8
+from pytest_attnkit.contract import FP8_OUTPUT_DTYPE, Case, is_fp8
 from pytest_attnkit.oracle import Packing, lse_rows_with_a_key
 
 if TYPE_CHECKING:
@@ -221,53 +219,6 @@ def variant_keywords(case: Case, inputs: Inputs) -> dict[str, Any]:
     if is_fp8(case.dtype):
         keywords.update(q_descale=inputs.q_descale, k_descale=inputs.k_descale, v_descale=inputs.v_descale)
     return keywords
-
-
-def call_implementation(impl: Any, case: Case, q: Any, k: Any, v: Any, inputs: Inputs, *,
-                        sinks: Any = None) -> Any:
-    """Call ``impl`` on ``case`` as the contract says: the variant keywords only when the case
-    uses them (``sinks`` overrides the inputs' sink tensor, to hand one that requires grad)."""
-    keywords = variant_keywords(case, inputs)
-    if sinks is not None:
-        keywords["sinks"] = sinks
-    try:
-        return impl(q, k, v, causal=case.causal, scale=None, **keywords)
-    except TypeError as error:
-        refused = refused_keyword(error, keywords)
-        if refused is None:
-            raise
-        from pytest_attnkit.worker.calls import ContractViolation
-
-        raise ContractViolation(refused) from None
-
-
-#: The declaration that has the harness hand forward() each keyword (the contract's module doc).
-DECLARED_BY: dict[str, str] = {
-    "window_size": "supports_window = True", "softcap": "supports_softcap = True",
-    "alibi_slopes": "supports_alibi = True", "sinks": "supports_sinks = True", "return_lse": "supports_lse = True",
-    **{name: "supports_varlen = True" for name in VARLEN_KEYWORDS},
-    **{name: "supports_paged_kv = True" for name in PAGED_KEYWORDS},
-    **{name: f"an FP8 dtype in dtypes ({', '.join(FP8_DTYPES)})" for name in ("q_descale", "k_descale", "v_descale")},
-}
-
-
-def refused_keyword(error: TypeError, keywords: dict[str, Any]) -> str | None:
-    """The words for a forward() that refused a keyword the harness handed it, because its
-    declaration asks for it (Python's "got an unexpected keyword argument 'return_lse'", raised
-    where the harness calls it, before any of the implementation's code ran); None for any other
-    TypeError, the implementation's own included, which stays a traceback."""
-    from pytest_attnkit.worker.calls import HARNESS_ROOT  # calls imports this module
-
-    match = re.search(r"unexpected keyword argument '(\w+)'", str(error))
-    frames = traceback.extract_tb(error.__traceback__)
-    if (match is None or match.group(1) not in keywords or not frames
-            or not os.path.abspath(frames[-1].filename).startswith(HARNESS_ROOT + os.sep)):
-        return None
-    name = match.group(1)
-    return (f"forward() does not take the keyword {name}, which the harness hands it on this case because "
-            f"the implementation declares {DECLARED_BY.get(name, 'a variant that uses it')}. "
-            f"Give forward() the parameter ({name}=None, or **variants), or drop the declaration. "
-            f"(TypeError: {error})")
 
 
 def poison_free_memory(device: str, sizes_in_bytes: list[int]) -> None:

@@ -32,7 +32,7 @@ from typing import Any
 
 from pytest_attnkit.contract import AttentionImpl, Case
 from pytest_attnkit.records import MemoryPoint, PointStatus
-from pytest_attnkit.worker.inputs import call_implementation
+from pytest_attnkit.worker.calls import call_implementation
 
 #: Driver-seen growth beyond torch's reserved memory that counts as unmetered: above this many
 #: bytes and this share of what torch saw (the CUDA context and cuBLAS workspaces move a little).

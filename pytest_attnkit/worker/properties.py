@@ -38,8 +38,9 @@ from typing import Any, Callable
 
 from pytest_attnkit.contract import AttentionImpl, Case
 from pytest_attnkit.messages import Reply, Status
-from pytest_attnkit.worker.calls import InputWatch, check_returned, checked_call, given_inputs, gradients
-from pytest_attnkit.worker.inputs import Inputs, call_implementation, make_inputs
+from pytest_attnkit.worker.calls import (InputWatch, call_implementation, check_returned, checked_call, given_inputs,
+                                         gradients)
+from pytest_attnkit.worker.inputs import Inputs, make_inputs
 from pytest_attnkit.worker.out_of_memory import is_out_of_memory
 
 #: How often the determinism check runs a case.

@@ -202,7 +202,7 @@ class _BackwardGraphs:
     def prepare(self) -> None:
         import torch
 
-        from pytest_attnkit.worker.inputs import call_implementation
+        from pytest_attnkit.worker.calls import call_implementation
 
         q, k, v, inputs = next(self.rotation)
         self.pending = None  # a graph left unused (never, with the timer) is dropped before the next is built
@@ -228,7 +228,7 @@ class _BackwardGraphs:
 def _forward(impl: AttentionImpl, case: Case, q: Any, k: Any, v: Any, inputs: Any) -> Any:
     import torch
 
-    from pytest_attnkit.worker.inputs import call_implementation
+    from pytest_attnkit.worker.calls import call_implementation
 
     with torch.no_grad():
         return call_implementation(impl, case, q, k, v, inputs)

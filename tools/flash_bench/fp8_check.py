@@ -129,7 +129,8 @@ def signs(impl, gf, calls: GluonCalls, configs: list[str]) -> list[dict]:
 
     from pytest_attnkit.contract import Case
     from pytest_attnkit.oracle import attention_math
-    from pytest_attnkit.worker.inputs import call_implementation, dequantized, make_inputs
+    from pytest_attnkit.worker.calls import call_implementation
+    from pytest_attnkit.worker.inputs import dequantized, make_inputs
     from pytest_attnkit.worker.tolerance import compare
 
     results = []
@@ -164,7 +165,8 @@ def timing(impl, gf, calls: GluonCalls, configs: list[str]) -> list[dict]:
     from versions import kernel_times
 
     from pytest_attnkit.counts import flop_count
-    from pytest_attnkit.worker.inputs import call_implementation, dequantized, make_inputs
+    from pytest_attnkit.worker.calls import call_implementation
+    from pytest_attnkit.worker.inputs import dequantized, make_inputs
     from pytest_attnkit.worker.speed import measure_speed
     from pytest_attnkit.worker.timer import time_call
 
