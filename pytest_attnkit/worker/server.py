@@ -76,6 +76,11 @@ class Handler:
         self.handlers = Handlers()
         #: A shutdown was asked: the loop exits after replying.
         self.stopping = False
+        #: The directions (backward or not) this process has run the implementation in: a warm-up
+        #: that is the first of its direction here says so (``process_first``), since its first
+        #: call also pays the process's own start (a module compiled once per process, CuPy's).
+        self._ran: set[bool] = set()
+        self.process_first = False
         #: Each op's handler; a request's op is an :class:`Op`, so it names one of these or none.
         self.ops: dict[Op, Callable[[Request], Reply]] = {
             Op.INIT: self.op_init, Op.DESCRIBE: self.op_describe, Op.ENVIRONMENT: self.op_environment,
@@ -239,6 +244,8 @@ class Handler:
         reply = self._refusal(case, backward, checked=request.checked)
         if reply is None:
             assert self.impl is not None
+            self.process_first = backward not in self._ran
+            self._ran.add(backward)
             try:
                 reply = measure(self.impl, case)
             except ContractViolation as violation:  # the same words in every suite (worker/calls.py)
@@ -268,7 +275,9 @@ class Handler:
         short case runs twice, and the reply says how long each call took
         (``first_call_s``, ``next_call_s``: None where there was no second call): the first's
         excess is what the warm-up spares the case's timing with the GPU alone, compiled or not
-        (cuDNN builds a plan per shape in each process: :mod:`pytest_attnkit.controller.scheduling.pruning`)."""
+        (cuDNN builds a plan per shape in each process: :mod:`pytest_attnkit.controller.scheduling.pruning`).
+        ``process_first`` says whether this was the process's first request in its direction,
+        whose first call also paid what a process pays once."""
         from pytest_attnkit.worker.calls import warm_call
 
         backward = request.backward
@@ -276,7 +285,7 @@ class Handler:
         def measure(impl: AttentionImpl, case: Case) -> Reply:
             first_s, next_s = warm_call(impl, case, device=self.device, seed=request.seed, backward=backward,
                                         again=self.device == "cuda" and bool(request.option("next_call")))
-            calls = {"first_call_s": first_s, "next_call_s": next_s}
+            calls = {"first_call_s": first_s, "next_call_s": next_s, "process_first": self.process_first}
             if request.option("program") and self.device == "cuda":
                 from pytest_attnkit.worker.speed import kernel_program
 

@@ -191,9 +191,9 @@ def test_warm_ups_are_pointless_once_an_implementation_has_shown_it_compiles_not
     assert not pruned.pointless(warm)  # one request compiled: its warm-ups are worth their time
 
 
-def warmed(first_s: float, next_s: float | None) -> Reply:
+def warmed(first_s: float, next_s: float | None, *, process_first: bool = False) -> Reply:
     """A warm-up's reply with the worker's timing of its two calls."""
-    return Reply(Status.OK, "", {"first_call_s": first_s, "next_call_s": next_s})
+    return Reply(Status.OK, "", {"first_call_s": first_s, "next_call_s": next_s, "process_first": process_first})
 
 
 def test_a_warm_up_shows_setup_where_its_first_call_cost_many_calls_beyond_the_next() -> None:
@@ -203,6 +203,7 @@ def test_a_warm_up_shows_setup_where_its_first_call_cost_many_calls_beyond_the_n
     assert shows_setup(warmed(0.002 + 0.001 * SETUP_CALLS + WARM_COMPILE_S, 0.001))
     assert not shows_setup(warmed(WARM_COMPILE_S / 2, 0.0001))  # many calls, but too little to matter
     assert setup_s(warmed(1.5, None)) is None and shows_setup(warmed(1.5, None)) is None  # called once: unknown
+    assert shows_setup(warmed(0.3, 0.002, process_first=True)) is None  # the process's own start, maybe
     assert setup_s(Reply(Status.OK)) is None and shows_setup(Reply(Status.OK)) is None  # the CPU: no timing
     assert spared_s(warmed(0.3, 0.002)) == pytest.approx(0.298) and spared_s(warmed(6.0, None)) == 6.0
     assert spared_s(Reply(Status.OK)) is None
@@ -217,14 +218,17 @@ def test_on_cuda_warm_ups_that_compile_nothing_stay_while_their_latest_first_cal
     for _ in range(WARM_EVIDENCE):  # first calls too long for a second (cuDNN's start: 1.3-6.0 s on an H100)
         pruned.record("a", 0.0, warm_up=warmed(6.0, None))
     assert not pruned.pointless(warm)  # they say nothing either way
-    pruned.record("a", 0.0, warm_up=warmed(0.5, 0.001))  # the process's start (a module compiled once)
+    pruned.record("a", 0.0, warm_up=warmed(0.5, 0.001, process_first=True))  # the process's start (CuPy's)
     for _ in range(WARM_EVIDENCE - 1):
         pruned.record("a", 0.0, warm_up=warmed(0.004, 0.003))
-    assert not pruned.pointless(warm)  # the start is among the latest
+    assert not pruned.pointless(warm)  # the start says nothing: two have told so far
     pruned.record("a", 0.0, warm_up=warmed(0.004, 0.003))
-    assert pruned.pointless(warm)  # the latest showed none: the start was once per process
-    pruned.record("a", 0.0, warm_up=warmed(0.3, 0.002))  # a plan per shape: every warm-up shows one
+    assert pruned.pointless(warm)  # three showed none: the start was once per process
+    pruned.record("a", 0.0, warm_up=warmed(0.3, 0.002))  # a plan per shape, in a later warm-up
     assert not pruned.pointless(warm)
+    for _ in range(2 * WARM_EVIDENCE):  # shapes whose plans cost less than ten of their calls
+        pruned.record("a", 0.0, warm_up=warmed(0.07, 0.008))
+    assert not pruned.pointless(warm)  # a plan per shape stays shown: the next shape may pay 0.5 s
     backward = Job("a", "speed", Request(Op.WARM, backward=True), 0, next(_seq), warm=True)
     assert not pruned.pointless(backward)  # its backwards are judged apart: none has said anything yet
     for _ in range(WARM_EVIDENCE):

@@ -185,6 +185,18 @@ def test_a_warm_up_reply_says_how_long_its_first_call_took() -> None:
     """On the CPU it asks no second call: there is no GPU-alone phase to spare."""
     reply = _replies(_right)["warm-up"]
     assert reply.status is Status.OK and reply.data["first_call_s"] > 0 and reply.data["next_call_s"] is None
+    assert not reply.data["process_first"]  # the backwards of the requests before it ran in this process
+
+
+def test_a_warm_up_says_whether_it_was_its_process_s_first_in_its_direction() -> None:
+    """Its first call then also paid the process's own start (CuPy compiles its module once): the
+    pruning of warm-ups does not count it (pytest_attnkit/controller/scheduling/pruning.py)."""
+    handler = Handler()
+    handler.handle(Request(Op.INIT, options={"device": "cpu", "handlers": {}}))
+    handler.impl = FunctionImpl(_right)
+    said = [handler.handle(Request(Op.WARM, CASE, backward, 0)).data["process_first"]
+            for backward in (False, False, True, True)]
+    assert said == [True, False, True, False]
 
 
 def test_the_pytest_side_says_it_in_every_suite(pytester: pytest.Pytester, fake_dist) -> None:

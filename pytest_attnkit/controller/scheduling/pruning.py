@@ -15,12 +15,18 @@
   for a second one (:data:`pytest_attnkit.worker.calls.NEXT_CALL_MAX_S`) says nothing either way
   and is not counted: on an H100 torch_sdpa's first warm-ups in a process took 1.3-6.0 s (cuDNN's
   start and its backward plans), and counting them as "no setup" dropped its warm-ups after five
-  (results/2026-11-27-session14). The latest :data:`WARM_EVIDENCE` warm-ups that said decide, not
-  the most any showed: a process's own start (a module loaded or compiled once per worker,
-  CuPy's) shows in its first warm-up only, where a plan per shape shows in each. Forwards and
-  backwards are judged apart: on an H100 (h100-warm13) torch_sdpa's last forward warm-ups (paged
-  decoding, no plan to build) dropped every backward warm-up behind them, whose cases then paid
-  60-530 ms each with the GPU alone.
+  (results/2026-11-27-session14). Nor does a warm-up that was its worker's first request in its
+  direction (``process_first``): its first call also paid what a process pays once (a module
+  loaded or compiled once per worker, CuPy's). Once any other warm-up showed setup, the
+  implementation keeps its warm-ups in that direction for the rest of the run: a plan per shape
+  does not show in every shape. On a fresh H200 (results/2026-12-02-session27, cold39) the plans of
+  torch_sdpa's d128 forwards cost about 60 ms, under ten of their 8 ms calls; three such warm-ups
+  dropped the warm-ups of its d64, packed and decoding shapes behind them, whose first calls then
+  paid 0.3-1.9 s each, 5.4 s in all, with the GPU alone. Without any, :data:`WARM_EVIDENCE`
+  warm-ups that said and showed none drop the rest. Forwards and backwards are judged apart: on
+  an H100 (h100-warm13) torch_sdpa's last forward warm-ups (paged decoding, no plan to build)
+  dropped every backward warm-up behind them, whose cases then paid 60-530 ms each with the GPU
+  alone.
 - **A chain that stops.** A job submitted with ``follows`` runs only if ``follows`` says yes of
   the reply of the job before it (a memory sweep's next point: the point before measured); else it
   is cancelled, and so is the next (:func:`stopped`).
@@ -66,22 +72,24 @@ def spared_s(reply: Reply) -> float | None:
 
 def shows_setup(reply: Reply) -> bool | None:
     """Whether a warm-up's reply shows first-call setup worth a warm-up (the module docstring), or
-    None where it cannot say (one call only)."""
+    None where it cannot say (one call only, or the worker's first request in its direction)."""
     setup = setup_s(reply)
-    if setup is None:
+    if setup is None or reply.data.get("process_first"):
         return None
     return setup >= max(WARM_COMPILE_S, SETUP_CALLS * float(reply.data["next_call_s"]))
 
 
 class WarmUpPruning:
-    """Per implementation, (requests finished, the most one of them compiled, in seconds), and
-    whether each of its latest warm-ups that could tell showed setup. ``first_calls``: warm-ups
-    report their first calls (CUDA), so that pruning waits for them; else compile seconds alone decide."""
+    """Per implementation, (requests finished, the most one of them compiled, in seconds), and,
+    per direction, how many of its warm-ups could tell and whether any showed setup.
+    ``first_calls``: warm-ups report their first calls (CUDA), so that pruning waits for them; else
+    compile seconds alone decide."""
 
     def __init__(self, *, first_calls: bool = False) -> None:
         self.first_calls = first_calls
         self._compiled: dict[str, tuple[int, float]] = {}
-        self._setups: dict[tuple[str, bool], deque[bool]] = {}
+        self._told: dict[tuple[str, bool], int] = {}
+        self._setup_shown: set[tuple[str, bool]] = set()
 
     def record(self, impl: str, compile_s: float, *, warm_up: Reply | None = None, backward: bool = False) -> None:
         """A finished request of ``impl``, which compiled ``compile_s``; ``warm_up``: its reply, where
@@ -91,7 +99,9 @@ class WarmUpPruning:
         self._compiled[impl] = (count + 1, max(most, float(compile_s)))
         shown = shows_setup(warm_up) if warm_up is not None else None
         if shown is not None:
-            self._setups.setdefault((impl, backward), deque(maxlen=WARM_EVIDENCE)).append(shown)
+            self._told[(impl, backward)] = self._told.get((impl, backward), 0) + 1
+            if shown:
+                self._setup_shown.add((impl, backward))
 
     def compiles_nothing(self, impl: str) -> bool:
         """Whether ``impl``'s requests so far (:data:`WARM_EVIDENCE` or more) compiled nothing."""
@@ -104,8 +114,8 @@ class WarmUpPruning:
             return False
         if not self.first_calls:
             return True
-        latest = self._setups.get((job.impl, job.request.backward), ())
-        return len(latest) >= WARM_EVIDENCE and not any(latest)
+        direction = (job.impl, job.request.backward)
+        return self._told.get(direction, 0) >= WARM_EVIDENCE and direction not in self._setup_shown
 
 
 def stopped(job: Job) -> bool:
