@@ -20,9 +20,10 @@ matmul for TFLOP/s and a large device-to-device copy for GB/s, counting bytes re
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
-from typing import Any
+from typing import Any, Iterator
 
 from pytest_attnkit.contract import AttentionImpl, Case
 from pytest_attnkit.counts import byte_count
@@ -44,21 +45,26 @@ def input_set_count(case: Case, mode: str, device: str) -> int:
 
 def measure_speed(impl: AttentionImpl, case: Case, mode: str, *, device: str, seed: int,
                   budget_ms: float, hold_stream: bool = True, input_sets: int | None = None,
-                  call_limit_ms: float | None = None) -> dict[str, Any]:
+                  call_limit_ms: float | None = None, first_call_limit_ms: float | None = None) -> dict[str, Any]:
     """Time one case in one mode. Inputs are made once, outside the timed region; successive calls
     take the next of ``input_sets`` copies (default: :func:`input_set_count`). A backward call
     runs the backward of a graph built for it alone (see the module docstring).
 
-    ``syncs`` says whether a call synchronizes the host with the device (:func:`synchronizes`).
+    ``syncs`` says whether a call synchronizes the host with the device (:class:`SyncWatch`).
     With ``call_limit_ms``, a call whose warm-up took longer is not sampled: the reply says how
-    long it took (``over_limit_ms``) instead of a timing (``pytest_attnkit.cases.CALL_LIMIT_MS``)."""
+    long it took (``over_limit_ms``) instead of a timing (``pytest_attnkit.cases.CALL_LIMIT_MS``).
+    With ``first_call_limit_ms``, a first call that took longer says so alone, without a second
+    call (the pytest side asks it where the implementation's first calls show no setup:
+    pytest_attnkit/controller/speed.py, FIRST_CALL_MARGIN)."""
     call, prepare, sets, first = _timed_call(impl, case, mode, device=device, seed=seed, input_sets=input_sets)
-    warmed = first.warm_up(call, device, hold_stream=hold_stream, prepare=prepare)  # checks the first call:
-    # a call that breaks the contract gets no figure
-    if call_limit_ms is not None and warmed.long_call and warmed.last_ms is not None \
-            and warmed.last_ms > call_limit_ms:
+    watch = SyncWatch(device)
+    warmed = first.warm_up(call, device, hold_stream=hold_stream, prepare=prepare, watch=watch,
+                           stop_over_ms=first_call_limit_ms)  # checks the first call: one that breaks
+    # the contract gets no figure
+    if warmed.stopped or (call_limit_ms is not None and warmed.long_call and warmed.last_ms is not None
+                          and warmed.last_ms > call_limit_ms):
         return {"over_limit_ms": round(warmed.last_ms, 1), "input_sets": sets}
-    syncs = synchronizes(call, prepare, device)
+    syncs = watch.found(call, prepare)
     count = warmed.sample_count(budget_ms)
     return {"timing": warmed.timing(warmed.samples(count)).to_dict(), "input_sets": sets, "syncs": syncs}
 
@@ -67,35 +73,61 @@ def warm_speed(impl: AttentionImpl, case: Case, mode: str, *, device: str, seed:
                hold_stream: bool = True) -> tuple[Any, int, str | None]:
     """The case's call, warmed up and ready to be sampled in blocks (an A/B run), with the number
     of input sets it rotates over (the same inputs, flush and hold as :func:`measure_speed`), and
-    what :func:`synchronizes` found."""
+    what :class:`SyncWatch` found."""
     call, prepare, sets, first = _timed_call(impl, case, mode, device=device, seed=seed, input_sets=None)
-    warmed = first.warm_up(call, device, hold_stream=hold_stream, prepare=prepare)
-    return warmed, sets, synchronizes(call, prepare, device)
+    watch = SyncWatch(device)
+    warmed = first.warm_up(call, device, hold_stream=hold_stream, prepare=prepare, watch=watch)
+    return warmed, sets, watch.found(call, prepare)
 
 
-def synchronizes(call: Any, prepare: Any, device: str) -> str | None:
-    """torch's first warning that one call synchronized the host with the device (a ``.tolist()``,
-    an ``.item()``: torch's sync debug mode), or None. Such a call's time follows its process's
-    host speed, which an A/B run's pairing cannot cancel (pytest_attnkit/controller/paired.py)."""
-    if device != "cuda":
-        return None
-    import warnings
+class SyncWatch:
+    """Whether a call synchronizes the host with the device (a ``.tolist()``, an ``.item()``):
+    torch's first warning of it in sync debug mode, or None. Such a call's time follows its
+    process's host speed, which an A/B run's pairing cannot cancel (pytest_attnkit/controller/paired.py).
 
-    import torch
+    The timer's warm-up runs its calls after the first in it (:func:`pytest_attnkit.worker.timer.warm_up`),
+    so no call is made for it alone; where the warm-up made none, :meth:`found` makes one."""
 
-    if prepare is not None:
-        prepare()
-        torch.cuda.synchronize()
-    previous = torch.cuda.get_sync_debug_mode()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            call()
-        finally:
-            torch.cuda.set_sync_debug_mode(previous)
-    torch.cuda.synchronize()
-    return sync_warning([str(warning.message) for warning in caught])
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.watched = 0
+        self.warning: str | None = None
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        if self.device != "cuda":
+            yield
+            return
+        import warnings
+
+        import torch
+
+        previous = torch.cuda.get_sync_debug_mode()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                yield
+            finally:
+                torch.cuda.set_sync_debug_mode(previous)
+        self.watched += 1
+        if self.warning is None:
+            self.warning = sync_warning([str(warning.message) for warning in caught])
+
+    def found(self, call: Any, prepare: Any) -> str | None:
+        """What the watched calls showed; one call watched now if none was."""
+        if self.device != "cuda":
+            return None
+        if not self.watched:
+            import torch
+
+            if prepare is not None:
+                prepare()
+                torch.cuda.synchronize()
+            with self():
+                call()
+            torch.cuda.synchronize()
+        return self.warning
 
 
 def sync_warning(messages: list[str]) -> str | None:
@@ -165,14 +197,16 @@ class _FirstCallCheck:
             self.forward_checked = True
             check_returned(self.case, returned, self.q, backward=True)
 
-    def warm_up(self, call: Any, device: str, *, hold_stream: bool, prepare: Any) -> Any:
-        """The timer's warm-up of ``call``, then :meth:`check`; where the warm-up raises and the
-        inputs changed, the change is reported (autograd's complaint about an in-place change is
-        its consequence)."""
+    def warm_up(self, call: Any, device: str, *, hold_stream: bool, prepare: Any, watch: "SyncWatch",
+                stop_over_ms: float | None = None) -> Any:
+        """The timer's warm-up of ``call`` (its later calls under ``watch``), then :meth:`check`;
+        where the warm-up raises and the inputs changed, the change is reported (autograd's
+        complaint about an in-place change is its consequence)."""
         from pytest_attnkit.worker.timer import warm_up
 
         with self.watch.blaming():
-            warmed = warm_up(call, device, hold_stream=hold_stream, prepare=prepare)
+            warmed = warm_up(call, device, hold_stream=hold_stream, prepare=prepare, watch=watch,
+                             stop_over_ms=stop_over_ms)
         self.check()
         return warmed
 

@@ -30,9 +30,10 @@ and waited for), so only ``fn`` is timed.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 from pytest_attnkit.records import Timing
 
@@ -92,6 +93,9 @@ class WarmedCall:
         self.hold = 0.0
         self.flush: Any = None
         self._clocks: list[float] = []  # the latest samples' SM clocks, when the hold could read them
+        #: The warm-up ended after a first call over its ``stop_over_ms`` (:func:`warm_up`): not
+        #: to be sampled.
+        self.stopped = False
         self._estimate_ms: float | None = None
 
     def _setup_cuda(self, hold_stream: bool) -> None:
@@ -140,9 +144,16 @@ class WarmedCall:
 
 
 def warm_up(fn: Callable[[], Any], device: str, *, warmup: int = 3, long_call_ms: float = 100.0,
-            hold_stream: bool = True, prepare: Callable[[], Any] | None = None) -> WarmedCall:
+            hold_stream: bool = True, prepare: Callable[[], Any] | None = None,
+            watch: Callable[[], ContextManager[Any]] | None = None,
+            stop_over_ms: float | None = None) -> WarmedCall:
     """The first call and the warm-up of ``fn`` (see :func:`time_call`); on CUDA also the host's
-    launch time, the hold and the flush buffer that every later sample uses."""
+    launch time, the hold and the flush buffer that every later sample uses. ``watch``, when given,
+    makes the context each warm call after the first runs in (``prepare`` outside it): the speed
+    suite's look for calls that synchronize the host, which then needs no call of its own (a naive
+    kernel's 4k case spent 0.6 s on that one call). A first call longer than ``stop_over_ms`` ends
+    the warm-up there, nothing set up for samples (``stopped``): the caller knows the call is over
+    its limit (the speed suite, where the implementation's first calls show no setup)."""
     import torch
 
     def synchronize() -> None:
@@ -157,16 +168,22 @@ def warm_up(fn: Callable[[], Any], device: str, *, warmup: int = 3, long_call_ms
     fn()  # the first call: compilation, autotuning, allocations
     synchronize()
     first_call_ms = (time.perf_counter() - call_started) * 1e3
+    if stop_over_ms is not None and first_call_ms > stop_over_ms:
+        warmed = WarmedCall(fn, device, prepare, warmup_ms=(time.perf_counter() - started) * 1e3,
+                            first_call_ms=first_call_ms, long_call=True, last_ms=first_call_ms)
+        warmed.stopped = True
+        return warmed
     last_ms = last_launch_ms = None  # the latest warm call's host time, to issue it and until it ended
     for _ in range(warmup - 1):
         if prepare is not None:
             prepare()
             synchronize()
-        call_started = time.perf_counter()
-        fn()
-        last_launch_ms = (time.perf_counter() - call_started) * 1e3
-        synchronize()
-        last_ms = (time.perf_counter() - call_started) * 1e3
+        with watch() if watch is not None else contextlib.nullcontext():
+            call_started = time.perf_counter()
+            fn()
+            last_launch_ms = (time.perf_counter() - call_started) * 1e3
+            synchronize()
+            last_ms = (time.perf_counter() - call_started) * 1e3
         if last_ms > long_call_ms:
             break
     warmup_ms = (time.perf_counter() - started) * 1e3

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
@@ -114,3 +115,59 @@ def test_a_case_timed_under_a_lower_clock_is_named() -> None:
                          measurement("hot_kernel", [1980.0, 1800.0], mode="forward")])
     text = " ".join(" ".join(lines).split())
     assert "2 case(s)" in text and text.index("hot_kernel bwd") < text.index("hot_kernel fwd")
+
+
+def test_the_watch_holds_every_warm_call_after_the_first_and_no_prepare() -> None:
+    """The speed suite looks for calls that synchronize the host inside the warm-up's later calls
+    (worker/speed.py: SyncWatch), so it needs no call of its own; the first call compiles, and may
+    synchronize for that alone."""
+    events: list[str] = []
+
+    @contextlib.contextmanager
+    def watch():
+        events.append("watch")
+        yield
+        events.append("end")
+
+    timer.warm_up(lambda: events.append("call"), "cpu", warmup=3, prepare=lambda: events.append("prepare"),
+                  watch=watch)
+    assert events == ["prepare", "call"] + ["prepare", "watch", "call", "end"] * 2
+
+
+def test_a_call_that_synchronizes_is_found_without_a_call_of_its_own() -> None:
+    """On the GPU: torch's sync debug mode sees the ``.item()`` inside the warm-up's later calls,
+    and a call without one is clean; no call is made beyond the warm-up's."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU: the sync debug mode watches CUDA synchronizations")
+    from pytest_attnkit.worker.speed import SyncWatch
+
+    x = torch.ones(1024, device="cuda")
+    for syncing, expected in ((True, "synchroniz"), (False, None)):
+        calls = []
+
+        def call() -> None:
+            calls.append(None)
+            y = x * 2
+            if syncing:
+                y.sum().item()
+
+        watch = SyncWatch("cuda")
+        timer.warm_up(call, "cuda", warmup=3, watch=watch)
+        found = watch.found(call, None)
+        assert (found is None) if expected is None else (expected in found.lower()), found
+        assert len(calls) == 3 and watch.watched == 2
+
+
+def test_a_first_call_over_the_stop_ends_the_warm_up_there() -> None:
+    calls: list[float] = []
+
+    def call() -> None:
+        calls.append(time.perf_counter())
+        time.sleep(0.02)
+
+    warmed = timer.warm_up(call, "cpu", warmup=3, stop_over_ms=10.0)
+    assert warmed.stopped and warmed.long_call and len(calls) == 1 and warmed.last_ms == warmed.first_call_ms
+    calls.clear()
+    warmed = timer.warm_up(call, "cpu", warmup=3, stop_over_ms=1000.0)
+    assert not warmed.stopped and len(calls) == 3
