@@ -76,6 +76,13 @@ BLOCK_SAMPLES = 4
 MAX_PAIRS = 20
 #: The gate's threshold on the CPU unless one is set: only a doubling is a regression there.
 CPU_THRESHOLD = 1.0
+#: A case is over the profile's call limit on its first call alone when that call took this many
+#: times the limit, where the implementation's first calls show no setup (its warm-ups were
+#: dropped as pointless: controller/scheduling/pruning.py, whose evidence allows up to 50 ms).
+#: Otherwise a second call decides. cupy_naive's four 16k cases (1.25-2.3 s a call, the limit
+#: 1 s) spent 7 s of a fresh H200's GPU-alone phase on second calls (results/2026-12-02-session27,
+#: cold39).
+FIRST_CALL_MARGIN = 1.1
 #: The gates' least threshold for a call that synchronizes the host with the device inside (a
 #: ``.tolist()``, an ``.item()``): its time follows its process's host speed, which moves by more
 #: than any smaller threshold between processes (torch_sdpa's paged decode, a Python loop over the
@@ -393,8 +400,17 @@ class SpeedCheck(Suite):
         programs differ (an H200 entry holding the Triton and the Gluon kernels' runs: 48%)."""
         return len(self.store.programs(EntryKey(impl, mode, case.id))) > 1
 
+    def _warm_up_pointless(self, impl: str, mode: str, case: Case) -> bool:
+        """Whether the case's warm-up was dropped unrun because its implementation's first calls
+        show no setup (the case's first call then tells how long a call takes)."""
+        spec = next(spec for spec in self.tests if spec.backward == (mode == "backward"))
+        job = next(iter(self.sent(SuiteItem(self.name, spec, impl, case))), None)
+        return job is not None and job.pointless
+
     def _request(self, impl: str, mode: str, case: Case) -> Reply:
         options: dict[str, Any] = {"budget_ms": self.settings.budget_ms, "call_limit_ms": self.settings.call_limit_ms}
+        if self.settings.call_limit_ms is not None and self._warm_up_pointless(impl, mode, case):
+            options["first_call_limit_ms"] = FIRST_CALL_MARGIN * self.settings.call_limit_ms
         if self._program(impl, mode, case) is None and (self.settings.read_programs
                                                          or self._programs_matter(impl, mode, case)):
             options["program"] = True  # its warm-up read none here (dropped unrun, none sent, its worker gone)

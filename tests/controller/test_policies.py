@@ -229,11 +229,16 @@ def test_on_cuda_warm_ups_that_compile_nothing_stay_while_their_latest_first_cal
     for _ in range(2 * WARM_EVIDENCE):  # shapes whose plans cost less than ten of their calls
         pruned.record("a", 0.0, warm_up=warmed(0.07, 0.008))
     assert not pruned.pointless(warm)  # a plan per shape stays shown: the next shape may pay 0.5 s
+    queued = job(warm=True)
+    pruned.record("a", 0.0, warm_up=warmed(0.004, 0.003, process_first=True))
+    assert not pruning.drop_unrun({"a": deque([queued])}, pruned) and not queued.pointless  # a plan shown
     backward = Job("a", "speed", Request(Op.WARM, backward=True), 0, next(_seq), warm=True)
     assert not pruned.pointless(backward)  # its backwards are judged apart: none has said anything yet
     for _ in range(WARM_EVIDENCE):
         pruned.record("a", 0.0, warm_up=warmed(0.004, 0.003), backward=True)
     assert pruned.pointless(backward) and not pruned.pointless(warm)
+    assert pruning.drop_unrun({"a": deque([backward])}, pruned) and backward.future.cancelled()
+    assert backward.pointless  # its test may let the case's first call decide (controller/speed.py)
     compiling = WarmUpPruning(first_calls=True)
     for _ in range(WARM_EVIDENCE):
         compiling.record("a", 1.0, warm_up=warmed(0.004, 0.003))

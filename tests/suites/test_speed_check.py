@@ -433,6 +433,48 @@ def test_a_call_over_the_profiles_limit_is_warmed_up_and_not_sampled() -> None:
     calls.clear()
     timed = measure_speed(slow, case, "forward", device="cpu", seed=0, budget_ms=5, call_limit_ms=1000.0)
     assert "over_limit_ms" not in timed and len(timed["timing"]["samples_ms"]) == 6  # the long-call floor
+    calls.clear()
+    # Where the first calls show no setup, a first call past the margin decides alone ...
+    alone = measure_speed(slow, case, "forward", device="cpu", seed=0, budget_ms=5, call_limit_ms=100.0,
+                          first_call_limit_ms=110.0)
+    assert "timing" not in alone and alone["over_limit_ms"] >= 110.0 and len(calls) == 1
+    calls.clear()
+    # ... and one inside it is called again, as without the option: the second call decides.
+    again = measure_speed(slow, case, "forward", device="cpu", seed=0, budget_ms=5, call_limit_ms=100.0,
+                          first_call_limit_ms=10_000.0)
+    assert again["over_limit_ms"] >= 100.0 and len(calls) == 2
+
+
+def test_only_a_case_whose_warm_up_was_dropped_as_pointless_lets_its_first_call_decide(tmp_path: Path) -> None:
+    """A warm-up dropped because the implementation's first calls show no setup
+    (controller/scheduling/pruning.py) makes the first call a fair reading of a call's length; a
+    warm-up that ran, or one not sent, leaves the decision to a second call."""
+    from pytest_attnkit.controller.speed import FIRST_CALL_MARGIN
+
+    asked: dict[tuple[str, str], Request] = {}
+
+    def request(name: str, request: Request, worker: object = None) -> Reply:
+        assert request.case is not None
+        asked[name, request.case.id] = request
+        return Reply(Status.OK, "", {"timing": timing(1.0).to_dict(), "input_sets": 1})
+
+    pool = FakePool({"ref": [1.0], "kernel": []})
+    pool.request_alone = request  # type: ignore[method-assign]
+    check = SpeedCheck(pool, Outcomes(), SpeedSettings("ref", 0, 400.0, False, 1000.0), BaselineStore(tmp_path, DEVICE),
+                       lambda key: 0.08, "cuda")
+    job = Job("kernel", "speed", {}, 0, 0, warm=True)
+    job.future.cancel()
+    job.pointless = True
+    warmed = SuiteItem("speed", SpeedCheck.tests[0], "kernel", CASE)
+    check.sent = lambda item: [job] if item == warmed else []
+    check.check("kernel", "forward", CASE)
+    assert asked["kernel", CASE.id].options["first_call_limit_ms"] == pytest.approx(FIRST_CALL_MARGIN * 1000.0)
+    assert "first_call_limit_ms" not in asked["ref", CASE.id].options  # no warm-up was sent for it
+    other = Case(1, 2, 2, 64, 64, 16, "float32")
+    job.pointless = False  # dropped for another reason (a run stopping), or not dropped at all
+    check.sent = lambda item: [job]
+    check.check("kernel", "forward", other)
+    assert "first_call_limit_ms" not in asked["kernel", other.id].options
 
 
 def test_the_default_profile_limits_a_call_and_full_times_every_call() -> None:

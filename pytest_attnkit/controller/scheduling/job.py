@@ -49,6 +49,10 @@ class Job:
     same_worker: bool = False
     #: The worker that ran it (a warm-up's: the one to time that case in).
     worker: "Worker | None" = None
+    #: A warm-up dropped unrun because its implementation's first calls show no setup
+    #: (:mod:`pytest_attnkit.controller.scheduling.pruning`): its case's first call then tells
+    #: how long a call takes.
+    pointless: bool = False
     #: A test waits for its reply now (:meth:`pytest_attnkit.controller.scheduler.Scheduler.wait`):
     #: it starts before any other.
     awaited: bool = False

@@ -135,6 +135,7 @@ def drop_unrun(pending: Mapping[str, deque[Job]], warm_ups: WarmUpPruning) -> bo
         while dropped := [job for job in queue if warm_ups.pointless(job) or stopped(job)]:
             for job in dropped:
                 queue.remove(job)
+                job.pointless = warm_ups.pointless(job)
                 job.future.cancel()
             dropped_any = True
     return dropped_any

@@ -54,7 +54,8 @@ class SpeedHandler(SuiteHandler):
         else:
             measured = measure_speed(context.impl, request.case, request.mode, device=context.device,
                                      seed=request.seed, budget_ms=request.options["budget_ms"],
-                                     call_limit_ms=request.option("call_limit_ms"))
+                                     call_limit_ms=request.option("call_limit_ms"),
+                                     first_call_limit_ms=request.option("first_call_limit_ms"))
         if cuda:
             measured["gpu_state"] = gpu_state()
             measured["gpu_processes"] = gpu_processes(beside)
