@@ -31,9 +31,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import IO
 
 
 def _device() -> str:
@@ -82,8 +84,11 @@ def run(args: argparse.Namespace) -> int:
     started_at = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     sampler = _smi_sampler(folder / "smi.csv")
     started = time.monotonic()
+    lines_at: list[float] = []  # when pytest printed its first and latest line
     with open(folder / "pytest.log", "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        copier = threading.Thread(target=_copy_lines, args=(process.stdout, log, lines_at, started), daemon=True)
+        copier.start()
         try:
             status = process.wait(timeout=args.timeout)
             stopped = ""
@@ -91,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
             process.send_signal(signal.SIGTERM)
             status = process.wait()
             stopped = f" (SIGTERM after {args.timeout:g} s)"
-    wall = time.monotonic() - started
+        wall = time.monotonic() - started
+        copier.join()
     if sampler is not None:
         sampler.terminate()
         sampler.wait()
@@ -99,6 +105,9 @@ def run(args: argparse.Namespace) -> int:
     lines = [f"command: {' '.join(command)}", f"date: {started_at}", f"device: {_device()}", f"host: {_host()}",
              f"cache: {cache} ({'emptied first' if args.cold else 'as left by earlier runs'})",
              f"exit status: {status}{stopped}", f"wall time: {wall:.1f} s"]
+    if lines_at:
+        lines.append(f"pytest's output: first line at {lines_at[0]:.1f} s, last at {lines_at[-1]:.1f} s; its "
+                     f"process ended at {wall:.1f} s")
     if report.exists():
         document = json.loads(report.read_text())
         counts = Counter(test["outcome"] for test in document["tests"])
@@ -109,6 +118,19 @@ def run(args: argparse.Namespace) -> int:
     (folder / "summary.txt").write_text(text)
     print(text, end="")
     return status
+
+
+def _copy_lines(stream: IO[bytes], log: IO[bytes], lines_at: list[float], started: float) -> None:
+    """Copy pytest's output into the log as it comes, noting when its first and latest lines came
+    (seconds from ``started``): the run's start-up and its end outside pytest's own clock."""
+    for line in stream:
+        log.write(line)
+        log.flush()
+        now = time.monotonic() - started
+        if lines_at:
+            lines_at[1:] = [now]
+        else:
+            lines_at.append(now)
 
 
 def _time_table(time_section: dict) -> list[str]:
