@@ -366,7 +366,9 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     attnkit = session.config.stash.get(SESSION_KEY, None)
     if attnkit is not None:
-        attnkit.stop_ahead()  # no test is left to wait for a request (Ctrl-C and SIGTERM come here at once)
+        # No test is left to wait for a request (Ctrl-C and SIGTERM come here at once): the
+        # requests run ahead stop, and the workers end while the report is written.
+        attnkit.release_workers()
         session.config.stash[FINISH_KEY] = attnkit.finish(exitstatus)
         if attnkit.untested and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED  # all skipped is not green for what was asked

@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -117,6 +118,10 @@ class AttnkitSession:
         self.jobs = 1
         #: Implementations --attnkit-impl asked for that ran nothing, in words (set by finish()).
         self.untested: list[str] = []
+        #: The workers being ended while the run reports (:meth:`release_workers`), and each
+        #: primary's start-up seconds read before.
+        self._releasing: threading.Thread | None = None
+        self._startups: dict[str, float] | None = None
 
     # -- start-up ---------------------------------------------------------------------------
     def start(self, only: list[str] | None = None) -> None:
@@ -322,10 +327,24 @@ class AttnkitSession:
         if self.scheduler is not None:
             self.scheduler.close()
 
+    def release_workers(self) -> None:
+        """Every test has ended: end the workers beside the report's writing (each takes a second or
+        two to tear down its CUDA context: the last 2.8 s of a fresh H200's run, after its last
+        line, results/2026-12-02-session28). Nothing after the tests asks a worker; :meth:`close`
+        waits for them."""
+        if self._releasing is not None:
+            return
+        self.stop_ahead()  # the scheduler stops lending workers before the pool ends them
+        self._startups = self.pool.primary_startups()
+        self._releasing = threading.Thread(target=self.pool.close, name="attnkit-release", daemon=True)
+        self._releasing.start()
+
     def close(self) -> None:
         for suite in self.suites.values():
             suite.close()
         self.stop_ahead()  # the scheduler stops lending workers before the pool ends them
+        if self._releasing is not None:
+            self._releasing.join()
         self.pool.close()
         if self.revision is not None:
             self.revision.close()
@@ -363,7 +382,8 @@ class AttnkitSession:
             impls=list(self.pool.impls.values()), outcomes=self.tally.tests, interrupted=interrupted,
             against=against.report_state(self.revision), suites=self.suites.values())
         self.document["collected"] = {name: dict(suites) for name, suites in self.tally.collected.items()}
-        self.document["time"] = {**self.pool.ledger.to_dict(self.pool.primary_startups()), "jobs": self.jobs}
+        startups = self.pool.primary_startups() if self._startups is None else self._startups
+        self.document["time"] = {**self.pool.ledger.to_dict(startups), "jobs": self.jobs}
         report.merge(self.document, self.worker_documents)
         if xdist.xdist_worker(self.config) is not None:
             self.config.workeroutput["attnkit"] = json.dumps(self.document, default=str)  # type: ignore[attr-defined]

@@ -67,6 +67,28 @@ def test_it_builds_the_selected_suites_asks_them_for_the_header_and_the_report_a
     assert any("attnkit-report.json" in line for line in lines), lines
 
 
+def test_once_the_tests_end_the_workers_end_while_the_report_is_written(pytester: pytest.Pytester,
+                                                                       tmp_path: Path) -> None:
+    """Their CUDA contexts take a second or two to tear down: the last 2.8 s of a fresh H200's run
+    came after its last line (results/2026-12-02-session28). The report still has each first
+    worker's start-up, read before they went."""
+    session = _session(pytester, "--attnkit-suite=correctness", f"--attnkit-report={tmp_path / 'report'}")
+    try:
+        session.start()
+        assert _workers_alive(session)
+        session.release_workers()
+        deadline = time.monotonic() + 60
+        while _workers_alive(session) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _workers_alive(session)  # ended without close(), before the report is built
+        session.finish(0)
+        startups = json.loads((tmp_path / "report" / "attnkit-report.json").read_text())["time"]["startup_s"]
+        assert set(startups) == {"torch_sdpa"} and startups["torch_sdpa"] > 0, startups
+    finally:
+        session.close()
+    assert not _workers_alive(session)
+
+
 def test_without_speed_there_is_no_gate_line_and_an_empty_speed_section(pytester: pytest.Pytester) -> None:
     session = _session(pytester, "--attnkit-suite=correctness")
     try:
