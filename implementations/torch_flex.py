@@ -41,6 +41,7 @@ On CUDA its Triton kernels need head_dim >= 16; the CPU takes any head dim.
 
 from __future__ import annotations
 
+import importlib.util
 import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable
@@ -429,12 +430,16 @@ class TorchFlex(AttentionImpl):
         if device == "cuda":
             if not torch.cuda.is_available():
                 return "no CUDA device"
-            try:
-                from torch.utils._triton import has_triton
-            except ImportError:
-                has_triton = None
-            if has_triton is not None and not has_triton():
+            # Looked up, not imported: torch's has_triton() imports Triton and starts its CUDA
+            # driver, which held this worker's start 4.3-4.5 s on a fresh H200 while every other
+            # first worker was ready (results/2026-12-02-session28, startprobe.txt); the first
+            # compile does that beside other work.
+            if importlib.util.find_spec("triton") is None:
                 return "torch.compile needs triton to build FlexAttention's CUDA kernels, and it is not installed"
+            major, minor = torch.cuda.get_device_capability()
+            if major < 7:
+                return (f"torch.compile's Triton needs compute capability 7.0 or more to build FlexAttention's "
+                        f"CUDA kernels (this GPU is {major}.{minor})")
         return super().unavailable_reason(device)
 
     def not_supported_reasons(self, case: Case, device: str, *, backward: bool = False) -> list[str]:
