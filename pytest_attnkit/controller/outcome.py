@@ -60,6 +60,13 @@ def skipped(message: str, **fields: Any) -> Judgement:
     return Judgement(Verdict.SKIPPED, message, **fields)
 
 
+def refused(impl: str, why: str) -> Judgement:
+    """The skip of a test whose case the implementation's declarations refuse; the report marks it
+    (``refused``), so that a run whose named implementation refused every test it selected is not
+    green (:func:`pytest_attnkit.controller.session.asked_for_but_untested`)."""
+    return skipped(f"{impl} does not support it: {why}", record={"refused": True})
+
+
 def failed(message: str, **fields: Any) -> Judgement:
     return Judgement(Verdict.FAILED, message, **fields)
 
@@ -166,7 +173,7 @@ class Outcomes:
         if status is Status.OK:
             return None
         if status is Status.UNSUPPORTED:
-            return skipped(f"{impl} does not support it: {message}")
+            return refused(impl, message)
         if status is Status.UNAVAILABLE:
             return skipped(f"{impl} is unavailable: {message}")
         if status is Status.OUT_OF_MEMORY:

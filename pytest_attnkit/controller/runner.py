@@ -25,7 +25,7 @@ import pytest
 from pytest_attnkit.contract import Case
 from pytest_attnkit.controller.inline import InlineScheduler
 from pytest_attnkit.controller.items import ITEM_KEY, mark_items
-from pytest_attnkit.controller.outcome import Judged, Outcomes, last_line, skipped
+from pytest_attnkit.controller.outcome import Judged, Outcomes, last_line, refused, skipped
 from pytest_attnkit.controller.scheduler import Job, Scheduler
 from pytest_attnkit.controller.suite import Planned, Suite, SuiteItem
 from pytest_attnkit.messages import Reply
@@ -128,7 +128,7 @@ class Runner:
             refusals = self.pool.support(name, [{"case": case.to_dict(), "backward": backward} for _, case, backward in asked])
             for (item, case, backward), refusal in zip(asked, refusals or []):
                 if refusal:
-                    self.outcomes.skip_at_collection(item, skipped(f"{name} does not support it: {refusal}"))
+                    self.outcomes.skip_at_collection(item, refused(name, refusal))
                 else:
                     self.accept(item.stash[ITEM_KEY], case, backward)  # its worker need not ask again
 

@@ -24,6 +24,7 @@ import functools
 import json
 import os
 import threading
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -60,20 +61,36 @@ SESSION_KEY = pytest.StashKey["AttnkitSession"]()
 
 def asked_for_but_untested(document: dict[str, Any], asked: list[str]) -> list[str]:
     """What to say of each implementation that ``--attnkit-impl`` named or matched (``asked``, its
-    patterns) and that ran no test because it is unavailable here; empty without ``--attnkit-impl``.
+    patterns) and that ran no test: it is unavailable here, or its declarations refuse every test
+    this run selected for it (``head_dims = (96,)`` on a case set of d64 and d128); empty without
+    ``--attnkit-impl``.
 
     A run that tested nothing of what it was asked to test must not be green. Without
     ``--attnkit-impl`` a run tests what is installed and can run here, and one that cannot (the
     bundled cupy_naive on a machine without a GPU) is only reported: CI's main job on the CPU
-    stays green."""
+    stays green. Tests skipped for another reason (the sanitize suite on a machine without a GPU,
+    a call over the profile's limit) are not the declaration's doing, and an implementation whose
+    tests were all deselected (``-k``) is not said to have run none."""
     if not asked:
         return []
     ran = {test["impl"] for test in document["tests"] if test["outcome"] in (Verdict.PASSED, Verdict.FAILED)}
-    return [f"{name} was asked for (--attnkit-impl={','.join(asked)}) and ran no test: it is unavailable here "
-            f"({info.get('reason') or 'no reason given'}). Run it where it is available, or leave it out of "
-            "--attnkit-impl."
-            for name, info in document["implementations"].items()
-            if info["status"] == ImplStatus.UNAVAILABLE and name not in ran]
+    said = []
+    for name, info in document["implementations"].items():
+        if name in ran:
+            continue
+        patterns = ",".join(asked)
+        if info["status"] == ImplStatus.UNAVAILABLE:
+            said.append(f"{name} was asked for (--attnkit-impl={patterns}) and ran no test: it is unavailable here "
+                        f"({info.get('reason') or 'no reason given'}). Run it where it is available, or leave it "
+                        "out of --attnkit-impl.")
+            continue
+        tests = [test for test in document["tests"] if test["impl"] == name]
+        if tests and all(test.get("refused") for test in tests):
+            reasons = Counter(test["reason"] for test in tests).most_common(1)
+            said.append(f"{name} was asked for (--attnkit-impl={patterns}) and ran no test: its declarations refuse "
+                        f"all {len(tests)} selected here (most often: {reasons[0][0]}). Declare what it runs "
+                        "(docs/contract.md), or choose cases it takes (--attnkit-profile, -k).")
+    return said
 
 
 #: Device files whose presence says the probe will likely find a GPU (NVIDIA's driver; ROCm's,

@@ -173,6 +173,53 @@ def test_without_attnkit_impl_an_unavailable_implementation_is_only_reported() -
     assert said.startswith("cupy_naive was asked for (--attnkit-impl=cupy_naive,torch_sdpa) and ran no test")
 
 
+NARROW = '''
+from fake_kernels import good
+from pytest_attnkit import AttentionImpl
+
+
+class Narrow(AttentionImpl):
+    """Legal, but the smoke set has no case at head dim 96."""
+    dtypes = ("float16", "bfloat16", "float32")
+    head_dims = (96,)
+    supports_backward = False
+    memory_class = "linear"
+
+    def forward(self, q, k, v, *, causal=False, scale=None):
+        return good(q, k, v, causal=causal, scale=scale)
+'''
+
+
+# 5b. One whose declarations refuse every test the run selected fails it the same way, naming the
+# refusal; on the sanitize suite without a GPU (every test skipped, for that) it does not.
+def test_a_named_implementation_whose_declarations_refuse_every_test_fails_the_run(pytester: pytest.Pytester,
+                                                                                  fake_dist) -> None:
+    fake_dist({"narrow": "narrow:Narrow"}, extra_modules={"narrow": NARROW})
+    result = pytester.runpytest("--attnkit", "-p", "no:cacheprovider", "--attnkit-impl=narrow",
+                                "--attnkit-suite=correctness", "--attnkit-device=cpu")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    text = " ".join(" ".join(result.outlines).split())
+    assert "narrow was asked for (--attnkit-impl=narrow) and ran no test: its declarations refuse all " in text, text
+    assert "(most often: head_dim=" in text and "Declare what it runs (docs/contract.md)" in text, text
+    unnamed = pytester.runpytest("--attnkit", "-p", "no:cacheprovider", "--attnkit-suite=correctness",
+                                 "--attnkit-device=cpu", "-k", "narrow")
+    assert unnamed.ret == pytest.ExitCode.OK, unnamed.stdout.str()  # not asked for by name: only reported
+
+
+def test_skips_that_are_not_the_declarations_doing_do_not_count_as_refusals() -> None:
+    from pytest_attnkit.controller.session import asked_for_but_untested
+
+    document = {"implementations": {"k": {"status": "available", "reason": None}},
+                "tests": [{"impl": "k", "outcome": "skipped", "reason": "needs a GPU", "suite": "sanitize"},
+                          {"impl": "k", "outcome": "skipped", "reason": "head_dim=64 (supported: 96)", "refused": True}]}
+    assert asked_for_but_untested(document, ["k"]) == []  # the sanitizer's skip: not the declaration's
+    document["tests"].pop(0)
+    [said] = asked_for_but_untested(document, ["k"])
+    assert "its declarations refuse all 1 selected here (most often: head_dim=64 (supported: 96))" in said
+    document["tests"] = []  # every test deselected (-k): nothing was selected to refuse
+    assert asked_for_but_untested(document, ["k"]) == []
+
+
 # 6. Failure messages keep to 100 columns, wrapped at words with nothing cut; a rerun command
 # stays on one line so that it pastes back.
 def test_failure_messages_keep_to_100_columns(pytester: pytest.Pytester, fake_dist) -> None:
