@@ -358,6 +358,8 @@ class Config:
             elif part == "dqs":
                 fields["dq_separate"] = True
             elif part.startswith("bx") and part[2:].isdigit():
+                if int(part[2:]) == 1:  # -dqb's own one box: a second name for the same kernel
+                    raise ValueError(f"config {text!r}: -bx1 is -dqb as it is (one box a tile); leave it out")
                 fields["dq_boxes"] = int(part[2:])
             elif part.startswith("q") and part[1:].isdigit():
                 fields["dq_cols"] = int(part[1:])

@@ -456,6 +456,8 @@ def test_dqb_lays_dq_out_in_8_column_blocks_of_4_rows_a_line_and_puts_them_back(
     for text in ("m64s2-tmar-sw-bx4", "m64s2-tmar-dqb-bx3", "m64s2-tmar-dqb-bx32"):
         with pytest.raises(ValueError, match="-bxN splits"):
             gluon_backward.Config.parse(text)
+    with pytest.raises(ValueError, match="-bx1 is -dqb as it is"):  # not a second name for -dqb's kernel
+        gluon_backward.Config.parse("m64s2-tmar-dqb-bx1")
     with pytest.raises(ValueError, match="do not split into 16 boxes"):
         q64 = torch.zeros(batch, heads, n, 64, dtype=torch.bfloat16)
         wide = gluon_backward.Config.parse("m64s3-tmar-dqb-bx16-ld")
