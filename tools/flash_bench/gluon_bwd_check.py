@@ -351,9 +351,8 @@ def child(mode: str, cases_path: str) -> int:
         return harness.selftest_child(cases)
     gb, tf_launch = _module()
     if mode == "compile":
-        for case in cases:
+        def compile_one(case: dict) -> None:
             q, k, v = _inputs((1, 2, 2, 256, 256), case["dtype"], case["head_dim"], 0)
-            start = time.perf_counter()
             window = tuple(case["window"]) if case.get("window") else None
             if case.get("forward"):  # the forward the correctness cases run (Triton's disk cache keeps it)
                 from gluon_compile import load_gluon_forward
@@ -363,8 +362,8 @@ def child(mode: str, cases_path: str) -> int:
             else:
                 gb.warmup(q, k, v, case["causal"], 0.1, gb.Config.parse(case["config"]), alibi=case.get("alibi", False),
                           window=window)
-            harness.emit("compiled", id=case["id"], seconds=round(time.perf_counter() - start, 1))
-        return 0
+
+        return harness.compile_each(cases, compile_one)
     harness.hello()
     if mode == "correct":
         return harness.run_each(cases, lambda case: _check_case(case, gb, tf_launch))

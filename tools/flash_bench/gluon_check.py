@@ -353,16 +353,15 @@ def child(mode: str, cases_path: str) -> int:
 
     gf, tf_launch = _modules()
     if mode == "compile":
-        for case in cases:
+        def compile_one(case: dict) -> None:
             q, k, v = _inputs((1, 2, 2, 256, 256), case["dtype"], case["head_dim"], 0)
-            start = time.perf_counter()
             variant = case.get("variant") or {}
             gf.warmup(q, k, v, case["causal"], 0.1, gf.Config.parse(case["config"]) if case.get("config") else None,
                       alibi=bool(variant.get("alibi")),
                       window=tuple(variant["window"]) if variant.get("window") else None,
                       softcap=float(variant.get("softcap", 0.0)), sinks=bool(variant.get("sinks")))
-            harness.emit("compiled", id=case["id"], seconds=round(time.perf_counter() - start, 1))
-        return 0
+
+        return harness.compile_each(cases, compile_one)
     harness.hello()
 
     def run_one(case: dict) -> dict:

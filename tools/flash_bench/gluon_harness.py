@@ -70,6 +70,21 @@ def selftest_child(cases: list[dict]) -> int:
     return 0
 
 
+def compile_each(cases: list[dict], compile_one) -> int:
+    """Compile each case (``compile_one(case)``), emitting ``compiled`` with its seconds, or
+    ``compile_error`` with why: one configuration that refuses its case (``-bx16`` at d64) fails
+    that case alone, and the child goes on with the others in its group."""
+    for case in cases:
+        start = time.perf_counter()
+        try:
+            compile_one(case)
+        except Exception as exc:
+            emit("compile_error", id=case["id"], error=f"{type(exc).__name__}: {str(exc)[:500]}")
+            continue
+        emit("compiled", id=case["id"], seconds=round(time.perf_counter() - start, 1))
+    return 0
+
+
 def run_each(cases: list[dict], run_one) -> int:
     """Run ``run_one(case)`` (a dict of results) for each case between its ``start`` and
     ``result`` events. An exception fails the case in words and the run goes on; one from CUDA
@@ -191,7 +206,8 @@ def compile_all(script: Path, specs: list[dict], out: Path, log) -> dict:
     workers = max(1, min(len(specs), os.cpu_count() or 1, 16))
     groups = [specs[i::workers] for i in range(workers)]
     children = [Child(script, "compile", group, out, f"compile-{i}") for i, group in enumerate(groups) if group]
-    seconds = {}
+    seconds: dict = {}
+    errors: dict = {}
     deadline = time.monotonic() + 600
     for child_process, group in zip(children, groups):
         while True:
@@ -205,9 +221,14 @@ def compile_all(script: Path, specs: list[dict], out: Path, log) -> dict:
                 break
             if event.get("event") == "compiled":
                 seconds[event["id"]] = event["seconds"]
+            elif event.get("event") == "compile_error":
+                errors[event["id"]] = event["error"]
         for spec in group:
-            if spec["id"] not in seconds:
-                log(f"  COMPILE FAILED: {spec['id']} (see {Path(child_process.cases_path).stem}.stderr)")
+            if spec["id"] in errors:
+                log(f"  COMPILE FAILED: {spec['id']}: {errors[spec['id']]}")
+            elif spec["id"] not in seconds:
+                log(f"  COMPILE FAILED: {spec['id']} (not reached: the child ended; see "
+                    f"{Path(child_process.cases_path).stem}.stderr)")
     return seconds
 
 
