@@ -47,6 +47,9 @@ COPY_SHARE = 0.25
 CHECKSUM_PIECE = 8 * 2**20
 #: Where the harness's own code lives: frames from here, before the implementation's first, are not shown.
 HARNESS_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: Where an installed copy keeps the bundled implementations (pyproject.toml maps ``implementations/``
+#: to ``pytest_attnkit.implementations``): under HARNESS_ROOT, but theirs are the kernel's frames.
+BUNDLED_ROOT = os.path.join(HARNESS_ROOT, "implementations")
 
 
 class ContractViolation(Exception):
@@ -308,7 +311,10 @@ def warm_call(impl: Any, case: Case, *, device: str, seed: int, backward: bool,
 
 
 def _is_harness(frame: traceback.FrameSummary) -> bool:
-    return os.path.abspath(frame.filename).startswith(HARNESS_ROOT + os.sep)
+    """Whether ``frame`` is the harness's, not an implementation's: a bundled implementation's is
+    its own in a checkout (``implementations/``) and in an installed copy (under the package)."""
+    path = os.path.abspath(frame.filename)
+    return path.startswith(HARNESS_ROOT + os.sep) and not path.startswith(BUNDLED_ROOT + os.sep)
 
 
 def _trimmed(exception: traceback.TracebackException) -> str | None:

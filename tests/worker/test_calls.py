@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import time
+import traceback
 
 import pytest
 
@@ -135,6 +136,19 @@ def test_the_harness_own_failure_keeps_its_traceback_whole() -> None:
     except ValueError as error:
         text = calls.kernel_traceback(error)
     assert "in harness" in text and "called by the harness" not in text  # no kernel frame: nothing left out
+
+
+def test_an_installed_bundled_implementation_s_frames_are_its_own(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path) -> None:
+    """Installed (not editable), the bundled implementations live under the package
+    (pytest_attnkit/implementations/): their frames are still the kernel's. Its own call that
+    passes a keyword another function does not take stays its traceback, not a refusal."""
+    package = tmp_path / "site-packages" / "pytest_attnkit"
+    monkeypatch.setattr(calls, "HARNESS_ROOT", str(package))
+    monkeypatch.setattr(calls, "BUNDLED_ROOT", str(package / "implementations"))
+    kernel = traceback.FrameSummary(str(package / "implementations" / "torch_flex.py"), 10, "forward")
+    harness = traceback.FrameSummary(str(package / "worker" / "calls.py"), 20, "call_implementation")
+    assert calls._is_harness(harness) and not calls._is_harness(kernel)
 
 
 def test_inputs_too_big_to_copy_are_compared_by_checksum() -> None:
