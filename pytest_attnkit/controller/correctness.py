@@ -46,11 +46,18 @@ class CorrectnessCheck(Suite):
     trials: int
     #: The accuracy chosen for one (implementation, case), or None for the implementation's own.
     accuracy: Callable[[str, Case], "str | AccuracyBudget | None"] | None = None
+    #: What the rerun line repeats of this run's command line beyond the test: the profile and
+    #: the device where they were given there (they choose the case set; a pytest.ini or the
+    #: environment gives them to the rerun too).
+    rerun_options: tuple[str, ...] = ()
 
     @classmethod
     def build(cls, context: SuiteContext, parts: RunParts) -> CorrectnessCheck:
-        return cls(parts.pool, context.outcomes, context.seed, context.settings.trials,
-                   accuracy=parts.accuracy)
+        settings = context.settings
+        given = tuple(f"--attnkit-{name}={getattr(settings, name)}" for name in ("profile", "device")
+                      if settings.sources.get(name, "default").startswith("command line"))
+        return cls(parts.pool, context.outcomes, context.seed, settings.trials, accuracy=parts.accuracy,
+                   rerun_options=given)
 
     def _request(self, impl: str, case: Case, backward: bool) -> Request:
         options: dict[str, Any] = {"trials": self.trials}
@@ -88,8 +95,8 @@ class CorrectnessCheck(Suite):
             seed = f", seed {result.seed} (trial {(result.trial or 0) + 1} of {result.trials})"
             # The test's whole name, brackets included: -k matches substrings, and a case's id
             # may begin another's (b1-...-causal, b1-...-causal-w16:0-lse in the smoke set).
-            rerun = (f"pytest --attnkit --attnkit-impl={impl} --attnkit-seed={self.seed} "
-                     f"-k '{item.spec.function}[{impl}-{case.id}]'")
+            rerun = " ".join(["pytest", "--attnkit", f"--attnkit-impl={impl}", f"--attnkit-seed={self.seed}",
+                              *self.rerun_options, f"-k '{item.spec.function}[{impl}-{case.id}]'"])
         judgement = self.outcomes.from_reply(reply, impl=impl, where=case.id, seed=seed, rerun=rerun,
                                              origin=self.pool.info(impl).origin) or Judgement(Verdict.PASSED)
         record = {"comparisons": [comparison.to_dict() for comparison in result.comparisons]} \

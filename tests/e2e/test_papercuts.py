@@ -244,12 +244,14 @@ def test_failure_messages_keep_to_100_columns(pytester: pytest.Pytester, fake_di
 # even where its case's id begins another's (the smoke set's ...-causal and ...-causal-w16:0-lse).
 def test_the_rerun_line_reruns_the_failure_as_printed(pytester: pytest.Pytester, fake_dist) -> None:
     fake_dist({"wrong_scale": fake("wrong_scale")})
+    # The smoke set's case, on any machine: the rerun line repeats the device the run was given.
     first = pytester.runpytest("--attnkit", "-p", "no:cacheprovider", "--attnkit-suite=correctness",
-                               "--attnkit-impl=wrong_scale", "-k", "test_forward and q203-k113-d64")
+                               "--attnkit-impl=wrong_scale", "--attnkit-device=cpu", "-k",
+                               "test_forward and q203-k113-d64")
     assert first.parseoutcomes().get("failed", 0) + first.parseoutcomes().get("skipped", 0) >= 2, first.outlines
     [line] = [line for line in first.outlines if line.startswith("rerun: ") and "-lse" not in line]
     command = shlex.split(line.removeprefix("rerun: "))  # as a shell reads the pasted line
-    assert command[:2] == ["pytest", "--attnkit"], line
+    assert command[:2] == ["pytest", "--attnkit"] and "--attnkit-device=cpu" in command, line
     again = pytester.runpytest(*command[1:], "-p", "no:cacheprovider")
     assert {k: v for k, v in again.parseoutcomes().items() if k != "deselected"} == {"failed": 1}, again.outlines
     assert [line for line in again.outlines if line.startswith("rerun: ")] == [line]
