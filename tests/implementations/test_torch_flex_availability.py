@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from implementations.torch_flex import TorchFlex  # noqa: E402
+from pytest_attnkit.implementations.torch_flex import TorchFlex  # noqa: E402
 
 
 @pytest.fixture
@@ -49,7 +49,7 @@ def test_the_check_does_not_import_triton() -> None:
     code = ("import sys, torch\n"
             "torch.cuda.is_available = lambda: True\n"
             "torch.cuda.get_device_capability = lambda device=None: (9, 0)\n"
-            "from implementations.torch_flex import TorchFlex\n"
+            "from pytest_attnkit.implementations.torch_flex import TorchFlex\n"
             "assert TorchFlex().unavailable_reason('cuda') is None\n"
             "print('triton' in sys.modules)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

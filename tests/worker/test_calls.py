@@ -141,7 +141,7 @@ def test_the_harness_own_failure_keeps_its_traceback_whole() -> None:
 def test_an_installed_bundled_implementation_s_frames_are_its_own(monkeypatch: pytest.MonkeyPatch,
                                                                    tmp_path) -> None:
     """Installed (not editable), the bundled implementations live under the package
-    (pytest_attnkit/implementations/): their frames are still the kernel's. Its own call that
+    (``pytest_attnkit.implementations``): their frames are still the kernel's. Its own call that
     passes a keyword another function does not take stays its traceback, not a refusal."""
     package = tmp_path / "site-packages" / "pytest_attnkit"
     monkeypatch.setattr(calls, "HARNESS_ROOT", str(package))
