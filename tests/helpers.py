@@ -1,10 +1,12 @@
-"""Running an inner ``pytest --attnkit`` and reading each test's outcome."""
+"""Running an inner ``pytest --attnkit`` and reading each test's outcome; importing the GPU lab's scripts."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,3 +69,19 @@ def judged(verdict: str, match: str | None = None) -> Iterator[pytest.ExceptionI
     with pytest.raises(Judged, match=match) as raised:
         yield raised
     assert raised.value.judgement.verdict == verdict, raised.value.judgement
+
+
+#: tools/flash_bench: the GPU lab's scripts, which some tests import to run their CPU parts.
+FLASH_BENCH = Path(__file__).resolve().parents[1] / "tools" / "flash_bench"
+
+
+def flash_bench_module(name: str) -> Any:
+    """Import ``tools/flash_bench/<name>.py`` (its folder on sys.path only while it imports)."""
+    import importlib
+    import sys
+
+    sys.path.insert(0, str(FLASH_BENCH))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(FLASH_BENCH))

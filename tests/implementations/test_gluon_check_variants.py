@@ -7,25 +7,17 @@ kernel itself runs only on an sm_90 GPU, where the same check runs it."""
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from helpers import flash_bench_module
 from pytest_attnkit.oracle import attention_math
-
-TOOLS = Path(__file__).resolve().parents[2] / "tools" / "flash_bench"
 
 
 @pytest.fixture(scope="module")
 def gluon_check():
-    sys.path.insert(0, str(TOOLS))
-    try:
-        import gluon_check
-    finally:
-        sys.path.remove(str(TOOLS))
-    return gluon_check
+    return flash_bench_module("gluon_check")
 
 
 def stand_in(*, left_edge: bool = True, sinks: bool = True, softcap: bool = True, top_left_alibi: bool = False):

@@ -4,12 +4,11 @@ its case fails that case alone, in words; its group's other cases still compile 
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-TOOLS = Path(__file__).resolve().parents[2] / "tools" / "flash_bench"
+from helpers import FLASH_BENCH, flash_bench_module
 
 CHILD = '''
 import json, sys
@@ -27,17 +26,12 @@ sys.exit(gluon_harness.compile_each(cases, compile_one))
 
 @pytest.fixture(scope="module")
 def harness():
-    sys.path.insert(0, str(TOOLS))
-    try:
-        import gluon_harness
-    finally:
-        sys.path.remove(str(TOOLS))
-    return gluon_harness
+    return flash_bench_module("gluon_harness")
 
 
 def test_a_case_that_raises_fails_alone_and_its_group_goes_on(harness, tmp_path: Path, monkeypatch) -> None:
     script = tmp_path / "child.py"
-    script.write_text(CHILD.format(tools=str(TOOLS)))
+    script.write_text(CHILD.format(tools=str(FLASH_BENCH)))
     monkeypatch.setattr(harness.os, "cpu_count", lambda: 1)  # one child: every case in one group
     said: list[str] = []
     specs = [{"id": "good-1"}, {"id": "bad-d64"}, {"id": "good-2"}]
