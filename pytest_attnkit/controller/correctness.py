@@ -99,6 +99,7 @@ class CorrectnessCheck(Suite):
                               *self.rerun_options, f"-k '{item.spec.function}[{impl}-{case.id}]'"])
         judgement = self.outcomes.from_reply(reply, impl=impl, where=case.id, seed=seed, rerun=rerun,
                                              origin=self.pool.info(impl).origin) or Judgement(Verdict.PASSED)
-        record = {"comparisons": [comparison.to_dict() for comparison in result.comparisons]} \
-            if result.comparisons else None
-        return replace(judgement, properties=tuple(properties), record=record)
+        record = dict(judgement.record or {})  # a refusal's mark (outcome.refused) stays
+        if result.comparisons:
+            record["comparisons"] = [comparison.to_dict() for comparison in result.comparisons]
+        return replace(judgement, properties=tuple(properties), record=record or None)

@@ -61,16 +61,17 @@ SESSION_KEY = pytest.StashKey["AttnkitSession"]()
 
 def asked_for_but_untested(document: dict[str, Any], asked: list[str]) -> list[str]:
     """What to say of each implementation that ``--attnkit-impl`` named or matched (``asked``, its
-    patterns) and that ran no test: it is unavailable here, or its declarations refuse every test
-    this run selected for it (``head_dims = (96,)`` on a case set of d64 and d128); empty without
+    patterns) and that ran no test: it is unavailable here, or every test this run selected for it
+    was skipped (``head_dims = (96,)`` on a case set of d64 and d128); empty without
     ``--attnkit-impl``.
 
-    A run that tested nothing of what it was asked to test must not be green. Without
+    A run that tested nothing of what it was asked to test must not be green, whatever skipped the
+    tests: the implementation's declarations (each such skip is marked ``refused``), or the suites
+    chosen (the memory and sanitize suites without a GPU); the words say which. Without
     ``--attnkit-impl`` a run tests what is installed and can run here, and one that cannot (the
     bundled cupy_naive on a machine without a GPU) is only reported: CI's main job on the CPU
-    stays green. Tests skipped for another reason (the sanitize suite on a machine without a GPU,
-    a call over the profile's limit) are not the declaration's doing, and an implementation whose
-    tests were all deselected (``-k``) is not said to have run none."""
+    stays green. An implementation whose tests were all deselected (``-k``) is not said to have
+    run none."""
     if not asked:
         return []
     ran = {test["impl"] for test in document["tests"] if test["outcome"] in (Verdict.PASSED, Verdict.FAILED)}
@@ -85,12 +86,26 @@ def asked_for_but_untested(document: dict[str, Any], asked: list[str]) -> list[s
                         "out of --attnkit-impl.")
             continue
         tests = [test for test in document["tests"] if test["impl"] == name]
-        if tests and all(test.get("refused") for test in tests):
-            reasons = Counter(test["reason"] for test in tests).most_common(1)
+        if not tests or any(test["outcome"] != Verdict.SKIPPED for test in tests):
+            continue  # deselected (-k), or it errored: the run says so already
+        refused = [test for test in tests if test.get("refused")]
+        others = [test for test in tests if not test.get("refused")]
+        if not others:
             said.append(f"{name} was asked for (--attnkit-impl={patterns}) and ran no test: its declarations refuse "
-                        f"all {len(tests)} selected here (most often: {reasons[0][0]}). Declare what it runs "
+                        f"all {len(tests)} selected here (most often: {_commonest(refused)}). Declare what it runs "
                         "(docs/contract.md), or choose cases it takes (--attnkit-profile, -k).")
+            continue
+        also = (f"; its declarations refuse {len(refused)} of them (most often: {_commonest(refused)})"
+                if refused else "")
+        said.append(f"{name} was asked for (--attnkit-impl={patterns}) and ran no test: all {len(tests)} selected "
+                    f"here were skipped (most often: {_commonest(others)}){also}. Run it where its suites can "
+                    "run, or choose suites and cases it takes (--attnkit-suite, --attnkit-profile, -k).")
     return said
+
+
+def _commonest(tests: list[dict[str, Any]]) -> str:
+    """The commonest skip reason among ``tests``."""
+    return Counter(test.get("reason") or test.get("message") or "no reason given" for test in tests).most_common(1)[0][0]
 
 
 #: Device files whose presence says the probe will likely find a GPU (NVIDIA's driver; ROCm's,

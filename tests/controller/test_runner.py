@@ -285,3 +285,11 @@ def test_the_runner_marks_an_item_accepted_only_where_the_implementation_said_so
     runner.mark_refusals(nodes, {"correctness": CorrectnessCheck})  # type: ignore[arg-type]
     assert [bool(node.markers) for node in nodes] == [False, True]
     assert set(runner._accepted) == {nodes[0].stash[ITEM_KEY]}
+
+
+def test_a_case_the_worker_refuses_at_run_time_keeps_its_refusal_mark() -> None:
+    """Where the collection's support query could not tell, the worker refuses the case when it
+    runs: the test is skipped and marked refused all the same (session.asked_for_but_untested)."""
+    check = CorrectnessCheck(FakePool(), Outcomes(), 0, 1)  # type: ignore[arg-type]
+    judgement = check.judge(item_of("correctness"), [Reply(Status.UNSUPPORTED, "head_dim=64 (supported: 96)")])
+    assert judgement.verdict is Verdict.SKIPPED and judgement.record == {"refused": True}, judgement

@@ -190,10 +190,10 @@ class Narrow(AttentionImpl):
 '''
 
 
-# 5b. One whose declarations refuse every test the run selected fails it the same way, naming the
-# refusal; on the sanitize suite without a GPU (every test skipped, for that) it does not.
-def test_a_named_implementation_whose_declarations_refuse_every_test_fails_the_run(pytester: pytest.Pytester,
-                                                                                  fake_dist) -> None:
+# 5b. One that ran nothing because every test it had was skipped fails the run the same way: its
+# declarations refused them all (named), or the suites chosen cannot run here (said apart).
+def test_a_named_implementation_whose_tests_were_all_skipped_fails_the_run(pytester: pytest.Pytester,
+                                                                           fake_dist) -> None:
     fake_dist({"narrow": "narrow:Narrow"}, extra_modules={"narrow": NARROW})
     result = pytester.runpytest("--attnkit", "-p", "no:cacheprovider", "--attnkit-impl=narrow",
                                 "--attnkit-suite=correctness", "--attnkit-device=cpu")
@@ -201,22 +201,36 @@ def test_a_named_implementation_whose_declarations_refuse_every_test_fails_the_r
     text = " ".join(" ".join(result.outlines).split())
     assert "narrow was asked for (--attnkit-impl=narrow) and ran no test: its declarations refuse all " in text, text
     assert "(most often: head_dim=" in text and "Declare what it runs (docs/contract.md)" in text, text
+    # The default suites on the CPU: the memory suite's tests skip for the CPU, the rest are refused.
+    everything = pytester.runpytest("--attnkit", "-p", "no:cacheprovider", "--attnkit-impl=narrow",
+                                    "--attnkit-device=cpu")
+    assert everything.ret == pytest.ExitCode.TESTS_FAILED, everything.stdout.str()
+    text = " ".join(" ".join(everything.outlines).split())
+    assert "narrow was asked for (--attnkit-impl=narrow) and ran no test: all " in text, text
+    assert "its declarations refuse " in text and "(most often: head_dim=" in text, text
     unnamed = pytester.runpytest("--attnkit", "-p", "no:cacheprovider", "--attnkit-suite=correctness",
                                  "--attnkit-device=cpu", "-k", "narrow")
     assert unnamed.ret == pytest.ExitCode.OK, unnamed.stdout.str()  # not asked for by name: only reported
 
 
-def test_skips_that_are_not_the_declarations_doing_do_not_count_as_refusals() -> None:
+def test_the_words_say_whether_the_declarations_or_the_suites_skipped_the_tests() -> None:
     from pytest_attnkit.controller.session import asked_for_but_untested
 
-    document = {"implementations": {"k": {"status": "available", "reason": None}},
-                "tests": [{"impl": "k", "outcome": "skipped", "reason": "needs a GPU", "suite": "sanitize"},
-                          {"impl": "k", "outcome": "skipped", "reason": "head_dim=64 (supported: 96)", "refused": True}]}
-    assert asked_for_but_untested(document, ["k"]) == []  # the sanitizer's skip: not the declaration's
-    document["tests"].pop(0)
+    gpu_only = {"impl": "k", "outcome": "skipped", "reason": "needs a CUDA GPU", "suite": "sanitize"}
+    narrow = {"impl": "k", "outcome": "skipped", "reason": "head_dim=64 (supported: 96)", "refused": True}
+    document = {"implementations": {"k": {"status": "available", "reason": None}}, "tests": [gpu_only, narrow]}
+    [said] = asked_for_but_untested(document, ["k"])
+    assert "all 2 selected here were skipped (most often: needs a CUDA GPU); its declarations refuse 1 of " \
+           "them (most often: head_dim=64 (supported: 96))" in said, said
+    document["tests"] = [gpu_only]
+    [said] = asked_for_but_untested(document, ["k"])
+    assert "(most often: needs a CUDA GPU). Run it where its suites can run" in said, said
+    document["tests"] = [narrow]
     [said] = asked_for_but_untested(document, ["k"])
     assert "its declarations refuse all 1 selected here (most often: head_dim=64 (supported: 96))" in said
-    document["tests"] = []  # every test deselected (-k): nothing was selected to refuse
+    document["tests"] = [narrow, {"impl": "k", "outcome": "passed", "reason": None}]
+    assert asked_for_but_untested(document, ["k"]) == []  # one ran
+    document["tests"] = []  # every test deselected (-k): nothing was selected to skip
     assert asked_for_but_untested(document, ["k"]) == []
 
 
