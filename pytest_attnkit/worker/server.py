@@ -265,7 +265,7 @@ class Handler:
         suite_handler = self.handlers.get(request.suite)
 
         def measure(impl: AttentionImpl, case: Case) -> Reply:
-            return suite_handler.handle(WorkerContext(self.device, impl), request)
+            return suite_handler.handle(WorkerContext(self.device, impl, self.process_first), request)
 
         return self._run(request, request.backward, measure)
 

@@ -42,6 +42,9 @@ class WorkerContext:
 
     device: str
     impl: AttentionImpl
+    #: This is the process's first request in its direction (forward or backward): its first call
+    #: also pays what a process pays once (a module compiled, a library's start).
+    process_first: bool = False
 
     def inputs(self, case: Case, seed: int) -> "Inputs":
         """q, k, v (and the output gradient, the variant tensors) of ``case`` on the device, drawn

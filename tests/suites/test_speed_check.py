@@ -443,6 +443,19 @@ def test_a_call_over_the_profiles_limit_is_warmed_up_and_not_sampled() -> None:
     again = measure_speed(slow, case, "forward", device="cpu", seed=0, budget_ms=5, call_limit_ms=100.0,
                           first_call_limit_ms=10_000.0)
     assert again["over_limit_ms"] >= 100.0 and len(calls) == 2
+    # The worker takes a second call where the request is its process's first in its direction:
+    # that first call also paid the process's start.
+    from pytest_attnkit.contract import FunctionImpl
+    from pytest_attnkit.messages import Op
+    from pytest_attnkit.worker.suite import WorkerContext
+    from pytest_attnkit.worker.suites.speed import SpeedHandler
+
+    request = Request(Op.RUN, case, False, 0, {"budget_ms": 5, "call_limit_ms": 100.0, "first_call_limit_ms": 110.0},
+                      suite="speed")
+    for process_first, made in ((True, 2), (False, 1)):
+        calls.clear()
+        reply = SpeedHandler().handle(WorkerContext("cpu", FunctionImpl(slow), process_first), request)
+        assert reply.data["over_limit_ms"] >= 100.0 and len(calls) == made, (process_first, len(calls))
 
 
 def test_only_a_case_whose_warm_up_was_dropped_as_pointless_lets_its_first_call_decide(tmp_path: Path) -> None:
