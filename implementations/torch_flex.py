@@ -432,7 +432,7 @@ class TorchFlex(AttentionImpl):
                 return "no CUDA device"
             # Looked up, not imported: torch's has_triton() imports Triton and starts its CUDA
             # driver, which held this worker's start 4.3-4.5 s on a fresh H200 while every other
-            # first worker was ready (results/2026-12-02-session28, startprobe.txt); the first
+            # first worker was ready (results/2026-12-02-session28/h200/startprobe-before.txt); the first
             # compile does that beside other work.
             if importlib.util.find_spec("triton") is None:
                 return "torch.compile needs triton to build FlexAttention's CUDA kernels, and it is not installed"

@@ -44,8 +44,9 @@ The rules:
 - **Warm-ups only where they spare the timing something**
   (:mod:`~pytest_attnkit.controller.scheduling.pruning`). Once an implementation's requests so far
   (its correctness cases come first) compiled nothing (a kernel built ahead of time, a library
-  call, kernels all in the disk cache) and, on CUDA, its latest warm-ups' first calls cost no more
-  than a few calls (no plan built per shape, as cuDNN's is), its warm-ups are dropped unrun
+  call, kernels all in the disk cache) and, on CUDA, its warm-ups' first calls cost no more than a
+  few calls (three said so and none said otherwise: no plan built per shape, as cuDNN's is), its
+  warm-ups are dropped unrun
   (cancelled): they would only take GPU time; those kept run in its primary worker, which times
   its cases (what they spare is that process's). To make room for another implementation's worker,
   an idle one that holds no warm-up is closed first, then, for an implementation whose requests

@@ -86,7 +86,11 @@ class SyncWatch:
     process's host speed, which an A/B run's pairing cannot cancel (pytest_attnkit/controller/paired.py).
 
     The timer's warm-up runs its calls after the first in it (:func:`pytest_attnkit.worker.timer.warm_up`),
-    so no call is made for it alone; where the warm-up made none, :meth:`found` makes one."""
+    so no call is made for it alone; where the warm-up made none, :meth:`found` makes one. Under
+    the watch each synchronization also raises a warning, which costs the host microseconds: the
+    warm-up's own figures (a long call's length, its launch time) carry that, the samples never.
+    On a fresh H200 the same 12 cases read as synchronizing as with a call of its own
+    (results/2026-12-02-session28: cold41, cold42 against session 27's cold39)."""
 
     def __init__(self, device: str) -> None:
         self.device = device

@@ -15,10 +15,10 @@ if name == "probe":
 elif name != "spare":
     from pytest_attnkit.registry import load_implementation
     impl = load_implementation(name, value); out["load"] = time.time() - t0
-    impl.unavailable_reason("cuda"); out["unavailable"] = time.time() - t0
+    reason = impl.unavailable_reason("cuda"); out["unavailable"] = time.time() - t0; out["reason"] = reason
     impl.path_note("cuda"); out["path_note"] = time.time() - t0
     impl.capabilities(); out["capabilities"] = time.time() - t0
-print(json.dumps({"name": name, **{k: round(v, 2) for k, v in out.items()}}))
+print(json.dumps({"name": name, **{k: round(v, 2) if isinstance(v, float) else v for k, v in out.items()}}))
 '''
 
 def main():

@@ -209,7 +209,7 @@ def test_a_warm_up_shows_setup_where_its_first_call_cost_many_calls_beyond_the_n
     assert spared_s(Reply(Status.OK)) is None
 
 
-def test_on_cuda_warm_ups_that_compile_nothing_stay_while_their_latest_first_calls_show_setup() -> None:
+def test_on_cuda_warm_ups_that_compile_nothing_stay_once_a_later_first_call_showed_setup() -> None:
     pruned = WarmUpPruning(first_calls=True)
     warm = job(warm=True)
     for _ in range(WARM_EVIDENCE):

@@ -5,7 +5,7 @@ and the models run where torch has no GPU.
 
 Child processes. A check runs its cases in children of its own script (``SCRIPT --child MODE
 CASES``), which print one JSON event a line: ``hello`` (the device), ``start`` and ``result`` per
-case, ``compiled`` per kernel. The parent (:func:`run_cases`) gives each case a deadline: on the
+case, ``compiled`` per kernel (``compile_error`` for one that raised: that case fails alone). The parent (:func:`run_cases`) gives each case a deadline: on the
 first case past it the child is killed and the run stops there (a warp-specialized kernel that is
 wrong usually hangs); a crash is recorded and the next case runs in a fresh child.
 :func:`compile_all` compiles in parallel children. ``selftest`` children (:func:`selftest_child`)
@@ -227,8 +227,8 @@ def compile_all(script: Path, specs: list[dict], out: Path, log) -> dict:
             if spec["id"] in errors:
                 log(f"  COMPILE FAILED: {spec['id']}: {errors[spec['id']]}")
             elif spec["id"] not in seconds:
-                log(f"  COMPILE FAILED: {spec['id']} (not reached: the child ended; see "
-                    f"{Path(child_process.cases_path).stem}.stderr)")
+                log(f"  COMPILE FAILED: {spec['id']} (not reached: the child ended or ran past the deadline; "
+                    f"see {Path(child_process.cases_path).stem}.stderr)")
     return seconds
 
 

@@ -3,8 +3,8 @@
 - **Warm-ups only where they spare the timing something.** A warm-up runs a case so that its test,
   timed later with the GPU alone in the same worker, does not pay the case's first call there. Once
   an implementation's requests so far (its correctness cases come first) compiled nothing (a kernel
-  built ahead of time, a library call, kernels all in the disk cache), and, on CUDA, its latest
-  warm-ups showed no first-call setup either, its warm-ups are dropped unrun: they would only take
+  built ahead of time, a library call, kernels all in the disk cache), and, on CUDA, its warm-ups
+  showed no first-call setup either (below), its warm-ups are dropped unrun: they would only take
   GPU time (:class:`WarmUpPruning`). Setup is what a first call costs beyond the next call of the
   same case in the same process (:func:`setup_s`), which the compile clock does not see: torch's
   cuDNN attention builds a plan per shape in each process, and on a fresh H200 torch_sdpa's timed
@@ -21,8 +21,8 @@
   implementation keeps its warm-ups in that direction for the rest of the run: a plan per shape
   does not show in every shape. On a fresh H200 (results/2026-12-02-session27, cold39) the plans of
   torch_sdpa's d128 forwards cost about 60 ms, under ten of their 8 ms calls; three such warm-ups
-  dropped the warm-ups of its d64, packed and decoding shapes behind them, whose first calls then
-  paid 0.3-1.9 s each, 5.4 s in all, with the GPU alone. Without any, :data:`WARM_EVIDENCE`
+  dropped the 16 warm-ups behind them, whose first calls then paid 5.4 s in all with the GPU alone
+  (seven of them, its d64, packed and decoding shapes, 0.3-1.9 s each). Without any, :data:`WARM_EVIDENCE`
   warm-ups that said and showed none drop the rest. Forwards and backwards are judged apart: on
   an H100 (h100-warm13) torch_sdpa's last forward warm-ups (paged decoding, no plan to build)
   dropped every backward warm-up behind them, whose cases then paid 60-530 ms each with the GPU
