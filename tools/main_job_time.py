@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
             status = process.wait()
             stopped = f" (SIGTERM after {args.timeout:g} s)"
         wall = time.monotonic() - started
-        copier.join()
+        copier.join(timeout=30)  # a process left behind that holds pytest's output must not hold this tool
     if sampler is not None:
         sampler.terminate()
         sampler.wait()
