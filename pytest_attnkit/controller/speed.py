@@ -372,11 +372,15 @@ class SpeedCheck(Suite):
                              f"profile times ({self.settings.call_limit_ms:.0f} ms: eight such calls with the GPU "
                              "alone); --attnkit-profile=full times it"))
 
+    def _warm_up(self, impl: str, mode: str, case: Case) -> Job | None:
+        """The warm-up the runner sent ahead for this case's test, run or not; None where none was."""
+        spec = next(spec for spec in self.tests if spec.backward == (mode == "backward"))
+        return next(iter(self.sent(SuiteItem(self.name, spec, impl, case))), None)
+
     def _warmed(self, impl: str, mode: str, case: Case) -> Job | None:
         """The warm-up of this case, where it ran and its worker is still there (not closed, its
         process running)."""
-        spec = next(spec for spec in self.tests if spec.backward == (mode == "backward"))
-        job = next(iter(self.sent(SuiteItem(self.name, spec, impl, case))), None)
+        job = self._warm_up(impl, mode, case)
         if job is None or not job.future.done() or job.future.cancelled() or job.worker is None:
             return None
         if not job.future.result().ok or getattr(job.worker, "closed", False):
@@ -403,16 +407,12 @@ class SpeedCheck(Suite):
         programs differ (an H200 entry holding the Triton and the Gluon kernels' runs: 48%)."""
         return len(self.store.programs(EntryKey(impl, mode, case.id))) > 1
 
-    def _warm_up_pointless(self, impl: str, mode: str, case: Case) -> bool:
-        """Whether the case's warm-up was dropped unrun because its implementation's first calls
-        show no setup (the case's first call then tells how long a call takes)."""
-        spec = next(spec for spec in self.tests if spec.backward == (mode == "backward"))
-        job = next(iter(self.sent(SuiteItem(self.name, spec, impl, case))), None)
-        return job is not None and job.pointless
-
     def _request(self, impl: str, mode: str, case: Case) -> Reply:
         options: dict[str, Any] = {"budget_ms": self.settings.budget_ms, "call_limit_ms": self.settings.call_limit_ms}
-        if self.settings.call_limit_ms is not None and self._warm_up_pointless(impl, mode, case):
+        warm_up = self._warm_up(impl, mode, case)
+        # A warm-up dropped because the implementation's first calls show no setup: the case's
+        # first call then tells how long a call takes (FIRST_CALL_MARGIN).
+        if self.settings.call_limit_ms is not None and warm_up is not None and warm_up.pointless:
             options["first_call_limit_ms"] = FIRST_CALL_MARGIN * self.settings.call_limit_ms
         if self._program(impl, mode, case) is None and (self.settings.read_programs
                                                          or self._programs_matter(impl, mode, case)):
